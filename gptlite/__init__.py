@@ -1,0 +1,58 @@
+"""gptlite: train a small GPT on your own text with Keras 3, and sample from it.
+
+    import keras, gptlite
+    model = keras.saving.load_model("out/model.keras")   # or gptlite.load(...)
+    print(gptlite.generate(model, "ROMEO:", max_new_tokens=100, temperature=0.8, seed=1))
+
+Importing gptlite registers its layers, model and tokenizer with Keras, which
+is what lets `keras.saving.load_model` rebuild a saved model.
+"""
+
+import os
+
+# TensorFlow's C++ start-up notices would bury the progress bar; a value the
+# user has set is kept. Must happen before TensorFlow is first imported.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from gptlite.errors import (
+    ConfigError,
+    GPTLiteError,
+    InputError,
+    MissingFileError,
+    RunExistsError,
+)
+from gptlite.generation import generate, stream
+from gptlite.layers import (
+    CausalSelfAttention,
+    FeedForward,
+    TokenAndPositionEmbedding,
+    TransformerBlock,
+)
+from gptlite.model import GPT, GPTConfig
+from gptlite.saving import load, save
+from gptlite.tokenizers import CharTokenizer
+from gptlite.training import PRESETS, TrainingConfig, train
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "GPT",
+    "GPTConfig",
+    "CausalSelfAttention",
+    "CharTokenizer",
+    "ConfigError",
+    "FeedForward",
+    "GPTLiteError",
+    "InputError",
+    "MissingFileError",
+    "PRESETS",
+    "RunExistsError",
+    "TokenAndPositionEmbedding",
+    "TrainingConfig",
+    "TransformerBlock",
+    "generate",
+    "load",
+    "save",
+    "stream",
+    "train",
+]

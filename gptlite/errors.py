@@ -1,0 +1,25 @@
+"""Errors raised for user mistakes.
+
+The command-line tools turn any `GPTLiteError` into a one-line message and exit
+status 2; anything else is a bug and keeps its traceback.
+"""
+
+
+class GPTLiteError(Exception):
+    """Base class for every error gptlite raises on purpose."""
+
+
+class ConfigError(GPTLiteError, ValueError):
+    """A hyperparameter or option has a value that cannot work."""
+
+
+class InputError(GPTLiteError, ValueError):
+    """Text, a prompt or a model file that gptlite cannot use."""
+
+
+class MissingFileError(GPTLiteError, FileNotFoundError):
+    """A file the user named does not exist."""
+
+
+class RunExistsError(GPTLiteError, FileExistsError):
+    """The output folder already holds a trained model."""

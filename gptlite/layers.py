@@ -1,0 +1,351 @@
+"""The model's building blocks, as Keras layers written with `keras.ops` only.
+
+Shape letters used in comments:
+    B batch, T sequence length (queries), S sequence length (keys),
+    C model width (n_embd), H heads, D head size (C / H), V vocabulary size.
+"""
+
+import math
+
+import keras
+import ml_dtypes
+import numpy as np
+from keras import ops
+
+register = keras.saving.register_keras_serializable(package="gptlite")
+
+# GPT-2's initialisation: every matrix starts as N(0, 0.02^2).
+_INIT_STDDEV = 0.02
+
+
+def _normal_init():
+    return keras.initializers.RandomNormal(stddev=_INIT_STDDEV)
+
+
+def causal_mask(query_length, key_length, query_offset=0):
+    """Boolean (T, S) mask, True where query t may attend key s.
+
+    Query t sits at absolute position `query_offset + t`; it sees every key at
+    that position or earlier. The offset lets a query that is appended to a
+    cache of earlier keys use the same function.
+    """
+    query_positions = ops.arange(query_length)[:, None] + query_offset  # (T, 1)
+    key_positions = ops.arange(key_length)[None, :]  # (1, S)
+    return ops.greater_equal(query_positions, key_positions)  # (T, S)
+
+
+def scaled_dot_product_attention(query, key, value, mask=None):
+    """softmax(Q K^T / sqrt(D) + mask) V, and the attention weights.
+
+    query (B, H, T, D), key and value (B, H, S, D), mask broadcastable to
+    (B, H, T, S) with True where attending is allowed. Masked scores are set to
+    the most negative number of the compute dtype rather than -inf, so a row
+    with nothing visible gives uniform weights instead of NaN.
+    """
+    head_size = ops.shape(query)[-1]
+    scores = ops.matmul(query, ops.swapaxes(key, -1, -2))  # (B, H, T, S)
+    scores = scores / ops.cast(math.sqrt(head_size), scores.dtype)
+    if mask is not None:
+        lowest = float(ml_dtypes.finfo(keras.backend.standardize_dtype(scores.dtype)).min)
+        scores = ops.where(mask, scores, ops.cast(lowest, scores.dtype))
+    weights = ops.softmax(scores, axis=-1)  # (B, H, T, S)
+    return ops.matmul(weights, value), weights  # (B, H, T, D), (B, H, T, S)
+
+
+def sinusoidal_position_encoding(length, width):
+    """The fixed encoding of "Attention Is All You Need", as a (length, width) array.
+
+    PE(pos, 2i) = sin(pos / 10000^(2i/width)), PE(pos, 2i+1) = cos(pos / 10000^(2i/width)).
+    """
+    positions = np.arange(length, dtype=np.float64)[:, None]  # (T, 1)
+    two_i = np.arange(0, width, 2, dtype=np.float64)[None, :]  # (1, ceil(C/2))
+    angles = positions / np.power(10000.0, two_i / width)  # (T, ceil(C/2))
+    encoding = np.zeros((length, width), dtype=np.float64)
+    encoding[:, 0::2] = np.sin(angles)
+    encoding[:, 1::2] = np.cos(angles[:, : width // 2])
+    return encoding.astype(np.float32)
+
+
+@register
+class TokenAndPositionEmbedding(keras.layers.Layer):
+    """Token embedding plus position information, and the tied output projection.
+
+    Args:
+        vocabulary_size: number of token ids.
+        sequence_length: the longest sequence the position information covers.
+        embedding_dim: model width C.
+        position: "learned" (a trained table) or "sinusoidal" (the fixed
+            encoding of `sinusoidal_position_encoding`, computed once).
+        tie_weights: whether `logits()` reuses the token embedding matrix as
+            the output projection (True) or has a matrix of its own.
+
+    Call: token ids (B, T) with T <= sequence_length -> embeddings (B, T, C).
+    """
+
+    def __init__(
+        self,
+        vocabulary_size,
+        sequence_length,
+        embedding_dim,
+        position="learned",
+        tie_weights=True,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if position not in ("learned", "sinusoidal"):
+            raise ValueError(f"position must be 'learned' or 'sinusoidal', got {position!r}")
+        self.vocabulary_size = vocabulary_size
+        self.sequence_length = sequence_length
+        self.embedding_dim = embedding_dim
+        self.position = position
+        self.tie_weights = tie_weights
+        # Keras's ReversibleEmbedding holds the embedding and, tied or not, the
+        # output projection, so both paths save and load the same way.
+        self.token_embedding = keras.layers.ReversibleEmbedding(
+            vocabulary_size,
+            embedding_dim,
+            tie_weights=tie_weights,
+            embeddings_initializer=_normal_init(),
+            reverse_dtype="float32",
+            dtype=self.dtype_policy,
+            name="token_embedding",
+        )
+
+    def build(self, input_shape):
+        self.token_embedding.build(input_shape)
+        if self.position == "learned":
+            self.position_embeddings = self.add_weight(
+                name="position_embeddings",
+                shape=(self.sequence_length, self.embedding_dim),
+                initializer=_normal_init(),
+            )
+        else:
+            # A non-trainable weight rather than a constant tensor: it is built
+            # outside any traced function, and it travels inside model.keras.
+            self.position_embeddings = self.add_weight(
+                name="position_encoding",
+                shape=(self.sequence_length, self.embedding_dim),
+                initializer="zeros",
+                trainable=False,
+            )
+            self.position_embeddings.assign(
+                sinusoidal_position_encoding(self.sequence_length, self.embedding_dim)
+            )
+
+    def call(self, token_ids, start_index=0):
+        length = ops.shape(token_ids)[-1]
+        tokens = self.token_embedding(token_ids)  # (B, T, C)
+        positions = ops.slice(
+            self.position_embeddings, (start_index, 0), (length, self.embedding_dim)
+        )  # (T, C)
+        return tokens + ops.cast(positions, tokens.dtype)
+
+    def logits(self, hidden):
+        """Project hidden states (B, T, C) to float32 vocabulary logits (B, T, V)."""
+        return self.token_embedding(hidden, reverse=True)
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape, self.embedding_dim)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            vocabulary_size=self.vocabulary_size,
+            sequence_length=self.sequence_length,
+            embedding_dim=self.embedding_dim,
+            position=self.position,
+            tie_weights=self.tie_weights,
+        )
+        return config
+
+
+@register
+class CausalSelfAttention(keras.layers.Layer):
+    """Multi-head self-attention where each position sees only itself and earlier ones.
+
+    Args:
+        num_heads: H; the input width must divide by it.
+        dropout: rate for the attention weights and for the output.
+        use_bias: whether the Q/K/V and output projections have biases.
+
+    Call: x (B, T, C) -> (B, T, C); with `return_attention_scores=True`, also
+    the attention weights (B, H, T, T) before dropout.
+    """
+
+    def __init__(self, num_heads, dropout=0.0, use_bias=True, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.dropout = dropout
+        self.use_bias = use_bias
+
+    def build(self, input_shape):
+        width = input_shape[-1]
+        if width % self.num_heads != 0:
+            raise ValueError(
+                f"the model width (n_embd={width}) must be divisible by the number "
+                f"of heads (n_head={self.num_heads})"
+            )
+        self.head_size = width // self.num_heads
+        # One projection for Q, K and V together: one matmul instead of three.
+        self.qkv_projection = keras.layers.Dense(
+            3 * width,
+            use_bias=self.use_bias,
+            kernel_initializer=_normal_init(),
+            dtype=self.dtype_policy,
+            name="qkv_projection",
+        )
+        self.qkv_projection.build(input_shape)
+        self.output_projection = keras.layers.Dense(
+            width,
+            use_bias=self.use_bias,
+            kernel_initializer=_normal_init(),
+            dtype=self.dtype_policy,
+            name="output_projection",
+        )
+        self.output_projection.build(input_shape)
+        self.attention_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.output_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+
+    def call(self, x, training=None, return_attention_scores=False):
+        length = ops.shape(x)[1]
+        width = self.num_heads * self.head_size
+        qkv = self.qkv_projection(x)  # (B, T, 3C)
+        qkv = ops.reshape(qkv, (-1, length, 3, self.num_heads, self.head_size))
+        qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))  # (3, B, H, T, D)
+        query, key, value = qkv[0], qkv[1], qkv[2]
+
+        mask = causal_mask(length, length)  # (T, T), broadcast over B and H
+        attended, weights = _attend_with_dropout(
+            query, key, value, mask, self.attention_dropout, training
+        )  # (B, H, T, D), (B, H, T, T)
+        attended = ops.reshape(ops.transpose(attended, (0, 2, 1, 3)), (-1, length, width))
+        output = self.output_dropout(self.output_projection(attended), training=training)
+        if return_attention_scores:
+            return output, weights
+        return output
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(num_heads=self.num_heads, dropout=self.dropout, use_bias=self.use_bias)
+        return config
+
+
+def _attend_with_dropout(query, key, value, mask, dropout_layer, training):
+    """Attention whose weights pass through dropout; the weights returned are pre-dropout."""
+    if not training or dropout_layer.rate == 0:
+        return scaled_dot_product_attention(query, key, value, mask)
+    _, weights = scaled_dot_product_attention(query, key, value, mask)
+    return ops.matmul(dropout_layer(weights, training=training), value), weights
+
+
+@register
+class FeedForward(keras.layers.Layer):
+    """Dense to 4C, GELU, Dense back to C, dropout. (B, T, C) -> (B, T, C)."""
+
+    def __init__(self, dropout=0.0, use_bias=True, **kwargs):
+        super().__init__(**kwargs)
+        self.dropout = dropout
+        self.use_bias = use_bias
+
+    def build(self, input_shape):
+        width = input_shape[-1]
+        self.expand = keras.layers.Dense(
+            4 * width,
+            use_bias=self.use_bias,
+            kernel_initializer=_normal_init(),
+            dtype=self.dtype_policy,
+            name="expand",
+        )
+        self.expand.build(input_shape)
+        self.contract = keras.layers.Dense(
+            width,
+            use_bias=self.use_bias,
+            kernel_initializer=_normal_init(),
+            dtype=self.dtype_policy,
+            name="contract",
+        )
+        self.contract.build((*input_shape[:-1], 4 * width))
+        self.output_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+
+    def call(self, x, training=None):
+        hidden = ops.gelu(self.expand(x), approximate=True)  # (B, T, 4C)
+        return self.output_dropout(self.contract(hidden), training=training)  # (B, T, C)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(dropout=self.dropout, use_bias=self.use_bias)
+        return config
+
+
+@register
+class TransformerBlock(keras.layers.Layer):
+    """Pre-norm block: x + attention(norm(x)), then x + feed_forward(norm(x)).
+
+    Normalising before each sublayer keeps the residual path an identity,
+    which lets deep stacks train without a careful learning-rate warm-up.
+
+    Call: x (B, T, C) -> (B, T, C); with `return_attention_scores=True`, also
+    the attention weights (B, H, T, T).
+    """
+
+    def __init__(self, num_heads, dropout=0.0, use_bias=True, layer_norm_epsilon=1e-5, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.dropout = dropout
+        self.use_bias = use_bias
+        self.layer_norm_epsilon = layer_norm_epsilon
+
+    def build(self, input_shape):
+        def layer_norm(name):
+            norm = keras.layers.LayerNormalization(
+                epsilon=self.layer_norm_epsilon,
+                center=self.use_bias,
+                dtype=self.dtype_policy,
+                name=name,
+            )
+            norm.build(input_shape)
+            return norm
+
+        self.attention_norm = layer_norm("attention_norm")
+        self.attention = CausalSelfAttention(
+            self.num_heads,
+            dropout=self.dropout,
+            use_bias=self.use_bias,
+            dtype=self.dtype_policy,
+            name="attention",
+        )
+        self.attention.build(input_shape)
+        self.feed_forward_norm = layer_norm("feed_forward_norm")
+        self.feed_forward = FeedForward(
+            dropout=self.dropout, use_bias=self.use_bias, dtype=self.dtype_policy, name="feed_forward"
+        )
+        self.feed_forward.build(input_shape)
+
+    def call(self, x, training=None, return_attention_scores=False):
+        attended, weights = self.attention(
+            self.attention_norm(x), training=training, return_attention_scores=True
+        )
+        x = x + attended
+        x = x + self.feed_forward(self.feed_forward_norm(x), training=training)
+        if return_attention_scores:
+            return x, weights
+        return x
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_heads=self.num_heads,
+            dropout=self.dropout,
+            use_bias=self.use_bias,
+            layer_norm_epsilon=self.layer_norm_epsilon,
+        )
+        return config

@@ -1,0 +1,150 @@
+"""The GPT: embedding, a stack of transformer blocks, a final norm and the LM head."""
+
+import dataclasses
+
+import keras
+from keras import ops
+
+from gptlite.errors import ConfigError
+from gptlite.layers import TokenAndPositionEmbedding, TransformerBlock, register
+
+
+@dataclasses.dataclass(frozen=True)
+class GPTConfig:
+    """The shape of a GPT. Defaults are the `cpu` training preset."""
+
+    vocab_size: int = 256  # number of token ids; set from the tokenizer
+    n_layer: int = 4  # transformer blocks
+    n_head: int = 4  # attention heads per block
+    n_embd: int = 128  # model width C; must divide by n_head
+    block_size: int = 64  # longest context the model sees
+    dropout: float = 0.0  # on embeddings, attention weights and residual branches
+    bias: bool = False  # biases in Dense and LayerNorm layers
+    tie_weights: bool = True  # LM head reuses the token embedding matrix
+    position: str = "learned"  # "learned" or "sinusoidal"
+
+    def __post_init__(self):
+        for name in ("vocab_size", "n_layer", "n_head", "n_embd", "block_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive whole number, got {value!r}")
+        if self.n_embd % self.n_head != 0:
+            raise ConfigError(
+                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); "
+                f"try n_head {_divisors_near(self.n_embd, self.n_head)}"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if self.position not in ("learned", "sinusoidal"):
+            raise ConfigError(f"position must be 'learned' or 'sinusoidal', got {self.position!r}")
+
+
+def _divisors_near(width, heads):
+    divisors = [d for d in range(1, width + 1) if width % d == 0]
+    closest = sorted(divisors, key=lambda d: (abs(d - heads), d))[:2]
+    return " or ".join(str(d) for d in sorted(closest))
+
+
+@register
+class GPT(keras.Model):
+    """A decoder-only transformer language model that carries its tokenizer.
+
+    Build one from a `GPTConfig` with `GPT.from_gpt_config(config, tokenizer)`,
+    or pass the config's fields as keyword arguments.
+
+    Call: token ids (B, T), T <= block_size -> next-token logits (B, T, V), float32.
+    """
+
+    def __init__(
+        self,
+        vocab_size=256,
+        n_layer=4,
+        n_head=4,
+        n_embd=128,
+        block_size=64,
+        dropout=0.0,
+        bias=False,
+        tie_weights=True,
+        position="learned",
+        tokenizer=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.config = GPTConfig(
+            vocab_size=vocab_size,
+            n_layer=n_layer,
+            n_head=n_head,
+            n_embd=n_embd,
+            block_size=block_size,
+            dropout=dropout,
+            bias=bias,
+            tie_weights=tie_weights,
+            position=position,
+        )
+        if tokenizer is not None and tokenizer.vocabulary_size != vocab_size:
+            raise ConfigError(
+                f"the tokenizer has {tokenizer.vocabulary_size} tokens but vocab_size is {vocab_size}"
+            )
+        self.tokenizer = tokenizer
+        self.embedding = TokenAndPositionEmbedding(
+            vocab_size,
+            block_size,
+            n_embd,
+            position=position,
+            tie_weights=tie_weights,
+            dtype=self.dtype_policy,
+            name="embedding",
+        )
+        self.embedding_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.blocks = [
+            TransformerBlock(
+                n_head, dropout=dropout, use_bias=bias, dtype=self.dtype_policy, name=f"block_{i}"
+            )
+            for i in range(n_layer)
+        ]
+        self.final_norm = keras.layers.LayerNormalization(
+            epsilon=1e-5, center=bias, dtype=self.dtype_policy, name="final_norm"
+        )
+
+    @classmethod
+    def from_gpt_config(cls, config, tokenizer=None, **kwargs):
+        return cls(**dataclasses.asdict(config), tokenizer=tokenizer, **kwargs)
+
+    def build(self, input_shape=None):
+        input_shape = tuple(input_shape) if input_shape is not None else (None, None)
+        hidden_shape = (*input_shape, self.config.n_embd)
+        self.embedding.build(input_shape)
+        for block in self.blocks:
+            block.build(hidden_shape)
+        self.final_norm.build(hidden_shape)
+        self.built = True
+
+    def call(self, token_ids, training=None):
+        x = self.embedding_dropout(self.embedding(token_ids), training=training)  # (B, T, C)
+        for block in self.blocks:
+            x = block(x, training=training)
+        return self.embedding.logits(self.final_norm(x))  # (B, T, V)
+
+    def attention_weights(self, token_ids):
+        """Attention weights of every block, stacked: (n_layer, B, H, T, T)."""
+        x = self.embedding(token_ids)
+        weights = []
+        for block in self.blocks:
+            x, block_weights = block(x, return_attention_scores=True)
+            weights.append(block_weights)
+        return ops.stack(weights)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(dataclasses.asdict(self.config))
+        config["tokenizer"] = (
+            keras.saving.serialize_keras_object(self.tokenizer) if self.tokenizer is not None else None
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if config.get("tokenizer") is not None:
+            config["tokenizer"] = keras.saving.deserialize_keras_object(config["tokenizer"])
+        return cls(**config)

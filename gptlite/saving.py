@@ -1,0 +1,65 @@
+"""Writing and reading `model.keras` files, and writing any file so a crash cannot break it."""
+
+import contextlib
+import os
+import pathlib
+import tempfile
+import zipfile
+
+import keras
+
+from gptlite.errors import InputError, MissingFileError
+from gptlite.model import GPT
+
+
+@contextlib.contextmanager
+def atomic_path(path):
+    """Yield a temporary path beside `path`; on success it replaces `path` in one rename.
+
+    A crash part-way leaves the earlier file untouched, never a half-written one.
+    The temporary name keeps the final suffix, since Keras checks it.
+    """
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
+    os.close(handle)
+    try:
+        yield pathlib.Path(temporary)
+        with open(temporary, "rb") as written:
+            os.fsync(written.fileno())
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+
+
+def save(model, path):
+    """Save the model (weights, shape and tokenizer; no optimizer state) to a `.keras` file."""
+    # A fresh, uncompiled copy: the file then holds what generation needs and
+    # loads without rebuilding an optimizer.
+    inference_copy = GPT.from_config(model.get_config())
+    inference_copy.build((None, model.config.block_size))
+    inference_copy.set_weights(model.get_weights())
+    with atomic_path(path) as temporary:
+        inference_copy.save(temporary)
+
+
+def load(path):
+    """Load a gptlite model, with its tokenizer, from a `.keras` file.
+
+    Loading runs in Keras's safe mode: nothing in the file can run code.
+    """
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise MissingFileError(f"no such model file: {path}")
+    if path.is_dir():
+        raise InputError(f"{path} is a folder; give the model.keras file inside it")
+    if not zipfile.is_zipfile(path):
+        raise InputError(f"{path} is not a .keras model file (not a zip archive)")
+    try:
+        model = keras.saving.load_model(path, compile=False)
+    except Exception as error:  # Keras raises many types for a damaged file.
+        raise InputError(f"cannot load {path}: {str(error).splitlines()[0]}") from error
+    if not isinstance(model, GPT) or model.tokenizer is None:
+        raise InputError(f"{path} holds a {type(model).__name__}, not a gptlite model")
+    return model

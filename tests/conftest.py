@@ -1,0 +1,55 @@
+"""Shared fixtures: small texts and tiny models, built once per test session."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import gptlite
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
+
+
+def make_text(num_words=6000, seed=0):
+    """A small learnable language: words from a fixed list, a line break every 8 words."""
+    words = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "to", "big", "red", "hat", "and", "sun"]
+    rng = np.random.default_rng(seed)
+    chosen = rng.choice(words, size=num_words)
+    lines = [" ".join(chosen[i:i + 8]) for i in range(0, num_words, 8)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="session")
+def text():
+    return make_text()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(text):
+    return gptlite.CharTokenizer.from_text(text)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tokenizer):
+    """A random-weight GPT small enough to build and run in milliseconds."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = gptlite.GPT(
+        vocab_size=tokenizer.vocabulary_size, n_layer=2, n_head=2, n_embd=16, block_size=16,
+        tokenizer=tokenizer,
+    )
+    model.build((None, 16))
+    return model
+
+
+def run_python(*args, cwd=REPO, timeout=300):
+    """Run a Python command line in a fresh process; return the CompletedProcess."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )

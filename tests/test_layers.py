@@ -1,0 +1,123 @@
+import json
+
+import keras
+import numpy as np
+import pytest
+
+from gptlite import layers
+
+
+def numpy_softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def numpy_causal_attention(q, k, v):
+    """softmax(Q K^T / sqrt(d) + causal mask) V for (B, H, T, D) arrays."""
+    length, head_size = q.shape[-2], q.shape[-1]
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(head_size)
+    scores = np.where(np.tril(np.ones((length, length), bool)), scores, -np.inf)
+    weights = numpy_softmax(scores)
+    return weights @ v, weights
+
+
+@pytest.mark.parametrize("batch,length,width,heads", [(1, 1, 8, 1), (2, 5, 8, 2), (3, 7, 12, 3), (2, 16, 32, 4)])
+def test_causal_self_attention_matches_numpy_reference(batch, length, width, heads):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(batch, length, width)).astype("float32")
+    attention = layers.CausalSelfAttention(heads, use_bias=True)
+    attention.build(x.shape)
+    for weight in attention.weights:  # random biases too, so they are checked
+        weight.assign(rng.normal(scale=0.3, size=weight.shape).astype("float32"))
+
+    output, weights = attention(x, return_attention_scores=True)
+
+    qkv_kernel, qkv_bias = (w.numpy() for w in attention.qkv_projection.weights)
+    out_kernel, out_bias = (w.numpy() for w in attention.output_projection.weights)
+    head_size = width // heads
+    q, k, v = np.split(x @ qkv_kernel + qkv_bias, 3, axis=-1)  # each (B, T, C)
+    to_heads = lambda t: t.reshape(batch, length, heads, head_size).transpose(0, 2, 1, 3)
+    expected_heads, expected_weights = numpy_causal_attention(to_heads(q), to_heads(k), to_heads(v))
+    merged = expected_heads.transpose(0, 2, 1, 3).reshape(batch, length, width)
+    expected = merged @ out_kernel + out_bias
+
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(weights), expected_weights, atol=1e-5)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(output), expected, atol=1e-5)
+
+
+def test_scaled_dot_product_attention_with_mask_matches_numpy():
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.normal(size=(2, 3, 6, 4)).astype("float32") for _ in range(3))
+    output, weights = layers.scaled_dot_product_attention(q, k, v, layers.causal_mask(6, 6))
+    expected, expected_weights = numpy_causal_attention(q, k, v)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(output), expected, atol=1e-5)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(weights), expected_weights, atol=1e-6)
+
+
+def test_causal_mask_with_offset_lets_late_queries_see_earlier_keys():
+    mask = keras.ops.convert_to_numpy(layers.causal_mask(2, 5, query_offset=3))
+    np.testing.assert_array_equal(mask, [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+
+
+def test_head_count_must_divide_width():
+    attention = layers.CausalSelfAttention(3)
+    with pytest.raises(ValueError, match=r"n_embd=16.*n_head=3"):
+        attention.build((None, 4, 16))
+
+
+@pytest.mark.parametrize("width", [6, 7])
+def test_sinusoidal_encoding_matches_formula(width):
+    table = layers.sinusoidal_position_encoding(12, width)
+    for pos in range(12):
+        for j in range(width):
+            i = j // 2
+            angle = pos / 10000 ** (2 * i / width)
+            expected = np.sin(angle) if j % 2 == 0 else np.cos(angle)
+            assert table[pos, j] == pytest.approx(expected, abs=1e-6)
+
+
+def test_sinusoidal_embedding_adds_the_fixed_table_and_does_not_train():
+    embedding = layers.TokenAndPositionEmbedding(10, 8, 6, position="sinusoidal")
+    embedding.build((None, 8))
+    ids = np.array([[1, 2, 3, 4, 5]])
+    tokens_only = keras.ops.convert_to_numpy(embedding.token_embedding(ids))
+    added = keras.ops.convert_to_numpy(embedding(ids)) - tokens_only
+    np.testing.assert_allclose(added[0], layers.sinusoidal_position_encoding(8, 6)[:5], atol=1e-6)
+    assert all(w is not embedding.position_embeddings for w in embedding.trainable_weights)
+
+
+def test_untied_embedding_has_its_own_output_matrix():
+    tied = layers.TokenAndPositionEmbedding(10, 8, 4, tie_weights=True)
+    untied = layers.TokenAndPositionEmbedding(10, 8, 4, tie_weights=False)
+    tied.build((None, 8))
+    untied.build((None, 8))
+    assert len(untied.trainable_weights) == len(tied.trainable_weights) + 1
+    assert keras.ops.shape(untied.logits(np.zeros((1, 3, 4), "float32"))) == (1, 3, 10)
+
+
+LAYER_CASES = [
+    (layers.TokenAndPositionEmbedding, dict(vocabulary_size=11, sequence_length=8, embedding_dim=4,
+                                            position="sinusoidal", tie_weights=False), (2, 5), "int32"),
+    (layers.CausalSelfAttention, dict(num_heads=2, dropout=0.1, use_bias=False), (2, 5, 8), "float32"),
+    (layers.FeedForward, dict(dropout=0.2, use_bias=True), (2, 5, 8), "float32"),
+    (layers.TransformerBlock, dict(num_heads=4, dropout=0.1, use_bias=False, layer_norm_epsilon=1e-6),
+     (2, 5, 8), "float32"),
+]
+
+
+@pytest.mark.parametrize("cls,kwargs,shape,dtype", LAYER_CASES, ids=lambda c: getattr(c, "__name__", ""))
+def test_layer_config_round_trip_gives_same_layer(cls, kwargs, shape, dtype):
+    layer = cls(**kwargs, name="original")
+    config = json.loads(json.dumps(layer.get_config()))  # plain JSON, as in model.keras
+    for key, value in kwargs.items():
+        assert config[key] == value
+    clone = cls.from_config(config)
+    assert clone.get_config() == layer.get_config()
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 11, size=shape) if dtype == "int32" else rng.normal(size=shape)
+    x = x.astype(dtype)
+    layer.build(shape)
+    clone.build(shape)
+    clone.set_weights(layer.get_weights())
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(layer(x)), keras.ops.convert_to_numpy(clone(x)))
