@@ -23,6 +23,7 @@ def atomic_path(path):
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
     os.close(handle)
+    os.chmod(temporary, 0o666 & ~_current_umask())  # mkstemp makes it owner-only
     try:
         yield pathlib.Path(temporary)
         with open(temporary, "rb") as written:
@@ -31,6 +32,12 @@ def atomic_path(path):
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)
+
+
+def _current_umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def save(model, path):

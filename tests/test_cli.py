@@ -1,0 +1,82 @@
+"""The command-line tools end to end, as a user runs them."""
+
+import csv
+import hashlib
+
+import pytest
+
+from conftest import make_text, run_python
+
+TRAIN_FLAGS = ["--preset", "tiny", "--max-iters", "30", "--eval-interval", "15", "--eval-iters", "2"]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cli")
+    text_file = folder / "words.txt"
+    text_file.write_text(make_text(3000))
+    out = folder / "run"
+    result = run_python("train.py", str(text_file), *TRAIN_FLAGS, "--out", str(out))
+    return result, text_file, out
+
+
+def test_train_writes_model_history_and_plot(trained_run):
+    result, _, out = trained_run
+    assert result.returncode == 0, result.stderr
+    assert "val_loss" in result.stdout and "sample from the final model" in result.stdout
+    with open(out / "history.csv") as file:
+        assert [row["step"] for row in csv.DictReader(file)] == ["15", "30"]
+    assert (out / "loss.png").stat().st_size > 0
+    assert (out / "model.keras").stat().st_size > 0
+
+
+def test_generate_streams_prompt_then_text_and_repeats_with_a_seed(trained_run):
+    _, _, out = trained_run
+    args = ["generate.py", "--model", str(out / "model.keras"), "--prompt", "the cat",
+            "--max-new-tokens", "40", "--temperature", "0.8", "--top-k", "5", "--seed", "1", "--num-samples", "2"]
+    first, second = run_python(*args), run_python(*args)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("the cat")
+    samples = first.stdout.split("-" * 40)
+    assert len(samples) == 2 and samples[1].lstrip("\n").startswith("the cat")
+    assert first.stdout == second.stdout
+
+
+def test_existing_model_is_not_overwritten(trained_run):
+    _, text_file, out = trained_run
+    before = hashlib.sha256((out / "model.keras").read_bytes()).hexdigest()
+    result = run_python("train.py", str(text_file), *TRAIN_FLAGS, "--out", str(out))
+    assert result.returncode == 2
+    assert "already exists" in result.stderr and "--overwrite" in result.stderr
+    assert hashlib.sha256((out / "model.keras").read_bytes()).hexdigest() == before
+
+
+@pytest.mark.parametrize("args,message", [
+    (["train.py", "no/such/file.txt"], "no such file: no/such/file.txt"),
+    (["train.py", "--n-embd", "30", "--n-head", "4"], "n_embd (30) must be divisible by n_head (4)"),
+    (["generate.py", "--model", "no/such/model.keras"], "no such model file"),
+])
+def test_user_mistakes_give_one_line_and_exit_status_2(args, message):
+    result = run_python(*args)
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(lines) == 1 and message in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_in_process_errors_for_bad_flags(capsys, tmp_path, trained_run):
+    from gptlite.cli import generate_main, train_main
+
+    _, _, out = trained_run
+    assert generate_main(["--model", str(out / "model.keras"), "--prompt", "ZEBRA"]) == 2
+    assert "'ABERZ'" in capsys.readouterr().err
+    assert generate_main(["--model", str(out / "model.keras"), "--temperature", "-1"]) == 2
+    assert "temperature" in capsys.readouterr().err
+    a_file = tmp_path / "taken"
+    a_file.write_text("x")
+    assert train_main(["--preset", "tiny", "--out", str(a_file)]) == 2
+    assert "is a file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        train_main(["--preset", "huge"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.count("\n") == 1

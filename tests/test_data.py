@@ -1,0 +1,80 @@
+import numpy as np
+import pytest
+
+import gptlite
+from gptlite import data
+
+
+def test_read_text_errors_say_what_is_wrong(tmp_path):
+    with pytest.raises(gptlite.MissingFileError, match="no such file"):
+        data.read_text(tmp_path / "absent.txt")
+    with pytest.raises(gptlite.InputError, match="is a folder"):
+        data.read_text(tmp_path)
+    blank = tmp_path / "blank.txt"
+    blank.write_text(" \n\t\n")
+    with pytest.raises(gptlite.InputError, match="no text"):
+        data.read_text(blank)
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("first line\ncaf\xe9\n".encode("latin-1"))
+    with pytest.raises(gptlite.InputError, match=r"not valid utf-8: byte 14 \(line 2\)"):
+        data.read_text(latin1)
+
+
+def test_split_keeps_the_last_tenth_for_validation():
+    train, validation = data.split(np.arange(100))
+    np.testing.assert_array_equal(train, np.arange(90))
+    np.testing.assert_array_equal(validation, np.arange(90, 100))
+
+
+def test_too_short_text_names_a_block_size_that_fits():
+    train, validation = data.split(np.arange(100))
+    data.check_enough_tokens(train, validation, block_size=9)
+    with pytest.raises(gptlite.InputError, match="--block-size 9 or less"):
+        data.check_enough_tokens(train, validation, block_size=10)
+
+
+def test_windows_are_inputs_and_next_token_targets():
+    ids = np.arange(1000, dtype=np.uint16)
+    batches = data.RandomWindows(ids, block_size=8, batch_size=4, num_batches=5, seed=0)
+    assert len(batches) == 5
+    x, y = batches[3]
+    assert x.shape == y.shape == (4, 8) and x.dtype == np.int32
+    np.testing.assert_array_equal(y[:, :-1], x[:, 1:])
+    np.testing.assert_array_equal(y[:, -1], x[:, -1] + 1)  # consecutive ids in this stream
+    assert x.max() < 999 and y.max() <= 999
+
+
+def test_batches_depend_only_on_seed_and_index():
+    ids = np.arange(10_000)
+    first = data.RandomWindows(ids, 8, 4, 10, seed=1)
+    again = data.RandomWindows(ids, 8, 4, 10, seed=1)
+    other_seed = data.RandomWindows(ids, 8, 4, 10, seed=2)
+    np.testing.assert_array_equal(first[7][0], again[7][0])
+    assert not np.array_equal(first[7][0], first[6][0])
+    assert not np.array_equal(first[7][0], other_seed[7][0])
+
+
+def test_default_corpus_is_deterministic_python_source():
+    corpus = data.default_corpus(max_characters=50_000)
+    assert len(corpus) == 50_000
+    assert corpus == data.default_corpus(max_characters=50_000)
+    assert corpus.startswith("# ") and "def " in corpus
+    assert corpus.isascii()
+
+
+def test_download_script_fails_clearly_without_a_network(tmp_path, capsys, monkeypatch):
+    import runpy
+
+    script = runpy.run_path(str(data_script()))
+    # Port 9 on loopback: nothing listens, so the request fails at once, as offline.
+    monkeypatch.setitem(script["main"].__globals__, "URL", "http://127.0.0.1:9/input.txt")
+    target = tmp_path / "shakespeare.txt"
+    assert script["main"](["--out", str(target)]) == 1
+    assert "cannot download" in capsys.readouterr().err
+    assert not target.exists()
+
+
+def data_script():
+    import pathlib
+
+    return pathlib.Path(__file__).resolve().parent.parent / "data" / "download_shakespeare.py"

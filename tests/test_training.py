@@ -1,0 +1,102 @@
+import csv
+import math
+import os
+
+import keras
+import numpy as np
+import pytest
+
+import gptlite
+from gptlite import data, training
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, text, tokenizer):
+    """One short training run on the generated text, shared by the tests below."""
+    out = tmp_path_factory.mktemp("run")
+    keras.utils.set_random_seed(0)
+    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=2, n_head=2, n_embd=32, block_size=16,
+                        tokenizer=tokenizer)
+    train_ids, validation_ids = data.split(tokenizer.encode(text))
+    config = gptlite.TrainingConfig(batch_size=16, max_iters=130, lr=3e-3, min_lr=3e-4, warmup_iters=10,
+                                    eval_interval=40, eval_iters=4, seed=0)
+    rows = training.train(model, train_ids, validation_ids, config, out, verbose=0)
+    return model, rows, out
+
+
+def test_training_lowers_validation_loss_by_a_clear_margin(tiny_run, tokenizer):
+    _, rows, _ = tiny_run
+    uniform = math.log(tokenizer.vocabulary_size)
+    assert rows[0]["val_loss"] < uniform
+    # Words from a 14-word list: a model that learns spelling gets far below uniform.
+    assert rows[-1]["val_loss"] < 0.6 * uniform
+    assert rows[-1]["val_loss"] < rows[0]["val_loss"] - 0.3
+
+
+def test_run_stops_at_max_iters_with_a_final_evaluation(tiny_run):
+    _, rows, _ = tiny_run
+    assert [row["step"] for row in rows] == [40, 80, 120, 130]
+
+
+def test_run_writes_history_plot_and_best_model(tiny_run, text):
+    model, rows, out = tiny_run
+    with open(out / "history.csv") as file:
+        written = list(csv.DictReader(file))
+    assert [int(row["step"]) for row in written] == [row["step"] for row in rows]
+    assert float(written[-1]["learning_rate"]) == pytest.approx(3e-4, rel=1e-3)
+    assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "loss.png").stat().st_size > 10_000
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (out / "model.keras").stat().st_mode & 0o777 == 0o666 & ~umask
+
+    best = min(rows, key=lambda row: row["val_loss"])
+    saved = gptlite.load(out / "model.keras")
+    assert getattr(saved, "optimizer", None) is None  # a lean file: no optimizer state
+    assert saved.config == model.config
+    # The saved model is the best one: it scores that evaluation's loss again
+    # on the same validation batches (seed + 1, as training draws them).
+    _, validation_ids = data.split(model.tokenizer.encode(text))
+    batches = data.RandomWindows(validation_ids, 16, 16, 4, seed=1)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    losses = [float(loss(y, saved(x))) for x, y in (batches[i] for i in range(4))]
+    assert np.mean(losses) == pytest.approx(best["val_loss"], abs=1e-4)
+
+
+def test_learning_rate_warms_up_then_decays_to_min_lr():
+    config = gptlite.TrainingConfig(lr=1e-3, min_lr=1e-4, warmup_iters=100, max_iters=2000)
+    schedule = training.learning_rate_schedule(config)
+    rate = lambda step: float(keras.ops.convert_to_numpy(schedule(step)))
+    assert rate(0) == pytest.approx(1e-3 / 101)
+    assert rate(50) < rate(99) < rate(100) == pytest.approx(1e-3)
+    assert rate(1050) == pytest.approx((1e-3 + 1e-4) / 2, rel=1e-3)
+    assert rate(2000) == pytest.approx(1e-4)
+
+
+def test_weight_decay_applies_to_weight_matrices_only(tiny_model):
+    optimizer = training.make_optimizer(tiny_model, gptlite.TrainingConfig())
+    decayed = {v.path for v in tiny_model.trainable_variables if optimizer._use_weight_decay(v)}
+    assert decayed, "some matrices must decay"
+    for variable in tiny_model.trainable_variables:
+        is_embedding = variable.name in ("embeddings", "position_embeddings")
+        should_decay = len(variable.shape) == 2 and not is_embedding
+        assert (variable.path in decayed) == should_decay, variable.path
+
+
+@pytest.mark.parametrize("settings,field", [
+    (dict(batch_size=0), "batch_size"), (dict(lr=-1.0), "lr"), (dict(min_lr=1e-2), "min_lr"),
+    (dict(eval_iters=0), "eval_iters"), (dict(warmup_iters=5000), "warmup_iters"),
+])
+def test_training_config_rejects_impossible_values(settings, field):
+    with pytest.raises(gptlite.ConfigError, match=field):
+        gptlite.TrainingConfig(**settings)
+
+
+def test_presets_are_valid_and_cpu_matches_the_reference_configuration():
+    for name, values in training.PRESETS.items():
+        model_settings, training_settings = training.split_settings(values)
+        gptlite.GPTConfig(**model_settings)
+        gptlite.TrainingConfig(**training_settings)
+    cpu = training.PRESETS["cpu"]
+    assert (cpu["n_layer"], cpu["n_head"], cpu["n_embd"], cpu["block_size"], cpu["batch_size"],
+            cpu["max_iters"], cpu["lr"], cpu["min_lr"]) == (4, 4, 128, 64, 12, 2000, 1e-3, 1e-4)
