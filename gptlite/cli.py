@@ -73,7 +73,8 @@ def _train_parser():
         elif field.name == "position":
             settings.add_argument(flag, choices=["learned", "sinusoidal"], default=None, help=help_text)
         else:
-            settings.add_argument(flag, type=field.type, default=None, metavar="N", help=help_text)
+            metavar = "N" if field.type is int else "X"
+            settings.add_argument(flag, type=field.type, default=None, metavar=metavar, help=help_text)
     return parser
 
 
