@@ -20,6 +20,8 @@ from gptlite.errors import (
     InputError,
     MissingFileError,
     RunExistsError,
+    TrainingDiverged,
+    TrainingInterrupted,
 )
 from gptlite.generation import generate, stream
 from gptlite.layers import (
@@ -49,6 +51,8 @@ __all__ = [
     "RunExistsError",
     "TokenAndPositionEmbedding",
     "TrainingConfig",
+    "TrainingDiverged",
+    "TrainingInterrupted",
     "TransformerBlock",
     "generate",
     "load",

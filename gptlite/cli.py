@@ -7,7 +7,14 @@ import sys
 import tempfile
 
 from gptlite import data, generation, saving, training
-from gptlite.errors import GPTLiteError, InputError, RunExistsError
+from gptlite.errors import (
+    ConfigError,
+    GPTLiteError,
+    InputError,
+    RunExistsError,
+    TrainingDiverged,
+    TrainingInterrupted,
+)
 from gptlite.model import GPT, GPTConfig
 from gptlite.tokenizers import CharTokenizer
 
@@ -24,11 +31,15 @@ def _run(command, parser, argv):
     args = parser.parse_args(argv)
     try:
         command(args)
+    except TrainingInterrupted as stop:
+        print(f"{parser.prog}: {stop}", file=sys.stderr)
+        return 128 + stop.signal_number
     except GPTLiteError as error:
         if args.debug:
             raise
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
-        return 2
+        # A diverged run is no usage mistake: it gets the general failure status.
+        return 1 if isinstance(error, TrainingDiverged) else 2
     except KeyboardInterrupt:
         print(f"\n{parser.prog}: interrupted", file=sys.stderr)
         return 130
@@ -51,12 +62,19 @@ def _train_parser():
         "text", nargs="?", type=pathlib.Path,
         help="UTF-8 text file to train on (default: about 2 MB of the Python standard library's sources)",
     )
-    parser.add_argument("--preset", choices=sorted(training.PRESETS), default=training.DEFAULT_PRESET,
+    parser.add_argument("--preset", choices=sorted(training.PRESETS), default=None,
                         help=f"model size and schedule (default: {training.DEFAULT_PRESET})")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out"),
-                        help="folder for model.keras, history.csv and loss.png (default: out)")
+                        help="folder for model.keras, history.csv, loss.png and checkpoints (default: out)")
     parser.add_argument("--overwrite", action="store_true",
-                        help="replace a model already in --out")
+                        help="replace a run already in --out")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in --out from its last checkpoint")
+    parser.add_argument("--encoding", default="utf-8",
+                        help="the text file's encoding (default: utf-8)")
+    parser.add_argument("--errors", choices=["strict", "replace"], default="strict",
+                        help="bytes that do not decode: stop with an error (strict, the default) "
+                             "or replace them with U+FFFD (replace)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     settings = parser.add_argument_group("settings (each overrides the preset's value)")
     for field in dataclasses.fields(GPTConfig) + dataclasses.fields(training.TrainingConfig):
@@ -78,37 +96,58 @@ def _train_parser():
     return parser
 
 
+_COMMAND_OPTIONS = ("text", "preset", "out", "overwrite", "resume", "encoding", "errors", "debug")
+
+
 def _train(args):
-    settings = dict(training.PRESETS[args.preset])
-    for name, value in vars(args).items():
-        if value is not None and name not in ("text", "preset", "out", "overwrite", "debug"):
-            settings[name] = value
-    model_settings, training_settings = training.split_settings(settings)
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume and --overwrite contradict each other; choose one")
+    checkpoint = training.read_checkpoint(args.out) if args.resume else None
+    model_settings, training_settings = training.split_settings(_resolve_settings(args, checkpoint))
     training_config = training.TrainingConfig(**training_settings)
     GPTConfig(**model_settings)  # fail on a bad shape before reading any text
-    _check_output_folder(args.out, args.overwrite)
+    if checkpoint and checkpoint["step"] >= training_config.max_iters:
+        raise InputError(
+            f"the run in {args.out} has already done its {checkpoint['step']} steps; "
+            f"pass a larger --max-iters to train it further"
+        )
+    if not args.resume:
+        _check_output_folder(args.out, args.overwrite)
 
-    text = data.read_text(args.text) if args.text else data.default_corpus()
+    text = data.read_text(args.text, args.encoding, args.errors) if args.text else data.default_corpus()
     source = args.text or "the Python standard library's sources"
-    tokenizer = CharTokenizer.from_text(text)
-    train_ids, validation_ids = data.split(tokenizer.encode(text))
-    data.check_enough_tokens(train_ids, validation_ids, model_settings["block_size"])
 
     import keras
 
     keras.utils.set_random_seed(training_config.seed)
-    config = GPTConfig(vocab_size=tokenizer.vocabulary_size, **model_settings)
-    model = GPT.from_gpt_config(config, tokenizer)
+    if checkpoint:
+        model = GPT.from_config(checkpoint["model_config"])
+        tokenizer = model.tokenizer
+        unknown = tokenizer.unknown_characters(text)
+        if unknown:
+            raise InputError(
+                f"the text has characters the checkpoint's vocabulary lacks ({''.join(unknown[:20])!r}): "
+                f"resume with the text the run started on"
+            )
+    else:
+        tokenizer = CharTokenizer.from_text(text)
+        model = GPT.from_gpt_config(GPTConfig(vocab_size=tokenizer.vocabulary_size, **model_settings), tokenizer)
+    config = model.config
+    train_ids, validation_ids = data.split(tokenizer.encode(text))
+    data.check_enough_tokens(train_ids, validation_ids, config.block_size)
     model.build((None, config.block_size))
     print(
         f"training on {source}: {len(text):,} characters, {tokenizer.vocabulary_size} distinct; "
         f"{len(train_ids):,} train / {len(validation_ids):,} validation tokens\n"
         f"model: {config.n_layer} layers, {config.n_head} heads, width {config.n_embd}, "
         f"context {config.block_size}, {model.count_params():,} parameters\n"
-        f"{training_config.max_iters} steps of batch {training_config.batch_size}; each "
-        f"'epoch' below is {training_config.eval_interval} steps and ends with a validation loss"
+        + (f"resuming at step {checkpoint['step']} of " if checkpoint else "")
+        + f"{training_config.max_iters} steps of batch {training_config.batch_size}; "
+        f"validation loss every {training_config.eval_interval} steps, "
+        f"checkpoint every {training_config.checkpoint_interval}",
+        flush=True,
     )
-    rows = training.train(model, train_ids, validation_ids, training_config, args.out)
+    rows = training.train(model, train_ids, validation_ids, training_config, args.out, resume=bool(checkpoint))
     best = min(rows, key=lambda row: row["val_loss"])
     print(
         f"\nbest validation loss {best['val_loss']:.4f} at step {best['step']}; "
@@ -121,13 +160,42 @@ def _train(args):
     print()
 
 
+def _resolve_settings(args, checkpoint):
+    """Preset values, then explicit flags; on resume, the checkpoint's values first.
+
+    A resumed run may change how it trains (say, more --max-iters), never the
+    model's shape.
+    """
+    explicit = {
+        name: value for name, value in vars(args).items()
+        if name not in _COMMAND_OPTIONS and value is not None
+    }
+    requested = {**(training.PRESETS[args.preset] if args.preset else {}), **explicit}
+    if checkpoint is None:
+        return {**training.PRESETS[training.DEFAULT_PRESET], **requested}
+    saved = {name: checkpoint["model_config"][name] for name in training.MODEL_SHAPE_SETTINGS}
+    conflicts = [
+        f"{name} is {saved[name]} in the checkpoint, {value} here"
+        for name, value in requested.items()
+        if name in saved and value != saved[name]
+    ]
+    if conflicts:
+        raise ConfigError(
+            f"cannot resume with a different model: {'; '.join(conflicts)}; "
+            f"drop those flags, or start a new run in another --out"
+        )
+    return {**saved, **checkpoint["training_config"],
+            **{name: value for name, value in requested.items() if name not in saved}}
+
+
 def _check_output_folder(out, overwrite):
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out} is a file, not a folder")
-    if (out / "model.keras").exists() and not overwrite:
+    existing = [out / name for name in ("model.keras", training.CHECKPOINT_STATE) if (out / name).exists()]
+    if existing and not overwrite:
         raise RunExistsError(
-            f"{out / 'model.keras'} already exists; pass --overwrite to replace it, "
-            f"or choose another --out"
+            f"{existing[0]} already exists; pass --resume to continue that run, "
+            f"--overwrite to replace it, or choose another --out"
         )
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -159,6 +227,9 @@ def _generate_parser():
                         help="make the samples repeatable (default: different each run)")
     parser.add_argument("--num-samples", type=int, default=1, metavar="N",
                         help="how many samples to print, one after another (default: 1)")
+    parser.add_argument("--unknown", choices=["error", "skip", "replace"], default="error",
+                        help="prompt characters the model never saw: stop with an error (the default), "
+                             "leave them out, or replace each with a space")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     return parser
 
@@ -172,7 +243,7 @@ def _generate(args):
         seed = None if args.seed is None else args.seed + index
         pieces = generation.stream(
             model, args.prompt, max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature, top_k=args.top_k, seed=seed,
+            temperature=args.temperature, top_k=args.top_k, seed=seed, unknown=args.unknown,
         )
         if index:
             _print_piece(SAMPLE_DIVIDER)

@@ -12,8 +12,11 @@ VALIDATION_FRACTION = 0.1
 DEFAULT_CORPUS_CHARACTERS = 2_000_000
 
 
-def read_text(path, encoding="utf-8"):
-    """The whole file as a string, or a `GPTLiteError` that says what is wrong with it."""
+def read_text(path, encoding="utf-8", errors="strict"):
+    """The whole file as a string, or a `GPTLiteError` that says what is wrong with it.
+
+    `errors="replace"` decodes bad bytes as U+FFFD instead of refusing the file.
+    """
     path = pathlib.Path(path)
     if not path.exists():
         raise MissingFileError(f"no such file: {path}")
@@ -24,12 +27,13 @@ def read_text(path, encoding="utf-8"):
     except OSError as error:
         raise InputError(f"cannot read {path}: {error.strerror}") from None
     try:
-        text = raw.decode(encoding)
+        text = raw.decode(encoding, errors)
     except UnicodeDecodeError as error:
         line = raw.count(b"\n", 0, error.start) + 1
         raise InputError(
             f"{path} is not valid {encoding}: byte {error.start} (line {line}) "
-            f"is {raw[error.start:error.start + 1]!r}; save the file as {encoding}"
+            f"is {raw[error.start:error.start + 1]!r}; convert the file to {encoding}, "
+            f"name its encoding with --encoding, or pass --errors replace"
         ) from None
     except LookupError:
         raise InputError(f"unknown text encoding {encoding!r}") from None
@@ -89,13 +93,13 @@ def check_enough_tokens(train_ids, validation_ids, block_size):
 class RandomWindows(keras.utils.PyDataset):
     """Batches of random (block_size + 1)-token windows, as (inputs, next-token targets).
 
-    Batch `i` depends only on (seed, i), so a run is reproducible and can be
-    resumed at any step without replaying the ones before it.
+    Batch `i` depends only on (seed, first_index + i), so a run is reproducible
+    and can be resumed at any step without replaying the ones before it.
 
     Yields x (B, T) and y (B, T) int32, where y is x shifted left by one token.
     """
 
-    def __init__(self, token_ids, block_size, batch_size, num_batches, seed=0, **kwargs):
+    def __init__(self, token_ids, block_size, batch_size, num_batches, seed=0, first_index=0, **kwargs):
         super().__init__(**kwargs)
         if len(token_ids) < block_size + 1:
             raise InputError(f"{len(token_ids)} tokens cannot fill a window of {block_size + 1}")
@@ -104,13 +108,14 @@ class RandomWindows(keras.utils.PyDataset):
         self.batch_size = batch_size
         self.batch_count = num_batches
         self.seed = seed
+        self.first_index = first_index
         self._offsets = np.arange(block_size + 1)  # (T + 1,)
 
     def __len__(self):
         return self.batch_count
 
     def __getitem__(self, index):
-        rng = np.random.default_rng((self.seed, index))
+        rng = np.random.default_rng((self.seed, self.first_index + index))
         starts = rng.integers(0, len(self.token_ids) - self.block_size, size=self.batch_size)
         windows = self.token_ids[starts[:, None] + self._offsets].astype(np.int32)  # (B, T + 1)
         return windows[:, :-1], windows[:, 1:]

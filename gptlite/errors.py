@@ -23,3 +23,15 @@ class MissingFileError(GPTLiteError, FileNotFoundError):
 
 class RunExistsError(GPTLiteError, FileExistsError):
     """The output folder already holds a trained model."""
+
+
+class TrainingDiverged(GPTLiteError, ArithmeticError):
+    """The training loss became NaN or infinite."""
+
+
+class TrainingInterrupted(GPTLiteError):
+    """Training stopped on request (Ctrl-C or SIGTERM) after saving a checkpoint."""
+
+    def __init__(self, message, signal_number):
+        super().__init__(message)
+        self.signal_number = signal_number

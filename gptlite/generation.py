@@ -18,10 +18,12 @@ from gptlite.errors import ConfigError, InputError
 _compiled_forward = weakref.WeakKeyDictionary()
 
 
-def stream(model, prompt="", max_new_tokens=200, temperature=1.0, top_k=None, seed=None):
+def stream(model, prompt="", max_new_tokens=200, temperature=1.0, top_k=None, seed=None, unknown="error"):
     """An iterator over the continuation of `prompt`, one decoded token at a time.
 
     Settings and prompt are checked at once, before the first token.
+    Prompt characters the vocabulary lacks raise an `InputError` naming them
+    (`unknown="error"`), are left out (`"skip"`) or become spaces (`"replace"`).
 
     An empty prompt starts from a newline (or, without one in the
     vocabulary, from the first token); that start is not yielded. When the
@@ -30,14 +32,14 @@ def stream(model, prompt="", max_new_tokens=200, temperature=1.0, top_k=None, se
     """
     check_sampling_settings(max_new_tokens, temperature, top_k)
     return _stream_tokens(
-        model, _prompt_ids(model.tokenizer, prompt), max_new_tokens,
+        model, _prompt_ids(model.tokenizer, prompt, unknown), max_new_tokens,
         _make_sampler(temperature, top_k, seed, model.tokenizer.vocabulary_size),
     )
 
 
-def generate(model, prompt="", max_new_tokens=200, temperature=1.0, top_k=None, seed=None):
+def generate(model, prompt="", max_new_tokens=200, temperature=1.0, top_k=None, seed=None, unknown="error"):
     """Return `prompt` followed by `max_new_tokens` sampled tokens, as text."""
-    return prompt + "".join(stream(model, prompt, max_new_tokens, temperature, top_k, seed))
+    return prompt + "".join(stream(model, prompt, max_new_tokens, temperature, top_k, seed, unknown))
 
 
 def _stream_tokens(model, prompt_ids, max_new_tokens, sampler):
@@ -73,14 +75,21 @@ def _forward_at(model):
     return _compiled_forward[model]
 
 
-def _prompt_ids(tokenizer, prompt):
-    if not prompt:
-        return [int(tokenizer.encode("\n")[0])] if not tokenizer.unknown_characters("\n") else [0]
-    unknown = tokenizer.unknown_characters(prompt)
-    if unknown:
+def _prompt_ids(tokenizer, prompt, unknown="error"):
+    if unknown not in ("error", "skip", "replace"):
+        raise ConfigError(f"unknown must be 'error', 'skip' or 'replace', got {unknown!r}")
+    missing = tokenizer.unknown_characters(prompt)
+    if missing and unknown == "error":
         raise InputError(
-            f"the prompt has characters the model never saw in training: {''.join(unknown)!r}"
+            f"the prompt has characters the model never saw in training: {''.join(missing)!r} "
+            f"(--unknown skip or replace lets it run anyway)"
         )
+    if missing:
+        replacement = " " if unknown == "replace" and not tokenizer.unknown_characters(" ") else ""
+        prompt = "".join(replacement if c in missing else c for c in prompt)
+    if not prompt:
+        # Start from a new line, as a text does; lacking one, from the first token.
+        return [int(tokenizer.encode("\n")[0])] if not tokenizer.unknown_characters("\n") else [0]
     return [int(i) for i in tokenizer.encode(prompt)]
 
 

@@ -5,8 +5,12 @@ import dataclasses
 import keras
 from keras import ops
 
-from gptlite.errors import ConfigError
+from gptlite.errors import ConfigError, InputError
 from gptlite.layers import TokenAndPositionEmbedding, TransformerBlock, register
+
+
+# Stored in every saved model; raised when the saved form changes incompatibly.
+FORMAT_VERSION = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +140,7 @@ class GPT(keras.Model):
 
     def get_config(self):
         config = super().get_config()
-        config.update(dataclasses.asdict(self.config))
+        config.update(dataclasses.asdict(self.config), format_version=FORMAT_VERSION)
         config["tokenizer"] = (
             keras.saving.serialize_keras_object(self.tokenizer) if self.tokenizer is not None else None
         )
@@ -145,6 +149,12 @@ class GPT(keras.Model):
     @classmethod
     def from_config(cls, config):
         config = dict(config)
+        saved_format = config.pop("format_version", FORMAT_VERSION)
+        if saved_format > FORMAT_VERSION:
+            raise InputError(
+                f"this model was saved by a newer gptlite (format {saved_format}; this one reads "
+                f"up to {FORMAT_VERSION}); upgrade gptlite to load it"
+            )
         if config.get("tokenizer") is not None:
             config["tokenizer"] = keras.saving.deserialize_keras_object(config["tokenizer"])
         return cls(**config)

@@ -17,11 +17,13 @@ def atomic_path(path):
     """Yield a temporary path beside `path`; on success it replaces `path` in one rename.
 
     A crash part-way leaves the earlier file untouched, never a half-written one.
-    The temporary name keeps the final suffix, since Keras checks it.
+    The temporary name keeps the final suffixes (".weights.h5"), since Keras checks them.
     """
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
+    suffixes = "".join(path.suffixes)
+    stem = path.name[: len(path.name) - len(suffixes)]
+    handle, temporary = tempfile.mkstemp(prefix=f".{stem}.", suffix=suffixes, dir=path.parent)
     os.close(handle)
     os.chmod(temporary, 0o666 & ~_current_umask())  # mkstemp makes it owner-only
     try:

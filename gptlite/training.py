@@ -1,16 +1,22 @@
 """Training with `model.fit`: presets, the optimizer and schedule, evaluation records."""
 
+import contextlib
 import csv
 import dataclasses
+import json
 import math
 import pathlib
+import signal
+import sys
+import threading
 import time
 
 import keras
+import numpy as np
 
 from gptlite import saving
 from gptlite.data import RandomWindows
-from gptlite.errors import ConfigError
+from gptlite.errors import ConfigError, InputError, TrainingDiverged, TrainingInterrupted
 from gptlite.model import GPTConfig
 
 # Every value here can be overridden from the command line (`--n-layer 6`).
@@ -19,22 +25,24 @@ PRESETS = {
     "cpu": dict(
         n_layer=4, n_head=4, n_embd=128, block_size=64, dropout=0.0,
         batch_size=12, max_iters=2000, lr=1e-3, min_lr=1e-4, warmup_iters=100,
-        beta2=0.99, weight_decay=0.1, eval_interval=250, eval_iters=20,
+        beta2=0.99, weight_decay=0.1, eval_interval=250, eval_iters=20, checkpoint_interval=250,
     ),
     # nanoGPT's GPU configuration for Tiny Shakespeare.
     "gpu": dict(
         n_layer=6, n_head=6, n_embd=384, block_size=256, dropout=0.2,
         batch_size=64, max_iters=5000, lr=1e-3, min_lr=1e-4, warmup_iters=100,
-        beta2=0.99, weight_decay=0.1, eval_interval=250, eval_iters=20,
+        beta2=0.99, weight_decay=0.1, eval_interval=250, eval_iters=20, checkpoint_interval=250,
     ),
     # Seconds long: for tests and first tries.
     "tiny": dict(
         n_layer=2, n_head=2, n_embd=32, block_size=32, dropout=0.0,
         batch_size=8, max_iters=60, lr=3e-3, min_lr=3e-4, warmup_iters=5,
-        beta2=0.99, weight_decay=0.1, eval_interval=20, eval_iters=4,
+        beta2=0.99, weight_decay=0.1, eval_interval=20, eval_iters=4, checkpoint_interval=20,
     ),
 }
 DEFAULT_PRESET = "cpu"
+# Settings a resumed run cannot change: they decide the weights' shapes and meaning.
+MODEL_SHAPE_SETTINGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "tie_weights", "position")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,10 +58,11 @@ class TrainingConfig:
     weight_decay: float = 0.1  # AdamW decay, on weight matrices only
     eval_interval: int = 250  # steps between validation-loss evaluations
     eval_iters: int = 20  # validation batches per evaluation
+    checkpoint_interval: int = 250  # steps between resumable checkpoints
     seed: int = 1337  # seeds weights, batches and dropout
 
     def __post_init__(self):
-        for name in ("batch_size", "max_iters", "eval_interval", "eval_iters"):
+        for name in ("batch_size", "max_iters", "eval_interval", "eval_iters", "checkpoint_interval"):
             _require(name, getattr(self, name), lambda v: isinstance(v, int) and v >= 1,
                      "a positive whole number")
         _require("warmup_iters", self.warmup_iters, lambda v: isinstance(v, int) and v >= 0,
@@ -131,54 +140,6 @@ def compile_for_training(model, config):
     )
 
 
-class StopAtStep(keras.callbacks.Callback):
-    """End training after exactly `last_step` optimizer steps."""
-
-    def __init__(self, last_step):
-        super().__init__()
-        self.last_step = last_step
-        self.steps_done = 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.steps_done += 1
-        if self.steps_done >= self.last_step:
-            self.model.stop_training = True
-
-
-class EvaluationRecorder(keras.callbacks.Callback):
-    """At each evaluation: record the losses, keep the best model, redraw the loss plot.
-
-    Writes `history.csv` (step, train_loss, val_loss, learning_rate, elapsed_s),
-    `loss.png` and, whenever validation loss improves, `model.keras`.
-    """
-
-    def __init__(self, out_dir):
-        super().__init__()
-        self.out_dir = pathlib.Path(out_dir)
-        self.rows = []
-        self.best_val_loss = math.inf
-
-    def on_train_begin(self, logs=None):
-        self.started = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-        step = int(self.model.optimizer.iterations.numpy())
-        learning_rate = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
-        row = dict(
-            step=step,
-            train_loss=float(logs["loss"]),
-            val_loss=float(logs["val_loss"]),
-            learning_rate=learning_rate,
-            elapsed_s=round(time.perf_counter() - self.started, 2),
-        )
-        self.rows.append(row)
-        if row["val_loss"] < self.best_val_loss:
-            self.best_val_loss = row["val_loss"]
-            saving.save(self.model, self.out_dir / "model.keras")
-        write_history(self.rows, self.out_dir / "history.csv")
-        plot_losses(self.rows, self.out_dir / "loss.png")
-
-
 def write_history(rows, path):
     with saving.atomic_path(path) as temporary:
         with open(temporary, "w", newline="") as file:
@@ -207,32 +168,236 @@ def plot_losses(rows, path):
     pyplot.close(figure)
 
 
-def train(model, train_ids, validation_ids, config, out_dir, verbose=1):
+CHECKPOINT_WEIGHTS = "checkpoint.weights.h5"
+CHECKPOINT_STATE = "checkpoint.json"
+CHECKPOINT_FORMAT = 1
+
+
+@dataclasses.dataclass
+class RunState:
+    """What a run has done so far; saved with each checkpoint."""
+
+    step: int = 0
+    rows: list = dataclasses.field(default_factory=list)  # one per evaluation
+    best_val_loss: float = math.inf
+    loss_sum: float = 0.0  # train loss summed over the steps since the last evaluation
+    loss_steps: int = 0
+
+
+class StopRequest:
+    """Turns the first SIGINT or SIGTERM into a request to stop after the current step.
+
+    A second signal aborts at once. Use as a context manager; outside the main
+    thread, where Python cannot install handlers, it only ever says no.
+    """
+
+    def __init__(self):
+        self.signal_number = None
+        self._previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for number in (signal.SIGINT, signal.SIGTERM):
+                self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def __exit__(self, *exc_info):
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+    def request(self, signal_number=signal.SIGINT):
+        self.signal_number = signal_number
+
+    @property
+    def requested(self):
+        return self.signal_number is not None
+
+    def _handle(self, signal_number, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.request(signal_number)
+        print("\nstopping after this step to save a checkpoint (press Ctrl-C again to abort)",
+              file=sys.stderr, flush=True)
+
+
+class _StepWatcher(keras.callbacks.Callback):
+    """Stops `fit` after the step in which a stop was requested or the loss went non-finite."""
+
+    def __init__(self, stop_request, progress):
+        super().__init__()
+        self.stop_request = stop_request
+        self.progress = progress
+        self.mean_loss = math.nan
+        self.steps = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps = batch + 1
+        self.mean_loss = float(logs["loss"])  # mean over this fit call's steps so far
+        self.progress.step_done(self.mean_loss)
+        if not math.isfinite(self.mean_loss) or self.stop_request.requested:
+            self.model.stop_training = True
+
+
+class _Progress:
+    """One self-updating status line on a terminal; silent in logs and pipes."""
+
+    def __init__(self, first_step, last_step, verbose):
+        self.step = first_step
+        self.last_step = last_step
+        self.live = verbose and sys.stdout.isatty()
+        self.verbose = verbose
+        self.started = time.perf_counter()
+        self.first_step = first_step
+        self.shown_at = 0.0
+
+    def step_done(self, mean_loss):
+        self.step += 1
+        now = time.perf_counter()
+        if not self.live or now - self.shown_at < 0.1:
+            return
+        self.shown_at = now
+        seconds_per_step = (now - self.started) / (self.step - self.first_step)
+        remaining = seconds_per_step * (self.last_step - self.step)
+        done = int(30 * self.step / self.last_step)
+        sys.stdout.write(
+            f"\r{'━' * done}{'─' * (30 - done)} step {self.step}/{self.last_step} "
+            f"loss {mean_loss:.4f}  {seconds_per_step * 1000:.0f} ms/step  ETA {remaining:.0f} s "
+        )
+        sys.stdout.flush()
+
+    def say(self, line):
+        if self.verbose:
+            print(("\r\033[K" if self.live else "") + line, flush=True)
+
+
+def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=False, stop_request=None):
     """Train `model` with `model.fit`; return the evaluation records.
 
-    The best model by validation loss is saved to `out_dir/model.keras` as
-    training goes; the model in memory ends with the last step's weights.
+    Every `eval_interval` steps the validation loss is measured; the best model
+    by validation loss is saved to `out_dir/model.keras`, with `history.csv`
+    and `loss.png` beside it. Every `checkpoint_interval` steps, and when a
+    stop is requested (Ctrl-C, SIGTERM), a checkpoint is written from which
+    `resume=True` continues exactly. The model in memory ends with the last
+    step's weights.
     """
+    out_dir = pathlib.Path(out_dir)
     block_size = model.config.block_size
-    # fit needs equal epochs; the last one is cut short at max_iters and still
-    # ends with an evaluation.
-    evaluations = math.ceil(config.max_iters / config.eval_interval)
-    batches = RandomWindows(train_ids, block_size, config.batch_size, config.max_iters, seed=config.seed)
-    validation_batches = RandomWindows(
-        validation_ids, block_size, config.batch_size, config.eval_iters, seed=config.seed + 1
-    )
     if not model.built:
         model.build((None, block_size))
     compile_for_training(model, config)
-    recorder = EvaluationRecorder(out_dir)
-    model.fit(
-        batches,
-        epochs=evaluations,
-        steps_per_epoch=config.eval_interval,
-        validation_data=validation_batches,
-        validation_steps=config.eval_iters,
-        shuffle=False,  # batch i is always step i: runs repeat exactly
-        callbacks=[StopAtStep(config.max_iters), recorder],
-        verbose=verbose,
+    model.optimizer.build(model.trainable_variables)
+    state = _restore_checkpoint(model, out_dir) if resume else RunState()
+
+    validation_batches = RandomWindows(
+        validation_ids, block_size, config.batch_size, config.eval_iters, seed=config.seed + 1
     )
-    return recorder.rows
+    boundaries = sorted(
+        {s for s in range(config.eval_interval, config.max_iters, config.eval_interval)}
+        | {s for s in range(config.checkpoint_interval, config.max_iters, config.checkpoint_interval)}
+        | {config.max_iters}
+    )
+    progress = _Progress(state.step, config.max_iters, verbose)
+    started = time.perf_counter()
+    elapsed_before = state.rows[-1]["elapsed_s"] if state.rows else 0.0
+    with contextlib.ExitStack() as stack:
+        stop_request = stop_request or stack.enter_context(StopRequest())
+        for boundary in (b for b in boundaries if b > state.step):
+            watcher = _StepWatcher(stop_request, progress)
+            batches = RandomWindows(train_ids, block_size, config.batch_size, boundary - state.step,
+                                    seed=config.seed, first_index=state.step)
+            model.fit(batches, epochs=1, shuffle=False, callbacks=[watcher], verbose=0)
+            state.step += watcher.steps
+            if not math.isfinite(watcher.mean_loss):
+                raise TrainingDiverged(
+                    f"the training loss became {watcher.mean_loss} by step {state.step}; "
+                    f"{out_dir / 'model.keras'} keeps the last good model; try a lower --lr"
+                )
+            state.loss_sum += watcher.mean_loss * watcher.steps
+            state.loss_steps += watcher.steps
+            if state.step % config.eval_interval == 0 or state.step == config.max_iters:
+                elapsed = elapsed_before + time.perf_counter() - started
+                progress.say(_evaluate(model, validation_batches, state, out_dir, elapsed))
+            checkpoint_due = state.step % config.checkpoint_interval == 0 or state.step == config.max_iters
+            if checkpoint_due or stop_request.requested:
+                _save_checkpoint(model, state, config, out_dir)
+            if stop_request.requested and state.step < config.max_iters:
+                raise TrainingInterrupted(
+                    f"training stopped at step {state.step} of {config.max_iters}; checkpoint saved in "
+                    f"{out_dir}; continue with the same command plus --resume",
+                    stop_request.signal_number,
+                )
+    return state.rows
+
+
+def _evaluate(model, validation_batches, state, out_dir, elapsed):
+    """Measure validation loss, record it and keep the best model; return a line to show."""
+    val_loss = float(model.evaluate(validation_batches, verbose=0))
+    learning_rate = float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
+    row = dict(
+        step=state.step,
+        train_loss=state.loss_sum / state.loss_steps,
+        val_loss=val_loss,
+        learning_rate=learning_rate,
+        elapsed_s=round(elapsed, 2),
+    )
+    state.rows.append(row)
+    state.loss_sum, state.loss_steps = 0.0, 0
+    improved = val_loss < state.best_val_loss
+    if improved:
+        state.best_val_loss = val_loss
+        saving.save(model, out_dir / "model.keras")
+    write_history(state.rows, out_dir / "history.csv")
+    plot_losses(state.rows, out_dir / "loss.png")
+    return (
+        f"step {row['step']}: train loss {row['train_loss']:.4f}, val loss {val_loss:.4f}"
+        f"{' (best so far, saved)' if improved else ''}  [{row['elapsed_s']:.0f} s]"
+    )
+
+
+def _seed_states(model):
+    # Dropout's random state: Keras does not save it with the weights.
+    return [v for v in model.variables if v.path.endswith("seed_generator_state")]
+
+
+def _save_checkpoint(model, state, config, out_dir):
+    """Weights with optimizer state, then the run's state; each file replaced atomically."""
+    with saving.atomic_path(out_dir / CHECKPOINT_WEIGHTS) as temporary:
+        model.save_weights(temporary)
+    document = dict(
+        format=CHECKPOINT_FORMAT,
+        step=state.step,
+        model_config=model.get_config(),
+        training_config=dataclasses.asdict(config),
+        run_state=dataclasses.asdict(state),
+        seed_states=[keras.ops.convert_to_numpy(v).tolist() for v in _seed_states(model)],
+    )
+    with saving.atomic_path(out_dir / CHECKPOINT_STATE) as temporary:
+        temporary.write_text(json.dumps(document, indent=1))
+
+
+def read_checkpoint(out_dir):
+    """The checkpoint document in `out_dir`, or a `GPTLiteError` saying why there is none."""
+    path = pathlib.Path(out_dir) / CHECKPOINT_STATE
+    if not path.exists() or not (path.parent / CHECKPOINT_WEIGHTS).exists():
+        raise InputError(f"no checkpoint to resume in {out_dir}; start without --resume")
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise InputError(f"cannot read the checkpoint {path}: {error}") from None
+    if document.get("format") != CHECKPOINT_FORMAT:
+        raise InputError(f"{path} was written by another version of gptlite (format "
+                         f"{document.get('format')}, this one reads {CHECKPOINT_FORMAT})")
+    return document
+
+
+def _restore_checkpoint(model, out_dir):
+    document = read_checkpoint(out_dir)
+    model.load_weights(pathlib.Path(out_dir) / CHECKPOINT_WEIGHTS)
+    for variable, value in zip(_seed_states(model), document["seed_states"]):
+        variable.assign(np.asarray(value, dtype=variable.dtype))
+    state = RunState(**document["run_state"])
+    # The weights may be one checkpoint newer than the state if a kill fell
+    # between the two writes: trust the optimizer's own step count.
+    state.step = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+    state.rows = [row for row in state.rows if row["step"] <= state.step]
+    return state

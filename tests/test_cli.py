@@ -23,7 +23,8 @@ def trained_run(tmp_path_factory):
 def test_train_writes_model_history_and_plot(trained_run):
     result, _, out = trained_run
     assert result.returncode == 0, result.stderr
-    assert "val_loss" in result.stdout and "sample from the final model" in result.stdout
+    assert "step 30: train loss" in result.stdout and "val loss" in result.stdout
+    assert "sample from the final model" in result.stdout
     with open(out / "history.csv") as file:
         assert [row["step"] for row in csv.DictReader(file)] == ["15", "30"]
     assert (out / "loss.png").stat().st_size > 0

@@ -1,6 +1,7 @@
 import csv
 import math
 import os
+import signal
 
 import keras
 import numpy as np
@@ -100,3 +101,73 @@ def test_presets_are_valid_and_cpu_matches_the_reference_configuration():
     cpu = training.PRESETS["cpu"]
     assert (cpu["n_layer"], cpu["n_head"], cpu["n_embd"], cpu["block_size"], cpu["batch_size"],
             cpu["max_iters"], cpu["lr"], cpu["min_lr"]) == (4, 4, 128, 64, 12, 2000, 1e-3, 1e-4)
+
+
+class StopAtStep:
+    """A stop request that comes, as from Ctrl-C, once the optimizer reaches `step`."""
+
+    signal_number = signal.SIGINT
+
+    def __init__(self, model, step):
+        self.model, self.step = model, step
+
+    @property
+    def requested(self):
+        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)) >= self.step
+
+
+def small_run(tokenizer, text, out, stop_request=None, resume=False, model=None):
+    if model is None:
+        keras.utils.set_random_seed(5)
+    model = model or gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16,
+                                 block_size=16, dropout=0.1, tokenizer=tokenizer)
+    train_ids, validation_ids = data.split(tokenizer.encode(text))
+    config = gptlite.TrainingConfig(batch_size=8, max_iters=60, lr=3e-3, min_lr=3e-4, warmup_iters=5,
+                                    eval_interval=20, eval_iters=2, checkpoint_interval=40, seed=5)
+    return model, training.train(model, train_ids, validation_ids, config, out, verbose=0,
+                                 resume=resume, stop_request=stop_request)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, tokenizer, text):
+    return small_run(tokenizer, text, tmp_path_factory.mktemp("whole"))[1]
+
+
+def test_same_seed_gives_identical_loss_history(tmp_path, tokenizer, text, uninterrupted):
+    _, again = small_run(tokenizer, text, tmp_path)
+    assert again == [dict(row, elapsed_s=r["elapsed_s"]) for row, r in zip(uninterrupted, again)]
+
+
+def test_interrupted_and_resumed_run_matches_an_uninterrupted_one(tmp_path, tokenizer, text, uninterrupted):
+    keras.utils.set_random_seed(5)
+    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=16,
+                        dropout=0.1, tokenizer=tokenizer)
+    model.build((None, 16))
+    with pytest.raises(gptlite.TrainingInterrupted, match="stopped at step 27 of 60"):
+        small_run(tokenizer, text, tmp_path, stop_request=StopAtStep(model, 27), model=model)
+    assert training.read_checkpoint(tmp_path)["step"] == 27
+
+    # A fresh model, as in a new process: everything comes from the checkpoint.
+    _, resumed = small_run(tokenizer, text, tmp_path, resume=True)
+
+    assert [row["step"] for row in resumed] == [row["step"] for row in uninterrupted] == [20, 40, 60]
+    for got, want in zip(resumed, uninterrupted):
+        assert got["val_loss"] == pytest.approx(want["val_loss"], abs=1e-4)
+        assert got["train_loss"] == pytest.approx(want["train_loss"], abs=1e-4)
+
+
+def test_resume_without_a_checkpoint_is_refused(tmp_path):
+    with pytest.raises(gptlite.InputError, match="no checkpoint to resume"):
+        training.read_checkpoint(tmp_path)
+
+
+def test_nan_loss_stops_training_and_keeps_the_last_good_model(tmp_path, tokenizer, text):
+    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=16,
+                        tokenizer=tokenizer)
+    model.build((None, 16))
+    (tmp_path / "model.keras").write_bytes(b"the last good model")
+    weight = model.blocks[0].feed_forward.expand.kernel
+    weight.assign(np.full(weight.shape, np.nan, dtype="float32"))
+    with pytest.raises(gptlite.TrainingDiverged, match="became nan by step 1;"):
+        small_run(tokenizer, text, tmp_path, model=model)
+    assert (tmp_path / "model.keras").read_bytes() == b"the last good model"
