@@ -81,3 +81,76 @@ def test_in_process_errors_for_bad_flags(capsys, tmp_path, trained_run):
         train_main(["--preset", "huge"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_sigterm_saves_a_checkpoint_and_resume_finishes_the_run(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    text_file = tmp_path / "words.txt"
+    text_file.write_text(make_text(3000))
+    out = tmp_path / "run"
+    command = ["train.py", str(text_file), "--preset", "tiny", "--max-iters", "3000", "--eval-interval", "20",
+               "--checkpoint-interval", "1000", "--eval-iters", "1", "--out", str(out)]
+    process = subprocess.Popen([sys.executable, *command], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    for line in process.stdout:
+        if line.startswith("step 20:"):
+            process.send_signal(signal.SIGTERM)
+            break
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM, stderr
+    assert "checkpoint saved" in stderr and "--resume" in stderr
+    with open(out / "history.csv") as file:
+        stopped_at_rows = [int(row["step"]) for row in csv.DictReader(file)]
+    assert stopped_at_rows and stopped_at_rows[-1] < 3000
+
+    finish = run_python(*command[:-6], "--max-iters", "200", "--eval-interval", "20", "--checkpoint-interval", "1000",
+                        "--eval-iters", "1", "--out", str(out), "--resume")
+    assert finish.returncode == 0, finish.stderr
+    assert "resuming at step" in finish.stdout
+    with open(out / "history.csv") as file:
+        steps = [int(row["step"]) for row in csv.DictReader(file)]
+    assert steps[: len(stopped_at_rows)] == stopped_at_rows
+    assert steps[-1] == 200 and steps == sorted(set(steps))
+
+
+def test_resume_refusals(capsys, trained_run):
+    from gptlite.cli import train_main
+
+    _, text_file, out = trained_run
+    base = [str(text_file), "--out", str(out)]
+    assert train_main([*base, "--resume", "--n-embd", "64"]) == 2
+    assert "n_embd is 32 in the checkpoint, 64 here" in capsys.readouterr().err
+    assert train_main([*base, "--resume"]) == 2
+    assert "already done its 30 steps; pass a larger --max-iters" in capsys.readouterr().err
+    assert train_main([*base, "--resume", "--overwrite"]) == 2
+    assert "choose one" in capsys.readouterr().err
+
+
+def test_text_problems_are_explained(capsys, tmp_path):
+    from gptlite.cli import train_main
+
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("caf\xe9 ".encode("latin-1") * 20)
+    out = str(tmp_path / "out")
+    assert train_main([str(latin), "--preset", "tiny", "--out", out]) == 2
+    error = capsys.readouterr().err
+    assert "not valid utf-8" in error and "--encoding" in error and "--errors replace" in error
+    assert train_main([str(latin), "--preset", "tiny", "--encoding", "latin-1", "--out", out]) == 2
+    assert "--block-size 9 or less" in capsys.readouterr().err  # 100 characters: too short for 32
+    assert not (tmp_path / "out" / "model.keras").exists()
+
+
+def test_unknown_prompt_characters_can_be_skipped_or_replaced(capsys, trained_run):
+    from gptlite.cli import generate_main
+
+    _, _, out = trained_run
+    common = ["--model", str(out / "model.keras"), "--max-new-tokens", "5", "--seed", "0"]
+    assert generate_main([*common, "--prompt", "the CAT", "--unknown", "skip"]) == 0
+    assert capsys.readouterr().out.startswith("the CAT")
+    assert generate_main([*common, "--prompt", "the CAT", "--unknown", "error"]) == 2
+    assert "--unknown skip or replace" in capsys.readouterr().err

@@ -67,3 +67,11 @@ def test_prompt_with_unseen_characters_is_refused_by_name(tiny_model):
 def test_bad_sampling_settings_are_refused_before_sampling(tiny_model, settings, message):
     with pytest.raises(gptlite.ConfigError, match=message):
         gptlite.stream(tiny_model, "the", **settings)
+
+
+def test_unknown_prompt_characters_skipped_or_replaced(tiny_model):
+    greedy = lambda prompt, **kw: gptlite.generate(tiny_model, prompt, max_new_tokens=8, temperature=0, **kw)
+    assert greedy("the CAT", unknown="skip") == "the CAT" + greedy("the ")[len("the "):]
+    assert greedy("the CAT", unknown="replace") == "the CAT" + greedy("the    ")[len("the    "):]
+    with pytest.raises(gptlite.ConfigError, match="unknown"):
+        gptlite.stream(tiny_model, "the", unknown="ignore")

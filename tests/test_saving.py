@@ -1,0 +1,82 @@
+import json
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+
+import pytest
+
+import gptlite
+from gptlite import saving
+from conftest import REPO
+
+
+def test_atomic_path_leaves_the_old_file_when_writing_fails(tmp_path):
+    target = tmp_path / "history.csv"
+    target.write_text("old")
+    with pytest.raises(RuntimeError):
+        with saving.atomic_path(target) as temporary:
+            temporary.write_text("half")
+            raise RuntimeError("crash while writing")
+    assert target.read_text() == "old"
+    assert list(tmp_path.iterdir()) == [target]  # no temporary left behind
+
+
+def test_model_from_a_newer_gptlite_is_refused(tmp_path, tiny_model):
+    path = tmp_path / "model.keras"
+    saving.save(tiny_model, path)
+    newer = tmp_path / "newer.keras"
+    with zipfile.ZipFile(path) as source, zipfile.ZipFile(newer, "w") as target:
+        for item in source.infolist():
+            content = source.read(item)
+            if item.filename == "config.json":
+                config = json.loads(content)
+                config["config"]["format_version"] = 99
+                content = json.dumps(config).encode()
+            target.writestr(item, content)
+    with pytest.raises(gptlite.InputError, match="newer gptlite"):
+        gptlite.load(newer)
+
+
+def test_truncated_model_file_is_refused(tmp_path, tiny_model):
+    path = tmp_path / "model.keras"
+    saving.save(tiny_model, path)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(gptlite.InputError, match=str(path)):
+        gptlite.load(path)
+
+
+SAVE_FOREVER = """
+import sys, gptlite
+tokenizer = gptlite.CharTokenizer.from_text("abcdefgh")
+model = gptlite.GPT(vocab_size=8, n_layer=2, n_head=2, n_embd=64, block_size=64, tokenizer=tokenizer)
+model.build((None, 64))
+for count in range(10_000):
+    gptlite.save(model, sys.argv[1])
+    print(count, flush=True)
+"""
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.01, 0.04])
+def test_a_kill_during_saves_never_leaves_a_broken_model(tmp_path, delay):
+    path = tmp_path / "model.keras"
+    process = subprocess.Popen([sys.executable, "-c", SAVE_FOREVER, str(path)], cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        kills = 0
+        for line in process.stdout:
+            if int(line) >= 3:  # several whole saves done; the next is under way
+                time.sleep(delay)
+                process.send_signal(signal.SIGKILL)
+                kills += 1
+                break
+        process.wait(timeout=60)
+    finally:
+        process.kill()
+    assert kills == 1 and process.returncode == -signal.SIGKILL
+    model = gptlite.load(path)  # the old file or the new one, whole either way
+    assert model.config.n_embd == 64
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name != "model.keras"]
+    # mkstemp files of the killed save may remain; they are hidden and never read.
+    assert all(name.startswith(".model.") for name in leftovers)
