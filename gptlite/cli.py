@@ -202,6 +202,10 @@ def _check_output_folder(out, overwrite):
         tempfile.TemporaryFile(dir=out).close()
     except OSError as error:
         raise InputError(f"cannot write to --out {out}: {error.strerror}") from None
+    if overwrite:
+        # The replaced run's checkpoint must not be resumed into the new one.
+        for name in (training.CHECKPOINT_STATE, training.CHECKPOINT_WEIGHTS):
+            (out / name).unlink(missing_ok=True)
 
 
 # --- generation ----------------------------------------------------------------

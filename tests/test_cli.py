@@ -77,6 +77,8 @@ def test_in_process_errors_for_bad_flags(capsys, tmp_path, trained_run):
     a_file.write_text("x")
     assert train_main(["--preset", "tiny", "--out", str(a_file)]) == 2
     assert "is a file" in capsys.readouterr().err
+    assert train_main(["--preset", "tiny", "--out", str(a_file / "inside")]) == 2
+    assert "cannot write to --out" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         train_main(["--preset", "huge"])
     assert exit_info.value.code == 2
