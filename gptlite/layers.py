@@ -132,12 +132,17 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
                 sinusoidal_position_encoding(self.sequence_length, self.embedding_dim)
             )
 
-    def call(self, token_ids, start_index=0):
+    def call(self, token_ids, start_positions=None):
+        """token_ids (B, T); start_positions (B,), the position of each row's first token (default 0)."""
         length = ops.shape(token_ids)[-1]
         tokens = self.token_embedding(token_ids)  # (B, T, C)
-        positions = ops.slice(
-            self.position_embeddings, (start_index, 0), (length, self.embedding_dim)
-        )  # (T, C)
+        if start_positions is None:
+            positions = ops.slice(
+                self.position_embeddings, (0, 0), (length, self.embedding_dim)
+            )  # (T, C)
+        else:
+            indices = ops.reshape(start_positions, (-1, 1)) + ops.arange(length)[None, :]  # (B, T)
+            positions = ops.take(self.position_embeddings, indices, axis=0)  # (B, T, C)
         return tokens + ops.cast(positions, tokens.dtype)
 
     def logits(self, hidden):
@@ -208,21 +213,56 @@ class CausalSelfAttention(keras.layers.Layer):
 
     def call(self, x, training=None, return_attention_scores=False):
         length = ops.shape(x)[1]
-        width = self.num_heads * self.head_size
-        qkv = self.qkv_projection(x)  # (B, T, 3C)
-        qkv = ops.reshape(qkv, (-1, length, 3, self.num_heads, self.head_size))
-        qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))  # (3, B, H, T, D)
-        query, key, value = qkv[0], qkv[1], qkv[2]
-
+        query, key, value = self._project_heads(x)  # each (B, H, T, D)
         mask = causal_mask(length, length)  # (T, T), broadcast over B and H
         attended, weights = _attend_with_dropout(
             query, key, value, mask, self.attention_dropout, training
         )  # (B, H, T, D), (B, H, T, T)
-        attended = ops.reshape(ops.transpose(attended, (0, 2, 1, 3)), (-1, length, width))
-        output = self.output_dropout(self.output_projection(attended), training=training)
+        output = self.output_dropout(self._merge_heads(attended), training=training)
         if return_attention_scores:
             return output, weights
         return output
+
+    def call_with_cache(self, x, cache, start_positions):
+        """Attend from new tokens over a key/value cache, and return the updated cache.
+
+        x (B, T, C) holds tokens at positions start_positions[b] + t;
+        cache (B, 2, H, S, D) holds keys and values for positions 0..S-1, of
+        which those before start_positions[b] are filled. The new keys and
+        values are written at their positions; each query then sees the cache
+        up to its own position. Returns (B, T, C) and the cache.
+        """
+        length = ops.shape(x)[1]
+        cache_length = ops.shape(cache)[3]
+        query, key, value = self._project_heads(x)  # each (B, H, T, D)
+
+        query_positions = ops.reshape(start_positions, (-1, 1)) + ops.arange(length)[None, :]  # (B, T)
+        slots = ops.arange(cache_length)  # (S,)
+        # (B, T, S) one-hot: where each new token's key and value go.
+        placement = ops.cast(ops.equal(query_positions[:, :, None], slots[None, None, :]), key.dtype)
+        written = ops.max(placement, axis=1)[:, None, :, None]  # (B, 1, S, 1)
+        new_keys = ops.einsum("bts,bhtd->bhsd", placement, key)  # (B, H, S, D)
+        new_values = ops.einsum("bts,bhtd->bhsd", placement, value)
+        keys = cache[:, 0] * (1 - written) + new_keys
+        values = cache[:, 1] * (1 - written) + new_values
+
+        mask = ops.greater_equal(query_positions[:, :, None], slots[None, None, :])[:, None]  # (B, 1, T, S)
+        attended, _ = scaled_dot_product_attention(query, keys, values, mask)  # (B, H, T, D)
+        return self._merge_heads(attended), ops.stack([keys, values], axis=1)
+
+    def _project_heads(self, x):
+        length = ops.shape(x)[1]
+        qkv = self.qkv_projection(x)  # (B, T, 3C)
+        qkv = ops.reshape(qkv, (-1, length, 3, self.num_heads, self.head_size))
+        qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))  # (3, B, H, T, D)
+        return qkv[0], qkv[1], qkv[2]
+
+    def _merge_heads(self, attended):
+        length = ops.shape(attended)[2]
+        merged = ops.reshape(
+            ops.transpose(attended, (0, 2, 1, 3)), (-1, length, self.num_heads * self.head_size)
+        )  # (B, T, C)
+        return self.output_projection(merged)
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -336,6 +376,13 @@ class TransformerBlock(keras.layers.Layer):
         if return_attention_scores:
             return x, weights
         return x
+
+    def call_with_cache(self, x, cache, start_positions):
+        """As `call`, for inference, attending over a key/value cache; returns (x, cache)."""
+        attended, cache = self.attention.call_with_cache(self.attention_norm(x), cache, start_positions)
+        x = x + attended
+        x = x + self.feed_forward(self.feed_forward_norm(x))
+        return x, cache
 
     def compute_output_shape(self, input_shape):
         return input_shape

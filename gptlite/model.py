@@ -129,6 +129,25 @@ class GPT(keras.Model):
             x = block(x, training=training)
         return self.embedding.logits(self.final_norm(x))  # (B, T, V)
 
+    def empty_cache(self, batch_size):
+        """A zero key/value cache for every block: (n_layer, B, 2, H, block_size, D)."""
+        config = self.config
+        shape = (config.n_layer, batch_size, 2, config.n_head, config.block_size, config.n_embd // config.n_head)
+        return ops.zeros(shape, dtype=self.compute_dtype)
+
+    def call_with_cache(self, token_ids, cache, start_positions):
+        """Next-token logits for tokens placed at `start_positions`, and the updated cache.
+
+        token_ids (B, T), start_positions (B,) with start_positions[b] + T <= block_size,
+        cache as from `empty_cache` -> logits (B, T, V), cache.
+        """
+        x = self.embedding(token_ids, start_positions)  # (B, T, C)
+        layer_caches = []
+        for block, layer_cache in zip(self.blocks, ops.unstack(cache, axis=0)):
+            x, layer_cache = block.call_with_cache(x, layer_cache, start_positions)
+            layer_caches.append(layer_cache)
+        return self.embedding.logits(self.final_norm(x)), ops.stack(layer_caches)
+
     def attention_weights(self, token_ids):
         """Attention weights of every block, stacked: (n_layer, B, H, T, T)."""
         x = self.embedding(token_ids)
