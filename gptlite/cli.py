@@ -227,10 +227,15 @@ def _generate_parser():
                         help="below 1 is safer, above 1 wilder; 0 always takes the likeliest token (default: 0.8)")
     parser.add_argument("--top-k", type=int, default=200, metavar="K",
                         help="sample only among the K likeliest tokens (default: 200)")
+    parser.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                        help="sample only among the likeliest tokens whose probabilities add up to P "
+                             "(nucleus sampling; default: 1.0, off)")
     parser.add_argument("--seed", type=int, default=None,
                         help="make the samples repeatable (default: different each run)")
     parser.add_argument("--num-samples", type=int, default=1, metavar="N",
-                        help="how many samples to print, one after another (default: 1)")
+                        help="how many samples to draw, together in one batch (default: 1)")
+    parser.add_argument("--no-stream", dest="stream", action="store_false",
+                        help="print the text when it is complete, not as it is produced")
     parser.add_argument("--unknown", choices=["error", "skip", "replace"], default="error",
                         help="prompt characters the model never saw: stop with an error (the default), "
                              "leave them out, or replace each with a space")
@@ -241,19 +246,19 @@ def _generate_parser():
 def _generate(args):
     if args.num_samples < 1:
         raise InputError(f"--num-samples must be at least 1, got {args.num_samples}")
-    generation.check_sampling_settings(args.max_new_tokens, args.temperature, args.top_k)
+    generation.check_sampling_settings(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     model = saving.load(args.model)
-    for index in range(args.num_samples):
-        seed = None if args.seed is None else args.seed + index
-        pieces = generation.stream(
-            model, args.prompt, max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature, top_k=args.top_k, seed=seed, unknown=args.unknown,
-        )
-        if index:
-            _print_piece(SAMPLE_DIVIDER)
+    settings = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                    top_p=args.top_p, seed=args.seed, unknown=args.unknown)
+    if args.stream and args.num_samples == 1:
+        pieces = generation.stream(model, args.prompt, **settings)
         _print_piece(args.prompt)
         for piece in pieces:
             _print_piece(piece)
+    else:
+        # Several samples are drawn in one batch, so they are printed when complete.
+        texts = generation.generate(model, [args.prompt] * args.num_samples, **settings)
+        _print_piece(SAMPLE_DIVIDER.join(texts))
     print()
 
 

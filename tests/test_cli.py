@@ -40,7 +40,21 @@ def test_generate_streams_prompt_then_text_and_repeats_with_a_seed(trained_run):
     assert first.stdout.startswith("the cat")
     samples = first.stdout.split("-" * 40)
     assert len(samples) == 2 and samples[1].lstrip("\n").startswith("the cat")
+    assert samples[0] != samples[1]
     assert first.stdout == second.stdout
+
+
+def test_streamed_and_unstreamed_output_are_the_same(capsys, trained_run):
+    from gptlite.cli import generate_main
+
+    _, _, out = trained_run
+    args = ["--model", str(out / "model.keras"), "--prompt", "a dog", "--max-new-tokens", "50", "--seed", "4",
+            "--top-p", "0.9"]
+    assert generate_main(args) == 0
+    streamed = capsys.readouterr().out
+    assert generate_main([*args, "--no-stream"]) == 0
+    assert capsys.readouterr().out == streamed
+    assert streamed.startswith("a dog") and len(streamed) == len("a dog") + 50 + 1
 
 
 def test_existing_model_is_not_overwritten(trained_run):

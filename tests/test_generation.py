@@ -75,3 +75,59 @@ def test_unknown_prompt_characters_skipped_or_replaced(tiny_model):
     assert greedy("the CAT", unknown="replace") == "the CAT" + greedy("the    ")[len("the    "):]
     with pytest.raises(gptlite.ConfigError, match="unknown"):
         gptlite.stream(tiny_model, "the", unknown="ignore")
+
+
+def test_cached_logits_equal_full_forward_pass_at_every_step(tiny_model):
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, tiny_model.config.vocab_size, size=(3, 16)).astype("int32")
+    full = keras.ops.convert_to_numpy(tiny_model(ids))
+    logits, cache = tiny_model.call_with_cache(ids[:, :6], tiny_model.empty_cache(3), np.zeros(3, "int32"))
+    steps = [keras.ops.convert_to_numpy(logits)]
+    for t in range(6, 16):
+        logits, cache = tiny_model.call_with_cache(ids[:, t:t + 1], cache, np.full(3, t, "int32"))
+        steps.append(keras.ops.convert_to_numpy(logits))
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
+
+
+def test_batch_of_prompts_of_different_lengths_equals_each_alone(tiny_model):
+    prompts = ["a", "the cat sat", "dog ran to the big red hat"]  # the last is longer than block_size
+    together = gptlite.generate(tiny_model, prompts, max_new_tokens=30, temperature=0)
+    assert together == [greedy_by_full_recomputation(tiny_model, p, 30) for p in prompts]
+
+
+def test_greedy_with_cache_equals_recomputation_for_300_tokens(tiny_model):
+    assert gptlite.generate(tiny_model, "the", max_new_tokens=300, temperature=0) == \
+        greedy_by_full_recomputation(tiny_model, "the", 300)
+
+
+def test_top_p_only_emits_tokens_of_the_nucleus(tiny_model):
+    prompt = "the big"
+    context = np.array([tiny_model.tokenizer.encode(prompt)], dtype="int32")
+    probabilities = keras.ops.convert_to_numpy(keras.ops.softmax(tiny_model(context)[0, -1]))
+    order = np.argsort(probabilities)[::-1]
+    size = int(np.searchsorted(np.cumsum(probabilities[order]), 0.5) + 1)  # smallest set reaching 0.5
+    nucleus = set(tiny_model.tokenizer.decode(order[:size]))
+    firsts = {next(iter(gptlite.stream(tiny_model, prompt, 1, temperature=1.0, top_p=0.5, seed=s)))
+              for s in range(40)}
+    assert firsts <= nucleus
+
+
+def test_sampler_filters_without_a_model():
+    from gptlite.generation import sample_next_token
+
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]] * 2000, dtype="float32"))
+    generator = keras.random.SeedGenerator(0)
+    draw = lambda t, k, p: keras.ops.convert_to_numpy(
+        sample_next_token(logits, np.array([t, k, p], "float32"), generator))
+    assert set(draw(0.0, 4, 1.0)) == {0}
+    assert set(draw(1.0, 2, 1.0)) == {0, 1}
+    assert set(draw(1.0, 4, 0.7)) == {0, 1}  # 0.5 alone is short of 0.7; 0.5 + 0.3 reaches it
+    assert set(draw(1.0, 4, 0.5)) == {0}
+    counts = np.bincount(draw(1.0, 4, 1.0), minlength=4) / 2000
+    np.testing.assert_allclose(counts, [0.5, 0.3, 0.15, 0.05], atol=0.04)
+
+
+def test_top_p_outside_its_range_is_refused(tiny_model):
+    for top_p in (0.0, 1.5):
+        with pytest.raises(gptlite.ConfigError, match="top_p"):
+            gptlite.stream(tiny_model, "the", top_p=top_p)
