@@ -6,15 +6,17 @@ How a batch of prompts is decoded:
    first new token is drawn from the logits at each prompt's last position.
 2. Decode: each step feeds one token per row at that row's own position,
    writes its key and value into the cache, and draws the next token.
-3. Sliding: when a row's context would pass `block_size`, the batch is
-   prefilled again from the last `block_size` tokens of each row, and each
-   further token is then computed that way. The model never sees more than
-   `block_size` tokens, exactly as full recomputation would.
+3. Sliding: once a row's window is full, each step shifts the window by one
+   token and recomputes it whole (learned positions shift with it). The model
+   never sees more than `block_size` tokens, exactly as full recomputation
+   would.
 
-Prefill and decode step are compiled once per model and batch size (XLA on
+Prefill and decode loop are compiled once per model and batch size (XLA on
 TensorFlow) and traced with the sampling settings as tensor inputs, so
 changing prompt length, temperature, top-k, top-p or seed never recompiles.
-Streaming comes from the host loop around the compiled step.
+The decode loop is a compiled while-loop that draws up to CHUNK_SIZE tokens
+per call, keeping the cache on the device between steps; streaming yields
+each chunk's tokens as the call returns (the first token right after prefill).
 
 The next token is drawn by `sample_next_token`, our own sampler rather than
 KerasHub's: theirs fix k, p and temperature as Python values (one trace per
@@ -61,28 +63,80 @@ def sample_next_token(logits, settings, seed_generator):
     return ops.where(ops.equal(temperature, 0), ops.cast(greedy, "int32"), sampled)
 
 
+# Tokens produced per compiled call: more amortises the call's overhead, fewer
+# streams text sooner.
+CHUNK_SIZE = 16
+
+
 class _Decoder:
-    """The compiled prefill and decode step of one model, and its random state."""
+    """The compiled prefill and decode loop of one model, and its random state.
+
+    Decoding state, kept on the device between calls:
+        window (B, block_size)  each row's last tokens, left-aligned
+        lengths (B,)            how many of them are real
+        cache                   keys and values of window[:, :lengths - 1]
+        pending (B,)            the token drawn last, not yet in the window
+    """
 
     def __init__(self, model):
         self.model = model
         self.seed_generator = keras.random.SeedGenerator(0)
         self.prefill = _compile(self._prefill)
-        self.step = _compile(self._step)
+        self.decode_chunk = _compile(self._decode_chunk)
 
-    def _prefill(self, token_ids, lengths, settings):
-        """token_ids (B, block_size) right-padded, lengths (B,) -> next tokens (B,), cache."""
-        batch_size = ops.shape(token_ids)[0]
-        logits, cache = self.model.call_with_cache(
-            token_ids, self.model.empty_cache(batch_size), ops.zeros((batch_size,), "int32")
-        )  # (B, T, V)
-        last = ops.take_along_axis(logits, ops.reshape(lengths - 1, (-1, 1, 1)), axis=1)[:, 0]  # (B, V)
+    def _prefill(self, window, lengths, settings):
+        """Run the windows through the model; draw each row's first new token."""
+        logits, cache = self._forward_window(window)
+        last = _logits_at(logits, lengths - 1)  # (B, V)
         return sample_next_token(last, settings, self.seed_generator), cache
 
-    def _step(self, tokens, cache, positions, settings):
-        """tokens (B,) placed at positions (B,) -> the tokens after them (B,), cache."""
-        logits, cache = self.model.call_with_cache(tokens[:, None], cache, positions)  # (B, 1, V)
-        return sample_next_token(logits[:, 0], settings, self.seed_generator), cache
+    def _decode_chunk(self, window, lengths, cache, pending, settings, steps):
+        """Draw `steps` (<= CHUNK_SIZE) more tokens per row -> (tokens (B, CHUNK_SIZE), state...)."""
+        block_size = self.model.config.block_size
+        slots = ops.arange(block_size)[None, :]  # (1, S)
+        batch_size = ops.shape(window)[0]
+
+        def body(step, window, lengths, cache, pending, drawn):
+            full = ops.greater_equal(lengths, block_size)  # (B,): no slot left; slide the window
+            slid = ops.concatenate([window[:, 1:], pending[:, None]], axis=1)
+            placed = ops.where(ops.equal(slots, lengths[:, None]), pending[:, None], window)
+            window = ops.where(full[:, None], slid, placed)
+            positions = lengths
+            lengths = ops.minimum(lengths + 1, block_size)
+
+            def with_cache():
+                logits, new_cache = self.model.call_with_cache(pending[:, None], cache, positions)
+                return logits[:, 0], new_cache
+
+            def recomputed():
+                # Sliding shifts every learned position: the whole window is recomputed.
+                logits, new_cache = self._forward_window(window)
+                return _logits_at(logits, lengths - 1), new_cache
+
+            logits, cache = ops.cond(ops.any(full), recomputed, with_cache)
+            pending = sample_next_token(logits, settings, self.seed_generator)
+            drawn = ops.where(ops.equal(ops.arange(CHUNK_SIZE)[None, :], step), pending[:, None], drawn)
+            return step + 1, window, lengths, cache, pending, drawn
+
+        drawn = ops.zeros((batch_size, CHUNK_SIZE), "int32")
+        _, window, lengths, cache, pending, drawn = ops.while_loop(
+            lambda step, *_: ops.less(step, steps),
+            body,
+            (ops.convert_to_tensor(0, "int32"), window, lengths, cache, pending, drawn),
+            maximum_iterations=CHUNK_SIZE,
+        )
+        return drawn, window, lengths, cache, pending
+
+    def _forward_window(self, window):
+        batch_size = ops.shape(window)[0]
+        return self.model.call_with_cache(
+            window, self.model.empty_cache(batch_size), ops.zeros((batch_size,), "int32")
+        )
+
+
+def _logits_at(logits, indices):
+    """logits (B, T, V), indices (B,) -> (B, V)."""
+    return ops.take_along_axis(logits, ops.reshape(indices, (-1, 1, 1)), axis=1)[:, 0]
 
 
 def _compile(function):
@@ -101,37 +155,32 @@ def _decoder_for(model):
 
 def _decode(model, prompts_ids, max_new_tokens, settings, seed):
     """Yield, for each new position, an int array (B,) of the tokens chosen for every row."""
+    if max_new_tokens == 0:
+        return
     decoder = _decoder_for(model)
     state = decoder.seed_generator.state
     if seed is None:
         seed = int(np.random.default_rng().integers(2**31))
     state.assign(np.array([seed, 0], dtype=keras.backend.standardize_dtype(state.dtype)))
+
     block_size = model.config.block_size
-    rows = [list(ids) for ids in prompts_ids]
+    window = np.zeros((len(prompts_ids), block_size), dtype=np.int32)
+    lengths = np.zeros(len(prompts_ids), dtype=np.int32)
+    for index, ids in enumerate(prompts_ids):
+        context = ids[-block_size:]
+        window[index, : len(context)] = context
+        lengths[index] = len(context)
 
-    def prefill():
-        tokens = np.zeros((len(rows), block_size), dtype=np.int32)
-        lengths = np.zeros(len(rows), dtype=np.int32)
-        for index, row in enumerate(rows):
-            context = row[-block_size:]
-            tokens[index, : len(context)] = context
-            lengths[index] = len(context)
-        next_tokens, cache = decoder.prefill(tokens, lengths, settings)
-        return next_tokens, cache, lengths
-
-    next_tokens, cache, positions = prefill() if max_new_tokens else (None, None, None)
-    for produced in range(max_new_tokens):
-        chosen = keras.ops.convert_to_numpy(next_tokens)
-        for row, token in zip(rows, chosen):
-            row.append(int(token))
-        yield chosen
-        if produced + 1 == max_new_tokens:
-            break
-        if positions.max() >= block_size:  # a row's window is full: slide it
-            next_tokens, cache, positions = prefill()
-        else:
-            next_tokens, cache = decoder.step(next_tokens, cache, positions, settings)
-            positions = positions + 1
+    pending, cache = decoder.prefill(window, lengths, settings)
+    yield keras.ops.convert_to_numpy(pending)
+    produced = 1
+    while produced < max_new_tokens:
+        steps = min(CHUNK_SIZE, max_new_tokens - produced)
+        drawn, window, lengths, cache, pending = decoder.decode_chunk(
+            window, lengths, cache, pending, settings, np.int32(steps)
+        )
+        yield from keras.ops.convert_to_numpy(drawn)[:, :steps].T
+        produced += steps
 
 
 def _settings(model, temperature, top_k, top_p):

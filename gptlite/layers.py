@@ -238,17 +238,12 @@ class CausalSelfAttention(keras.layers.Layer):
 
         query_positions = ops.reshape(start_positions, (-1, 1)) + ops.arange(length)[None, :]  # (B, T)
         slots = ops.arange(cache_length)  # (S,)
-        # (B, T, S) one-hot: where each new token's key and value go.
-        placement = ops.cast(ops.equal(query_positions[:, :, None], slots[None, None, :]), key.dtype)
-        written = ops.max(placement, axis=1)[:, None, :, None]  # (B, 1, S, 1)
-        new_keys = ops.einsum("bts,bhtd->bhsd", placement, key)  # (B, H, S, D)
-        new_values = ops.einsum("bts,bhtd->bhsd", placement, value)
-        keys = cache[:, 0] * (1 - written) + new_keys
-        values = cache[:, 1] * (1 - written) + new_values
+        cache = _write_cache(cache, key, value, query_positions, slots)  # (B, 2, H, S, D)
+        keys, values = cache[:, 0], cache[:, 1]
 
         mask = ops.greater_equal(query_positions[:, :, None], slots[None, None, :])[:, None]  # (B, 1, T, S)
         attended, _ = scaled_dot_product_attention(query, keys, values, mask)  # (B, H, T, D)
-        return self._merge_heads(attended), ops.stack([keys, values], axis=1)
+        return self._merge_heads(attended), cache
 
     def _project_heads(self, x):
         length = ops.shape(x)[1]
@@ -271,6 +266,30 @@ class CausalSelfAttention(keras.layers.Layer):
         config = super().get_config()
         config.update(num_heads=self.num_heads, dropout=self.dropout, use_bias=self.use_bias)
         return config
+
+
+def _write_cache(cache, key, value, positions, slots):
+    """Put new keys and values (B, H, T, D) at `positions` (B, T) of the cache (B, 2, H, S, D)."""
+    length, cache_length = key.shape[2], cache.shape[3]
+    if length == cache_length:  # a whole window, necessarily from position 0
+        return ops.stack([key, value], axis=1)
+    if length == 1:
+        # One token per row (each decode step): scatter just its key and value
+        # instead of rewriting the cache.
+        batch_size, _, heads, _, head_size = ops.shape(cache)
+        b, kv, h, d = ops.meshgrid(
+            ops.arange(batch_size), ops.arange(2), ops.arange(heads), ops.arange(head_size), indexing="ij"
+        )  # each (B, 2, H, D)
+        slot = ops.broadcast_to(ops.reshape(positions[:, 0], (-1, 1, 1, 1)), ops.shape(b))
+        indices = ops.reshape(ops.stack([b, kv, h, slot, d], axis=-1), (-1, 5))
+        updates = ops.reshape(ops.stack([key[:, :, 0], value[:, :, 0]], axis=1), (-1,))  # (B*2*H*D,)
+        return ops.scatter_update(cache, indices, updates)
+    placement = ops.cast(ops.equal(positions[:, :, None], slots[None, None, :]), key.dtype)  # (B, T, S)
+    written = ops.max(placement, axis=1)[:, None, :, None]  # (B, 1, S, 1)
+    new_keys_and_values = ops.stack(
+        [ops.einsum("bts,bhtd->bhsd", placement, key), ops.einsum("bts,bhtd->bhsd", placement, value)], axis=1
+    )  # (B, 2, H, S, D)
+    return cache * (1 - written[:, None]) + new_keys_and_values
 
 
 def _attend_with_dropout(query, key, value, mask, dropout_layer, training):

@@ -130,10 +130,14 @@ class GPT(keras.Model):
         return self.embedding.logits(self.final_norm(x))  # (B, T, V)
 
     def empty_cache(self, batch_size):
-        """A zero key/value cache for every block: (n_layer, B, 2, H, block_size, D)."""
+        """A zero key/value cache: a tuple with one (B, 2, H, block_size, D) tensor per block.
+
+        A tuple rather than one stacked tensor, so that a decode step updates
+        each block's cache in place instead of copying all of them.
+        """
         config = self.config
-        shape = (config.n_layer, batch_size, 2, config.n_head, config.block_size, config.n_embd // config.n_head)
-        return ops.zeros(shape, dtype=self.compute_dtype)
+        shape = (batch_size, 2, config.n_head, config.block_size, config.n_embd // config.n_head)
+        return tuple(ops.zeros(shape, dtype=self.compute_dtype) for _ in range(config.n_layer))
 
     def call_with_cache(self, token_ids, cache, start_positions):
         """Next-token logits for tokens placed at `start_positions`, and the updated cache.
@@ -143,10 +147,10 @@ class GPT(keras.Model):
         """
         x = self.embedding(token_ids, start_positions)  # (B, T, C)
         layer_caches = []
-        for block, layer_cache in zip(self.blocks, ops.unstack(cache, axis=0)):
+        for block, layer_cache in zip(self.blocks, cache):
             x, layer_cache = block.call_with_cache(x, layer_cache, start_positions)
             layer_caches.append(layer_cache)
-        return self.embedding.logits(self.final_norm(x)), ops.stack(layer_caches)
+        return self.embedding.logits(self.final_norm(x)), tuple(layer_caches)
 
     def attention_weights(self, token_ids):
         """Attention weights of every block, stacked: (n_layer, B, H, T, T)."""
