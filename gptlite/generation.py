@@ -74,8 +74,10 @@ class _Decoder:
     Decoding state, kept on the device between calls:
         window (B, block_size)  each row's last tokens, left-aligned
         lengths (B,)            how many of them are real
-        cache                   keys and values of window[:, :lengths - 1]
+        cache                   keys and values of window[:, :lengths]
         pending (B,)            the token drawn last, not yet in the window
+    The random state is shared by the compiled functions; each stream keeps
+    its own copy and puts it back before every call, so streams can interleave.
     """
 
     def __init__(self, model):
@@ -158,10 +160,10 @@ def _decode(model, prompts_ids, max_new_tokens, settings, seed):
     if max_new_tokens == 0:
         return
     decoder = _decoder_for(model)
-    state = decoder.seed_generator.state
+    random_state = decoder.seed_generator.state
     if seed is None:
         seed = int(np.random.default_rng().integers(2**31))
-    state.assign(np.array([seed, 0], dtype=keras.backend.standardize_dtype(state.dtype)))
+    own_random_state = np.array([seed, 0], dtype=keras.backend.standardize_dtype(random_state.dtype))
 
     block_size = model.config.block_size
     window = np.zeros((len(prompts_ids), block_size), dtype=np.int32)
@@ -171,14 +173,18 @@ def _decode(model, prompts_ids, max_new_tokens, settings, seed):
         window[index, : len(context)] = context
         lengths[index] = len(context)
 
+    random_state.assign(own_random_state)
     pending, cache = decoder.prefill(window, lengths, settings)
+    own_random_state = keras.ops.convert_to_numpy(random_state)
     yield keras.ops.convert_to_numpy(pending)
     produced = 1
     while produced < max_new_tokens:
         steps = min(CHUNK_SIZE, max_new_tokens - produced)
+        random_state.assign(own_random_state)
         drawn, window, lengths, cache, pending = decoder.decode_chunk(
             window, lengths, cache, pending, settings, np.int32(steps)
         )
+        own_random_state = keras.ops.convert_to_numpy(random_state)
         yield from keras.ops.convert_to_numpy(drawn)[:, :steps].T
         produced += steps
 

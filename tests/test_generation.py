@@ -131,3 +131,13 @@ def test_top_p_outside_its_range_is_refused(tiny_model):
     for top_p in (0.0, 1.5):
         with pytest.raises(gptlite.ConfigError, match="top_p"):
             gptlite.stream(tiny_model, "the", top_p=top_p)
+
+
+def test_interleaved_streams_each_repeat_their_seed(tiny_model):
+    alone = gptlite.generate(tiny_model, "the", max_new_tokens=40, temperature=1.0, seed=11)
+    first = gptlite.stream(tiny_model, "the", max_new_tokens=40, temperature=1.0, seed=11)
+    second = gptlite.stream(tiny_model, "the", max_new_tokens=40, temperature=1.0, seed=12)
+    pieces = []
+    for a, _ in zip(first, second):
+        pieces.append(a)
+    assert "the" + "".join(pieces) == alone
