@@ -239,34 +239,29 @@ class _StepWatcher(keras.callbacks.Callback):
 
 
 class _Progress:
-    """One self-updating status line on a terminal; silent in logs and pipes."""
+    """Keras's progress bar over the whole run, with a line for each evaluation.
+
+    The bar is drawn on a terminal only; in logs and pipes its redraws would
+    be noise, and the evaluation lines alone show progress.
+    """
 
     def __init__(self, first_step, last_step, verbose):
         self.step = first_step
-        self.last_step = last_step
-        self.live = verbose and sys.stdout.isatty()
         self.verbose = verbose
-        self.started = time.perf_counter()
-        self.first_step = first_step
-        self.shown_at = 0.0
+        self.live = bool(verbose) and sys.stdout.isatty()
+        self.bar = keras.utils.Progbar(last_step, stateful_metrics=["loss"], unit_name="step",
+                                       verbose=1 if self.live else 0)
+        if first_step and self.live:
+            self.bar.update(first_step)
 
     def step_done(self, mean_loss):
         self.step += 1
-        now = time.perf_counter()
-        if not self.live or now - self.shown_at < 0.1:
-            return
-        self.shown_at = now
-        seconds_per_step = (now - self.started) / (self.step - self.first_step)
-        remaining = seconds_per_step * (self.last_step - self.step)
-        done = int(30 * self.step / self.last_step)
-        sys.stdout.write(
-            f"\r{'━' * done}{'─' * (30 - done)} step {self.step}/{self.last_step} "
-            f"loss {mean_loss:.4f}  {seconds_per_step * 1000:.0f} ms/step  ETA {remaining:.0f} s "
-        )
-        sys.stdout.flush()
+        if self.live:
+            self.bar.update(self.step, [("loss", mean_loss)])
 
     def say(self, line):
         if self.verbose:
+            # On a terminal the bar's line is cleared first; the bar redraws below.
             print(("\r\033[K" if self.live else "") + line, flush=True)
 
 
