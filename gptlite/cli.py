@@ -234,6 +234,8 @@ def _generate_parser():
                         help="make the samples repeatable (default: different each run)")
     parser.add_argument("--num-samples", type=int, default=1, metavar="N",
                         help="how many samples to draw, together in one batch (default: 1)")
+    parser.add_argument("--stop", action="append", default=[], metavar="STRING",
+                        help="end the text just before STRING appears (may be given more than once)")
     parser.add_argument("--no-stream", dest="stream", action="store_false",
                         help="print the text when it is complete, not as it is produced")
     parser.add_argument("--unknown", choices=["error", "skip", "replace"], default="error",
@@ -249,7 +251,7 @@ def _generate(args):
     generation.check_sampling_settings(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     model = saving.load(args.model)
     settings = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                    top_p=args.top_p, seed=args.seed, unknown=args.unknown)
+                    top_p=args.top_p, seed=args.seed, unknown=args.unknown, stop=args.stop)
     if args.stream and args.num_samples == 1:
         pieces = generation.stream(model, args.prompt, **settings)
         _print_piece(args.prompt)

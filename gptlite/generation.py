@@ -196,8 +196,12 @@ def _settings(model, temperature, top_k, top_p):
 
 
 def stream(model, prompt="", max_new_tokens=200, temperature=1.0, top_k=None, top_p=1.0, seed=None,
-           unknown="error"):
+           unknown="error", stop=()):
     """An iterator over the continuation of `prompt`, one decoded token at a time.
+
+    `stop` is a string or a list of them: the text ends just before the first
+    one that appears in the continuation. Text that might be the start of a
+    stop string is held back until it is clear whether it is.
 
     Settings and prompt are checked at once, before the first token. Prompt
     characters the vocabulary lacks raise an `InputError` naming them
@@ -209,15 +213,19 @@ def stream(model, prompt="", max_new_tokens=200, temperature=1.0, top_k=None, to
     settings = _settings(model, temperature, top_k, top_p)
     prompt_ids = _prompt_ids(model.tokenizer, prompt, unknown)
     decode = model.tokenizer.decode
-    return (decode(tokens[:1]) for tokens in _decode(model, [prompt_ids], max_new_tokens, settings, seed))
+    pieces = (decode(tokens[:1]) for tokens in _decode(model, [prompt_ids], max_new_tokens, settings, seed))
+    stops = _stop_strings(stop)
+    return _cut_at_stop(pieces, stops) if stops else pieces
 
 
 def generate(model, prompt="", max_new_tokens=200, temperature=1.0, top_k=None, top_p=1.0, seed=None,
-             unknown="error"):
+             unknown="error", stop=()):
     """Return `prompt` followed by `max_new_tokens` sampled tokens, as text.
 
     `prompt` may be a list of prompts, of any lengths: they are decoded
-    together in one batch and a list of texts comes back.
+    together in one batch and a list of texts comes back. With `stop`, each
+    continuation ends before its first stop string, and decoding ends once
+    every row has met one.
     """
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     if not prompts:
@@ -225,10 +233,49 @@ def generate(model, prompt="", max_new_tokens=200, temperature=1.0, top_k=None, 
     check_sampling_settings(max_new_tokens, temperature, top_k, top_p)
     settings = _settings(model, temperature, top_k, top_p)
     prompts_ids = [_prompt_ids(model.tokenizer, p, unknown) for p in prompts]
-    steps = list(_decode(model, prompts_ids, max_new_tokens, settings, seed))
-    new_tokens = np.stack(steps, axis=1) if steps else np.zeros((len(prompts), 0), dtype=np.int32)
-    texts = [p + model.tokenizer.decode(ids) for p, ids in zip(prompts, new_tokens)]
+    stops = _stop_strings(stop)
+    continuations = [""] * len(prompts)
+    for tokens in _decode(model, prompts_ids, max_new_tokens, settings, seed):
+        continuations = [text + model.tokenizer.decode([token]) for text, token in zip(continuations, tokens)]
+        if stops and all(_first_stop(text, stops) is not None for text in continuations):
+            break
+    texts = []
+    for prompt_text, continuation in zip(prompts, continuations):
+        end = _first_stop(continuation, stops) if stops else None
+        texts.append(prompt_text + continuation[:end])
     return texts[0] if isinstance(prompt, str) else texts
+
+
+def _stop_strings(stop):
+    stops = [stop] if isinstance(stop, str) else list(stop or ())
+    if any(not isinstance(s, str) or not s for s in stops):
+        raise ConfigError(f"stop strings must be non-empty text, got {stop!r}")
+    return stops
+
+
+def _first_stop(text, stops):
+    """Where the first stop string in `text` begins, or None."""
+    found = [index for index in (text.find(s) for s in stops) if index >= 0]
+    return min(found) if found else None
+
+
+def _cut_at_stop(pieces, stops):
+    """Pass text pieces through until a stop string appears; hold back what could begin one."""
+    held = ""
+    for piece in pieces:
+        held += piece
+        end = _first_stop(held, stops)
+        if end is not None:
+            if end:
+                yield held[:end]
+            return
+        keep = max((k for s in stops for k in range(1, min(len(s), len(held) + 1)) if held.endswith(s[:k])),
+                   default=0)
+        if len(held) > keep:
+            yield held[: len(held) - keep]
+            held = held[len(held) - keep:]
+    if held:
+        yield held
 
 
 def _prompt_ids(tokenizer, prompt, unknown="error"):

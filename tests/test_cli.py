@@ -170,3 +170,15 @@ def test_unknown_prompt_characters_can_be_skipped_or_replaced(capsys, trained_ru
     assert capsys.readouterr().out.startswith("the CAT")
     assert generate_main([*common, "--prompt", "the CAT", "--unknown", "error"]) == 2
     assert "--unknown skip or replace" in capsys.readouterr().err
+
+
+def test_stop_flag_ends_the_printed_text(capsys, trained_run):
+    from gptlite.cli import generate_main
+
+    _, _, out = trained_run
+    args = ["--model", str(out / "model.keras"), "--prompt", "the", "--max-new-tokens", "200", "--seed", "2"]
+    assert generate_main(args) == 0
+    free = capsys.readouterr().out
+    assert "\n" in free[len("the"):]
+    assert generate_main([*args, "--stop", "\n"]) == 0
+    assert capsys.readouterr().out == free[: free.index("\n", len("the"))] + "\n"

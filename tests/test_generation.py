@@ -141,3 +141,34 @@ def test_interleaved_streams_each_repeat_their_seed(tiny_model):
     for a, _ in zip(first, second):
         pieces.append(a)
     assert "the" + "".join(pieces) == alone
+
+
+def test_stop_string_ends_the_text_before_it_streamed_or_not(tiny_model):
+    free = gptlite.generate(tiny_model, "the", max_new_tokens=80, temperature=0)
+    continuation = free[len("the"):]
+    stop = continuation[30:32]
+    expected = "the" + continuation[: continuation.index(stop)]
+    assert gptlite.generate(tiny_model, "the", max_new_tokens=80, temperature=0, stop=[stop, "never seen"]) \
+        == expected
+    streamed = list(gptlite.stream(tiny_model, "the", max_new_tokens=80, temperature=0, stop=stop))
+    assert "the" + "".join(streamed) == expected
+    assert all(stop not in piece for piece in streamed)
+
+
+def test_held_back_text_is_released_unless_it_completes_a_stop():
+    from gptlite.generation import _cut_at_stop
+
+    pieces = iter(["ab", "c", "EN", "Dx", "y"])
+    assert "".join(_cut_at_stop(pieces, ["END"])) == "abc"
+    assert "".join(_cut_at_stop(iter(["a", "E", "N", "b"]), ["END"])) == "aENb"  # a near miss is released
+
+
+def test_stop_in_a_batch_stops_each_row(tiny_model):
+    prompts = ["the", "a dog"]
+    free = gptlite.generate(tiny_model, prompts, max_new_tokens=60, temperature=0)
+    stop = free[0][len("the"):][20:22]
+    cut = gptlite.generate(tiny_model, prompts, max_new_tokens=60, temperature=0, stop=stop)
+    for text, prompt, whole in zip(cut, prompts, free):
+        continuation = whole[len(prompt):]
+        end = continuation.find(stop)
+        assert text == prompt + (continuation if end < 0 else continuation[:end])
