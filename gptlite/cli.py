@@ -248,6 +248,7 @@ def _generate_parser():
 def _generate(args):
     if args.num_samples < 1:
         raise InputError(f"--num-samples must be at least 1, got {args.num_samples}")
+    # Checked before the model loads, so that a bad flag fails at once.
     generation.check_sampling_settings(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     model = saving.load(args.model)
     settings = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,

@@ -189,8 +189,9 @@ def _decode(model, prompts_ids, max_new_tokens, settings, seed):
         produced += steps
 
 
-def _settings(model, temperature, top_k, top_p):
-    check_sampling_settings(0, temperature, top_k, top_p)
+def _checked_settings(model, max_new_tokens, temperature, top_k, top_p):
+    """Check the sampling settings; return the sampler's [temperature, top_k, top_p]."""
+    check_sampling_settings(max_new_tokens, temperature, top_k, top_p)
     top_k = model.tokenizer.vocabulary_size if top_k is None else top_k
     return np.array([temperature, top_k, top_p], dtype=np.float32)
 
@@ -209,8 +210,7 @@ def stream(model, prompt="", max_new_tokens=200, temperature=1.0, top_k=None, to
     (`"replace"`). An empty prompt starts from a newline (or, without one in
     the vocabulary, from the first token); that start is not yielded.
     """
-    check_sampling_settings(max_new_tokens, temperature, top_k, top_p)
-    settings = _settings(model, temperature, top_k, top_p)
+    settings = _checked_settings(model, max_new_tokens, temperature, top_k, top_p)
     prompt_ids = _prompt_ids(model.tokenizer, prompt, unknown)
     decode = model.tokenizer.decode
     pieces = (decode(tokens[:1]) for tokens in _decode(model, [prompt_ids], max_new_tokens, settings, seed))
@@ -230,8 +230,7 @@ def generate(model, prompt="", max_new_tokens=200, temperature=1.0, top_k=None, 
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     if not prompts:
         raise ConfigError("give at least one prompt")
-    check_sampling_settings(max_new_tokens, temperature, top_k, top_p)
-    settings = _settings(model, temperature, top_k, top_p)
+    settings = _checked_settings(model, max_new_tokens, temperature, top_k, top_p)
     prompts_ids = [_prompt_ids(model.tokenizer, p, unknown) for p in prompts]
     stops = _stop_strings(stop)
     continuations = [""] * len(prompts)
