@@ -22,16 +22,24 @@ def _normal_init():
     return keras.initializers.RandomNormal(stddev=_INIT_STDDEV)
 
 
+def token_positions(start_positions, length):
+    """Absolute positions (B, T) of `length` tokens per row, row b starting at start_positions[b]."""
+    return ops.reshape(start_positions, (-1, 1)) + ops.arange(length)[None, :]
+
+
 def causal_mask(query_length, key_length, query_offset=0):
-    """Boolean (T, S) mask, True where query t may attend key s.
+    """Boolean mask, True where query t may attend key s.
 
     Query t sits at absolute position `query_offset + t`; it sees every key at
-    that position or earlier. The offset lets a query that is appended to a
-    cache of earlier keys use the same function.
+    that position or earlier. With a number as offset the mask is (T, S); with
+    one offset per row, (B,), it is (B, T, S), as when each row's new tokens
+    are appended to a cache of earlier keys at its own position.
     """
-    query_positions = ops.arange(query_length)[:, None] + query_offset  # (T, 1)
-    key_positions = ops.arange(key_length)[None, :]  # (1, S)
-    return ops.greater_equal(query_positions, key_positions)  # (T, S)
+    if isinstance(query_offset, int):
+        query_positions = ops.arange(query_length) + query_offset  # (T,)
+    else:
+        query_positions = token_positions(query_offset, query_length)  # (B, T)
+    return ops.greater_equal(query_positions[..., None], ops.arange(key_length))  # (T, S) or (B, T, S)
 
 
 def scaled_dot_product_attention(query, key, value, mask=None):
@@ -141,7 +149,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
                 self.position_embeddings, (0, 0), (length, self.embedding_dim)
             )  # (T, C)
         else:
-            indices = ops.reshape(start_positions, (-1, 1)) + ops.arange(length)[None, :]  # (B, T)
+            indices = token_positions(start_positions, length)  # (B, T)
             positions = ops.take(self.position_embeddings, indices, axis=0)  # (B, T, C)
         return tokens + ops.cast(positions, tokens.dtype)
 
@@ -236,12 +244,10 @@ class CausalSelfAttention(keras.layers.Layer):
         cache_length = ops.shape(cache)[3]
         query, key, value = self._project_heads(x)  # each (B, H, T, D)
 
-        query_positions = ops.reshape(start_positions, (-1, 1)) + ops.arange(length)[None, :]  # (B, T)
-        slots = ops.arange(cache_length)  # (S,)
-        cache = _write_cache(cache, key, value, query_positions, slots)  # (B, 2, H, S, D)
+        cache = _write_cache(cache, key, value, token_positions(start_positions, length))  # (B, 2, H, S, D)
         keys, values = cache[:, 0], cache[:, 1]
 
-        mask = ops.greater_equal(query_positions[:, :, None], slots[None, None, :])[:, None]  # (B, 1, T, S)
+        mask = causal_mask(length, cache_length, start_positions)[:, None]  # (B, 1, T, S)
         attended, _ = scaled_dot_product_attention(query, keys, values, mask)  # (B, H, T, D)
         return self._merge_heads(attended), cache
 
@@ -268,7 +274,7 @@ class CausalSelfAttention(keras.layers.Layer):
         return config
 
 
-def _write_cache(cache, key, value, positions, slots):
+def _write_cache(cache, key, value, positions):
     """Put new keys and values (B, H, T, D) at `positions` (B, T) of the cache (B, 2, H, S, D)."""
     length, cache_length = key.shape[2], cache.shape[3]
     if length == cache_length:  # a whole window, necessarily from position 0
@@ -284,6 +290,7 @@ def _write_cache(cache, key, value, positions, slots):
         indices = ops.reshape(ops.stack([b, kv, h, slot, d], axis=-1), (-1, 5))
         updates = ops.reshape(ops.stack([key[:, :, 0], value[:, :, 0]], axis=1), (-1,))  # (B*2*H*D,)
         return ops.scatter_update(cache, indices, updates)
+    slots = ops.arange(cache_length)  # (S,)
     placement = ops.cast(ops.equal(positions[:, :, None], slots[None, None, :]), key.dtype)  # (B, T, S)
     written = ops.max(placement, axis=1)[:, None, :, None]  # (B, 1, S, 1)
     new_keys_and_values = ops.stack(
