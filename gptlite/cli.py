@@ -77,9 +77,8 @@ def _train_parser():
                              "or replace them with U+FFFD (replace)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     settings = parser.add_argument_group("settings (each overrides the preset's value)")
-    for field in dataclasses.fields(GPTConfig) + dataclasses.fields(training.TrainingConfig):
-        if field.name == "vocab_size":
-            continue  # comes from the tokenizer
+    fields = {f.name: f for f in dataclasses.fields(GPTConfig) + dataclasses.fields(training.TrainingConfig)}
+    for field in (fields[name] for name in training.SETTING_NAMES):
         flag = "--" + field.name.replace("_", "-")
         preset_values = ", ".join(
             f"{name}: {values[field.name]}" for name, values in training.PRESETS.items()
@@ -94,9 +93,6 @@ def _train_parser():
             metavar = "N" if field.type is int else "X"
             settings.add_argument(flag, type=field.type, default=None, metavar=metavar, help=help_text)
     return parser
-
-
-_COMMAND_OPTIONS = ("text", "preset", "out", "overwrite", "resume", "encoding", "errors", "debug")
 
 
 def _train(args):
@@ -168,7 +164,7 @@ def _resolve_settings(args, checkpoint):
     """
     explicit = {
         name: value for name, value in vars(args).items()
-        if name not in _COMMAND_OPTIONS and value is not None
+        if name in training.SETTING_NAMES and value is not None
     }
     requested = {**(training.PRESETS[args.preset] if args.preset else {}), **explicit}
     if checkpoint is None:

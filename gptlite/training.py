@@ -84,6 +84,12 @@ def _require(name, value, is_valid, description):
         raise ConfigError(f"{name} must be {description}, got {value!r}")
 
 
+# Every name a preset or a command-line flag may set (vocab_size comes from the tokenizer).
+SETTING_NAMES = tuple(
+    f.name for f in dataclasses.fields(GPTConfig) + dataclasses.fields(TrainingConfig) if f.name != "vocab_size"
+)
+
+
 def split_settings(settings):
     """Split one flat dict of settings into (GPTConfig fields, TrainingConfig fields)."""
     model_fields = {f.name for f in dataclasses.fields(GPTConfig)}
