@@ -232,8 +232,16 @@ def _generate_parser():
                         help="how many samples to draw, together in one batch (default: 1)")
     parser.add_argument("--stop", action="append", default=[], metavar="STRING",
                         help="end the text just before STRING appears (may be given more than once)")
+    parser.add_argument("--num-beams", type=int, default=None, metavar="N",
+                        help="instead of sampling, search for the likeliest text with N beams "
+                             "(1 is greedy; the sampling flags do not apply; printed when complete)")
     parser.add_argument("--no-stream", dest="stream", action="store_false",
                         help="print the text when it is complete, not as it is produced")
+    parser.add_argument("--slide", type=int, default=1, metavar="N",
+                        help="past the context window, move it N tokens at a time: 1 (the default) gives "
+                             "every token the whole context; more is faster with less context")
+    parser.add_argument("--no-cache", dest="use_cache", action="store_false",
+                        help="recompute the whole context for every token: the same text, slower")
     parser.add_argument("--unknown", choices=["error", "skip", "replace"], default="error",
                         help="prompt characters the model never saw: stop with an error (the default), "
                              "leave them out, or replace each with a space")
@@ -244,12 +252,20 @@ def _generate_parser():
 def _generate(args):
     if args.num_samples < 1:
         raise InputError(f"--num-samples must be at least 1, got {args.num_samples}")
+    if args.num_beams is not None and args.num_beams < 1:
+        raise InputError(f"--num-beams must be at least 1, got {args.num_beams}")
+    if args.num_beams is not None and args.num_samples > 1:
+        raise InputError("--num-beams finds one text; it cannot be combined with --num-samples")
     # Checked before the model loads, so that a bad flag fails at once.
     generation.check_sampling_settings(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     model = saving.load(args.model)
     settings = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                    top_p=args.top_p, seed=args.seed, unknown=args.unknown, stop=args.stop)
-    if args.stream and args.num_samples == 1:
+                    top_p=args.top_p, seed=args.seed, unknown=args.unknown, stop=args.stop,
+                    use_cache=args.use_cache, slide=args.slide)
+    if args.num_beams is not None:
+        # The best beam can change up to the last step, so nothing can be shown before it.
+        _print_piece(generation.generate(model, args.prompt, num_beams=args.num_beams, **settings))
+    elif args.stream and args.num_samples == 1:
         pieces = generation.stream(model, args.prompt, **settings)
         _print_piece(args.prompt)
         for piece in pieces:

@@ -3,26 +3,35 @@
 How a batch of prompts is decoded:
 1. Prefill: the prompts, right-padded to `block_size`, run through the model
    once; every block's keys and values land in a fixed-size cache and the
-   first new token is drawn from the logits at each prompt's last position.
+   first new token is chosen from the logits at each prompt's last position.
 2. Decode: each step feeds one token per row at that row's own position,
-   writes its key and value into the cache, and draws the next token.
+   writes its key and value into the cache, and chooses the next token.
 3. Sliding: once a row's window is full, each step shifts the window by one
    token and recomputes it whole (learned positions shift with it). The model
    never sees more than `block_size` tokens, exactly as full recomputation
    would.
 
-Prefill and decode loop are compiled once per model and batch size (XLA on
-TensorFlow) and traced with the sampling settings as tensor inputs, so
-changing prompt length, temperature, top-k, top-p or seed never recompiles.
-The decode loop is a compiled while-loop that draws up to CHUNK_SIZE tokens
-per call, keeping the cache on the device between steps; streaming yields
-each chunk's tokens as the call returns (the first token right after prefill).
+Prefill is traced once per model and batch size as a plain TensorFlow graph,
+which is quick to build, so that the first token comes without waiting for a
+compiler. The decode loop is an XLA-compiled while-loop that draws up to
+CHUNK_SIZE tokens per call, keeping the cache on the device between steps; it
+compiles on a background thread while the prefill runs. Both are traced with
+the sampling settings and the seed as tensor inputs, so changing prompt
+length, temperature, top-k, top-p or seed never recompiles.
 
-The next token is drawn by `sample_next_token`, our own sampler rather than
+Randomness is explicit: the noise for the tokens of a call is drawn from
+(seed, index of the call's first token), so the same seed gives the same text
+with or without the cache and however calls interleave, and sampling is the
+Gumbel-max trick on that noise. We use our own sampler rather than
 KerasHub's: theirs fix k, p and temperature as Python values (one trace per
-setting) and run the whole loop to the end in one call, which cannot stream.
+setting) and run the whole loop to the end in one call, which cannot stream;
+their beam search steps all rows from one shared position through a buffer
+as long as the whole output (one compile per output length), where ours uses
+the per-row windows and compiled chunks that sampling does.
 """
 
+import concurrent.futures
+import functools
 import weakref
 
 import keras
@@ -31,103 +40,196 @@ from keras import ops
 
 from gptlite.errors import ConfigError, InputError
 
-# One decoder (compiled functions and random state) per model, made on first use.
+# One decoder (compiled functions) per model, made on first use.
 _decoders = weakref.WeakKeyDictionary()
 
+# Tokens drawn per compiled call: more amortise the call's overhead, fewer
+# stream text sooner. The first call after prefill is short, so text starts
+# flowing at once.
+CHUNK_SIZE = 32
+FIRST_CHUNK_SIZE = 8
 
-def sample_next_token(logits, settings, seed_generator):
-    """Draw one token id per row from float logits (B, V).
+
+def sample_next_token(logits, settings, noise):
+    """Draw one token id per row from float logits (B, V), given uniform noise (B, V) in (0, 1).
 
     `settings` is a float tensor [temperature, top_k, top_p]: temperature 0
     takes the arg-max; otherwise logits are divided by the temperature, only
     the top_k likeliest tokens are kept, and of those only the smallest set
     whose probability reaches top_p (the nucleus). top_k >= V and top_p = 1
-    keep every token.
+    keep every token. The draw is the arg-max of the kept logits plus Gumbel
+    noise, which picks each token with its softmax probability.
     """
     temperature, top_k, top_p = settings[0], settings[1], settings[2]
     vocabulary_size = ops.shape(logits)[-1]
-    greedy = ops.argmax(logits, axis=-1)  # (B,)
-
     scaled = logits / ops.maximum(temperature, 1e-6)  # (B, V)
-    descending = ops.flip(ops.sort(scaled, axis=-1), axis=-1)  # (B, V)
-    k = ops.cast(ops.clip(top_k, 1, vocabulary_size), "int32")
-    kth_largest = ops.take(descending, k - 1, axis=-1)  # (B,)
-    probabilities = ops.softmax(descending, axis=-1)
-    mass_ranked_above = ops.cumsum(probabilities, axis=-1) - probabilities  # (B, V)
-    in_nucleus = ops.less(mass_ranked_above, top_p)  # the likeliest token always is
-    nucleus_floor = ops.min(ops.where(in_nucleus, descending, float("inf")), axis=-1)  # (B,)
-    floor = ops.maximum(kth_largest, nucleus_floor)[:, None]  # (B, 1)
-    kept = ops.where(ops.greater_equal(scaled, floor), scaled, -1e9)
 
-    sampled = keras.random.categorical(kept, 1, seed=seed_generator, dtype="int32")[:, 0]
-    return ops.where(ops.equal(temperature, 0), ops.cast(greedy, "int32"), sampled)
+    def filtered():
+        descending = ops.flip(ops.sort(scaled, axis=-1), axis=-1)  # (B, V)
+        k = ops.cast(ops.clip(top_k, 1, vocabulary_size), "int32")
+        kth_largest = ops.take(descending, k - 1, axis=-1)  # (B,)
+        probabilities = ops.softmax(descending, axis=-1)
+        mass_ranked_above = ops.cumsum(probabilities, axis=-1) - probabilities  # (B, V)
+        in_nucleus = ops.less(mass_ranked_above, top_p)  # the likeliest token always is
+        nucleus_floor = ops.min(ops.where(in_nucleus, descending, float("inf")), axis=-1)  # (B,)
+        floor = ops.maximum(kth_largest, nucleus_floor)[:, None]  # (B, 1)
+        return ops.where(ops.greater_equal(scaled, floor), scaled, -1e9)
 
-
-# Tokens produced per compiled call: more amortises the call's overhead, fewer
-# streams text sooner.
-CHUNK_SIZE = 16
+    # The sort is skipped when every token is kept.
+    keeps_all = ops.logical_and(ops.greater_equal(top_k, vocabulary_size), ops.greater_equal(top_p, 1.0))
+    kept = ops.cond(keeps_all, lambda: scaled, filtered)
+    gumbel = -ops.log(-ops.log(noise))
+    sampled = ops.argmax(kept + gumbel, axis=-1)
+    greedy = ops.argmax(logits, axis=-1)  # (B,)
+    return ops.cast(ops.where(ops.equal(temperature, 0), greedy, sampled), "int32")
 
 
 class _Decoder:
-    """The compiled prefill and decode loop of one model, and its random state.
+    """The compiled prefill and decode loops of one model.
 
     Decoding state, kept on the device between calls:
         window (B, block_size)  each row's last tokens, left-aligned
         lengths (B,)            how many of them are real
         cache                   keys and values of window[:, :lengths]
-        pending (B,)            the token drawn last, not yet in the window
-    The random state is shared by the compiled functions; each stream keeps
-    its own copy and puts it back before every call, so streams can interleave.
+        pending (B,)            the token chosen last, not yet in the window
+    Beam search adds scores (rows, beams), the summed log-probability of each
+    beam, and finished (B,), which beams have chosen the end token; its B
+    counts every beam of every row.
     """
 
     def __init__(self, model):
         self.model = model
+        # Never advanced: its state is swapped for each call's seed (see _noise).
         self.seed_generator = keras.random.SeedGenerator(0)
-        self.prefill = _compile(self._prefill)
-        self.decode_chunk = _compile(self._decode_chunk)
+        self.sample_prefill = _compile(self._sample_prefill, xla=False)
+        self.beam_prefill = _compile(self._beam_prefill, xla=False)
+        self._loops = {}
+        self._warm_ups = {}
 
-    def _prefill(self, window, lengths, settings):
+    def loop(self, kind, use_cache, slide):
+        """The compiled decode loop of `kind` ("sample" or "beam") for these settings."""
+        key = (kind, use_cache, slide)
+        if key not in self._loops:
+            chunk = self._sample_chunk if kind == "sample" else self._beam_chunk
+            self._loops[key] = _compile(functools.partial(chunk, use_cache=use_cache, slide=slide))
+        return self._loops[key]
+
+    def warm_up(self, function, *example_args):
+        """Compile `function` for these argument shapes on a background thread; a future."""
+        key = (function, np.shape(example_args[0]))
+        if key not in self._warm_ups:
+            self._warm_ups[key] = _in_background(function, *example_args)
+        return self._warm_ups[key]
+
+    def empty_state(self, batch_size):
+        block_size = self.model.config.block_size
+        return (np.zeros((batch_size, block_size), "int32"), np.zeros(batch_size, "int32"),
+                self.model.empty_cache(batch_size), np.zeros(batch_size, "int32"))
+
+    # --- sampling
+
+    def _sample_prefill(self, window, lengths, settings, seed):
         """Run the windows through the model; draw each row's first new token."""
         logits, cache = self._forward_window(window)
-        last = _logits_at(logits, lengths - 1)  # (B, V)
-        return sample_next_token(last, settings, self.seed_generator), cache
+        noise = self._noise((1, ops.shape(window)[0], self.model.config.vocab_size), seed)[0]
+        return sample_next_token(_logits_at(logits, lengths - 1), settings, noise), cache
 
-    def _decode_chunk(self, window, lengths, cache, pending, settings, steps):
+    def _sample_chunk(self, window, lengths, cache, pending, settings, seed, steps, use_cache, slide):
         """Draw `steps` (<= CHUNK_SIZE) more tokens per row -> (tokens (B, CHUNK_SIZE), state...)."""
-        block_size = self.model.config.block_size
-        slots = ops.arange(block_size)[None, :]  # (1, S)
-        batch_size = ops.shape(window)[0]
+        noise = self._noise((CHUNK_SIZE, *ops.shape(window)[:1], self.model.config.vocab_size), seed)
 
         def body(step, window, lengths, cache, pending, drawn):
-            full = ops.greater_equal(lengths, block_size)  # (B,): no slot left; slide the window
-            slid = ops.concatenate([window[:, 1:], pending[:, None]], axis=1)
-            placed = ops.where(ops.equal(slots, lengths[:, None]), pending[:, None], window)
-            window = ops.where(full[:, None], slid, placed)
-            positions = lengths
-            lengths = ops.minimum(lengths + 1, block_size)
+            logits, window, lengths, cache = self._advance(window, lengths, cache, pending, use_cache, slide)
+            pending = sample_next_token(logits, settings, ops.take(noise, step, axis=0))
+            return step + 1, window, lengths, cache, pending, _record(drawn, step, pending)
 
-            def with_cache():
-                logits, new_cache = self.model.call_with_cache(pending[:, None], cache, positions)
-                return logits[:, 0], new_cache
-
-            def recomputed():
-                # Sliding shifts every learned position: the whole window is recomputed.
-                logits, new_cache = self._forward_window(window)
-                return _logits_at(logits, lengths - 1), new_cache
-
-            logits, cache = ops.cond(ops.any(full), recomputed, with_cache)
-            pending = sample_next_token(logits, settings, self.seed_generator)
-            drawn = ops.where(ops.equal(ops.arange(CHUNK_SIZE)[None, :], step), pending[:, None], drawn)
-            return step + 1, window, lengths, cache, pending, drawn
-
-        drawn = ops.zeros((batch_size, CHUNK_SIZE), "int32")
-        _, window, lengths, cache, pending, drawn = ops.while_loop(
-            lambda step, *_: ops.less(step, steps),
-            body,
-            (ops.convert_to_tensor(0, "int32"), window, lengths, cache, pending, drawn),
-            maximum_iterations=CHUNK_SIZE,
-        )
+        drawn = ops.zeros((ops.shape(window)[0], CHUNK_SIZE), "int32")
+        _, window, lengths, cache, pending, drawn = _loop(body, steps, (window, lengths, cache, pending, drawn))
         return drawn, window, lengths, cache, pending
+
+    def _noise(self, shape, seed):
+        """Uniform noise in (0, 1), the same for the same seed (2,) on every call."""
+        with keras.StatelessScope(state_mapping=[(self.seed_generator.state, seed)]):
+            return keras.random.uniform(shape, minval=1e-20, maxval=1.0, seed=self.seed_generator)
+
+    # --- beam search
+
+    def _beam_prefill(self, window, lengths, scores, finished, end_token):
+        logits, cache = self._forward_window(window)
+        return self._choose_beams(_logits_at(logits, lengths - 1), scores, finished, end_token,
+                                  (window, lengths, cache))
+
+    def _beam_chunk(self, window, lengths, cache, pending, scores, finished, end_token, steps, use_cache, slide):
+        """Extend every beam `steps` (<= CHUNK_SIZE) tokens -> (tokens, parents (B, CHUNK_SIZE), state...).
+
+        Column t of `parents` says which beam each beam continued at step t;
+        the caller follows them back to rebuild the sequences.
+        """
+
+        def body(step, window, lengths, cache, pending, scores, finished, drawn, parents):
+            logits, window, lengths, cache = self._advance(window, lengths, cache, pending, use_cache, slide)
+            pending, chosen, scores, finished, (window, lengths, cache) = self._choose_beams(
+                logits, scores, finished, end_token, (window, lengths, cache))
+            return (step + 1, window, lengths, cache, pending, scores, finished,
+                    _record(drawn, step, pending), _record(parents, step, chosen))
+
+        empty = ops.zeros((ops.shape(window)[0], CHUNK_SIZE), "int32")
+        _, *state = _loop(body, steps, (window, lengths, cache, pending, scores, finished, empty, empty))
+        window, lengths, cache, pending, scores, finished, drawn, parents = state
+        return drawn, parents, window, lengths, cache, pending, scores, finished
+
+    def _choose_beams(self, logits, scores, finished, end_token, state):
+        """Keep the `beams` likeliest one-token extensions of each row's beams.
+
+        logits (B * beams, V); scores (B, beams). Returns the chosen tokens and
+        their parent beams (B * beams,), the new scores and finished flags, and
+        `state` (a structure of per-beam tensors) reordered to follow the parents.
+        """
+        rows, beams = ops.shape(scores)[0], ops.shape(scores)[1]
+        vocabulary_size = ops.shape(logits)[-1]
+        log_probabilities = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)  # (B * beams, V)
+        # A finished beam continues only with the end token, at no cost, so its score stays.
+        is_end = ops.equal(ops.arange(vocabulary_size), end_token)[None, :]
+        log_probabilities = ops.where(finished[:, None], ops.where(is_end, 0.0, float("-inf")), log_probabilities)
+        extended = ops.reshape(scores, (-1, 1)) + log_probabilities  # (B * beams, V)
+        scores, best = ops.top_k(ops.reshape(extended, (rows, beams * vocabulary_size)), beams)  # (B, beams)
+        parents = ops.reshape(best // vocabulary_size + ops.arange(rows)[:, None] * beams, (-1,))
+        tokens = ops.cast(ops.reshape(best % vocabulary_size, (-1,)), "int32")
+        finished = ops.logical_or(ops.take(finished, parents, axis=0), ops.equal(tokens, end_token))
+        state = keras.tree.map_structure(lambda tensor: ops.take(tensor, parents, axis=0), state)
+        return tokens, ops.cast(parents, "int32"), scores, finished, state
+
+    # --- shared
+
+    def _advance(self, window, lengths, cache, tokens, use_cache, slide):
+        """Append tokens (B,) to the windows; return the logits after them (B, V) and the new state.
+
+        A full window first moves `slide` tokens: the new token joins its last
+        block_size - slide tokens, left-aligned.
+        """
+        block_size = self.model.config.block_size
+        batch_size = ops.shape(window)[0]
+        slots = ops.arange(block_size)[None, :]  # (1, S)
+        full = ops.greater_equal(lengths, block_size)  # (B,)
+        slid = ops.concatenate(
+            [window[:, slide:], tokens[:, None], ops.zeros((batch_size, slide - 1), "int32")], axis=1
+        )
+        placed = ops.where(ops.equal(slots, lengths[:, None]), tokens[:, None], window)
+        window = ops.where(full[:, None], slid, placed)
+        positions = lengths
+        lengths = ops.where(full, block_size - slide + 1, lengths + 1)
+
+        def with_cache():
+            logits, new_cache = self.model.call_with_cache(tokens[:, None], cache, positions)
+            return logits[:, 0], new_cache
+
+        def recomputed():
+            # Sliding shifts every token's position, so the whole window is recomputed.
+            logits, new_cache = self._forward_window(window)
+            return _logits_at(logits, lengths - 1), new_cache
+
+        logits, cache = ops.cond(ops.any(full), recomputed, with_cache) if use_cache else recomputed()
+        return logits, window, lengths, cache
 
     def _forward_window(self, window):
         batch_size = ops.shape(window)[0]
@@ -136,17 +238,49 @@ class _Decoder:
         )
 
 
+def _loop(body, steps, state):
+    """Run body(step, *state) -> (step + 1, *state) `steps` times (at most CHUNK_SIZE) in a while-loop."""
+    return ops.while_loop(
+        lambda step, *_: ops.less(step, steps),
+        body,
+        (ops.convert_to_tensor(0, "int32"), *state),
+        maximum_iterations=CHUNK_SIZE,
+    )
+
+
+def _record(drawn, step, tokens):
+    """Write tokens (B,) into column `step` of drawn (B, CHUNK_SIZE)."""
+    return ops.where(ops.equal(ops.arange(CHUNK_SIZE)[None, :], step), tokens[:, None], drawn)
+
+
 def _logits_at(logits, indices):
     """logits (B, T, V), indices (B,) -> (B, V)."""
     return ops.take_along_axis(logits, ops.reshape(indices, (-1, 1, 1)), axis=1)[:, 0]
 
 
-def _compile(function):
+def _compile(function, xla=True):
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
-        return tf.function(function, jit_compile=True)
+        # The loops are written with ops.while_loop and ops.cond, so autograph
+        # has nothing to convert; leaving it off makes tracing quicker.
+        return tf.function(function, jit_compile=xla, autograph=False)
     return function
+
+
+_compiler = None
+
+
+def _in_background(function, *args):
+    """Call function(*args) on the one compile thread; a future of its result."""
+    global _compiler
+    if keras.backend.backend() != "tensorflow":
+        done = concurrent.futures.Future()
+        done.set_result(None)  # nothing to compile ahead
+        return done
+    if _compiler is None:
+        _compiler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gptlite-compile")
+    return _compiler.submit(function, *args)
 
 
 def _decoder_for(model):
@@ -155,16 +289,8 @@ def _decoder_for(model):
     return _decoders[model]
 
 
-def _decode(model, prompts_ids, max_new_tokens, settings, seed):
-    """Yield, for each new position, an int array (B,) of the tokens chosen for every row."""
-    if max_new_tokens == 0:
-        return
-    decoder = _decoder_for(model)
-    random_state = decoder.seed_generator.state
-    if seed is None:
-        seed = int(np.random.default_rng().integers(2**31))
-    own_random_state = np.array([seed, 0], dtype=keras.backend.standardize_dtype(random_state.dtype))
-
+def _windows(model, prompts_ids):
+    """The prompts' last block_size tokens, left-aligned in (B, block_size), and their lengths."""
     block_size = model.config.block_size
     window = np.zeros((len(prompts_ids), block_size), dtype=np.int32)
     lengths = np.zeros(len(prompts_ids), dtype=np.int32)
@@ -172,21 +298,74 @@ def _decode(model, prompts_ids, max_new_tokens, settings, seed):
         context = ids[-block_size:]
         window[index, : len(context)] = context
         lengths[index] = len(context)
+    return window, lengths
 
-    random_state.assign(own_random_state)
-    pending, cache = decoder.prefill(window, lengths, settings)
-    own_random_state = keras.ops.convert_to_numpy(random_state)
-    yield keras.ops.convert_to_numpy(pending)
+
+def _chunks(max_new_tokens):
+    """(first token index, steps) of each decode call after the prefill's one token."""
     produced = 1
     while produced < max_new_tokens:
-        steps = min(CHUNK_SIZE, max_new_tokens - produced)
-        random_state.assign(own_random_state)
-        drawn, window, lengths, cache, pending = decoder.decode_chunk(
-            window, lengths, cache, pending, settings, np.int32(steps)
-        )
-        own_random_state = keras.ops.convert_to_numpy(random_state)
-        yield from keras.ops.convert_to_numpy(drawn)[:, :steps].T
+        steps = min(FIRST_CHUNK_SIZE if produced == 1 else CHUNK_SIZE, max_new_tokens - produced)
+        yield produced, steps
         produced += steps
+
+
+def _decode(model, prompts_ids, max_new_tokens, settings, seed, use_cache=True, slide=1):
+    """Yield, for each new position, an int array (B,) of the tokens sampled for every row."""
+    if max_new_tokens == 0:
+        return
+    decoder = _decoder_for(model)
+    if seed is None:
+        seed = int(np.random.default_rng().integers(2**31))
+    chunk = decoder.loop("sample", use_cache, slide)
+    window, lengths = _windows(model, prompts_ids)
+    if max_new_tokens > 1:
+        compiled = decoder.warm_up(chunk, *decoder.empty_state(len(window)), settings, _seed(seed, 0),
+                                   np.int32(0))
+
+    pending, cache = decoder.sample_prefill(window, lengths, settings, _seed(seed, 0))
+    yield keras.ops.convert_to_numpy(pending)
+    for first, steps in _chunks(max_new_tokens):
+        compiled.result()
+        drawn, window, lengths, cache, pending = chunk(
+            window, lengths, cache, pending, settings, _seed(seed, first), np.int32(steps)
+        )
+        yield from keras.ops.convert_to_numpy(drawn)[:, :steps].T
+
+
+def _seed(seed, index):
+    return np.array([seed, index], dtype="int32")
+
+
+def _beam_search(model, prompts_ids, max_new_tokens, beams, end_token, use_cache=True, slide=1):
+    """The likeliest continuation found by beam search: an int array (B, max_new_tokens)."""
+    if max_new_tokens == 0:
+        return np.zeros((len(prompts_ids), 0), "int32")
+    decoder = _decoder_for(model)
+    window, lengths = _windows(model, prompts_ids)
+    window, lengths = np.repeat(window, beams, axis=0), np.repeat(lengths, beams)  # (B * beams, S)
+    scores = np.full((len(prompts_ids), beams), -np.inf, dtype="float32")
+    scores[:, 0] = 0  # the copies of a prompt are one beam until the first choice
+    finished = np.zeros(len(window), dtype=bool)
+    end_token = np.int32(-1 if end_token is None else end_token)
+    chunk = decoder.loop("beam", use_cache, slide)
+    if max_new_tokens > 1:
+        compiled = decoder.warm_up(chunk, *decoder.empty_state(len(window)), scores, finished,
+                                   end_token, np.int32(0))
+
+    pending, parents, scores, finished, (window, lengths, cache) = decoder.beam_prefill(
+        window, lengths, scores, finished, end_token)
+    sequences = keras.ops.convert_to_numpy(pending)[:, None]  # (B * beams, produced)
+    for _, steps in _chunks(max_new_tokens):
+        compiled.result()
+        drawn, parents, window, lengths, cache, pending, scores, finished = chunk(
+            window, lengths, cache, pending, scores, finished, end_token, np.int32(steps))
+        drawn, parents = keras.ops.convert_to_numpy(drawn), keras.ops.convert_to_numpy(parents)
+        for step in range(steps):
+            sequences = np.concatenate([sequences[parents[:, step]], drawn[:, step, None]], axis=1)
+        if keras.ops.convert_to_numpy(finished).all():
+            break
+    return sequences[::beams]  # beams come sorted by score: the first of each row is the best
 
 
 def _checked_settings(model, max_new_tokens, temperature, top_k, top_p):
@@ -196,53 +375,107 @@ def _checked_settings(model, max_new_tokens, temperature, top_k, top_p):
     return np.array([temperature, top_k, top_p], dtype=np.float32)
 
 
+def _end_token(tokenizer):
+    return getattr(tokenizer, "end_token_id", None)
+
+
+def _until_end(token_rows, end_token):
+    """Pass on single-row token arrays up to, not including, the end token."""
+    for tokens in token_rows:
+        if end_token is not None and tokens[0] == end_token:
+            return
+        yield tokens
+
+
 def stream(model, prompt="", max_new_tokens=200, temperature=1.0, top_k=None, top_p=1.0, seed=None,
-           unknown="error", stop=()):
+           unknown="error", stop=(), use_cache=True, slide=1):
     """An iterator over the continuation of `prompt`, one decoded token at a time.
 
     `stop` is a string or a list of them: the text ends just before the first
     one that appears in the continuation. Text that might be the start of a
-    stop string is held back until it is clear whether it is.
+    stop string is held back until it is clear whether it is. The text also
+    ends before the tokenizer's end token, where it has one.
 
     Settings and prompt are checked at once, before the first token. Prompt
     characters the vocabulary lacks raise an `InputError` naming them
     (`unknown="error"`), are left out (`"skip"`) or become spaces
     (`"replace"`). An empty prompt starts from a newline (or, without one in
     the vocabulary, from the first token); that start is not yielded.
+    `use_cache` and `slide` are as for `generate`.
     """
     settings = _checked_settings(model, max_new_tokens, temperature, top_k, top_p)
+    _check_slide(slide, model.config.block_size)
     prompt_ids = _prompt_ids(model.tokenizer, prompt, unknown)
-    decode = model.tokenizer.decode
-    pieces = (decode(tokens[:1]) for tokens in _decode(model, [prompt_ids], max_new_tokens, settings, seed))
     stops = _stop_strings(stop)
+    tokens = _decode(model, [prompt_ids], max_new_tokens, settings, seed, use_cache, slide)
+    pieces = (model.tokenizer.decode(row[:1]) for row in _until_end(tokens, _end_token(model.tokenizer)))
     return _cut_at_stop(pieces, stops) if stops else pieces
 
 
 def generate(model, prompt="", max_new_tokens=200, temperature=1.0, top_k=None, top_p=1.0, seed=None,
-             unknown="error", stop=()):
-    """Return `prompt` followed by `max_new_tokens` sampled tokens, as text.
+             unknown="error", stop=(), use_cache=True, slide=1, num_beams=None):
+    """Return `prompt` followed by up to `max_new_tokens` new tokens, as text.
 
     `prompt` may be a list of prompts, of any lengths: they are decoded
     together in one batch and a list of texts comes back. With `stop`, each
     continuation ends before its first stop string, and decoding ends once
-    every row has met one.
+    every row has met one (or the end token, where the tokenizer has one).
+
+    Past the context window: once prompt and new tokens fill `block_size`,
+    the window moves `slide` tokens at a time and is recomputed. With the
+    default `slide=1`, every token is drawn from exactly the last block_size
+    tokens, as recomputing the whole context for each token would do; this
+    costs a whole-window pass per token. A larger `slide` (up to block_size)
+    pays that pass once per `slide` tokens and decodes from the cache in
+    between, but the model then sees between block_size - slide + 1 and
+    block_size tokens of context. `use_cache=False` recomputes the window for
+    every token: the same text for the same seed, slower; it is there to
+    check the cache against.
+
+    `num_beams` searches for the likeliest continuation with that many
+    beams instead of sampling (temperature, top_k, top_p and seed do not
+    apply); one beam is greedy decoding.
     """
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     if not prompts:
         raise ConfigError("give at least one prompt")
     settings = _checked_settings(model, max_new_tokens, temperature, top_k, top_p)
+    _check_slide(slide, model.config.block_size)
+    if num_beams is not None:
+        _check_beams(num_beams, model.tokenizer.vocabulary_size)
     prompts_ids = [_prompt_ids(model.tokenizer, p, unknown) for p in prompts]
     stops = _stop_strings(stop)
+    end_token = _end_token(model.tokenizer)
+    if num_beams is not None:
+        steps = _beam_search(model, prompts_ids, max_new_tokens, num_beams, end_token, use_cache, slide).T
+    else:
+        steps = _decode(model, prompts_ids, max_new_tokens, settings, seed, use_cache, slide)
     continuations = [""] * len(prompts)
-    for tokens in _decode(model, prompts_ids, max_new_tokens, settings, seed):
-        continuations = [text + model.tokenizer.decode([token]) for text, token in zip(continuations, tokens)]
-        if stops and all(_first_stop(text, stops) is not None for text in continuations):
+    ended = np.zeros(len(prompts), dtype=bool)
+    for tokens in steps:
+        ended |= tokens == (-1 if end_token is None else end_token)
+        continuations = [text if done else text + model.tokenizer.decode([token])
+                         for text, token, done in zip(continuations, tokens, ended)]
+        if all(done or (stops and _first_stop(text, stops) is not None)
+               for text, done in zip(continuations, ended)):
             break
     texts = []
     for prompt_text, continuation in zip(prompts, continuations):
         end = _first_stop(continuation, stops) if stops else None
         texts.append(prompt_text + continuation[:end])
     return texts[0] if isinstance(prompt, str) else texts
+
+
+def _check_slide(slide, block_size):
+    if isinstance(slide, bool) or not isinstance(slide, int) or not 1 <= slide <= block_size:
+        raise ConfigError(f"slide must be a whole number from 1 to the block size, {block_size}; got {slide!r}")
+
+
+def _check_beams(num_beams, vocabulary_size):
+    if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
+        raise ConfigError(f"num_beams must be a whole number of at least 1, got {num_beams!r}")
+    if num_beams > vocabulary_size:
+        raise ConfigError(f"num_beams can be at most the vocabulary size, {vocabulary_size}; got {num_beams}")
 
 
 def _stop_strings(stop):

@@ -4,6 +4,7 @@ Every tokenizer offers the same small interface, so the model, data and
 generation code never ask which kind they hold:
 
     tokenizer.vocabulary_size          -> int
+    tokenizer.end_token_id             -> int, or None without one
     tokenizer.encode(text)             -> 1-D numpy integer array
     tokenizer.decode(ids)              -> str
     tokenizer.get_config() / from_config(config)
@@ -22,8 +23,11 @@ class CharTokenizer:
     """One token per Unicode character seen in the training text.
 
     Ids are given in code-point order, so the same text always gives the
-    same vocabulary.
+    same vocabulary. It has no end-of-text token: generation runs to its
+    length or a stop string.
     """
+
+    end_token_id = None
 
     def __init__(self, vocabulary):
         if isinstance(vocabulary, (list, tuple)):

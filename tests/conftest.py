@@ -47,6 +47,29 @@ def tiny_model(tokenizer):
     return model
 
 
+@pytest.fixture(scope="session")
+def fluent_model(tokenizer, text):
+    """A tiny GPT trained for a few seconds on `text`, so that what it writes depends on its context.
+
+    Greedy decoding from random weights mostly repeats one character, which
+    would let a wrong context go unnoticed.
+    """
+    import keras
+
+    keras.utils.set_random_seed(1)
+    model = gptlite.GPT(
+        vocab_size=tokenizer.vocabulary_size, n_layer=2, n_head=2, n_embd=32, block_size=16,
+        tokenizer=tokenizer,
+    )
+    ids = tokenizer.encode(text).astype("int32")
+    starts = np.random.default_rng(0).integers(0, len(ids) - 17, size=8192)
+    windows = ids[starts[:, None] + np.arange(17)]  # (N, 17)
+    model.compile(optimizer=keras.optimizers.Adam(1e-2),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(windows[:, :-1], windows[:, 1:], batch_size=64, epochs=1, verbose=0)
+    return model
+
+
 def run_python(*args, cwd=REPO, timeout=300):
     """Run a Python command line in a fresh process; return the CompletedProcess."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")

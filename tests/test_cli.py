@@ -182,3 +182,22 @@ def test_stop_flag_ends_the_printed_text(capsys, trained_run):
     assert "\n" in free[len("the"):]
     assert generate_main([*args, "--stop", "\n"]) == 0
     assert capsys.readouterr().out == free[: free.index("\n", len("the"))] + "\n"
+
+
+def test_beam_and_cache_flags(capsys, trained_run):
+    from gptlite.cli import generate_main
+
+    _, _, out = trained_run
+    args = ["--model", str(out / "model.keras"), "--prompt", "the", "--max-new-tokens", "40"]
+    assert generate_main([*args, "--temperature", "0"]) == 0
+    greedy = capsys.readouterr().out
+    assert generate_main([*args, "--num-beams", "1"]) == 0
+    assert capsys.readouterr().out == greedy
+    assert generate_main([*args, "--num-beams", "3"]) == 0
+    assert capsys.readouterr().out.startswith("the")
+    assert generate_main([*args, "--seed", "3", "--no-cache"]) == 0
+    uncached = capsys.readouterr().out
+    assert generate_main([*args, "--seed", "3"]) == 0
+    assert capsys.readouterr().out == uncached
+    assert generate_main([*args, "--num-beams", "2", "--num-samples", "2"]) == 2
+    assert "--num-samples" in capsys.readouterr().err

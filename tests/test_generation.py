@@ -5,109 +5,122 @@ import pytest
 import gptlite
 
 
-def greedy_by_full_recomputation(model, prompt, new_tokens):
-    """Reference: run the plain model on the last block_size tokens each step, take the argmax."""
+def last_logits(model, windows):
+    """Plain forward passes: the logits after the last token of each window (a list of id lists)."""
+    padded = np.zeros((len(windows), model.config.block_size), "int32")
+    for row, window in enumerate(windows):
+        padded[row, : len(window)] = window  # the mask keeps the padding after it from mattering
+    logits = np.asarray(model.predict_on_batch(padded))
+    return logits[np.arange(len(windows)), [len(w) - 1 for w in windows]]  # (N, V)
+
+
+def greedy_by_full_recomputation(model, prompt, new_tokens, slide=1):
+    """Reference: run the plain model on the whole window each step, take the argmax.
+
+    The window holds the last block_size tokens; with `slide`, a full window
+    keeps only its last block_size - slide tokens before the next one joins.
+    """
     ids = list(model.tokenizer.encode(prompt))
+    window = ids[-model.config.block_size:]
     for _ in range(new_tokens):
-        context = np.array([ids[-model.config.block_size:]], dtype="int32")
-        logits = keras.ops.convert_to_numpy(model(context))
-        ids.append(int(np.argmax(logits[0, -1])))
+        ids.append(int(np.argmax(last_logits(model, [window])[0])))
+        window = (window[slide:] if len(window) == model.config.block_size else window) + ids[-1:]
     return model.tokenizer.decode(ids)
 
 
 @pytest.mark.parametrize("prompt", ["the cat", "a", "dog ran to the big red hat and"])
-def test_greedy_equals_full_recomputation_across_the_block_boundary(tiny_model, prompt):
+def test_greedy_equals_full_recomputation_across_the_block_boundary(fluent_model, prompt):
     # 30 new tokens from a 16-token context: the window slides for most of them.
-    expected = greedy_by_full_recomputation(tiny_model, prompt, 30)
-    assert gptlite.generate(tiny_model, prompt, max_new_tokens=30, temperature=0) == expected
+    expected = greedy_by_full_recomputation(fluent_model, prompt, 30)
+    assert gptlite.generate(fluent_model, prompt, max_new_tokens=30, temperature=0) == expected
 
 
-def test_top_k_of_one_is_greedy(tiny_model):
-    greedy = gptlite.generate(tiny_model, "the", max_new_tokens=20, temperature=0)
-    assert gptlite.generate(tiny_model, "the", max_new_tokens=20, temperature=1.5, top_k=1, seed=3) == greedy
+def test_top_k_of_one_is_greedy(fluent_model):
+    greedy = gptlite.generate(fluent_model, "the", max_new_tokens=20, temperature=0)
+    assert gptlite.generate(fluent_model, "the", max_new_tokens=20, temperature=1.5, top_k=1, seed=3) == greedy
 
 
-def test_same_seed_repeats_and_other_seeds_differ(tiny_model):
-    sample = lambda seed: gptlite.generate(tiny_model, "the ", max_new_tokens=40, temperature=1.0, seed=seed)
+def test_same_seed_repeats_and_other_seeds_differ(fluent_model):
+    sample = lambda seed: gptlite.generate(fluent_model, "the ", max_new_tokens=40, temperature=1.0, seed=seed)
     assert sample(7) == sample(7)
     assert len({sample(7), sample(8), sample(9)}) == 3
 
 
-def test_top_k_only_emits_the_k_likeliest_tokens(tiny_model):
+def test_top_k_only_emits_the_k_likeliest_tokens(fluent_model):
     prompt = "sun and"
-    context = np.array([tiny_model.tokenizer.encode(prompt)], dtype="int32")
-    logits = keras.ops.convert_to_numpy(tiny_model(context))[0, -1]
-    allowed = set(tiny_model.tokenizer.decode(np.argsort(logits)[-3:]))
-    firsts = {next(iter(gptlite.stream(tiny_model, prompt, 1, temperature=2.0, top_k=3, seed=s)))
+    context = np.array([fluent_model.tokenizer.encode(prompt)], dtype="int32")
+    logits = keras.ops.convert_to_numpy(fluent_model(context))[0, -1]
+    allowed = set(fluent_model.tokenizer.decode(np.argsort(logits)[-3:]))
+    firsts = {next(iter(gptlite.stream(fluent_model, prompt, 1, temperature=2.0, top_k=3, seed=s)))
               for s in range(40)}
     assert firsts <= allowed
     assert len(firsts) > 1
 
 
-def test_stream_yields_the_same_text_generate_returns(tiny_model):
-    pieces = list(gptlite.stream(tiny_model, "the", max_new_tokens=25, temperature=0.8, seed=1))
+def test_stream_yields_the_same_text_generate_returns(fluent_model):
+    pieces = list(gptlite.stream(fluent_model, "the", max_new_tokens=25, temperature=0.8, seed=1))
     assert len(pieces) == 25
-    assert "the" + "".join(pieces) == gptlite.generate(tiny_model, "the", 25, temperature=0.8, seed=1)
+    assert "the" + "".join(pieces) == gptlite.generate(fluent_model, "the", 25, temperature=0.8, seed=1)
 
 
-def test_empty_prompt_starts_a_new_line(tiny_model):
-    text = gptlite.generate(tiny_model, "", max_new_tokens=10, temperature=0)
+def test_empty_prompt_starts_a_new_line(fluent_model):
+    text = gptlite.generate(fluent_model, "", max_new_tokens=10, temperature=0)
     assert len(text) == 10
-    assert text == greedy_by_full_recomputation(tiny_model, "\n", 10)[1:]
+    assert text == greedy_by_full_recomputation(fluent_model, "\n", 10)[1:]
 
 
-def test_prompt_with_unseen_characters_is_refused_by_name(tiny_model):
+def test_prompt_with_unseen_characters_is_refused_by_name(fluent_model):
     with pytest.raises(gptlite.InputError, match="'QZ'"):
-        gptlite.stream(tiny_model, "the Zebra Queen")
+        gptlite.stream(fluent_model, "the Zebra Queen")
 
 
 @pytest.mark.parametrize("settings,message", [
     (dict(temperature=-0.5), "temperature"), (dict(top_k=0), "top_k"), (dict(max_new_tokens=-1), "max_new_tokens"),
 ])
-def test_bad_sampling_settings_are_refused_before_sampling(tiny_model, settings, message):
+def test_bad_sampling_settings_are_refused_before_sampling(fluent_model, settings, message):
     with pytest.raises(gptlite.ConfigError, match=message):
-        gptlite.stream(tiny_model, "the", **settings)
+        gptlite.stream(fluent_model, "the", **settings)
 
 
-def test_unknown_prompt_characters_skipped_or_replaced(tiny_model):
-    greedy = lambda prompt, **kw: gptlite.generate(tiny_model, prompt, max_new_tokens=8, temperature=0, **kw)
+def test_unknown_prompt_characters_skipped_or_replaced(fluent_model):
+    greedy = lambda prompt, **kw: gptlite.generate(fluent_model, prompt, max_new_tokens=8, temperature=0, **kw)
     assert greedy("the CAT", unknown="skip") == "the CAT" + greedy("the ")[len("the "):]
     assert greedy("the CAT", unknown="replace") == "the CAT" + greedy("the    ")[len("the    "):]
     with pytest.raises(gptlite.ConfigError, match="unknown"):
-        gptlite.stream(tiny_model, "the", unknown="ignore")
+        gptlite.stream(fluent_model, "the", unknown="ignore")
 
 
-def test_cached_logits_equal_full_forward_pass_at_every_step(tiny_model):
+def test_cached_logits_equal_full_forward_pass_at_every_step(fluent_model):
     rng = np.random.default_rng(0)
-    ids = rng.integers(0, tiny_model.config.vocab_size, size=(3, 16)).astype("int32")
-    full = keras.ops.convert_to_numpy(tiny_model(ids))
-    logits, cache = tiny_model.call_with_cache(ids[:, :6], tiny_model.empty_cache(3), np.zeros(3, "int32"))
+    ids = rng.integers(0, fluent_model.config.vocab_size, size=(3, 16)).astype("int32")
+    full = keras.ops.convert_to_numpy(fluent_model(ids))
+    logits, cache = fluent_model.call_with_cache(ids[:, :6], fluent_model.empty_cache(3), np.zeros(3, "int32"))
     steps = [keras.ops.convert_to_numpy(logits)]
     for t in range(6, 16):
-        logits, cache = tiny_model.call_with_cache(ids[:, t:t + 1], cache, np.full(3, t, "int32"))
+        logits, cache = fluent_model.call_with_cache(ids[:, t:t + 1], cache, np.full(3, t, "int32"))
         steps.append(keras.ops.convert_to_numpy(logits))
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
 
 
-def test_batch_of_prompts_of_different_lengths_equals_each_alone(tiny_model):
+def test_batch_of_prompts_of_different_lengths_equals_each_alone(fluent_model):
     prompts = ["a", "the cat sat", "dog ran to the big red hat"]  # the last is longer than block_size
-    together = gptlite.generate(tiny_model, prompts, max_new_tokens=30, temperature=0)
-    assert together == [greedy_by_full_recomputation(tiny_model, p, 30) for p in prompts]
+    together = gptlite.generate(fluent_model, prompts, max_new_tokens=30, temperature=0)
+    assert together == [greedy_by_full_recomputation(fluent_model, p, 30) for p in prompts]
 
 
-def test_greedy_with_cache_equals_recomputation_for_300_tokens(tiny_model):
-    assert gptlite.generate(tiny_model, "the", max_new_tokens=300, temperature=0) == \
-        greedy_by_full_recomputation(tiny_model, "the", 300)
+def test_greedy_with_cache_equals_recomputation_for_300_tokens(fluent_model):
+    assert gptlite.generate(fluent_model, "the", max_new_tokens=300, temperature=0) == \
+        greedy_by_full_recomputation(fluent_model, "the", 300)
 
 
-def test_top_p_only_emits_tokens_of_the_nucleus(tiny_model):
+def test_top_p_only_emits_tokens_of_the_nucleus(fluent_model):
     prompt = "the big"
-    context = np.array([tiny_model.tokenizer.encode(prompt)], dtype="int32")
-    probabilities = keras.ops.convert_to_numpy(keras.ops.softmax(tiny_model(context)[0, -1]))
+    context = np.array([fluent_model.tokenizer.encode(prompt)], dtype="int32")
+    probabilities = keras.ops.convert_to_numpy(keras.ops.softmax(fluent_model(context)[0, -1]))
     order = np.argsort(probabilities)[::-1]
     size = int(np.searchsorted(np.cumsum(probabilities[order]), 0.5) + 1)  # smallest set reaching 0.5
-    nucleus = set(tiny_model.tokenizer.decode(order[:size]))
-    firsts = {next(iter(gptlite.stream(tiny_model, prompt, 1, temperature=1.0, top_p=0.5, seed=s)))
+    nucleus = set(fluent_model.tokenizer.decode(order[:size]))
+    firsts = {next(iter(gptlite.stream(fluent_model, prompt, 1, temperature=1.0, top_p=0.5, seed=s)))
               for s in range(40)}
     assert firsts <= nucleus
 
@@ -116,9 +129,9 @@ def test_sampler_filters_without_a_model():
     from gptlite.generation import sample_next_token
 
     logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]] * 2000, dtype="float32"))
-    generator = keras.random.SeedGenerator(0)
+    noise = np.random.default_rng(0).random(logits.shape).astype("float32")
     draw = lambda t, k, p: keras.ops.convert_to_numpy(
-        sample_next_token(logits, np.array([t, k, p], "float32"), generator))
+        sample_next_token(logits, np.array([t, k, p], "float32"), noise))
     assert set(draw(0.0, 4, 1.0)) == {0}
     assert set(draw(1.0, 2, 1.0)) == {0, 1}
     assert set(draw(1.0, 4, 0.7)) == {0, 1}  # 0.5 alone is short of 0.7; 0.5 + 0.3 reaches it
@@ -127,30 +140,30 @@ def test_sampler_filters_without_a_model():
     np.testing.assert_allclose(counts, [0.5, 0.3, 0.15, 0.05], atol=0.04)
 
 
-def test_top_p_outside_its_range_is_refused(tiny_model):
+def test_top_p_outside_its_range_is_refused(fluent_model):
     for top_p in (0.0, 1.5):
         with pytest.raises(gptlite.ConfigError, match="top_p"):
-            gptlite.stream(tiny_model, "the", top_p=top_p)
+            gptlite.stream(fluent_model, "the", top_p=top_p)
 
 
-def test_interleaved_streams_each_repeat_their_seed(tiny_model):
-    alone = gptlite.generate(tiny_model, "the", max_new_tokens=40, temperature=1.0, seed=11)
-    first = gptlite.stream(tiny_model, "the", max_new_tokens=40, temperature=1.0, seed=11)
-    second = gptlite.stream(tiny_model, "the", max_new_tokens=40, temperature=1.0, seed=12)
+def test_interleaved_streams_each_repeat_their_seed(fluent_model):
+    alone = gptlite.generate(fluent_model, "the", max_new_tokens=40, temperature=1.0, seed=11)
+    first = gptlite.stream(fluent_model, "the", max_new_tokens=40, temperature=1.0, seed=11)
+    second = gptlite.stream(fluent_model, "the", max_new_tokens=40, temperature=1.0, seed=12)
     pieces = []
     for a, _ in zip(first, second):
         pieces.append(a)
     assert "the" + "".join(pieces) == alone
 
 
-def test_stop_string_ends_the_text_before_it_streamed_or_not(tiny_model):
-    free = gptlite.generate(tiny_model, "the", max_new_tokens=80, temperature=0)
+def test_stop_string_ends_the_text_before_it_streamed_or_not(fluent_model):
+    free = gptlite.generate(fluent_model, "the", max_new_tokens=80, temperature=0)
     continuation = free[len("the"):]
     stop = continuation[30:32]
     expected = "the" + continuation[: continuation.index(stop)]
-    assert gptlite.generate(tiny_model, "the", max_new_tokens=80, temperature=0, stop=[stop, "never seen"]) \
+    assert gptlite.generate(fluent_model, "the", max_new_tokens=80, temperature=0, stop=[stop, "never seen"]) \
         == expected
-    streamed = list(gptlite.stream(tiny_model, "the", max_new_tokens=80, temperature=0, stop=stop))
+    streamed = list(gptlite.stream(fluent_model, "the", max_new_tokens=80, temperature=0, stop=stop))
     assert "the" + "".join(streamed) == expected
     assert all(stop not in piece for piece in streamed)
 
@@ -163,12 +176,92 @@ def test_held_back_text_is_released_unless_it_completes_a_stop():
     assert "".join(_cut_at_stop(iter(["a", "E", "N", "b"]), ["END"])) == "aENb"  # a near miss is released
 
 
-def test_stop_in_a_batch_stops_each_row(tiny_model):
+def test_stop_in_a_batch_stops_each_row(fluent_model):
     prompts = ["the", "a dog"]
-    free = gptlite.generate(tiny_model, prompts, max_new_tokens=60, temperature=0)
+    free = gptlite.generate(fluent_model, prompts, max_new_tokens=60, temperature=0)
     stop = free[0][len("the"):][20:22]
-    cut = gptlite.generate(tiny_model, prompts, max_new_tokens=60, temperature=0, stop=stop)
+    cut = gptlite.generate(fluent_model, prompts, max_new_tokens=60, temperature=0, stop=stop)
     for text, prompt, whole in zip(cut, prompts, free):
         continuation = whole[len(prompt):]
         end = continuation.find(stop)
         assert text == prompt + (continuation if end < 0 else continuation[:end])
+
+
+def test_same_seed_gives_the_same_text_with_and_without_the_cache(fluent_model):
+    # 40 tokens from a 16-token context: most are drawn after the window has slid.
+    sample = lambda **kw: gptlite.generate(fluent_model, ["the", "a red"], max_new_tokens=40, temperature=1.0,
+                                           top_k=8, seed=5, **kw)
+    assert sample(use_cache=True) == sample(use_cache=False)
+
+
+def beam_search_by_full_recomputation(model, prompt, new_tokens, beams):
+    """Reference: keep the `beams` likeliest sequences, scoring each extension by a whole forward pass."""
+    candidates = [(0.0, list(model.tokenizer.encode(prompt)))]
+    for _ in range(new_tokens):
+        extended = []
+        every_logits = last_logits(model, [ids[-model.config.block_size:] for _, ids in candidates])
+        for (score, ids), logits in zip(candidates, every_logits):
+            log_probabilities = logits - np.logaddexp.reduce(logits)
+            extended += [(score + float(log_probabilities[t]), ids + [t]) for t in range(len(logits))]
+        candidates = sorted(extended, key=lambda c: -c[0])[:beams]
+    return model.tokenizer.decode(candidates[0][1])
+
+
+def test_beam_search_equals_a_search_by_full_recomputation(fluent_model):
+    prompts = ["the", "a dog ran"]
+    found = gptlite.generate(fluent_model, prompts, max_new_tokens=24, num_beams=3)
+    assert found == [beam_search_by_full_recomputation(fluent_model, p, 24, beams=3) for p in prompts]
+
+
+def test_one_beam_is_greedy(fluent_model):
+    prompts = ["the", "dog ran to the big red hat and"]
+    assert gptlite.generate(fluent_model, prompts, max_new_tokens=30, num_beams=1) == \
+        gptlite.generate(fluent_model, prompts, max_new_tokens=30, temperature=0)
+
+
+@pytest.mark.parametrize("num_beams", [0, 2.5, 10_000])
+def test_bad_beam_widths_are_refused(fluent_model, num_beams):
+    with pytest.raises(gptlite.ConfigError, match="num_beams"):
+        gptlite.generate(fluent_model, "the", num_beams=num_beams)
+
+
+def test_text_ends_before_the_end_token(fluent_model, monkeypatch):
+    free = gptlite.generate(fluent_model, "the", max_new_tokens=40, temperature=0)
+    end = free[len("the"):][12]
+    expected = free[: free.index(end, len("the"))]
+    monkeypatch.setattr(fluent_model.tokenizer, "end_token_id", int(fluent_model.tokenizer.encode(end)[0]))
+    assert gptlite.generate(fluent_model, "the", max_new_tokens=40, temperature=0) == expected
+    assert "the" + "".join(gptlite.stream(fluent_model, "the", max_new_tokens=40, temperature=0)) == expected
+    assert gptlite.generate(fluent_model, "the", max_new_tokens=40, num_beams=1) == expected
+
+
+def test_a_wider_slide_recomputes_once_per_slide(fluent_model):
+    prompts = ["the", "dog ran to the big red hat and"]
+    found = gptlite.generate(fluent_model, prompts, max_new_tokens=40, temperature=0, slide=6)
+    assert found == [greedy_by_full_recomputation(fluent_model, p, 40, slide=6) for p in prompts]
+    assert found != gptlite.generate(fluent_model, prompts, max_new_tokens=40, temperature=0)
+    sample = lambda **kw: gptlite.generate(fluent_model, prompts, 40, temperature=1.0, seed=2, slide=6, **kw)
+    assert sample(use_cache=False) == sample()
+
+
+@pytest.mark.parametrize("slide", [0, 17, 1.5])
+def test_slides_outside_the_window_are_refused(fluent_model, slide):
+    with pytest.raises(gptlite.ConfigError, match="slide"):
+        gptlite.stream(fluent_model, "the", slide=slide)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="counts TensorFlow traces")
+def test_prompt_length_settings_and_seed_never_recompile(fluent_model):
+    from gptlite.generation import _decoder_for
+
+    gptlite.generate(fluent_model, "the", 20, seed=0)  # traced for one row, if no test has yet
+    decoder = _decoder_for(fluent_model)
+    functions = [decoder.sample_prefill, decoder.loop("sample", use_cache=True, slide=1)]
+    traces = [f.experimental_get_tracing_count() for f in functions]
+    for prompt, temperature, top_k, top_p, seed, new_tokens in [
+        ("the", 1.0, None, 1.0, 1, 50), ("a dog ran to the big red hat and", 0.5, 3, 0.9, 2, 7),
+        ("t", 0.0, 10, 0.5, 3, 90),
+    ]:
+        gptlite.generate(fluent_model, prompt, new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                         seed=seed)
+    assert [f.experimental_get_tracing_count() for f in functions] == traces
