@@ -6,28 +6,30 @@ How a batch of prompts is decoded:
    first new token is chosen from the logits at each prompt's last position.
 2. Decode: each step feeds one token per row at that row's own position,
    writes its key and value into the cache, and chooses the next token.
-3. Sliding: once a row's window is full, each step shifts the window by one
-   token and recomputes it whole (learned positions shift with it). The model
-   never sees more than `block_size` tokens, exactly as full recomputation
-   would.
+3. Sliding: a step that finds a row's window full moves it `slide` tokens
+   (1 by default) and recomputes the whole window, since every position has
+   shifted. The model never sees more than `block_size` tokens; with
+   `slide=1` exactly as full recomputation for every token would.
 
-Prefill is traced once per model and batch size as a plain TensorFlow graph,
-which is quick to build, so that the first token comes without waiting for a
-compiler. The decode loop is an XLA-compiled while-loop that draws up to
-CHUNK_SIZE tokens per call, keeping the cache on the device between steps; it
-compiles on a background thread while the prefill runs. Both are traced with
-the sampling settings and the seed as tensor inputs, so changing prompt
-length, temperature, top-k, top-p or seed never recompiles.
+Which steps recompute follows from the prompt lengths alone, so the host
+plans the calls ahead (`_plan_calls`): runs of cached steps go to one
+compiled while-loop and runs of recomputing steps to another, each drawing up
+to CHUNK_SIZE tokens per call and keeping its state on the device. The
+prefill is a plain TensorFlow graph, quick to build, so the first token comes
+without waiting for a compiler; the loops compile with XLA on a background
+thread meanwhile. Everything is traced with the sampling settings and the
+seed as tensor inputs, so prompt length, temperature, top-k, top-p and seed
+never cause a recompile.
 
-Randomness is explicit: the noise for the tokens of a call is drawn from
-(seed, index of the call's first token), so the same seed gives the same text
-with or without the cache and however calls interleave, and sampling is the
-Gumbel-max trick on that noise. We use our own sampler rather than
-KerasHub's: theirs fix k, p and temperature as Python values (one trace per
-setting) and run the whole loop to the end in one call, which cannot stream;
-their beam search steps all rows from one shared position through a buffer
-as long as the whole output (one compile per output length), where ours uses
-the per-row windows and compiled chunks that sampling does.
+Randomness is explicit: a token's noise is drawn from (seed, its index), so
+the same seed gives the same text with or without the cache, however calls
+interleave, and sampling is the Gumbel-max trick on that noise. We use our
+own sampler rather than KerasHub's: theirs fix k, p and temperature as
+Python values (one trace per setting) and run the whole loop to the end in
+one call, which cannot stream; their beam search steps all rows from one
+shared position through a buffer as long as the whole output (one compile
+per output length), where ours uses the per-row windows and compiled loops
+that sampling does.
 """
 
 import concurrent.futures
@@ -43,9 +45,9 @@ from gptlite.errors import ConfigError, InputError
 # One decoder (compiled functions) per model, made on first use.
 _decoders = weakref.WeakKeyDictionary()
 
-# Tokens drawn per compiled call: more amortise the call's overhead, fewer
-# stream text sooner. The first call after prefill is short, so text starts
-# flowing at once.
+# Tokens drawn per compiled call at most: more amortise the call's overhead,
+# fewer stream text sooner. The first call after prefill is short, so text
+# starts flowing at once.
 CHUNK_SIZE = 32
 FIRST_CHUNK_SIZE = 8
 
@@ -106,12 +108,17 @@ class _Decoder:
         self._loops = {}
         self._warm_ups = {}
 
-    def loop(self, kind, use_cache, slide):
-        """The compiled decode loop of `kind` ("sample" or "beam") for these settings."""
-        key = (kind, use_cache, slide)
+    def loop(self, kind, recompute, slide):
+        """The compiled decode loop of `kind` ("sample" or "beam").
+
+        With `recompute`, every step runs the whole window through the model
+        (a full window first moves `slide` tokens); without it, every step
+        attends over the cache, and no window may be full.
+        """
+        key = (kind, recompute, slide)
         if key not in self._loops:
             chunk = self._sample_chunk if kind == "sample" else self._beam_chunk
-            self._loops[key] = _compile(functools.partial(chunk, use_cache=use_cache, slide=slide))
+            self._loops[key] = _compile(functools.partial(chunk, recompute=recompute, slide=slide))
         return self._loops[key]
 
     def warm_up(self, function, *example_args):
@@ -129,17 +136,17 @@ class _Decoder:
     # --- sampling
 
     def _sample_prefill(self, window, lengths, settings, seed):
-        """Run the windows through the model; draw each row's first new token."""
+        """Run the windows through the model; draw each row's first new token (token 0)."""
         logits, cache = self._forward_window(window)
-        noise = self._noise((1, ops.shape(window)[0], self.model.config.vocab_size), seed)[0]
+        noise = self._noise_block(seed, 0, ops.shape(window)[0])[0]  # (B, V)
         return sample_next_token(_logits_at(logits, lengths - 1), settings, noise), cache
 
-    def _sample_chunk(self, window, lengths, cache, pending, settings, seed, steps, use_cache, slide):
-        """Draw `steps` (<= CHUNK_SIZE) more tokens per row -> (tokens (B, CHUNK_SIZE), state...)."""
-        noise = self._noise((CHUNK_SIZE, *ops.shape(window)[:1], self.model.config.vocab_size), seed)
+    def _sample_chunk(self, window, lengths, cache, pending, settings, seed, first, steps, recompute, slide):
+        """Draw tokens first .. first + steps - 1 (steps <= CHUNK_SIZE) -> (tokens (B, CHUNK_SIZE), state...)."""
+        noise = self._noise(seed, first, ops.shape(window)[0])
 
         def body(step, window, lengths, cache, pending, drawn):
-            logits, window, lengths, cache = self._advance(window, lengths, cache, pending, use_cache, slide)
+            logits, window, lengths, cache = self._advance(window, lengths, cache, pending, recompute, slide)
             pending = sample_next_token(logits, settings, ops.take(noise, step, axis=0))
             return step + 1, window, lengths, cache, pending, _record(drawn, step, pending)
 
@@ -147,10 +154,25 @@ class _Decoder:
         _, window, lengths, cache, pending, drawn = _loop(body, steps, (window, lengths, cache, pending, drawn))
         return drawn, window, lengths, cache, pending
 
-    def _noise(self, shape, seed):
-        """Uniform noise in (0, 1), the same for the same seed (2,) on every call."""
-        with keras.StatelessScope(state_mapping=[(self.seed_generator.state, seed)]):
-            return keras.random.uniform(shape, minval=1e-20, maxval=1.0, seed=self.seed_generator)
+    def _noise(self, seed, first, batch_size):
+        """Uniform noise in (0, 1) for tokens first .. first + CHUNK_SIZE - 1: (CHUNK_SIZE, B, V).
+
+        Noise comes in blocks of CHUNK_SIZE token indices, each drawn from
+        (seed, block number), so a token's noise depends on its index alone,
+        not on how the tokens were split between calls.
+        """
+        block = first // CHUNK_SIZE
+        both = ops.concatenate([self._noise_block(seed, block, batch_size),
+                                self._noise_block(seed, block + 1, batch_size)], axis=0)
+        # A gather, not a slice: XLA would compile a slice anew for every start.
+        return ops.take(both, first - block * CHUNK_SIZE + ops.arange(CHUNK_SIZE), axis=0)
+
+    def _noise_block(self, seed, block, batch_size):
+        """The noise of tokens block * CHUNK_SIZE onwards: (CHUNK_SIZE, B, V)."""
+        state = ops.stack([ops.cast(seed, "int32"), ops.cast(block, "int32")])
+        with keras.StatelessScope(state_mapping=[(self.seed_generator.state, state)]):
+            return keras.random.uniform((CHUNK_SIZE, batch_size, self.model.config.vocab_size),
+                                        minval=1e-20, maxval=1.0, seed=self.seed_generator)
 
     # --- beam search
 
@@ -159,7 +181,7 @@ class _Decoder:
         return self._choose_beams(_logits_at(logits, lengths - 1), scores, finished, end_token,
                                   (window, lengths, cache))
 
-    def _beam_chunk(self, window, lengths, cache, pending, scores, finished, end_token, steps, use_cache, slide):
+    def _beam_chunk(self, window, lengths, cache, pending, scores, finished, end_token, steps, recompute, slide):
         """Extend every beam `steps` (<= CHUNK_SIZE) tokens -> (tokens, parents (B, CHUNK_SIZE), state...).
 
         Column t of `parents` says which beam each beam continued at step t;
@@ -167,7 +189,7 @@ class _Decoder:
         """
 
         def body(step, window, lengths, cache, pending, scores, finished, drawn, parents):
-            logits, window, lengths, cache = self._advance(window, lengths, cache, pending, use_cache, slide)
+            logits, window, lengths, cache = self._advance(window, lengths, cache, pending, recompute, slide)
             pending, chosen, scores, finished, (window, lengths, cache) = self._choose_beams(
                 logits, scores, finished, end_token, (window, lengths, cache))
             return (step + 1, window, lengths, cache, pending, scores, finished,
@@ -201,11 +223,12 @@ class _Decoder:
 
     # --- shared
 
-    def _advance(self, window, lengths, cache, tokens, use_cache, slide):
+    def _advance(self, window, lengths, cache, tokens, recompute, slide):
         """Append tokens (B,) to the windows; return the logits after them (B, V) and the new state.
 
         A full window first moves `slide` tokens: the new token joins its last
-        block_size - slide tokens, left-aligned.
+        block_size - slide tokens, left-aligned. Moving shifts every token's
+        position, so then the window must be recomputed (`recompute`).
         """
         block_size = self.model.config.block_size
         batch_size = ops.shape(window)[0]
@@ -219,17 +242,11 @@ class _Decoder:
         positions = lengths
         lengths = ops.where(full, block_size - slide + 1, lengths + 1)
 
-        def with_cache():
-            logits, new_cache = self.model.call_with_cache(tokens[:, None], cache, positions)
-            return logits[:, 0], new_cache
-
-        def recomputed():
-            # Sliding shifts every token's position, so the whole window is recomputed.
-            logits, new_cache = self._forward_window(window)
-            return _logits_at(logits, lengths - 1), new_cache
-
-        logits, cache = ops.cond(ops.any(full), recomputed, with_cache) if use_cache else recomputed()
-        return logits, window, lengths, cache
+        if recompute:
+            logits, cache = self._forward_window(window)
+            return _logits_at(logits, lengths - 1), window, lengths, cache
+        logits, cache = self.model.call_with_cache(tokens[:, None], cache, positions)
+        return logits[:, 0], window, lengths, cache
 
     def _forward_window(self, window):
         batch_size = ops.shape(window)[0]
@@ -301,13 +318,32 @@ def _windows(model, prompts_ids):
     return window, lengths
 
 
-def _chunks(max_new_tokens):
-    """(first token index, steps) of each decode call after the prefill's one token."""
-    produced = 1
-    while produced < max_new_tokens:
-        steps = min(FIRST_CHUNK_SIZE if produced == 1 else CHUNK_SIZE, max_new_tokens - produced)
-        yield produced, steps
-        produced += steps
+def _plan_calls(lengths, block_size, max_new_tokens, use_cache, slide):
+    """The decode calls after the prefill's token: a list of (first token index, steps, recompute).
+
+    Which steps find a full window, and so must recompute it, follows from
+    the prompt lengths alone: a window grows by one token a step until it is
+    full, then moves back by `slide`. A call holds steps of one kind only,
+    at most FIRST_CHUNK_SIZE in the first call and CHUNK_SIZE after.
+    """
+    lengths = np.asarray(lengths)
+    calls = []
+    for index in range(1, max_new_tokens):
+        full = lengths >= block_size
+        recompute = bool(full.any()) or not use_cache
+        lengths = np.where(full, block_size - slide + 1, lengths + 1)
+        room = FIRST_CHUNK_SIZE if len(calls) == 1 else CHUNK_SIZE
+        if calls and calls[-1][2] == recompute and calls[-1][1] < room:
+            calls[-1][1] += 1
+        else:
+            calls.append([index, 1, recompute])
+    return [tuple(call) for call in calls]
+
+
+def _warm_up_loops(decoder, kind, calls, slide, example_args):
+    """Start compiling the loops that `calls` need, in the order needed; {recompute: future}."""
+    return {recompute: decoder.warm_up(decoder.loop(kind, recompute, slide), *example_args)
+            for recompute in dict.fromkeys(call[2] for call in calls)}
 
 
 def _decode(model, prompts_ids, max_new_tokens, settings, seed, use_cache=True, slide=1):
@@ -315,26 +351,21 @@ def _decode(model, prompts_ids, max_new_tokens, settings, seed, use_cache=True, 
     if max_new_tokens == 0:
         return
     decoder = _decoder_for(model)
-    if seed is None:
-        seed = int(np.random.default_rng().integers(2**31))
-    chunk = decoder.loop("sample", use_cache, slide)
+    seed = np.int32(int(np.random.default_rng().integers(2**31)) if seed is None else seed % 2**31)
     window, lengths = _windows(model, prompts_ids)
-    if max_new_tokens > 1:
-        compiled = decoder.warm_up(chunk, *decoder.empty_state(len(window)), settings, _seed(seed, 0),
-                                   np.int32(0))
+    calls = _plan_calls(lengths, model.config.block_size, max_new_tokens, use_cache, slide)
 
-    pending, cache = decoder.sample_prefill(window, lengths, settings, _seed(seed, 0))
+    pending, cache = decoder.sample_prefill(window, lengths, settings, seed)
+    # Compiling starts once the prefill is traced, so that the two do not contend for the interpreter.
+    example = (*decoder.empty_state(len(window)), settings, seed, np.int32(1), np.int32(0))
+    ready = _warm_up_loops(decoder, "sample", calls, slide, example)
     yield keras.ops.convert_to_numpy(pending)
-    for first, steps in _chunks(max_new_tokens):
-        compiled.result()
-        drawn, window, lengths, cache, pending = chunk(
-            window, lengths, cache, pending, settings, _seed(seed, first), np.int32(steps)
+    for first, steps, recompute in calls:
+        ready[recompute].result()
+        drawn, window, lengths, cache, pending = decoder.loop("sample", recompute, slide)(
+            window, lengths, cache, pending, settings, seed, np.int32(first), np.int32(steps)
         )
         yield from keras.ops.convert_to_numpy(drawn)[:, :steps].T
-
-
-def _seed(seed, index):
-    return np.array([seed, index], dtype="int32")
 
 
 def _beam_search(model, prompts_ids, max_new_tokens, beams, end_token, use_cache=True, slide=1):
@@ -348,17 +379,16 @@ def _beam_search(model, prompts_ids, max_new_tokens, beams, end_token, use_cache
     scores[:, 0] = 0  # the copies of a prompt are one beam until the first choice
     finished = np.zeros(len(window), dtype=bool)
     end_token = np.int32(-1 if end_token is None else end_token)
-    chunk = decoder.loop("beam", use_cache, slide)
-    if max_new_tokens > 1:
-        compiled = decoder.warm_up(chunk, *decoder.empty_state(len(window)), scores, finished,
-                                   end_token, np.int32(0))
+    calls = _plan_calls(lengths, model.config.block_size, max_new_tokens, use_cache, slide)
 
     pending, parents, scores, finished, (window, lengths, cache) = decoder.beam_prefill(
         window, lengths, scores, finished, end_token)
+    example = (*decoder.empty_state(len(window)), scores, finished, end_token, np.int32(0))
+    ready = _warm_up_loops(decoder, "beam", calls, slide, example)
     sequences = keras.ops.convert_to_numpy(pending)[:, None]  # (B * beams, produced)
-    for _, steps in _chunks(max_new_tokens):
-        compiled.result()
-        drawn, parents, window, lengths, cache, pending, scores, finished = chunk(
+    for _, steps, recompute in calls:
+        ready[recompute].result()
+        drawn, parents, window, lengths, cache, pending, scores, finished = decoder.loop("beam", recompute, slide)(
             window, lengths, cache, pending, scores, finished, end_token, np.int32(steps))
         drawn, parents = keras.ops.convert_to_numpy(drawn), keras.ops.convert_to_numpy(parents)
         for step in range(steps):

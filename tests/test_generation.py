@@ -256,7 +256,7 @@ def test_prompt_length_settings_and_seed_never_recompile(fluent_model):
 
     gptlite.generate(fluent_model, "the", 20, seed=0)  # traced for one row, if no test has yet
     decoder = _decoder_for(fluent_model)
-    functions = [decoder.sample_prefill, decoder.loop("sample", use_cache=True, slide=1)]
+    functions = [decoder.sample_prefill] + [decoder.loop("sample", recompute, slide=1) for recompute in (False, True)]
     traces = [f.experimental_get_tracing_count() for f in functions]
     for prompt, temperature, top_k, top_p, seed, new_tokens in [
         ("the", 1.0, None, 1.0, 1, 50), ("a dog ran to the big red hat and", 0.5, 3, 0.9, 2, 7),
@@ -265,3 +265,14 @@ def test_prompt_length_settings_and_seed_never_recompile(fluent_model):
         gptlite.generate(fluent_model, prompt, new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                          seed=seed)
     assert [f.experimental_get_tracing_count() for f in functions] == traces
+
+
+def test_calls_change_loop_where_the_window_fills():
+    from gptlite.generation import _plan_calls
+
+    # A 3-token prompt, block 16: tokens 1..13 come from the cache, then every token recomputes the window.
+    assert _plan_calls([3], 16, 40, use_cache=True, slide=1) == [(1, 8, False), (9, 5, False), (14, 26, True)]
+    assert _plan_calls([3], 16, 40, use_cache=False, slide=1) == [(1, 8, True), (9, 31, True)]
+    # Moving 8 at a time: one recomputation, then 7 tokens from the cache.
+    assert _plan_calls([16], 16, 20, use_cache=True, slide=8) == [
+        (1, 1, True), (2, 7, False), (9, 1, True), (10, 7, False), (17, 1, True), (18, 2, False)]
