@@ -1,13 +1,17 @@
-"""Time the parts of a decode step apart, compiled with XLA, on the cpu preset's shape.
+"""Time the parts of a decode step apart, compiled with XLA, at batch 1.
 
-    python benchmarks/decode_parts.py
+    python benchmarks/decode_parts.py [--size cpu|big] [--dtype float32|bfloat16]
 
 Prints milliseconds for: the sampler alone (a call), one cached decode step
-(a call), a forward pass over the whole 64-token window (a call), and, inside
-one compiled while-loop of 16 iterations, a cached step and a whole-window
-pass (per iteration). Random weights; TensorFlow backend.
+(a call), a forward pass over the whole window (a call), and, inside one
+compiled while-loop of 16 iterations, a cached step and a whole-window pass
+(per iteration); and, for scale, one read of as many bytes as the model's
+weights (a NumPy sum): a cached step at batch 1 reads every weight once.
+`cpu` is the cpu preset's shape (4 x 4 x 128, context 64), `big` the gpu
+preset's (6 x 6 x 384, context 256). Random weights; TensorFlow backend.
 """
 
+import argparse
 import time
 
 import keras
@@ -36,16 +40,28 @@ def in_a_loop(step, state):
                           (ops.convert_to_tensor(0), state), maximum_iterations=ITERATIONS)[1]
 
 
+SIZES = {
+    "cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64),
+    "big": dict(n_layer=6, n_head=6, n_embd=384, block_size=256),
+}
+
+
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=list(SIZES), default="cpu")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    args = parser.parse_args()
+    keras.config.set_dtype_policy(args.dtype)
+    block_size = SIZES[args.size]["block_size"]
     tokenizer = gptlite.CharTokenizer("".join(chr(32 + i) for i in range(65)))
-    model = gptlite.GPT(vocab_size=65, tokenizer=tokenizer, n_layer=4, n_head=4, n_embd=128, block_size=64)
-    model.build((None, 64))
+    model = gptlite.GPT(vocab_size=65, tokenizer=tokenizer, **SIZES[args.size])
+    model.build((None, block_size))
     settings = np.array([1.0, 65, 1.0], "float32")
     logits = np.random.default_rng(0).normal(size=(1, 65)).astype("float32")
     noise = np.random.default_rng(1).random((1, 65)).astype("float32")
     cache = model.empty_cache(1)
     token, position = np.zeros((1, 1), "int32"), np.array([10], "int32")
-    window = np.zeros((1, 64), "int32")
+    window = np.zeros((1, block_size), "int32")
 
     def cached_step(i, cache):
         return model.call_with_cache(token, cache, ops.reshape(i, (1,)))[1]
@@ -60,11 +76,15 @@ def main():
     print(f"sampler: {milliseconds_per_call(sampler, logits, noise):.2f} ms a call")
     print(f"one cached step: {milliseconds_per_call(compiled(model.call_with_cache), token, cache, position):.2f} "
           "ms a call")
-    print(f"whole 64-token window: {milliseconds_per_call(compiled(model), window):.2f} ms a call")
+    print(f"whole {block_size}-token window: {milliseconds_per_call(compiled(model), window):.2f} ms a call")
     loop = compiled(lambda c: in_a_loop(cached_step, c))
     print(f"cached step in a loop: {milliseconds_per_call(loop, cache, calls=50) / ITERATIONS:.3f} ms an iteration")
     loop = compiled(lambda w: in_a_loop(window_pass, w))
     print(f"whole window in a loop: {milliseconds_per_call(loop, window, calls=20) / ITERATIONS:.3f} ms an iteration")
+    weight_bytes = sum(ops.convert_to_numpy(v).nbytes for v in model.weights)
+    as_many_bytes = np.ones(weight_bytes // 4, "float32")
+    print(f"one read of {weight_bytes / 1e6:.1f} MB (the weights' size): "
+          f"{milliseconds_per_call(lambda: as_many_bytes.sum(), calls=50):.2f} ms")
 
 
 if __name__ == "__main__":
