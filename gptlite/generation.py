@@ -100,13 +100,18 @@ class _Decoder:
     """
 
     def __init__(self, model):
-        self.model = model
+        # Weakly, so that the model's entry in _decoders can go when the model does.
+        self._model = weakref.ref(model)
         # Never advanced: its state is swapped for each call's seed (see _noise).
         self.seed_generator = keras.random.SeedGenerator(0)
         self.sample_prefill = _compile(self._sample_prefill, xla=False)
         self.beam_prefill = _compile(self._beam_prefill, xla=False)
         self._loops = {}
         self._warm_ups = {}
+
+    @property
+    def model(self):
+        return self._model()
 
     def loop(self, kind, recompute, slide):
         """The compiled decode loop of `kind` ("sample" or "beam").
@@ -301,6 +306,8 @@ def _in_background(function, *args):
 
 
 def _decoder_for(model):
+    if not model.built:  # a new model, never called: generating from random weights is allowed
+        model.build((None, model.config.block_size))
     if model not in _decoders:
         _decoders[model] = _Decoder(model)
     return _decoders[model]

@@ -276,3 +276,16 @@ def test_calls_change_loop_where_the_window_fills():
     # Moving 8 at a time: one recomputation, then 7 tokens from the cache.
     assert _plan_calls([16], 16, 20, use_cache=True, slide=8) == [
         (1, 1, True), (2, 7, False), (9, 1, True), (10, 7, False), (17, 1, True), (18, 2, False)]
+
+
+def test_a_model_that_generated_can_still_be_freed(tokenizer):
+    import gc
+    import weakref
+
+    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=1, n_embd=8, block_size=8,
+                        tokenizer=tokenizer)
+    gptlite.generate(model, "the", max_new_tokens=12, seed=0)
+    alive = weakref.ref(model)
+    del model
+    gc.collect()
+    assert alive() is None
