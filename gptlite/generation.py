@@ -13,8 +13,9 @@ How a batch of prompts is decoded:
 
 Which steps recompute follows from the prompt lengths alone, so the host
 plans the calls ahead (`_plan_calls`): runs of cached steps go to one
-compiled while-loop and runs of recomputing steps to another, each drawing up
-to CHUNK_SIZE tokens per call and keeping its state on the device. The
+compiled while-loop and runs of recomputing steps to another (a wider slide
+adds a third: one recomputing step, then cached ones), each drawing up to
+CHUNK_SIZE tokens per call and keeping its state on the device. The
 prefill is a plain TensorFlow graph, quick to build, so the first token comes
 without waiting for a compiler; the loops compile with XLA on a background
 thread meanwhile. Everything is traced with the sampling settings and the
@@ -113,17 +114,18 @@ class _Decoder:
     def model(self):
         return self._model()
 
-    def loop(self, kind, recompute, slide):
-        """The compiled decode loop of `kind` ("sample" or "beam").
+    def loop(self, kind, steps_kind, slide):
+        """The compiled decode loop of `kind` ("sample" or "beam") for one kind of steps.
 
-        With `recompute`, every step runs the whole window through the model
-        (a full window first moves `slide` tokens); without it, every step
-        attends over the cache, and no window may be full.
+        RECOMPUTE: every step runs the whole window through the model (a full
+        window first moves `slide` tokens). CACHED: every step attends over
+        the cache, and no window may be full. RECOMPUTE_THEN_CACHED: the first
+        step recomputes, the others use the cache.
         """
-        key = (kind, recompute, slide)
+        key = (kind, steps_kind, slide)
         if key not in self._loops:
             chunk = self._sample_chunk if kind == "sample" else self._beam_chunk
-            self._loops[key] = _compile(functools.partial(chunk, recompute=recompute, slide=slide))
+            self._loops[key] = _compile(functools.partial(chunk, steps_kind=steps_kind, slide=slide))
         return self._loops[key]
 
     def warm_up(self, function, *example_args):
@@ -146,17 +148,18 @@ class _Decoder:
         noise = self._noise_block(seed, 0, ops.shape(window)[0])[0]  # (B, V)
         return sample_next_token(_logits_at(logits, lengths - 1), settings, noise), cache
 
-    def _sample_chunk(self, window, lengths, cache, pending, settings, seed, first, steps, recompute, slide):
+    def _sample_chunk(self, window, lengths, cache, pending, settings, seed, first, steps, steps_kind, slide):
         """Draw tokens first .. first + steps - 1 (steps <= CHUNK_SIZE) -> (tokens (B, CHUNK_SIZE), state...)."""
         noise = self._noise(seed, first, ops.shape(window)[0])
 
-        def body(step, window, lengths, cache, pending, drawn):
+        def body(step, window, lengths, cache, pending, drawn, recompute):
             logits, window, lengths, cache = self._advance(window, lengths, cache, pending, recompute, slide)
             pending = sample_next_token(logits, settings, ops.take(noise, step, axis=0))
             return step + 1, window, lengths, cache, pending, _record(drawn, step, pending)
 
         drawn = ops.zeros((ops.shape(window)[0], CHUNK_SIZE), "int32")
-        _, window, lengths, cache, pending, drawn = _loop(body, steps, (window, lengths, cache, pending, drawn))
+        _, window, lengths, cache, pending, drawn = _loop(
+            body, steps, (window, lengths, cache, pending, drawn), steps_kind)
         return drawn, window, lengths, cache, pending
 
     def _noise(self, seed, first, batch_size):
@@ -186,14 +189,14 @@ class _Decoder:
         return self._choose_beams(_logits_at(logits, lengths - 1), scores, finished, end_token,
                                   (window, lengths, cache))
 
-    def _beam_chunk(self, window, lengths, cache, pending, scores, finished, end_token, steps, recompute, slide):
+    def _beam_chunk(self, window, lengths, cache, pending, scores, finished, end_token, steps, steps_kind, slide):
         """Extend every beam `steps` (<= CHUNK_SIZE) tokens -> (tokens, parents (B, CHUNK_SIZE), state...).
 
         Column t of `parents` says which beam each beam continued at step t;
         the caller follows them back to rebuild the sequences.
         """
 
-        def body(step, window, lengths, cache, pending, scores, finished, drawn, parents):
+        def body(step, window, lengths, cache, pending, scores, finished, drawn, parents, recompute):
             logits, window, lengths, cache = self._advance(window, lengths, cache, pending, recompute, slide)
             pending, chosen, scores, finished, (window, lengths, cache) = self._choose_beams(
                 logits, scores, finished, end_token, (window, lengths, cache))
@@ -201,7 +204,7 @@ class _Decoder:
                     _record(drawn, step, pending), _record(parents, step, chosen))
 
         empty = ops.zeros((ops.shape(window)[0], CHUNK_SIZE), "int32")
-        _, *state = _loop(body, steps, (window, lengths, cache, pending, scores, finished, empty, empty))
+        _, *state = _loop(body, steps, (window, lengths, cache, pending, scores, finished, empty, empty), steps_kind)
         window, lengths, cache, pending, scores, finished, drawn, parents = state
         return drawn, parents, window, lengths, cache, pending, scores, finished
 
@@ -260,12 +263,19 @@ class _Decoder:
         )
 
 
-def _loop(body, steps, state):
-    """Run body(step, *state) -> (step + 1, *state) `steps` times (at most CHUNK_SIZE) in a while-loop."""
+# The kinds of steps one decode call runs (see _Decoder.loop).
+CACHED, RECOMPUTE, RECOMPUTE_THEN_CACHED = "cached", "recompute", "recompute then cached"
+
+
+def _loop(body, steps, state, steps_kind):
+    """Run body(step, *state, recompute) -> (step + 1, *state) `steps` times (1 to CHUNK_SIZE)."""
+    step = ops.convert_to_tensor(0, "int32")
+    if steps_kind == RECOMPUTE_THEN_CACHED:
+        step, *state = body(step, *state, recompute=True)
     return ops.while_loop(
         lambda step, *_: ops.less(step, steps),
-        body,
-        (ops.convert_to_tensor(0, "int32"), *state),
+        functools.partial(body, recompute=steps_kind == RECOMPUTE),
+        (step, *state),
         maximum_iterations=CHUNK_SIZE,
     )
 
@@ -326,31 +336,37 @@ def _windows(model, prompts_ids):
 
 
 def _plan_calls(lengths, block_size, max_new_tokens, use_cache, slide):
-    """The decode calls after the prefill's token: a list of (first token index, steps, recompute).
+    """The decode calls after the prefill's token: a list of (first token index, steps, steps kind).
 
     Which steps find a full window, and so must recompute it, follows from
     the prompt lengths alone: a window grows by one token a step until it is
-    full, then moves back by `slide`. A call holds steps of one kind only,
-    at most FIRST_CHUNK_SIZE in the first call and CHUNK_SIZE after.
+    full, then moves back by `slide`. A call holds steps of one kind (one
+    recomputing step may lead cached ones), at most FIRST_CHUNK_SIZE in the
+    first call and CHUNK_SIZE after.
     """
     lengths = np.asarray(lengths)
     calls = []
     for index in range(1, max_new_tokens):
         full = lengths >= block_size
-        recompute = bool(full.any()) or not use_cache
+        kind = RECOMPUTE if full.any() or not use_cache else CACHED
         lengths = np.where(full, block_size - slide + 1, lengths + 1)
-        room = FIRST_CHUNK_SIZE if len(calls) == 1 else CHUNK_SIZE
-        if calls and calls[-1][2] == recompute and calls[-1][1] < room:
-            calls[-1][1] += 1
+        last = calls[-1] if calls else None
+        if last is None or last[1] == (FIRST_CHUNK_SIZE if len(calls) == 1 else CHUNK_SIZE):
+            calls.append([index, 1, kind])
+        elif last[2] == kind or (last[2] == RECOMPUTE_THEN_CACHED and kind == CACHED):
+            last[1] += 1
+        elif last[2] == RECOMPUTE and last[1] == 1 and kind == CACHED:
+            # One recomputation and the cached steps after it share a call.
+            last[1], last[2] = 2, RECOMPUTE_THEN_CACHED
         else:
-            calls.append([index, 1, recompute])
+            calls.append([index, 1, kind])
     return [tuple(call) for call in calls]
 
 
 def _warm_up_loops(decoder, kind, calls, slide, example_args):
-    """Start compiling the loops that `calls` need, in the order needed; {recompute: future}."""
-    return {recompute: decoder.warm_up(decoder.loop(kind, recompute, slide), *example_args)
-            for recompute in dict.fromkeys(call[2] for call in calls)}
+    """Start compiling the loops that `calls` need, in the order needed; {steps kind: future}."""
+    return {steps_kind: decoder.warm_up(decoder.loop(kind, steps_kind, slide), *example_args)
+            for steps_kind in dict.fromkeys(call[2] for call in calls)}
 
 
 def _decode(model, prompts_ids, max_new_tokens, settings, seed, use_cache=True, slide=1):
@@ -367,9 +383,9 @@ def _decode(model, prompts_ids, max_new_tokens, settings, seed, use_cache=True, 
     example = (*decoder.empty_state(len(window)), settings, seed, np.int32(1), np.int32(0))
     ready = _warm_up_loops(decoder, "sample", calls, slide, example)
     yield keras.ops.convert_to_numpy(pending)
-    for first, steps, recompute in calls:
-        ready[recompute].result()
-        drawn, window, lengths, cache, pending = decoder.loop("sample", recompute, slide)(
+    for first, steps, steps_kind in calls:
+        ready[steps_kind].result()
+        drawn, window, lengths, cache, pending = decoder.loop("sample", steps_kind, slide)(
             window, lengths, cache, pending, settings, seed, np.int32(first), np.int32(steps)
         )
         yield from keras.ops.convert_to_numpy(drawn)[:, :steps].T
@@ -393,9 +409,9 @@ def _beam_search(model, prompts_ids, max_new_tokens, beams, end_token, use_cache
     example = (*decoder.empty_state(len(window)), scores, finished, end_token, np.int32(0))
     ready = _warm_up_loops(decoder, "beam", calls, slide, example)
     sequences = keras.ops.convert_to_numpy(pending)[:, None]  # (B * beams, produced)
-    for _, steps, recompute in calls:
-        ready[recompute].result()
-        drawn, parents, window, lengths, cache, pending, scores, finished = decoder.loop("beam", recompute, slide)(
+    for _, steps, steps_kind in calls:
+        ready[steps_kind].result()
+        drawn, parents, window, lengths, cache, pending, scores, finished = decoder.loop("beam", steps_kind, slide)(
             window, lengths, cache, pending, scores, finished, end_token, np.int32(steps))
         drawn, parents = keras.ops.convert_to_numpy(drawn), keras.ops.convert_to_numpy(parents)
         for step in range(steps):

@@ -256,7 +256,7 @@ def test_prompt_length_settings_and_seed_never_recompile(fluent_model):
 
     gptlite.generate(fluent_model, "the", 20, seed=0)  # traced for one row, if no test has yet
     decoder = _decoder_for(fluent_model)
-    functions = [decoder.sample_prefill] + [decoder.loop("sample", recompute, slide=1) for recompute in (False, True)]
+    functions = [decoder.sample_prefill] + [decoder.loop("sample", kind, slide=1) for kind in ("cached", "recompute")]
     traces = [f.experimental_get_tracing_count() for f in functions]
     for prompt, temperature, top_k, top_p, seed, new_tokens in [
         ("the", 1.0, None, 1.0, 1, 50), ("a dog ran to the big red hat and", 0.5, 3, 0.9, 2, 7),
@@ -268,14 +268,14 @@ def test_prompt_length_settings_and_seed_never_recompile(fluent_model):
 
 
 def test_calls_change_loop_where_the_window_fills():
-    from gptlite.generation import _plan_calls
+    from gptlite.generation import CACHED, RECOMPUTE, RECOMPUTE_THEN_CACHED, _plan_calls
 
     # A 3-token prompt, block 16: tokens 1..13 come from the cache, then every token recomputes the window.
-    assert _plan_calls([3], 16, 40, use_cache=True, slide=1) == [(1, 8, False), (9, 5, False), (14, 26, True)]
-    assert _plan_calls([3], 16, 40, use_cache=False, slide=1) == [(1, 8, True), (9, 31, True)]
-    # Moving 8 at a time: one recomputation, then 7 tokens from the cache.
+    assert _plan_calls([3], 16, 40, use_cache=True, slide=1) == [(1, 8, CACHED), (9, 5, CACHED), (14, 26, RECOMPUTE)]
+    assert _plan_calls([3], 16, 40, use_cache=False, slide=1) == [(1, 8, RECOMPUTE), (9, 31, RECOMPUTE)]
+    # Moving 8 at a time: one recomputation, then 7 tokens from the cache, in one call.
     assert _plan_calls([16], 16, 20, use_cache=True, slide=8) == [
-        (1, 1, True), (2, 7, False), (9, 1, True), (10, 7, False), (17, 1, True), (18, 2, False)]
+        (1, 8, RECOMPUTE_THEN_CACHED), (9, 8, RECOMPUTE_THEN_CACHED), (17, 3, RECOMPUTE_THEN_CACHED)]
 
 
 def test_a_model_that_generated_can_still_be_freed(tokenizer):
