@@ -280,3 +280,47 @@ def _generate(args):
 def _print_piece(text):
     sys.stdout.write(text)
     sys.stdout.flush()
+
+
+# --- export --------------------------------------------------------------------
+
+
+def export_main(argv=None):
+    return _run(_export, _export_parser(), argv)
+
+
+def _export_parser():
+    parser = _Parser(prog="gptlite-export",
+                     description="Write a trained model in a form other programs can serve without gptlite.")
+    parser.add_argument("--model", type=pathlib.Path, default=pathlib.Path("out/model.keras"),
+                        help="the model file (default: out/model.keras)")
+    parser.add_argument("--format", choices=["saved_model"], default="saved_model",
+                        help="saved_model: a TensorFlow SavedModel, token ids in, next-token logits out "
+                             "(the default and, for now, the only format)")
+    parser.add_argument("--out", type=pathlib.Path, required=True, help="the folder to write; must not exist")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    return parser
+
+
+def _export(args):
+    if args.out.exists():
+        raise RunExistsError(f"{args.out} already exists; choose another --out")
+    model = saving.load(args.model)
+    saving.export_saved_model(model, args.out)
+    print(f"wrote {args.out}: load it with tf.saved_model.load; its 'serve' signature maps token_ids "
+          f"(batch, up to {model.config.block_size} tokens, int32) to the next token's logits")
+
+
+def main(argv=None):
+    """`gptlite train|generate|export ...`: each command under one name."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    commands = {"train": train_main, "generate": generate_main, "export": export_main}
+    if not argv or argv[0] not in commands:
+        print(f"usage: gptlite {{{','.join(commands)}}} ... (gptlite COMMAND --help for its options)",
+              file=sys.stderr)
+        return 2
+    return commands[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,7 +8,7 @@ import zipfile
 
 import keras
 
-from gptlite.errors import InputError, MissingFileError
+from gptlite.errors import InputError, MissingFileError, RunExistsError
 from gptlite.model import GPT
 
 
@@ -72,3 +72,34 @@ def load(path):
     if not isinstance(model, GPT) or model.tokenizer is None:
         raise InputError(f"{path} holds a {type(model).__name__}, not a gptlite model")
     return model
+
+
+def export_saved_model(model, directory):
+    """Write the model as a TensorFlow SavedModel that needs neither gptlite nor Keras to run.
+
+    Its "serve" signature takes `token_ids` (batch, length <= block_size,
+    int32) and returns `logits` (batch, vocabulary), the scores of the token
+    after each sequence. `tokenizer.json` beside it holds the tokenizer's
+    configuration (for the char tokenizer, its vocabulary in id order). The
+    folder appears whole or not at all; an existing one is never replaced.
+    """
+    import json
+
+    import tensorflow as tf
+
+    directory = pathlib.Path(directory)
+    if directory.exists():
+        raise RunExistsError(f"{directory} already exists; choose another --out")
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint(
+        name="serve",
+        fn=lambda token_ids: {"logits": model(token_ids)[:, -1, :]},
+        input_signature=[tf.TensorSpec((None, None), tf.int32, name="token_ids")],
+    )
+    with tempfile.TemporaryDirectory(prefix=f".{directory.name}.", dir=directory.parent) as temporary:
+        written = pathlib.Path(temporary) / "export"
+        archive.write_out(str(written), verbose=False)
+        (written / "tokenizer.json").write_text(json.dumps(keras.saving.serialize_keras_object(model.tokenizer)))
+        os.replace(written, directory)

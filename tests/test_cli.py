@@ -201,3 +201,16 @@ def test_beam_and_cache_flags(capsys, trained_run):
     assert capsys.readouterr().out == uncached
     assert generate_main([*args, "--num-beams", "2", "--num-samples", "2"]) == 2
     assert "--num-samples" in capsys.readouterr().err
+
+
+def test_export_command_writes_a_saved_model_once(capsys, tmp_path, trained_run):
+    from gptlite.cli import main
+
+    _, _, out = trained_run
+    exported = tmp_path / "exported"
+    assert main(["export", "--model", str(out / "model.keras"), "--out", str(exported)]) == 0
+    assert "tf.saved_model.load" in capsys.readouterr().out
+    assert (exported / "saved_model.pb").exists() and (exported / "tokenizer.json").exists()
+    assert main(["export", "--model", str(out / "model.keras"), "--out", str(exported)]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert main(["nonsense"]) == 2

@@ -80,3 +80,30 @@ def test_a_kill_during_saves_never_leaves_a_broken_model(tmp_path, delay):
     leftovers = [p.name for p in tmp_path.iterdir() if p.name != "model.keras"]
     # mkstemp files of the killed save may remain; they are hidden and never read.
     assert all(name.startswith(".model.") for name in leftovers)
+
+
+SERVE_WITHOUT_GPTLITE = """
+import json, sys
+sys.modules["gptlite"] = None  # the export must not need it
+import tensorflow as tf
+served = tf.saved_model.load(sys.argv[1]).signatures["serve"]
+logits = served(token_ids=tf.constant(json.loads(sys.argv[2]), tf.int32))["logits"]
+print(json.dumps(logits.numpy().tolist()))
+"""
+
+
+def test_exported_saved_model_serves_next_token_logits_without_gptlite(tmp_path, tiny_model):
+    import numpy as np
+
+    out = tmp_path / "served"
+    saving.export_saved_model(tiny_model, out)
+    ids = [[1, 2, 3, 4, 5], [5, 4, 3, 2, 1]]
+    result = subprocess.run([sys.executable, "-c", SERVE_WITHOUT_GPTLITE, str(out), json.dumps(ids)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    expected = np.asarray(tiny_model(np.array(ids, "int32")))[:, -1]
+    np.testing.assert_allclose(json.loads(result.stdout.splitlines()[-1]), expected, atol=1e-5)
+    tokenizer = json.loads((out / "tokenizer.json").read_text())
+    assert tokenizer["config"]["vocabulary"] == tiny_model.tokenizer.vocabulary
+    with pytest.raises(gptlite.RunExistsError, match="already exists"):
+        saving.export_saved_model(tiny_model, out)
