@@ -303,6 +303,7 @@ def _export_parser():
 
 
 def _export(args):
+    # Checked before the model loads, so that the mistake shows at once (export checks again).
     if args.out.exists():
         raise RunExistsError(f"{args.out} already exists; choose another --out")
     model = saving.load(args.model)

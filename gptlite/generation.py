@@ -421,9 +421,10 @@ def _beam_search(model, prompts_ids, max_new_tokens, beams, end_token, use_cache
     return sequences[::beams]  # beams come sorted by score: the first of each row is the best
 
 
-def _checked_settings(model, max_new_tokens, temperature, top_k, top_p):
-    """Check the sampling settings; return the sampler's [temperature, top_k, top_p]."""
+def _checked_settings(model, max_new_tokens, temperature, top_k, top_p, slide):
+    """Check the sampling and window settings; return the sampler's [temperature, top_k, top_p]."""
     check_sampling_settings(max_new_tokens, temperature, top_k, top_p)
+    _check_slide(slide, model.config.block_size)
     top_k = model.tokenizer.vocabulary_size if top_k is None else top_k
     return np.array([temperature, top_k, top_p], dtype=np.float32)
 
@@ -456,8 +457,7 @@ def stream(model, prompt="", max_new_tokens=200, temperature=1.0, top_k=None, to
     the vocabulary, from the first token); that start is not yielded.
     `use_cache` and `slide` are as for `generate`.
     """
-    settings = _checked_settings(model, max_new_tokens, temperature, top_k, top_p)
-    _check_slide(slide, model.config.block_size)
+    settings = _checked_settings(model, max_new_tokens, temperature, top_k, top_p, slide)
     prompt_ids = _prompt_ids(model.tokenizer, prompt, unknown)
     stops = _stop_strings(stop)
     tokens = _decode(model, [prompt_ids], max_new_tokens, settings, seed, use_cache, slide)
@@ -492,8 +492,7 @@ def generate(model, prompt="", max_new_tokens=200, temperature=1.0, top_k=None, 
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     if not prompts:
         raise ConfigError("give at least one prompt")
-    settings = _checked_settings(model, max_new_tokens, temperature, top_k, top_p)
-    _check_slide(slide, model.config.block_size)
+    settings = _checked_settings(model, max_new_tokens, temperature, top_k, top_p, slide)
     if num_beams is not None:
         _check_beams(num_beams, model.tokenizer.vocabulary_size)
     prompts_ids = [_prompt_ids(model.tokenizer, p, unknown) for p in prompts]
