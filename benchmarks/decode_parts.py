@@ -19,8 +19,8 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-import gptlite
 from gptlite.generation import sample_next_token
+from shapes import SIZES, VOCABULARY_SIZE, random_model
 
 ITERATIONS = 16
 
@@ -40,12 +40,6 @@ def in_a_loop(step, state):
                           (ops.convert_to_tensor(0), state), maximum_iterations=ITERATIONS)[1]
 
 
-SIZES = {
-    "cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64),
-    "big": dict(n_layer=6, n_head=6, n_embd=384, block_size=256),
-}
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=list(SIZES), default="cpu")
@@ -53,12 +47,10 @@ def main():
     args = parser.parse_args()
     keras.config.set_dtype_policy(args.dtype)
     block_size = SIZES[args.size]["block_size"]
-    tokenizer = gptlite.CharTokenizer("".join(chr(32 + i) for i in range(65)))
-    model = gptlite.GPT(vocab_size=65, tokenizer=tokenizer, **SIZES[args.size])
-    model.build((None, block_size))
-    settings = np.array([1.0, 65, 1.0], "float32")
-    logits = np.random.default_rng(0).normal(size=(1, 65)).astype("float32")
-    noise = np.random.default_rng(1).random((1, 65)).astype("float32")
+    model = random_model(args.size)
+    settings = np.array([1.0, VOCABULARY_SIZE, 1.0], "float32")
+    logits = np.random.default_rng(0).normal(size=(1, VOCABULARY_SIZE)).astype("float32")
+    noise = np.random.default_rng(1).random((1, VOCABULARY_SIZE)).astype("float32")
     cache = model.empty_cache(1)
     token, position = np.zeros((1, 1), "int32"), np.array([10], "int32")
     window = np.zeros((1, block_size), "int32")

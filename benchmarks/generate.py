@@ -22,15 +22,8 @@ import argparse
 import statistics
 import time
 
-import keras
-
 import gptlite
-
-SIZES = {
-    "cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64),
-    "big": dict(n_layer=6, n_head=6, n_embd=384, block_size=256),
-}
-
+from shapes import SIZES, random_model
 
 def timed(model, batch_size, new_tokens, seed, use_cache, slide):
     """(seconds to the first token or None, seconds in all, the texts)."""
@@ -58,14 +51,11 @@ def main():
                         help="how far a full window moves: 1 token, or half the block size")
     parser.add_argument("--methods", nargs="+", default=["cached", "recompute"], choices=["cached", "recompute"])
     args = parser.parse_args()
-    tokenizer = gptlite.CharTokenizer("".join(chr(32 + i) for i in range(65)))
     print("| size | new tokens | slide | batch | method | tokens/s (median) | first token, cold (s) "
           "| first token, warm (ms) |")
     print("|---|---:|---:|---:|---|---:|---:|---:|")
     for size in args.sizes:
-        keras.utils.set_random_seed(0)
-        model = gptlite.GPT(vocab_size=65, tokenizer=tokenizer, **SIZES[size])
-        model.build((None, SIZES[size]["block_size"]))
+        model = random_model(size)
         new_tokens = SIZES[size]["block_size"] - 1 if args.within_window else args.new_tokens
         slide = 1 if args.slide == "1" else SIZES[size]["block_size"] // 2
         for batch_size in args.batch_sizes:

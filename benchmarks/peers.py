@@ -22,18 +22,10 @@ import keras_hub
 import numpy as np
 
 import gptlite
-
-SIZES = {
-    "cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64),
-    "big": dict(n_layer=6, n_head=6, n_embd=384, block_size=256),
-}
-VOCABULARY = "".join(chr(32 + i) for i in range(65))
-
+from shapes import SIZES, VOCABULARY_SIZE, random_model
 
 def gptlite_runner(size, batch_size):
-    keras.utils.set_random_seed(0)
-    model = gptlite.GPT(vocab_size=65, tokenizer=gptlite.CharTokenizer(VOCABULARY), **SIZES[size])
-    model.build((None, SIZES[size]["block_size"]))
+    model = random_model(size)
     new_tokens = SIZES[size]["block_size"] - 1
     return lambda seed: gptlite.generate(model, ["A"] * batch_size, new_tokens, temperature=1.0, seed=seed)
 
@@ -42,7 +34,7 @@ def keras_hub_runner(size, batch_size):
     shape = SIZES[size]
     keras.utils.set_random_seed(0)
     backbone = keras_hub.models.GPT2Backbone(
-        vocabulary_size=65, num_layers=shape["n_layer"], num_heads=shape["n_head"], hidden_dim=shape["n_embd"],
+        vocabulary_size=VOCABULARY_SIZE, num_layers=shape["n_layer"], num_heads=shape["n_head"], hidden_dim=shape["n_embd"],
         intermediate_dim=4 * shape["n_embd"], dropout=0.0, max_sequence_length=shape["block_size"],
     )
     model = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
