@@ -429,10 +429,6 @@ def _checked_settings(model, max_new_tokens, temperature, top_k, top_p, slide):
     return np.array([temperature, top_k, top_p], dtype=np.float32)
 
 
-def _end_token(tokenizer):
-    return getattr(tokenizer, "end_token_id", None)
-
-
 def _until_end(token_rows, end_token):
     """Pass on single-row token arrays up to, not including, the end token."""
     for tokens in token_rows:
@@ -461,7 +457,7 @@ def stream(model, prompt="", max_new_tokens=200, temperature=1.0, top_k=None, to
     prompt_ids = _prompt_ids(model.tokenizer, prompt, unknown)
     stops = _stop_strings(stop)
     tokens = _decode(model, [prompt_ids], max_new_tokens, settings, seed, use_cache, slide)
-    pieces = (model.tokenizer.decode(row[:1]) for row in _until_end(tokens, _end_token(model.tokenizer)))
+    pieces = (model.tokenizer.decode(row[:1]) for row in _until_end(tokens, model.tokenizer.end_token_id))
     return _cut_at_stop(pieces, stops) if stops else pieces
 
 
@@ -497,7 +493,7 @@ def generate(model, prompt="", max_new_tokens=200, temperature=1.0, top_k=None, 
         _check_beams(num_beams, model.tokenizer.vocabulary_size)
     prompts_ids = [_prompt_ids(model.tokenizer, p, unknown) for p in prompts]
     stops = _stop_strings(stop)
-    end_token = _end_token(model.tokenizer)
+    end_token = model.tokenizer.end_token_id
     if num_beams is not None:
         steps = _beam_search(model, prompts_ids, max_new_tokens, num_beams, end_token, use_cache, slide).T
     else:
