@@ -1,6 +1,7 @@
 """The `gptlite-train` and `gptlite-generate` commands (also `train.py` and `generate.py`)."""
 
 import argparse
+import contextlib
 import dataclasses
 import pathlib
 import sys
@@ -75,6 +76,10 @@ def _train_parser():
     parser.add_argument("--errors", choices=["strict", "replace"], default="strict",
                         help="bytes that do not decode: stop with an error (strict, the default) "
                              "or replace them with U+FFFD (replace)")
+    parser.add_argument("--distribute", action="store_true",
+                        help="train data-parallel over every local device (tensorflow: GPUs, else CPU devices; "
+                             "jax: all devices), or over several hosts (see the README); the batch is split "
+                             "across them and the learning rate is unchanged")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     settings = parser.add_argument_group("settings (each overrides the preset's value)")
     fields = {f.name: f for f in dataclasses.fields(GPTConfig) + dataclasses.fields(training.TrainingConfig)}
@@ -116,6 +121,25 @@ def _train(args):
     import keras
 
     keras.utils.set_random_seed(training_config.seed)
+    with training.data_parallel(training_config.batch_size) if args.distribute else contextlib.nullcontext() as replicas:
+        model, rows = _build_and_train(args, text, source, checkpoint, model_settings, training_config, replicas)
+    best = min(rows, key=lambda row: row["val_loss"])
+    print(
+        f"\nbest validation loss {best['val_loss']:.4f} at step {best['step']}; "
+        f"saved {args.out / 'model.keras'}, {args.out / 'history.csv'}, {args.out / 'loss.png'}\n"
+        f"sample from the final model:\n"
+    )
+    for piece in generation.stream(model, "", max_new_tokens=300, temperature=0.8, top_k=200,
+                                   seed=training_config.seed):
+        _print_piece(piece)
+    print()
+
+
+def _build_and_train(args, text, source, checkpoint, model_settings, training_config, replicas):
+    """Make the model (new, or from the checkpoint) and train it; (model, evaluation rows).
+
+    `replicas`: how many devices share each batch, or None when not distributed.
+    """
     if checkpoint:
         model = GPT.from_config(checkpoint["model_config"])
         tokenizer = model.tokenizer
@@ -138,22 +162,14 @@ def _train(args):
         f"model: {config.n_layer} layers, {config.n_head} heads, width {config.n_embd}, "
         f"context {config.block_size}, {model.count_params():,} parameters\n"
         + (f"resuming at step {checkpoint['step']} of " if checkpoint else "")
-        + f"{training_config.max_iters} steps of batch {training_config.batch_size}; "
+        + f"{training_config.max_iters} steps of batch {training_config.batch_size}"
+        + (f" split across {replicas} devices" if replicas else "") + "; "
         f"validation loss every {training_config.eval_interval} steps, "
         f"checkpoint every {training_config.checkpoint_interval}",
         flush=True,
     )
     rows = training.train(model, train_ids, validation_ids, training_config, args.out, resume=bool(checkpoint))
-    best = min(rows, key=lambda row: row["val_loss"])
-    print(
-        f"\nbest validation loss {best['val_loss']:.4f} at step {best['step']}; "
-        f"saved {args.out / 'model.keras'}, {args.out / 'history.csv'}, {args.out / 'loss.png'}\n"
-        f"sample from the final model:\n"
-    )
-    for piece in generation.stream(model, "", max_new_tokens=300, temperature=0.8, top_k=200,
-                                   seed=training_config.seed):
-        _print_piece(piece)
-    print()
+    return model, rows
 
 
 def _resolve_settings(args, checkpoint):
@@ -304,6 +320,7 @@ def _export_parser():
 
 def _export(args):
     # Checked before the model loads, so that the mistake shows at once (export checks again).
+    saving.check_export_backend()
     if args.out.exists():
         raise RunExistsError(f"{args.out} already exists; choose another --out")
     model = saving.load(args.model)

@@ -97,9 +97,12 @@ class RandomWindows(keras.utils.PyDataset):
     and can be resumed at any step without replaying the ones before it.
 
     Yields x (B, T) and y (B, T) int32, where y is x shifted left by one token.
+    With `part=(i, n)`, only the i-th of n equal slices of each batch's rows:
+    the share one of n training processes feeds.
     """
 
-    def __init__(self, token_ids, block_size, batch_size, num_batches, seed=0, first_index=0, **kwargs):
+    def __init__(self, token_ids, block_size, batch_size, num_batches, seed=0, first_index=0, part=(0, 1),
+                 **kwargs):
         super().__init__(**kwargs)
         if len(token_ids) < block_size + 1:
             raise InputError(f"{len(token_ids)} tokens cannot fill a window of {block_size + 1}")
@@ -109,6 +112,7 @@ class RandomWindows(keras.utils.PyDataset):
         self.batch_count = num_batches
         self.seed = seed
         self.first_index = first_index
+        self.part = part
         self._offsets = np.arange(block_size + 1)  # (T + 1,)
 
     def __len__(self):
@@ -117,6 +121,8 @@ class RandomWindows(keras.utils.PyDataset):
     def __getitem__(self, index):
         rng = np.random.default_rng((self.seed, self.first_index + index))
         starts = rng.integers(0, len(self.token_ids) - self.block_size, size=self.batch_size)
+        index, count = self.part
+        starts = starts[index * self.batch_size // count: (index + 1) * self.batch_size // count]
         windows = self.token_ids[starts[:, None] + self._offsets].astype(np.int32)  # (B, T + 1)
         return windows[:, :-1], windows[:, 1:]
 

@@ -105,8 +105,8 @@ class _Decoder:
         self._model = weakref.ref(model)
         # Never advanced: its state is swapped for each call's seed (see _noise).
         self.seed_generator = keras.random.SeedGenerator(0)
-        self.sample_prefill = _compile(self._sample_prefill, xla=False)
-        self.beam_prefill = _compile(self._beam_prefill, xla=False)
+        self.sample_prefill = _Compiled(self._sample_prefill, model, xla=False)
+        self.beam_prefill = _Compiled(self._beam_prefill, model, xla=False)
         self._loops = {}
         self._warm_ups = {}
 
@@ -125,7 +125,7 @@ class _Decoder:
         key = (kind, steps_kind, slide)
         if key not in self._loops:
             chunk = self._sample_chunk if kind == "sample" else self._beam_chunk
-            self._loops[key] = _compile(functools.partial(chunk, steps_kind=steps_kind, slide=slide))
+            self._loops[key] = _Compiled(functools.partial(chunk, steps_kind=steps_kind, slide=slide), self.model)
         return self._loops[key]
 
     def warm_up(self, function, *example_args):
@@ -177,10 +177,19 @@ class _Decoder:
 
     def _noise_block(self, seed, block, batch_size):
         """The noise of tokens block * CHUNK_SIZE onwards: (CHUNK_SIZE, B, V)."""
-        state = ops.stack([ops.cast(seed, "int32"), ops.cast(block, "int32")])
+        shape = (CHUNK_SIZE, batch_size, self.model.config.vocab_size)
+        backend = keras.backend.backend()
+        if backend == "jax":
+            # The key itself: a scope for the seed generator would hide the one that maps the weights (_Compiled).
+            key = ops.cast(ops.stack([seed, block]), "uint32")
+            return keras.random.uniform(shape, minval=1e-20, maxval=1.0, seed=key)
+        if backend == "torch":
+            # Torch seeds from the sum of the state's two numbers; mix them so that no (seed, block) pairs share it.
+            state = ops.stack([ops.cast(seed, "int64") * 2654435761 + ops.cast(block, "int64"), 0])
+        else:
+            state = ops.stack([ops.cast(seed, "int32"), ops.cast(block, "int32")])
         with keras.StatelessScope(state_mapping=[(self.seed_generator.state, state)]):
-            return keras.random.uniform((CHUNK_SIZE, batch_size, self.model.config.vocab_size),
-                                        minval=1e-20, maxval=1.0, seed=self.seed_generator)
+            return keras.random.uniform(shape, minval=1e-20, maxval=1.0, seed=self.seed_generator)
 
     # --- beam search
 
@@ -290,14 +299,45 @@ def _logits_at(logits, indices):
     return ops.take_along_axis(logits, ops.reshape(indices, (-1, 1, 1)), axis=1)[:, 0]
 
 
-def _compile(function, xla=True):
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
+class _Compiled:
+    """A decode function compiled for the backend: a TensorFlow graph (with XLA
+    if `xla`), a jitted JAX function taking the model's weights as arguments,
+    or, on torch, the function itself, run eagerly. `traces` counts how often
+    the Python function ran to be compiled (on torch: how often it ran).
+    """
 
-        # The loops are written with ops.while_loop and ops.cond, so autograph
-        # has nothing to convert; leaving it off makes tracing quicker.
-        return tf.function(function, jit_compile=xla, autograph=False)
-    return function
+    def __init__(self, function, model, xla=True):
+        self.traces = 0
+
+        def traced(*args):
+            self.traces += 1
+            return function(*args)
+
+        backend = keras.backend.backend()
+        if backend == "tensorflow":
+            import tensorflow as tf
+
+            # The loops are written with ops.while_loop and ops.cond, so autograph
+            # has nothing to convert; leaving it off makes tracing quicker.
+            self._call = tf.function(traced, jit_compile=xla, autograph=False)
+        elif backend == "jax":
+            import jax
+
+            # Weights as arguments, not constants baked into the program: the
+            # program stays small and sees the weights as they are at each call.
+            variables = model.variables
+
+            def stateless(values, *args):
+                with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+                    return traced(*args)
+
+            jitted = jax.jit(stateless)
+            self._call = lambda *args: jitted([variable.value for variable in variables], *args)
+        else:
+            self._call = traced
+
+    def __call__(self, *args):
+        return self._call(*args)
 
 
 _compiler = None
@@ -306,7 +346,7 @@ _compiler = None
 def _in_background(function, *args):
     """Call function(*args) on the one compile thread; a future of its result."""
     global _compiler
-    if keras.backend.backend() != "tensorflow":
+    if keras.backend.backend() not in ("tensorflow", "jax"):
         done = concurrent.futures.Future()
         done.set_result(None)  # nothing to compile ahead
         return done

@@ -144,13 +144,13 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         """token_ids (B, T); start_positions (B,), the position of each row's first token (default 0)."""
         length = ops.shape(token_ids)[-1]
         tokens = self.token_embedding(token_ids)  # (B, T, C)
+        # The variable's value, not the variable: JAX no longer converts one inside ops.
+        table = self.position_embeddings.value  # (block_size, C)
         if start_positions is None:
-            positions = ops.slice(
-                self.position_embeddings, (0, 0), (length, self.embedding_dim)
-            )  # (T, C)
+            positions = ops.slice(table, (0, 0), (length, self.embedding_dim))  # (T, C)
         else:
             indices = token_positions(start_positions, length)  # (B, T)
-            positions = ops.take(self.position_embeddings, indices, axis=0)  # (B, T, C)
+            positions = ops.take(table, indices, axis=0)  # (B, T, C)
         return tokens + ops.cast(positions, tokens.dtype)
 
     def logits(self, hidden):

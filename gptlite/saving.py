@@ -8,7 +8,7 @@ import zipfile
 
 import keras
 
-from gptlite.errors import InputError, MissingFileError, RunExistsError
+from gptlite.errors import ConfigError, InputError, MissingFileError, RunExistsError
 from gptlite.model import GPT
 
 
@@ -87,19 +87,37 @@ def export_saved_model(model, directory):
 
     import tensorflow as tf
 
+    check_export_backend()
     directory = pathlib.Path(directory)
     if directory.exists():
         raise RunExistsError(f"{directory} already exists; choose another --out")
     directory.parent.mkdir(parents=True, exist_ok=True)
+    options = {}
+    if keras.backend.backend() == "jax":
+        # jax2tf must be told the length's bound, or slicing the position table fails to convert.
+        # Serving needs no gradient, and converting one would lose the bound.
+        options["jax2tf_kwargs"] = {"polymorphic_shapes": ["(batch, length)"],
+                                    "polymorphic_constraints": [f"length <= {model.config.block_size}"],
+                                    "with_gradient": False}
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.add_endpoint(
         name="serve",
         fn=lambda token_ids: {"logits": model(token_ids)[:, -1, :]},
         input_signature=[tf.TensorSpec((None, None), tf.int32, name="token_ids")],
+        **options,
     )
     with tempfile.TemporaryDirectory(prefix=f".{directory.name}.", dir=directory.parent) as temporary:
         written = pathlib.Path(temporary) / "export"
         archive.write_out(str(written), verbose=False)
         (written / "tokenizer.json").write_text(json.dumps(keras.saving.serialize_keras_object(model.tokenizer)))
         os.replace(written, directory)
+
+
+def check_export_backend():
+    """Keras writes SavedModels from TensorFlow and JAX only (torch would need torch_xla)."""
+    if keras.backend.backend() not in ("tensorflow", "jax"):
+        raise ConfigError(
+            f"exporting a SavedModel needs the tensorflow or jax backend, not {keras.backend.backend()}; "
+            f"run it with KERAS_BACKEND=tensorflow (a model.keras file loads under every backend)"
+        )

@@ -5,6 +5,7 @@ import csv
 import dataclasses
 import json
 import math
+import os
 import pathlib
 import signal
 import sys
@@ -137,13 +138,85 @@ def make_optimizer(model, config):
 
 
 def compile_for_training(model, config):
+    # Keras's "auto" leaves XLA off on CPU-only TensorFlow, yet XLA makes the
+    # cpu preset's step about 1.5x faster there. Torch has no XLA; TensorFlow's
+    # XLA refuses a step whose mirrored variables sit on several devices.
+    xla = keras.backend.backend() == "jax" or (keras.backend.backend() == "tensorflow" and not _mirrored())
     model.compile(
         optimizer=make_optimizer(model, config),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        # Keras's "auto" leaves XLA off on CPU-only TensorFlow, yet XLA makes
-        # the cpu preset's step about 1.5x faster there. Torch has no XLA.
-        jit_compile=keras.backend.backend() in ("tensorflow", "jax"),
+        jit_compile=xla,
     )
+
+
+def _mirrored():
+    """Whether a TensorFlow strategy with more than one replica is in scope."""
+    import tensorflow as tf
+
+    return tf.distribute.has_strategy() and tf.distribute.get_strategy().num_replicas_in_sync > 1
+
+
+@contextlib.contextmanager
+def data_parallel(batch_size):
+    """A scope in which to build, compile and train a model data-parallel; yields the replica count.
+
+    Each step's batch of `batch_size` sequences is split evenly across the
+    replicas and their gradients averaged, so the step is the same step, on
+    the same batch and learning rate, as on one device. TensorFlow: a
+    MirroredStrategy over the local GPUs (else the local CPU devices); Keras
+    clips each replica's gradient before the average there. JAX:
+    keras.distribution.DataParallel over every device, after joining the
+    processes (hosts) that KERAS_DISTRIBUTION_JOB_ADDRESSES, _NUM_PROCESSES
+    and _PROCESS_ID describe, where they are set.
+    """
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        if "TF_CONFIG" in os.environ:
+            # Keras 3's fit fails under MultiWorkerMirroredStrategy (keras-team/keras#20585).
+            raise ConfigError(
+                "training over several hosts needs the jax backend (KERAS_BACKEND=jax, hosts given by "
+                "KERAS_DISTRIBUTION_JOB_ADDRESSES, _NUM_PROCESSES and _PROCESS_ID): Keras's fit does not run "
+                "under TensorFlow's MultiWorkerMirroredStrategy; unset TF_CONFIG to train on this host's devices"
+            )
+        # MirroredStrategy's own default takes one CPU device even where there are more.
+        devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+        strategy = tf.distribute.MirroredStrategy([device.name for device in devices])
+        _check_split(batch_size, strategy.num_replicas_in_sync)
+        with strategy.scope():
+            yield strategy.num_replicas_in_sync
+    elif backend == "jax":
+        if "KERAS_DISTRIBUTION_NUM_PROCESSES" in os.environ:
+            keras.distribution.initialize()
+        devices = keras.distribution.list_devices()
+        _check_split(batch_size, len(devices))
+        previous = keras.distribution.distribution()
+        distribution = keras.distribution.DataParallel(devices=devices)
+        # Each process feeds its own rows of every batch (see process_part), already split.
+        distribution.auto_shard_dataset = False
+        keras.distribution.set_distribution(distribution)
+        try:
+            yield len(devices)
+        finally:
+            keras.distribution.set_distribution(previous)
+    else:
+        raise ConfigError(f"--distribute needs the tensorflow or jax backend, not {backend}")
+
+
+def process_part():
+    """(i, n): this is process i of the n that train together, each feeding 1/n of every batch."""
+    if keras.backend.backend() == "jax" and keras.distribution.distribution() is not None:
+        import jax
+
+        return jax.process_index(), jax.process_count()
+    return 0, 1
+
+
+def _check_split(batch_size, replicas):
+    if batch_size % replicas:
+        raise ConfigError(f"--batch-size {batch_size} does not split evenly across {replicas} devices; "
+                          f"choose a multiple of {replicas}")
 
 
 def write_history(rows, path):
@@ -229,12 +302,25 @@ class StopRequest:
 class _StepWatcher(keras.callbacks.Callback):
     """Stops `fit` after the step in which a stop was requested or the loss went non-finite."""
 
-    def __init__(self, stop_request, progress):
+    def __init__(self, stop_request, progress, seed, first_step):
         super().__init__()
         self.stop_request = stop_request
         self.progress = progress
+        self.seed, self.first_step = seed, first_step
         self.mean_loss = math.nan
         self.steps = 0
+        self.torch = None
+        if keras.backend.backend() == "torch":
+            import torch
+
+            self.torch = torch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.torch is not None:
+            # On torch, Keras's unseeded dropout draws from torch's own global
+            # generator, which the data loader also draws from; seeding it from
+            # the step makes the masks the same in a resumed run.
+            self.torch.manual_seed(self.seed * 1_000_003 + self.first_step + batch)
 
     def on_train_batch_end(self, batch, logs=None):
         self.steps = batch + 1
@@ -289,8 +375,9 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
     model.optimizer.build(model.trainable_variables)
     state = _restore_checkpoint(model, out_dir) if resume else RunState()
 
+    part = process_part()
     validation_batches = RandomWindows(
-        validation_ids, block_size, config.batch_size, config.eval_iters, seed=config.seed + 1
+        validation_ids, block_size, config.batch_size, config.eval_iters, seed=config.seed + 1, part=part
     )
     boundaries = sorted(
         {s for s in range(config.eval_interval, config.max_iters, config.eval_interval)}
@@ -303,9 +390,9 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
     with contextlib.ExitStack() as stack:
         stop_request = stop_request or stack.enter_context(StopRequest())
         for boundary in (b for b in boundaries if b > state.step):
-            watcher = _StepWatcher(stop_request, progress)
+            watcher = _StepWatcher(stop_request, progress, config.seed, state.step)
             batches = RandomWindows(train_ids, block_size, config.batch_size, boundary - state.step,
-                                    seed=config.seed, first_index=state.step)
+                                    seed=config.seed, first_index=state.step, part=part)
             model.fit(batches, epochs=1, shuffle=False, callbacks=[watcher], verbose=0)
             state.step += watcher.steps
             if not math.isfinite(watcher.mean_loss):

@@ -3,7 +3,10 @@
 import csv
 import hashlib
 
+import keras
 import pytest
+
+import gptlite
 
 from conftest import make_text, run_python
 
@@ -203,6 +206,7 @@ def test_beam_and_cache_flags(capsys, trained_run):
     assert "--num-samples" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(keras.backend.backend() == "torch", reason="Keras exports SavedModels from tensorflow and jax")
 def test_export_command_writes_a_saved_model_once(capsys, tmp_path, trained_run):
     from gptlite.cli import main
 
@@ -214,3 +218,14 @@ def test_export_command_writes_a_saved_model_once(capsys, tmp_path, trained_run)
     assert main(["export", "--model", str(out / "model.keras"), "--out", str(exported)]) == 2
     assert "already exists" in capsys.readouterr().err
     assert main(["nonsense"]) == 2
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="only torch lacks a SavedModel export")
+def test_export_under_torch_says_which_backend_to_use(capsys, tmp_path, tiny_model):
+    from gptlite.cli import main
+
+    with pytest.raises(gptlite.ConfigError, match="KERAS_BACKEND=tensorflow"):
+        gptlite.saving.export_saved_model(tiny_model, tmp_path / "exported")
+    assert main(["export", "--model", str(tmp_path / "model.keras"), "--out", str(tmp_path / "exported")]) == 2
+    assert "KERAS_BACKEND=tensorflow" in capsys.readouterr().err
+    assert not (tmp_path / "exported").exists()

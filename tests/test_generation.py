@@ -239,9 +239,10 @@ def test_a_wider_slide_recomputes_once_per_slide(fluent_model):
     prompts = ["the", "dog ran to the big red hat and"]
     found = gptlite.generate(fluent_model, prompts, max_new_tokens=40, temperature=0, slide=6)
     assert found == [greedy_by_full_recomputation(fluent_model, p, 40, slide=6) for p in prompts]
-    assert found != gptlite.generate(fluent_model, prompts, max_new_tokens=40, temperature=0)
-    sample = lambda **kw: gptlite.generate(fluent_model, prompts, 40, temperature=1.0, seed=2, slide=6, **kw)
-    assert sample(use_cache=False) == sample()
+    sample = lambda **kw: gptlite.generate(fluent_model, prompts, 40, temperature=1.0, seed=2, **kw)
+    assert sample(slide=6, use_cache=False) == sample(slide=6)
+    # The slide is not ignored: with less context behind some tokens, the same noise draws other tokens.
+    assert sample(slide=6) != sample(slide=1)
 
 
 @pytest.mark.parametrize("slide", [0, 17, 1.5])
@@ -250,21 +251,22 @@ def test_slides_outside_the_window_are_refused(fluent_model, slide):
         gptlite.stream(fluent_model, "the", slide=slide)
 
 
-@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="counts TensorFlow traces")
+@pytest.mark.skipif(keras.backend.backend() == "torch", reason="torch runs the decode functions eagerly")
 def test_prompt_length_settings_and_seed_never_recompile(fluent_model):
     from gptlite.generation import _decoder_for
 
     gptlite.generate(fluent_model, "the", 20, seed=0)  # traced for one row, if no test has yet
     decoder = _decoder_for(fluent_model)
     functions = [decoder.sample_prefill] + [decoder.loop("sample", kind, slide=1) for kind in ("cached", "recompute")]
-    traces = [f.experimental_get_tracing_count() for f in functions]
+    traces = [f.traces for f in functions]
+    assert min(traces) >= 1
     for prompt, temperature, top_k, top_p, seed, new_tokens in [
         ("the", 1.0, None, 1.0, 1, 50), ("a dog ran to the big red hat and", 0.5, 3, 0.9, 2, 7),
         ("t", 0.0, 10, 0.5, 3, 90),
     ]:
         gptlite.generate(fluent_model, prompt, new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                          seed=seed)
-    assert [f.experimental_get_tracing_count() for f in functions] == traces
+    assert [f.traces for f in functions] == traces
 
 
 def test_calls_change_loop_where_the_window_fills():

@@ -1,10 +1,14 @@
+import importlib.util
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
 import zipfile
 
+import keras
+import numpy as np
 import pytest
 
 import gptlite
@@ -92,9 +96,8 @@ print(json.dumps(logits.numpy().tolist()))
 """
 
 
+@pytest.mark.skipif(keras.backend.backend() == "torch", reason="Keras exports SavedModels from tensorflow and jax")
 def test_exported_saved_model_serves_next_token_logits_without_gptlite(tmp_path, tiny_model):
-    import numpy as np
-
     out = tmp_path / "served"
     saving.export_saved_model(tiny_model, out)
     ids = [[1, 2, 3, 4, 5], [5, 4, 3, 2, 1]]
@@ -107,3 +110,30 @@ def test_exported_saved_model_serves_next_token_logits_without_gptlite(tmp_path,
     assert tokenizer["config"]["vocabulary"] == tiny_model.tokenizer.vocabulary
     with pytest.raises(gptlite.RunExistsError, match="already exists"):
         saving.export_saved_model(tiny_model, out)
+
+
+LOGITS_UNDER_BACKEND = """
+import json, sys
+import keras, numpy as np
+import gptlite
+model = gptlite.load(sys.argv[1])
+assert keras.backend.backend() == sys.argv[3]
+logits = model(np.array(json.loads(sys.argv[2]), "int32"))
+print(json.dumps(keras.ops.convert_to_numpy(logits).tolist()))
+"""
+BACKEND_MODULES = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKEND_MODULES if b != keras.backend.backend()])
+def test_a_model_saved_under_one_backend_gives_the_same_logits_under_the_others(backend, tmp_path, tiny_model):
+    if importlib.util.find_spec(BACKEND_MODULES[backend]) is None:
+        pytest.skip(f"{backend} is not installed (pip install -e '.[{backend}]')")
+    gptlite.save(tiny_model, tmp_path / "model.keras")
+    ids = [[1, 2, 3, 4, 5, 6], [6, 5, 4, 3, 2, 1]]
+    result = subprocess.run(
+        [sys.executable, "-c", LOGITS_UNDER_BACKEND, str(tmp_path / "model.keras"), json.dumps(ids), backend],
+        capture_output=True, text=True, timeout=120, cwd=REPO, env=dict(os.environ, KERAS_BACKEND=backend),
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    expected = keras.ops.convert_to_numpy(tiny_model(np.array(ids, "int32")))
+    np.testing.assert_allclose(json.loads(result.stdout.splitlines()[-1]), expected, atol=1e-5)

@@ -1,7 +1,10 @@
 import csv
+import importlib.util
 import math
 import os
 import signal
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -9,6 +12,7 @@ import pytest
 
 import gptlite
 from gptlite import data, training
+from conftest import REPO
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +117,8 @@ class StopAtStep:
 
     @property
     def requested(self):
+        if keras.backend.backend() == "jax":
+            self.model.jax_state_sync()  # JAX's fit holds the optimizer's state apart until asked
         return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)) >= self.step
 
 
@@ -172,3 +178,113 @@ def test_nan_loss_stops_training_and_keeps_the_last_good_model(tmp_path, tokeniz
     with pytest.raises(gptlite.TrainingDiverged, match="became nan by step 1;"):
         small_run(tokenizer, text, tmp_path, model=model)
     assert (tmp_path / "model.keras").read_bytes() == b"the last good model"
+
+
+# --- data-parallel training
+
+# Runs the train command on two virtual CPU devices. With NO_CLIP set, both
+# runs train without gradient clipping: on TensorFlow, Keras clips each
+# replica's gradient before averaging them, which is not the one-device step.
+TRAIN = """
+import os, sys
+if os.environ["KERAS_BACKEND"] == "tensorflow" and "--distribute" in sys.argv:
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+from gptlite import training
+from gptlite.cli import train_main
+if os.environ.get("NO_CLIP"):
+    make_optimizer = training.make_optimizer
+    def unclipped(model, config):
+        optimizer = make_optimizer(model, config)
+        optimizer.global_clipnorm = None
+        return optimizer
+    training.make_optimizer = unclipped
+sys.exit(train_main(sys.argv[1:]))
+"""
+TINY_RUN = ["--preset", "tiny", "--max-iters", "30", "--eval-interval", "10", "--checkpoint-interval", "30"]
+
+
+def run_training(text_file, out, *flags, **environment):
+    env = dict(os.environ, KERAS_BACKEND=keras.backend.backend(),
+               XLA_FLAGS="--xla_force_host_platform_device_count=2", **environment)
+    return subprocess.run([sys.executable, "-c", TRAIN, str(text_file), "--out", str(out), *TINY_RUN, *flags],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def read_history(out):
+    with open(out / "history.csv") as file:
+        return [{k: float(v) for k, v in row.items() if k != "elapsed_s"} for row in csv.DictReader(file)]
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory, text):
+    path = tmp_path_factory.mktemp("text") / "words.txt"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.skipif(keras.backend.backend() == "torch", reason="--distribute runs on tensorflow and jax")
+def test_two_devices_take_the_same_steps_as_one(tmp_path, text_file, tokenizer):
+    one = run_training(text_file, tmp_path / "one", NO_CLIP="1")
+    two = run_training(text_file, tmp_path / "two", "--distribute", NO_CLIP="1")
+    assert one.returncode == 0, one.stderr[-2000:]
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert "batch 8 split across 2 devices" in two.stdout
+    expected, found = read_history(tmp_path / "one"), read_history(tmp_path / "two")
+    assert [row["step"] for row in found] == [10, 20, 30]
+    assert [row["learning_rate"] for row in found] == [row["learning_rate"] for row in expected]
+    for got, want in zip(found, expected):
+        assert got["train_loss"] == pytest.approx(want["train_loss"], rel=1e-4)
+        assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-4)
+    # The distributed run's model is an ordinary one: it loads and generates on one device.
+    model = gptlite.load(tmp_path / "two" / "model.keras")
+    assert gptlite.generate(model, "the", max_new_tokens=10, seed=0).startswith("the")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed (pip install -e '.[jax]')")
+def test_two_jax_processes_train_as_one(tmp_path, text_file):
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", TRAIN, str(text_file), "--out", str(tmp_path / f"worker{index}"), *TINY_RUN,
+             "--distribute"],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=dict(os.environ, KERAS_BACKEND="jax", KERAS_DISTRIBUTION_JOB_ADDRESSES=f"127.0.0.1:{port}",
+                     KERAS_DISTRIBUTION_NUM_PROCESSES="2", KERAS_DISTRIBUTION_PROCESS_ID=str(index)),
+        )
+        for index in range(2)
+    ]
+    outputs = [worker.communicate(timeout=300) for worker in workers]
+    for worker, (stdout, stderr) in zip(workers, outputs):
+        assert worker.returncode == 0, stderr[-2000:]
+        assert "batch 8 split across 2 devices" in stdout
+    first, second = (keras.saving.load_model(tmp_path / f"worker{i}" / "model.keras") for i in range(2))
+    for a, b in zip(first.get_weights(), second.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert read_history(tmp_path / "worker0") == read_history(tmp_path / "worker1")
+
+
+def test_a_batch_that_does_not_split_evenly_is_refused():
+    with pytest.raises(gptlite.ConfigError, match="does not split evenly across 3 devices"):
+        training._check_split(8, 3)
+    training._check_split(8, 2)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="only torch has no data-parallel engine here")
+def test_distributing_under_torch_says_which_backends_can():
+    with pytest.raises(gptlite.ConfigError, match="tensorflow or jax"):
+        with training.data_parallel(8):
+            pass
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TF_CONFIG is TensorFlow's")
+def test_several_tensorflow_workers_are_refused_with_the_way_out(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}}')
+    with pytest.raises(gptlite.ConfigError, match="jax backend"):
+        with training.data_parallel(8):
+            pass
