@@ -17,9 +17,10 @@ from gptlite.errors import (
     TrainingInterrupted,
 )
 from gptlite.model import GPT, GPTConfig
-from gptlite.tokenizers import CharTokenizer
+from gptlite.tokenizers import BPETokenizer, CharTokenizer
 
 SAMPLE_DIVIDER = "\n" + "-" * 40 + "\n"
+DEFAULT_BPE_VOCABULARY = 4096
 
 
 class _Parser(argparse.ArgumentParser):
@@ -60,9 +61,15 @@ def _train_parser():
         description="Train a character-level GPT on a text file and save it as model.keras.",
     )
     parser.add_argument(
-        "text", nargs="?", type=pathlib.Path,
-        help="UTF-8 text file to train on (default: about 2 MB of the Python standard library's sources)",
+        "texts", nargs="*", type=pathlib.Path, metavar="TEXT",
+        help="UTF-8 text files, or folders of them, to train on (default: about 2 MB of the Python "
+             "standard library's sources); several are read in the order given, a folder's files in sorted order",
     )
+    parser.add_argument("--tokenizer", choices=["char", "bpe"], default="char",
+                        help="char: one token per character (the default); bpe: byte-level byte-pair "
+                             "encoding learned from the text, for large or many-language corpora")
+    parser.add_argument("--vocab-size", type=int, default=None, metavar="N",
+                        help=f"tokens in a BPE vocabulary (default: {DEFAULT_BPE_VOCABULARY})")
     parser.add_argument("--preset", choices=sorted(training.PRESETS), default=None,
                         help=f"model size and schedule (default: {training.DEFAULT_PRESET})")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out"),
@@ -115,14 +122,19 @@ def _train(args):
     if not args.resume:
         _check_output_folder(args.out, args.overwrite)
 
-    text = data.read_text(args.text, args.encoding, args.errors) if args.text else data.default_corpus()
-    source = args.text or "the Python standard library's sources"
+    if args.vocab_size is not None and (args.tokenizer != "bpe" or checkpoint):
+        raise ConfigError("--vocab-size sets the size of a new BPE vocabulary: it goes with --tokenizer bpe, "
+                          "and not with --resume")
+    if args.texts:
+        corpus = data.Corpus.from_files(args.texts, args.encoding, args.errors)
+    else:
+        corpus = data.Corpus.from_text(data.default_corpus(), "the Python standard library's sources")
 
     import keras
 
     keras.utils.set_random_seed(training_config.seed)
     with training.data_parallel(training_config.batch_size) if args.distribute else contextlib.nullcontext() as replicas:
-        model, rows = _build_and_train(args, text, source, checkpoint, model_settings, training_config, replicas)
+        model, rows = _build_and_train(args, corpus, checkpoint, model_settings, training_config, replicas)
     best = min(rows, key=lambda row: row["val_loss"])
     print(
         f"\nbest validation loss {best['val_loss']:.4f} at step {best['step']}; "
@@ -135,30 +147,32 @@ def _train(args):
     print()
 
 
-def _build_and_train(args, text, source, checkpoint, model_settings, training_config, replicas):
+def _build_and_train(args, corpus, checkpoint, model_settings, training_config, replicas):
     """Make the model (new, or from the checkpoint) and train it; (model, evaluation rows).
 
     `replicas`: how many devices share each batch, or None when not distributed.
     """
+    show_progress = sys.stdout.isatty()
     if checkpoint:
         model = GPT.from_config(checkpoint["model_config"])
         tokenizer = model.tokenizer
-        unknown = tokenizer.unknown_characters(text)
-        if unknown:
-            raise InputError(
-                f"the text has characters the checkpoint's vocabulary lacks ({''.join(unknown[:20])!r}): "
-                f"resume with the text the run started on"
-            )
     else:
-        tokenizer = CharTokenizer.from_text(text)
+        tokenizer = _new_tokenizer(args, corpus, show_progress)
         model = GPT.from_gpt_config(GPTConfig(vocab_size=tokenizer.vocabulary_size, **model_settings), tokenizer)
     config = model.config
-    train_ids, validation_ids = data.split(tokenizer.encode(text))
+    try:
+        token_ids = data.encode_corpus(corpus, tokenizer, args.out, show_progress)
+    except InputError as error:
+        if checkpoint and any(tokenizer.unknown_characters(piece) for piece in corpus.pieces()):
+            raise InputError(f"{error}: resume with the text the run started on") from None
+        raise
+    train_ids, validation_ids = data.split(token_ids)
     data.check_enough_tokens(train_ids, validation_ids, config.block_size)
     model.build((None, config.block_size))
+    kind = "characters" if isinstance(tokenizer, CharTokenizer) else "byte-level BPE tokens"
     print(
-        f"training on {source}: {len(text):,} characters, {tokenizer.vocabulary_size} distinct; "
-        f"{len(train_ids):,} train / {len(validation_ids):,} validation tokens\n"
+        f"training on {corpus.name}: {len(token_ids):,} tokens ({kind}, {tokenizer.vocabulary_size:,} in the "
+        f"vocabulary); {len(train_ids):,} train / {len(validation_ids):,} validation\n"
         f"model: {config.n_layer} layers, {config.n_head} heads, width {config.n_embd}, "
         f"context {config.block_size}, {model.count_params():,} parameters\n"
         + (f"resuming at step {checkpoint['step']} of " if checkpoint else "")
@@ -170,6 +184,18 @@ def _build_and_train(args, text, source, checkpoint, model_settings, training_co
     )
     rows = training.train(model, train_ids, validation_ids, training_config, args.out, resume=bool(checkpoint))
     return model, rows
+
+
+def _new_tokenizer(args, corpus, show_progress):
+    if args.tokenizer == "bpe":
+        vocabulary_size = args.vocab_size or DEFAULT_BPE_VOCABULARY
+        print(f"learning a {vocabulary_size:,}-token byte-level BPE vocabulary from {corpus.name} "
+              f"(a sample of up to {data.BPE_SAMPLE_BYTES // 2**20} MB)", flush=True)
+        return BPETokenizer.train(corpus.sample(data.BPE_SAMPLE_BYTES), vocabulary_size, show_progress)
+    tokenizer = CharTokenizer.from_texts(corpus.pieces())
+    if not tokenizer.vocabulary.strip():
+        raise InputError(f"{corpus.name} has no text in it")
+    return tokenizer
 
 
 def _resolve_settings(args, checkpoint):

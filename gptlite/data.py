@@ -1,5 +1,9 @@
 """Training text: reading it, the built-in default corpus, the split and the batches."""
 
+import codecs
+import functools
+import hashlib
+import json
 import pathlib
 import sysconfig
 
@@ -10,6 +14,9 @@ from gptlite.errors import InputError, MissingFileError
 
 VALIDATION_FRACTION = 0.1
 DEFAULT_CORPUS_CHARACTERS = 2_000_000
+PIECE_BYTES = 1 << 16  # text is read and encoded in pieces of about this size
+ENCODE_BATCH = 64  # pieces given to the tokenizer at once (it encodes a batch in parallel)
+BPE_SAMPLE_BYTES = 32 * 2**20  # a BPE vocabulary is learned from at most this much of the text
 
 
 def read_text(path, encoding="utf-8", errors="strict"):
@@ -66,6 +73,167 @@ def default_corpus(max_characters=DEFAULT_CORPUS_CHARACTERS):
     if not pieces:
         raise InputError(f"found no Python sources under {stdlib} to train on; give a text file")
     return "".join(pieces)[:max_characters]
+
+
+def text_files(paths):
+    """The files that `paths` name: each a file, or a folder whose files are all taken
+    (recursively, in sorted path order, hidden ones left out)."""
+    files = []
+    for path in map(pathlib.Path, paths):
+        if not path.exists():
+            raise MissingFileError(f"no such file: {path}")
+        if path.is_dir():
+            found = sorted(
+                p for p in path.rglob("*")
+                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
+            )
+            if not found:
+                raise InputError(f"{path} is a folder with no files in it")
+            files.extend(found)
+        else:
+            files.append(path)
+    return files
+
+
+class Corpus:
+    """Training text, one or more documents, read in pieces of about PIECE_BYTES.
+
+    Pieces end at line ends where the lines allow, so no file has to fit in
+    memory. Make one with `Corpus.from_files` or `Corpus.from_text`.
+    """
+
+    def __init__(self, documents, fingerprint, size, name):
+        self._documents = documents  # callables, each giving an iterator of one document's pieces
+        self.fingerprint = fingerprint  # changes whenever the text does
+        self.size = size  # bytes, roughly: for progress and sampling
+        self.name = name
+
+    @classmethod
+    def from_files(cls, paths, encoding="utf-8", errors="strict"):
+        files = text_files(paths)
+        try:
+            codecs.lookup(encoding)
+        except LookupError:
+            raise InputError(f"unknown text encoding {encoding!r}") from None
+        digest = hashlib.sha256(f"{encoding}:{errors}".encode())
+        for path in files:
+            digest.update(_file_digest(path) + b"\0")
+        name = str(files[0]) if len(files) == 1 else f"{len(files)} files ({files[0]} ...)"
+        documents = [functools.partial(_file_pieces, path, encoding, errors) for path in files]
+        return cls(documents, digest.hexdigest(), sum(path.stat().st_size for path in files), name)
+
+    @classmethod
+    def from_text(cls, text, name="the text"):
+        def pieces():
+            for start in range(0, len(text), PIECE_BYTES):
+                yield text[start:start + PIECE_BYTES]
+
+        return cls([pieces], hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(), len(text), name)
+
+    def documents(self):
+        """An iterator over the documents, each an iterator over its text pieces."""
+        return (pieces() for pieces in self._documents)
+
+    def pieces(self):
+        return (piece for document in self.documents() for piece in document)
+
+    def sample(self, max_size):
+        """Evenly spaced pieces adding up to about `max_size`, for learning a vocabulary."""
+        step = max(1, -(-self.size // max_size))
+        return (piece for index, piece in enumerate(self.pieces()) if index % step == 0)
+
+
+def _file_digest(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(PIECE_BYTES), b""):
+            digest.update(block)
+    return digest.digest()
+
+
+def _file_pieces(path, encoding, errors):
+    """Decode a file in pieces that end at line ends; a bad byte is reported with its offset and line."""
+    decoder = codecs.getincrementaldecoder(encoding)(errors)
+    read = newlines = 0  # bytes, and line breaks among them, before the current block
+    carried = ""  # the text after the last line end, for the next piece
+    try:
+        file = open(path, "rb")
+    except OSError as error:
+        raise InputError(f"cannot read {path}: {error.strerror}") from None
+    with file:
+        while True:
+            block = file.read(PIECE_BYTES)
+            buffered = decoder.getstate()[0]  # the start of a character cut off by the last block
+            try:
+                text = decoder.decode(block, final=not block)
+            except UnicodeDecodeError as error:
+                at = read - len(buffered) + error.start
+                line = newlines + (buffered + block).count(b"\n", 0, error.start) + 1
+                raise InputError(
+                    f"{path} is not valid {encoding}: byte {at} (line {line}) "
+                    f"is {(buffered + block)[error.start:error.start + 1]!r}; convert the file to {encoding}, "
+                    f"name its encoding with --encoding, or pass --errors replace"
+                ) from None
+            read += len(block)
+            newlines += block.count(b"\n")
+            text = carried + text
+            if not block:
+                if text:
+                    yield text
+                return
+            cut = text.rfind("\n") + 1
+            if cut == 0 and len(text) < 4 * PIECE_BYTES:
+                carried = text  # no line end yet: wait for one, a few blocks at most
+                continue
+            cut = cut or len(text)
+            carried = text[cut:]
+            yield text[:cut]
+
+
+def encode_corpus(corpus, tokenizer, folder, show_progress=False):
+    """The corpus's token ids as a read-only memory map, encoded once and cached in `folder`.
+
+    The cache file's name holds a hash of the text and the tokenizer, so a
+    changed file or tokenizer encodes anew; older caches there are removed.
+    Ids take the smallest unsigned type that fits the vocabulary. Where the
+    tokenizer has an end token, it separates documents.
+    """
+    from gptlite import saving
+
+    folder = pathlib.Path(folder)
+    dtype = np.dtype(np.uint16 if tokenizer.vocabulary_size <= 2**16 else np.uint32)
+    tokenizer_config = json.dumps(keras.saving.serialize_keras_object(tokenizer), sort_keys=True)
+    key = hashlib.sha256(f"{corpus.fingerprint}\n{tokenizer_config}".encode()).hexdigest()[:16]
+    path = folder / f"tokens-{key}.{dtype.name}"
+    if not path.exists():
+        progress = keras.utils.Progbar(corpus.size, unit_name="byte", verbose=1 if show_progress else 0)
+        done = 0
+        with saving.atomic_path(path) as temporary, open(temporary, "wb") as file:
+            for index, document in enumerate(corpus.documents()):
+                if index and tokenizer.end_token_id is not None:
+                    np.array([tokenizer.end_token_id], dtype).tofile(file)
+                for batch in _batched(document, ENCODE_BATCH):
+                    for ids in tokenizer.encode_batch(batch):
+                        ids.astype(dtype).tofile(file)
+                    done += sum(len(piece) for piece in batch)
+                    progress.update(min(done, corpus.size))
+        for stale in folder.glob("tokens-*"):
+            if stale != path:
+                stale.unlink()
+    if path.stat().st_size == 0:
+        raise InputError(f"{corpus.name} has no text in it")
+    return np.memmap(path, dtype=dtype, mode="r")
+
+
+def _batched(iterable, size):
+    batch = []
+    for item in iterable:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def split(token_ids, validation_fraction=VALIDATION_FRACTION):

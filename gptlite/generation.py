@@ -15,12 +15,13 @@ Which steps recompute follows from the prompt lengths alone, so the host
 plans the calls ahead (`_plan_calls`): runs of cached steps go to one
 compiled while-loop and runs of recomputing steps to another (a wider slide
 adds a third: one recomputing step, then cached ones), each drawing up to
-CHUNK_SIZE tokens per call and keeping its state on the device. The
-prefill is a plain TensorFlow graph, quick to build, so the first token comes
-without waiting for a compiler; the loops compile with XLA on a background
-thread meanwhile. Everything is traced with the sampling settings and the
-seed as tensor inputs, so prompt length, temperature, top-k, top-p and seed
-never cause a recompile.
+CHUNK_SIZE tokens per call and keeping its state on the device. On
+TensorFlow the prefill is a plain graph, quick to build, so the first token
+comes without waiting for a compiler; the loops compile with XLA on a
+background thread meanwhile. On JAX every function is jitted (the loops on
+that thread too); torch runs them eagerly. Everything is traced with the
+sampling settings and the seed as tensor inputs, so prompt length,
+temperature, top-k, top-p and seed never cause a recompile.
 
 Randomness is explicit: a token's noise is drawn from (seed, its index), so
 the same seed gives the same text with or without the cache, however calls
@@ -184,8 +185,10 @@ class _Decoder:
             key = ops.cast(ops.stack([seed, block]), "uint32")
             return keras.random.uniform(shape, minval=1e-20, maxval=1.0, seed=key)
         if backend == "torch":
-            # Torch seeds from the sum of the state's two numbers; mix them so that no (seed, block) pairs share it.
-            state = ops.stack([ops.cast(seed, "int64") * 2654435761 + ops.cast(block, "int64"), 0])
+            # Torch seeds from the sum of the state's two (int32) numbers: mix seed and block into one
+            # so that neighbouring seeds do not share blocks' noise (an odd multiplier spreads them).
+            mixed = (ops.cast(seed, "int64") * 2654435761 + ops.cast(block, "int64")) % 2**31
+            state = ops.stack([mixed, ops.zeros_like(mixed)])
         else:
             state = ops.stack([ops.cast(seed, "int32"), ops.cast(block, "int32")])
         with keras.StatelessScope(state_mapping=[(self.seed_generator.state, state)]):
@@ -469,6 +472,50 @@ def _checked_settings(model, max_new_tokens, temperature, top_k, top_p, slide):
     return np.array([temperature, top_k, top_p], dtype=np.float32)
 
 
+class _TextBuilder:
+    """One row's text, built token by token.
+
+    A byte-level token may carry only part of a character's UTF-8 bytes;
+    decoded alone it gives U+FFFD. So tokens wait, up to the four bytes one
+    character can take, until together they decode to whole characters.
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.text = ""
+        self.waiting = []
+
+    def add(self, token):
+        """Add a token id; return the text it completes ("" while waiting)."""
+        self.waiting.append(int(token))
+        piece = self.tokenizer.decode(self.waiting)
+        if piece.endswith("\ufffd") and len(self.waiting) < 4:
+            return ""
+        self.waiting = []
+        self.text += piece
+        return piece
+
+    def finish(self):
+        """The whole text, with any tokens still waiting decoded as they are."""
+        if self.waiting:
+            self.text += self.tokenizer.decode(self.waiting)
+            self.waiting = []
+        return self.text
+
+
+def _text_pieces(tokenizer, tokens):
+    """Text pieces for a stream of token ids, each made of whole characters."""
+    builder = _TextBuilder(tokenizer)
+    for token in tokens:
+        piece = builder.add(token)
+        if piece:
+            yield piece
+    before = len(builder.text)
+    rest = builder.finish()[before:]
+    if rest:
+        yield rest
+
+
 def _until_end(token_rows, end_token):
     """Pass on single-row token arrays up to, not including, the end token."""
     for tokens in token_rows:
@@ -497,7 +544,7 @@ def stream(model, prompt="", max_new_tokens=200, temperature=1.0, top_k=None, to
     prompt_ids = _prompt_ids(model.tokenizer, prompt, unknown)
     stops = _stop_strings(stop)
     tokens = _decode(model, [prompt_ids], max_new_tokens, settings, seed, use_cache, slide)
-    pieces = (model.tokenizer.decode(row[:1]) for row in _until_end(tokens, model.tokenizer.end_token_id))
+    pieces = _text_pieces(model.tokenizer, (row[0] for row in _until_end(tokens, model.tokenizer.end_token_id)))
     return _cut_at_stop(pieces, stops) if stops else pieces
 
 
@@ -538,17 +585,18 @@ def generate(model, prompt="", max_new_tokens=200, temperature=1.0, top_k=None, 
         steps = _beam_search(model, prompts_ids, max_new_tokens, num_beams, end_token, use_cache, slide).T
     else:
         steps = _decode(model, prompts_ids, max_new_tokens, settings, seed, use_cache, slide)
-    continuations = [""] * len(prompts)
+    rows = [_TextBuilder(model.tokenizer) for _ in prompts]
     ended = np.zeros(len(prompts), dtype=bool)
     for tokens in steps:
         ended |= tokens == (-1 if end_token is None else end_token)
-        continuations = [text if done else text + model.tokenizer.decode([token])
-                         for text, token, done in zip(continuations, tokens, ended)]
-        if all(done or (stops and _first_stop(text, stops) is not None)
-               for text, done in zip(continuations, ended)):
+        for row, token, done in zip(rows, tokens, ended):
+            if not done:
+                row.add(token)
+        if all(done or (stops and _first_stop(row.text, stops) is not None) for row, done in zip(rows, ended)):
             break
     texts = []
-    for prompt_text, continuation in zip(prompts, continuations):
+    for prompt_text, row in zip(prompts, rows):
+        continuation = row.finish()
         end = _first_stop(continuation, stops) if stops else None
         texts.append(prompt_text + continuation[:end])
     return texts[0] if isinstance(prompt, str) else texts

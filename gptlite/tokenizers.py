@@ -5,7 +5,9 @@ generation code never ask which kind they hold:
 
     tokenizer.vocabulary_size          -> int
     tokenizer.end_token_id             -> int, or None without one
+    tokenizer.unknown_characters(text) -> the characters of text it cannot encode
     tokenizer.encode(text)             -> 1-D numpy integer array
+    tokenizer.encode_batch(texts)      -> a list of them
     tokenizer.decode(ids)              -> str
     tokenizer.get_config() / from_config(config)
 
@@ -15,7 +17,7 @@ A tokenizer is serialized into the model's config, so `model.keras` carries it.
 import keras
 import numpy as np
 
-from gptlite.errors import InputError
+from gptlite.errors import ConfigError, InputError
 
 
 @keras.saving.register_keras_serializable(package="gptlite")
@@ -40,9 +42,17 @@ class CharTokenizer:
 
     @classmethod
     def from_text(cls, text):
-        if not text:
+        return cls.from_texts([text])
+
+    @classmethod
+    def from_texts(cls, texts):
+        """The vocabulary of an iterable of strings (a corpus's pieces), read once."""
+        characters = set()
+        for text in texts:
+            characters.update(text)
+        if not characters:
             raise InputError("cannot build a vocabulary from empty text")
-        return cls("".join(sorted(set(text))))
+        return cls("".join(sorted(characters)))
 
     @property
     def vocabulary_size(self):
@@ -63,12 +73,89 @@ class CharTokenizer:
             )
         return ids.astype(_smallest_id_dtype(self.vocabulary_size))
 
+    def encode_batch(self, texts):
+        return [self.encode(text) for text in texts]
+
     def decode(self, ids):
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         return "".join(self._characters[ids])
 
     def get_config(self):
         return {"vocabulary": self.vocabulary}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+
+@keras.saving.register_keras_serializable(package="gptlite")
+class BPETokenizer:
+    """Byte-level byte-pair encoding, learned from the training text.
+
+    Text is taken as UTF-8 bytes, so any text encodes, and decodes back to
+    exactly itself: there is no unknown token. Merges of frequent byte pairs
+    make common words one token. `END_TOKEN` separates documents and ends
+    generation. Training and encoding are done by the `tokenizers` library
+    (Rust, parallel); its JSON definition is this tokenizer's whole config,
+    so `model.keras` carries it.
+    """
+
+    END_TOKEN = "<|endoftext|>"
+    SMALLEST_VOCABULARY = 257  # the 256 bytes and the end token
+
+    def __init__(self, definition):
+        from tokenizers import Tokenizer
+
+        self.definition = definition
+        self._tokenizer = Tokenizer.from_str(definition)
+        self.end_token_id = self._tokenizer.token_to_id(self.END_TOKEN)
+
+    @classmethod
+    def train(cls, texts, vocabulary_size, show_progress=False):
+        """Learn merges from an iterable of strings until the vocabulary has `vocabulary_size` tokens.
+
+        A text too small to supply that many merges gives a smaller vocabulary.
+        """
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        if not isinstance(vocabulary_size, int) or not cls.SMALLEST_VOCABULARY <= vocabulary_size <= 2**20:
+            raise ConfigError(
+                f"a byte-level BPE vocabulary needs {cls.SMALLEST_VOCABULARY} to {2**20:,} tokens, "
+                f"got {vocabulary_size!r}"
+            )
+        tokenizer = Tokenizer(models.BPE())
+        # GPT-2's splitting: merges never cross from a word into the spaces or punctuation around it.
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocabulary_size, special_tokens=[cls.END_TOKEN], show_progress=show_progress,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte, seen or not
+        )
+        tokenizer.train_from_iterator(texts, trainer=trainer)
+        return cls(tokenizer.to_str())
+
+    @property
+    def vocabulary_size(self):
+        return self._tokenizer.get_vocab_size()
+
+    def unknown_characters(self, text):
+        return []  # every text is bytes, and every byte has a token
+
+    def encode(self, text):
+        ids = self._tokenizer.encode(text).ids
+        return np.asarray(ids, dtype=_smallest_id_dtype(self.vocabulary_size))
+
+    def encode_batch(self, texts):
+        """Encode several texts at once, in parallel; a list of id arrays."""
+        dtype = _smallest_id_dtype(self.vocabulary_size)
+        return [np.asarray(e.ids, dtype=dtype) for e in self._tokenizer.encode_batch(list(texts))]
+
+    def decode(self, ids):
+        ids = [int(i) for i in np.asarray(ids).reshape(-1)]
+        return self._tokenizer.decode(ids, skip_special_tokens=False)
+
+    def get_config(self):
+        return {"definition": self.definition}
 
     @classmethod
     def from_config(cls, config):

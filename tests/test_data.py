@@ -78,3 +78,61 @@ def data_script():
     import pathlib
 
     return pathlib.Path(__file__).resolve().parent.parent / "data" / "download_shakespeare.py"
+
+
+def test_a_corpus_reads_files_and_folders_in_order_in_pieces(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "PIECE_BYTES", 16)  # pieces cut through lines and multi-byte characters
+    (tmp_path / "books").mkdir()
+    (tmp_path / "books" / "b.txt").write_text("second: 你好 🙂 e\u0301 and a long line without an end")
+    (tmp_path / "books" / "a.txt").write_text("a first line\n" * 5)
+    (tmp_path / "books" / ".hidden").write_text("never read")
+    (tmp_path / "c.txt").write_text("third\r\n")
+    corpus = data.Corpus.from_files([tmp_path / "c.txt", tmp_path / "books"])
+    documents = [list(document) for document in corpus.documents()]
+    assert ["".join(d) for d in documents] == [
+        "third\r\n", "a first line\n" * 5, "second: 你好 🙂 e\u0301 and a long line without an end"]
+    assert len(documents[1]) > 1 and all(piece.endswith("\n") for piece in documents[1])  # cut at line ends
+    with pytest.raises(gptlite.InputError, match="no files in it"):
+        (tmp_path / "empty").mkdir()
+        data.Corpus.from_files([tmp_path / "empty"])
+    with pytest.raises(gptlite.MissingFileError, match="no such file"):
+        data.Corpus.from_files([tmp_path / "absent.txt"])
+
+
+def test_a_bad_byte_deep_in_a_file_is_reported_where_it_is(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "PIECE_BYTES", 16)
+    path = tmp_path / "latin1.txt"
+    path.write_bytes(("é line\n" * 10).encode() + "caf\xe9\n".encode("latin-1"))
+    with pytest.raises(gptlite.InputError, match=r"not valid utf-8: byte 83 \(line 11\)"):
+        list(data.Corpus.from_files([path]).pieces())
+    assert "".join(data.Corpus.from_files([path], errors="replace").pieces()).endswith("caf\ufffd\n")
+
+
+def test_token_ids_are_cached_until_the_text_or_tokenizer_changes(tmp_path, monkeypatch):
+    from gptlite.tokenizers import BPETokenizer
+
+    (tmp_path / "a.txt").write_text("one two three\n" * 50)
+    (tmp_path / "b.txt").write_text("four five\n" * 50)
+    corpus = data.Corpus.from_files([tmp_path / "a.txt", tmp_path / "b.txt"])
+    tokenizer = BPETokenizer.train(corpus.pieces(), 270)
+    ids = data.encode_corpus(corpus, tokenizer, tmp_path / "run")
+    assert ids.dtype == np.uint16 and isinstance(ids, np.memmap)
+    expected = np.concatenate([tokenizer.encode("one two three\n" * 50), [tokenizer.end_token_id],
+                               tokenizer.encode("four five\n" * 50)])
+    np.testing.assert_array_equal(ids, expected)
+    [cache] = (tmp_path / "run").glob("tokens-*")
+
+    calls = []
+    monkeypatch.setattr(tokenizer, "encode_batch", lambda texts: calls.append(texts) or [])
+    again = data.encode_corpus(data.Corpus.from_files([tmp_path / "a.txt", tmp_path / "b.txt"]), tokenizer,
+                               tmp_path / "run")
+    assert calls == [] and np.array_equal(again, ids)  # read from the cache, not encoded again
+    monkeypatch.undo()
+
+    (tmp_path / "b.txt").write_text("four five six\n" * 50)
+    changed = data.encode_corpus(data.Corpus.from_files([tmp_path / "a.txt", tmp_path / "b.txt"]), tokenizer,
+                                 tmp_path / "run")
+    assert len(changed) > len(ids)
+    other_tokenizer = BPETokenizer.train(corpus.pieces(), 260)
+    data.encode_corpus(data.Corpus.from_files([tmp_path / "a.txt"]), other_tokenizer, tmp_path / "run")
+    assert not cache.exists() and len(list((tmp_path / "run").glob("tokens-*"))) == 1  # stale caches go

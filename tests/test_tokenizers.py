@@ -5,6 +5,7 @@ import pytest
 
 import gptlite
 from gptlite.tokenizers import CharTokenizer
+from conftest import make_text, run_python
 
 
 def test_round_trip_of_mixed_scripts_and_whitespace():
@@ -41,3 +42,55 @@ def test_config_round_trip_through_json():
 def test_rejects_repeated_characters():
     with pytest.raises(gptlite.InputError):
         CharTokenizer("aab")
+
+
+TRICKY = [
+    "Héllo,\twörld!\r\n  你好 🙂 e\u0301\n", "👩🏽‍🚀🇫🇷 family: 👨‍👩‍👧", "\t\t  \r\n\r\n     end  ",
+    "", " ", "ﷺ ẞ Ꙫ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "\x00\x01\x7f ÿ", "a<|endoftext|>b",
+]
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    from gptlite.tokenizers import BPETokenizer
+
+    return BPETokenizer.train([make_text()] * 2, 300)
+
+
+def test_byte_level_bpe_gives_back_exactly_any_text(bpe):
+    assert 257 < bpe.vocabulary_size <= 300  # the 14-word text runs out of merges a little before 300
+    for text in TRICKY:
+        assert bpe.decode(bpe.encode(text)) == text
+        assert bpe.unknown_characters(text) == []
+    assert [bpe.decode(ids) for ids in bpe.encode_batch(TRICKY)] == TRICKY
+    # It learned merges: its own words take fewer tokens than bytes.
+    assert len(bpe.encode("the cat sat on a mat")) < len("the cat sat on a mat") / 2
+    assert bpe.decode([bpe.end_token_id]) == bpe.END_TOKEN
+
+
+def test_a_bpe_vocabulary_size_outside_the_range_is_refused():
+    from gptlite.tokenizers import BPETokenizer
+
+    with pytest.raises(gptlite.ConfigError, match="257 to"):
+        BPETokenizer.train(["abc"], 100)
+
+
+LOAD_AND_ENCODE = """
+import json, sys
+import gptlite
+model = gptlite.load(sys.argv[1])
+texts = json.loads(sys.argv[2])
+print(json.dumps([[int(i) for i in model.tokenizer.encode(t)] for t in texts]))
+print(json.dumps([model.tokenizer.decode(model.tokenizer.encode(t)) for t in texts]))
+"""
+
+
+def test_a_bpe_tokenizer_comes_back_with_the_model_in_a_new_process(bpe, tmp_path):
+    model = gptlite.GPT(vocab_size=bpe.vocabulary_size, n_layer=1, n_head=1, n_embd=8, block_size=8, tokenizer=bpe)
+    model.build((None, 8))
+    gptlite.save(model, tmp_path / "model.keras")
+    result = run_python("-c", LOAD_AND_ENCODE, str(tmp_path / "model.keras"), json.dumps(TRICKY))
+    assert result.returncode == 0, result.stderr[-2000:]
+    ids, texts = (json.loads(line) for line in result.stdout.splitlines()[-2:])
+    assert ids == [[int(i) for i in bpe.encode(t)] for t in TRICKY]
+    assert texts == TRICKY
