@@ -229,3 +229,28 @@ def test_export_under_torch_says_which_backend_to_use(capsys, tmp_path, tiny_mod
     assert main(["export", "--model", str(tmp_path / "model.keras"), "--out", str(tmp_path / "exported")]) == 2
     assert "KERAS_BACKEND=tensorflow" in capsys.readouterr().err
     assert not (tmp_path / "exported").exists()
+
+
+def test_bpe_on_several_files_trains_and_its_model_generates(tmp_path):
+    import math
+
+    (tmp_path / "more").mkdir()
+    (tmp_path / "first.txt").write_text(make_text(3000, seed=1))
+    (tmp_path / "more" / "second.txt").write_text(make_text(3000, seed=2))
+    (tmp_path / "more" / "third.txt").write_text("a cat 🙂 ran to the sun\n" * 200)
+    out = tmp_path / "out"
+    result = run_python("train.py", str(tmp_path / "first.txt"), str(tmp_path / "more"), "--tokenizer", "bpe",
+                        "--vocab-size", "320", "--preset", "tiny", "--max-iters", "60", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "3 files" in result.stdout and "byte-level BPE tokens" in result.stdout
+    with open(out / "history.csv") as file:
+        rows = list(csv.DictReader(file))
+    assert float(rows[-1]["val_loss"]) < min(float(rows[0]["val_loss"]), math.log(320) - 1)
+    assert len(list(out.glob("tokens-*.uint16"))) == 1
+
+    generated = run_python("generate.py", "--model", str(out / "model.keras"), "--prompt", "the cat 🙂",
+                           "--max-new-tokens", "30", "--seed", "0")
+    assert generated.returncode == 0, generated.stderr[-2000:]
+    assert generated.stdout.startswith("the cat 🙂")
+    assert run_python("train.py", str(tmp_path / "first.txt"), "--vocab-size", "300",
+                      "--out", str(tmp_path / "other")).returncode == 2
