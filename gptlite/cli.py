@@ -119,12 +119,12 @@ def _train(args):
             f"the run in {args.out} has already done its {checkpoint['step']} steps; "
             f"pass a larger --max-iters to train it further"
         )
-    if not args.resume:
-        _check_output_folder(args.out, args.overwrite)
-
     if args.vocab_size is not None and (args.tokenizer != "bpe" or checkpoint):
         raise ConfigError("--vocab-size sets the size of a new BPE vocabulary: it goes with --tokenizer bpe, "
                           "and not with --resume")
+    if not args.resume:
+        _check_output_folder(args.out, args.overwrite)
+
     if args.texts:
         corpus = data.Corpus.from_files(args.texts, args.encoding, args.errors)
     else:
