@@ -78,7 +78,7 @@ def main():
     out = args.work / "run"
     shutil.rmtree(out, ignore_errors=True)
     command = [sys.executable, str(HERE.parent / "train.py"), str(path), "--tokenizer", "bpe",
-               "--vocab-size", str(args.vocab_size), "--max-iters", str(args.steps),
+               "--vocab-size", str(args.vocab_size), "--max-iters", str(args.steps), "--warmup-iters", "10",
                "--eval-interval", str(args.steps), "--checkpoint-interval", str(args.steps), "--out", str(out)]
     start = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True)

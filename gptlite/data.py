@@ -1,4 +1,4 @@
-"""Training text: reading it, the built-in default corpus, the split and the batches."""
+"""Training text: reading it, corpora of many files, the token cache, the default corpus, the split, the batches."""
 
 import codecs
 import functools
@@ -289,8 +289,8 @@ class RandomWindows(keras.utils.PyDataset):
     def __getitem__(self, index):
         rng = np.random.default_rng((self.seed, self.first_index + index))
         starts = rng.integers(0, len(self.token_ids) - self.block_size, size=self.batch_size)
-        index, count = self.part
-        starts = starts[index * self.batch_size // count: (index + 1) * self.batch_size // count]
+        part, parts = self.part
+        starts = starts[part * self.batch_size // parts: (part + 1) * self.batch_size // parts]
         windows = self.token_ids[starts[:, None] + self._offsets].astype(np.int32)  # (B, T + 1)
         return windows[:, :-1], windows[:, 1:]
 

@@ -337,7 +337,14 @@ class _Compiled:
             jitted = jax.jit(stateless)
             self._call = lambda *args: jitted([variable.value for variable in variables], *args)
         else:
-            self._call = traced
+            import torch
+
+            def without_gradients(*args):
+                # Eager torch would otherwise record every step for a backward pass that never comes.
+                with torch.no_grad():
+                    return traced(*args)
+
+            self._call = without_gradients
 
     def __call__(self, *args):
         return self._call(*args)

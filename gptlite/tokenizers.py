@@ -148,7 +148,8 @@ class BPETokenizer:
     def encode_batch(self, texts):
         """Encode several texts at once, in parallel; a list of id arrays."""
         dtype = _smallest_id_dtype(self.vocabulary_size)
-        return [np.asarray(e.ids, dtype=dtype) for e in self._tokenizer.encode_batch(list(texts))]
+        # The fast variant skips character offsets, which nothing here uses: about twice the speed.
+        return [np.asarray(e.ids, dtype=dtype) for e in self._tokenizer.encode_batch_fast(list(texts))]
 
     def decode(self, ids):
         ids = [int(i) for i in np.asarray(ids).reshape(-1)]
