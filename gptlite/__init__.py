@@ -4,7 +4,7 @@
     model = keras.saving.load_model("out/model.keras")   # or gptlite.load(...)
     print(gptlite.generate(model, "ROMEO:", max_new_tokens=100, temperature=0.8, seed=1))
 
-Importing gptlite registers its layers, model and tokenizer with Keras, which
+Importing gptlite registers its layers, model and tokenizers with Keras, which
 is what lets `keras.saving.load_model` rebuild a saved model.
 """
 
@@ -32,7 +32,7 @@ from gptlite.layers import (
 )
 from gptlite.model import GPT, GPTConfig
 from gptlite.saving import load, save
-from gptlite.tokenizers import CharTokenizer
+from gptlite.tokenizers import BPETokenizer, CharTokenizer
 from gptlite.training import PRESETS, TrainingConfig, train
 
 __version__ = "0.1.0"
@@ -41,6 +41,7 @@ __all__ = [
     "GPT",
     "GPTConfig",
     "CausalSelfAttention",
+    "BPETokenizer",
     "CharTokenizer",
     "ConfigError",
     "FeedForward",

@@ -1,4 +1,4 @@
-"""The `gptlite-train` and `gptlite-generate` commands (also `train.py` and `generate.py`)."""
+"""The commands `gptlite-train`, `gptlite-generate`, `gptlite-export` and `gptlite` (also `train.py`, `generate.py`)."""
 
 import argparse
 import contextlib
