@@ -1,6 +1,6 @@
 """Large-corpus handling: tokenization throughput and the training process's peak memory.
 
-    python benchmarks/corpus.py [--size-mb 1024] [--work DIR] [--vocab-size 4096] [--steps 100]
+    python benchmarks/corpus.py [--size-mb 1024] [--work DIR] [--vocab-size 4096] [--steps 100] [--bpe-only]
 
 Builds a text of about --size-mb MB by repeating Tiny Shakespeare with its
 lines in a different random order each time (kept in DIR for reuse), then:
@@ -49,6 +49,7 @@ def main():
     parser.add_argument("--work", type=pathlib.Path, default=pathlib.Path(tempfile.gettempdir()) / "gptlite-corpus")
     parser.add_argument("--vocab-size", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--bpe-only", action="store_true", help="measure the BPE vocabulary and encoding only")
     args = parser.parse_args()
 
     from gptlite import data
@@ -64,7 +65,8 @@ def main():
     bpe = BPETokenizer.train(corpus.sample(data.BPE_SAMPLE_BYTES), args.vocab_size)
     print(f"BPE vocabulary ({bpe.vocabulary_size} tokens) from a {data.BPE_SAMPLE_BYTES // 2**20} MB sample: "
           f"{time.perf_counter() - start:.1f} s", flush=True)
-    for name, tokenizer in (("BPE", bpe), ("char", CharTokenizer.from_text(SHAKESPEARE.read_text()))):
+    tokenizers = [("BPE", bpe)] + ([] if args.bpe_only else [("char", CharTokenizer.from_text(SHAKESPEARE.read_text()))])
+    for name, tokenizer in tokenizers:
         cache = args.work / f"cache-{name}"
         shutil.rmtree(cache, ignore_errors=True)
         start = time.perf_counter()
@@ -75,6 +77,8 @@ def main():
         del ids
         shutil.rmtree(cache)
 
+    if args.bpe_only:
+        return
     out = args.work / "run"
     shutil.rmtree(out, ignore_errors=True)
     command = [sys.executable, str(HERE.parent / "train.py"), str(path), "--tokenizer", "bpe",
