@@ -293,16 +293,15 @@ def test_a_model_that_generated_can_still_be_freed(tokenizer):
     assert alive() is None
 
 
-def test_tokens_that_split_a_character_wait_for_the_rest(tokenizer):
+def test_tokens_that_split_a_character_wait_for_the_rest():
     from gptlite.generation import _text_pieces
     from gptlite.tokenizers import BPETokenizer
 
     bpe = BPETokenizer.train(["the cat sat on the mat\n"] * 10, 270)
     ids = bpe.encode("a 🙂 é")
     assert len(ids) > len("a 🙂 é")  # the emoji and the accent take a token per byte
-    pieces = list(_text_pieces(bpe, ids))
-    assert "".join(pieces) == "a 🙂 é" and "\ufffd" not in "".join(pieces)
-    assert "🙂" in pieces or any("🙂" in piece for piece in pieces)
+    # Decoded a token at a time, the emoji would come out as four U+FFFD.
+    assert "".join(_text_pieces(bpe, ids)) == "a 🙂 é"
 
     model = gptlite.GPT(vocab_size=bpe.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=16, tokenizer=bpe)
     streamed = "".join(gptlite.stream(model, "the 🙂", max_new_tokens=40, seed=3))
