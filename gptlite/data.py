@@ -10,6 +10,7 @@ import sysconfig
 import keras
 import numpy as np
 
+from gptlite import saving
 from gptlite.errors import InputError, MissingFileError
 
 VALIDATION_FRACTION = 0.1
@@ -198,8 +199,6 @@ def encode_corpus(corpus, tokenizer, folder, show_progress=False):
     Ids take the smallest unsigned type that fits the vocabulary. Where the
     tokenizer has an end token, it separates documents.
     """
-    from gptlite import saving
-
     folder = pathlib.Path(folder)
     dtype = np.dtype(np.uint16 if tokenizer.vocabulary_size <= 2**16 else np.uint32)
     tokenizer_config = json.dumps(keras.saving.serialize_keras_object(tokenizer), sort_keys=True)
