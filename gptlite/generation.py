@@ -311,6 +311,7 @@ class _Compiled:
 
     def __init__(self, function, model, xla=True):
         self.traces = 0
+        self.compiled = keras.backend.backend() in ("tensorflow", "jax")
 
         def traced(*args):
             self.traces += 1
@@ -354,9 +355,9 @@ _compiler = None
 
 
 def _in_background(function, *args):
-    """Call function(*args) on the one compile thread; a future of its result."""
+    """Call a _Compiled function(*args) on the one compile thread; a future of its result."""
     global _compiler
-    if keras.backend.backend() not in ("tensorflow", "jax"):
+    if not function.compiled:
         done = concurrent.futures.Future()
         done.set_result(None)  # nothing to compile ahead
         return done
