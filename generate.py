@@ -1,8 +1,9 @@
-"""Command line: `python generate.py --help`. The work is done in gptlite.cli."""
+"""Command line: `python generate.py --help`. The work is done in gptlite.cli;
+gptlite_launch first applies --backend, before Keras is imported."""
 
 import sys
 
-from gptlite.cli import generate_main
+from gptlite_launch import generate
 
 if __name__ == "__main__":
-    sys.exit(generate_main())
+    sys.exit(generate())

@@ -1,8 +1,9 @@
-"""Command line: `python train.py --help`. The work is done in gptlite.cli."""
+"""Command line: `python train.py --help`. The work is done in gptlite.cli;
+gptlite_launch first applies --backend, before Keras is imported."""
 
 import sys
 
-from gptlite.cli import train_main
+from gptlite_launch import train
 
 if __name__ == "__main__":
-    sys.exit(train_main())
+    sys.exit(train())

@@ -1,4 +1,7 @@
-"""The commands `gptlite-train`, `gptlite-generate`, `gptlite-export` and `gptlite` (also `train.py`, `generate.py`)."""
+"""The commands `gptlite-train`, `gptlite-generate`, `gptlite-export` and `gptlite` (also `train.py`, `generate.py`).
+
+They start in `gptlite_launch`, which applies `--backend` before Keras is imported.
+"""
 
 import argparse
 import contextlib
@@ -18,9 +21,11 @@ from gptlite.errors import (
 )
 from gptlite.model import GPT, GPTConfig
 from gptlite.tokenizers import BPETokenizer, CharTokenizer
+from gptlite_launch import BACKENDS
 
 SAMPLE_DIVIDER = "\n" + "-" * 40 + "\n"
 DEFAULT_BPE_VOCABULARY = 4096
+SETTING_CHOICES = {"position": ["learned", "sinusoidal"], "precision": list(training.PRECISIONS)}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,6 +37,7 @@ class _Parser(argparse.ArgumentParser):
 def _run(command, parser, argv):
     args = parser.parse_args(argv)
     try:
+        _check_backend(args.backend)
         command(args)
     except TrainingInterrupted as stop:
         print(f"{parser.prog}: {stop}", file=sys.stderr)
@@ -46,6 +52,23 @@ def _run(command, parser, argv):
         print(f"\n{parser.prog}: interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def _add_backend_flag(parser):
+    parser.add_argument("--backend", choices=BACKENDS, default=None,
+                        help="the Keras backend to run on (default: KERAS_BACKEND, else tensorflow); "
+                             "see the README for which to pick")
+
+
+def _check_backend(requested):
+    """`--backend` takes effect in gptlite_launch, before Keras is imported; here it can only be checked."""
+    import keras
+
+    if requested and keras.backend.backend() != requested:
+        raise ConfigError(
+            f"--backend {requested} came too late: Keras is already running on {keras.backend.backend()} "
+            f"in this process; set KERAS_BACKEND={requested} before importing Keras or gptlite"
+        )
 
 
 # --- training ------------------------------------------------------------------
@@ -87,6 +110,7 @@ def _train_parser():
                         help="train data-parallel over every local device (tensorflow: GPUs, else CPU devices; "
                              "jax: all devices), or over several hosts (see the README); the batch is split "
                              "across them and the learning rate is unchanged")
+    _add_backend_flag(parser)
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     settings = parser.add_argument_group("settings (each overrides the preset's value)")
     fields = {f.name: f for f in dataclasses.fields(GPTConfig) + dataclasses.fields(training.TrainingConfig)}
@@ -99,8 +123,8 @@ def _train_parser():
         help_text = f"presets: {preset_values}" if preset_values else f"default: {field.default}"
         if field.type is bool:
             settings.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-        elif field.name == "position":
-            settings.add_argument(flag, choices=["learned", "sinusoidal"], default=None, help=help_text)
+        elif field.name in SETTING_CHOICES:
+            settings.add_argument(flag, choices=SETTING_CHOICES[field.name], default=None, help=help_text)
         else:
             metavar = "N" if field.type is int else "X"
             settings.add_argument(flag, type=field.type, default=None, metavar=metavar, help=help_text)
@@ -152,13 +176,16 @@ def _build_and_train(args, corpus, checkpoint, model_settings, training_config, 
 
     `replicas`: how many devices share each batch, or None when not distributed.
     """
+    import keras
+
     show_progress = sys.stdout.isatty()
     if checkpoint:
         model = GPT.from_config(checkpoint["model_config"])
         tokenizer = model.tokenizer
     else:
         tokenizer = _new_tokenizer(args, corpus, show_progress)
-        model = GPT.from_gpt_config(GPTConfig(vocab_size=tokenizer.vocabulary_size, **model_settings), tokenizer)
+        model = GPT.from_gpt_config(GPTConfig(vocab_size=tokenizer.vocabulary_size, **model_settings), tokenizer,
+                                    dtype=training.dtype_policy(training_config.precision))
     config = model.config
     try:
         token_ids = data.encode_corpus(corpus, tokenizer, args.out, show_progress)
@@ -174,7 +201,8 @@ def _build_and_train(args, corpus, checkpoint, model_settings, training_config, 
         f"training on {corpus.name}: {len(token_ids):,} tokens ({kind}, {tokenizer.vocabulary_size:,} in the "
         f"vocabulary); {len(train_ids):,} train / {len(validation_ids):,} validation\n"
         f"model: {config.n_layer} layers, {config.n_head} heads, width {config.n_embd}, "
-        f"context {config.block_size}, {model.count_params():,} parameters\n"
+        f"context {config.block_size}, {model.count_params():,} parameters; "
+        f"{keras.backend.backend()} backend, {training_config.precision}\n"
         + (f"resuming at step {checkpoint['step']} of " if checkpoint else "")
         + f"{training_config.max_iters} steps of batch {training_config.batch_size}"
         + (f" split across {replicas} devices" if replicas else "") + "; "
@@ -202,7 +230,7 @@ def _resolve_settings(args, checkpoint):
     """Preset values, then explicit flags; on resume, the checkpoint's values first.
 
     A resumed run may change how it trains (say, more --max-iters), never the
-    model's shape.
+    model's shape or its precision.
     """
     explicit = {
         name: value for name, value in vars(args).items()
@@ -212,6 +240,8 @@ def _resolve_settings(args, checkpoint):
     if checkpoint is None:
         return {**training.PRESETS[training.DEFAULT_PRESET], **requested}
     saved = {name: checkpoint["model_config"][name] for name in training.MODEL_SHAPE_SETTINGS}
+    # The optimizer state saved with float16 has a loss scale that the others lack.
+    saved["precision"] = checkpoint["training_config"].get("precision", "fp32")
     conflicts = [
         f"{name} is {saved[name]} in the checkpoint, {value} here"
         for name, value in requested.items()
@@ -287,6 +317,7 @@ def _generate_parser():
     parser.add_argument("--unknown", choices=["error", "skip", "replace"], default="error",
                         help="prompt characters the model never saw: stop with an error (the default), "
                              "leave them out, or replace each with a space")
+    _add_backend_flag(parser)
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     return parser
 
@@ -340,6 +371,7 @@ def _export_parser():
                         help="saved_model: a TensorFlow SavedModel, token ids in, next-token logits out "
                              "(the default and, for now, the only format)")
     parser.add_argument("--out", type=pathlib.Path, required=True, help="the folder to write; must not exist")
+    _add_backend_flag(parser)
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     return parser
 

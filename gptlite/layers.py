@@ -178,18 +178,22 @@ class CausalSelfAttention(keras.layers.Layer):
 
     Args:
         num_heads: H; the input width must divide by it.
-        dropout: rate for the attention weights and for the output.
+        dropout: rate for the output.
         use_bias: whether the Q/K/V and output projections have biases.
+        attention_dropout: rate for the attention weights. Above zero, training
+            computes the weights step by step instead of with the backend's
+            fused (flash) attention, to drop some out.
 
     Call: x (B, T, C) -> (B, T, C); with `return_attention_scores=True`, also
     the attention weights (B, H, T, T) before dropout.
     """
 
-    def __init__(self, num_heads, dropout=0.0, use_bias=True, **kwargs):
+    def __init__(self, num_heads, dropout=0.0, use_bias=True, attention_dropout=0.0, **kwargs):
         super().__init__(**kwargs)
         self.num_heads = num_heads
         self.dropout = dropout
         self.use_bias = use_bias
+        self.attention_dropout_rate = attention_dropout
 
     def build(self, input_shape):
         width = input_shape[-1]
@@ -216,11 +220,22 @@ class CausalSelfAttention(keras.layers.Layer):
             name="output_projection",
         )
         self.output_projection.build(input_shape)
-        self.attention_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.attention_dropout = keras.layers.Dropout(self.attention_dropout_rate, dtype=self.dtype_policy)
         self.output_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
     def call(self, x, training=None, return_attention_scores=False):
         length = ops.shape(x)[1]
+        if not return_attention_scores and not (training and self.attention_dropout_rate > 0):
+            # With no weights to return or drop out, the backend's fused
+            # attention serves (torch's scaled_dot_product_attention, flash
+            # where it can; under XLA the same ops as below), and the heads
+            # need no transposing.
+            qkv = ops.reshape(self.qkv_projection(x), (-1, length, 3, self.num_heads, self.head_size))
+            attended = ops.dot_product_attention(
+                qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], is_causal=True
+            )  # (B, T, H, D)
+            merged = self.output_projection(ops.reshape(attended, (-1, length, self.num_heads * self.head_size)))
+            return self.output_dropout(merged, training=training)
         query, key, value = self._project_heads(x)  # each (B, H, T, D)
         mask = causal_mask(length, length)  # (T, T), broadcast over B and H
         attended, weights = _attend_with_dropout(
@@ -270,7 +285,8 @@ class CausalSelfAttention(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(num_heads=self.num_heads, dropout=self.dropout, use_bias=self.use_bias)
+        config.update(num_heads=self.num_heads, dropout=self.dropout, use_bias=self.use_bias,
+                      attention_dropout=self.attention_dropout_rate)
         return config
 
 
@@ -360,12 +376,14 @@ class TransformerBlock(keras.layers.Layer):
     the attention weights (B, H, T, T).
     """
 
-    def __init__(self, num_heads, dropout=0.0, use_bias=True, layer_norm_epsilon=1e-5, **kwargs):
+    def __init__(self, num_heads, dropout=0.0, use_bias=True, layer_norm_epsilon=1e-5, attention_dropout=0.0,
+                 **kwargs):
         super().__init__(**kwargs)
         self.num_heads = num_heads
         self.dropout = dropout
         self.use_bias = use_bias
         self.layer_norm_epsilon = layer_norm_epsilon
+        self.attention_dropout = attention_dropout
 
     def build(self, input_shape):
         def layer_norm(name):
@@ -383,6 +401,7 @@ class TransformerBlock(keras.layers.Layer):
             self.num_heads,
             dropout=self.dropout,
             use_bias=self.use_bias,
+            attention_dropout=self.attention_dropout,
             dtype=self.dtype_policy,
             name="attention",
         )
@@ -394,9 +413,11 @@ class TransformerBlock(keras.layers.Layer):
         self.feed_forward.build(input_shape)
 
     def call(self, x, training=None, return_attention_scores=False):
-        attended, weights = self.attention(
-            self.attention_norm(x), training=training, return_attention_scores=True
+        attended = self.attention(
+            self.attention_norm(x), training=training, return_attention_scores=return_attention_scores
         )
+        if return_attention_scores:
+            attended, weights = attended
         x = x + attended
         x = x + self.feed_forward(self.feed_forward_norm(x), training=training)
         if return_attention_scores:
@@ -420,5 +441,6 @@ class TransformerBlock(keras.layers.Layer):
             dropout=self.dropout,
             use_bias=self.use_bias,
             layer_norm_epsilon=self.layer_norm_epsilon,
+            attention_dropout=self.attention_dropout,
         )
         return config

@@ -22,7 +22,8 @@ class GPTConfig:
     n_head: int = 4  # attention heads per block
     n_embd: int = 128  # model width C; must divide by n_head
     block_size: int = 64  # longest context the model sees
-    dropout: float = 0.0  # on embeddings, attention weights and residual branches
+    dropout: float = 0.0  # on embeddings and residual branches
+    attention_dropout: float = 0.0  # on attention weights; above 0, training cannot use fused attention
     bias: bool = False  # biases in Dense and LayerNorm layers
     tie_weights: bool = True  # LM head reuses the token embedding matrix
     position: str = "learned"  # "learned" or "sinusoidal"
@@ -37,8 +38,9 @@ class GPTConfig:
                 f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); "
                 f"try n_head {_divisors_near(self.n_embd, self.n_head)}"
             )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        for name in ("dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
         if self.position not in ("learned", "sinusoidal"):
             raise ConfigError(f"position must be 'learned' or 'sinusoidal', got {self.position!r}")
 
@@ -70,6 +72,7 @@ class GPT(keras.Model):
         bias=False,
         tie_weights=True,
         position="learned",
+        attention_dropout=0.0,
         tokenizer=None,
         **kwargs,
     ):
@@ -84,6 +87,7 @@ class GPT(keras.Model):
             bias=bias,
             tie_weights=tie_weights,
             position=position,
+            attention_dropout=attention_dropout,
         )
         if tokenizer is not None and tokenizer.vocabulary_size != vocab_size:
             raise ConfigError(
@@ -102,7 +106,8 @@ class GPT(keras.Model):
         self.embedding_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
         self.blocks = [
             TransformerBlock(
-                n_head, dropout=dropout, use_bias=bias, dtype=self.dtype_policy, name=f"block_{i}"
+                n_head, dropout=dropout, use_bias=bias, attention_dropout=attention_dropout,
+                dtype=self.dtype_policy, name=f"block_{i}"
             )
             for i in range(n_layer)
         ]

@@ -2,6 +2,8 @@
 
 import csv
 import hashlib
+import importlib.util
+import os
 
 import keras
 import pytest
@@ -148,6 +150,8 @@ def test_resume_refusals(capsys, trained_run):
     assert "already done its 30 steps; pass a larger --max-iters" in capsys.readouterr().err
     assert train_main([*base, "--resume", "--overwrite"]) == 2
     assert "choose one" in capsys.readouterr().err
+    assert train_main([*base, "--resume", "--max-iters", "40", "--precision", "bf16"]) == 2
+    assert "precision is fp32 in the checkpoint, bf16 here" in capsys.readouterr().err
 
 
 def test_text_problems_are_explained(capsys, tmp_path):
@@ -254,3 +258,37 @@ def test_bpe_on_several_files_trains_and_its_model_generates(tmp_path):
     assert generated.stdout.startswith("the cat 🙂")
     assert run_python("train.py", str(tmp_path / "first.txt"), "--vocab-size", "300",
                       "--out", str(tmp_path / "other")).returncode == 2
+
+
+OTHER_BACKEND = "jax" if keras.backend.backend() != "jax" else "tensorflow"
+
+
+@pytest.mark.skipif(importlib.util.find_spec(OTHER_BACKEND) is None, reason=f"{OTHER_BACKEND} is not installed")
+def test_backend_and_precision_flags_take_effect(tmp_path):
+    text_file = tmp_path / "words.txt"
+    text_file.write_text(make_text(2000))
+    # KERAS_BACKEND, set for the tests, names another backend: the flag wins.
+    result = run_python("train.py", str(text_file), "--preset", "tiny", "--max-iters", "8", "--eval-interval", "4",
+                        "--eval-iters", "1", "--backend", OTHER_BACKEND, "--precision", "bf16",
+                        "--out", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr
+    assert f"{OTHER_BACKEND} backend, bf16" in result.stdout
+
+
+def test_a_backend_that_is_not_installed_is_named_with_its_install_command(monkeypatch):
+    import gptlite_launch
+
+    monkeypatch.setenv("KERAS_BACKEND", keras.backend.backend())
+    monkeypatch.setattr(gptlite_launch.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(SystemExit) as exit_info:
+        gptlite_launch.choose_backend("gptlite-train", ["data.txt", "--backend", "jax"])
+    assert str(exit_info.value) == ("gptlite-train: error: --backend jax needs jax installed "
+                                    "(pip install \"gptlite[jax]\", or pip install -e \".[jax]\" in a checkout)")
+    assert os.environ["KERAS_BACKEND"] == keras.backend.backend()
+
+
+def test_a_backend_flag_after_keras_is_running_is_refused(capsys):
+    from gptlite.cli import train_main
+
+    assert train_main(["--preset", "tiny", "--backend", OTHER_BACKEND]) == 2
+    assert f"--backend {OTHER_BACKEND} came too late" in capsys.readouterr().err

@@ -43,6 +43,36 @@ def test_causal_self_attention_matches_numpy_reference(batch, length, width, hea
 
     np.testing.assert_allclose(keras.ops.convert_to_numpy(weights), expected_weights, atol=1e-5)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(output), expected, atol=1e-5)
+    # Without weights to return, the backend's fused attention computes the same thing.
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(attention(x)), expected, atol=1e-5)
+
+
+class UnfusedAttention(layers.CausalSelfAttention):
+    """Always the step-by-step attention, for comparison with the fused one."""
+
+    def call(self, x, training=None, return_attention_scores=False):
+        return super().call(x, training=training, return_attention_scores=True)[0]
+
+
+def test_fused_attention_trains_exactly_like_the_step_by_step_one(tokenizer):
+    import gptlite
+
+    def trained_weights(fused):
+        keras.utils.set_random_seed(3)
+        model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=2, n_head=2, n_embd=16, block_size=8)
+        model.build((None, 8))
+        if not fused:
+            for block in model.blocks:
+                block.attention.__class__ = UnfusedAttention
+        model.compile(optimizer=keras.optimizers.SGD(0.5),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        ids = np.random.default_rng(0).integers(0, tokenizer.vocabulary_size, (4, 9))
+        for _ in range(3):
+            model.train_on_batch(ids[:, :-1], ids[:, 1:])
+        return [keras.ops.convert_to_numpy(v) for v in model.trainable_variables]
+
+    for fused, unfused in zip(trained_weights(True), trained_weights(False)):
+        np.testing.assert_allclose(fused, unfused, atol=1e-5)
 
 
 def test_scaled_dot_product_attention_with_mask_matches_numpy():
@@ -98,9 +128,11 @@ def test_untied_embedding_has_its_own_output_matrix():
 LAYER_CASES = [
     (layers.TokenAndPositionEmbedding, dict(vocabulary_size=11, sequence_length=8, embedding_dim=4,
                                             position="sinusoidal", tie_weights=False), (2, 5), "int32"),
-    (layers.CausalSelfAttention, dict(num_heads=2, dropout=0.1, use_bias=False), (2, 5, 8), "float32"),
+    (layers.CausalSelfAttention, dict(num_heads=2, dropout=0.1, use_bias=False, attention_dropout=0.05), (2, 5, 8),
+     "float32"),
     (layers.FeedForward, dict(dropout=0.2, use_bias=True), (2, 5, 8), "float32"),
-    (layers.TransformerBlock, dict(num_heads=4, dropout=0.1, use_bias=False, layer_norm_epsilon=1e-6),
+    (layers.TransformerBlock,
+     dict(num_heads=4, dropout=0.1, use_bias=False, layer_norm_epsilon=1e-6, attention_dropout=0.1),
      (2, 5, 8), "float32"),
 ]
 

@@ -57,7 +57,8 @@ def test_tokenizer_must_match_vocab_size(tokenizer):
 
 def test_config_round_trip_keeps_every_setting_and_the_tokenizer(tokenizer):
     config = gptlite.GPTConfig(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=8,
-                               block_size=8, dropout=0.1, bias=True, tie_weights=False, position="sinusoidal")
+                               block_size=8, dropout=0.1, bias=True, tie_weights=False, position="sinusoidal",
+                               attention_dropout=0.05)
     model = gptlite.GPT.from_gpt_config(config, tokenizer)
     serialized = json.loads(json.dumps(model.get_config()))
     clone = gptlite.GPT.from_config(serialized)

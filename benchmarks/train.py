@@ -1,0 +1,230 @@
+"""Training speed, memory and loss: gptlite on each backend and precision, and the PyTorch reference, side by side.
+
+    python benchmarks/train.py [TEXT] [--preset cpu] [--runs reference:fp32 tensorflow:fp32 ...]
+        [--rounds 3] [--max-iters N] [--batch-size N] [--eval-interval N]
+
+Each run is a whole training run in a child process of its own (a Keras
+backend is fixed for the life of a process): gptlite through
+`gptlite.training.train`, exactly as `train.py` trains, or the PyTorch
+re-implementation of nanoGPT in `torch_reference.py` ("reference"). Runs are
+named BACKEND:PRECISION; the rounds take them in turn so that machine noise
+hits all alike, and round r uses seed 1337 + r, so the losses' median is a
+median over seeds. Each run reports:
+- ms/iter: the median time from one optimizer step's end to the next's
+  (evaluations fall between `fit` calls, and the step after each is left out);
+- tokens/s: batch_size * block_size tokens per iteration at that median;
+- compile s: the first step's time less the median (tracing and compiling);
+- peak RSS: the child's peak resident memory;
+- val loss: the validation loss after the last step (train.py's evaluation);
+- MFU: model FLOPs per second (nanoGPT's count: 6 N + 12 L T C per token,
+  N without the position table) over the FLOP/s of a 2048 x 2048 matmul
+  the child measures with its own backend and precision.
+Prints each run as it ends, then medians, and ratios to the first run named.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+DEFAULT_TEXT = HERE.parents[1] / "shared" / "data" / "tinyshakespeare.txt"
+DEFAULT_RUNS = ["reference:fp32", "tensorflow:fp32", "jax:fp32", "torch:fp32"]
+MEASURES = {
+    "ms_per_iter": "ms/iter",
+    "tokens_per_s": "tokens/s",
+    "compile_s": "compile s",
+    "peak_rss_mb": "peak RSS MB",
+    "val_loss": "val loss",
+    "mfu": "MFU",
+}
+MATMUL_SIZE = 2048
+
+
+def settings_for(preset, overrides):
+    """The preset's settings with the command line's overrides, as one flat dict."""
+    from gptlite import training
+
+    settings = dict(training.PRESETS[preset])
+    settings.update({name: value for name, value in overrides.items() if value is not None})
+    return settings
+
+
+def flops_per_iteration(settings, parameters):
+    layers, width, length = settings["n_layer"], settings["n_embd"], settings["block_size"]
+    per_token = 6 * parameters + 12 * layers * length * width
+    return per_token * length * settings["batch_size"]
+
+
+def peak_rss_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def summarise(step_times, settings, parameters, matmul_flops_per_s):
+    median = statistics.median(step_times[1:])
+    return {
+        "ms_per_iter": median * 1000,
+        "tokens_per_s": settings["batch_size"] * settings["block_size"] / median,
+        "compile_s": max(step_times[0] - median, 0.0),
+        "peak_rss_mb": peak_rss_mb(),
+        "mfu": flops_per_iteration(settings, parameters) / median / matmul_flops_per_s,
+    }
+
+
+def time_matmul(multiply, make_operand, repeats=5):
+    a, b = make_operand(), make_operand()
+    multiply(a, b)
+    best = min(_timed(multiply, a, b) for _ in range(repeats))
+    return 2 * MATMUL_SIZE**3 / best
+
+
+def _timed(function, *args):
+    start = time.perf_counter()
+    function(*args)
+    return time.perf_counter() - start
+
+
+def run_reference(text_path, settings, precision, seed):
+    import numpy as np
+    import torch
+
+    from torch_reference import ReferenceTrainer
+
+    text = text_path.read_text(encoding="utf-8")
+    vocabulary = sorted(set(text))
+    index = {c: i for i, c in enumerate(vocabulary)}
+    ids = np.array([index[c] for c in text], dtype=np.uint16)
+    cut = int(len(ids) * 0.9)
+    trainer = ReferenceTrainer(ids[:cut], ids[cut:], len(vocabulary), settings, precision, seed)
+    step_times = []
+    for _ in range(settings["max_iters"]):
+        start = time.perf_counter()
+        trainer.step()
+        step_times.append(time.perf_counter() - start)
+    val_loss = trainer.validation_loss(settings["eval_iters"])
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    ceiling = time_matmul(torch.matmul, lambda: torch.randn(MATMUL_SIZE, MATMUL_SIZE, dtype=dtype))
+    return {**summarise(step_times, settings, trainer.parameter_count(), ceiling), "val_loss": val_loss}
+
+
+def run_gptlite(text_path, settings, precision, seed):
+    import keras
+    import numpy as np
+
+    import gptlite
+    from gptlite import data, training
+
+    class StepClock(keras.callbacks.Callback):
+        """Step times within each fit call, the first of each call (the one after an evaluation) left out."""
+
+        def __init__(self):
+            super().__init__()
+            self.times, self.first = [], None
+
+        def on_train_begin(self, logs=None):
+            self.last = None
+
+        def on_train_batch_end(self, batch, logs=None):
+            now = time.perf_counter()
+            if self.first is None:
+                self.first = now - self.started
+            elif self.last is not None:
+                self.times.append(now - self.last)
+            self.last = now
+
+    text = data.read_text(text_path)
+    tokenizer = gptlite.CharTokenizer.from_text(text)
+    train_ids, validation_ids = data.split(tokenizer.encode(text))
+    model_settings, training_settings = training.split_settings(
+        {**settings, "seed": seed, "precision": precision}
+    )
+    config = gptlite.TrainingConfig(**training_settings)
+    keras.utils.set_random_seed(seed)
+    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, tokenizer=tokenizer,
+                        dtype=training.dtype_policy(config.precision), **model_settings)
+    model.build((None, model.config.block_size))
+    clock = StepClock()
+    clock.started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as out_dir:
+        rows = training.train(model, train_ids, validation_ids, config, out_dir, verbose=0, callbacks=[clock])
+    parameters = model.count_params() - model.config.block_size * model.config.n_embd
+    compute_dtype = "bfloat16" if precision == "bf16" else "float16" if precision == "fp16" else "float32"
+    ceiling = time_matmul(
+        lambda a, b: keras.ops.convert_to_numpy(keras.ops.cast(keras.ops.matmul(a, b)[0, 0], "float32")),
+        lambda: keras.ops.cast(np.random.default_rng(0).normal(size=(MATMUL_SIZE, MATMUL_SIZE)), compute_dtype),
+    )
+    return {**summarise([clock.first, *clock.times], settings, parameters, ceiling),
+            "val_loss": rows[-1]["val_loss"]}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("text", nargs="?", type=pathlib.Path, default=DEFAULT_TEXT)
+    parser.add_argument("--preset", default="cpu")
+    parser.add_argument("--runs", nargs="+", default=DEFAULT_RUNS, metavar="BACKEND:PRECISION",
+                        help="reference or tensorflow/jax/torch, then fp32, bf16 or fp16")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-iters", type=int)
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--eval-interval", type=int)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=1337, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    overrides = {"max_iters": args.max_iters, "batch_size": args.batch_size, "eval_interval": args.eval_interval}
+    settings = settings_for(args.preset, overrides)
+    if args.max_iters and not args.eval_interval:
+        settings["eval_interval"] = settings["checkpoint_interval"] = args.max_iters
+    settings["checkpoint_interval"] = max(settings["checkpoint_interval"], settings["eval_interval"])
+    if settings["warmup_iters"] >= settings["max_iters"]:
+        settings["warmup_iters"] = settings["max_iters"] // 10
+
+    if args.child:
+        backend, precision = args.child.split(":")
+        run = run_reference if backend == "reference" else run_gptlite
+        print(json.dumps(run(args.text, settings, precision, args.seed)))
+        return
+
+    results = {name: [] for name in args.runs}
+    for round_index in range(args.rounds):
+        for name in args.runs:
+            backend = name.split(":")[0]
+            env = dict(os.environ, **({} if backend == "reference" else {"KERAS_BACKEND": backend}))
+            command = [sys.executable, __file__, str(args.text), "--child", name, "--preset", args.preset,
+                       "--seed", str(1337 + round_index)]
+            for flag, value in overrides.items():
+                if value is not None:
+                    command += [f"--{flag.replace('_', '-')}", str(value)]
+            child = subprocess.run(command, env=env, capture_output=True, text=True, cwd=HERE)
+            if child.returncode:
+                sys.exit(f"{name} failed:\n{child.stderr[-3000:]}")
+            result = json.loads(child.stdout.splitlines()[-1])
+            results[name].append(result)
+            print(f"round {round_index + 1}, {name}: "
+                  + ", ".join(f"{key} {value:.4g}" for key, value in result.items()), flush=True)
+
+    first = args.runs[0]
+    medians = {name: {key: statistics.median(run[key] for run in runs) for key in MEASURES}
+               for name, runs in results.items()}
+    print(f"\n{args.preset} preset, batch {settings['batch_size']}, {settings['max_iters']} iterations; "
+          f"medians of {args.rounds} (seeds 1337..{1336 + args.rounds}); ratios to {first}\n")
+    print("| run | " + " | ".join(MEASURES.values()) + " |")
+    print("|---|" + "---:|" * len(MEASURES))
+    for name in args.runs:
+        cells = []
+        for key in MEASURES:
+            value = medians[name][key]
+            text = f"{value:.1%}" if key == "mfu" else f"{value:,.4g}" if value < 1000 else f"{value:,.0f}"
+            if name != first and key in ("ms_per_iter", "tokens_per_s"):
+                text += f" ({value / medians[first][key]:.2f}x)"
+            cells.append(text)
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
