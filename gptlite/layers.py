@@ -5,6 +5,7 @@ Shape letters used in comments:
     C model width (n_embd), H heads, D head size (C / H), V vocabulary size.
 """
 
+import functools
 import math
 
 import keras
@@ -225,11 +226,11 @@ class CausalSelfAttention(keras.layers.Layer):
 
     def call(self, x, training=None, return_attention_scores=False):
         length = ops.shape(x)[1]
-        if not return_attention_scores and not (training and self.attention_dropout_rate > 0):
-            # With no weights to return or drop out, the backend's fused
-            # attention serves (torch's scaled_dot_product_attention, flash
-            # where it can; under XLA the same ops as below), and the heads
-            # need no transposing.
+        weights_needed = return_attention_scores or (training and self.attention_dropout_rate > 0)
+        if not weights_needed and _fused_attention_is_faster(self.compute_dtype):
+            # The backend's fused attention (torch's scaled_dot_product_attention,
+            # flash where it can; under XLA the same ops as below), on heads
+            # that need no transposing.
             qkv = ops.reshape(self.qkv_projection(x), (-1, length, 3, self.num_heads, self.head_size))
             attended = ops.dot_product_attention(
                 qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], is_causal=True
@@ -288,6 +289,20 @@ class CausalSelfAttention(keras.layers.Layer):
         config.update(num_heads=self.num_heads, dropout=self.dropout, use_bias=self.use_bias,
                       attention_dropout=self.attention_dropout_rate)
         return config
+
+
+@functools.cache
+def _fused_attention_is_faster(compute_dtype):
+    """Whether `ops.dot_product_attention` beats the step-by-step ops here.
+
+    It does but for torch on a CPU in 16 bits, where torch's flash kernel is
+    slower than plain matmuls and softmax (BENCHMARKS.md, "Fused attention").
+    """
+    if keras.backend.backend() != "torch" or compute_dtype == "float32":
+        return True
+    import torch
+
+    return torch.cuda.is_available() or torch.backends.mps.is_available()
 
 
 def _write_cache(cache, key, value, positions):

@@ -52,6 +52,10 @@ def test_16_bit_precision_trains_about_as_well_as_fp32(tmp_path, text, tokenizer
     assert rows[-1]["val_loss"] < rows[0]["val_loss"] - 0.3
     # The same run as tiny_run's, in 16 bits: it should end close to the fp32 loss.
     assert abs(rows[-1]["val_loss"] - tiny_run[1][-1]["val_loss"]) < 0.05
+    # A model saved in 16 bits loads and samples.
+    reloaded = gptlite.load(tmp_path / "model.keras")
+    assert reloaded.compute_dtype == model.compute_dtype
+    assert len(gptlite.generate(reloaded, "the ", max_new_tokens=10, seed=0)) == len("the ") + 10
 
 
 def test_run_stops_at_max_iters_with_a_final_evaluation(tiny_run):
