@@ -17,9 +17,12 @@ BACKENDS = ("tensorflow", "jax", "torch")
 
 def choose_backend(prog, argv):
     """Put `--backend NAME` from argv into KERAS_BACKEND; exit with a one-line error if NAME is not installed."""
-    reader = argparse.ArgumentParser(add_help=False)
+    reader = argparse.ArgumentParser(add_help=False, exit_on_error=False)
     reader.add_argument("--backend")
-    known, _ = reader.parse_known_args(argv)
+    try:
+        known, _ = reader.parse_known_args(argv)
+    except argparse.ArgumentError:
+        return  # `--backend` with no name: the command's own parser says so
     if known.backend not in BACKENDS:
         return  # none given, or a wrong name, which the command's own parser reports
     if importlib.util.find_spec(known.backend) is None:

@@ -384,6 +384,11 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
     step's weights. `callbacks`: more Keras callbacks, given to every `fit` call.
     """
     out_dir = pathlib.Path(out_dir)
+    if model.dtype_policy.name != dtype_policy(config.precision):
+        raise ConfigError(
+            f"the model computes in {model.dtype_policy.name} but the training precision is {config.precision}; "
+            f"build it with dtype=gptlite.training.dtype_policy({config.precision!r})"
+        )
     block_size = model.config.block_size
     if not model.built:
         model.build((None, block_size))

@@ -58,6 +58,12 @@ def test_16_bit_precision_trains_about_as_well_as_fp32(tmp_path, text, tokenizer
     assert len(gptlite.generate(reloaded, "the ", max_new_tokens=10, seed=0)) == len("the ") + 10
 
 
+def test_a_model_built_in_another_precision_is_refused(tmp_path, tiny_model):
+    ids = np.zeros(100, np.uint16)
+    with pytest.raises(gptlite.ConfigError, match="computes in float32 but the training precision is bf16"):
+        training.train(tiny_model, ids, ids, gptlite.TrainingConfig(precision="bf16"), tmp_path, verbose=0)
+
+
 def test_run_stops_at_max_iters_with_a_final_evaluation(tiny_run):
     _, rows, _ = tiny_run
     assert [row["step"] for row in rows] == [40, 80, 120, 130]
