@@ -389,6 +389,9 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
             f"the model computes in {model.dtype_policy.name} but the training precision is {config.precision}; "
             f"build it with dtype=gptlite.training.dtype_policy({config.precision!r})"
         )
+    if (config.precision == "fp16" and keras.backend.backend() == "jax"
+            and all(device.startswith("cpu") for device in keras.distribution.list_devices())):
+        raise ConfigError("fp16 under jax needs a GPU: XLA's CPU matmuls have no float16; use --precision bf16")
     block_size = model.config.block_size
     if not model.built:
         model.build((None, block_size))

@@ -235,6 +235,11 @@ def test_export_under_torch_says_which_backend_to_use(capsys, tmp_path, tiny_mod
     assert not (tmp_path / "exported").exists()
 
 
+ONCE = pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                          reason="a subprocess whose backend does not matter: run in the tensorflow suite only")
+
+
+@ONCE
 def test_bpe_on_several_files_trains_and_its_model_generates(tmp_path):
     import math
 
@@ -263,6 +268,7 @@ def test_bpe_on_several_files_trains_and_its_model_generates(tmp_path):
 OTHER_BACKEND = "jax" if keras.backend.backend() != "jax" else "tensorflow"
 
 
+@ONCE
 @pytest.mark.skipif(importlib.util.find_spec(OTHER_BACKEND) is None, reason=f"{OTHER_BACKEND} is not installed")
 def test_backend_and_precision_flags_take_effect(tmp_path):
     text_file = tmp_path / "words.txt"

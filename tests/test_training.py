@@ -1,5 +1,4 @@
 import csv
-import importlib.util
 import math
 import os
 import signal
@@ -40,6 +39,8 @@ def test_training_lowers_validation_loss_by_a_clear_margin(tiny_run, tokenizer):
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_16_bit_precision_trains_about_as_well_as_fp32(tmp_path, text, tokenizer, tiny_run, precision):
+    if precision == "fp16" and keras.backend.backend() == "jax":
+        pytest.skip("XLA on a CPU has no float16 matmuls; test_fp16_under_jax_on_a_cpu_is_refused checks the message")
     keras.utils.set_random_seed(0)
     model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=2, n_head=2, n_embd=32, block_size=16,
                         tokenizer=tokenizer, dtype=training.dtype_policy(precision))
@@ -56,6 +57,15 @@ def test_16_bit_precision_trains_about_as_well_as_fp32(tmp_path, text, tokenizer
     reloaded = gptlite.load(tmp_path / "model.keras")
     assert reloaded.compute_dtype == model.compute_dtype
     assert len(gptlite.generate(reloaded, "the ", max_new_tokens=10, seed=0)) == len("the ") + 10
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="the refusal is JAX's")
+def test_fp16_under_jax_on_a_cpu_is_refused(tmp_path, tokenizer):
+    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=1, n_embd=8, block_size=8,
+                        dtype=training.dtype_policy("fp16"))
+    ids = np.zeros(100, np.uint16)
+    with pytest.raises(gptlite.ConfigError, match="fp16 under jax needs a GPU"):
+        training.train(model, ids, ids, gptlite.TrainingConfig(precision="fp16"), tmp_path, verbose=0)
 
 
 def test_a_model_built_in_another_precision_is_refused(tmp_path, tiny_model):
@@ -268,7 +278,8 @@ def test_two_devices_take_the_same_steps_as_one(tmp_path, text_file, tokenizer):
     assert gptlite.generate(model, "the", max_new_tokens=10, seed=0).startswith("the")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed (pip install -e '.[jax]')")
+# Its processes run JAX whatever the suite's backend: once, in the JAX suite, is enough.
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="runs in the jax suite (tests/run_backends.sh jax)")
 def test_two_jax_processes_train_as_one(tmp_path, text_file):
     import socket
 
