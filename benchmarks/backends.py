@@ -23,9 +23,9 @@ import json
 import os
 import pathlib
 import statistics
-import subprocess
-import sys
 import time
+
+from children import run_child
 
 HERE = pathlib.Path(__file__).resolve().parent
 DEFAULT_TEXT = HERE.parents[1] / "shared" / "data" / "tinyshakespeare.txt"
@@ -100,14 +100,11 @@ def main():
     results = {backend: [] for backend in args.backends}
     for round_index in range(args.rounds):
         for backend in args.backends:
-            child = subprocess.run(
-                [sys.executable, __file__, str(args.text), "--child", "--steps", str(args.steps),
-                 "--warmup", str(args.warmup)],
-                env=dict(os.environ, KERAS_BACKEND=backend), capture_output=True, text=True, cwd=HERE,
+            result = run_child(
+                backend,
+                [__file__, str(args.text), "--child", "--steps", str(args.steps), "--warmup", str(args.warmup)],
+                dict(os.environ, KERAS_BACKEND=backend),
             )
-            if child.returncode:
-                sys.exit(f"{backend} failed:\n{child.stderr[-3000:]}")
-            result = json.loads(child.stdout.splitlines()[-1])
             results[backend].append(result)
             print(f"round {round_index + 1}, {backend}: "
                   + ", ".join(f"{key} {value:.3g}" for key, value in result.items()), flush=True)

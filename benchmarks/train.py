@@ -29,10 +29,10 @@ import os
 import pathlib
 import resource
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
+
+from children import run_child
 
 HERE = pathlib.Path(__file__).resolve().parent
 DEFAULT_TEXT = HERE.parents[1] / "shared" / "data" / "tinyshakespeare.txt"
@@ -199,15 +199,12 @@ def main():
         for name in args.runs:
             backend = name.split(":")[0]
             env = dict(os.environ, **({} if backend == "reference" else {"KERAS_BACKEND": backend}))
-            command = [sys.executable, __file__, str(args.text), "--child", name, "--preset", args.preset,
+            command = [__file__, str(args.text), "--child", name, "--preset", args.preset,
                        "--seed", str(1337 + round_index)]
             for flag, value in overrides.items():
                 if value is not None:
                     command += [f"--{flag.replace('_', '-')}", str(value)]
-            child = subprocess.run(command, env=env, capture_output=True, text=True, cwd=HERE)
-            if child.returncode:
-                sys.exit(f"{name} failed:\n{child.stderr[-3000:]}")
-            result = json.loads(child.stdout.splitlines()[-1])
+            result = run_child(name, command, env)
             results[name].append(result)
             print(f"round {round_index + 1}, {name}: "
                   + ", ".join(f"{key} {value:.4g}" for key, value in result.items()), flush=True)

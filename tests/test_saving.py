@@ -13,6 +13,7 @@ import pytest
 
 import gptlite
 from gptlite import saving
+from gptlite_launch import BACKENDS
 from conftest import REPO
 
 
@@ -121,7 +122,6 @@ assert keras.backend.backend() == sys.argv[3]
 logits = model(np.array(json.loads(sys.argv[2]), "int32"))
 print(json.dumps(keras.ops.convert_to_numpy(logits).tolist()))
 """
-BACKENDS = ("tensorflow", "jax", "torch")  # each also the name of its Python package
 
 
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b != keras.backend.backend()])
