@@ -4,6 +4,9 @@
     model = keras.saving.load_model("out/model.keras")   # or gptlite.load(...)
     print(gptlite.generate(model, "ROMEO:", max_new_tokens=100, temperature=0.8, seed=1))
 
+    adder = gptlite.load("adder/model.keras")            # a Seq2Seq, from train.py --synthetic addition
+    print(gptlite.generate_target(adder, "123+456"))
+
 Importing gptlite registers its layers, model and tokenizers with Keras, which
 is what lets `keras.saving.load_model` rebuild a saved model.
 """
@@ -23,14 +26,16 @@ from gptlite.errors import (
     TrainingDiverged,
     TrainingInterrupted,
 )
-from gptlite.generation import generate, stream
+from gptlite.generation import generate, generate_target, stream
 from gptlite.layers import (
+    Attention,
     CausalSelfAttention,
+    EncoderBlock,
     FeedForward,
     TokenAndPositionEmbedding,
     TransformerBlock,
 )
-from gptlite.model import GPT, GPTConfig
+from gptlite.model import GPT, GPTConfig, Seq2Seq
 from gptlite.saving import load, save
 from gptlite.tokenizers import BPETokenizer, CharTokenizer
 from gptlite.training import PRESETS, TrainingConfig, train
@@ -40,22 +45,26 @@ __version__ = "0.1.0"
 __all__ = [
     "GPT",
     "GPTConfig",
+    "Attention",
     "CausalSelfAttention",
     "BPETokenizer",
     "CharTokenizer",
     "ConfigError",
+    "EncoderBlock",
     "FeedForward",
     "GPTLiteError",
     "InputError",
     "MissingFileError",
     "PRESETS",
     "RunExistsError",
+    "Seq2Seq",
     "TokenAndPositionEmbedding",
     "TrainingConfig",
     "TrainingDiverged",
     "TrainingInterrupted",
     "TransformerBlock",
     "generate",
+    "generate_target",
     "load",
     "save",
     "stream",

@@ -10,7 +10,7 @@ import pathlib
 import sys
 import tempfile
 
-from gptlite import data, generation, saving, training
+from gptlite import data, generation, pairs, saving, training
 from gptlite.errors import (
     ConfigError,
     GPTLiteError,
@@ -19,7 +19,7 @@ from gptlite.errors import (
     TrainingDiverged,
     TrainingInterrupted,
 )
-from gptlite.model import GPT, GPTConfig
+from gptlite.model import GPT, GPTConfig, Seq2Seq
 from gptlite.tokenizers import BPETokenizer, CharTokenizer
 from gptlite_launch import BACKENDS
 
@@ -81,13 +81,21 @@ def train_main(argv=None):
 def _train_parser():
     parser = _Parser(
         prog="gptlite-train",
-        description="Train a character-level GPT on a text file and save it as model.keras.",
+        description="Train a GPT on text files, or a seq2seq model on source<TAB>target pairs, "
+                    "and save it as model.keras.",
     )
     parser.add_argument(
         "texts", nargs="*", type=pathlib.Path, metavar="TEXT",
         help="UTF-8 text files, or folders of them, to train on (default: about 2 MB of the Python "
-             "standard library's sources); several are read in the order given, a folder's files in sorted order",
+             "standard library's sources); several are read in the order given, a folder's files in sorted order; "
+             "with --task seq2seq, one file of source<TAB>target lines",
     )
+    parser.add_argument("--task", choices=["lm", "seq2seq"], default=None,
+                        help="lm: a GPT that continues text (the default); seq2seq: an encoder-decoder that learns "
+                             "to write each line's target from its source")
+    parser.add_argument("--synthetic", choices=pairs.SYNTHETIC_TASKS, default=None,
+                        help="train seq2seq on a built-in task instead of a file: addition (\"123+456\" -> \"579\"), "
+                             "reverse or sort (strings of 5 to 20 letters)")
     parser.add_argument("--tokenizer", choices=["char", "bpe"], default="char",
                         help="char: one token per character (the default); bpe: byte-level byte-pair "
                              "encoding learned from the text, for large or many-language corpora")
@@ -132,10 +140,15 @@ def _train_parser():
 
 
 def _train(args):
+    seq2seq = _is_seq2seq(args)
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite contradict each other; choose one")
     checkpoint = training.read_checkpoint(args.out) if args.resume else None
-    model_settings, training_settings = training.split_settings(_resolve_settings(args, checkpoint))
+    if checkpoint and (checkpoint.get("model_class", "GPT") == "Seq2Seq") != seq2seq:
+        saved_task = "lm" if seq2seq else "seq2seq"
+        raise ConfigError(f"the run in {args.out} trains a {saved_task} model; resume it with --task {saved_task}")
+    default_preset = "seq2seq" if seq2seq else training.DEFAULT_PRESET
+    model_settings, training_settings = training.split_settings(_resolve_settings(args, checkpoint, default_preset))
     training_config = training.TrainingConfig(**training_settings)
     GPTConfig(**model_settings)  # fail on a bad shape before reading any text
     if checkpoint and checkpoint["step"] >= training_config.max_iters:
@@ -146,29 +159,120 @@ def _train(args):
     if args.vocab_size is not None and (args.tokenizer != "bpe" or checkpoint):
         raise ConfigError("--vocab-size sets the size of a new BPE vocabulary: it goes with --tokenizer bpe, "
                           "and not with --resume")
+    if seq2seq:
+        _check_seq2seq_flags(args)
     if not args.resume:
         _check_output_folder(args.out, args.overwrite)
-
-    if args.texts:
-        corpus = data.Corpus.from_files(args.texts, args.encoding, args.errors)
-    else:
-        corpus = data.Corpus.from_text(data.default_corpus(), "the Python standard library's sources")
 
     import keras
 
     keras.utils.set_random_seed(training_config.seed)
-    with training.data_parallel(training_config.batch_size) if args.distribute else contextlib.nullcontext() as replicas:
-        model, rows = _build_and_train(args, corpus, checkpoint, model_settings, training_config, replicas)
+    if seq2seq:
+        model, rows, held_out = _build_and_train_seq2seq(args, checkpoint, model_settings, training_config)
+    else:
+        if args.texts:
+            corpus = data.Corpus.from_files(args.texts, args.encoding, args.errors)
+        else:
+            corpus = data.Corpus.from_text(data.default_corpus(), "the Python standard library's sources")
+        with (training.data_parallel(training_config.batch_size) if args.distribute
+              else contextlib.nullcontext()) as replicas:
+            model, rows = _build_and_train(args, corpus, checkpoint, model_settings, training_config, replicas)
     best = min(rows, key=lambda row: row["val_loss"])
     print(
         f"\nbest validation loss {best['val_loss']:.4f} at step {best['step']}; "
-        f"saved {args.out / 'model.keras'}, {args.out / 'history.csv'}, {args.out / 'loss.png'}\n"
-        f"sample from the final model:\n"
+        f"saved {args.out / 'model.keras'}, {args.out / 'history.csv'}, {args.out / 'loss.png'}"
     )
+    if seq2seq:
+        _show_targets(model, held_out)
+        return
+    print("sample from the final model:\n")
     for piece in generation.stream(model, "", max_new_tokens=300, temperature=0.8, top_k=200,
                                    seed=training_config.seed):
         _print_piece(piece)
     print()
+
+
+def _is_seq2seq(args):
+    if args.synthetic and args.task == "lm":
+        raise ConfigError("--synthetic tasks train a seq2seq model; leave out --task lm")
+    return args.task == "seq2seq" or args.synthetic is not None
+
+
+def _check_seq2seq_flags(args):
+    if args.tokenizer != "char":
+        raise ConfigError("the seq2seq model reads characters; --tokenizer bpe is for language models")
+    if args.distribute:
+        raise ConfigError("--distribute trains language models only for now")
+    if args.synthetic and args.texts:
+        raise ConfigError(f"--synthetic {args.synthetic} makes its own pairs; leave out the file")
+    if not args.synthetic and len(args.texts) != 1:
+        raise ConfigError("--task seq2seq trains on one file of source<TAB>target lines, or on --synthetic TASK")
+
+
+def _build_and_train_seq2seq(args, checkpoint, model_settings, training_config):
+    """Read or make the pairs, make the model (new, or from the checkpoint) and train it.
+
+    Returns (model, evaluation rows, held-out pairs). The held-out pairs are
+    chosen by the seed, so a resumed run holds out the same ones.
+    """
+    if args.synthetic:
+        train_pairs, held_out = pairs.synthetic(args.synthetic, training_config.seed)
+        name = f"the synthetic {args.synthetic} task"
+    else:
+        train_pairs, held_out = pairs.split(pairs.read_pairs(args.texts[0], args.encoding, args.errors),
+                                            training_config.seed)
+        name = str(args.texts[0])
+    if checkpoint:
+        model = Seq2Seq.from_config(checkpoint["model_config"])
+        tokenizer, block_size = model.tokenizer, model.config.block_size
+    else:
+        texts = (text for part in (train_pairs, held_out) for text in part.sources + part.targets)
+        tokenizer = CharTokenizer.from_texts(texts, special_tokens=CharTokenizer.SPECIAL_TOKENS)
+        block_size = model_settings.pop("block_size", None) or pairs.block_size_needed(tokenizer, train_pairs,
+                                                                                       held_out)
+        model = Seq2Seq.from_gpt_config(
+            GPTConfig(vocab_size=tokenizer.vocabulary_size, block_size=block_size, **model_settings), tokenizer,
+            dtype=training.dtype_policy(training_config.precision))
+    train_set = pairs.encode(train_pairs, tokenizer, block_size)
+    held_out_set = pairs.encode(held_out, tokenizer, block_size)
+    model.build()
+    config = model.config
+    print(
+        f"training on {name}: {len(train_pairs):,} pairs, {len(held_out):,} held out "
+        f"({tokenizer.vocabulary_size - len(tokenizer.special_tokens)} characters)\n"
+        f"model: seq2seq, encoder and decoder of {config.n_layer} layers each, {config.n_head} heads, width "
+        f"{config.n_embd}, sources and targets of up to {config.block_size} tokens, {model.count_params():,} "
+        f"parameters; {_backend_and_precision(training_config)}\n"
+        + _schedule(training_config, checkpoint, None)
+        + f"; exact match measured on {min(len(held_out), pairs.HELD_OUT_PAIRS):,} held-out pairs",
+        flush=True,
+    )
+    rows = training.train(model, train_set, held_out_set, training_config, args.out, resume=bool(checkpoint))
+    return model, rows, held_out
+
+
+def _show_targets(model, held_out, count=8):
+    """Print what the final model writes for a few held-out sources."""
+    shown = held_out.subset(range(min(count, len(held_out))))
+    print("held-out pairs, decoded by the final model:")
+    for source, want, got in zip(shown.sources, shown.targets, generation.generate_target(model, shown.sources)):
+        print(f"  {source!r} -> {got!r}" + ("" if got == want else f"   (expected {want!r})"))
+
+
+def _backend_and_precision(training_config):
+    import keras
+
+    return f"{keras.backend.backend()} backend, {training_config.precision}"
+
+
+def _schedule(training_config, checkpoint, replicas):
+    return (
+        (f"resuming at step {checkpoint['step']} of " if checkpoint else "")
+        + f"{training_config.max_iters} steps of batch {training_config.batch_size}"
+        + (f" split across {replicas} devices" if replicas else "") + "; "
+        f"validation loss every {training_config.eval_interval} steps, "
+        f"checkpoint every {training_config.checkpoint_interval}"
+    )
 
 
 def _build_and_train(args, corpus, checkpoint, model_settings, training_config, replicas):
@@ -176,8 +280,6 @@ def _build_and_train(args, corpus, checkpoint, model_settings, training_config, 
 
     `replicas`: how many devices share each batch, or None when not distributed.
     """
-    import keras
-
     show_progress = sys.stdout.isatty()
     if checkpoint:
         model = GPT.from_config(checkpoint["model_config"])
@@ -202,12 +304,8 @@ def _build_and_train(args, corpus, checkpoint, model_settings, training_config, 
         f"vocabulary); {len(train_ids):,} train / {len(validation_ids):,} validation\n"
         f"model: {config.n_layer} layers, {config.n_head} heads, width {config.n_embd}, "
         f"context {config.block_size}, {model.count_params():,} parameters; "
-        f"{keras.backend.backend()} backend, {training_config.precision}\n"
-        + (f"resuming at step {checkpoint['step']} of " if checkpoint else "")
-        + f"{training_config.max_iters} steps of batch {training_config.batch_size}"
-        + (f" split across {replicas} devices" if replicas else "") + "; "
-        f"validation loss every {training_config.eval_interval} steps, "
-        f"checkpoint every {training_config.checkpoint_interval}",
+        f"{_backend_and_precision(training_config)}\n"
+        + _schedule(training_config, checkpoint, replicas),
         flush=True,
     )
     rows = training.train(model, train_ids, validation_ids, training_config, args.out, resume=bool(checkpoint))
@@ -226,7 +324,7 @@ def _new_tokenizer(args, corpus, show_progress):
     return tokenizer
 
 
-def _resolve_settings(args, checkpoint):
+def _resolve_settings(args, checkpoint, default_preset=training.DEFAULT_PRESET):
     """Preset values, then explicit flags; on resume, the checkpoint's values first.
 
     A resumed run may change how it trains (say, more --max-iters), never the
@@ -238,7 +336,7 @@ def _resolve_settings(args, checkpoint):
     }
     requested = {**(training.PRESETS[args.preset] if args.preset else {}), **explicit}
     if checkpoint is None:
-        return {**training.PRESETS[training.DEFAULT_PRESET], **requested}
+        return {**training.PRESETS[default_preset], **requested}
     saved = {name: checkpoint["model_config"][name] for name in training.MODEL_SHAPE_SETTINGS}
     # The optimizer state saved with float16 has a loss scale that the others lack.
     saved["precision"] = checkpoint["training_config"].get("precision", "fp32")
@@ -287,12 +385,18 @@ def _generate_parser():
     parser = _Parser(prog="gptlite-generate", description="Sample text from a trained gptlite model.")
     parser.add_argument("--model", type=pathlib.Path, default=pathlib.Path("out/model.keras"),
                         help="the model file (default: out/model.keras)")
-    parser.add_argument("--prompt", default="",
-                        help="text to continue (default: empty, which starts from a new line)")
+    parser.add_argument("--prompt", default=None,
+                        help="text for a language model to continue (default: empty, which starts from a new line)")
+    parser.add_argument("--source", default=None, metavar="TEXT",
+                        help="for a seq2seq model: the source to write the target of")
+    parser.add_argument("--source-file", type=pathlib.Path, default=None, metavar="FILE",
+                        help="for a seq2seq model: a file of sources, one a line; prints one target a line")
     parser.add_argument("--max-new-tokens", type=int, default=500, metavar="N",
-                        help="tokens to add to the prompt (default: 500)")
-    parser.add_argument("--temperature", type=float, default=0.8,
-                        help="below 1 is safer, above 1 wilder; 0 always takes the likeliest token (default: 0.8)")
+                        help="tokens to add to the prompt (default: 500); a seq2seq target has at most its "
+                             "model's block size less one")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="below 1 is safer, above 1 wilder; 0 always takes the likeliest token "
+                             "(default: 0.8; for a seq2seq model, 0)")
     parser.add_argument("--top-k", type=int, default=200, metavar="K",
                         help="sample only among the K likeliest tokens (default: 200)")
     parser.add_argument("--top-p", type=float, default=1.0, metavar="P",
@@ -330,24 +434,53 @@ def _generate(args):
     if args.num_beams is not None and args.num_samples > 1:
         raise InputError("--num-beams finds one text; it cannot be combined with --num-samples")
     # Checked before the model loads, so that a bad flag fails at once.
-    generation.check_sampling_settings(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
+    generation.check_sampling_settings(args.max_new_tokens, args.temperature or 0.0, args.top_k, args.top_p)
     model = saving.load(args.model)
-    settings = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+    if isinstance(model, Seq2Seq):
+        _generate_targets(args, model)
+        return
+    if args.source is not None or args.source_file is not None:
+        raise InputError(f"{args.model} is a language model: give it --prompt TEXT to continue, not a source")
+    prompt = args.prompt or ""
+    settings = dict(max_new_tokens=args.max_new_tokens,
+                    temperature=0.8 if args.temperature is None else args.temperature, top_k=args.top_k,
                     top_p=args.top_p, seed=args.seed, unknown=args.unknown, stop=args.stop,
                     use_cache=args.use_cache, slide=args.slide)
     if args.num_beams is not None:
         # The best beam can change up to the last step, so nothing can be shown before it.
-        _print_piece(generation.generate(model, args.prompt, num_beams=args.num_beams, **settings))
+        _print_piece(generation.generate(model, prompt, num_beams=args.num_beams, **settings))
     elif args.stream and args.num_samples == 1:
-        pieces = generation.stream(model, args.prompt, **settings)
-        _print_piece(args.prompt)
+        pieces = generation.stream(model, prompt, **settings)
+        _print_piece(prompt)
         for piece in pieces:
             _print_piece(piece)
     else:
         # Several samples are drawn in one batch, so they are printed when complete.
-        texts = generation.generate(model, [args.prompt] * args.num_samples, **settings)
+        texts = generation.generate(model, [prompt] * args.num_samples, **settings)
         _print_piece(SAMPLE_DIVIDER.join(texts))
     print()
+
+
+def _generate_targets(args, model):
+    """Print a seq2seq model's target for each source, one a line (--num-samples of them for each)."""
+    if args.prompt is not None:
+        raise InputError(f"{args.model} is a seq2seq model: give it --source TEXT or --source-file FILE, "
+                         f"not --prompt")
+    if (args.source is None) == (args.source_file is None):
+        raise InputError(f"{args.model} is a seq2seq model: give it one of --source TEXT and --source-file FILE")
+    if args.slide != 1:
+        raise InputError("--slide moves a language model's context window; a seq2seq target never outgrows its own")
+    if args.source is not None:
+        sources = [args.source]
+    else:
+        sources = data.read_text(args.source_file).splitlines()
+    targets = generation.iter_targets(
+        model, [source for source in sources for _ in range(args.num_samples)],
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature or 0.0, top_k=args.top_k,
+        top_p=args.top_p, seed=args.seed, unknown=args.unknown, stop=args.stop, use_cache=args.use_cache,
+        num_beams=args.num_beams)
+    for target in targets:
+        print(target, flush=True)
 
 
 def _print_piece(text):

@@ -43,6 +43,7 @@ import numpy as np
 from keras import ops
 
 from gptlite.errors import ConfigError, InputError
+from gptlite.model import Seq2Seq
 
 # One decoder (compiled functions) per model, made on first use.
 _decoders = weakref.WeakKeyDictionary()
@@ -179,26 +180,13 @@ class _Decoder:
     def _noise_block(self, seed, block, batch_size):
         """The noise of tokens block * CHUNK_SIZE onwards: (CHUNK_SIZE, B, V)."""
         shape = (CHUNK_SIZE, batch_size, self.model.config.vocab_size)
-        backend = keras.backend.backend()
-        if backend == "jax":
-            # The key itself: a scope for the seed generator would hide the one that maps the weights (_Compiled).
-            key = ops.cast(ops.stack([seed, block]), "uint32")
-            return keras.random.uniform(shape, minval=1e-20, maxval=1.0, seed=key)
-        if backend == "torch":
-            # Torch seeds from the sum of the state's two (int32) numbers: mix seed and block into one
-            # so that neighbouring seeds do not share blocks' noise (an odd multiplier spreads them).
-            mixed = (ops.cast(seed, "int64") * 2654435761 + ops.cast(block, "int64")) % 2**31
-            state = ops.stack([mixed, ops.zeros_like(mixed)])
-        else:
-            state = ops.stack([ops.cast(seed, "int32"), ops.cast(block, "int32")])
-        with keras.StatelessScope(state_mapping=[(self.seed_generator.state, state)]):
-            return keras.random.uniform(shape, minval=1e-20, maxval=1.0, seed=self.seed_generator)
+        return uniform_noise(self.seed_generator, seed, block, shape)
 
     # --- beam search
 
     def _beam_prefill(self, window, lengths, scores, finished, end_token):
         logits, cache = self._forward_window(window)
-        return self._choose_beams(_logits_at(logits, lengths - 1), scores, finished, end_token,
+        return choose_beams(_logits_at(logits, lengths - 1), scores, finished, end_token,
                                   (window, lengths, cache))
 
     def _beam_chunk(self, window, lengths, cache, pending, scores, finished, end_token, steps, steps_kind, slide):
@@ -210,7 +198,7 @@ class _Decoder:
 
         def body(step, window, lengths, cache, pending, scores, finished, drawn, parents, recompute):
             logits, window, lengths, cache = self._advance(window, lengths, cache, pending, recompute, slide)
-            pending, chosen, scores, finished, (window, lengths, cache) = self._choose_beams(
+            pending, chosen, scores, finished, (window, lengths, cache) = choose_beams(
                 logits, scores, finished, end_token, (window, lengths, cache))
             return (step + 1, window, lengths, cache, pending, scores, finished,
                     _record(drawn, step, pending), _record(parents, step, chosen))
@@ -219,27 +207,6 @@ class _Decoder:
         _, *state = _loop(body, steps, (window, lengths, cache, pending, scores, finished, empty, empty), steps_kind)
         window, lengths, cache, pending, scores, finished, drawn, parents = state
         return drawn, parents, window, lengths, cache, pending, scores, finished
-
-    def _choose_beams(self, logits, scores, finished, end_token, state):
-        """Keep the `beams` likeliest one-token extensions of each row's beams.
-
-        logits (B * beams, V); scores (B, beams). Returns the chosen tokens and
-        their parent beams (B * beams,), the new scores and finished flags, and
-        `state` (a structure of per-beam tensors) reordered to follow the parents.
-        """
-        rows, beams = ops.shape(scores)[0], ops.shape(scores)[1]
-        vocabulary_size = ops.shape(logits)[-1]
-        log_probabilities = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)  # (B * beams, V)
-        # A finished beam continues only with the end token, at no cost, so its score stays.
-        is_end = ops.equal(ops.arange(vocabulary_size), end_token)[None, :]
-        log_probabilities = ops.where(finished[:, None], ops.where(is_end, 0.0, float("-inf")), log_probabilities)
-        extended = ops.reshape(scores, (-1, 1)) + log_probabilities  # (B * beams, V)
-        scores, best = ops.top_k(ops.reshape(extended, (rows, beams * vocabulary_size)), beams)  # (B, beams)
-        parents = ops.reshape(best // vocabulary_size + ops.arange(rows)[:, None] * beams, (-1,))
-        tokens = ops.cast(ops.reshape(best % vocabulary_size, (-1,)), "int32")
-        finished = ops.logical_or(ops.take(finished, parents, axis=0), ops.equal(tokens, end_token))
-        state = keras.tree.map_structure(lambda tensor: ops.take(tensor, parents, axis=0), state)
-        return tokens, ops.cast(parents, "int32"), scores, finished, state
 
     # --- shared
 
@@ -275,6 +242,50 @@ class _Decoder:
         )
 
 
+def uniform_noise(seed_generator, seed, block, shape):
+    """Uniform noise in (0, 1) of `shape`, that depends on (seed, block) alone.
+
+    `seed_generator`'s state is swapped for one made of (seed, block), so it
+    is never advanced and needs no care between calls.
+    """
+    backend = keras.backend.backend()
+    if backend == "jax":
+        # The key itself: a scope for the seed generator would hide the one that maps the weights (_Compiled).
+        key = ops.cast(ops.stack([seed, block]), "uint32")
+        return keras.random.uniform(shape, minval=1e-20, maxval=1.0, seed=key)
+    if backend == "torch":
+        # Torch seeds from the sum of the state's two (int32) numbers: mix seed and block into one
+        # so that neighbouring seeds do not share blocks' noise (an odd multiplier spreads them).
+        mixed = (ops.cast(seed, "int64") * 2654435761 + ops.cast(block, "int64")) % 2**31
+        state = ops.stack([mixed, ops.zeros_like(mixed)])
+    else:
+        state = ops.stack([ops.cast(seed, "int32"), ops.cast(block, "int32")])
+    with keras.StatelessScope(state_mapping=[(seed_generator.state, state)]):
+        return keras.random.uniform(shape, minval=1e-20, maxval=1.0, seed=seed_generator)
+
+
+def choose_beams(logits, scores, finished, end_token, state):
+    """Keep the `beams` likeliest one-token extensions of each row's beams.
+
+    logits (B * beams, V); scores (B, beams). Returns the chosen tokens and
+    their parent beams (B * beams,), the new scores and finished flags, and
+    `state` (a structure of per-beam tensors) reordered to follow the parents.
+    """
+    rows, beams = ops.shape(scores)[0], ops.shape(scores)[1]
+    vocabulary_size = ops.shape(logits)[-1]
+    log_probabilities = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)  # (B * beams, V)
+    # A finished beam continues only with the end token, at no cost, so its score stays.
+    is_end = ops.equal(ops.arange(vocabulary_size), end_token)[None, :]
+    log_probabilities = ops.where(finished[:, None], ops.where(is_end, 0.0, float("-inf")), log_probabilities)
+    extended = ops.reshape(scores, (-1, 1)) + log_probabilities  # (B * beams, V)
+    scores, best = ops.top_k(ops.reshape(extended, (rows, beams * vocabulary_size)), beams)  # (B, beams)
+    parents = ops.reshape(best // vocabulary_size + ops.arange(rows)[:, None] * beams, (-1,))
+    tokens = ops.cast(ops.reshape(best % vocabulary_size, (-1,)), "int32")
+    finished = ops.logical_or(ops.take(finished, parents, axis=0), ops.equal(tokens, end_token))
+    state = keras.tree.map_structure(lambda tensor: ops.take(tensor, parents, axis=0), state)
+    return tokens, ops.cast(parents, "int32"), scores, finished, state
+
+
 # The kinds of steps one decode call runs (see _Decoder.loop).
 CACHED, RECOMPUTE, RECOMPUTE_THEN_CACHED = "cached", "recompute", "recompute then cached"
 
@@ -293,8 +304,8 @@ def _loop(body, steps, state, steps_kind):
 
 
 def _record(drawn, step, tokens):
-    """Write tokens (B,) into column `step` of drawn (B, CHUNK_SIZE)."""
-    return ops.where(ops.equal(ops.arange(CHUNK_SIZE)[None, :], step), tokens[:, None], drawn)
+    """Write tokens (B,) into column `step` of drawn (B, N); a step past the last column writes nothing."""
+    return ops.where(ops.equal(ops.arange(ops.shape(drawn)[1])[None, :], step), tokens[:, None], drawn)
 
 
 def _logits_at(logits, indices):
@@ -610,6 +621,200 @@ def generate(model, prompt="", max_new_tokens=200, temperature=1.0, top_k=None, 
     return texts[0] if isinstance(prompt, str) else texts
 
 
+# --- seq2seq
+
+
+class _TargetDecoder:
+    """The compiled decoding of one Seq2Seq model.
+
+    A call decodes a batch of sources whole: the encoder runs once, each
+    decoder block's cross-attention keys and values are computed once from
+    its output, and then a compiled while-loop adds one target token a step,
+    at the same position in every row, through the decoder's key/value
+    cache, until every row has ended or `steps` are done. A target is at
+    most block_size - 1 tokens, so no window ever slides.
+
+    Decoding state: target (B, block_size), the start token and the tokens
+    so far; cache; finished (B,), which rows have chosen the end token.
+    """
+
+    def __init__(self, model):
+        self._model = weakref.ref(model)
+        self.seed_generator = keras.random.SeedGenerator(0)  # never advanced, as in _Decoder
+        self._functions = {}
+
+    @property
+    def model(self):
+        return self._model()
+
+    def function(self, kind, use_cache):
+        """The compiled decoding of `kind`, "sample" or "beam"."""
+        if (kind, use_cache) not in self._functions:
+            decode = self._sample if kind == "sample" else self._beam_search
+            self._functions[kind, use_cache] = _Compiled(functools.partial(decode, use_cache=use_cache), self.model)
+        return self._functions[kind, use_cache]
+
+    def _sample(self, source_ids, settings, seed, block, steps, use_cache):
+        """Draw up to `steps` tokens for each source (B, S) -> (B, block_size - 1), padded after the end token."""
+        model = self.model
+        start = self._start(source_ids)
+        batch_size, vocabulary_size = ops.shape(source_ids)[0], model.config.vocab_size
+        noise = uniform_noise(self.seed_generator, seed, block, (model.config.block_size, batch_size, vocabulary_size))
+
+        def body(step, target, cache, finished):
+            logits, cache = self._next_logits(step, target, cache, start, use_cache)
+            tokens = sample_next_token(logits, settings, ops.take(noise, step, axis=0))
+            tokens = ops.where(finished, model.PAD_ID, tokens)
+            finished = ops.logical_or(finished, ops.equal(tokens, model.tokenizer.end_token_id))
+            return step + 1, _record(target, step + 1, tokens), cache, finished
+
+        state = (start["target"], start["cache"], ops.zeros((batch_size,), "bool"))
+        _, target, _, _ = self._loop(body, steps, state)
+        return target[:, 1:]
+
+    def _beam_search(self, source_ids, scores, end_token, steps, use_cache):
+        """Beam search for sources repeated once per beam (B * beams, S) -> (B * beams, block_size - 1).
+
+        The beams of each row come best first.
+        """
+        start = self._start(source_ids)
+
+        def body(step, target, cache, scores, finished):
+            logits, cache = self._next_logits(step, target, cache, start, use_cache)
+            tokens, _, scores, finished, (target, cache) = choose_beams(
+                logits, scores, finished, end_token, (target, cache))
+            return step + 1, _record(target, step + 1, tokens), cache, scores, finished
+
+        finished = ops.zeros((ops.shape(source_ids)[0],), "bool")
+        _, target, _, _, _ = self._loop(body, steps, (start["target"], start["cache"], scores, finished))
+        return target[:, 1:]
+
+    def _start(self, source_ids):
+        """What every step needs from the sources, and the first state."""
+        model = self.model
+        batch_size, block_size = ops.shape(source_ids)[0], model.config.block_size
+        source_mask = model.source_mask(source_ids)
+        encoded = model.encode(source_ids, source_mask)  # (B, S, C)
+        start_tokens = ops.full((batch_size, 1), model.tokenizer.start_token_id, "int32")
+        return dict(
+            source_mask=source_mask, encoded=encoded, cross_key_values=model.cross_key_values(encoded),
+            cache=model.empty_cache(batch_size),
+            target=ops.concatenate([start_tokens, ops.zeros((batch_size, block_size - 1), "int32")], axis=1),
+        )
+
+    def _next_logits(self, step, target, cache, start, use_cache):
+        """Logits (B, V) after the target's token at `step`; without the cache, from the whole target so far."""
+        positions = ops.zeros((ops.shape(target)[0],), "int32") + step  # (B,)
+        if not use_cache:
+            logits = self.model.decode(target, start["encoded"], start["source_mask"])  # (B, S, V)
+            return _logits_at(logits, positions), cache
+        tokens = ops.take_along_axis(target, positions[:, None], axis=1)  # (B, 1)
+        logits, cache = self.model.call_with_cache(tokens, cache, positions, start["cross_key_values"],
+                                                   start["source_mask"])
+        return logits[:, 0], cache
+
+    def _loop(self, body, steps, state):
+        """Run body(step, target, ..., finished) until `steps` are done or every row has finished."""
+        return ops.while_loop(
+            lambda step, *state: ops.logical_and(ops.less(step, steps), ops.logical_not(ops.all(state[-1]))),
+            body,
+            (ops.convert_to_tensor(0, "int32"), *state),
+            maximum_iterations=self.model.config.block_size - 1,
+        )
+
+
+_target_decoders = weakref.WeakKeyDictionary()
+
+# Sources decoded per compiled call at most; a longer list is split into
+# calls of this many (the last padded), so that it compiles once.
+TARGET_BATCH = 256
+
+
+def generate_target(model, source, max_new_tokens=None, temperature=0.0, top_k=None, top_p=1.0, seed=None,
+                    unknown="error", stop=(), use_cache=True, num_beams=None):
+    """The target that a Seq2Seq model writes for `source`, as text.
+
+    `source` may be a list of texts: they are decoded together in batches
+    and a list of targets comes back. A target ends before the end token,
+    after `max_new_tokens` tokens (default and most: block_size - 1), or
+    before its first `stop` string. Unlike a GPT's `generate`, the default
+    temperature is 0: the likeliest token at each step. Sampling settings,
+    `seed`, `unknown` (for characters the vocabulary lacks), `use_cache` and
+    `num_beams` are as for `generate`.
+    """
+    targets = iter_targets(model, [source] if isinstance(source, str) else source, max_new_tokens, temperature,
+                           top_k, top_p, seed, unknown, stop, use_cache, num_beams)
+    return next(targets) if isinstance(source, str) else list(targets)
+
+
+def iter_targets(model, sources, max_new_tokens=None, temperature=0.0, top_k=None, top_p=1.0, seed=None,
+                 unknown="error", stop=(), use_cache=True, num_beams=None):
+    """As `generate_target` for a list of sources: an iterator that gives each
+    target as soon as its batch is decoded. Everything is checked at once.
+    """
+    if not isinstance(model, Seq2Seq):
+        raise ConfigError(f"generate_target needs a Seq2Seq model, not a {type(model).__name__}; "
+                          f"a GPT continues a prompt with generate")
+    sources = list(sources)
+    if not sources:
+        raise ConfigError("give at least one source")
+    block_size = model.config.block_size
+    if max_new_tokens is None:
+        max_new_tokens = block_size - 1
+    settings = _checked_settings(model, max_new_tokens, temperature, top_k, top_p, 1)
+    if num_beams is not None:
+        _check_beams(num_beams, model.tokenizer.vocabulary_size)
+    stops = _stop_strings(stop)
+    source_ids = np.zeros((len(sources), block_size), np.int32)
+    for index, text in enumerate(sources):
+        ids = model.tokenizer.encode(_known_text(model.tokenizer, text, unknown, "source"))
+        if len(ids) > block_size:
+            raise InputError(f"the source {_shortened(text)!r} is {len(ids)} tokens long; "
+                             f"this model reads sources of up to {block_size}")
+        source_ids[index, :len(ids)] = ids
+    steps = np.int32(min(max_new_tokens, block_size - 1))
+    seed = np.int32(int(np.random.default_rng().integers(2**31)) if seed is None else seed % 2**31)
+    return _decode_targets(model, source_ids, settings, seed, steps, stops, use_cache, num_beams)
+
+
+def _decode_targets(model, source_ids, settings, seed, steps, stops, use_cache, num_beams):
+    """Yield the target text of each row of source_ids (N, S), decoding TARGET_BATCH rows at a time."""
+    if not model.built:
+        model.build()
+    if model not in _target_decoders:
+        _target_decoders[model] = _TargetDecoder(model)
+    decoder = _target_decoders[model]
+    block_size = model.config.block_size
+    batch_size = min(len(source_ids), TARGET_BATCH)
+    for block, first in enumerate(range(0, len(source_ids), batch_size)):
+        batch = np.zeros((batch_size, block_size), np.int32)
+        rows = source_ids[first:first + batch_size]
+        batch[:len(rows)] = rows
+        if num_beams is None:
+            # Each batch draws its noise from its own block, so batches of the same sources differ.
+            tokens = decoder.function("sample", use_cache)(batch, settings, seed, np.int32(block), steps)
+        else:
+            scores = np.full((batch_size, num_beams), -np.inf, dtype="float32")
+            scores[:, 0] = 0  # the copies of a source are one beam until the first choice
+            end_token = np.int32(model.tokenizer.end_token_id)
+            tokens = decoder.function("beam", use_cache)(np.repeat(batch, num_beams, axis=0), scores, end_token,
+                                                         steps)[::num_beams]
+        for row in keras.ops.convert_to_numpy(tokens)[:len(rows)]:
+            yield _target_text(model.tokenizer, row, stops)
+
+
+def _target_text(tokenizer, tokens, stops):
+    """Target tokens, up to the end token, as text, cut before the first stop string."""
+    ends = np.flatnonzero(tokens == tokenizer.end_token_id)
+    text = tokenizer.decode(tokens[:ends[0]] if len(ends) else tokens)
+    end = _first_stop(text, stops) if stops else None
+    return text[:end]
+
+
+def _shortened(text, length=40):
+    return text if len(text) <= length else text[:length] + "..."
+
+
 def _check_slide(slide, block_size):
     if isinstance(slide, bool) or not isinstance(slide, int) or not 1 <= slide <= block_size:
         raise ConfigError(f"slide must be a whole number from 1 to the block size, {block_size}; got {slide!r}")
@@ -655,21 +860,27 @@ def _cut_at_stop(pieces, stops):
 
 
 def _prompt_ids(tokenizer, prompt, unknown="error"):
-    if unknown not in ("error", "skip", "replace"):
-        raise ConfigError(f"unknown must be 'error', 'skip' or 'replace', got {unknown!r}")
-    missing = tokenizer.unknown_characters(prompt)
-    if missing and unknown == "error":
-        raise InputError(
-            f"the prompt has characters the model never saw in training: {''.join(missing)!r} "
-            f"(--unknown skip or replace lets it run anyway)"
-        )
-    if missing:
-        replacement = " " if unknown == "replace" and not tokenizer.unknown_characters(" ") else ""
-        prompt = "".join(replacement if c in missing else c for c in prompt)
+    prompt = _known_text(tokenizer, prompt, unknown, "prompt")
     if not prompt:
         # Start from a new line, as a text does; lacking one, from the first token.
         return [int(tokenizer.encode("\n")[0])] if not tokenizer.unknown_characters("\n") else [0]
     return [int(i) for i in tokenizer.encode(prompt)]
+
+
+def _known_text(tokenizer, text, unknown, what):
+    """`text` with the characters the tokenizer lacks refused ("error"), left out ("skip") or spaces ("replace")."""
+    if unknown not in ("error", "skip", "replace"):
+        raise ConfigError(f"unknown must be 'error', 'skip' or 'replace', got {unknown!r}")
+    missing = tokenizer.unknown_characters(text)
+    if missing and unknown == "error":
+        raise InputError(
+            f"the {what} has characters the model never saw in training: {''.join(missing)!r} "
+            f"(--unknown skip or replace lets it run anyway)"
+        )
+    if missing:
+        replacement = " " if unknown == "replace" and not tokenizer.unknown_characters(" ") else ""
+        text = "".join(replacement if c in missing else c for c in text)
+    return text
 
 
 def check_sampling_settings(max_new_tokens, temperature, top_k=None, top_p=1.0):

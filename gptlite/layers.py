@@ -61,6 +61,18 @@ def scaled_dot_product_attention(query, key, value, mask=None):
     return ops.matmul(weights, value), weights  # (B, H, T, D), (B, H, T, S)
 
 
+def split_heads(x, num_heads):
+    """(B, T, C) -> (B, H, T, D)."""
+    length, width = ops.shape(x)[1], ops.shape(x)[2]
+    return ops.transpose(ops.reshape(x, (-1, length, num_heads, width // num_heads)), (0, 2, 1, 3))
+
+
+def merge_heads(x):
+    """(B, H, T, D) -> (B, T, C)."""
+    heads, length, head_size = ops.shape(x)[1], ops.shape(x)[2], ops.shape(x)[3]
+    return ops.reshape(ops.transpose(x, (0, 2, 1, 3)), (-1, length, heads * head_size))
+
+
 def sinusoidal_position_encoding(length, width):
     """The fixed encoding of "Attention Is All You Need", as a (length, width) array.
 
@@ -275,11 +287,7 @@ class CausalSelfAttention(keras.layers.Layer):
         return qkv[0], qkv[1], qkv[2]
 
     def _merge_heads(self, attended):
-        length = ops.shape(attended)[2]
-        merged = ops.reshape(
-            ops.transpose(attended, (0, 2, 1, 3)), (-1, length, self.num_heads * self.head_size)
-        )  # (B, T, C)
-        return self.output_projection(merged)
+        return self.output_projection(merge_heads(attended))  # (B, T, C)
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -288,6 +296,83 @@ class CausalSelfAttention(keras.layers.Layer):
         config = super().get_config()
         config.update(num_heads=self.num_heads, dropout=self.dropout, use_bias=self.use_bias,
                       attention_dropout=self.attention_dropout_rate)
+        return config
+
+
+@register
+class Attention(keras.layers.Layer):
+    """Multi-head attention from queries over a context that may be padded.
+
+    Serves the encoder's self-attention (the context is the input itself,
+    nothing is hidden but padding) and the decoder's cross-attention (the
+    context is the encoder's output). The math is `scaled_dot_product_attention`,
+    the same as `CausalSelfAttention`'s.
+
+    Args:
+        num_heads: H; the width must divide by it.
+        dropout: rate for the output.
+        use_bias: whether the projections have biases.
+        attention_dropout: rate for the attention weights.
+
+    Call: x (B, T, C); context (B, S, C), x itself by default; context_mask
+    (B, S), True at the context's real (not padding) positions, all by
+    default -> (B, T, C); with `return_attention_scores=True`, also the
+    attention weights (B, H, T, S) before dropout.
+    """
+
+    def __init__(self, num_heads, dropout=0.0, use_bias=True, attention_dropout=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.dropout = dropout
+        self.use_bias = use_bias
+        self.attention_dropout = attention_dropout
+
+    def build(self, input_shape):
+        width = input_shape[-1]
+        if width % self.num_heads != 0:
+            raise ValueError(f"the width ({width}) must be divisible by the number of heads ({self.num_heads})")
+
+        def dense(units, name):
+            layer = keras.layers.Dense(units, use_bias=self.use_bias, kernel_initializer=_normal_init(),
+                                       dtype=self.dtype_policy, name=name)
+            layer.build(input_shape)
+            return layer
+
+        self.query_projection = dense(width, "query_projection")
+        # Keys and values come from the context together: one matmul.
+        self.key_value_projection = dense(2 * width, "key_value_projection")
+        self.output_projection = dense(width, "output_projection")
+        self.weights_dropout = keras.layers.Dropout(self.attention_dropout, dtype=self.dtype_policy)
+        self.output_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+
+    def call(self, x, context=None, context_mask=None, training=None, return_attention_scores=False):
+        key_values = self.key_values(x if context is None else context)
+        return self.attend(x, key_values, context_mask, training, return_attention_scores)
+
+    def key_values(self, context):
+        """The context's keys and values, (B, 2, H, S, D): computed once, attended from any number of queries."""
+        keys, values = ops.split(self.key_value_projection(context), 2, axis=-1)  # each (B, S, C)
+        return ops.stack([split_heads(keys, self.num_heads), split_heads(values, self.num_heads)], axis=1)
+
+    def attend(self, x, key_values, context_mask=None, training=None, return_attention_scores=False):
+        """As `call`, over keys and values from `key_values`."""
+        query = split_heads(self.query_projection(x), self.num_heads)  # (B, H, T, D)
+        mask = None if context_mask is None else ops.cast(context_mask, "bool")[:, None, None, :]  # (B, 1, 1, S)
+        attended, weights = _attend_with_dropout(
+            query, key_values[:, 0], key_values[:, 1], mask, self.weights_dropout, training
+        )  # (B, H, T, D), (B, H, T, S)
+        output = self.output_dropout(self.output_projection(merge_heads(attended)), training=training)
+        if return_attention_scores:
+            return output, weights
+        return output
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(num_heads=self.num_heads, dropout=self.dropout, use_bias=self.use_bias,
+                      attention_dropout=self.attention_dropout)
         return config
 
 
@@ -382,23 +467,39 @@ class FeedForward(keras.layers.Layer):
 
 @register
 class TransformerBlock(keras.layers.Layer):
-    """Pre-norm block: x + attention(norm(x)), then x + feed_forward(norm(x)).
+    """Pre-norm block: x + self_attention(norm(x)), [x + cross_attention(norm(x), context),]
+    then x + feed_forward(norm(x)).
 
     Normalising before each sublayer keeps the residual path an identity,
     which lets deep stacks train without a careful learning-rate warm-up.
 
-    Call: x (B, T, C) -> (B, T, C); with `return_attention_scores=True`, also
-    the attention weights (B, H, T, T).
+    Args:
+        num_heads, dropout, use_bias, attention_dropout: as for the attention layers.
+        layer_norm_epsilon: for the norms.
+        causal: self-attention sees only earlier positions (`CausalSelfAttention`);
+            False sees every position that is not padding (`Attention`).
+        cross_attention: a decoder block of an encoder–decoder: after
+            self-attention, attend over the encoder's output.
+
+    Call: x (B, T, C) -> (B, T, C). `padding_mask` (B, T), True at x's real
+    positions, hides padding from non-causal self-attention (causal
+    attention needs none: padding comes last, after every real token).
+    `context` (B, S, C) and `context_mask` (B, S) are what cross-attention
+    attends over. With `return_attention_scores=True`, also the
+    self-attention weights (B, H, T, T), and with cross-attention those
+    too, (B, H, T, S).
     """
 
     def __init__(self, num_heads, dropout=0.0, use_bias=True, layer_norm_epsilon=1e-5, attention_dropout=0.0,
-                 **kwargs):
+                 causal=True, cross_attention=False, **kwargs):
         super().__init__(**kwargs)
         self.num_heads = num_heads
         self.dropout = dropout
         self.use_bias = use_bias
         self.layer_norm_epsilon = layer_norm_epsilon
         self.attention_dropout = attention_dropout
+        self.causal = causal
+        self.has_cross_attention = cross_attention
 
     def build(self, input_shape):
         def layer_norm(name):
@@ -411,38 +512,52 @@ class TransformerBlock(keras.layers.Layer):
             norm.build(input_shape)
             return norm
 
+        def attention(kind, name):
+            layer = kind(self.num_heads, dropout=self.dropout, use_bias=self.use_bias,
+                         attention_dropout=self.attention_dropout, dtype=self.dtype_policy, name=name)
+            layer.build(input_shape)
+            return layer
+
         self.attention_norm = layer_norm("attention_norm")
-        self.attention = CausalSelfAttention(
-            self.num_heads,
-            dropout=self.dropout,
-            use_bias=self.use_bias,
-            attention_dropout=self.attention_dropout,
-            dtype=self.dtype_policy,
-            name="attention",
-        )
-        self.attention.build(input_shape)
+        self.attention = attention(CausalSelfAttention if self.causal else Attention, "attention")
+        if self.has_cross_attention:
+            self.cross_attention_norm = layer_norm("cross_attention_norm")
+            self.cross_attention = attention(Attention, "cross_attention")
         self.feed_forward_norm = layer_norm("feed_forward_norm")
         self.feed_forward = FeedForward(
             dropout=self.dropout, use_bias=self.use_bias, dtype=self.dtype_policy, name="feed_forward"
         )
         self.feed_forward.build(input_shape)
 
-    def call(self, x, training=None, return_attention_scores=False):
-        attended = self.attention(
-            self.attention_norm(x), training=training, return_attention_scores=return_attention_scores
-        )
-        if return_attention_scores:
-            attended, weights = attended
+    def call(self, x, padding_mask=None, context=None, context_mask=None, training=None,
+             return_attention_scores=False):
+        scores = return_attention_scores
+        if self.causal:
+            attended = self.attention(self.attention_norm(x), training=training, return_attention_scores=scores)
+        else:
+            attended = self.attention(self.attention_norm(x), context_mask=padding_mask, training=training,
+                                      return_attention_scores=scores)
+        attended, *weights = attended if scores else (attended,)
         x = x + attended
+        if self.has_cross_attention:
+            attended = self.cross_attention(self.cross_attention_norm(x), context, context_mask,
+                                            training=training, return_attention_scores=scores)
+            attended, *cross_weights = attended if scores else (attended,)
+            x = x + attended
+            weights += cross_weights
         x = x + self.feed_forward(self.feed_forward_norm(x), training=training)
-        if return_attention_scores:
-            return x, weights
-        return x
+        return (x, *weights) if scores else x
 
-    def call_with_cache(self, x, cache, start_positions):
-        """As `call`, for inference, attending over a key/value cache; returns (x, cache)."""
+    def call_with_cache(self, x, cache, start_positions, cross_key_values=None, context_mask=None):
+        """As `call`, for inference, attending over a key/value cache; returns (x, cache).
+
+        A causal block only. With cross-attention, `cross_key_values` are the
+        context's, from `cross_attention.key_values(context)`, computed once.
+        """
         attended, cache = self.attention.call_with_cache(self.attention_norm(x), cache, start_positions)
         x = x + attended
+        if self.has_cross_attention:
+            x = x + self.cross_attention.attend(self.cross_attention_norm(x), cross_key_values, context_mask)
         x = x + self.feed_forward(self.feed_forward_norm(x))
         return x, cache
 
@@ -457,5 +572,24 @@ class TransformerBlock(keras.layers.Layer):
             use_bias=self.use_bias,
             layer_norm_epsilon=self.layer_norm_epsilon,
             attention_dropout=self.attention_dropout,
+            causal=self.causal,
+            cross_attention=self.has_cross_attention,
         )
+        return config
+
+
+@register
+class EncoderBlock(TransformerBlock):
+    """An encoder's block: a `TransformerBlock` whose self-attention sees the
+    whole input, before and after each position, but not its padding.
+
+    Call: x (B, S, C), padding_mask (B, S) True at real positions -> (B, S, C).
+    """
+
+    def __init__(self, num_heads, **kwargs):
+        super().__init__(num_heads, **kwargs, causal=False, cross_attention=False)
+
+    def get_config(self):
+        config = super().get_config()
+        del config["causal"], config["cross_attention"]
         return config

@@ -1,4 +1,5 @@
-"""The GPT: embedding, a stack of transformer blocks, a final norm and the LM head."""
+"""The models: the GPT (embedding, a stack of transformer blocks, a final norm
+and the LM head) and the encoder–decoder Seq2Seq built from the same parts."""
 
 import dataclasses
 
@@ -6,7 +7,7 @@ import keras
 from keras import ops
 
 from gptlite.errors import ConfigError, InputError
-from gptlite.layers import TokenAndPositionEmbedding, TransformerBlock, register
+from gptlite.layers import EncoderBlock, TokenAndPositionEmbedding, TransformerBlock, register
 
 
 # Stored in every saved model; raised when the saved form changes incompatibly.
@@ -15,7 +16,7 @@ FORMAT_VERSION = 1
 
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
-    """The shape of a GPT. Defaults are the `cpu` training preset."""
+    """The shape of a GPT, or of a Seq2Seq. Defaults are the `cpu` training preset."""
 
     vocab_size: int = 256  # number of token ids; set from the tokenizer
     n_layer: int = 4  # transformer blocks
@@ -51,15 +52,14 @@ def _divisors_near(width, heads):
     return " or ".join(str(d) for d in sorted(closest))
 
 
-@register
-class GPT(keras.Model):
-    """A decoder-only transformer language model that carries its tokenizer.
-
-    Build one from a `GPTConfig` with `GPT.from_gpt_config(config, tokenizer)`,
-    or pass the config's fields as keyword arguments.
-
-    Call: token ids (B, T), T <= block_size -> next-token logits (B, T, V), float32.
+class _Transformer(keras.Model):
+    """What GPT and Seq2Seq share: the config, the tokenizer, the embedding
+    (which is also the output layer), the decoder's blocks and final norm,
+    the key/value cache and the saved form.
     """
+
+    # Whether the decoder's blocks attend over an encoder's output.
+    _CROSS_ATTENTION = False
 
     def __init__(
         self,
@@ -104,38 +104,31 @@ class GPT(keras.Model):
             name="embedding",
         )
         self.embedding_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
-        self.blocks = [
-            TransformerBlock(
-                n_head, dropout=dropout, use_bias=bias, attention_dropout=attention_dropout,
-                dtype=self.dtype_policy, name=f"block_{i}"
-            )
-            for i in range(n_layer)
-        ]
+        self.blocks = [self._block(TransformerBlock, f"block_{i}", cross_attention=self._CROSS_ATTENTION)
+                       for i in range(n_layer)]
         self.final_norm = keras.layers.LayerNormalization(
             epsilon=1e-5, center=bias, dtype=self.dtype_policy, name="final_norm"
         )
+
+    def _block(self, kind, name, **kwargs):
+        config = self.config
+        return kind(config.n_head, dropout=config.dropout, use_bias=config.bias,
+                    attention_dropout=config.attention_dropout, dtype=self.dtype_policy, name=name, **kwargs)
 
     @classmethod
     def from_gpt_config(cls, config, tokenizer=None, **kwargs):
         return cls(**dataclasses.asdict(config), tokenizer=tokenizer, **kwargs)
 
     def build(self, input_shape=None):
-        input_shape = tuple(input_shape) if input_shape is not None else (None, None)
-        hidden_shape = (*input_shape, self.config.n_embd)
-        self.embedding.build(input_shape)
+        hidden_shape = (None, None, self.config.n_embd)
+        self.embedding.build((None, None))
         for block in self.blocks:
             block.build(hidden_shape)
         self.final_norm.build(hidden_shape)
         self.built = True
 
-    def call(self, token_ids, training=None):
-        x = self.embedding_dropout(self.embedding(token_ids), training=training)  # (B, T, C)
-        for block in self.blocks:
-            x = block(x, training=training)
-        return self.embedding.logits(self.final_norm(x))  # (B, T, V)
-
     def empty_cache(self, batch_size):
-        """A zero key/value cache: a tuple with one (B, 2, H, block_size, D) tensor per block.
+        """A zero key/value cache: a tuple with one (B, 2, H, block_size, D) tensor per decoder block.
 
         A tuple rather than one stacked tensor, so that a decode step updates
         each block's cache in place instead of copying all of them.
@@ -144,27 +137,16 @@ class GPT(keras.Model):
         shape = (batch_size, 2, config.n_head, config.block_size, config.n_embd // config.n_head)
         return tuple(ops.zeros(shape, dtype=self.compute_dtype) for _ in range(config.n_layer))
 
-    def call_with_cache(self, token_ids, cache, start_positions):
-        """Next-token logits for tokens placed at `start_positions`, and the updated cache.
-
-        token_ids (B, T), start_positions (B,) with start_positions[b] + T <= block_size,
-        cache as from `empty_cache` -> logits (B, T, V), cache.
-        """
+    def _decode_with_cache(self, token_ids, cache, start_positions, **cross):
+        """Logits (B, T, V) for tokens placed at `start_positions` (B,), and the updated cache."""
         x = self.embedding(token_ids, start_positions)  # (B, T, C)
         layer_caches = []
-        for block, layer_cache in zip(self.blocks, cache):
-            x, layer_cache = block.call_with_cache(x, layer_cache, start_positions)
+        for index, (block, layer_cache) in enumerate(zip(self.blocks, cache)):
+            block_cross = {"cross_key_values": cross["cross_key_values"][index],
+                           "context_mask": cross["context_mask"]} if cross else {}
+            x, layer_cache = block.call_with_cache(x, layer_cache, start_positions, **block_cross)
             layer_caches.append(layer_cache)
         return self.embedding.logits(self.final_norm(x)), tuple(layer_caches)
-
-    def attention_weights(self, token_ids):
-        """Attention weights of every block, stacked: (n_layer, B, H, T, T)."""
-        x = self.embedding(token_ids)
-        weights = []
-        for block in self.blocks:
-            x, block_weights = block(x, return_attention_scores=True)
-            weights.append(block_weights)
-        return ops.stack(weights)
 
     def get_config(self):
         config = super().get_config()
@@ -186,3 +168,113 @@ class GPT(keras.Model):
         if config.get("tokenizer") is not None:
             config["tokenizer"] = keras.saving.deserialize_keras_object(config["tokenizer"])
         return cls(**config)
+
+
+@register
+class GPT(_Transformer):
+    """A decoder-only transformer language model that carries its tokenizer.
+
+    Build one from a `GPTConfig` with `GPT.from_gpt_config(config, tokenizer)`,
+    or pass the config's fields as keyword arguments.
+
+    Call: token ids (B, T), T <= block_size -> next-token logits (B, T, V), float32.
+    """
+
+    def call(self, token_ids, training=None):
+        x = self.embedding_dropout(self.embedding(token_ids), training=training)  # (B, T, C)
+        for block in self.blocks:
+            x = block(x, training=training)
+        return self.embedding.logits(self.final_norm(x))  # (B, T, V)
+
+    def call_with_cache(self, token_ids, cache, start_positions):
+        """Next-token logits for tokens placed at `start_positions`, and the updated cache.
+
+        token_ids (B, T), start_positions (B,) with start_positions[b] + T <= block_size,
+        cache as from `empty_cache` -> logits (B, T, V), cache.
+        """
+        return self._decode_with_cache(token_ids, cache, start_positions)
+
+    def attention_weights(self, token_ids):
+        """Attention weights of every block, stacked: (n_layer, B, H, T, T)."""
+        x = self.embedding(token_ids)
+        weights = []
+        for block in self.blocks:
+            x, block_weights = block(x, return_attention_scores=True)
+            weights.append(block_weights)
+        return ops.stack(weights)
+
+
+@register
+class Seq2Seq(_Transformer):
+    """An encoder–decoder transformer: the encoder reads a source text, the
+    decoder writes the target one token at a time, attending over it.
+
+    The shape is a `GPTConfig`'s: the encoder and the decoder each have
+    n_layer blocks, and block_size bounds the source's length and the
+    target's (its start token included). One embedding (tokens and
+    positions) serves the source, the target and the output. The tokenizer
+    must have pad (id 0), start and end tokens: the decoder reads the start
+    token and then the target, and learns to end it with the end token.
+
+    Call: {"source_ids": (B, S), "target_ids": (B, T)} -> next-token logits
+    (B, T, V), float32. Source positions holding the pad id are padding; an
+    optional "source_mask" (B, S), True at real positions, says so instead.
+    """
+
+    _CROSS_ATTENTION = True
+    PAD_ID = 0
+
+    def __init__(self, *args, tokenizer=None, **kwargs):
+        super().__init__(*args, tokenizer=tokenizer, **kwargs)
+        if tokenizer is not None and (tokenizer.pad_token_id != self.PAD_ID or tokenizer.start_token_id is None
+                                      or tokenizer.end_token_id is None):
+            raise ConfigError("a Seq2Seq model needs a tokenizer with pad (id 0), start and end tokens, such as "
+                              "CharTokenizer(..., special_tokens=('pad', 'start', 'end'))")
+        self.encoder_blocks = [self._block(EncoderBlock, f"encoder_block_{i}") for i in range(self.config.n_layer)]
+        self.encoder_norm = keras.layers.LayerNormalization(
+            epsilon=1e-5, center=self.config.bias, dtype=self.dtype_policy, name="encoder_norm"
+        )
+
+    def build(self, input_shape=None):
+        super().build()
+        hidden_shape = (None, None, self.config.n_embd)
+        for block in self.encoder_blocks:
+            block.build(hidden_shape)
+        self.encoder_norm.build(hidden_shape)
+
+    def call(self, inputs, training=None):
+        source_ids, target_ids = inputs["source_ids"], inputs["target_ids"]
+        source_mask = inputs.get("source_mask")
+        if source_mask is None:
+            source_mask = self.source_mask(source_ids)
+        encoded = self.encode(source_ids, source_mask, training=training)
+        return self.decode(target_ids, encoded, source_mask, training=training)
+
+    def source_mask(self, source_ids):
+        """True at the real (not padding) positions of source ids (B, S)."""
+        return ops.not_equal(source_ids, self.PAD_ID)
+
+    def encode(self, source_ids, source_mask, training=None):
+        """Source ids (B, S) and their mask -> the encoder's output (B, S, C)."""
+        x = self.embedding_dropout(self.embedding(source_ids), training=training)  # (B, S, C)
+        for block in self.encoder_blocks:
+            x = block(x, padding_mask=source_mask, training=training)
+        return self.encoder_norm(x)
+
+    def decode(self, target_ids, encoded, source_mask, training=None):
+        """Target ids so far (B, T), read with the encoder's output (B, S, C) -> next-token logits (B, T, V)."""
+        x = self.embedding_dropout(self.embedding(target_ids), training=training)  # (B, T, C)
+        for block in self.blocks:
+            x = block(x, context=encoded, context_mask=source_mask, training=training)
+        return self.embedding.logits(self.final_norm(x))
+
+    def cross_key_values(self, encoded):
+        """Each decoder block's keys and values of the encoder's output: computed once per source."""
+        return tuple(block.cross_attention.key_values(encoded) for block in self.blocks)
+
+    def call_with_cache(self, token_ids, cache, start_positions, cross_key_values, source_mask):
+        """As `GPT.call_with_cache`, the decoder attending also over the source
+        through `cross_key_values` (from `cross_key_values`) and `source_mask`.
+        """
+        return self._decode_with_cache(token_ids, cache, start_positions,
+                                       cross_key_values=cross_key_values, context_mask=source_mask)

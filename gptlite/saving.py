@@ -9,7 +9,7 @@ import zipfile
 import keras
 
 from gptlite.errors import ConfigError, InputError, MissingFileError, RunExistsError
-from gptlite.model import GPT
+from gptlite.model import GPT, Seq2Seq
 
 
 @contextlib.contextmanager
@@ -43,10 +43,10 @@ def _current_umask():
 
 
 def save(model, path):
-    """Save the model (weights, shape and tokenizer; no optimizer state) to a `.keras` file."""
+    """Save a GPT or Seq2Seq (weights, shape and tokenizer; no optimizer state) to a `.keras` file."""
     # A fresh, uncompiled copy: the file then holds what generation needs and
     # loads without rebuilding an optimizer.
-    inference_copy = GPT.from_config(model.get_config())
+    inference_copy = type(model).from_config(model.get_config())
     inference_copy.build((None, model.config.block_size))
     inference_copy.set_weights(model.get_weights())
     with atomic_path(path) as temporary:
@@ -54,7 +54,7 @@ def save(model, path):
 
 
 def load(path):
-    """Load a gptlite model, with its tokenizer, from a `.keras` file.
+    """Load a gptlite model (GPT or Seq2Seq), with its tokenizer, from a `.keras` file.
 
     Loading runs in Keras's safe mode: nothing in the file can run code.
     """
@@ -69,7 +69,7 @@ def load(path):
         model = keras.saving.load_model(path, compile=False)
     except Exception as error:  # Keras raises many types for a damaged file.
         raise InputError(f"cannot load {path}: {str(error).splitlines()[0]}") from error
-    if not isinstance(model, GPT) or model.tokenizer is None:
+    if not isinstance(model, (GPT, Seq2Seq)) or model.tokenizer is None:
         raise InputError(f"{path} holds a {type(model).__name__}, not a gptlite model")
     return model
 
@@ -88,6 +88,8 @@ def export_saved_model(model, directory):
     import tensorflow as tf
 
     check_export_backend()
+    if not isinstance(model, GPT):
+        raise ConfigError(f"only a GPT exports as a SavedModel for now, not a {type(model).__name__}")
     directory = pathlib.Path(directory)
     if directory.exists():
         raise RunExistsError(f"{directory} already exists; choose another --out")

@@ -5,6 +5,7 @@ generation code never ask which kind they hold:
 
     tokenizer.vocabulary_size          -> int
     tokenizer.end_token_id             -> int, or None without one
+    tokenizer.start_token_id, .pad_token_id  -> the same (the seq2seq model needs them)
     tokenizer.unknown_characters(text) -> the characters of text it cannot encode
     tokenizer.encode(text)             -> 1-D numpy integer array
     tokenizer.encode_batch(texts)      -> a list of them
@@ -25,38 +26,49 @@ class CharTokenizer:
     """One token per Unicode character seen in the training text.
 
     Ids are given in code-point order, so the same text always gives the
-    same vocabulary. It has no end-of-text token: generation runs to its
-    length or a stop string.
+    same vocabulary. `special_tokens` names tokens that stand for no
+    character, from "pad", "start" and "end"; they take the first ids, in
+    the order given, and decode to nothing. The seq2seq model needs all
+    three; a language model needs none, and without an end token its
+    generation runs to its length or a stop string.
     """
 
-    end_token_id = None
+    SPECIAL_TOKENS = ("pad", "start", "end")
+    start_token_id = pad_token_id = None
 
-    def __init__(self, vocabulary):
+    def __init__(self, vocabulary, special_tokens=()):
         if isinstance(vocabulary, (list, tuple)):
             vocabulary = "".join(vocabulary)
         if len(set(vocabulary)) != len(vocabulary) or not vocabulary:
             raise InputError("a character vocabulary must be a non-empty string of distinct characters")
+        special_tokens = tuple(special_tokens)
+        if len(set(special_tokens)) != len(special_tokens) or set(special_tokens) - set(self.SPECIAL_TOKENS):
+            raise ConfigError(f"special tokens must be distinct names from {', '.join(self.SPECIAL_TOKENS)}; "
+                              f"got {special_tokens!r}")
         self.vocabulary = "".join(sorted(vocabulary))
+        self.special_tokens = special_tokens
+        ids = {name: index for index, name in enumerate(special_tokens)}
+        self.pad_token_id, self.start_token_id, self.end_token_id = (ids.get(n) for n in self.SPECIAL_TOKENS)
         self._code_points = _code_points(self.vocabulary)  # sorted, for searchsorted
-        self._characters = np.array(list(self.vocabulary))
+        self._characters = np.array([""] * len(special_tokens) + list(self.vocabulary))
 
     @classmethod
-    def from_text(cls, text):
-        return cls.from_texts([text])
+    def from_text(cls, text, special_tokens=()):
+        return cls.from_texts([text], special_tokens)
 
     @classmethod
-    def from_texts(cls, texts):
+    def from_texts(cls, texts, special_tokens=()):
         """The vocabulary of an iterable of strings (a corpus's pieces), read once."""
         characters = set()
         for text in texts:
             characters.update(text)
         if not characters:
             raise InputError("cannot build a vocabulary from empty text")
-        return cls("".join(sorted(characters)))
+        return cls("".join(sorted(characters)), special_tokens)
 
     @property
     def vocabulary_size(self):
-        return len(self.vocabulary)
+        return len(self.special_tokens) + len(self.vocabulary)
 
     def unknown_characters(self, text):
         """The characters of `text` that have no id, sorted."""
@@ -71,7 +83,7 @@ class CharTokenizer:
             raise InputError(
                 f"the text has characters the model's vocabulary lacks: {unknown!r}"
             )
-        return ids.astype(_smallest_id_dtype(self.vocabulary_size))
+        return (ids + len(self.special_tokens)).astype(_smallest_id_dtype(self.vocabulary_size))
 
     def encode_batch(self, texts):
         return [self.encode(text) for text in texts]
@@ -81,7 +93,10 @@ class CharTokenizer:
         return "".join(self._characters[ids])
 
     def get_config(self):
-        return {"vocabulary": self.vocabulary}
+        config = {"vocabulary": self.vocabulary}
+        if self.special_tokens:  # left out otherwise, as in files written before they existed
+            config["special_tokens"] = list(self.special_tokens)
+        return config
 
     @classmethod
     def from_config(cls, config):
@@ -101,6 +116,7 @@ class BPETokenizer:
     """
 
     END_TOKEN = "<|endoftext|>"
+    start_token_id = pad_token_id = None
     SMALLEST_VOCABULARY = 257  # the 256 bytes and the end token
 
     def __init__(self, definition):

@@ -15,10 +15,10 @@ import time
 import keras
 import numpy as np
 
-from gptlite import saving
+from gptlite import generation, pairs, saving
 from gptlite.data import RandomWindows
 from gptlite.errors import ConfigError, InputError, TrainingDiverged, TrainingInterrupted
-from gptlite.model import GPTConfig
+from gptlite.model import GPTConfig, Seq2Seq
 
 # Every value here can be overridden from the command line (`--n-layer 6`).
 PRESETS = {
@@ -38,6 +38,13 @@ PRESETS = {
         batch_size=64, max_iters=5000, lr=1e-3, min_lr=1e-4, warmup_iters=100,
         beta2=0.99, weight_decay=0.1, eval_interval=250, eval_iters=20, checkpoint_interval=250,
         precision="bf16",
+    ),
+    # The seq2seq model's (--task seq2seq, --synthetic): an encoder and a
+    # decoder of 3 blocks each. Its block size, unless given, is the longest pair's.
+    "seq2seq": dict(
+        n_layer=3, n_head=4, n_embd=128, dropout=0.0,
+        batch_size=64, max_iters=3000, lr=1e-3, min_lr=1e-4, warmup_iters=100,
+        beta2=0.99, weight_decay=0.1, eval_interval=500, eval_iters=10, checkpoint_interval=500,
     ),
     # Seconds long: for tests and first tries.
     "tiny": dict(
@@ -157,9 +164,11 @@ def compile_for_training(model, config):
     # cpu preset's step about 1.5x faster there. Torch has no XLA; TensorFlow's
     # XLA refuses a step whose mirrored variables sit on several devices.
     xla = keras.backend.backend() == "jax" or (keras.backend.backend() == "tensorflow" and not _mirrored())
+    # A seq2seq batch pads its targets; the padded positions do not count.
+    padding = Seq2Seq.PAD_ID if isinstance(model, Seq2Seq) else None
     model.compile(
         optimizer=make_optimizer(model, config),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=padding),
         jit_compile=xla,
     )
 
@@ -376,6 +385,9 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
           callbacks=()):
     """Train `model` with `model.fit`; return the evaluation records.
 
+    A GPT trains on token ids (1-D arrays), a Seq2Seq on `pairs.PairSet`s; a
+    Seq2Seq's evaluations also decode (greedily) up to HELD_OUT_PAIRS of the
+    validation pairs and record the fraction decoded exactly (exact_match).
     Every `eval_interval` steps the validation loss is measured; the best model
     by validation loss is saved to `out_dir/model.keras`, with `history.csv`
     and `loss.png` beside it. Every `checkpoint_interval` steps, and when a
@@ -400,7 +412,7 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
     state = _restore_checkpoint(model, out_dir) if resume else RunState()
 
     part = process_part()
-    validation_batches = RandomWindows(
+    validation_batches = _batches(
         validation_ids, block_size, config.batch_size, config.eval_iters, seed=config.seed + 1, part=part
     )
     boundaries = sorted(
@@ -415,8 +427,8 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
         stop_request = stop_request or stack.enter_context(StopRequest())
         for boundary in (b for b in boundaries if b > state.step):
             watcher = _StepWatcher(stop_request, progress, config.seed, state.step)
-            batches = RandomWindows(train_ids, block_size, config.batch_size, boundary - state.step,
-                                    seed=config.seed, first_index=state.step, part=part)
+            batches = _batches(train_ids, block_size, config.batch_size, boundary - state.step,
+                               seed=config.seed, first_index=state.step, part=part)
             model.fit(batches, epochs=1, shuffle=False, callbacks=[watcher, *callbacks], verbose=0)
             state.step += watcher.steps
             if not math.isfinite(watcher.mean_loss):
@@ -428,7 +440,7 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
             state.loss_steps += watcher.steps
             if state.step % config.eval_interval == 0 or state.step == config.max_iters:
                 elapsed = elapsed_before + time.perf_counter() - started
-                progress.say(_evaluate(model, validation_batches, state, out_dir, elapsed))
+                progress.say(_evaluate(model, validation_batches, validation_ids, state, out_dir, elapsed))
             checkpoint_due = state.step % config.checkpoint_interval == 0 or state.step == config.max_iters
             if checkpoint_due or stop_request.requested:
                 _save_checkpoint(model, state, config, out_dir)
@@ -441,8 +453,21 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
     return state.rows
 
 
-def _evaluate(model, validation_batches, state, out_dir, elapsed):
-    """Measure validation loss, record it and keep the best model; return a line to show."""
+def _batches(token_ids_or_pairs, block_size, batch_size, count, **kwargs):
+    if isinstance(token_ids_or_pairs, pairs.PairSet):
+        return pairs.PairBatches(token_ids_or_pairs, batch_size, count, **kwargs)
+    return RandomWindows(token_ids_or_pairs, block_size, batch_size, count, **kwargs)
+
+
+def exact_match(model, pair_set, limit=pairs.HELD_OUT_PAIRS):
+    """The fraction of the first `limit` pairs whose target the model decodes exactly (greedily)."""
+    held_out = pair_set.pairs.subset(range(min(limit, len(pair_set))))
+    decoded = generation.generate_target(model, held_out.sources, temperature=0.0)
+    return float(np.mean([got == want for got, want in zip(decoded, held_out.targets)]))
+
+
+def _evaluate(model, validation_batches, validation_data, state, out_dir, elapsed):
+    """Measure validation loss (and exact match), record it and keep the best model; return a line to show."""
     val_loss = float(model.evaluate(validation_batches, verbose=0))
     learning_rate = float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
     row = dict(
@@ -452,6 +477,8 @@ def _evaluate(model, validation_batches, state, out_dir, elapsed):
         learning_rate=learning_rate,
         elapsed_s=round(elapsed, 2),
     )
+    if isinstance(validation_data, pairs.PairSet):
+        row["exact_match"] = exact_match(model, validation_data)
     state.rows.append(row)
     state.loss_sum, state.loss_steps = 0.0, 0
     improved = val_loss < state.best_val_loss
@@ -462,7 +489,8 @@ def _evaluate(model, validation_batches, state, out_dir, elapsed):
     plot_losses(state.rows, out_dir / "loss.png")
     return (
         f"step {row['step']}: train loss {row['train_loss']:.4f}, val loss {val_loss:.4f}"
-        f"{' (best so far, saved)' if improved else ''}  [{row['elapsed_s']:.0f} s]"
+        + (f", exact match {row['exact_match']:.1%}" if "exact_match" in row else "")
+        + f"{' (best so far, saved)' if improved else ''}  [{row['elapsed_s']:.0f} s]"
     )
 
 
@@ -478,6 +506,7 @@ def _save_checkpoint(model, state, config, out_dir):
     document = dict(
         format=CHECKPOINT_FORMAT,
         step=state.step,
+        model_class=type(model).__name__,
         model_config=model.get_config(),
         training_config=dataclasses.asdict(config),
         run_state=dataclasses.asdict(state),

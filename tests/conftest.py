@@ -76,3 +76,47 @@ def run_python(*args, cwd=REPO, timeout=300):
     return subprocess.run(
         [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+@pytest.fixture(scope="session")
+def seq2seq_tokenizer():
+    return gptlite.CharTokenizer("abcde", special_tokens=("pad", "start", "end"))
+
+
+@pytest.fixture(scope="session")
+def tiny_seq2seq(seq2seq_tokenizer):
+    """A random-weight Seq2Seq for sources and targets of up to 8 tokens."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = gptlite.Seq2Seq(vocab_size=seq2seq_tokenizer.vocabulary_size, n_layer=2, n_head=2, n_embd=16,
+                            block_size=8, tokenizer=seq2seq_tokenizer)
+    model.build()
+    return model
+
+
+def reversal_pairs(count, seed=0):
+    """Strings of 2 to 6 letters from "abcde", each with its reverse."""
+    from gptlite import pairs
+
+    rng = np.random.default_rng(seed)
+    sources = ["".join(rng.choice(list("abcde"), size=rng.integers(2, 7))) for _ in range(count)]
+    return pairs.Pairs(sources, [s[::-1] for s in sources])
+
+
+@pytest.fixture(scope="session")
+def reverser(seq2seq_tokenizer):
+    """A tiny Seq2Seq trained for a few seconds to reverse short strings: mostly right, not always."""
+    import keras
+
+    from gptlite import pairs
+
+    keras.utils.set_random_seed(2)
+    model = gptlite.Seq2Seq(vocab_size=seq2seq_tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=32,
+                            block_size=8, tokenizer=seq2seq_tokenizer)
+    encoded = pairs.encode(reversal_pairs(4096), seq2seq_tokenizer, 8)
+    model.compile(optimizer=keras.optimizers.Adam(3e-3),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0))
+    inputs = {"source_ids": encoded.source_ids, "target_ids": encoded.target_ids[:, :-1]}
+    model.fit(inputs, encoded.target_ids[:, 1:], batch_size=64, epochs=3, verbose=0)
+    return model

@@ -306,3 +306,84 @@ def test_tokens_that_split_a_character_wait_for_the_rest():
     model = gptlite.GPT(vocab_size=bpe.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=16, tokenizer=bpe)
     streamed = "".join(gptlite.stream(model, "the 🙂", max_new_tokens=40, seed=3))
     assert "the 🙂" + streamed == gptlite.generate(model, "the 🙂", max_new_tokens=40, seed=3)
+
+
+# --- seq2seq
+
+
+def greedy_target_by_recomputation(model, source):
+    """Reference: run the whole model on the source and the target so far each step, take the argmax.
+
+    The source is padded to the block size, as in training.
+    """
+    tokenizer = model.tokenizer
+    source_ids = np.zeros((1, model.config.block_size), "int32")
+    source_ids[0, :len(source)] = tokenizer.encode(source)
+    target = [tokenizer.start_token_id]
+    while len(target) < model.config.block_size:
+        logits = model({"source_ids": source_ids, "target_ids": np.asarray([target], "int32")})
+        token = int(np.argmax(keras.ops.convert_to_numpy(logits)[0, -1]))
+        if token == tokenizer.end_token_id:
+            break
+        target.append(token)
+    return tokenizer.decode(target[1:])
+
+
+def test_seq2seq_cached_greedy_decoding_equals_full_recomputation(reverser, tiny_seq2seq):
+    from conftest import reversal_pairs
+
+    sources = reversal_pairs(12, seed=9).sources + ["", "e", "abcdeabc"]
+    for model in (reverser, tiny_seq2seq):  # a trained model and a random one
+        expected = [greedy_target_by_recomputation(model, source) for source in sources]
+        assert gptlite.generate_target(model, sources) == expected
+        assert gptlite.generate_target(model, sources, use_cache=False) == expected
+    assert sum(got == source[::-1] for got, source in zip(expected, sources)) < len(sources)  # random: wrong
+
+
+def test_seq2seq_trained_reverser_is_mostly_right(reverser):
+    from conftest import reversal_pairs
+
+    held_out = reversal_pairs(100, seed=11)
+    decoded = gptlite.generate_target(reverser, held_out.sources)
+    assert np.mean([got == want for got, want in zip(decoded, held_out.targets)]) > 0.8
+
+
+def test_seq2seq_sampling_is_seeded_with_or_without_cache(reverser):
+    sources = ["abc", "edcba", "aabb"] * 4
+    settings = dict(temperature=3.0, seed=5)
+    sampled = gptlite.generate_target(reverser, sources, **settings)
+    assert gptlite.generate_target(reverser, sources, **settings) == sampled
+    assert gptlite.generate_target(reverser, sources, use_cache=False, **settings) == sampled
+    assert gptlite.generate_target(reverser, sources, temperature=3.0, seed=6) != sampled
+    assert len(set(sampled)) > 3  # the same source, sampled again, can come out differently
+
+
+def test_seq2seq_sources_beyond_one_batch_decode_as_in_one(reverser, monkeypatch):
+    from conftest import reversal_pairs
+
+    sources = reversal_pairs(10, seed=4).sources
+    together = gptlite.generate_target(reverser, sources)
+    monkeypatch.setattr(gptlite.generation, "TARGET_BATCH", 4)
+    assert list(gptlite.generation.iter_targets(reverser, sources)) == together
+
+
+def test_seq2seq_beam_search_of_width_one_is_greedy(reverser):
+    sources = ["abc", "dea", "eeddcc"]
+    assert gptlite.generate_target(reverser, sources, num_beams=1) == gptlite.generate_target(reverser, sources)
+    assert gptlite.generate_target(reverser, sources, num_beams=3) == [s[::-1] for s in sources]
+
+
+def test_seq2seq_targets_end_at_stop_strings_and_max_new_tokens(reverser):
+    assert gptlite.generate_target(reverser, "abcde") == "edcba"
+    assert gptlite.generate_target(reverser, "abcde", stop="c") == "ed"
+    assert gptlite.generate_target(reverser, "abcde", max_new_tokens=2) == "ed"
+
+
+def test_seq2seq_bad_sources_and_models_are_refused(reverser, tiny_model):
+    with pytest.raises(gptlite.InputError, match="up to 8"):
+        gptlite.generate_target(reverser, "abcdeabcd")
+    with pytest.raises(gptlite.InputError, match="'xz'"):
+        gptlite.generate_target(reverser, "axz")
+    assert gptlite.generate_target(reverser, "axbz", unknown="skip") == gptlite.generate_target(reverser, "ab")
+    with pytest.raises(gptlite.ConfigError, match="Seq2Seq"):
+        gptlite.generate_target(tiny_model, "abc")

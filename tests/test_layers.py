@@ -47,6 +47,55 @@ def test_causal_self_attention_matches_numpy_reference(batch, length, width, hea
     np.testing.assert_allclose(keras.ops.convert_to_numpy(attention(x)), expected, atol=1e-5)
 
 
+def test_attention_over_a_padded_context_matches_numpy_reference():
+    rng = np.random.default_rng(1)
+    batch, length, context_length, width, heads = 2, 3, 5, 8, 2
+    x = rng.normal(size=(batch, length, width)).astype("float32")
+    context = rng.normal(size=(batch, context_length, width)).astype("float32")
+    context_mask = np.array([[True, True, True, False, False], [True, True, True, True, True]])
+    attention = layers.Attention(heads, use_bias=True)
+    attention.build(x.shape)
+    for weight in attention.weights:
+        weight.assign(rng.normal(scale=0.3, size=weight.shape).astype("float32"))
+
+    output, weights = attention(x, context, context_mask, return_attention_scores=True)
+
+    kernel = lambda dense: [w.numpy() for w in dense.weights]  # noqa: E731
+    (q_kernel, q_bias), (kv_kernel, kv_bias), (out_kernel, out_bias) = (
+        kernel(attention.query_projection), kernel(attention.key_value_projection),
+        kernel(attention.output_projection))
+    head_size = width // heads
+    to_heads = lambda t: t.reshape(batch, -1, heads, head_size).transpose(0, 2, 1, 3)  # noqa: E731
+    q = to_heads(x @ q_kernel + q_bias)
+    k, v = (to_heads(t) for t in np.split(context @ kv_kernel + kv_bias, 2, axis=-1))
+    scores = np.where(context_mask[:, None, None, :], q @ np.swapaxes(k, -1, -2) / np.sqrt(head_size), -np.inf)
+    expected_weights = numpy_softmax(scores)
+    expected = (expected_weights @ v).transpose(0, 2, 1, 3).reshape(batch, length, width) @ out_kernel + out_bias
+
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(weights), expected_weights, atol=1e-5)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(output), expected, atol=1e-5)
+    assert np.all(keras.ops.convert_to_numpy(weights)[0, :, :, 3:] == 0)  # padding gets no attention
+
+
+def test_encoder_block_sees_later_positions_and_ignores_padding():
+    rng = np.random.default_rng(2)
+    block = layers.EncoderBlock(2)
+    x = rng.normal(size=(1, 6, 8)).astype("float32")
+    block.build(x.shape)
+    mask = np.array([[True, True, True, True, False, False]])
+    before = keras.ops.convert_to_numpy(block(x, padding_mask=mask))
+
+    later_changed = x.copy()
+    later_changed[0, 3] = rng.normal(size=8)  # a real position after the first three
+    after = keras.ops.convert_to_numpy(block(later_changed, padding_mask=mask))
+    assert np.abs(after[0, :3] - before[0, :3]).max() > 1e-3
+
+    padding_changed = x.copy()
+    padding_changed[0, 4:] = rng.normal(size=(2, 8))
+    after = keras.ops.convert_to_numpy(block(padding_changed, padding_mask=mask))
+    np.testing.assert_allclose(after[0, :4], before[0, :4], atol=1e-6)
+
+
 class UnfusedAttention(layers.CausalSelfAttention):
     """Always the step-by-step attention, for comparison with the fused one."""
 
@@ -134,6 +183,9 @@ LAYER_CASES = [
     (layers.TransformerBlock,
      dict(num_heads=4, dropout=0.1, use_bias=False, layer_norm_epsilon=1e-6, attention_dropout=0.1),
      (2, 5, 8), "float32"),
+    (layers.Attention, dict(num_heads=2, dropout=0.1, use_bias=False, attention_dropout=0.05), (2, 5, 8), "float32"),
+    (layers.EncoderBlock, dict(num_heads=2, dropout=0.1, use_bias=True, layer_norm_epsilon=1e-6), (2, 5, 8),
+     "float32"),
 ]
 
 

@@ -104,3 +104,72 @@ def test_load_gives_clear_errors_for_files_that_are_not_gptlite_models(tmp_path)
     other.save(tmp_path / "other.keras")
     with pytest.raises(gptlite.InputError, match="not a gptlite model"):
         gptlite.load(tmp_path / "other.keras")
+
+
+# --- Seq2Seq
+
+
+def seq2seq_logits(model, source_ids, target_ids, source_mask=None):
+    inputs = {"source_ids": np.asarray(source_ids, "int32"), "target_ids": np.asarray(target_ids, "int32")}
+    if source_mask is not None:
+        inputs["source_mask"] = np.asarray(source_mask)
+    return keras.ops.convert_to_numpy(model(inputs))
+
+
+def test_seq2seq_encoder_sees_the_whole_source(tiny_seq2seq):
+    source = np.array([[3, 4, 5, 6, 7, 3, 0, 0]])
+    encoded = lambda ids: keras.ops.convert_to_numpy(  # noqa: E731
+        tiny_seq2seq.encode(ids, tiny_seq2seq.source_mask(ids)))
+    changed = source.copy()
+    changed[0, 5] = 4  # the last real token
+    difference = np.abs(encoded(changed) - encoded(source))[0]
+    assert difference[:5].max() > 1e-4  # earlier positions see it: not causal
+
+
+def test_seq2seq_decoder_is_causal_and_reads_the_source(tiny_seq2seq):
+    source, target = np.array([[3, 4, 5, 0]]), np.array([[1, 6, 7, 3, 5]])
+    reference = seq2seq_logits(tiny_seq2seq, source, target)
+    assert reference.shape == (1, 5, tiny_seq2seq.config.vocab_size)
+    later_changed = target.copy()
+    later_changed[0, 3:] = [6, 6]
+    logits = seq2seq_logits(tiny_seq2seq, source, later_changed)
+    np.testing.assert_array_equal(logits[:, :3], reference[:, :3])
+    assert not np.allclose(logits[:, 3:], reference[:, 3:])
+    other_source = seq2seq_logits(tiny_seq2seq, [[7, 4, 5, 0]], target)
+    assert np.abs(other_source - reference).max() > 1e-4
+
+
+def test_seq2seq_ignores_what_padded_source_positions_hold(tiny_seq2seq):
+    source = np.array([[3, 4, 5, 0, 0, 0], [6, 7, 0, 0, 0, 0]])
+    target = np.array([[1, 5, 4], [1, 7, 6]])
+    mask = source != 0
+    reference = seq2seq_logits(tiny_seq2seq, source, target)
+    filled = np.where(mask, source, np.random.default_rng(0).integers(3, 8, size=source.shape))
+    np.testing.assert_allclose(seq2seq_logits(tiny_seq2seq, filled, target, mask), reference, atol=1e-6)
+    assert not np.allclose(seq2seq_logits(tiny_seq2seq, filled, target), reference)  # as real tokens, they count
+
+
+def test_seq2seq_needs_pad_start_and_end_tokens(tokenizer):
+    with pytest.raises(gptlite.ConfigError, match="pad"):
+        gptlite.Seq2Seq(vocab_size=tokenizer.vocabulary_size, tokenizer=tokenizer)
+
+
+LOAD_SEQ2SEQ_AND_PRINT = """
+import sys, numpy as np, keras, gptlite
+model = gptlite.load(sys.argv[1])
+source = model.tokenizer.encode(sys.argv[2])[None, :].astype("int32")
+target = np.array([[model.tokenizer.start_token_id, 3, 4]], "int32")
+np.save(sys.argv[3], keras.ops.convert_to_numpy(model({"source_ids": source, "target_ids": target})))
+print(type(model).__name__, gptlite.generate_target(model, sys.argv[2]))
+"""
+
+
+def test_seq2seq_save_and_load_in_a_fresh_process(tmp_path, reverser):
+    path = tmp_path / "model.keras"
+    gptlite.save(reverser, path)
+    result = run_python("-c", LOAD_SEQ2SEQ_AND_PRINT, str(path), "abcd", str(tmp_path / "logits.npy"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["Seq2Seq", gptlite.generate_target(reverser, "abcd")]
+    source = reverser.tokenizer.encode("abcd")[None, :]
+    expected = seq2seq_logits(reverser, source, [[reverser.tokenizer.start_token_id, 3, 4]])
+    np.testing.assert_allclose(np.load(tmp_path / "logits.npy"), expected, atol=1e-6)

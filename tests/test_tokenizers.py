@@ -39,6 +39,24 @@ def test_config_round_trip_through_json():
     assert clone.decode(clone.encode("alpha")) == "alpha"
 
 
+def test_special_tokens_take_the_first_ids_and_decode_to_nothing():
+    tokenizer = CharTokenizer.from_text("cab", special_tokens=("pad", "start", "end"))
+    assert (tokenizer.pad_token_id, tokenizer.start_token_id, tokenizer.end_token_id) == (0, 1, 2)
+    assert tokenizer.vocabulary_size == 6
+    np.testing.assert_array_equal(tokenizer.encode("cab"), [5, 3, 4])
+    assert tokenizer.decode([1, 5, 3, 4, 2, 0, 0]) == "cab"
+    clone = CharTokenizer.from_config(json.loads(json.dumps(tokenizer.get_config())))
+    assert clone.special_tokens == ("pad", "start", "end") and clone.encode("b")[0] == 4
+    plain = CharTokenizer.from_text("cab")
+    assert plain.end_token_id is None and plain.pad_token_id is None and "special_tokens" not in plain.get_config()
+
+
+@pytest.mark.parametrize("special_tokens", [("pad", "pad"), ("unknown",)])
+def test_special_tokens_must_be_distinct_known_names(special_tokens):
+    with pytest.raises(gptlite.ConfigError, match="special tokens"):
+        CharTokenizer("ab", special_tokens=special_tokens)
+
+
 def test_rejects_repeated_characters():
     with pytest.raises(gptlite.InputError):
         CharTokenizer("aab")

@@ -1,0 +1,189 @@
+"""Pairs of texts for the seq2seq model: files of source<TAB>target lines,
+the built-in synthetic tasks, the held-out split, encoding and batches."""
+
+import dataclasses
+
+import keras
+import numpy as np
+
+from gptlite import data
+from gptlite.errors import InputError
+
+SYNTHETIC_TASKS = ("addition", "reverse", "sort")
+SYNTHETIC_TRAIN_PAIRS = 200_000
+HELD_OUT_PAIRS = 1_000  # a synthetic task's held-out set; also the most pairs exact match is measured on
+VALIDATION_FRACTION = 0.1  # of a file's pairs, held out
+SHORTEST, LONGEST = 5, 20  # string lengths of the reverse and sort tasks
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+@dataclasses.dataclass
+class Pairs:
+    """Source and target texts; `lines`, where they came from a file, says which line each was."""
+
+    sources: list
+    targets: list
+    lines: list = None
+
+    def __len__(self):
+        return len(self.sources)
+
+    def where(self, index):
+        return f"line {self.lines[index]}" if self.lines else f"pair {index + 1}"
+
+    def subset(self, indices):
+        pick = lambda items: [items[i] for i in indices]  # noqa: E731
+        return Pairs(pick(self.sources), pick(self.targets), pick(self.lines) if self.lines else None)
+
+
+def read_pairs(path, encoding="utf-8", errors="strict"):
+    """The pairs of a text file of `source<TAB>target` lines; blank lines are skipped.
+
+    A line without exactly one tab, or with an empty side, is refused with its number.
+    """
+    text = data.read_text(path, encoding, errors)
+    sources, targets, lines = [], [], []
+    for number, line in enumerate(text.split("\n"), start=1):
+        line = line.removesuffix("\r")
+        if not line.strip():
+            continue
+        tabs = line.count("\t")
+        if tabs != 1:
+            raise InputError(f"{path}, line {number}: expected source<TAB>target, found "
+                             f"{'no tab' if tabs == 0 else f'{tabs} tabs'}: {_shortened(line)!r}")
+        source, target = line.split("\t")
+        for side, value in (("source", source), ("target", target)):
+            if not value:
+                raise InputError(f"{path}, line {number}: the {side} is empty")
+        sources.append(source)
+        targets.append(target)
+        lines.append(number)
+    if len(sources) < 2:
+        raise InputError(f"{path} has {len(sources)} source<TAB>target lines; it needs at least 2 "
+                         f"(one to train on, one to hold out)")
+    return Pairs(sources, targets, lines)
+
+
+def _shortened(line, length=40):
+    return line if len(line) <= length else line[:length] + "..."
+
+
+def split(pairs, seed):
+    """(train, held out): a random tenth of the pairs, at least one, chosen by the seed."""
+    order = np.random.default_rng(seed).permutation(len(pairs))
+    held_out = max(1, int(len(pairs) * VALIDATION_FRACTION))
+    return pairs.subset(sorted(order[held_out:])), pairs.subset(sorted(order[:held_out]))
+
+
+def synthetic(task, seed, train_pairs=SYNTHETIC_TRAIN_PAIRS, held_out_pairs=HELD_OUT_PAIRS):
+    """(train, held out) pairs of a built-in task, the same for the same seed.
+
+    addition: "123+45" -> "168", operands 0 to 999; reverse: a string of
+    5 to 20 lowercase letters -> the same backwards; sort: such a string ->
+    its letters in order. No held-out source appears among the training pairs.
+    """
+    if task not in SYNTHETIC_TASKS:
+        raise InputError(f"unknown synthetic task {task!r}; choose from {', '.join(SYNTHETIC_TASKS)}")
+    rng = np.random.default_rng([seed, SYNTHETIC_TASKS.index(task)])
+    make_sources = _addition_sources if task == "addition" else _letter_strings
+    held_out = list(dict.fromkeys(make_sources(rng, 2 * held_out_pairs)))[:held_out_pairs]
+    unseen = set(held_out)
+    train = []
+    while len(train) < train_pairs:
+        train += [source for source in make_sources(rng, train_pairs) if source not in unseen]
+    train = train[:train_pairs]
+    solve = {"addition": _add, "reverse": lambda s: s[::-1], "sort": lambda s: "".join(sorted(s))}[task]
+    return Pairs(train, [solve(s) for s in train]), Pairs(held_out, [solve(s) for s in held_out])
+
+
+def _addition_sources(rng, count):
+    operands = rng.integers(0, 1000, size=(count, 2))
+    return [f"{a}+{b}" for a, b in operands.tolist()]
+
+
+def _letter_strings(rng, count):
+    lengths = rng.integers(SHORTEST, LONGEST + 1, size=count)
+    letters = np.array(list(LETTERS))[rng.integers(0, len(LETTERS), size=(count, LONGEST))]
+    return ["".join(row[:length]) for row, length in zip(letters.tolist(), lengths.tolist())]
+
+
+def _add(source):
+    a, b = source.split("+")
+    return str(int(a) + int(b))
+
+
+def block_size_needed(tokenizer, *pair_sets):
+    """The smallest block size that holds every source, and every target after its start token."""
+    return max(_longest(tokenizer, pairs) for pairs in pair_sets)
+
+
+def _longest(tokenizer, pairs):
+    source = max(len(ids) for ids in tokenizer.encode_batch(pairs.sources))
+    target = max(len(ids) for ids in tokenizer.encode_batch(pairs.targets))
+    return max(source, target + 1)
+
+
+@dataclasses.dataclass
+class PairSet:
+    """Pairs encoded for the model, padded to the block size with the pad id (0).
+
+    source_ids (N, S); target_ids (N, S + 1), each the start token, the
+    target and the end token: the decoder reads target_ids[:, :-1] and
+    learns to predict target_ids[:, 1:].
+    """
+
+    source_ids: np.ndarray
+    target_ids: np.ndarray
+    pairs: Pairs
+
+    def __len__(self):
+        return len(self.source_ids)
+
+
+def encode(pairs, tokenizer, block_size):
+    """Encode pairs into a PairSet, or say which pair is too long for the block size."""
+    source_ids = np.zeros((len(pairs), block_size), np.int32)
+    target_ids = np.zeros((len(pairs), block_size + 1), np.int32)
+    for index, (source, target) in enumerate(zip(tokenizer.encode_batch(pairs.sources),
+                                                 tokenizer.encode_batch(pairs.targets))):
+        if len(source) > block_size or len(target) + 1 > block_size:
+            side, length = ("source", len(source)) if len(source) > block_size else ("target", len(target))
+            raise InputError(f"{pairs.where(index)}: the {side} is {length} tokens long; block size {block_size} "
+                             f"holds sources of up to {block_size} and targets of up to {block_size - 1}; "
+                             f"raise --block-size or leave it out to fit the longest pair")
+        source_ids[index, :len(source)] = source
+        target_ids[index, 0] = tokenizer.start_token_id
+        target_ids[index, 1:len(target) + 1] = target
+        target_ids[index, len(target) + 1] = tokenizer.end_token_id
+    return PairSet(source_ids, target_ids, pairs)
+
+
+class PairBatches(keras.utils.PyDataset):
+    """Batches of pairs drawn at random, as (model inputs, next-token targets).
+
+    Batch `i` depends only on (seed, first_index + i), as `data.RandomWindows`,
+    and `part` takes a slice of each batch's rows in the same way. Yields
+    {"source_ids": (B, S), "target_ids": (B, S)} and targets (B, S), int32;
+    padded target positions hold the pad id, which the loss leaves out.
+    """
+
+    def __init__(self, pair_set, batch_size, num_batches, seed=0, first_index=0, part=(0, 1), **kwargs):
+        super().__init__(**kwargs)
+        self.pair_set = pair_set
+        self.batch_size = batch_size
+        self.batch_count = num_batches
+        self.seed = seed
+        self.first_index = first_index
+        self.part = part
+
+    def __len__(self):
+        return self.batch_count
+
+    def __getitem__(self, index):
+        rng = np.random.default_rng((self.seed, self.first_index + index))
+        rows = rng.integers(0, len(self.pair_set), size=self.batch_size)
+        part, parts = self.part
+        rows = rows[part * self.batch_size // parts: (part + 1) * self.batch_size // parts]
+        targets = self.pair_set.target_ids[rows]
+        inputs = {"source_ids": self.pair_set.source_ids[rows], "target_ids": targets[:, :-1]}
+        return inputs, targets[:, 1:]
