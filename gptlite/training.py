@@ -40,10 +40,10 @@ PRESETS = {
         precision="bf16",
     ),
     # The seq2seq model's (--task seq2seq, --synthetic): an encoder and a
-    # decoder of 3 blocks each. Its block size, unless given, is the longest pair's.
+    # decoder of 2 blocks each. Its block size, unless given, is the longest pair's.
     "seq2seq": dict(
-        n_layer=3, n_head=4, n_embd=128, dropout=0.0,
-        batch_size=64, max_iters=3000, lr=1e-3, min_lr=1e-4, warmup_iters=100,
+        n_layer=2, n_head=4, n_embd=128, dropout=0.0,
+        batch_size=128, max_iters=5000, lr=3e-3, min_lr=3e-4, warmup_iters=200,
         beta2=0.99, weight_decay=0.1, eval_interval=500, eval_iters=10, checkpoint_interval=500,
     ),
     # Seconds long: for tests and first tries.

@@ -298,3 +298,81 @@ def test_a_backend_flag_after_keras_is_running_is_refused(capsys):
 
     assert train_main(["--preset", "tiny", "--backend", OTHER_BACKEND]) == 2
     assert f"--backend {OTHER_BACKEND} came too late" in capsys.readouterr().err
+
+
+# --- seq2seq
+
+
+def reversal_file(path, count=2000, seed=0):
+    from conftest import reversal_pairs
+
+    pairs = reversal_pairs(count, seed)
+    path.write_text("".join(f"{s}\t{t}\n" for s, t in zip(pairs.sources, pairs.targets)))
+    return path
+
+
+@ONCE
+def test_seq2seq_trains_on_a_tsv_file_and_decodes_sources(tmp_path):
+    pairs_file = reversal_file(tmp_path / "pairs.tsv")
+    out = tmp_path / "run"
+    result = run_python("train.py", str(pairs_file), "--task", "seq2seq", "--preset", "tiny", "--max-iters", "20",
+                        "--eval-interval", "10", "--block-size", "10", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "1,800 pairs, 200 held out" in result.stdout and "exact match" in result.stdout
+    assert "of 200 held-out pairs exactly" in result.stdout
+    with open(out / "history.csv") as file:
+        rows = list(csv.DictReader(file))
+    assert [row["step"] for row in rows] == ["10", "20"] and 0 <= float(rows[-1]["exact_match"]) <= 1
+
+    sources = tmp_path / "sources.txt"
+    sources.write_text("abc\nedcba\n\nbb\n")
+    decoded = run_python("generate.py", "--model", str(out / "model.keras"), "--source-file", str(sources))
+    assert decoded.returncode == 0, decoded.stderr[-2000:]
+    model = gptlite.load(out / "model.keras")
+    assert decoded.stdout == "".join(f"{t}\n" for t in gptlite.generate_target(model, ["abc", "edcba", "", "bb"]))
+
+
+@ONCE
+def test_a_malformed_pairs_file_is_refused_with_its_line(tmp_path, capsys):
+    from gptlite.cli import train_main
+
+    pairs_file = tmp_path / "pairs.tsv"
+    pairs_file.write_text("abc\tcba\nno tab on this line\nab\tba\n")
+    assert train_main([str(pairs_file), "--task", "seq2seq", "--out", str(tmp_path / "run")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "line 2: expected source<TAB>target, found no tab" in error
+    assert not (tmp_path / "run" / "model.keras").exists()
+
+
+@ONCE
+@pytest.mark.parametrize("flags,message", [
+    (["--synthetic", "addition", "--task", "lm"], "leave out --task lm"),
+    (["--synthetic", "reverse", "--tokenizer", "bpe"], "reads characters"),
+    (["--task", "seq2seq"], "one file of source<TAB>target lines"),
+    (["--synthetic", "sort", "--block-size", "10"], "pair 1: the source is"),
+])
+def test_seq2seq_flag_mistakes_get_one_line(tmp_path, capsys, flags, message):
+    from gptlite.cli import train_main
+
+    assert train_main([*flags, "--preset", "tiny", "--out", str(tmp_path / "run")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and message in error
+
+
+@ONCE
+def test_source_and_prompt_go_to_the_right_kind_of_model(tmp_path, capsys, reverser, tiny_model):
+    from gptlite.cli import generate_main
+
+    gptlite.save(reverser, tmp_path / "seq2seq.keras")
+    gptlite.save(tiny_model, tmp_path / "gpt.keras")
+    assert generate_main(["--model", str(tmp_path / "seq2seq.keras"), "--prompt", "abc"]) == 2
+    assert "is a seq2seq model: give it --source TEXT or --source-file FILE" in capsys.readouterr().err
+    assert generate_main(["--model", str(tmp_path / "gpt.keras"), "--source", "abc"]) == 2
+    assert "is a language model: give it --prompt TEXT" in capsys.readouterr().err
+    assert generate_main(["--model", str(tmp_path / "seq2seq.keras"), "--source", "abcde", "--num-beams", "2",
+                          "--num-samples", "1"]) == 0
+    assert capsys.readouterr().out == gptlite.generate_target(reverser, "abcde", num_beams=2) + "\n"
+    assert generate_main(["--model", str(tmp_path / "seq2seq.keras"), "--source", "abc", "--num-samples", "3",
+                          "--temperature", "2", "--seed", "1"]) == 0
+    assert capsys.readouterr().out.splitlines() == gptlite.generate_target(
+        reverser, ["abc"] * 3, temperature=2.0, seed=1, top_k=200)
