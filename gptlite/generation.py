@@ -1,4 +1,6 @@
-"""Sampling text from a trained GPT with a key/value cache.
+"""Sampling text from a trained GPT with a key/value cache; decoding a
+Seq2Seq's targets with the same sampler and beam search (`generate_target`,
+see _TargetDecoder).
 
 How a batch of prompts is decoded:
 1. Prefill: the prompts, right-padded to `block_size`, run through the model

@@ -81,16 +81,25 @@ def synthetic(task, seed, train_pairs=SYNTHETIC_TRAIN_PAIRS, held_out_pairs=HELD
     addition: "123+45" -> "168", operands 0 to 999; reverse: a string of
     5 to 20 lowercase letters -> the same backwards; sort: such a string ->
     its letters in order. No held-out source appears among the training pairs.
+
+    Held-out addition operands are uniform from 0 to 999, as most people's
+    sums would be. A training operand's number of digits is uniform from 1
+    to 3 instead: among uniform operands nine in ten have three digits, and
+    a model trained on them learns where the digits sit in "123+456" but
+    not how they line up in "123+45".
     """
     if task not in SYNTHETIC_TASKS:
         raise InputError(f"unknown synthetic task {task!r}; choose from {', '.join(SYNTHETIC_TASKS)}")
     rng = np.random.default_rng([seed, SYNTHETIC_TASKS.index(task)])
-    make_sources = _addition_sources if task == "addition" else _letter_strings
-    held_out = list(dict.fromkeys(make_sources(rng, 2 * held_out_pairs)))[:held_out_pairs]
+    if task == "addition":
+        make_held_out, make_train = _addition_sources, _addition_training_sources
+    else:
+        make_held_out = make_train = _letter_strings
+    held_out = list(dict.fromkeys(make_held_out(rng, 2 * held_out_pairs)))[:held_out_pairs]
     unseen = set(held_out)
     train = []
     while len(train) < train_pairs:
-        train += [source for source in make_sources(rng, train_pairs) if source not in unseen]
+        train += [source for source in make_train(rng, train_pairs) if source not in unseen]
     train = train[:train_pairs]
     solve = {"addition": _add, "reverse": lambda s: s[::-1], "sort": lambda s: "".join(sorted(s))}[task]
     return Pairs(train, [solve(s) for s in train]), Pairs(held_out, [solve(s) for s in held_out])
@@ -98,6 +107,13 @@ def synthetic(task, seed, train_pairs=SYNTHETIC_TRAIN_PAIRS, held_out_pairs=HELD
 
 def _addition_sources(rng, count):
     operands = rng.integers(0, 1000, size=(count, 2))
+    return [f"{a}+{b}" for a, b in operands.tolist()]
+
+
+def _addition_training_sources(rng, count):
+    """Operands whose number of digits is uniform from 1 to 3."""
+    digits = rng.integers(1, 4, size=(count, 2))
+    operands = rng.integers(np.where(digits == 1, 0, 10 ** (digits - 1)), 10 ** digits)
     return [f"{a}+{b}" for a, b in operands.tolist()]
 
 

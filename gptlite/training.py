@@ -43,7 +43,7 @@ PRESETS = {
     # decoder of 2 blocks each. Its block size, unless given, is the longest pair's.
     "seq2seq": dict(
         n_layer=2, n_head=4, n_embd=128, dropout=0.0,
-        batch_size=128, max_iters=5000, lr=3e-3, min_lr=3e-4, warmup_iters=200,
+        batch_size=128, max_iters=6000, lr=3e-3, min_lr=3e-4, warmup_iters=200,
         beta2=0.99, weight_decay=0.1, eval_interval=500, eval_iters=10, checkpoint_interval=500,
     ),
     # Seconds long: for tests and first tries.

@@ -12,6 +12,11 @@ import gptlite
 
 from conftest import make_text, run_python
 
+# For tests of the commands themselves (most run them as subprocesses): what
+# they check does not depend on the backend, whose own tests run in every suite.
+ONCE = pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                          reason="a check of the commands that does not depend on the backend: "
+                                 "run in the tensorflow suite only")
 TRAIN_FLAGS = ["--preset", "tiny", "--max-iters", "30", "--eval-interval", "15", "--eval-iters", "2"]
 
 
@@ -36,6 +41,7 @@ def test_train_writes_model_history_and_plot(trained_run):
     assert (out / "model.keras").stat().st_size > 0
 
 
+@ONCE
 def test_generate_streams_prompt_then_text_and_repeats_with_a_seed(trained_run):
     _, _, out = trained_run
     args = ["generate.py", "--model", str(out / "model.keras"), "--prompt", "the cat",
@@ -62,6 +68,7 @@ def test_streamed_and_unstreamed_output_are_the_same(capsys, trained_run):
     assert streamed.startswith("a dog") and len(streamed) == len("a dog") + 50 + 1
 
 
+@ONCE
 def test_existing_model_is_not_overwritten(trained_run):
     _, text_file, out = trained_run
     before = hashlib.sha256((out / "model.keras").read_bytes()).hexdigest()
@@ -71,6 +78,7 @@ def test_existing_model_is_not_overwritten(trained_run):
     assert hashlib.sha256((out / "model.keras").read_bytes()).hexdigest() == before
 
 
+@ONCE
 @pytest.mark.parametrize("args,message", [
     (["train.py", "no/such/file.txt"], "no such file: no/such/file.txt"),
     (["train.py", "--n-embd", "30", "--n-head", "4"], "n_embd (30) must be divisible by n_head (4)"),
@@ -104,6 +112,7 @@ def test_in_process_errors_for_bad_flags(capsys, tmp_path, trained_run):
     assert capsys.readouterr().err.count("\n") == 1
 
 
+@ONCE
 def test_sigterm_saves_a_checkpoint_and_resume_finishes_the_run(tmp_path):
     import signal
     import subprocess
@@ -233,10 +242,6 @@ def test_export_under_torch_says_which_backend_to_use(capsys, tmp_path, tiny_mod
     assert main(["export", "--model", str(tmp_path / "model.keras"), "--out", str(tmp_path / "exported")]) == 2
     assert "KERAS_BACKEND=tensorflow" in capsys.readouterr().err
     assert not (tmp_path / "exported").exists()
-
-
-ONCE = pytest.mark.skipif(keras.backend.backend() != "tensorflow",
-                          reason="a subprocess whose backend does not matter: run in the tensorflow suite only")
 
 
 @ONCE
@@ -376,3 +381,19 @@ def test_source_and_prompt_go_to_the_right_kind_of_model(tmp_path, capsys, rever
                           "--temperature", "2", "--seed", "1"]) == 0
     assert capsys.readouterr().out.splitlines() == gptlite.generate_target(
         reverser, ["abc"] * 3, temperature=2.0, seed=1, top_k=200)
+
+
+@ONCE
+def test_a_seq2seq_run_resumes_as_seq2seq_only(tmp_path, capsys):
+    from gptlite.cli import train_main
+
+    pairs_file = reversal_file(tmp_path / "pairs.tsv", count=300)
+    base = [str(pairs_file), "--task", "seq2seq", "--preset", "tiny", "--eval-interval", "5", "--eval-iters", "1",
+            "--out", str(tmp_path / "run")]
+    assert train_main([*base, "--max-iters", "5"]) == 0
+    assert train_main([str(pairs_file), "--resume", "--out", str(tmp_path / "run")]) == 2
+    assert "trains a seq2seq model; resume it with --task seq2seq" in capsys.readouterr().err
+    assert train_main([*base, "--max-iters", "10", "--resume"]) == 0
+    assert "resuming at step 5 of 10 steps" in capsys.readouterr().out
+    with open(tmp_path / "run" / "history.csv") as file:
+        assert [row["step"] for row in csv.DictReader(file)] == ["5", "10"]

@@ -65,10 +65,12 @@ def test_synthetic_tasks_are_deterministic_correct_and_held_out_is_disjoint(task
             assert target == (source[::-1] if task == "reverse" else "".join(sorted(source)))
 
 
-def test_addition_covers_every_operand_size():
-    train, _ = pairs.synthetic("addition", seed=0, train_pairs=2000, held_out_pairs=10)
-    lengths = {len(operand) for source in train.sources for operand in source.split("+")}
-    assert lengths == {1, 2, 3}
+def test_addition_trains_on_every_operand_length_alike_and_holds_out_uniform_operands():
+    train, held_out = pairs.synthetic("addition", seed=0, train_pairs=3000, held_out_pairs=1000)
+    lengths = np.array([len(operand) for source in train.sources for operand in source.split("+")])
+    assert all(0.3 < np.mean(lengths == length) < 0.37 for length in (1, 2, 3))
+    operands = [int(operand) for source in held_out.sources for operand in source.split("+")]
+    assert 0.85 < np.mean(np.array(operands) >= 100) < 0.95  # nine in ten numbers up to 999 have three digits
 
 
 @pytest.fixture(scope="module")
