@@ -388,12 +388,12 @@ def test_a_seq2seq_run_resumes_as_seq2seq_only(tmp_path, capsys):
     from gptlite.cli import train_main
 
     pairs_file = reversal_file(tmp_path / "pairs.tsv", count=300)
-    base = [str(pairs_file), "--task", "seq2seq", "--preset", "tiny", "--eval-interval", "5", "--eval-iters", "1",
+    base = [str(pairs_file), "--task", "seq2seq", "--preset", "tiny", "--eval-interval", "6", "--eval-iters", "1",
             "--out", str(tmp_path / "run")]
-    assert train_main([*base, "--max-iters", "5"]) == 0
+    assert train_main([*base, "--max-iters", "6"]) == 0
     assert train_main([str(pairs_file), "--resume", "--out", str(tmp_path / "run")]) == 2
     assert "trains a seq2seq model; resume it with --task seq2seq" in capsys.readouterr().err
-    assert train_main([*base, "--max-iters", "10", "--resume"]) == 0
-    assert "resuming at step 5 of 10 steps" in capsys.readouterr().out
+    assert train_main([*base, "--max-iters", "12", "--resume"]) == 0
+    assert "resuming at step 6 of 12 steps" in capsys.readouterr().out
     with open(tmp_path / "run" / "history.csv") as file:
-        assert [row["step"] for row in csv.DictReader(file)] == ["5", "10"]
+        assert [row["step"] for row in csv.DictReader(file)] == ["6", "12"]
