@@ -46,10 +46,11 @@ def _command(prog, name):
 train = _command("gptlite-train", "train_main")
 generate = _command("gptlite-generate", "generate_main")
 export = _command("gptlite-export", "export_main")
+inspect = _command("gptlite-inspect", "inspect_main")
 
 
 def main(argv=None):
-    """`gptlite train|generate|export ...`."""
+    """`gptlite train|generate|export|inspect ...`."""
     argv = sys.argv[1:] if argv is None else list(argv)
     choose_backend("gptlite", argv)
     from gptlite import cli

@@ -7,6 +7,9 @@
     adder = gptlite.load("adder/model.keras")            # a Seq2Seq, from train.py --synthetic addition
     print(gptlite.generate_target(adder, "123+456"))
 
+    maps = gptlite.attention_maps(model, "ROMEO: What light")  # weights (layers, heads, T, T), tokens
+    gptlite.plot_attention(maps, "attention.png")
+
 Importing gptlite registers its layers, model and tokenizers with Keras, which
 is what lets `keras.saving.load_model` rebuild a saved model.
 """
@@ -27,6 +30,7 @@ from gptlite.errors import (
     TrainingInterrupted,
 )
 from gptlite.generation import generate, generate_target, stream
+from gptlite.inspection import AttentionMaps, attention_maps, plot_attention, plot_positions, token_report
 from gptlite.layers import (
     Attention,
     CausalSelfAttention,
@@ -46,6 +50,7 @@ __all__ = [
     "GPT",
     "GPTConfig",
     "Attention",
+    "AttentionMaps",
     "CausalSelfAttention",
     "BPETokenizer",
     "CharTokenizer",
@@ -63,10 +68,14 @@ __all__ = [
     "TrainingDiverged",
     "TrainingInterrupted",
     "TransformerBlock",
+    "attention_maps",
     "generate",
     "generate_target",
     "load",
+    "plot_attention",
+    "plot_positions",
     "save",
     "stream",
+    "token_report",
     "train",
 ]

@@ -1,4 +1,5 @@
-"""The commands `gptlite-train`, `gptlite-generate`, `gptlite-export` and `gptlite` (also `train.py`, `generate.py`).
+"""The commands `gptlite-train`, `gptlite-generate`, `gptlite-export`, `gptlite-inspect` and `gptlite`
+(also `train.py`, `generate.py`).
 
 They start in `gptlite_launch`, which applies `--backend` before Keras is imported.
 """
@@ -6,11 +7,12 @@ They start in `gptlite_launch`, which applies `--backend` before Keras is import
 import argparse
 import contextlib
 import dataclasses
+import json
 import pathlib
 import sys
 import tempfile
 
-from gptlite import data, generation, pairs, saving, training
+from gptlite import data, generation, inspection, pairs, saving, training
 from gptlite.errors import (
     ConfigError,
     GPTLiteError,
@@ -424,12 +426,31 @@ def _generate_parser():
     parser.add_argument("--unknown", choices=["error", "skip", "replace"], default="error",
                         help="prompt characters the model never saw: stop with an error (the default), "
                              "leave them out, or replace each with a space")
+    inside = parser.add_argument_group("seeing inside (instead of sampling)")
+    inside.add_argument("--attention", type=pathlib.Path, default=None, metavar="FILE",
+                        help="draw the attention weights over the prompt's tokens (a seq2seq model: its source "
+                             "and the target it writes) to FILE (.png, .svg or .pdf): a heatmap per layer (rows) "
+                             "and head (columns); a prompt longer than 64 tokens shows its last 64")
+    inside.add_argument("--layer", type=int, default=None, metavar="L",
+                        help="with --attention: draw layer L only (from 0)")
+    inside.add_argument("--head", type=int, default=None, metavar="H",
+                        help="with --attention: draw head H only (from 0); with --layer, that one head, large")
+    inside.add_argument("--part", choices=inspection.PARTS, default=None,
+                        help="with --attention, for a seq2seq model: the encoder's attention, the decoder's "
+                             "self-attention, or cross-attention from target to source (the default)")
     _add_backend_flag(parser)
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     return parser
 
 
 def _generate(args):
+    drawing_flags = [flag for flag, value in (("--layer", args.layer), ("--head", args.head), ("--part", args.part))
+                     if value is not None]
+    if drawing_flags and args.attention is None:
+        raise InputError(f"{drawing_flags[0]} chooses what --attention FILE draws; give --attention too")
+    if args.attention is not None:
+        _draw_attention(args)
+        return
     if args.num_samples < 1:
         raise InputError(f"--num-samples must be at least 1, got {args.num_samples}")
     if args.num_beams is not None and args.num_beams < 1:
@@ -486,6 +507,24 @@ def _generate_targets(args, model):
         print(target, flush=True)
 
 
+def _draw_attention(args):
+    model = saving.load(args.model)
+    if isinstance(model, Seq2Seq):
+        if args.prompt is not None or args.source is None:
+            raise InputError(f"{args.model} is a seq2seq model: --attention draws its attention for --source TEXT")
+        text, target = args.source, generation.generate_target(model, args.source, unknown=args.unknown)
+    else:
+        if args.prompt is None or args.source is not None:
+            raise InputError(f"{args.model} is a language model: --attention draws its attention over --prompt TEXT")
+        if args.part not in (None, "decoder"):
+            raise InputError(f"{args.model} is a language model: it has causal self-attention only, no --part")
+        text, target = args.prompt, None
+    maps = inspection.attention_maps(model, text, part=args.part, target=target, unknown=args.unknown)
+    inspection.plot_attention(maps, args.attention, layer=args.layer, head=args.head)
+    written_for = f"{text!r} -> {target!r}" if target is not None else f"{len(maps.tokens)} tokens"
+    print(f"wrote {args.attention} ({maps.title} for {written_for})")
+
+
 def _print_piece(text):
     sys.stdout.write(text)
     sys.stdout.flush()
@@ -523,10 +562,86 @@ def _export(args):
           f"(batch, up to {model.config.block_size} tokens, int32) to the next token's logits")
 
 
+# --- inspection ----------------------------------------------------------------
+
+
+def inspect_main(argv=None):
+    return _run(_inspect, _inspect_parser(), argv)
+
+
+def _inspect_parser():
+    parser = _Parser(prog="gptlite-inspect",
+                     description="Look inside a trained model: what it predicts and attends to at each position "
+                                 "of a text, and its position encoding.")
+    parser.add_argument("model", type=pathlib.Path, metavar="MODEL", help="the model file (a model.keras)")
+    parser.add_argument("--prompt", default=None, metavar="TEXT",
+                        help="for a language model: print, for each position, the likeliest next tokens and the "
+                             "tokens each layer attends to most")
+    parser.add_argument("--source", default=None, metavar="TEXT",
+                        help="for a seq2seq model: the same for each position of the target it writes for TEXT, "
+                             "with the source tokens each layer attends to most")
+    parser.add_argument("--target", default=None, metavar="TEXT",
+                        help="with --source: inspect this target instead of the model's own")
+    parser.add_argument("--top", type=int, default=5, metavar="K",
+                        help="how many next tokens and attended tokens to show (default: 5)")
+    parser.add_argument("--json", action="store_true", help="print the same as JSON")
+    parser.add_argument("--positions", type=pathlib.Path, default=None, metavar="FILE",
+                        help="draw the position encoding and the similarity of positions to FILE "
+                             "(.png, .svg or .pdf)")
+    parser.add_argument("--unknown", choices=["error", "skip", "replace"], default="error",
+                        help="characters the model never saw: stop with an error (the default), "
+                             "leave them out, or replace each with a space")
+    _add_backend_flag(parser)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    return parser
+
+
+def _inspect(args):
+    if args.top < 1:
+        raise InputError(f"--top must be at least 1, got {args.top}")
+    if args.prompt is None and args.source is None and args.positions is None:
+        raise InputError("give --prompt TEXT (a language model), --source TEXT (a seq2seq model) "
+                         "or --positions FILE")
+    if args.target is not None and args.source is None:
+        raise InputError("--target goes with --source")
+    model = saving.load(args.model)
+    text = args.source if isinstance(model, Seq2Seq) else args.prompt
+    if isinstance(model, Seq2Seq) and args.prompt is not None:
+        raise InputError(f"{args.model} is a seq2seq model: give it --source TEXT, not --prompt")
+    if not isinstance(model, Seq2Seq) and args.source is not None:
+        raise InputError(f"{args.model} is a language model: give it --prompt TEXT, not --source")
+    messages = sys.stderr if args.json else sys.stdout
+    if args.positions is not None:
+        inspection.plot_positions(model, args.positions)
+        print(f"wrote {args.positions} ({model.config.position} position encoding, "
+              f"{model.config.block_size} positions)", file=messages)
+    if text is None:
+        return
+    report = inspection.token_report(model, text, top=args.top, target=args.target, unknown=args.unknown)
+    if args.json:
+        print(json.dumps(report, ensure_ascii=False, indent=1))
+    else:
+        print(_report_text(report))
+
+
+def _report_text(report):
+    """The token report as lines: each position's token, likeliest next tokens, and per layer the most attended."""
+    attended = "source tokens" if report["part"] == "cross" else "earlier tokens"
+    lines = [f"{len(report['positions'])} positions; next-token probabilities, then per layer the {attended} "
+             f"attended to most (weights averaged over the heads)"]
+    for row in report["positions"]:
+        candidates = ", ".join(f"{c['token']!r} {c['probability']:.1%}" for c in row["next"])
+        lines.append(f"{row['position']:>4} {row['token']!r:<8} next: {candidates}")
+        for layer, layer_attended in enumerate(row["attention"]):
+            looked_at = ", ".join(f"{a['token']!r}@{a['position']} {a['weight']:.0%}" for a in layer_attended)
+            lines.append(f"{'':>13}layer {layer}: {looked_at}")
+    return "\n".join(lines)
+
+
 def main(argv=None):
-    """`gptlite train|generate|export ...`: each command under one name."""
+    """`gptlite train|generate|export|inspect ...`: each command under one name."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    commands = {"train": train_main, "generate": generate_main, "export": export_main}
+    commands = {"train": train_main, "generate": generate_main, "export": export_main, "inspect": inspect_main}
     if not argv or argv[0] not in commands:
         print(f"usage: gptlite {{{','.join(commands)}}} ... (gptlite COMMAND --help for its options)",
               file=sys.stderr)

@@ -769,7 +769,7 @@ def iter_targets(model, sources, max_new_tokens=None, temperature=0.0, top_k=Non
     stops = _stop_strings(stop)
     source_ids = np.zeros((len(sources), block_size), np.int32)
     for index, text in enumerate(sources):
-        ids = model.tokenizer.encode(_known_text(model.tokenizer, text, unknown, "source"))
+        ids = model.tokenizer.encode(known_text(model.tokenizer, text, unknown, "source"))
         if len(ids) > block_size:
             raise InputError(f"the source {_shortened(text)!r} is {len(ids)} tokens long; "
                              f"this model reads sources of up to {block_size}")
@@ -862,14 +862,14 @@ def _cut_at_stop(pieces, stops):
 
 
 def _prompt_ids(tokenizer, prompt, unknown="error"):
-    prompt = _known_text(tokenizer, prompt, unknown, "prompt")
+    prompt = known_text(tokenizer, prompt, unknown, "prompt")
     if not prompt:
         # Start from a new line, as a text does; lacking one, from the first token.
         return [int(tokenizer.encode("\n")[0])] if not tokenizer.unknown_characters("\n") else [0]
     return [int(i) for i in tokenizer.encode(prompt)]
 
 
-def _known_text(tokenizer, text, unknown, what):
+def known_text(tokenizer, text, unknown, what):
     """`text` with the characters the tokenizer lacks refused ("error"), left out ("skip") or spaces ("replace")."""
     if unknown not in ("error", "skip", "replace"):
         raise ConfigError(f"unknown must be 'error', 'skip' or 'replace', got {unknown!r}")

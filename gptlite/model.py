@@ -268,6 +268,29 @@ class Seq2Seq(_Transformer):
             x = block(x, context=encoded, context_mask=source_mask, training=training)
         return self.embedding.logits(self.final_norm(x))
 
+    def attention_weights(self, inputs):
+        """Every block's attention weights for the inputs of `call`, as a dict:
+        "encoder" (n_layer, B, H, S, S), "decoder" (n_layer, B, H, T, T), the
+        decoder's causal self-attention, and "cross" (n_layer, B, H, T, S).
+        """
+        source_ids, target_ids = inputs["source_ids"], inputs["target_ids"]
+        source_mask = inputs.get("source_mask")
+        if source_mask is None:
+            source_mask = self.source_mask(source_ids)
+        weights = {"encoder": [], "decoder": [], "cross": []}
+        x = self.embedding(source_ids)  # (B, S, C)
+        for block in self.encoder_blocks:
+            x, block_weights = block(x, padding_mask=source_mask, return_attention_scores=True)
+            weights["encoder"].append(block_weights)
+        encoded = self.encoder_norm(x)
+        x = self.embedding(target_ids)  # (B, T, C)
+        for block in self.blocks:
+            x, self_weights, cross_weights = block(x, context=encoded, context_mask=source_mask,
+                                                   return_attention_scores=True)
+            weights["decoder"].append(self_weights)
+            weights["cross"].append(cross_weights)
+        return {part: ops.stack(part_weights) for part, part_weights in weights.items()}
+
     def cross_key_values(self, encoded):
         """Each decoder block's keys and values of the encoder's output: computed once per source."""
         return tuple(block.cross_attention.key_values(encoded) for block in self.blocks)

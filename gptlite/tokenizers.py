@@ -92,6 +92,11 @@ class CharTokenizer:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         return "".join(self._characters[ids])
 
+    def pieces(self, ids):
+        """Each token's text, one string per id; special tokens as their names in angle brackets."""
+        names = [f"<{name}>" for name in self.special_tokens]
+        return [names[i] if i < len(names) else str(self._characters[i]) for i in (int(i) for i in np.ravel(ids))]
+
     def get_config(self):
         config = {"vocabulary": self.vocabulary}
         if self.special_tokens:  # left out otherwise, as in files written before they existed
@@ -170,6 +175,12 @@ class BPETokenizer:
     def decode(self, ids):
         ids = [int(i) for i in np.asarray(ids).reshape(-1)]
         return self._tokenizer.decode(ids, skip_special_tokens=False)
+
+    def pieces(self, ids):
+        """Each token's text, one string per id. A token holding part of a
+        character's UTF-8 bytes shows as U+FFFD; the end token as its name.
+        """
+        return [self._tokenizer.decode([int(i)], skip_special_tokens=False) for i in np.ravel(ids)]
 
     def get_config(self):
         return {"definition": self.definition}

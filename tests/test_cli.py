@@ -397,3 +397,66 @@ def test_a_seq2seq_run_resumes_as_seq2seq_only(tmp_path, capsys):
     assert "resuming at step 6 of 12 steps" in capsys.readouterr().out
     with open(tmp_path / "run" / "history.csv") as file:
         assert [row["step"] for row in csv.DictReader(file)] == ["6", "12"]
+
+
+def test_generate_draws_attention_instead_of_sampling(capsys, tmp_path, trained_run):
+    from gptlite.cli import generate_main
+
+    model = str(trained_run[2] / "model.keras")
+    picture, one_head = tmp_path / "attention.png", tmp_path / "one.png"
+    assert generate_main(["--model", model, "--prompt", "the cat", "--attention", str(picture)]) == 0
+    assert capsys.readouterr().out == f"wrote {picture} (causal self-attention for 7 tokens)\n"
+    assert generate_main(["--model", model, "--prompt", "the cat", "--attention", str(one_head),
+                          "--layer", "1", "--head", "0"]) == 0
+    capsys.readouterr()
+    for path in (picture, one_head):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5_000
+    for flags, message in [
+        (["--prompt", "the", "--layer", "0"], "--layer chooses what --attention FILE draws"),
+        (["--prompt", "the", "--attention", str(tmp_path / "a.png"), "--layer", "2"], "layer must be from 0 to 1"),
+        (["--prompt", "the", "--attention", str(tmp_path / "a.png"), "--part", "cross"], "causal self-attention only"),
+        (["--attention", str(tmp_path / "a.png")], "draws its attention over --prompt TEXT"),
+        (["--prompt", "the", "--attention", str(tmp_path / "a.gif")], "must end in .png, .svg, .pdf"),
+    ]:
+        assert generate_main(["--model", model, *flags]) == 2
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and message in error
+    assert not (tmp_path / "a.png").exists()
+
+
+def test_generate_draws_a_seq2seq_models_attention(capsys, tmp_path, reverser):
+    from gptlite.cli import generate_main
+
+    gptlite.save(reverser, tmp_path / "seq2seq.keras")
+    picture = tmp_path / "encoder.svg"
+    assert generate_main(["--model", str(tmp_path / "seq2seq.keras"), "--source", "abcd", "--attention",
+                          str(picture), "--part", "encoder"]) == 0
+    target = gptlite.generate_target(reverser, "abcd")
+    assert capsys.readouterr().out == f"wrote {picture} (encoder self-attention for 'abcd' -> {target!r})\n"
+    assert b"<svg" in picture.read_bytes()[:1000]
+
+
+def test_inspect_prints_candidates_and_attention_per_position(capsys, tmp_path, trained_run):
+    import json
+
+    from gptlite_launch import main
+
+    model = str(trained_run[2] / "model.keras")
+    assert main(["inspect", model, "--prompt", "the cat", "--top", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("7 positions; next-token probabilities")
+    assert len(lines) == 1 + 7 * 3  # each position: its candidates, then one line per layer
+    assert lines[1].startswith("   0 't'") and "next: " in lines[1] and lines[2].strip().startswith("layer 0: 't'@0 100%")
+
+    positions = tmp_path / "positions.png"
+    assert main(["inspect", model, "--prompt", "the cat", "--json", "--positions", str(positions)]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert [row["token"] for row in report["positions"]] == list("the cat")
+    assert all(len(row["next"]) == 5 for row in report["positions"])
+    assert f"wrote {positions}" in captured.err and positions.read_bytes()[:4] == b"\x89PNG"
+
+    assert main(["inspect", model]) == 2
+    assert "give --prompt TEXT" in capsys.readouterr().err
+    assert main(["inspect", model, "--source", "abc"]) == 2
+    assert "is a language model: give it --prompt TEXT" in capsys.readouterr().err

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import gptlite
-from gptlite.tokenizers import CharTokenizer
+from gptlite.tokenizers import BPETokenizer, CharTokenizer
 from conftest import make_text, run_python
 
 
@@ -70,8 +70,6 @@ TRICKY = [
 
 @pytest.fixture(scope="module")
 def bpe():
-    from gptlite.tokenizers import BPETokenizer
-
     return BPETokenizer.train([make_text()] * 2, 300)
 
 
@@ -87,8 +85,6 @@ def test_byte_level_bpe_gives_back_exactly_any_text(bpe):
 
 
 def test_a_bpe_vocabulary_size_outside_the_range_is_refused():
-    from gptlite.tokenizers import BPETokenizer
-
     with pytest.raises(gptlite.ConfigError, match="257 to"):
         BPETokenizer.train(["abc"], 100)
 
@@ -112,3 +108,11 @@ def test_a_bpe_tokenizer_comes_back_with_the_model_in_a_new_process(bpe, tmp_pat
     ids, texts = (json.loads(line) for line in result.stdout.splitlines()[-2:])
     assert ids == [[int(i) for i in bpe.encode(t)] for t in TRICKY]
     assert texts == TRICKY
+
+
+def test_pieces_show_each_tokens_text_and_name_special_tokens(bpe):
+    characters = CharTokenizer("ab", special_tokens=("pad", "start", "end"))
+    assert characters.pieces([1, 3, 4, 2]) == ["<start>", "a", "b", "<end>"]
+    ids = bpe.encode("the cat")
+    assert "".join(bpe.pieces(ids)) == "the cat" and len(ids) < len("the cat")
+    assert bpe.pieces([bpe.end_token_id]) == [BPETokenizer.END_TOKEN]
