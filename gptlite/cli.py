@@ -521,7 +521,12 @@ def _draw_attention(args):
         text, target = args.prompt, None
     maps = inspection.attention_maps(model, text, part=args.part, target=target, unknown=args.unknown)
     inspection.plot_attention(maps, args.attention, layer=args.layer, head=args.head)
-    written_for = f"{text!r} -> {target!r}" if target is not None else f"{len(maps.tokens)} tokens"
+    if target is not None:
+        written_for = f"{text!r} -> {target!r}"
+    else:
+        prompt_length = len(model.tokenizer.encode(generation.known_text(model.tokenizer, text, args.unknown, "prompt")))
+        written_for = f"{len(maps.tokens)} tokens" if prompt_length == len(maps.tokens) else \
+            f"the last {len(maps.tokens)} of {prompt_length} tokens, the model's context"
     print(f"wrote {args.attention} ({maps.title} for {written_for})")
 
 

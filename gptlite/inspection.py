@@ -158,7 +158,7 @@ def plot_attention(maps, path=None, layer=None, head=None, max_tokens=MAX_DRAWN_
     single = len(layers) == 1 and len(heads) == 1
     span = max(len(tokens), len(key_tokens))
     side = min(max(0.16 * span + 1.0, 5.0 if single else 2.2), 11.0 if single else 7.0)  # inches per map
-    font_size = 9 if single and span <= 40 else 7 if span <= 24 else 5
+    font_size = min(max(0.7 * side * 72 / span, 4.0), 10.0)  # points: about 70% of a label's share of the axis
     figure = Figure(figsize=(side * len(heads) + 1.2, side * len(layers) + 0.8), dpi=100, layout="constrained")
     grid = figure.subplots(len(layers), len(heads), squeeze=False)
     color_map = _viridis_with_empty_cells()
