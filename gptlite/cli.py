@@ -524,7 +524,8 @@ def _draw_attention(args):
     if target is not None:
         written_for = f"{text!r} -> {target!r}"
     else:
-        prompt_length = len(model.tokenizer.encode(generation.known_text(model.tokenizer, text, args.unknown, "prompt")))
+        known_prompt = generation.known_text(model.tokenizer, text, args.unknown, "prompt")
+        prompt_length = len(model.tokenizer.encode(known_prompt))
         written_for = f"{len(maps.tokens)} tokens" if prompt_length == len(maps.tokens) else \
             f"the last {len(maps.tokens)} of {prompt_length} tokens, the model's context"
     print(f"wrote {args.attention} ({maps.title} for {written_for})")
