@@ -158,6 +158,8 @@ def plot_attention(maps, path=None, layer=None, head=None, max_tokens=MAX_DRAWN_
     single = len(layers) == 1 and len(heads) == 1
     span = max(len(tokens), len(key_tokens))
     side = min(max(0.16 * span + 1.0, 5.0 if single else 2.2), 11.0 if single else 7.0)  # inches per map
+    # A figure of many layers and heads stays under about 30 inches a side; one head drawn alone is for reading.
+    side = min(side, max(30.0 / max(len(layers), len(heads)), 2.2))
     font_size = min(max(0.7 * side * 72 / span, 4.0), 10.0)  # points: about 70% of a label's share of the axis
     figure = Figure(figsize=(side * len(heads) + 1.2, side * len(layers) + 0.8), dpi=100, layout="constrained")
     grid = figure.subplots(len(layers), len(heads), squeeze=False)
