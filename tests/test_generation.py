@@ -314,16 +314,19 @@ def test_tokens_that_split_a_character_wait_for_the_rest():
 def greedy_targets_by_recomputation(model, sources):
     """Reference: run the whole model on the sources and the targets so far each step, take the argmax.
 
-    Sources are padded to the block size, as in training; a target ends before its end token.
+    Sources and targets are padded to the block size, as in training, so every step
+    runs the same shapes (the decoder is causal: what follows a position cannot change
+    its logits; test_model checks that). A target ends before its end token.
     """
     tokenizer, block_size = model.tokenizer, model.config.block_size
     source_ids = np.zeros((len(sources), block_size), "int32")
     for row, source in enumerate(sources):
         source_ids[row, :len(source)] = tokenizer.encode(source)
-    targets = np.full((len(sources), 1), tokenizer.start_token_id, "int32")
-    while targets.shape[1] < block_size:
+    targets = np.zeros((len(sources), block_size), "int32")
+    targets[:, 0] = tokenizer.start_token_id
+    for position in range(block_size - 1):
         logits = keras.ops.convert_to_numpy(model({"source_ids": source_ids, "target_ids": targets}))
-        targets = np.concatenate([targets, np.argmax(logits[:, -1], axis=-1)[:, None].astype("int32")], axis=1)
+        targets[:, position + 1] = np.argmax(logits[:, position], axis=-1)
     texts = []
     for row in targets[:, 1:]:
         ends = np.flatnonzero(row == tokenizer.end_token_id)
