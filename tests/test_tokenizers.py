@@ -116,3 +116,45 @@ def test_pieces_show_each_tokens_text_and_name_special_tokens(bpe):
     ids = bpe.encode("the cat")
     assert "".join(bpe.pieces(ids)) == "the cat" and len(ids) < len("the cat")
     assert bpe.pieces([bpe.end_token_id]) == [BPETokenizer.END_TOKEN]
+
+
+def random_texts(count, seed=0):
+    """Short texts from characters that test where the library splits words, the end token among them."""
+    alphabet = [" ", "  ", "\t", "\n", "\r\n", "\x1c", "\xa0", "\u3000", "a", "B", "é", "e\u0301", "7", "'s", "'",
+                "!", ",", "你", "🙂", "\u200b", BPETokenizer.END_TOKEN, "the", " cat", "mat."]
+    rng = np.random.default_rng(seed)
+    return ["".join(rng.choice(alphabet, size=rng.integers(0, 12))) for _ in range(count)]
+
+
+def test_batch_encoding_by_remembered_units_equals_the_librarys_encoding(bpe, monkeypatch):
+    texts = TRICKY + random_texts(3000) + [make_text()]
+    expected = [list(bpe.encode(text)) for text in texts]
+    assert bpe._unit_ids is not None  # the definitions `train` makes take the fast path
+    assert [list(ids) for ids in bpe.encode_batch(texts)] == expected
+    assert [list(ids) for ids in bpe.encode_batch(texts)] == expected  # now from the remembered units
+    # A full memory of units starts again, with the same results.
+    remembered = len(bpe._unit_ids)
+    monkeypatch.setattr(gptlite.tokenizers, "UNIT_CACHE_SIZE", 50)
+    assert [list(ids) for ids in bpe.encode_batch(texts[:40])] == expected[:40]
+    assert len(bpe._unit_ids) < remembered
+
+
+def test_each_character_that_starts_a_unit_is_whitespace_to_the_library(bpe):
+    # A unit starts at whitespace after a word; were that character not whitespace to the library, a
+    # word of the library's could straddle two units. Two of a whitespace character before a letter
+    # split into three pieces.
+    split = bpe._tokenizer.pre_tokenizer.pre_tokenize_str
+    whitespace = [chr(c) for c in range(0x3001) if gptlite.tokenizers._UNITS.fullmatch("a" + chr(c) + "a") is None]
+    assert "\x1c" not in whitespace and len(whitespace) == 25
+    for character in whitespace:
+        pieces = [piece for piece, _ in split(character + character + "a")]
+        assert len(pieces) == (2 if character == " " else 3), repr(character)
+
+
+def test_definitions_made_elsewhere_are_encoded_by_the_library_alone(bpe):
+    definition = json.loads(bpe.definition)
+    definition["pre_tokenizer"]["add_prefix_space"] = True
+    other = BPETokenizer(json.dumps(definition))
+    assert other._unit_ids is None
+    texts = TRICKY + random_texts(200, seed=1)
+    assert [list(ids) for ids in other.encode_batch(texts)] == [list(other.encode(text)) for text in texts]
