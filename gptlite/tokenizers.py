@@ -134,7 +134,9 @@ class BPETokenizer:
         self.definition = definition
         self._tokenizer = Tokenizer.from_str(definition)
         self.end_token_id = self._tokenizer.token_to_id(self.END_TOKEN)
-        self._unit_ids = {} if _units_encode_alone(json.loads(definition)) else None
+        parsed = json.loads(definition)
+        self._added_tokens = [token["content"] for token in parsed.get("added_tokens", [])]
+        self._known_ids = {} if _parts_encode_alone(parsed) else None  # text -> its ids, when encoded alone
 
     @classmethod
     def train(cls, texts, vocabulary_size, show_progress=False):
@@ -174,24 +176,44 @@ class BPETokenizer:
     def encode_batch(self, texts):
         """Encode several texts at once; a list of id arrays, the same as `encode` gives.
 
-        Text repeats its words, so each unit of a text (a run of whitespace
-        and the word after it, as in "  word,") is encoded by the library once
-        and its ids remembered for the next time it appears; over a corpus
-        this is faster than the library's parallel encoding of whole texts.
+        Text repeats its words. Each text is cut into parts that encode alone
+        as they do inside it, each part is encoded by the library the first
+        time it is seen, and its ids are remembered for the next time.
         """
         dtype = _smallest_id_dtype(self.vocabulary_size)
-        if self._unit_ids is None:
+        if self._known_ids is None:
             return [np.asarray(ids, dtype=dtype) for ids in self._encode_each(list(texts))]
-        units_of_texts = [_UNITS.findall(text) for text in texts]
-        known = self._unit_ids
-        new = {unit for units in units_of_texts for unit in units if unit not in known}
-        if len(known) + len(new) > UNIT_CACHE_SIZE:  # keep memory bounded on text with ever new words
+        parts_of_texts = [self._parts(text) for text in texts]
+        known = self._known_ids  # part -> the bytes of its ids in `dtype`
+        new = {part for parts in parts_of_texts for part in parts if part not in known}
+        if len(known) + len(new) > KNOWN_PARTS:  # memory stays bounded on text of ever new words
             known.clear()
-            new = {unit for units in units_of_texts for unit in units}
+            new = {part for parts in parts_of_texts for part in parts}
         new = list(new)
-        known.update(zip(new, self._encode_each(new)))
-        return [np.fromiter(itertools.chain.from_iterable(map(known.__getitem__, units)), dtype=dtype)
-                for units in units_of_texts]
+        for part, ids in zip(new, self._encode_each(new)):
+            known[part] = np.asarray(ids, dtype=dtype).tobytes()
+        return [np.frombuffer(b"".join(map(known.__getitem__, parts)), dtype=dtype) for parts in parts_of_texts]
+
+    def _parts(self, text):
+        """Consecutive parts of a text that each encode alone as they do inside it.
+
+        The library's splitting never joins a character to whitespace after
+        it, so a text can be cut into units, runs of whitespace with the run
+        of other characters after each. Stretches of ASCII units are cut
+        further into the library's own pieces (its splitting pattern is plain
+        in ASCII); other units, and units holding an added token, stay whole.
+        """
+        if any(token in text for token in self._added_tokens):
+            def plain(unit):
+                return unit.isascii() and not any(token in unit for token in self._added_tokens)
+        elif text.isascii():
+            return _ASCII_PIECES.findall(text)
+        else:
+            plain = str.isascii
+        parts = []
+        for is_plain, units in itertools.groupby(_UNITS.findall(text), plain):
+            parts += _ASCII_PIECES.findall("".join(units)) if is_plain else units
+        return parts
 
     def _encode_each(self, texts):
         # The fast variant skips character offsets, which nothing here uses: about twice the speed.
@@ -217,13 +239,19 @@ class BPETokenizer:
 
 # Unicode's White_Space characters, which are what `\s` matches in the library's splitting pattern.
 _WHITESPACE = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
-# A run of whitespace and the run of other characters after it; whitespace alone only at the end.
+# A run of whitespace and the run of other characters after it (whitespace alone only at the end).
 _UNITS = re.compile(f"[{_WHITESPACE}]*[^{_WHITESPACE}]+|[{_WHITESPACE}]+")
-UNIT_CACHE_SIZE = 1 << 19  # units remembered by a BPE tokenizer; about 100 MB when full
+# The library's splitting pattern (GPT-2's) written out for ASCII, where letters, digits and
+# whitespace are plain classes; outside ASCII its classes follow the library's Unicode tables.
+_ASCII_PIECES = re.compile(
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]+| ?[^\t\n\x0b\x0c\r A-Za-z0-9]+"
+    r"|[\t\n\x0b\x0c\r ]+(?![^\t\n\x0b\x0c\r ])|[\t\n\x0b\x0c\r ]+"
+)
+KNOWN_PARTS = 1 << 20  # parts of texts whose ids a BPE tokenizer remembers; about 150 MB when full
 
 
-def _units_encode_alone(definition):
-    """Whether every unit of a text encodes alone to the ids it has inside the text.
+def _parts_encode_alone(definition):
+    """Whether the parts `BPETokenizer._parts` cuts a text into encode alone as they do in the text.
 
     True of the definitions `BPETokenizer.train` makes: GPT-2's splitting
     pattern (no piece of it joins a character to whitespace after it, and

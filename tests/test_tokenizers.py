@@ -1,3 +1,4 @@
+import itertools
 import json
 
 import numpy as np
@@ -120,29 +121,48 @@ def test_pieces_show_each_tokens_text_and_name_special_tokens(bpe):
 
 def random_texts(count, seed=0):
     """Short texts from characters that test where the library splits words, the end token among them."""
-    alphabet = [" ", "  ", "\t", "\n", "\r\n", "\x1c", "\xa0", "\u3000", "a", "B", "é", "e\u0301", "7", "'s", "'",
-                "!", ",", "你", "🙂", "\u200b", BPETokenizer.END_TOKEN, "the", " cat", "mat."]
+    alphabet = [" ", "  ", "\t", "\n", "\r\n", "\x1c", "\x00", "\xa0", "\u3000", "a", "B", "é", "e\u0301", "7",
+                "3.5", "'s", "'re", "'", "''", "!", ",", "_", "你", "🙂", "\u200b", BPETokenizer.END_TOKEN,
+                "the", " cat", "mat."]
     rng = np.random.default_rng(seed)
     return ["".join(rng.choice(alphabet, size=rng.integers(0, 12))) for _ in range(count)]
 
 
-def test_batch_encoding_by_remembered_units_equals_the_librarys_encoding(bpe, monkeypatch):
+def test_texts_are_cut_into_parts_only_where_the_library_cuts_them(bpe):
+    split = bpe._tokenizer.pre_tokenizer.pre_tokenize_str
+    ascii_texts = 0
+    for text in TRICKY + random_texts(3000) + [make_text()]:
+        if BPETokenizer.END_TOKEN in text:
+            continue  # the library takes added tokens out before it splits; the test below covers them
+        library = [text[start:end] for _, (start, end) in split(text)]
+        parts = bpe._parts(text)
+        assert "".join(parts) == text
+        if text.isascii():  # there, the library's own pieces
+            assert parts == library
+            ascii_texts += 1
+        else:
+            cuts = set(itertools.accumulate(len(piece) for piece in library))
+            assert set(itertools.accumulate(len(part) for part in parts)) <= cuts, repr(text)
+    assert ascii_texts > 500
+
+
+def test_batch_encoding_by_remembered_parts_equals_the_librarys_encoding(bpe, monkeypatch):
     texts = TRICKY + random_texts(3000) + [make_text()]
     expected = [list(bpe.encode(text)) for text in texts]
-    assert bpe._unit_ids is not None  # the definitions `train` makes take the fast path
+    assert bpe._known_ids is not None  # the definitions `train` makes take this path
     assert [list(ids) for ids in bpe.encode_batch(texts)] == expected
-    assert [list(ids) for ids in bpe.encode_batch(texts)] == expected  # now from the remembered units
-    # A full memory of units starts again, with the same results.
-    remembered = len(bpe._unit_ids)
-    monkeypatch.setattr(gptlite.tokenizers, "UNIT_CACHE_SIZE", 50)
+    assert [list(ids) for ids in bpe.encode_batch(texts)] == expected  # now from the remembered parts
+    # A full memory of parts starts again, with the same results.
+    remembered = len(bpe._known_ids)
+    monkeypatch.setattr(gptlite.tokenizers, "KNOWN_PARTS", 50)
     assert [list(ids) for ids in bpe.encode_batch(texts[:40])] == expected[:40]
-    assert len(bpe._unit_ids) < remembered
+    assert len(bpe._known_ids) < remembered
 
 
 def test_each_character_that_starts_a_unit_is_whitespace_to_the_library(bpe):
-    # A unit starts at whitespace after a word; were that character not whitespace to the library, a
-    # word of the library's could straddle two units. Two of a whitespace character before a letter
-    # split into three pieces.
+    # A unit starts at whitespace after other characters; were that not whitespace to the library, a
+    # piece of the library's could straddle two units. Two of a whitespace character before a letter
+    # split into three pieces (a space and a letter join, so two there).
     split = bpe._tokenizer.pre_tokenizer.pre_tokenize_str
     whitespace = [chr(c) for c in range(0x3001) if gptlite.tokenizers._UNITS.fullmatch("a" + chr(c) + "a") is None]
     assert "\x1c" not in whitespace and len(whitespace) == 25
@@ -155,6 +175,6 @@ def test_definitions_made_elsewhere_are_encoded_by_the_library_alone(bpe):
     definition = json.loads(bpe.definition)
     definition["pre_tokenizer"]["add_prefix_space"] = True
     other = BPETokenizer(json.dumps(definition))
-    assert other._unit_ids is None
+    assert other._known_ids is None
     texts = TRICKY + random_texts(200, seed=1)
     assert [list(ids) for ids in other.encode_batch(texts)] == [list(other.encode(text)) for text in texts]
