@@ -2,6 +2,7 @@
 
     python benchmarks/generate.py [--new-tokens 500 | --within-window] [--slide 1|half]
         [--batch-sizes 1 8] [--sizes cpu big] [--methods cached recompute] [--repeats 3]
+        [--dtype float32|bfloat16] [--quantize int8]
 
 Models have random weights (speed only) and a 65-token vocabulary:
 `cpu` is the cpu preset's shape (4 layers, 4 heads, width 128, context 64),
@@ -16,11 +17,16 @@ recomputed, with `--slide half` one token in block_size / 2 does.
 instead, so the window never moves. Each figure is the median of --repeats
 runs after one warm-up run, which also measures the first-token time with
 compilation included (cold: the first generation with a new model).
+`--dtype bfloat16` builds the models with bfloat16 weights and arithmetic;
+`--quantize int8` applies Keras's int8 quantization to their Dense layers
+(weights in int8, each with a scale) before generating.
 """
 
 import argparse
 import statistics
 import time
+
+import keras
 
 import gptlite
 from shapes import SIZES, random_model
@@ -50,12 +56,17 @@ def main():
     parser.add_argument("--slide", default="1", choices=["1", "half"],
                         help="how far a full window moves: 1 token, or half the block size")
     parser.add_argument("--methods", nargs="+", default=["cached", "recompute"], choices=["cached", "recompute"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--quantize", choices=["int8"])
     args = parser.parse_args()
+    keras.config.set_dtype_policy(args.dtype)
     print("| size | new tokens | slide | batch | method | tokens/s (median) | first token, cold (s) "
           "| first token, warm (ms) |")
     print("|---|---:|---:|---:|---|---:|---:|---:|")
     for size in args.sizes:
         model = random_model(size)
+        if args.quantize:
+            model.quantize(args.quantize)  # warns that LayerNormalization has no int8 form: it stays as it is
         new_tokens = SIZES[size]["block_size"] - 1 if args.within_window else args.new_tokens
         slide = 1 if args.slide == "1" else SIZES[size]["block_size"] // 2
         for batch_size in args.batch_sizes:
