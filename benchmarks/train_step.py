@@ -1,9 +1,10 @@
-"""Time gptlite's training step under `model.fit`, with XLA off and on, side by side.
+"""Time gptlite's training step under `model.fit`, with `jit_compile` off and on, side by side.
 
     python benchmarks/train_step.py [TEXT] [--preset cpu] [--steps 300] [--warmup 100] [--rounds 2]
 
 Runs alternate (off, on, off, on, ...) in one process so that machine noise
 hits both alike; prints ms/step per run and the median of each setting.
+`jit_compile=True` is XLA on TensorFlow and JAX, `torch.compile` on torch.
 """
 
 import argparse
@@ -69,7 +70,7 @@ def main():
             results[jit_compile].append(ms)
             print(f"round {round_index + 1}: jit_compile={jit_compile}: {ms:.1f} ms/step", flush=True)
     off, on = statistics.median(results[False]), statistics.median(results[True])
-    print(f"median ms/step: XLA off {off:.1f}, XLA on {on:.1f}; on is {off / on:.2f}x faster")
+    print(f"median ms/step: jit_compile off {off:.1f}, on {on:.1f}; on is {off / on:.2f}x faster")
 
 
 if __name__ == "__main__":
