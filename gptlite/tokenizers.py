@@ -192,7 +192,9 @@ class BPETokenizer:
         new = list(new)
         for part, ids in zip(new, self._encode_each(new)):
             known[part] = np.asarray(ids, dtype=dtype).tobytes()
-        return [np.frombuffer(b"".join(map(known.__getitem__, parts)), dtype=dtype) for parts in parts_of_texts]
+        # Joined into a bytearray, so that the arrays are writable like those `encode` gives.
+        return [np.frombuffer(bytearray().join(map(known.__getitem__, parts)), dtype=dtype)
+                for parts in parts_of_texts]
 
     def _parts(self, text):
         """Consecutive parts of a text that each encode alone as they do inside it.

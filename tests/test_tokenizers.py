@@ -151,7 +151,9 @@ def test_batch_encoding_by_remembered_parts_equals_the_librarys_encoding(bpe, mo
     expected = [list(bpe.encode(text)) for text in texts]
     assert bpe._known_ids is not None  # the definitions `train` makes take this path
     assert [list(ids) for ids in bpe.encode_batch(texts)] == expected
-    assert [list(ids) for ids in bpe.encode_batch(texts)] == expected  # now from the remembered parts
+    remembered = bpe.encode_batch(texts)
+    assert [list(ids) for ids in remembered] == expected  # now from the remembered parts
+    assert remembered[-1].dtype == bpe.encode("a").dtype and remembered[-1].flags.writeable
     # A full memory of parts starts again, with the same results.
     remembered = len(bpe._known_ids)
     monkeypatch.setattr(gptlite.tokenizers, "KNOWN_PARTS", 50)
