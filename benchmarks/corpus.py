@@ -107,7 +107,7 @@ def main():
     tokenizers = [("BPE", bpe)]
     if args.library:
         library = BPETokenizer(bpe.definition)
-        library._known_ids = None  # what the tokenizer does with a definition it cannot split into units
+        library._known_ids = None  # what the tokenizer does with a definition it cannot cut into parts
         tokenizers.append(("BPE, the library alone", library))
     if not args.bpe_only:
         tokenizers.append(("char", CharTokenizer.from_texts(corpus.pieces())))
