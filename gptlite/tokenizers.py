@@ -136,7 +136,8 @@ class BPETokenizer:
         self.end_token_id = self._tokenizer.token_to_id(self.END_TOKEN)
         parsed = json.loads(definition)
         self._added_tokens = [token["content"] for token in parsed.get("added_tokens", [])]
-        self._known_ids = {} if _parts_encode_alone(parsed) else None  # text -> its ids, when encoded alone
+        # Parts of texts met by encode_batch -> their ids; None where whole texts go to the library.
+        self._known_ids = {} if _parts_encode_alone(parsed) else None
 
     @classmethod
     def train(cls, texts, vocabulary_size, show_progress=False):
@@ -184,7 +185,7 @@ class BPETokenizer:
         if self._known_ids is None:
             return [np.asarray(ids, dtype=dtype) for ids in self._encode_each(list(texts))]
         parts_of_texts = [self._parts(text) for text in texts]
-        known = self._known_ids  # part -> the bytes of its ids in `dtype`
+        known = self._known_ids  # part -> its ids, as the bytes of an array of `dtype`
         new = {part for parts in parts_of_texts for part in parts if part not in known}
         if len(known) + len(new) > KNOWN_PARTS:  # memory stays bounded on text of ever new words
             known.clear()
