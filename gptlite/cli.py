@@ -97,7 +97,8 @@ def _train_parser():
                              "to write each line's target from its source")
     parser.add_argument("--synthetic", choices=pairs.SYNTHETIC_TASKS, default=None,
                         help="train seq2seq on a built-in task instead of a file: addition (\"123+456\" -> \"579\"), "
-                             "reverse or sort (strings of 5 to 20 letters)")
+                             "reverse or sort (strings of 5 to 20 letters); steps, unless "
+                             f"--max-iters says: {', '.join(f'{t} {n}' for t, n in training.SYNTHETIC_MAX_ITERS.items())}")
     parser.add_argument("--tokenizer", choices=["char", "bpe"], default="char",
                         help="char: one token per character (the default); bpe: byte-level byte-pair "
                              "encoding learned from the text, for large or many-language corpora")
@@ -149,8 +150,8 @@ def _train(args):
     if checkpoint and (checkpoint.get("model_class", "GPT") == "Seq2Seq") != seq2seq:
         saved_task = "lm" if seq2seq else "seq2seq"
         raise ConfigError(f"the run in {args.out} trains a {saved_task} model; resume it with --task {saved_task}")
-    default_preset = "seq2seq" if seq2seq else training.DEFAULT_PRESET
-    model_settings, training_settings = training.split_settings(_resolve_settings(args, checkpoint, default_preset))
+    defaults = training.default_settings(seq2seq, args.synthetic)
+    model_settings, training_settings = training.split_settings(_resolve_settings(args, checkpoint, defaults))
     training_config = training.TrainingConfig(**training_settings)
     GPTConfig(**model_settings)  # fail on a bad shape before reading any text
     if checkpoint and checkpoint["step"] >= training_config.max_iters:
@@ -329,8 +330,9 @@ def _new_tokenizer(args, corpus, show_progress):
     return tokenizer
 
 
-def _resolve_settings(args, checkpoint, default_preset=training.DEFAULT_PRESET):
-    """Preset values, then explicit flags; on resume, the checkpoint's values first.
+def _resolve_settings(args, checkpoint, defaults):
+    """The defaults (`training.default_settings`), then the --preset's values,
+    then explicit flags; on resume, the checkpoint's values first.
 
     A resumed run may change how it trains (say, more --max-iters), never the
     model's shape or its precision.
@@ -341,7 +343,7 @@ def _resolve_settings(args, checkpoint, default_preset=training.DEFAULT_PRESET):
     }
     requested = {**(training.PRESETS[args.preset] if args.preset else {}), **explicit}
     if checkpoint is None:
-        return {**training.PRESETS[default_preset], **requested}
+        return {**defaults, **requested}
     saved = {name: checkpoint["model_config"][name] for name in training.MODEL_SHAPE_SETTINGS}
     # The optimizer state saved with float16 has a loss scale that the others lack.
     saved["precision"] = checkpoint["training_config"].get("precision", "fp32")

@@ -86,7 +86,8 @@ def synthetic(task, seed, train_pairs=SYNTHETIC_TRAIN_PAIRS, held_out_pairs=HELD
     sums would be. A training operand's number of digits is uniform from 1
     to 3 instead: among uniform operands nine in ten have three digits, and
     a model trained on them learns where the digits sit in "123+456" but
-    not how they line up in "123+45".
+    not how they line up in "123+45". Training sums also carry 0, 1, 2 or
+    3 times equally often (see _addition_training_sources).
     """
     if task not in SYNTHETIC_TASKS:
         raise InputError(f"unknown synthetic task {task!r}; choose from {', '.join(SYNTHETIC_TASKS)}")
@@ -111,10 +112,32 @@ def _addition_sources(rng, count):
 
 
 def _addition_training_sources(rng, count):
-    """Operands whose number of digits is uniform from 1 to 3."""
-    digits = rng.integers(1, 4, size=(count, 2))
-    operands = rng.integers(np.where(digits == 1, 0, 10 ** (digits - 1)), 10 ** digits)
-    return [f"{a}+{b}" for a, b in operands.tolist()]
+    """Operands whose number of digits is uniform from 1 to 3, drawn so that
+    sums with 0, 1, 2 and 3 carries come equally often.
+
+    Drawn by digit count alone, only 3 sums in 100 carry three times
+    (999+1, 456+548), against 14 in 100 among uniform operands; those sums
+    are the ones a model so trained gets wrong last.
+    """
+    sources = []
+    while len(sources) < count:
+        digits = rng.integers(1, 4, size=(count, 2))
+        a, b = rng.integers(np.where(digits == 1, 0, 10 ** (digits - 1)), 10 ** digits).T
+        carries = _carries(a, b)
+        share = np.bincount(carries, minlength=4) / len(carries)
+        keep = rng.random(len(carries)) < share.min() / share[carries]
+        sources += [f"{x}+{y}" for x, y in zip(a[keep].tolist(), b[keep].tolist())]
+    return sources[:count]
+
+
+def _carries(a, b):
+    """How many of the column sums of a + b carry, elementwise over arrays of operands below 1000."""
+    carry = np.zeros_like(a)
+    count = np.zeros_like(a)
+    for place in (1, 10, 100):
+        carry = (a // place % 10 + b // place % 10 + carry >= 10).astype(a.dtype)
+        count += carry
+    return count
 
 
 def _letter_strings(rng, count):

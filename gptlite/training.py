@@ -54,6 +54,9 @@ PRESETS = {
     ),
 }
 DEFAULT_PRESET = "cpu"
+# The steps of the seq2seq preset when --synthetic chooses it: about what each
+# task takes to decode 99% of its held-out pairs exactly (BENCHMARKS.md).
+SYNTHETIC_MAX_ITERS = {"addition": 8000, "reverse": 1500, "sort": 6000}
 # Keras dtype policies: mixed ones keep float32 weights and optimizer state,
 # and compute in 16 bits; float16 also scales the loss (Keras does it in compile).
 PRECISIONS = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
@@ -95,6 +98,14 @@ class TrainingConfig:
         _require("beta2", self.beta2, lambda v: 0 <= v < 1, "in [0, 1)")
         _require("weight_decay", self.weight_decay, lambda v: v >= 0, "zero or positive")
         _require("precision", self.precision, lambda v: v in PRECISIONS, f"one of {', '.join(PRECISIONS)}")
+
+
+def default_settings(seq2seq=False, synthetic=None):
+    """The settings of a run given no --preset: the cpu preset's for a GPT, the
+    seq2seq preset's for a Seq2Seq, with a synthetic task's own number of steps."""
+    if not seq2seq:
+        return PRESETS[DEFAULT_PRESET]
+    return {**PRESETS["seq2seq"], **({"max_iters": SYNTHETIC_MAX_ITERS[synthetic]} if synthetic else {})}
 
 
 def dtype_policy(precision):

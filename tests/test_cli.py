@@ -365,6 +365,25 @@ def test_seq2seq_flag_mistakes_get_one_line(tmp_path, capsys, flags, message):
 
 
 @ONCE
+def test_a_synthetic_task_trains_for_its_own_steps_unless_told(tmp_path, capsys, monkeypatch):
+    from gptlite import training
+    from gptlite.cli import train_main
+
+    steps = []
+
+    def record_and_stop(model, train_set, held_out_set, config, out_dir, **kwargs):
+        steps.append(config.max_iters)
+        raise gptlite.ConfigError("stopped before training")
+
+    monkeypatch.setattr(training, "train", record_and_stop)
+    for flags in (["--synthetic", "reverse"], ["--synthetic", "addition", "--max-iters", "700"],
+                  ["--synthetic", "sort", "--preset", "tiny"]):
+        assert train_main([*flags, "--out", str(tmp_path / "run")]) == 2
+        assert "stopped before training" in capsys.readouterr().err
+    assert steps == [training.SYNTHETIC_MAX_ITERS["reverse"], 700, training.PRESETS["tiny"]["max_iters"]]
+
+
+@ONCE
 def test_source_and_prompt_go_to_the_right_kind_of_model(tmp_path, capsys, reverser, tiny_model):
     from gptlite.cli import generate_main
 

@@ -65,10 +65,22 @@ def test_synthetic_tasks_are_deterministic_correct_and_held_out_is_disjoint(task
             assert target == (source[::-1] if task == "reverse" else "".join(sorted(source)))
 
 
-def test_addition_trains_on_every_operand_length_alike_and_holds_out_uniform_operands():
-    train, held_out = pairs.synthetic("addition", seed=0, train_pairs=3000, held_out_pairs=1000)
-    lengths = np.array([len(operand) for source in train.sources for operand in source.split("+")])
-    assert all(0.3 < np.mean(lengths == length) < 0.37 for length in (1, 2, 3))
+def column_carries(a, b):
+    carry = count = 0
+    for _ in range(3):
+        carry = int(a % 10 + b % 10 + carry >= 10)
+        count += carry
+        a, b = a // 10, b // 10
+    return count
+
+
+def test_addition_trains_on_every_operand_length_and_carry_count_and_holds_out_uniform_operands():
+    train, held_out = pairs.synthetic("addition", seed=0, train_pairs=4000, held_out_pairs=1000)
+    operand_pairs = [tuple(map(int, source.split("+"))) for source in train.sources]
+    carries = np.array([column_carries(a, b) for a, b in operand_pairs])
+    assert all(0.22 < np.mean(carries == count) < 0.28 for count in range(4))  # 3 in 100 without balancing
+    lengths = np.array([len(str(operand)) for pair in operand_pairs for operand in pair])
+    assert all(np.mean(lengths == length) > 0.18 for length in (1, 2, 3))  # 1 in 100 among uniform operands
     operands = [int(operand) for source in held_out.sources for operand in source.split("+")]
     assert 0.85 < np.mean(np.array(operands) >= 100) < 0.95  # nine in ten numbers up to 999 have three digits
 

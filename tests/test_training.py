@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import gptlite
-from gptlite import data, training
+from gptlite import data, pairs, training
 from conftest import REPO
 
 
@@ -141,6 +141,16 @@ def test_presets_are_valid_and_cpu_has_the_reference_shape_and_length():
     cpu = training.PRESETS["cpu"]
     assert (cpu["n_layer"], cpu["n_head"], cpu["n_embd"], cpu["block_size"], cpu["batch_size"],
             cpu["max_iters"], cpu["min_lr"]) == (4, 4, 128, 64, 12, 2000, 1e-4)
+
+
+def test_each_synthetic_task_trains_the_seq2seq_preset_for_its_own_steps():
+    assert set(training.SYNTHETIC_MAX_ITERS) == set(pairs.SYNTHETIC_TASKS)
+    assert training.default_settings() == training.PRESETS["cpu"]
+    assert training.default_settings(seq2seq=True) == training.PRESETS["seq2seq"]
+    for task, steps in training.SYNTHETIC_MAX_ITERS.items():
+        settings = training.default_settings(seq2seq=True, synthetic=task)
+        assert settings == {**training.PRESETS["seq2seq"], "max_iters": steps}
+        gptlite.TrainingConfig(**training.split_settings(settings)[1])
 
 
 class StopAtStep:
