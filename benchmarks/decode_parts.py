@@ -5,8 +5,11 @@
 Prints milliseconds for: the sampler alone (a call), one cached decode step
 (a call), a forward pass over the whole window (a call), and, inside one
 compiled while-loop of 16 iterations, a cached step and a whole-window pass
-(per iteration); and, for scale, one read of as many bytes as the model's
-weights (a NumPy sum): a cached step at batch 1 reads every weight once.
+(per iteration); the model's matrix products alone, one token through every
+Dense layer and the output projection inside the same kind of loop (per
+iteration), which is as fast as a cached step at batch 1 could be, since it
+reads every weight once and does nothing else; and, for scale, one read of
+as many bytes as the model's weights (a NumPy sum).
 `cpu` is the cpu preset's shape (4 x 4 x 128, context 64), `big` the gpu
 preset's (6 x 6 x 384, context 256). Random weights; TensorFlow backend.
 """
@@ -58,6 +61,17 @@ def main():
     def cached_step(i, cache):
         return model.call_with_cache(token, cache, ops.reshape(i, (1,)))[1]
 
+    def matmuls_alone(i, x):
+        # Each product feeds on the last and the result is rescaled, so that
+        # nothing can be hoisted out of the loop or overflow.
+        for block in model.blocks:
+            qkv = block.attention.qkv_projection(x)  # (1, 1, 3C)
+            x = x + block.attention.output_projection(qkv[..., : model.config.n_embd])
+            x = x + block.feed_forward.contract(ops.gelu(block.feed_forward.expand(x), approximate=True))
+            x = x / (ops.sqrt(ops.mean(ops.square(x))) + 1.0)
+        logits = model.embedding.logits(x)  # (1, 1, V)
+        return x + ops.mean(ops.cast(logits, x.dtype))
+
     def window_pass(i, window):
         # Each pass feeds on the last, so that the compiler cannot hoist it out of the loop.
         next_token = ops.cast(ops.argmax(model(window)[:, -1], axis=-1), "int32")[:, None]
@@ -71,6 +85,10 @@ def main():
     print(f"whole {block_size}-token window: {milliseconds_per_call(compiled(model), window):.2f} ms a call")
     loop = compiled(lambda c: in_a_loop(cached_step, c))
     print(f"cached step in a loop: {milliseconds_per_call(loop, cache, calls=50) / ITERATIONS:.3f} ms an iteration")
+    loop = compiled(lambda x: in_a_loop(matmuls_alone, x))
+    hidden = np.ones((1, 1, model.config.n_embd), keras.backend.standardize_dtype(model.compute_dtype))
+    print(f"matrix products alone in a loop: {milliseconds_per_call(loop, hidden, calls=50) / ITERATIONS:.3f} "
+          "ms an iteration")
     loop = compiled(lambda w: in_a_loop(window_pass, w))
     print(f"whole window in a loop: {milliseconds_per_call(loop, window, calls=20) / ITERATIONS:.3f} ms an iteration")
     weight_bytes = sum(ops.convert_to_numpy(v).nbytes for v in model.weights)
