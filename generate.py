@@ -1,9 +1,8 @@
-"""Command line: `python generate.py --help`. The work is done in gptlite.cli;
-gptlite_launch first applies --backend, before Keras is imported."""
+"""Command line: `python generate.py --help`. The work is done in gptlite.cli."""
 
 import sys
 
-from gptlite_launch import generate
+from gptlite.cli import generate_main
 
 if __name__ == "__main__":
-    sys.exit(generate())
+    sys.exit(generate_main())

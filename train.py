@@ -1,9 +1,8 @@
-"""Command line: `python train.py --help`. The work is done in gptlite.cli;
-gptlite_launch first applies --backend, before Keras is imported."""
+"""Command line: `python train.py --help`. The work is done in gptlite.cli."""
 
 import sys
 
-from gptlite_launch import train
+from gptlite.cli import train_main
 
 if __name__ == "__main__":
-    sys.exit(train())
+    sys.exit(train_main())

@@ -18,6 +18,7 @@ import numpy as np
 
 import gptlite
 from gptlite import data, layers, training
+from gptlite.settings import PRECISIONS, PRESETS, dtype_policy, split_settings
 
 
 class StepByStepAttention(layers.CausalSelfAttention):
@@ -36,20 +37,20 @@ class FusedAttention(layers.CausalSelfAttention):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="cpu", choices=sorted(training.PRESETS))
+    parser.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
     parser.add_argument("--batch-size", type=int)
-    parser.add_argument("--precision", default="fp32", choices=sorted(training.PRECISIONS))
+    parser.add_argument("--precision", default="fp32", choices=sorted(PRECISIONS))
     parser.add_argument("--steps", type=int, default=40, help="steps per timed run")
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
 
-    settings = {**training.PRESETS[args.preset], "precision": args.precision}
+    settings = {**PRESETS[args.preset], "precision": args.precision}
     if args.batch_size:
         settings["batch_size"] = args.batch_size
-    model_settings, training_settings = training.split_settings(settings)
+    model_settings, training_settings = split_settings(settings)
     config = gptlite.TrainingConfig(**training_settings)
     keras.utils.set_random_seed(0)
-    model = gptlite.GPT(vocab_size=65, dtype=training.dtype_policy(args.precision), **model_settings)
+    model = gptlite.GPT(vocab_size=65, dtype=dtype_policy(args.precision), **model_settings)
     block_size = model.config.block_size
     model.build((None, block_size))
     training.compile_for_training(model, config)

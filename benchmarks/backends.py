@@ -42,7 +42,8 @@ def measure(text_path, steps, warmup):
     import keras
 
     import gptlite
-    from gptlite import data, training
+    from gptlite import data, files, training
+    from gptlite.settings import PRESETS, dtype_policy, split_settings
     from shapes import random_model
 
     class StepTimer(keras.callbacks.Callback):
@@ -53,10 +54,10 @@ def measure(text_path, steps, warmup):
         def on_train_end(self, logs=None):
             self.ms_per_step = (time.perf_counter() - self.start) / (steps - warmup) * 1000
 
-    text = data.read_text(text_path)
+    text = files.read_text(text_path)
     tokenizer = gptlite.CharTokenizer.from_text(text)
     train_ids, _ = data.split(tokenizer.encode(text))
-    model_settings, training_settings = training.split_settings(training.PRESETS["cpu"])
+    model_settings, training_settings = split_settings(PRESETS["cpu"])
     keras.utils.set_random_seed(0)
     model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, tokenizer=tokenizer, **model_settings)
     model.build((None, model.config.block_size))

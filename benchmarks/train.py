@@ -51,9 +51,9 @@ REFERENCE_LR = 1e-3
 
 def settings_for(preset, overrides):
     """The preset's settings with the command line's overrides, as one flat dict."""
-    from gptlite import training
+    from gptlite.settings import PRESETS
 
-    settings = dict(training.PRESETS[preset])
+    settings = dict(PRESETS[preset])
     settings.update({name: value for name, value in overrides.items() if value is not None})
     return settings
 
@@ -122,7 +122,8 @@ def run_gptlite(text_path, settings, precision, seed):
     import numpy as np
 
     import gptlite
-    from gptlite import data, training
+    from gptlite import data, files, training
+    from gptlite.settings import PRESETS, dtype_policy, split_settings
 
     class StepClock(keras.callbacks.Callback):
         """Step times within each fit call, the first of each call (the one after an evaluation) left out."""
@@ -142,16 +143,16 @@ def run_gptlite(text_path, settings, precision, seed):
                 self.times.append(now - self.last)
             self.last = now
 
-    text = data.read_text(text_path)
+    text = files.read_text(text_path)
     tokenizer = gptlite.CharTokenizer.from_text(text)
     train_ids, validation_ids = data.split(tokenizer.encode(text))
-    model_settings, training_settings = training.split_settings(
+    model_settings, training_settings = split_settings(
         {**settings, "seed": seed, "precision": precision}
     )
     config = gptlite.TrainingConfig(**training_settings)
     keras.utils.set_random_seed(seed)
     model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, tokenizer=tokenizer,
-                        dtype=training.dtype_policy(config.precision), **model_settings)
+                        dtype=dtype_policy(config.precision), **model_settings)
     model.build((None, model.config.block_size))
     clock = StepClock()
     clock.started = time.perf_counter()

@@ -15,7 +15,8 @@ import time
 import keras
 
 import gptlite
-from gptlite import data, training
+from gptlite import data, files, training
+from gptlite.settings import PRESETS, split_settings
 
 DEFAULT_TEXT = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
 
@@ -34,7 +35,7 @@ class StepTimer(keras.callbacks.Callback):
 
 
 def time_run(preset, train_ids, tokenizer, jit_compile, steps, warmup):
-    model_settings, training_settings = training.split_settings(training.PRESETS[preset])
+    model_settings, training_settings = split_settings(PRESETS[preset])
     keras.utils.set_random_seed(0)
     model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, tokenizer=tokenizer, **model_settings)
     model.build((None, model.config.block_size))
@@ -54,13 +55,13 @@ def time_run(preset, train_ids, tokenizer, jit_compile, steps, warmup):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("text", nargs="?", type=pathlib.Path, default=DEFAULT_TEXT)
-    parser.add_argument("--preset", default="cpu", choices=sorted(training.PRESETS))
+    parser.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=100, help="steps left out of the timing (compile)")
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
 
-    text = data.read_text(args.text)
+    text = files.read_text(args.text)
     tokenizer = gptlite.CharTokenizer.from_text(text)
     train_ids, _ = data.split(tokenizer.encode(text))
     results = {False: [], True: []}

@@ -1,33 +1,32 @@
 """The commands `gptlite-train`, `gptlite-generate`, `gptlite-export`, `gptlite-inspect` and `gptlite`
-(also `train.py`, `generate.py`).
+(also `train.py`, `generate.py` and `python -m gptlite.cli`).
 
-They start in `gptlite_launch`, which applies `--backend` before Keras is imported.
+Each command parses its flags, calls the library and turns a `GPTLiteError`
+into one line and an exit status, with the settings the library names
+(`max_iters`) written as this command's flags (`--max-iters`). Keras fixes
+its backend when it is first imported, so `--backend` is applied before
+anything here imports Keras: this module imports the library inside its
+functions, and `import gptlite` alone does not import Keras.
 """
 
 import argparse
-import contextlib
 import dataclasses
+import importlib.util
 import json
+import os
 import pathlib
+import re
 import sys
-import tempfile
 
-from gptlite import data, generation, inspection, pairs, saving, training
-from gptlite.errors import (
-    ConfigError,
-    GPTLiteError,
-    InputError,
-    RunExistsError,
-    TrainingDiverged,
-    TrainingInterrupted,
-)
-from gptlite.model import GPT, GPTConfig, Seq2Seq
-from gptlite.tokenizers import BPETokenizer, CharTokenizer
-from gptlite_launch import BACKENDS
+from gptlite import settings
+from gptlite.errors import GPTLiteError, InputError, RunExistsError, TrainingDiverged, TrainingInterrupted
+from gptlite.text import UNKNOWN_CHOICES
 
+BACKENDS = ("tensorflow", "jax", "torch")
 SAMPLE_DIVIDER = "\n" + "-" * 40 + "\n"
-DEFAULT_BPE_VOCABULARY = 4096
-SETTING_CHOICES = {"position": ["learned", "sinusoidal"], "precision": list(training.PRECISIONS)}
+SETTING_CHOICES = {"position": list(settings.POSITIONS), "precision": list(settings.PRECISIONS)}
+# Library arguments that a command spells otherwise.
+FLAG_ALIASES = {"out_dir": "out", "sources": "texts"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -36,53 +35,120 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def _run(command, parser, argv):
-    args = parser.parse_args(argv)
+def choose_backend(prog, argv):
+    """Put `--backend NAME` from argv into KERAS_BACKEND; exit with a one-line error if NAME is not installed.
+
+    Must run before Keras is imported; the command's own parser checks the flag again.
+    """
+    reader = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    reader.add_argument("--backend")
     try:
-        _check_backend(args.backend)
-        command(args)
-    except TrainingInterrupted as stop:
-        print(f"{parser.prog}: {stop}", file=sys.stderr)
-        return 128 + stop.signal_number
-    except GPTLiteError as error:
-        if args.debug:
-            raise
-        print(f"{parser.prog}: error: {error}", file=sys.stderr)
-        # A diverged run is no usage mistake: it gets the general failure status.
-        return 1 if isinstance(error, TrainingDiverged) else 2
-    except KeyboardInterrupt:
-        print(f"\n{parser.prog}: interrupted", file=sys.stderr)
-        return 130
-    return 0
+        known, _ = reader.parse_known_args(argv)
+    except argparse.ArgumentError:
+        return  # `--backend` with no name: the command's own parser says so
+    if known.backend not in BACKENDS:
+        return  # none given, or a wrong name, which the command's own parser reports
+    if importlib.util.find_spec(known.backend) is None:
+        extra = "" if known.backend == "tensorflow" else f"[{known.backend}]"
+        sys.exit(f"{prog}: error: --backend {known.backend} needs {known.backend} installed "
+                 f"(pip install \"gptlite{extra}\", or pip install -e \".{extra}\" in a checkout)")
+    os.environ["KERAS_BACKEND"] = known.backend
+
+
+def _command(prog, make_parser, command):
+    """The entry point of one command: apply --backend, parse, run, map errors to exit statuses."""
+
+    def main(argv=None):
+        argv = sys.argv[1:] if argv is None else list(argv)
+        choose_backend(prog, argv)
+        parser = make_parser(prog)
+        args = parser.parse_args(argv)
+        try:
+            _check_backend(args.backend)
+            command(args)
+        except TrainingInterrupted as stop:
+            print(f"{prog}: {as_flags(str(stop), parser)}", file=sys.stderr)
+            return 128 + stop.signal_number
+        except GPTLiteError as error:
+            if args.debug:
+                raise
+            print(f"{prog}: error: {as_flags(str(error), parser)}", file=sys.stderr)
+            # A diverged run is no usage mistake: it gets the general failure status.
+            return 1 if isinstance(error, TrainingDiverged) else 2
+        except KeyboardInterrupt:
+            print(f"\n{prog}: interrupted", file=sys.stderr)
+            return 130
+        return 0
+
+    return main
+
+
+def as_flags(message, parser):
+    """A library message with the settings it names written as `parser`'s flags.
+
+    `name=value` in backticks becomes `--name value` (`--name` for True,
+    `--no-name` for False); a setting named bare becomes its flag where it
+    has an underscore (`max_iters`) or begins a statement of its value
+    (`lr must be`, `lr (0.01)`). Names without a flag stay as they are.
+    """
+    flags = {}
+    for action in parser._actions:
+        for option in action.option_strings:
+            if option.startswith("--no-"):
+                flags[(action.dest, False)] = option
+            elif option.startswith("--"):
+                flags.setdefault((action.dest, None), option)
+    for setting, dest in FLAG_ALIASES.items():
+        if (dest, None) in flags:
+            flags[(setting, None)] = flags[(dest, None)]
+
+    def quoted(match):
+        name, value = match.group(1), match.group(2)
+        flag = flags.get((name, None))
+        if flag is None:
+            return match.group(0)
+        if value is None or value == "True":
+            return flag
+        if value == "False":
+            return flags.get((name, False), f"{flag} False")
+        return f"{flag} {value.strip(chr(39) + chr(34))}"
+
+    message = re.sub(r"`(\w+)(?:=([^`]*))?`", quoted, message)
+
+    def bare(match):
+        name, after = match.group(1), match.group(2) or ""
+        return (flags[(name, None)] if "_" in name or after else name) + after
+
+    names = "|".join(sorted((re.escape(name) for name, value in flags if value is None), key=len, reverse=True))
+    return re.sub(rf"(?<![\w'\"/.-])({names})\b( must| \()?", bare, message)
 
 
 def _add_backend_flag(parser):
     parser.add_argument("--backend", choices=BACKENDS, default=None,
                         help="the Keras backend to run on (default: KERAS_BACKEND, else tensorflow); "
-                             "see the README for which to pick")
+                             "see docs/backends.md for which to pick")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
 
 
 def _check_backend(requested):
-    """`--backend` takes effect in gptlite_launch, before Keras is imported; here it can only be checked."""
+    """`--backend` takes effect before Keras is imported; here it can only be checked."""
     import keras
 
     if requested and keras.backend.backend() != requested:
-        raise ConfigError(
+        raise InputError(
             f"--backend {requested} came too late: Keras is already running on {keras.backend.backend()} "
-            f"in this process; set KERAS_BACKEND={requested} before importing Keras or gptlite"
+            f"in this process; set KERAS_BACKEND={requested} before importing Keras"
         )
 
 
 # --- training ------------------------------------------------------------------
 
 
-def train_main(argv=None):
-    return _run(_train, _train_parser(), argv)
+def _train_parser(prog):
+    from gptlite import pairs, pipeline
 
-
-def _train_parser():
     parser = _Parser(
-        prog="gptlite-train",
+        prog=prog,
         description="Train a GPT on text files, or a seq2seq model on source<TAB>target pairs, "
                     "and save it as model.keras.",
     )
@@ -92,20 +158,20 @@ def _train_parser():
              "standard library's sources); several are read in the order given, a folder's files in sorted order; "
              "with --task seq2seq, one file of source<TAB>target lines",
     )
-    parser.add_argument("--task", choices=["lm", "seq2seq"], default=None,
+    parser.add_argument("--task", choices=pipeline.TASKS, default=None,
                         help="lm: a GPT that continues text (the default); seq2seq: an encoder-decoder that learns "
                              "to write each line's target from its source")
     parser.add_argument("--synthetic", choices=pairs.SYNTHETIC_TASKS, default=None,
                         help="train seq2seq on a built-in task instead of a file: addition (\"123+456\" -> \"579\"), "
-                             "reverse or sort (strings of 5 to 20 letters); steps, unless "
-                             f"--max-iters says: {', '.join(f'{t} {n}' for t, n in training.SYNTHETIC_MAX_ITERS.items())}")
-    parser.add_argument("--tokenizer", choices=["char", "bpe"], default="char",
+                             "reverse or sort (strings of 5 to 20 letters); steps, unless --max-iters says: "
+                             + ", ".join(f"{t} {n}" for t, n in settings.SYNTHETIC_MAX_ITERS.items()))
+    parser.add_argument("--tokenizer", choices=pipeline.TOKENIZERS, default="char",
                         help="char: one token per character (the default); bpe: byte-level byte-pair "
                              "encoding learned from the text, for large or many-language corpora")
     parser.add_argument("--vocab-size", type=int, default=None, metavar="N",
-                        help=f"tokens in a BPE vocabulary (default: {DEFAULT_BPE_VOCABULARY})")
-    parser.add_argument("--preset", choices=sorted(training.PRESETS), default=None,
-                        help=f"model size and schedule (default: {training.DEFAULT_PRESET})")
+                        help=f"tokens in a BPE vocabulary (default: {pipeline.DEFAULT_BPE_VOCABULARY})")
+    parser.add_argument("--preset", choices=sorted(settings.PRESETS), default=None,
+                        help=f"model size and schedule (default: {settings.DEFAULT_PRESET})")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out"),
                         help="folder for model.keras, history.csv, loss.png and checkpoints (default: out)")
     parser.add_argument("--overwrite", action="store_true",
@@ -119,143 +185,54 @@ def _train_parser():
                              "or replace them with U+FFFD (replace)")
     parser.add_argument("--distribute", action="store_true",
                         help="train data-parallel over every local device (tensorflow: GPUs, else CPU devices; "
-                             "jax: all devices), or over several hosts (see the README); the batch is split "
+                             "jax: all devices), or over several hosts (see docs/training.md); the batch is split "
                              "across them and the learning rate is unchanged")
     _add_backend_flag(parser)
-    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
-    settings = parser.add_argument_group("settings (each overrides the preset's value)")
-    fields = {f.name: f for f in dataclasses.fields(GPTConfig) + dataclasses.fields(training.TrainingConfig)}
-    for field in (fields[name] for name in training.SETTING_NAMES):
+    group = parser.add_argument_group("settings (each overrides the preset's value)")
+    fields = {f.name: f for f in dataclasses.fields(settings.GPTConfig) + dataclasses.fields(settings.TrainingConfig)}
+    for field in (fields[name] for name in settings.SETTING_NAMES):
         flag = "--" + field.name.replace("_", "-")
         preset_values = ", ".join(
-            f"{name}: {values[field.name]}" for name, values in training.PRESETS.items()
-            if field.name in values
+            f"{name}: {values[field.name]}" for name, values in settings.PRESETS.items() if field.name in values
         )
         help_text = f"presets: {preset_values}" if preset_values else f"default: {field.default}"
         if field.type is bool:
-            settings.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif field.name in SETTING_CHOICES:
-            settings.add_argument(flag, choices=SETTING_CHOICES[field.name], default=None, help=help_text)
+            group.add_argument(flag, choices=SETTING_CHOICES[field.name], default=None, help=help_text)
         else:
             metavar = "N" if field.type is int else "X"
-            settings.add_argument(flag, type=field.type, default=None, metavar=metavar, help=help_text)
+            group.add_argument(flag, type=field.type, default=None, metavar=metavar, help=help_text)
     return parser
 
 
 def _train(args):
-    seq2seq = _is_seq2seq(args)
-    if args.resume and args.overwrite:
-        raise ConfigError("--resume and --overwrite contradict each other; choose one")
-    checkpoint = training.read_checkpoint(args.out) if args.resume else None
-    if checkpoint and (checkpoint.get("model_class", "GPT") == "Seq2Seq") != seq2seq:
-        saved_task = "lm" if seq2seq else "seq2seq"
-        raise ConfigError(f"the run in {args.out} trains a {saved_task} model; resume it with --task {saved_task}")
-    defaults = training.default_settings(seq2seq, args.synthetic)
-    model_settings, training_settings = training.split_settings(_resolve_settings(args, checkpoint, defaults))
-    training_config = training.TrainingConfig(**training_settings)
-    GPTConfig(**model_settings)  # fail on a bad shape before reading any text
-    if checkpoint and checkpoint["step"] >= training_config.max_iters:
-        raise InputError(
-            f"the run in {args.out} has already done its {checkpoint['step']} steps; "
-            f"pass a larger --max-iters to train it further"
-        )
-    if args.vocab_size is not None and (args.tokenizer != "bpe" or checkpoint):
-        raise ConfigError("--vocab-size sets the size of a new BPE vocabulary: it goes with --tokenizer bpe, "
-                          "and not with --resume")
-    if seq2seq:
-        _check_seq2seq_flags(args)
-    if not args.resume:
-        _check_output_folder(args.out, args.overwrite)
+    from gptlite import generation, pipeline
 
-    import keras
-
-    keras.utils.set_random_seed(training_config.seed)
-    if seq2seq:
-        model, rows, held_out = _build_and_train_seq2seq(args, checkpoint, model_settings, training_config)
-    else:
-        if args.texts:
-            corpus = data.Corpus.from_files(args.texts, args.encoding, args.errors)
-        else:
-            corpus = data.Corpus.from_text(data.default_corpus(), "the Python standard library's sources")
-        with (training.data_parallel(training_config.batch_size) if args.distribute
-              else contextlib.nullcontext()) as replicas:
-            model, rows = _build_and_train(args, corpus, checkpoint, model_settings, training_config, replicas)
-    best = min(rows, key=lambda row: row["val_loss"])
+    run = pipeline.train_on_text(
+        args.texts, args.out, {name: getattr(args, name) for name in settings.SETTING_NAMES},
+        preset=args.preset, task=args.task, synthetic=args.synthetic, tokenizer=args.tokenizer,
+        vocab_size=args.vocab_size, encoding=args.encoding, errors=args.errors, distribute=args.distribute,
+        resume=args.resume, overwrite=args.overwrite)
+    best = run.best
     print(
         f"\nbest validation loss {best['val_loss']:.4f} at step {best['step']}; "
         f"saved {args.out / 'model.keras'}, {args.out / 'history.csv'}, {args.out / 'loss.png'}"
     )
-    if seq2seq:
-        _show_targets(model, held_out)
+    if run.held_out is not None:
+        _show_targets(run.model, run.held_out)
         return
     print("sample from the final model:\n")
-    for piece in generation.stream(model, "", max_new_tokens=300, temperature=0.8, top_k=200,
-                                   seed=training_config.seed):
+    for piece in generation.stream(run.model, "", max_new_tokens=300, temperature=0.8, top_k=200,
+                                   seed=run.training_config.seed):
         _print_piece(piece)
     print()
 
 
-def _is_seq2seq(args):
-    if args.synthetic and args.task == "lm":
-        raise ConfigError("--synthetic tasks train a seq2seq model; leave out --task lm")
-    return args.task == "seq2seq" or args.synthetic is not None
-
-
-def _check_seq2seq_flags(args):
-    if args.tokenizer != "char":
-        raise ConfigError("the seq2seq model reads characters; --tokenizer bpe is for language models")
-    if args.distribute:
-        raise ConfigError("--distribute trains language models only for now")
-    if args.synthetic and args.texts:
-        raise ConfigError(f"--synthetic {args.synthetic} makes its own pairs; leave out the file")
-    if not args.synthetic and len(args.texts) != 1:
-        raise ConfigError("--task seq2seq trains on one file of source<TAB>target lines, or on --synthetic TASK")
-
-
-def _build_and_train_seq2seq(args, checkpoint, model_settings, training_config):
-    """Read or make the pairs, make the model (new, or from the checkpoint) and train it.
-
-    Returns (model, evaluation rows, held-out pairs). The held-out pairs are
-    chosen by the seed, so a resumed run holds out the same ones.
-    """
-    if args.synthetic:
-        train_pairs, held_out = pairs.synthetic(args.synthetic, training_config.seed)
-        name = f"the synthetic {args.synthetic} task"
-    else:
-        train_pairs, held_out = pairs.split(pairs.read_pairs(args.texts[0], args.encoding, args.errors),
-                                            training_config.seed)
-        name = str(args.texts[0])
-    if checkpoint:
-        model = Seq2Seq.from_config(checkpoint["model_config"])
-        tokenizer, block_size = model.tokenizer, model.config.block_size
-    else:
-        texts = (text for part in (train_pairs, held_out) for text in part.sources + part.targets)
-        tokenizer = CharTokenizer.from_texts(texts, special_tokens=CharTokenizer.SPECIAL_TOKENS)
-        block_size = model_settings.pop("block_size", None) or pairs.block_size_needed(tokenizer, train_pairs,
-                                                                                       held_out)
-        model = Seq2Seq.from_gpt_config(
-            GPTConfig(vocab_size=tokenizer.vocabulary_size, block_size=block_size, **model_settings), tokenizer,
-            dtype=training.dtype_policy(training_config.precision))
-    train_set = pairs.encode(train_pairs, tokenizer, block_size)
-    held_out_set = pairs.encode(held_out, tokenizer, block_size)
-    model.build()
-    config = model.config
-    print(
-        f"training on {name}: {len(train_pairs):,} pairs, {len(held_out):,} held out "
-        f"({tokenizer.vocabulary_size - len(tokenizer.special_tokens)} characters)\n"
-        f"model: seq2seq, encoder and decoder of {config.n_layer} layers each, {config.n_head} heads, width "
-        f"{config.n_embd}, sources and targets of up to {config.block_size} tokens, {model.count_params():,} "
-        f"parameters; {_backend_and_precision(training_config)}\n"
-        + _schedule(training_config, checkpoint, None)
-        + f"; exact match measured on {min(len(held_out), pairs.HELD_OUT_PAIRS):,} held-out pairs",
-        flush=True,
-    )
-    rows = training.train(model, train_set, held_out_set, training_config, args.out, resume=bool(checkpoint))
-    return model, rows, held_out
-
-
 def _show_targets(model, held_out, count=8):
     """Print what the final model writes for a few held-out sources, and its exact match on them all."""
+    from gptlite import generation, pairs
+
     # As many as the evaluations decoded, in batches of the same size: no new compile.
     measured = held_out.subset(range(min(len(held_out), pairs.HELD_OUT_PAIRS)))
     decoded = generation.generate_target(model, measured.sources)
@@ -265,131 +242,13 @@ def _show_targets(model, held_out, count=8):
         print(f"  {source!r} -> {got!r}" + ("" if got == want else f"   (expected {want!r})"))
 
 
-def _backend_and_precision(training_config):
-    import keras
-
-    return f"{keras.backend.backend()} backend, {training_config.precision}"
-
-
-def _schedule(training_config, checkpoint, replicas):
-    return (
-        (f"resuming at step {checkpoint['step']} of " if checkpoint else "")
-        + f"{training_config.max_iters} steps of batch {training_config.batch_size}"
-        + (f" split across {replicas} devices" if replicas else "") + "; "
-        f"validation loss every {training_config.eval_interval} steps, "
-        f"checkpoint every {training_config.checkpoint_interval}"
-    )
-
-
-def _build_and_train(args, corpus, checkpoint, model_settings, training_config, replicas):
-    """Make the model (new, or from the checkpoint) and train it; (model, evaluation rows).
-
-    `replicas`: how many devices share each batch, or None when not distributed.
-    """
-    show_progress = sys.stdout.isatty()
-    if checkpoint:
-        model = GPT.from_config(checkpoint["model_config"])
-        tokenizer = model.tokenizer
-    else:
-        tokenizer = _new_tokenizer(args, corpus, show_progress)
-        model = GPT.from_gpt_config(GPTConfig(vocab_size=tokenizer.vocabulary_size, **model_settings), tokenizer,
-                                    dtype=training.dtype_policy(training_config.precision))
-    config = model.config
-    try:
-        token_ids = data.encode_corpus(corpus, tokenizer, args.out, show_progress)
-    except InputError as error:
-        if checkpoint and any(tokenizer.unknown_characters(piece) for piece in corpus.pieces()):
-            raise InputError(f"{error}: resume with the text the run started on") from None
-        raise
-    train_ids, validation_ids = data.split(token_ids)
-    data.check_enough_tokens(train_ids, validation_ids, config.block_size)
-    model.build((None, config.block_size))
-    kind = "characters" if isinstance(tokenizer, CharTokenizer) else "byte-level BPE tokens"
-    print(
-        f"training on {corpus.name}: {len(token_ids):,} tokens ({kind}, {tokenizer.vocabulary_size:,} in the "
-        f"vocabulary); {len(train_ids):,} train / {len(validation_ids):,} validation\n"
-        f"model: {config.n_layer} layers, {config.n_head} heads, width {config.n_embd}, "
-        f"context {config.block_size}, {model.count_params():,} parameters; "
-        f"{_backend_and_precision(training_config)}\n"
-        + _schedule(training_config, checkpoint, replicas),
-        flush=True,
-    )
-    rows = training.train(model, train_ids, validation_ids, training_config, args.out, resume=bool(checkpoint))
-    return model, rows
-
-
-def _new_tokenizer(args, corpus, show_progress):
-    if args.tokenizer == "bpe":
-        vocabulary_size = args.vocab_size or DEFAULT_BPE_VOCABULARY
-        print(f"learning a {vocabulary_size:,}-token byte-level BPE vocabulary from {corpus.name} "
-              f"(a sample of up to {data.BPE_SAMPLE_BYTES // 2**20} MB)", flush=True)
-        return BPETokenizer.train(corpus.sample(data.BPE_SAMPLE_BYTES), vocabulary_size, show_progress)
-    tokenizer = CharTokenizer.from_texts(corpus.pieces())
-    if not tokenizer.vocabulary.strip():
-        raise InputError(f"{corpus.name} has no text in it")
-    return tokenizer
-
-
-def _resolve_settings(args, checkpoint, defaults):
-    """The defaults (`training.default_settings`), then the --preset's values,
-    then explicit flags; on resume, the checkpoint's values first.
-
-    A resumed run may change how it trains (say, more --max-iters), never the
-    model's shape or its precision.
-    """
-    explicit = {
-        name: value for name, value in vars(args).items()
-        if name in training.SETTING_NAMES and value is not None
-    }
-    requested = {**(training.PRESETS[args.preset] if args.preset else {}), **explicit}
-    if checkpoint is None:
-        return {**defaults, **requested}
-    saved = {name: checkpoint["model_config"][name] for name in training.MODEL_SHAPE_SETTINGS}
-    # The optimizer state saved with float16 has a loss scale that the others lack.
-    saved["precision"] = checkpoint["training_config"].get("precision", "fp32")
-    conflicts = [
-        f"{name} is {saved[name]} in the checkpoint, {value} here"
-        for name, value in requested.items()
-        if name in saved and value != saved[name]
-    ]
-    if conflicts:
-        raise ConfigError(
-            f"cannot resume with a different model: {'; '.join(conflicts)}; "
-            f"drop those flags, or start a new run in another --out"
-        )
-    return {**saved, **checkpoint["training_config"],
-            **{name: value for name, value in requested.items() if name not in saved}}
-
-
-def _check_output_folder(out, overwrite):
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out} is a file, not a folder")
-    existing = [out / name for name in ("model.keras", training.CHECKPOINT_STATE) if (out / name).exists()]
-    if existing and not overwrite:
-        raise RunExistsError(
-            f"{existing[0]} already exists; pass --resume to continue that run, "
-            f"--overwrite to replace it, or choose another --out"
-        )
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=out).close()
-    except OSError as error:
-        raise InputError(f"cannot write to --out {out}: {error.strerror}") from None
-    if overwrite:
-        # The replaced run's checkpoint must not be resumed into the new one.
-        for name in (training.CHECKPOINT_STATE, training.CHECKPOINT_WEIGHTS):
-            (out / name).unlink(missing_ok=True)
-
-
 # --- generation ----------------------------------------------------------------
 
 
-def generate_main(argv=None):
-    return _run(_generate, _generate_parser(), argv)
+def _generate_parser(prog):
+    from gptlite import inspection
 
-
-def _generate_parser():
-    parser = _Parser(prog="gptlite-generate", description="Sample text from a trained gptlite model.")
+    parser = _Parser(prog=prog, description="Sample text from a trained gptlite model.")
     parser.add_argument("--model", type=pathlib.Path, default=pathlib.Path("out/model.keras"),
                         help="the model file (default: out/model.keras)")
     parser.add_argument("--prompt", default=None,
@@ -425,7 +284,7 @@ def _generate_parser():
                              "every token the whole context; more is faster with less context")
     parser.add_argument("--no-cache", dest="use_cache", action="store_false",
                         help="recompute the whole context for every token: the same text, slower")
-    parser.add_argument("--unknown", choices=["error", "skip", "replace"], default="error",
+    parser.add_argument("--unknown", choices=UNKNOWN_CHOICES, default="error",
                         help="prompt characters the model never saw: stop with an error (the default), "
                              "leave them out, or replace each with a space")
     inside = parser.add_argument_group("seeing inside (instead of sampling)")
@@ -441,11 +300,13 @@ def _generate_parser():
                         help="with --attention, for a seq2seq model: the encoder's attention, the decoder's "
                              "self-attention, or cross-attention from target to source (the default)")
     _add_backend_flag(parser)
-    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     return parser
 
 
 def _generate(args):
+    from gptlite import generation, saving
+    from gptlite.model import Seq2Seq
+
     drawing_flags = [flag for flag, value in (("--layer", args.layer), ("--head", args.head), ("--part", args.part))
                      if value is not None]
     if drawing_flags and args.attention is None:
@@ -489,6 +350,9 @@ def _generate(args):
 
 def _generate_targets(args, model):
     """Print a seq2seq model's target for each source, one a line (--num-samples of them for each)."""
+    from gptlite import generation
+    from gptlite.files import read_text
+
     if args.prompt is not None:
         raise InputError(f"{args.model} is a seq2seq model: give it --source TEXT or --source-file FILE, "
                          f"not --prompt")
@@ -499,7 +363,7 @@ def _generate_targets(args, model):
     if args.source is not None:
         sources = [args.source]
     else:
-        sources = data.read_text(args.source_file).splitlines()
+        sources = read_text(args.source_file).splitlines()
     targets = generation.iter_targets(
         model, [source for source in sources for _ in range(args.num_samples)],
         max_new_tokens=args.max_new_tokens, temperature=args.temperature or 0.0, top_k=args.top_k,
@@ -510,6 +374,10 @@ def _generate_targets(args, model):
 
 
 def _draw_attention(args):
+    from gptlite import generation, inspection, saving
+    from gptlite.model import Seq2Seq
+    from gptlite.text import known_text
+
     model = saving.load(args.model)
     if isinstance(model, Seq2Seq):
         if args.prompt is not None or args.source is None:
@@ -526,7 +394,7 @@ def _draw_attention(args):
     if target is not None:
         written_for = f"{text!r} -> {target!r}"
     else:
-        known_prompt = generation.known_text(model.tokenizer, text, args.unknown, "prompt")
+        known_prompt = known_text(model.tokenizer, text, args.unknown, "prompt")
         prompt_length = len(model.tokenizer.encode(known_prompt))
         written_for = f"{len(maps.tokens)} tokens" if prompt_length == len(maps.tokens) else \
             f"the last {len(maps.tokens)} of {prompt_length} tokens, the model's context"
@@ -541,12 +409,8 @@ def _print_piece(text):
 # --- export --------------------------------------------------------------------
 
 
-def export_main(argv=None):
-    return _run(_export, _export_parser(), argv)
-
-
-def _export_parser():
-    parser = _Parser(prog="gptlite-export",
+def _export_parser(prog):
+    parser = _Parser(prog=prog,
                      description="Write a trained model in a form other programs can serve without gptlite.")
     parser.add_argument("--model", type=pathlib.Path, default=pathlib.Path("out/model.keras"),
                         help="the model file (default: out/model.keras)")
@@ -555,11 +419,12 @@ def _export_parser():
                              "(the default and, for now, the only format)")
     parser.add_argument("--out", type=pathlib.Path, required=True, help="the folder to write; must not exist")
     _add_backend_flag(parser)
-    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     return parser
 
 
 def _export(args):
+    from gptlite import saving
+
     # Checked before the model loads, so that the mistake shows at once (export checks again).
     saving.check_export_backend()
     if args.out.exists():
@@ -573,12 +438,8 @@ def _export(args):
 # --- inspection ----------------------------------------------------------------
 
 
-def inspect_main(argv=None):
-    return _run(_inspect, _inspect_parser(), argv)
-
-
-def _inspect_parser():
-    parser = _Parser(prog="gptlite-inspect",
+def _inspect_parser(prog):
+    parser = _Parser(prog=prog,
                      description="Look inside a trained model: what it predicts and attends to at each position "
                                  "of a text, and its position encoding.")
     parser.add_argument("model", type=pathlib.Path, metavar="MODEL", help="the model file (a model.keras)")
@@ -596,15 +457,17 @@ def _inspect_parser():
     parser.add_argument("--positions", type=pathlib.Path, default=None, metavar="FILE",
                         help="draw the position encoding and the similarity of positions to FILE "
                              "(.png, .svg or .pdf)")
-    parser.add_argument("--unknown", choices=["error", "skip", "replace"], default="error",
+    parser.add_argument("--unknown", choices=UNKNOWN_CHOICES, default="error",
                         help="characters the model never saw: stop with an error (the default), "
                              "leave them out, or replace each with a space")
     _add_backend_flag(parser)
-    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     return parser
 
 
 def _inspect(args):
+    from gptlite import inspection, saving
+    from gptlite.model import Seq2Seq
+
     if args.top < 1:
         raise InputError(f"--top must be at least 1, got {args.top}")
     if args.prompt is None and args.source is None and args.positions is None:
@@ -646,15 +509,21 @@ def _report_text(report):
     return "\n".join(lines)
 
 
+train_main = _command("gptlite-train", _train_parser, _train)
+generate_main = _command("gptlite-generate", _generate_parser, _generate)
+export_main = _command("gptlite-export", _export_parser, _export)
+inspect_main = _command("gptlite-inspect", _inspect_parser, _inspect)
+COMMANDS = {"train": train_main, "generate": generate_main, "export": export_main, "inspect": inspect_main}
+
+
 def main(argv=None):
     """`gptlite train|generate|export|inspect ...`: each command under one name."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    commands = {"train": train_main, "generate": generate_main, "export": export_main, "inspect": inspect_main}
-    if not argv or argv[0] not in commands:
-        print(f"usage: gptlite {{{','.join(commands)}}} ... (gptlite COMMAND --help for its options)",
+    if not argv or argv[0] not in COMMANDS:
+        print(f"usage: gptlite {{{','.join(COMMANDS)}}} ... (gptlite COMMAND --help for its options)",
               file=sys.stderr)
         return 2
-    return commands[argv[0]](argv[1:])
+    return COMMANDS[argv[0]](argv[1:])
 
 
 if __name__ == "__main__":

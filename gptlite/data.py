@@ -10,44 +10,14 @@ import sysconfig
 import keras
 import numpy as np
 
-from gptlite import saving
 from gptlite.errors import InputError, MissingFileError
+from gptlite.files import atomic_path, not_decodable
 
 VALIDATION_FRACTION = 0.1
 DEFAULT_CORPUS_CHARACTERS = 2_000_000
 PIECE_BYTES = 1 << 16  # text is read and encoded in pieces of about this size
 ENCODE_BATCH = 64  # pieces given to the tokenizer at once (it encodes a batch in parallel)
 BPE_SAMPLE_BYTES = 32 * 2**20  # a BPE vocabulary is learned from at most this much of the text
-
-
-def read_text(path, encoding="utf-8", errors="strict"):
-    """The whole file as a string, or a `GPTLiteError` that says what is wrong with it.
-
-    `errors="replace"` decodes bad bytes as U+FFFD instead of refusing the file.
-    """
-    path = pathlib.Path(path)
-    if not path.exists():
-        raise MissingFileError(f"no such file: {path}")
-    if path.is_dir():
-        raise InputError(f"{path} is a folder; give a text file")
-    try:
-        raw = path.read_bytes()
-    except OSError as error:
-        raise InputError(f"cannot read {path}: {error.strerror}") from None
-    try:
-        text = raw.decode(encoding, errors)
-    except UnicodeDecodeError as error:
-        line = raw.count(b"\n", 0, error.start) + 1
-        raise InputError(
-            f"{path} is not valid {encoding}: byte {error.start} (line {line}) "
-            f"is {raw[error.start:error.start + 1]!r}; convert the file to {encoding}, "
-            f"name its encoding with --encoding, or pass --errors replace"
-        ) from None
-    except LookupError:
-        raise InputError(f"unknown text encoding {encoding!r}") from None
-    if not text.strip():
-        raise InputError(f"{path} has no text in it")
-    return text
 
 
 def default_corpus(max_characters=DEFAULT_CORPUS_CHARACTERS):
@@ -170,11 +140,8 @@ def _file_pieces(path, encoding, errors):
             except UnicodeDecodeError as error:
                 at = read - len(buffered) + error.start
                 line = newlines + (buffered + block).count(b"\n", 0, error.start) + 1
-                raise InputError(
-                    f"{path} is not valid {encoding}: byte {at} (line {line}) "
-                    f"is {(buffered + block)[error.start:error.start + 1]!r}; convert the file to {encoding}, "
-                    f"name its encoding with --encoding, or pass --errors replace"
-                ) from None
+                raise not_decodable(path, encoding, (buffered + block)[error.start:error.start + 1], at,
+                                    line) from None
             read += len(block)
             newlines += block.count(b"\n")
             text = carried + text
@@ -207,7 +174,7 @@ def encode_corpus(corpus, tokenizer, folder, show_progress=False):
     if not path.exists():
         progress = keras.utils.Progbar(corpus.size, unit_name="byte", verbose=1 if show_progress else 0)
         done = 0
-        with saving.atomic_path(path) as temporary, open(temporary, "wb") as file:
+        with atomic_path(path) as temporary, open(temporary, "wb") as file:
             for index, document in enumerate(corpus.documents()):
                 if index and tokenizer.end_token_id is not None:
                     np.array([tokenizer.end_token_id], dtype).tofile(file)
@@ -253,7 +220,7 @@ def check_enough_tokens(train_ids, validation_ids, block_size):
         raise InputError(
             f"the text has {total} tokens, too few for block size {block_size} "
             f"(its validation part has {len(validation_ids)}); give a longer text "
-            f"or use --block-size {shortest - 1} or less"
+            f"or set `block_size={shortest - 1}` or less"
         )
 
 

@@ -14,9 +14,10 @@ import warnings
 import numpy as np
 from keras import ops
 
-from gptlite import generation, saving
 from gptlite.errors import ConfigError, InputError
+from gptlite.files import atomic_path
 from gptlite.model import GPT, Seq2Seq
+from gptlite.text import known_text
 
 # "decoder": a GPT's blocks, or a Seq2Seq decoder's self-attention.
 PARTS = ("encoder", "decoder", "cross")
@@ -226,7 +227,7 @@ def _check_gpt(model, part, target):
 
 def _prompt_window(model, text, unknown):
     """The prompt's token ids (T,), its last block_size tokens if it is longer."""
-    ids = model.tokenizer.encode(generation.known_text(model.tokenizer, text, unknown, "prompt"))
+    ids = model.tokenizer.encode(known_text(model.tokenizer, text, unknown, "prompt"))
     if len(ids) == 0:
         raise InputError("give a prompt of at least one token to look inside the model with")
     return ids[-model.config.block_size:].astype("int32")
@@ -237,13 +238,13 @@ def _seq2seq_maps(model, source, part, target, unknown):
     if part not in PARTS:
         raise ConfigError(f"part must be one of {', '.join(PARTS)}; got {part!r}")
     tokenizer, block_size = model.tokenizer, model.config.block_size
-    source = generation.known_text(tokenizer, source, unknown, "source")
+    source = known_text(tokenizer, source, unknown, "source")
     source_ids = tokenizer.encode(source).astype("int32")
     if not 1 <= len(source_ids) <= block_size:
         raise InputError(f"the source must be 1 to {block_size} tokens long; it is {len(source_ids)}")
     if target is None:
-        target = generation.generate_target(model, source)
-    target = generation.known_text(tokenizer, target, unknown, "target")
+        target = tokenizer.decode(_likeliest_target(model, source_ids))
+    target = known_text(tokenizer, target, unknown, "target")
     target_ids = np.concatenate([[tokenizer.start_token_id], tokenizer.encode(target)]).astype("int32")
     if len(target_ids) > block_size:
         raise InputError(f"the target must be at most {block_size - 1} tokens long; it is {len(target_ids) - 1}")
@@ -253,6 +254,26 @@ def _seq2seq_maps(model, source, part, target, unknown):
     query_tokens = source_tokens if part == "encoder" else target_tokens
     key_tokens = target_tokens if part == "decoder" else source_tokens
     return AttentionMaps(weights, query_tokens, key_tokens, part), inputs
+
+
+def _likeliest_target(model, source_ids):
+    """The target token ids a Seq2Seq writes for `source_ids` (S,), taking the likeliest token each step.
+
+    Each step runs the decoder over the whole target so far: one short
+    target, decoded once, needs no cache or compiled loop.
+    """
+    tokenizer = model.tokenizer
+    source_ids = source_ids[None]  # (1, S)
+    source_mask = model.source_mask(source_ids)
+    encoded = model.encode(source_ids, source_mask)
+    target = [tokenizer.start_token_id]
+    while len(target) < model.config.block_size:
+        logits = model.decode(np.array([target], "int32"), encoded, source_mask)  # (1, T, V)
+        token = int(np.argmax(_numpy(logits[0, -1])))
+        if token == tokenizer.end_token_id:
+            break
+        target.append(token)
+    return target[1:]
 
 
 def _quietly(function, *args):
@@ -293,7 +314,7 @@ def _save(figure, path):
     if not path.parent.is_dir():
         raise InputError(f"cannot write {path}: the folder {path.parent} does not exist")
     try:
-        with saving.atomic_path(path) as temporary:
+        with atomic_path(path) as temporary:
             figure.savefig(temporary, format=path.suffix.lower()[1:])
     except OSError as error:
         raise InputError(f"cannot write {path}: {error.strerror}") from None

@@ -8,48 +8,11 @@ from keras import ops
 
 from gptlite.errors import ConfigError, InputError
 from gptlite.layers import EncoderBlock, TokenAndPositionEmbedding, TransformerBlock, register
+from gptlite.settings import GPTConfig
 
 
 # Stored in every saved model; raised when the saved form changes incompatibly.
 FORMAT_VERSION = 1
-
-
-@dataclasses.dataclass(frozen=True)
-class GPTConfig:
-    """The shape of a GPT, or of a Seq2Seq. Defaults are the `cpu` training preset."""
-
-    vocab_size: int = 256  # number of token ids; set from the tokenizer
-    n_layer: int = 4  # transformer blocks
-    n_head: int = 4  # attention heads per block
-    n_embd: int = 128  # model width C; must divide by n_head
-    block_size: int = 64  # longest context the model sees
-    dropout: float = 0.0  # on embeddings and residual branches
-    attention_dropout: float = 0.0  # on attention weights; above 0, training cannot use fused attention
-    bias: bool = False  # biases in Dense and LayerNorm layers
-    tie_weights: bool = True  # LM head reuses the token embedding matrix
-    position: str = "learned"  # "learned" or "sinusoidal"
-
-    def __post_init__(self):
-        for name in ("vocab_size", "n_layer", "n_head", "n_embd", "block_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive whole number, got {value!r}")
-        if self.n_embd % self.n_head != 0:
-            raise ConfigError(
-                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); "
-                f"try n_head {_divisors_near(self.n_embd, self.n_head)}"
-            )
-        for name in ("dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
-        if self.position not in ("learned", "sinusoidal"):
-            raise ConfigError(f"position must be 'learned' or 'sinusoidal', got {self.position!r}")
-
-
-def _divisors_near(width, heads):
-    divisors = [d for d in range(1, width + 1) if width % d == 0]
-    closest = sorted(divisors, key=lambda d: (abs(d - heads), d))[:2]
-    return " or ".join(str(d) for d in sorted(closest))
 
 
 class _Transformer(keras.Model):

@@ -6,10 +6,11 @@ import dataclasses
 import keras
 import numpy as np
 
-from gptlite import data
 from gptlite.errors import InputError
+from gptlite.files import read_text
+from gptlite.settings import SYNTHETIC_MAX_ITERS
 
-SYNTHETIC_TASKS = ("addition", "reverse", "sort")
+SYNTHETIC_TASKS = tuple(SYNTHETIC_MAX_ITERS)
 SYNTHETIC_TRAIN_PAIRS = 200_000
 HELD_OUT_PAIRS = 1_000  # a synthetic task's held-out set; also the most pairs exact match is measured on
 VALIDATION_FRACTION = 0.1  # of a file's pairs, held out
@@ -41,7 +42,7 @@ def read_pairs(path, encoding="utf-8", errors="strict"):
 
     A line without exactly one tab, or with an empty side, is refused with its number.
     """
-    text = data.read_text(path, encoding, errors)
+    text = read_text(path, encoding, errors)
     sources, targets, lines = [], [], []
     for number, line in enumerate(text.split("\n"), start=1):
         line = line.removesuffix("\r")
@@ -189,7 +190,7 @@ def encode(pairs, tokenizer, block_size):
             side, length = ("source", len(source)) if len(source) > block_size else ("target", len(target))
             raise InputError(f"{pairs.where(index)}: the {side} is {length} tokens long; block size {block_size} "
                              f"holds sources of up to {block_size} and targets of up to {block_size - 1}; "
-                             f"raise --block-size or leave it out to fit the longest pair")
+                             f"raise `block_size` or leave it unset to fit the longest pair")
         source_ids[index, :len(source)] = source
         target_ids[index, 0] = tokenizer.start_token_id
         target_ids[index, 1:len(target) + 1] = target

@@ -1,6 +1,5 @@
-"""Writing and reading `model.keras` files, and writing any file so a crash cannot break it."""
+"""Writing and reading `model.keras` files; exporting a model as a TensorFlow SavedModel."""
 
-import contextlib
 import os
 import pathlib
 import tempfile
@@ -9,37 +8,8 @@ import zipfile
 import keras
 
 from gptlite.errors import ConfigError, InputError, MissingFileError, RunExistsError
+from gptlite.files import atomic_path
 from gptlite.model import GPT, Seq2Seq
-
-
-@contextlib.contextmanager
-def atomic_path(path):
-    """Yield a temporary path beside `path`; on success it replaces `path` in one rename.
-
-    A crash part-way leaves the earlier file untouched, never a half-written one.
-    The temporary name keeps the final suffixes (".weights.h5"), since Keras checks them.
-    """
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    suffixes = "".join(path.suffixes)
-    stem = path.name[: len(path.name) - len(suffixes)]
-    handle, temporary = tempfile.mkstemp(prefix=f".{stem}.", suffix=suffixes, dir=path.parent)
-    os.close(handle)
-    os.chmod(temporary, 0o666 & ~_current_umask())  # mkstemp makes it owner-only
-    try:
-        yield pathlib.Path(temporary)
-        with open(temporary, "rb") as written:
-            os.fsync(written.fileno())
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-
-
-def _current_umask():
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def save(model, path):
@@ -92,7 +62,7 @@ def export_saved_model(model, directory):
         raise ConfigError(f"only a GPT exports as a SavedModel for now, not a {type(model).__name__}")
     directory = pathlib.Path(directory)
     if directory.exists():
-        raise RunExistsError(f"{directory} already exists; choose another --out")
+        raise RunExistsError(f"{directory} already exists; choose another folder")
     directory.parent.mkdir(parents=True, exist_ok=True)
     options = {}
     if keras.backend.backend() == "jax":

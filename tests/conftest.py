@@ -112,7 +112,7 @@ def reverser_run(seq2seq_tokenizer, tmp_path_factory):
     """
     import keras
 
-    from gptlite import pairs, training
+    from gptlite import pairs, pipeline, training
 
     keras.utils.set_random_seed(0)
     model = gptlite.Seq2Seq(vocab_size=seq2seq_tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=32,
@@ -122,7 +122,8 @@ def reverser_run(seq2seq_tokenizer, tmp_path_factory):
     train_set = pairs.encode(reversal_pairs(4000, seed=1), seq2seq_tokenizer, 8)
     held_out = pairs.encode(reversal_pairs(200, seed=2), seq2seq_tokenizer, 8)
     out = tmp_path_factory.mktemp("reverser")
-    rows = training.train(model, train_set, held_out, config, out, verbose=0)
+    metrics = {"exact_match": lambda trained: pipeline.exact_match(trained, held_out.pairs)}
+    rows = training.train(model, train_set, held_out, config, out, verbose=0, metrics=metrics)
     return model, rows, out, held_out
 
 
@@ -130,3 +131,10 @@ def reverser_run(seq2seq_tokenizer, tmp_path_factory):
 def reverser(reverser_run):
     """The trained reverser: mostly right, not always."""
     return reverser_run[0]
+
+
+def pytest_collection_modifyitems(items):
+    """A test of a run trained through the command line is slow: `-m "not slow"` leaves it out."""
+    for item in items:
+        if "trained_run" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)

@@ -81,7 +81,7 @@ def test_existing_model_is_not_overwritten(trained_run):
 @ONCE
 @pytest.mark.parametrize("args,message", [
     (["train.py", "no/such/file.txt"], "no such file: no/such/file.txt"),
-    (["train.py", "--n-embd", "30", "--n-head", "4"], "n_embd (30) must be divisible by n_head (4)"),
+    (["train.py", "--n-embd", "30", "--n-head", "4"], "--n-embd (30) must be divisible by --n-head (4)"),
     (["generate.py", "--model", "no/such/model.keras"], "no such model file"),
 ])
 def test_user_mistakes_give_one_line_and_exit_status_2(args, message):
@@ -112,6 +112,7 @@ def test_in_process_errors_for_bad_flags(capsys, tmp_path, trained_run):
     assert capsys.readouterr().err.count("\n") == 1
 
 
+@pytest.mark.slow
 @ONCE
 def test_sigterm_saves_a_checkpoint_and_resume_finishes_the_run(tmp_path):
     import signal
@@ -154,13 +155,13 @@ def test_resume_refusals(capsys, trained_run):
     _, text_file, out = trained_run
     base = [str(text_file), "--out", str(out)]
     assert train_main([*base, "--resume", "--n-embd", "64"]) == 2
-    assert "n_embd is 32 in the checkpoint, 64 here" in capsys.readouterr().err
+    assert "--n-embd is 32 in the checkpoint, 64 here" in capsys.readouterr().err
     assert train_main([*base, "--resume"]) == 2
-    assert "already done its 30 steps; pass a larger --max-iters" in capsys.readouterr().err
+    assert "already done its 30 steps; set a larger --max-iters" in capsys.readouterr().err
     assert train_main([*base, "--resume", "--overwrite"]) == 2
     assert "choose one" in capsys.readouterr().err
     assert train_main([*base, "--resume", "--max-iters", "40", "--precision", "bf16"]) == 2
-    assert "precision is fp32 in the checkpoint, bf16 here" in capsys.readouterr().err
+    assert "--precision is fp32 in the checkpoint, bf16 here" in capsys.readouterr().err
 
 
 def test_text_problems_are_explained(capsys, tmp_path):
@@ -185,7 +186,7 @@ def test_unknown_prompt_characters_can_be_skipped_or_replaced(capsys, trained_ru
     assert generate_main([*common, "--prompt", "the CAT", "--unknown", "skip"]) == 0
     assert capsys.readouterr().out.startswith("the CAT")
     assert generate_main([*common, "--prompt", "the CAT", "--unknown", "error"]) == 2
-    assert "--unknown skip or replace" in capsys.readouterr().err
+    assert "--unknown skip or --unknown replace" in capsys.readouterr().err
 
 
 def test_stop_flag_ends_the_printed_text(capsys, trained_run):
@@ -244,6 +245,7 @@ def test_export_under_torch_says_which_backend_to_use(capsys, tmp_path, tiny_mod
     assert not (tmp_path / "exported").exists()
 
 
+@pytest.mark.slow
 @ONCE
 def test_bpe_on_several_files_trains_and_its_model_generates(tmp_path):
     import math
@@ -273,6 +275,7 @@ def test_bpe_on_several_files_trains_and_its_model_generates(tmp_path):
 OTHER_BACKEND = "jax" if keras.backend.backend() != "jax" else "tensorflow"
 
 
+@pytest.mark.slow
 @ONCE
 @pytest.mark.skipif(importlib.util.find_spec(OTHER_BACKEND) is None, reason=f"{OTHER_BACKEND} is not installed")
 def test_backend_and_precision_flags_take_effect(tmp_path):
@@ -287,15 +290,27 @@ def test_backend_and_precision_flags_take_effect(tmp_path):
 
 
 def test_a_backend_that_is_not_installed_is_named_with_its_install_command(monkeypatch):
-    import gptlite_launch
+    from gptlite import cli
 
     monkeypatch.setenv("KERAS_BACKEND", keras.backend.backend())
-    monkeypatch.setattr(gptlite_launch.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(SystemExit) as exit_info:
-        gptlite_launch.choose_backend("gptlite-train", ["data.txt", "--backend", "jax"])
+        cli.choose_backend("gptlite-train", ["data.txt", "--backend", "jax"])
     assert str(exit_info.value) == ("gptlite-train: error: --backend jax needs jax installed "
                                     "(pip install \"gptlite[jax]\", or pip install -e \".[jax]\" in a checkout)")
     assert os.environ["KERAS_BACKEND"] == keras.backend.backend()
+
+
+@ONCE
+@pytest.mark.skipif(importlib.util.find_spec(OTHER_BACKEND) is None, reason=f"{OTHER_BACKEND} is not installed")
+def test_the_cli_module_runs_on_the_backend_its_flag_names(tmp_path, tiny_model):
+    import gptlite
+
+    gptlite.save(tiny_model, tmp_path / "model.keras")
+    result = run_python("-m", "gptlite.cli", "inspect", str(tmp_path / "model.keras"), "--prompt", "the",
+                        "--positions", str(tmp_path / "positions.png"), "--backend", OTHER_BACKEND, "--json")
+    assert result.returncode == 0, result.stderr
+    assert "next" in result.stdout and (tmp_path / "positions.png").exists()
 
 
 def test_a_backend_flag_after_keras_is_running_is_refused(capsys):
@@ -316,6 +331,7 @@ def reversal_file(path, count=2000, seed=0):
     return path
 
 
+@pytest.mark.slow
 @ONCE
 def test_seq2seq_trains_on_a_tsv_file_and_decodes_sources(tmp_path):
     pairs_file = reversal_file(tmp_path / "pairs.tsv")
@@ -368,6 +384,7 @@ def test_seq2seq_flag_mistakes_get_one_line(tmp_path, capsys, flags, message):
 def test_a_synthetic_task_trains_for_its_own_steps_unless_told(tmp_path, capsys, monkeypatch):
     from gptlite import training
     from gptlite.cli import train_main
+    from gptlite.settings import PRESETS, SYNTHETIC_MAX_ITERS
 
     steps = []
 
@@ -380,7 +397,7 @@ def test_a_synthetic_task_trains_for_its_own_steps_unless_told(tmp_path, capsys,
                   ["--synthetic", "sort", "--preset", "tiny"]):
         assert train_main([*flags, "--out", str(tmp_path / "run")]) == 2
         assert "stopped before training" in capsys.readouterr().err
-    assert steps == [training.SYNTHETIC_MAX_ITERS["reverse"], 700, training.PRESETS["tiny"]["max_iters"]]
+    assert steps == [SYNTHETIC_MAX_ITERS["reverse"], 700, PRESETS["tiny"]["max_iters"]]
 
 
 @ONCE
@@ -458,7 +475,7 @@ def test_generate_draws_a_seq2seq_models_attention(capsys, tmp_path, reverser):
 def test_inspect_prints_candidates_and_attention_per_position(capsys, tmp_path, trained_run):
     import json
 
-    from gptlite_launch import main
+    from gptlite.cli import main
 
     model = str(trained_run[2] / "model.keras")
     assert main(["inspect", model, "--prompt", "the cat", "--top", "2"]) == 0

@@ -5,21 +5,6 @@ import gptlite
 from gptlite import data
 
 
-def test_read_text_errors_say_what_is_wrong(tmp_path):
-    with pytest.raises(gptlite.MissingFileError, match="no such file"):
-        data.read_text(tmp_path / "absent.txt")
-    with pytest.raises(gptlite.InputError, match="is a folder"):
-        data.read_text(tmp_path)
-    blank = tmp_path / "blank.txt"
-    blank.write_text(" \n\t\n")
-    with pytest.raises(gptlite.InputError, match="no text"):
-        data.read_text(blank)
-    latin1 = tmp_path / "latin1.txt"
-    latin1.write_bytes("first line\ncaf\xe9\n".encode("latin-1"))
-    with pytest.raises(gptlite.InputError, match=r"not valid utf-8: byte 14 \(line 2\)"):
-        data.read_text(latin1)
-
-
 def test_split_keeps_the_last_tenth_for_validation():
     train, validation = data.split(np.arange(100))
     np.testing.assert_array_equal(train, np.arange(90))
@@ -29,7 +14,7 @@ def test_split_keeps_the_last_tenth_for_validation():
 def test_too_short_text_names_a_block_size_that_fits():
     train, validation = data.split(np.arange(100))
     data.check_enough_tokens(train, validation, block_size=9)
-    with pytest.raises(gptlite.InputError, match="--block-size 9 or less"):
+    with pytest.raises(gptlite.InputError, match="`block_size=9` or less"):
         data.check_enough_tokens(train, validation, block_size=10)
 
 

@@ -125,21 +125,6 @@ def test_top_p_only_emits_tokens_of_the_nucleus(fluent_model):
     assert firsts <= nucleus
 
 
-def test_sampler_filters_without_a_model():
-    from gptlite.generation import sample_next_token
-
-    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]] * 2000, dtype="float32"))
-    noise = np.random.default_rng(0).random(logits.shape).astype("float32")
-    draw = lambda t, k, p: keras.ops.convert_to_numpy(
-        sample_next_token(logits, np.array([t, k, p], "float32"), noise))
-    assert set(draw(0.0, 4, 1.0)) == {0}
-    assert set(draw(1.0, 2, 1.0)) == {0, 1}
-    assert set(draw(1.0, 4, 0.7)) == {0, 1}  # 0.5 alone is short of 0.7; 0.5 + 0.3 reaches it
-    assert set(draw(1.0, 4, 0.5)) == {0}
-    counts = np.bincount(draw(1.0, 4, 1.0), minlength=4) / 2000
-    np.testing.assert_allclose(counts, [0.5, 0.3, 0.15, 0.05], atol=0.04)
-
-
 def test_top_p_outside_its_range_is_refused(fluent_model):
     for top_p in (0.0, 1.5):
         with pytest.raises(gptlite.ConfigError, match="top_p"):
@@ -166,14 +151,6 @@ def test_stop_string_ends_the_text_before_it_streamed_or_not(fluent_model):
     streamed = list(gptlite.stream(fluent_model, "the", max_new_tokens=80, temperature=0, stop=stop))
     assert "the" + "".join(streamed) == expected
     assert all(stop not in piece for piece in streamed)
-
-
-def test_held_back_text_is_released_unless_it_completes_a_stop():
-    from gptlite.generation import _cut_at_stop
-
-    pieces = iter(["ab", "c", "EN", "Dx", "y"])
-    assert "".join(_cut_at_stop(pieces, ["END"])) == "abc"
-    assert "".join(_cut_at_stop(iter(["a", "E", "N", "b"]), ["END"])) == "aENb"  # a near miss is released
 
 
 def test_stop_in_a_batch_stops_each_row(fluent_model):
@@ -253,11 +230,11 @@ def test_slides_outside_the_window_are_refused(fluent_model, slide):
 
 @pytest.mark.skipif(keras.backend.backend() == "torch", reason="torch runs the decode functions eagerly")
 def test_prompt_length_settings_and_seed_never_recompile(fluent_model):
-    from gptlite.generation import _decoder_for
+    from gptlite.decoding import decoder_for
 
     gptlite.generate(fluent_model, "the", 20, seed=0)  # traced for one row, if no test has yet
-    decoder = _decoder_for(fluent_model)
-    functions = [decoder.sample_prefill] + [decoder.loop("sample", kind, slide=1) for kind in ("cached", "recompute")]
+    decoder = decoder_for(fluent_model)
+    functions = [decoder.prefill["sample"]] + [decoder.loop("sample", kind, slide=1) for kind in ("cached", "recompute")]
     traces = [f.traces for f in functions]
     assert min(traces) >= 1
     for prompt, temperature, top_k, top_p, seed, new_tokens in [
@@ -267,17 +244,6 @@ def test_prompt_length_settings_and_seed_never_recompile(fluent_model):
         gptlite.generate(fluent_model, prompt, new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                          seed=seed)
     assert [f.traces for f in functions] == traces
-
-
-def test_calls_change_loop_where_the_window_fills():
-    from gptlite.generation import CACHED, RECOMPUTE, RECOMPUTE_THEN_CACHED, _plan_calls
-
-    # A 3-token prompt, block 16: tokens 1..13 come from the cache, then every token recomputes the window.
-    assert _plan_calls([3], 16, 40, use_cache=True, slide=1) == [(1, 8, CACHED), (9, 5, CACHED), (14, 26, RECOMPUTE)]
-    assert _plan_calls([3], 16, 40, use_cache=False, slide=1) == [(1, 8, RECOMPUTE), (9, 31, RECOMPUTE)]
-    # Moving 8 at a time: one recomputation, then 7 tokens from the cache, in one call.
-    assert _plan_calls([16], 16, 20, use_cache=True, slide=8) == [
-        (1, 8, RECOMPUTE_THEN_CACHED), (9, 8, RECOMPUTE_THEN_CACHED), (17, 3, RECOMPUTE_THEN_CACHED)]
 
 
 def test_a_model_that_generated_can_still_be_freed(tokenizer):
@@ -291,21 +257,6 @@ def test_a_model_that_generated_can_still_be_freed(tokenizer):
     del model
     gc.collect()
     assert alive() is None
-
-
-def test_tokens_that_split_a_character_wait_for_the_rest():
-    from gptlite.generation import _text_pieces
-    from gptlite.tokenizers import BPETokenizer
-
-    bpe = BPETokenizer.train(["the cat sat on the mat\n"] * 10, 270)
-    ids = bpe.encode("a 🙂 é")
-    assert len(ids) > len("a 🙂 é")  # the emoji and the accent take a token per byte
-    # Decoded a token at a time, the emoji would come out as four U+FFFD.
-    assert "".join(_text_pieces(bpe, ids)) == "a 🙂 é"
-
-    model = gptlite.GPT(vocab_size=bpe.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=16, tokenizer=bpe)
-    streamed = "".join(gptlite.stream(model, "the 🙂", max_new_tokens=40, seed=3))
-    assert "the 🙂" + streamed == gptlite.generate(model, "the 🙂", max_new_tokens=40, seed=3)
 
 
 # --- seq2seq
@@ -390,3 +341,12 @@ def test_seq2seq_bad_sources_and_models_are_refused(reverser, tiny_model):
     assert gptlite.generate_target(reverser, "axbz", unknown="skip") == gptlite.generate_target(reverser, "ab")
     with pytest.raises(gptlite.ConfigError, match="Seq2Seq"):
         gptlite.generate_target(tiny_model, "abc")
+
+
+def test_a_stream_of_split_characters_equals_the_generated_text():
+    from gptlite.tokenizers import BPETokenizer
+
+    bpe = BPETokenizer.train(["the cat sat on the mat\n"] * 10, 270)
+    model = gptlite.GPT(vocab_size=bpe.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=16, tokenizer=bpe)
+    streamed = "".join(gptlite.stream(model, "the 🙂", max_new_tokens=40, seed=3))
+    assert "the 🙂" + streamed == gptlite.generate(model, "the 🙂", max_new_tokens=40, seed=3)

@@ -13,19 +13,8 @@ import pytest
 
 import gptlite
 from gptlite import saving
-from gptlite_launch import BACKENDS
+from gptlite.cli import BACKENDS
 from conftest import REPO
-
-
-def test_atomic_path_leaves_the_old_file_when_writing_fails(tmp_path):
-    target = tmp_path / "history.csv"
-    target.write_text("old")
-    with pytest.raises(RuntimeError):
-        with saving.atomic_path(target) as temporary:
-            temporary.write_text("half")
-            raise RuntimeError("crash while writing")
-    assert target.read_text() == "old"
-    assert list(tmp_path.iterdir()) == [target]  # no temporary left behind
 
 
 def test_model_from_a_newer_gptlite_is_refused(tmp_path, tiny_model):

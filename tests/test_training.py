@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import gptlite
-from gptlite import data, pairs, training
+from gptlite import checkpoints, data, distribute, pairs, pipeline, training
+from gptlite.settings import dtype_policy
 from conftest import REPO
 
 
@@ -43,7 +44,7 @@ def test_16_bit_precision_trains_about_as_well_as_fp32(tmp_path, text, tokenizer
         pytest.skip("XLA on a CPU has no float16 matmuls; test_fp16_under_jax_on_a_cpu_is_refused checks the message")
     keras.utils.set_random_seed(0)
     model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=2, n_head=2, n_embd=32, block_size=16,
-                        tokenizer=tokenizer, dtype=training.dtype_policy(precision))
+                        tokenizer=tokenizer, dtype=dtype_policy(precision))
     train_ids, validation_ids = data.split(tokenizer.encode(text))
     config = gptlite.TrainingConfig(batch_size=16, max_iters=130, lr=3e-3, min_lr=3e-4, warmup_iters=10,
                                     eval_interval=40, eval_iters=4, seed=0, precision=precision)
@@ -62,7 +63,7 @@ def test_16_bit_precision_trains_about_as_well_as_fp32(tmp_path, text, tokenizer
 @pytest.mark.skipif(keras.backend.backend() != "jax", reason="the refusal is JAX's")
 def test_fp16_under_jax_on_a_cpu_is_refused(tmp_path, tokenizer):
     model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=1, n_embd=8, block_size=8,
-                        dtype=training.dtype_policy("fp16"))
+                        dtype=dtype_policy("fp16"))
     ids = np.zeros(100, np.uint16)
     with pytest.raises(gptlite.ConfigError, match="fp16 under jax needs a GPU"):
         training.train(model, ids, ids, gptlite.TrainingConfig(precision="fp16"), tmp_path, verbose=0)
@@ -133,26 +134,6 @@ def test_training_config_rejects_impossible_values(settings, field):
         gptlite.TrainingConfig(**settings)
 
 
-def test_presets_are_valid_and_cpu_has_the_reference_shape_and_length():
-    for values in training.PRESETS.values():
-        model_settings, training_settings = training.split_settings(values)
-        gptlite.GPTConfig(**model_settings)
-        gptlite.TrainingConfig(**training_settings)
-    cpu = training.PRESETS["cpu"]
-    assert (cpu["n_layer"], cpu["n_head"], cpu["n_embd"], cpu["block_size"], cpu["batch_size"],
-            cpu["max_iters"], cpu["min_lr"]) == (4, 4, 128, 64, 12, 2000, 1e-4)
-
-
-def test_each_synthetic_task_trains_the_seq2seq_preset_for_its_own_steps():
-    assert set(training.SYNTHETIC_MAX_ITERS) == set(pairs.SYNTHETIC_TASKS)
-    assert training.default_settings() == training.PRESETS["cpu"]
-    assert training.default_settings(seq2seq=True) == training.PRESETS["seq2seq"]
-    for task, steps in training.SYNTHETIC_MAX_ITERS.items():
-        settings = training.default_settings(seq2seq=True, synthetic=task)
-        assert settings == {**training.PRESETS["seq2seq"], "max_iters": steps}
-        gptlite.TrainingConfig(**training.split_settings(settings)[1])
-
-
 class StopAtStep:
     """A stop request that comes, as from Ctrl-C, once the optimizer reaches `step`."""
 
@@ -198,7 +179,7 @@ def test_interrupted_and_resumed_run_matches_an_uninterrupted_one(tmp_path, toke
     model.build((None, 16))
     with pytest.raises(gptlite.TrainingInterrupted, match="stopped at step 27 of 60"):
         small_run(tokenizer, text, tmp_path, stop_request=StopAtStep(model, 27), model=model)
-    assert training.read_checkpoint(tmp_path)["step"] == 27
+    assert checkpoints.read_checkpoint(tmp_path)["step"] == 27
 
     # A fresh model, as in a new process: everything comes from the checkpoint.
     _, resumed = small_run(tokenizer, text, tmp_path, resume=True)
@@ -211,7 +192,7 @@ def test_interrupted_and_resumed_run_matches_an_uninterrupted_one(tmp_path, toke
 
 def test_resume_without_a_checkpoint_is_refused(tmp_path):
     with pytest.raises(gptlite.InputError, match="no checkpoint to resume"):
-        training.read_checkpoint(tmp_path)
+        checkpoints.read_checkpoint(tmp_path)
 
 
 def test_nan_loss_stops_training_and_keeps_the_last_good_model(tmp_path, tokenizer, text):
@@ -270,6 +251,7 @@ def text_file(tmp_path_factory, text):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(keras.backend.backend() == "torch", reason="--distribute runs on tensorflow and jax")
 def test_two_devices_take_the_same_steps_as_one(tmp_path, text_file, tokenizer):
     # Side by side: most of each run is starting Python and Keras, which takes one core.
@@ -291,6 +273,7 @@ def test_two_devices_take_the_same_steps_as_one(tmp_path, text_file, tokenizer):
 
 
 # Its processes run JAX whatever the suite's backend: once, in the JAX suite, is enough.
+@pytest.mark.slow
 @pytest.mark.skipif(keras.backend.backend() != "jax", reason="runs in the jax suite (tests/run_backends.sh jax)")
 def test_two_jax_processes_train_as_one(tmp_path, text_file):
     import socket
@@ -320,14 +303,14 @@ def test_two_jax_processes_train_as_one(tmp_path, text_file):
 
 def test_a_batch_that_does_not_split_evenly_is_refused():
     with pytest.raises(gptlite.ConfigError, match="does not split evenly across 3 devices"):
-        training._check_split(8, 3)
-    training._check_split(8, 2)
+        distribute.check_split(8, 3)
+    distribute.check_split(8, 2)
 
 
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="only torch has no data-parallel engine here")
 def test_distributing_under_torch_says_which_backends_can():
     with pytest.raises(gptlite.ConfigError, match="tensorflow or jax"):
-        with training.data_parallel(8):
+        with distribute.data_parallel(8):
             pass
 
 
@@ -335,7 +318,7 @@ def test_distributing_under_torch_says_which_backends_can():
 def test_several_tensorflow_workers_are_refused_with_the_way_out(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}}')
     with pytest.raises(gptlite.ConfigError, match="jax backend"):
-        with training.data_parallel(8):
+        with distribute.data_parallel(8):
             pass
 
 
@@ -345,7 +328,7 @@ def test_a_tiny_seq2seq_run_learns_to_reverse_short_strings(reverser_run):
     # Chance is about 5^-4 for a whole string; padded target positions do not count towards the loss.
     assert [row["step"] for row in rows] == [150, 300]
     assert rows[-1]["exact_match"] > 0.5 and rows[-1]["val_loss"] < rows[0]["val_loss"]
-    assert rows[-1]["exact_match"] == training.exact_match(model, held_out)
+    assert rows[-1]["exact_match"] == pipeline.exact_match(model, held_out.pairs)
     with open(out / "history.csv") as file:
         assert float(list(csv.DictReader(file))[-1]["exact_match"]) == rows[-1]["exact_match"]
     saved = gptlite.load(out / "model.keras")

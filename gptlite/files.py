@@ -1,0 +1,75 @@
+"""Files: writing any file so that a crash cannot break it, and reading text files.
+
+Nothing here imports Keras, so every other module may use it.
+"""
+
+import contextlib
+import os
+import pathlib
+import tempfile
+
+from gptlite.errors import InputError, MissingFileError
+
+
+@contextlib.contextmanager
+def atomic_path(path):
+    """Yield a temporary path beside `path`; on success it replaces `path` in one rename.
+
+    A crash part-way leaves the earlier file untouched, never a half-written one.
+    The temporary name keeps the final suffixes (".weights.h5"), since Keras checks them.
+    """
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    suffixes = "".join(path.suffixes)
+    stem = path.name[: len(path.name) - len(suffixes)]
+    handle, temporary = tempfile.mkstemp(prefix=f".{stem}.", suffix=suffixes, dir=path.parent)
+    os.close(handle)
+    os.chmod(temporary, 0o666 & ~_current_umask())  # mkstemp makes it owner-only
+    try:
+        yield pathlib.Path(temporary)
+        with open(temporary, "rb") as written:
+            os.fsync(written.fileno())
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+
+
+def _current_umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def not_decodable(path, encoding, raw, offset, line):
+    """The InputError for a byte at `offset` (line `line`) of `path` that `encoding` cannot decode."""
+    return InputError(
+        f"{path} is not valid {encoding}: byte {offset} (line {line}) is {raw!r}; convert the file to "
+        f"{encoding}, name its encoding in `encoding`, or set `errors='replace'`"
+    )
+
+
+def read_text(path, encoding="utf-8", errors="strict"):
+    """The whole file as a string, or a `GPTLiteError` that says what is wrong with it.
+
+    `errors="replace"` decodes bad bytes as U+FFFD instead of refusing the file.
+    """
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise MissingFileError(f"no such file: {path}")
+    if path.is_dir():
+        raise InputError(f"{path} is a folder; give a text file")
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise InputError(f"cannot read {path}: {error.strerror}") from None
+    try:
+        text = raw.decode(encoding, errors)
+    except UnicodeDecodeError as error:
+        line = raw.count(b"\n", 0, error.start) + 1
+        raise not_decodable(path, encoding, raw[error.start:error.start + 1], error.start, line) from None
+    except LookupError:
+        raise InputError(f"unknown text encoding {encoding!r}") from None
+    if not text.strip():
+        raise InputError(f"{path} has no text in it")
+    return text

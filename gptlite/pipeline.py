@@ -1,0 +1,259 @@
+"""A whole training run, as `train.py` does it: text files in, a trained model and its files out.
+
+    import gptlite
+    run = gptlite.train_on_text(["my_text.txt"], "runs/mine", {"max_iters": 500})
+    print(gptlite.generate(run.model, "ROMEO:", max_new_tokens=100))
+
+`train_on_text` chooses and fits the tokenizer, builds the model (or reads it
+from the checkpoint it resumes), encodes the text once into a token file read
+through a memory map, and trains, writing `model.keras`, `history.csv`,
+`loss.png` and checkpoints to its folder. The same call trains a Seq2Seq
+(`task="seq2seq"`) on a file of source<TAB>target lines or a synthetic task.
+"""
+
+import contextlib
+import dataclasses
+import pathlib
+import sys
+import tempfile
+
+import keras
+import numpy as np
+
+from gptlite import data, generation, pairs, training
+from gptlite.checkpoints import CHECKPOINT_STATE, CHECKPOINT_WEIGHTS, read_checkpoint
+from gptlite.distribute import data_parallel
+from gptlite.errors import ConfigError, InputError, RunExistsError
+from gptlite.model import GPT, Seq2Seq
+from gptlite.settings import GPTConfig, TrainingConfig, dtype_policy, resolve_settings, split_settings
+from gptlite.tokenizers import BPETokenizer, CharTokenizer
+
+TASKS = ("lm", "seq2seq")
+TOKENIZERS = ("char", "bpe")
+DEFAULT_BPE_VOCABULARY = 4096
+
+
+@dataclasses.dataclass
+class TrainedRun:
+    """What `train_on_text` returns."""
+
+    model: keras.Model  # the GPT or Seq2Seq with the last step's weights (model.keras holds the best)
+    history: list  # one dict per evaluation: step, train_loss, val_loss, learning_rate, elapsed_s, ...
+    out_dir: pathlib.Path
+    training_config: TrainingConfig  # the settings it trained with
+    held_out: pairs.Pairs = None  # a Seq2Seq's held-out pairs
+
+    @property
+    def best(self):
+        """The evaluation with the lowest validation loss: the model that model.keras holds."""
+        return min(self.history, key=lambda row: row["val_loss"])
+
+
+def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task=None, synthetic=None,
+                  tokenizer="char", vocab_size=None, encoding="utf-8", errors="strict", distribute=False,
+                  resume=False, overwrite=False, verbose=1):
+    """Train a model on the text of `sources` and write it to `out_dir`; a `TrainedRun`.
+
+    sources: text files or folders of them (a folder's files in sorted path
+        order), read in pieces so that no file has to fit in memory; none:
+        about 2 MB of the Python standard library's sources. For
+        task="seq2seq", one file of source<TAB>target lines.
+    settings: a dict of `GPTConfig` and `TrainingConfig` fields that override
+        the preset's (`{"max_iters": 500, "n_layer": 2}`).
+    preset: "cpu" (the default for a GPT), "gpu", "tiny" or "seq2seq".
+    task: "lm" for a GPT (the default), "seq2seq" for an encoder-decoder; `synthetic`
+        ("addition", "reverse" or "sort") trains a Seq2Seq on a built-in task.
+    tokenizer: "char" or "bpe" (a byte-level BPE vocabulary of `vocab_size`
+        tokens, learned from the text).
+    encoding, errors: how the files are decoded (errors="replace" turns bad
+        bytes into U+FFFD).
+    distribute: train data-parallel over every local device (or the hosts
+        that the KERAS_DISTRIBUTION_* variables name, under JAX).
+    resume: continue the run in `out_dir` from its checkpoint; overwrite:
+        replace the run there. Without either, a folder that holds a run is
+        refused and left as it is.
+    verbose: 0 prints nothing; 1 says what it trains and each evaluation.
+    """
+    out_dir = pathlib.Path(out_dir)
+    sources = [pathlib.Path(source) for source in ([sources] if isinstance(sources, (str, pathlib.Path))
+                                                   else sources)]
+    seq2seq = _is_seq2seq(task, synthetic)
+    if resume and overwrite:
+        raise ConfigError("`resume=True` and `overwrite=True` contradict each other; choose one")
+    if tokenizer not in TOKENIZERS:
+        raise ConfigError(f"tokenizer must be 'char' or 'bpe', got {tokenizer!r}")
+    checkpoint = read_checkpoint(out_dir) if resume else None
+    if checkpoint and (checkpoint.get("model_class", "GPT") == "Seq2Seq") != seq2seq:
+        saved_task = "lm" if seq2seq else "seq2seq"
+        raise ConfigError(f"the run in {out_dir} trains a {saved_task} model; resume it with `task='{saved_task}'`")
+    model_settings, training_settings = split_settings(
+        resolve_settings(preset, settings, checkpoint, seq2seq, synthetic))
+    training_config = TrainingConfig(**training_settings)
+    GPTConfig(**model_settings)  # fail on a bad shape before reading any text
+    if checkpoint and checkpoint["step"] >= training_config.max_iters:
+        raise InputError(f"the run in {out_dir} has already done its {checkpoint['step']} steps; "
+                         f"set a larger `max_iters` to train it further")
+    if vocab_size is not None and (tokenizer != "bpe" or checkpoint):
+        raise ConfigError("`vocab_size` sets the size of a new BPE vocabulary: it goes with `tokenizer='bpe'`, "
+                          "and not with `resume=True`")
+    if seq2seq:
+        _check_seq2seq_options(sources, synthetic, tokenizer, distribute)
+    if not resume:
+        _prepare_folder(out_dir, overwrite)
+
+    keras.utils.set_random_seed(training_config.seed)
+    say = print if verbose else (lambda *args, **kwargs: None)
+    if seq2seq:
+        return _train_seq2seq(sources, synthetic, encoding, errors, out_dir, checkpoint, model_settings,
+                              training_config, say, verbose)
+    if sources:
+        corpus = data.Corpus.from_files(sources, encoding, errors)
+    else:
+        corpus = data.Corpus.from_text(data.default_corpus(), "the Python standard library's sources")
+    with data_parallel(training_config.batch_size) if distribute else contextlib.nullcontext() as replicas:
+        model = _gpt(corpus, checkpoint, model_settings, training_config, tokenizer, vocab_size, say)
+        train_ids, validation_ids = _encode(corpus, model.tokenizer, out_dir, bool(checkpoint), model.config)
+        model.build((None, model.config.block_size))
+        config = model.config
+        kind = "characters" if isinstance(model.tokenizer, CharTokenizer) else "byte-level BPE tokens"
+        say(f"training on {corpus.name}: {len(train_ids) + len(validation_ids):,} tokens ({kind}, "
+            f"{model.tokenizer.vocabulary_size:,} in the vocabulary); {len(train_ids):,} train / "
+            f"{len(validation_ids):,} validation\n"
+            f"model: {config.n_layer} layers, {config.n_head} heads, width {config.n_embd}, "
+            f"context {config.block_size}, {model.count_params():,} parameters; "
+            f"{_backend_and_precision(training_config)}\n" + _schedule(training_config, checkpoint, replicas),
+            flush=True)
+        history = training.train(model, train_ids, validation_ids, training_config, out_dir, verbose=verbose,
+                                 resume=bool(checkpoint))
+    return TrainedRun(model, history, out_dir, training_config)
+
+
+def _is_seq2seq(task, synthetic):
+    if task not in (None, *TASKS):
+        raise ConfigError(f"task must be 'lm' or 'seq2seq', got {task!r}")
+    if synthetic is not None and synthetic not in pairs.SYNTHETIC_TASKS:
+        raise ConfigError(f"synthetic must be one of {', '.join(pairs.SYNTHETIC_TASKS)}, got {synthetic!r}")
+    if synthetic and task == "lm":
+        raise ConfigError("a `synthetic` task trains a seq2seq model; leave out `task='lm'`")
+    return task == "seq2seq" or synthetic is not None
+
+
+def _check_seq2seq_options(sources, synthetic, tokenizer, distribute):
+    if tokenizer != "char":
+        raise ConfigError("the seq2seq model reads characters; `tokenizer='bpe'` is for language models")
+    if distribute:
+        raise ConfigError("`distribute=True` trains language models only for now")
+    if synthetic and sources:
+        raise ConfigError(f"the synthetic {synthetic} task makes its own pairs; give no file")
+    if not synthetic and len(sources) != 1:
+        raise ConfigError("a seq2seq model trains on one file of source<TAB>target lines, or on a `synthetic` task")
+
+
+def _prepare_folder(out_dir, overwrite):
+    """Make `out_dir`, refusing one that holds a run unless told to replace it."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"`out_dir` {out_dir} is a file, not a folder")
+    existing = [out_dir / name for name in ("model.keras", CHECKPOINT_STATE) if (out_dir / name).exists()]
+    if existing and not overwrite:
+        raise RunExistsError(f"{existing[0]} already exists; set `resume=True` to continue that run, "
+                             f"`overwrite=True` to replace it, or choose another `out_dir`")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out_dir).close()
+    except OSError as error:
+        raise InputError(f"cannot write to `out_dir` {out_dir}: {error.strerror}") from None
+    if overwrite:
+        # The replaced run's checkpoint must not be resumed into the new one.
+        for name in (CHECKPOINT_STATE, CHECKPOINT_WEIGHTS):
+            (out_dir / name).unlink(missing_ok=True)
+
+
+def _gpt(corpus, checkpoint, model_settings, training_config, tokenizer, vocab_size, say):
+    """The GPT to train: the checkpoint's, or a new one with a tokenizer fitted to the corpus."""
+    if checkpoint:
+        return GPT.from_config(checkpoint["model_config"])
+    if tokenizer == "bpe":
+        vocab_size = vocab_size or DEFAULT_BPE_VOCABULARY
+        say(f"learning a {vocab_size:,}-token byte-level BPE vocabulary from {corpus.name} "
+            f"(a sample of up to {data.BPE_SAMPLE_BYTES // 2**20} MB)", flush=True)
+        fitted = BPETokenizer.train(corpus.sample(data.BPE_SAMPLE_BYTES), vocab_size, sys.stdout.isatty())
+    else:
+        fitted = CharTokenizer.from_texts(corpus.pieces())
+        if not fitted.vocabulary.strip():
+            raise InputError(f"{corpus.name} has no text in it")
+    return GPT.from_gpt_config(GPTConfig(vocab_size=fitted.vocabulary_size, **model_settings), fitted,
+                               dtype=dtype_policy(training_config.precision))
+
+
+def _encode(corpus, tokenizer, out_dir, resuming, config):
+    """(train ids, validation ids) of the corpus, encoded once into a token file in `out_dir`."""
+    try:
+        token_ids = data.encode_corpus(corpus, tokenizer, out_dir, sys.stdout.isatty())
+    except InputError as error:
+        if resuming and any(tokenizer.unknown_characters(piece) for piece in corpus.pieces()):
+            raise InputError(f"{error}: resume with the text the run started on") from None
+        raise
+    train_ids, validation_ids = data.split(token_ids)
+    data.check_enough_tokens(train_ids, validation_ids, config.block_size)
+    return train_ids, validation_ids
+
+
+def _train_seq2seq(sources, synthetic, encoding, errors, out_dir, checkpoint, model_settings, training_config,
+                   say, verbose):
+    """Read or make the pairs, make the model (new, or from the checkpoint) and train it.
+
+    The held-out pairs are chosen by the seed, so a resumed run holds out the same ones.
+    """
+    if synthetic:
+        train_pairs, held_out = pairs.synthetic(synthetic, training_config.seed)
+        name = f"the synthetic {synthetic} task"
+    else:
+        train_pairs, held_out = pairs.split(pairs.read_pairs(sources[0], encoding, errors), training_config.seed)
+        name = str(sources[0])
+    if checkpoint:
+        model = Seq2Seq.from_config(checkpoint["model_config"])
+        tokenizer, block_size = model.tokenizer, model.config.block_size
+    else:
+        texts = (text for part in (train_pairs, held_out) for text in part.sources + part.targets)
+        tokenizer = CharTokenizer.from_texts(texts, special_tokens=CharTokenizer.SPECIAL_TOKENS)
+        model_settings = dict(model_settings)
+        block_size = model_settings.pop("block_size", None) or pairs.block_size_needed(tokenizer, train_pairs,
+                                                                                       held_out)
+        model = Seq2Seq.from_gpt_config(
+            GPTConfig(vocab_size=tokenizer.vocabulary_size, block_size=block_size, **model_settings), tokenizer,
+            dtype=dtype_policy(training_config.precision))
+    train_set = pairs.encode(train_pairs, tokenizer, block_size)
+    held_out_set = pairs.encode(held_out, tokenizer, block_size)
+    model.build()
+    config = model.config
+    measured = held_out.subset(range(min(len(held_out), pairs.HELD_OUT_PAIRS)))
+    say(f"training on {name}: {len(train_pairs):,} pairs, {len(held_out):,} held out "
+        f"({tokenizer.vocabulary_size - len(tokenizer.special_tokens)} characters)\n"
+        f"model: seq2seq, encoder and decoder of {config.n_layer} layers each, {config.n_head} heads, width "
+        f"{config.n_embd}, sources and targets of up to {config.block_size} tokens, {model.count_params():,} "
+        f"parameters; {_backend_and_precision(training_config)}\n"
+        + _schedule(training_config, checkpoint, None)
+        + f"; exact match measured on {len(measured):,} held-out pairs", flush=True)
+    history = training.train(model, train_set, held_out_set, training_config, out_dir, verbose=verbose,
+                             resume=bool(checkpoint), metrics={"exact_match": lambda m: exact_match(m, measured)})
+    return TrainedRun(model, history, out_dir, training_config, held_out)
+
+
+def exact_match(model, held_out):
+    """The fraction of `held_out` pairs (`pairs.Pairs`) whose target a Seq2Seq decodes exactly, greedily."""
+    decoded = generation.generate_target(model, held_out.sources, temperature=0.0)
+    return float(np.mean([got == want for got, want in zip(decoded, held_out.targets)]))
+
+
+def _backend_and_precision(training_config):
+    return f"{keras.backend.backend()} backend, {training_config.precision}"
+
+
+def _schedule(training_config, checkpoint, replicas):
+    return (
+        (f"resuming at step {checkpoint['step']} of " if checkpoint else "")
+        + f"{training_config.max_iters} steps of batch {training_config.batch_size}"
+        + (f" split across {replicas} devices" if replicas else "") + "; "
+        f"validation loss every {training_config.eval_interval} steps, "
+        f"checkpoint every {training_config.checkpoint_interval}"
+    )

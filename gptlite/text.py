@@ -1,0 +1,108 @@
+"""Text on either side of the tokenizer: characters a vocabulary lacks, token ids
+turned back into whole characters, and stop strings."""
+
+from gptlite.errors import ConfigError, InputError
+
+UNKNOWN_CHOICES = ("error", "skip", "replace")
+
+
+def known_text(tokenizer, text, unknown, what):
+    """`text` with the characters the tokenizer lacks refused ("error"), left out ("skip") or spaces ("replace").
+
+    `what` names the text in the error ("prompt", "source").
+    """
+    if unknown not in UNKNOWN_CHOICES:
+        raise ConfigError(f"unknown must be 'error', 'skip' or 'replace', got {unknown!r}")
+    missing = tokenizer.unknown_characters(text)
+    if missing and unknown == "error":
+        raise InputError(
+            f"the {what} has characters the model never saw in training: {''.join(missing)!r} "
+            f"(`unknown='skip'` or `unknown='replace'` lets it run anyway)"
+        )
+    if missing:
+        replacement = " " if unknown == "replace" and not tokenizer.unknown_characters(" ") else ""
+        text = "".join(replacement if c in missing else c for c in text)
+    return text
+
+
+class TextBuilder:
+    """One row's text, built token by token.
+
+    A byte-level token may carry only part of a character's UTF-8 bytes;
+    decoded alone it gives U+FFFD. So tokens wait, up to the four bytes one
+    character can take, until together they decode to whole characters.
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.waiting = []
+
+    def add(self, token):
+        """Add a token id; return the text it completes ("" while waiting)."""
+        self.waiting.append(int(token))
+        piece = self.tokenizer.decode(self.waiting)
+        if piece.endswith("\ufffd") and len(self.waiting) < 4:
+            return ""
+        self.waiting = []
+        return piece
+
+    def finish(self):
+        """The rest of the text: any tokens still waiting, decoded as they are."""
+        rest = self.tokenizer.decode(self.waiting) if self.waiting else ""
+        self.waiting = []
+        return rest
+
+
+def stop_strings(stop):
+    """`stop` (a string, a list of them, or None) as a checked list."""
+    stops = [stop] if isinstance(stop, str) else list(stop or ())
+    if any(not isinstance(s, str) or not s for s in stops):
+        raise ConfigError(f"stop strings must be non-empty text, got {stop!r}")
+    return stops
+
+
+def first_stop(text, stops):
+    """Where the first stop string in `text` begins, or None."""
+    found = [index for index in (text.find(s) for s in stops) if index >= 0]
+    return min(found) if found else None
+
+
+class Continuation:
+    """One row's new text, token by token, ended by the tokenizer's end token or a stop string.
+
+    `add` returns the text that is certain: text that could be the start of
+    a stop string is held back until it is clear whether it is.
+    """
+
+    def __init__(self, tokenizer, stops):
+        self.builder = TextBuilder(tokenizer)
+        self.end_token = tokenizer.end_token_id
+        self.stops = stops
+        self.held = ""
+        self.ended = False
+
+    def add(self, token):
+        if self.ended:
+            return ""
+        if token == self.end_token:
+            return self.finish()
+        self.held += self.builder.add(token)
+        return self._release(final=False)
+
+    def finish(self):
+        """The rest of the text, at the end of decoding or at the end token."""
+        if self.ended:
+            return ""
+        self.held += self.builder.finish()
+        return self._release(final=True)
+
+    def _release(self, final):
+        end = first_stop(self.held, self.stops) if self.stops else None
+        if end is not None or final:
+            self.ended = True
+            released, self.held = self.held[:end], ""
+            return released
+        keep = max((k for s in self.stops for k in range(1, min(len(s), len(self.held) + 1))
+                    if self.held.endswith(s[:k])), default=0)
+        released, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
+        return released

@@ -1,0 +1,46 @@
+import pytest
+
+import gptlite
+from gptlite import pairs
+from gptlite.settings import PRESETS, SYNTHETIC_MAX_ITERS, default_settings, resolve_settings, split_settings
+
+
+def test_every_preset_is_a_valid_model_and_schedule():
+    for values in PRESETS.values():
+        model_settings, training_settings = split_settings(values)
+        gptlite.GPTConfig(**model_settings)
+        gptlite.TrainingConfig(**training_settings)
+
+
+def test_each_synthetic_task_trains_the_seq2seq_preset_for_its_own_steps():
+    assert set(SYNTHETIC_MAX_ITERS) == set(pairs.SYNTHETIC_TASKS)
+    assert default_settings() == PRESETS["cpu"]
+    assert default_settings(seq2seq=True) == PRESETS["seq2seq"]
+    for task, steps in SYNTHETIC_MAX_ITERS.items():
+        settings = default_settings(seq2seq=True, synthetic=task)
+        assert settings == {**PRESETS["seq2seq"], "max_iters": steps}
+        gptlite.TrainingConfig(**split_settings(settings)[1])
+
+
+def test_settings_come_from_the_defaults_then_the_preset_then_overrides():
+    assert resolve_settings() == PRESETS["cpu"]
+    tiny = resolve_settings("tiny", {"max_iters": 7, "lr": None})
+    assert tiny == {**PRESETS["tiny"], "max_iters": 7}  # None means: not given
+    assert resolve_settings(overrides={"n_layer": 1}, seq2seq=True, synthetic="reverse") == {
+        **PRESETS["seq2seq"], "max_iters": SYNTHETIC_MAX_ITERS["reverse"], "n_layer": 1}
+
+
+def test_unknown_settings_and_presets_are_named():
+    with pytest.raises(gptlite.ConfigError, match="unknown settings: max_iter "):
+        resolve_settings(overrides={"max_iter": 5})
+    with pytest.raises(gptlite.ConfigError, match="preset must be one of"):
+        resolve_settings("huge")
+
+
+def test_a_resumed_run_keeps_its_shape_and_precision_and_may_train_longer():
+    checkpoint = {"model_config": {**PRESETS["tiny"], "bias": False, "tie_weights": True, "position": "learned"},
+                  "training_config": {**split_settings(PRESETS["tiny"])[1], "precision": "fp32", "seed": 5}}
+    resumed = resolve_settings(overrides={"max_iters": 500}, checkpoint=checkpoint)
+    assert resumed["max_iters"] == 500 and resumed["seed"] == 5 and resumed["n_embd"] == PRESETS["tiny"]["n_embd"]
+    with pytest.raises(gptlite.ConfigError, match="`n_embd` is 32 in the checkpoint, 64 here; `precision` is fp32"):
+        resolve_settings(overrides={"n_embd": 64, "precision": "bf16"}, checkpoint=checkpoint)

@@ -1,0 +1,98 @@
+"""The package's shape: which modules may import which, and what library errors say."""
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+from conftest import REPO
+
+PACKAGE = REPO / "gptlite"
+# Each module and the gptlite modules it may import; `errors` may be imported by any.
+ALLOWED = {
+    "errors": set(),
+    "files": set(),
+    "settings": set(),
+    "text": set(),
+    "tokenizers": set(),
+    "layers": set(),
+    "model": {"layers", "settings"},
+    "data": {"tokenizers", "files"},
+    "pairs": {"files", "settings"},
+    "sampling": set(),
+    "decoding": {"model", "sampling"},
+    "generation": {"model", "decoding", "sampling", "text"},
+    "saving": {"model", "files"},
+    "inspection": {"model", "files", "text"},
+    "checkpoints": {"files"},
+    "distribute": set(),
+    "plotting": {"files"},
+    "training": {"model", "data", "pairs", "saving", "checkpoints", "distribute", "plotting", "files", "settings"},
+    "pipeline": {"model", "data", "pairs", "generation", "training", "checkpoints", "distribute", "settings",
+                 "tokenizers"},
+    "cli": {"settings", "text", "pairs", "pipeline", "generation", "inspection", "saving", "files", "model"},
+}
+
+
+def imported_modules(path):
+    """The gptlite modules that a file imports, anywhere in it (functions included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "gptlite":
+            if node.module == "gptlite":
+                found.update(alias.name for alias in node.names)
+            else:
+                found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[1] for alias in node.names
+                         if alias.name.startswith("gptlite."))
+    return found
+
+
+def test_every_module_imports_only_the_modules_below_it():
+    modules = {path.stem for path in PACKAGE.glob("*.py")} - {"__init__"}
+    assert modules == set(ALLOWED), "a module was added or removed: give it its place in ALLOWED"
+    for module in sorted(modules):
+        unexpected = imported_modules(PACKAGE / f"{module}.py") - ALLOWED[module] - {"errors", module}
+        assert not unexpected, f"gptlite.{module} imports {sorted(unexpected)}"
+
+
+def test_the_allowed_imports_form_no_circle():
+    visiting, done = set(), set()
+
+    def visit(module):
+        assert module not in visiting, f"an import circle through {module}"
+        if module not in done:
+            visiting.add(module)
+            for below in ALLOWED[module]:
+                visit(below)
+            visiting.remove(module)
+            done.add(module)
+
+    for module in ALLOWED:
+        visit(module)
+
+
+def test_library_errors_name_settings_never_flags():
+    """Only the command line knows flags: a raised message outside cli.py has no `--name`."""
+    offenders = []
+    for path in sorted(PACKAGE.glob("*.py")):
+        if path.name == "cli.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            # A raise, or the making of an error to raise (`InputError(...)`).
+            made = isinstance(node, ast.Call) and getattr(node.func, "id", "").endswith(("Error", "Diverged",
+                                                                                          "Interrupted"))
+            if made or (isinstance(node, ast.Raise) and node.exc is not None):
+                for constant in ast.walk(node):
+                    if isinstance(constant, ast.Constant) and isinstance(constant.value, str) \
+                            and "--" in constant.value:
+                        offenders.append(f"{path.name}:{node.lineno}: {constant.value!r}")
+    assert not offenders, offenders
+
+
+def test_importing_gptlite_leaves_the_backend_open_and_registers_its_classes_with_keras_later():
+    code = ("import sys, gptlite; assert 'keras' not in sys.modules; import keras; "
+            "assert keras.saving.get_registered_object('gptlite>GPT') is gptlite.GPT; print('ok')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert result.stdout.strip() == "ok", result.stderr
