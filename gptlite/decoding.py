@@ -71,8 +71,11 @@ class Decoder:
         self._model = weakref.ref(model)
         # Never advanced: its state is swapped for each call's seed (see _noise).
         self.seed_generator = keras.random.SeedGenerator(0)
-        self.prefill = {"sample": _Compiled(self._sample_prefill, model, xla=False),
-                        "beam": _Compiled(self._beam_prefill, model, xla=False)}
+        # A GPT's prefill is a plain graph on TensorFlow, quick to build, so that the first token comes
+        # without waiting for a compiler; a Seq2Seq's targets come whole, so its prefill compiles too.
+        xla = isinstance(model, Seq2Seq)
+        self.prefill = {"sample": _Compiled(self._sample_prefill, model, xla=xla),
+                        "beam": _Compiled(self._beam_prefill, model, xla=xla)}
         self._loops = {}
         self._warm_ups = {}
 
@@ -337,13 +340,13 @@ def windows(block_size, rows_ids):
     return window, lengths
 
 
-def plan_calls(lengths, block_size, max_new_tokens, use_cache, slide):
+def plan_calls(lengths, block_size, max_new_tokens, use_cache, slide, first_chunk=FIRST_CHUNK_SIZE):
     """The decode calls after the prefill's token: a list of (first token index, steps, steps kind).
 
     Which steps find a full window, and so must recompute it, follows from
     the window lengths alone: a window grows by one token a step until it is
     full, then moves back by `slide`. A call holds steps of one kind (one
-    recomputing step may lead cached ones), at most FIRST_CHUNK_SIZE in the
+    recomputing step may lead cached ones), at most `first_chunk` in the
     first call and CHUNK_SIZE after.
     """
     lengths = np.asarray(lengths)
@@ -353,7 +356,7 @@ def plan_calls(lengths, block_size, max_new_tokens, use_cache, slide):
         kind = RECOMPUTE if full.any() or not use_cache else CACHED
         lengths = np.where(full, block_size - slide + 1, lengths + 1)
         last = calls[-1] if calls else None
-        if last is None or last[1] == (FIRST_CHUNK_SIZE if len(calls) == 1 else CHUNK_SIZE):
+        if last is None or last[1] == (first_chunk if len(calls) == 1 else CHUNK_SIZE):
             calls.append([index, 1, kind])
         elif last[2] == kind or (last[2] == RECOMPUTE_THEN_CACHED and kind == CACHED):
             last[1] += 1
@@ -373,7 +376,9 @@ def sample(model, window, lengths, sources, max_new_tokens, settings, seed, use_
     if max_new_tokens == 0:
         return
     decoder = decoder_for(model)
-    calls = plan_calls(lengths, model.config.block_size, max_new_tokens, use_cache, slide)
+    # A short first call streams a GPT's text at once; a Seq2Seq's targets come whole, in as few calls as can be.
+    first_chunk = FIRST_CHUNK_SIZE if sources is None else CHUNK_SIZE
+    calls = plan_calls(lengths, model.config.block_size, max_new_tokens, use_cache, slide, first_chunk)
     pending, cache, context = decoder.prefill["sample"](window, lengths, sources, settings, seed)
     # Compiling starts once the prefill is traced, so that the two do not contend for the interpreter.
     example = (*decoder.example_state(len(window), context), settings, seed, np.int32(1), np.int32(0))
@@ -402,7 +407,7 @@ def beam_search(model, window, lengths, sources, max_new_tokens, beams, end_toke
     scores[:, 0] = 0  # the copies of a row are one beam until the first choice
     finished = np.zeros(len(window), dtype=bool)
     end_token = np.int32(-1 if end_token is None else end_token)
-    calls = plan_calls(lengths, model.config.block_size, max_new_tokens, use_cache, slide)
+    calls = plan_calls(lengths, model.config.block_size, max_new_tokens, use_cache, slide, CHUNK_SIZE)
 
     pending, scores, finished, window, lengths, cache, context = decoder.prefill["beam"](
         window, lengths, sources, scores, finished, end_token)

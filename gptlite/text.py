@@ -86,6 +86,8 @@ class Continuation:
             return ""
         if token == self.end_token:
             return self.finish()
+        if not self.stops:
+            return self.builder.add(token)  # nothing to hold back
         self.held += self.builder.add(token)
         return self._release(final=False)
 

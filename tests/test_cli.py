@@ -496,3 +496,19 @@ def test_inspect_prints_candidates_and_attention_per_position(capsys, tmp_path, 
     assert "give --prompt TEXT" in capsys.readouterr().err
     assert main(["inspect", model, "--source", "abc"]) == 2
     assert "is a language model: give it --prompt TEXT" in capsys.readouterr().err
+
+
+def test_library_settings_are_written_as_the_commands_flags():
+    from gptlite.cli import _train_parser, as_flags
+
+    parser = _train_parser("gptlite-train")
+    assert as_flags("max_iters must be a positive whole number, got 0", parser) == \
+        "--max-iters must be a positive whole number, got 0"
+    assert as_flags("min_lr (0.1) must not be above lr (0.01)", parser) == "--min-lr (0.1) must not be above --lr (0.01)"
+    assert as_flags("set `resume=True` to go on, or `overwrite=True`; `bias=False`", parser) == \
+        "set --resume to go on, or --overwrite; --no-bias"
+    assert as_flags("or set `block_size=9` or less; `errors='replace'`", parser) == \
+        "or set --block-size 9 or less; --errors replace"
+    # Words that only look like settings, and paths, stay as they are.
+    assert as_flags("bad bytes in runs/max_iters.txt: the errors are many", parser) == \
+        "bad bytes in runs/max_iters.txt: the errors are many"

