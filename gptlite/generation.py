@@ -42,7 +42,7 @@ def stream(model, prompt="", max_new_tokens=200, temperature=1.0, top_k=None, to
     `use_cache` and `slide` are as for `generate`.
     """
     rows = _continuations(model, [prompt], max_new_tokens, temperature, top_k, top_p, seed, unknown, stop,
-                          use_cache, slide, None)
+                          use_cache, slide, None, streaming=True)
     return (pieces[0] for pieces in rows if pieces[0])
 
 
@@ -72,7 +72,7 @@ def generate(model, prompt="", max_new_tokens=200, temperature=1.0, top_k=None, 
     """
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     rows = _continuations(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, unknown, stop,
-                          use_cache, slide, num_beams)
+                          use_cache, slide, num_beams, streaming=False)
     texts = [prompt_text + "".join(pieces) for prompt_text, *pieces in zip(prompts, *rows)]
     return texts[0] if isinstance(prompt, str) else texts
 
@@ -131,12 +131,12 @@ def _decode_targets(model, source_ids, max_new_tokens, temperature, top_k, top_p
         # Each batch draws its own noise, so that batches of the same sources differ.
         batch_seed = (seed * 1_000_003 + index) % 2**31 if index else seed
         texts = _texts(model, _tokens(model, starts, batch, max_new_tokens, temperature, top_k, top_p, batch_seed,
-                                      use_cache, 1, num_beams), batch_size, stop_strings(stop))
+                                      use_cache, 1, num_beams), batch_size, stop_strings(stop), streaming=False)
         yield from ["".join(pieces) for pieces in zip(*texts)][:len(rows)]
 
 
 def _continuations(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, unknown, stop, use_cache, slide,
-                   num_beams):
+                   num_beams, streaming):
     """Check everything at once; then an iterator over each step's new text of every prompt's row."""
     if not prompts:
         raise ConfigError("give at least one prompt")
@@ -145,7 +145,7 @@ def _continuations(model, prompts, max_new_tokens, temperature, top_k, top_p, se
     stops = stop_strings(stop)
     tokens = _tokens(model, rows_ids, None, max_new_tokens, temperature, top_k, top_p, _seed(seed), use_cache, slide,
                      num_beams)
-    return _texts(model, tokens, len(prompts), stops)
+    return _texts(model, tokens, len(prompts), stops, streaming)
 
 
 def _tokens(model, rows_ids, sources, max_new_tokens, temperature, top_k, top_p, seed, use_cache, slide, num_beams):
@@ -159,9 +159,12 @@ def _tokens(model, rows_ids, sources, max_new_tokens, temperature, top_k, top_p,
                                      model.tokenizer.end_token_id, use_cache, slide).T)
 
 
-def _texts(model, tokens, count, stops):
-    """Yield, for each step, a list of the new text of each of `count` rows, until every row has ended."""
-    rows = [Continuation(model.tokenizer, stops) for _ in range(count)]
+def _texts(model, tokens, count, stops, streaming):
+    """Yield, for each step, a list of the new text of each of `count` rows, until every row has ended.
+
+    Unless `streaming`, a row's text may come all at its end.
+    """
+    rows = [Continuation(model.tokenizer, stops, streaming) for _ in range(count)]
     for step_tokens in tokens:
         yield [row.add(token) for row, token in zip(rows, step_tokens)]
         if all(row.ended for row in rows):

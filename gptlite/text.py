@@ -46,6 +46,10 @@ class TextBuilder:
         self.waiting = []
         return piece
 
+    def hold(self, token):
+        """Add a token id to decode later, with `finish`."""
+        self.waiting.append(int(token))
+
     def finish(self):
         """The rest of the text: any tokens still waiting, decoded as they are."""
         rest = self.tokenizer.decode(self.waiting) if self.waiting else ""
@@ -71,13 +75,16 @@ class Continuation:
     """One row's new text, token by token, ended by the tokenizer's end token or a stop string.
 
     `add` returns the text that is certain: text that could be the start of
-    a stop string is held back until it is clear whether it is.
+    a stop string is held back until it is clear whether it is. Unless
+    `streaming`, text is wanted only whole: without stop strings to look
+    for, tokens are then decoded once, at the end.
     """
 
-    def __init__(self, tokenizer, stops):
+    def __init__(self, tokenizer, stops, streaming=True):
         self.builder = TextBuilder(tokenizer)
         self.end_token = tokenizer.end_token_id
         self.stops = stops
+        self.decode_at_end = not streaming and not stops
         self.held = ""
         self.ended = False
 
@@ -86,6 +93,9 @@ class Continuation:
             return ""
         if token == self.end_token:
             return self.finish()
+        if self.decode_at_end:
+            self.builder.hold(token)
+            return ""
         if not self.stops:
             return self.builder.add(token)  # nothing to hold back
         self.held += self.builder.add(token)
