@@ -2,12 +2,15 @@
 
 import csv
 
+import keras
 import numpy as np
 import pytest
 
 import gptlite
 from conftest import make_text, reversal_pairs
 
+# The pipeline's own logic does not depend on the backend (training on each is tested in test_training).
+ONCE = pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="run in the tensorflow suite only")
 TINY = {"max_iters": 12, "eval_interval": 6, "eval_iters": 2, "checkpoint_interval": 6, "n_embd": 16,
         "block_size": 16}
 
@@ -21,6 +24,7 @@ def text_files(tmp_path_factory):
     return [folder / "a.txt", folder / "more"]
 
 
+@ONCE
 def test_a_run_from_files_and_folders_writes_its_model_and_can_go_on(tmp_path, text_files):
     run = gptlite.train_on_text(text_files, tmp_path, TINY, preset="tiny", verbose=0)
     assert isinstance(run, gptlite.TrainedRun) and isinstance(run.model, gptlite.GPT)
@@ -40,6 +44,7 @@ def test_a_run_from_files_and_folders_writes_its_model_and_can_go_on(tmp_path, t
                                   run.model.embedding.get_weights()[0].shape)
 
 
+@ONCE
 def test_a_seq2seq_run_from_a_pairs_file_measures_exact_match(tmp_path):
     pairs = reversal_pairs(600, seed=3)
     source = tmp_path / "pairs.tsv"
