@@ -27,6 +27,7 @@ SAMPLE_DIVIDER = "\n" + "-" * 40 + "\n"
 SETTING_CHOICES = {"position": list(settings.POSITIONS), "precision": list(settings.PRECISIONS)}
 # Library arguments that a command spells otherwise.
 FLAG_ALIASES = {"out_dir": "out", "sources": "texts"}
+QUOTES = "'\""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -111,7 +112,7 @@ def as_flags(message, parser):
             return flag
         if value == "False":
             return flags.get((name, False), f"{flag} False")
-        return f"{flag} {value.strip(chr(39) + chr(34))}"
+        return f"{flag} {value.strip(QUOTES)}"
 
     message = re.sub(r"`(\w+)(?:=([^`]*))?`", quoted, message)
 

@@ -322,8 +322,10 @@ _decoders = weakref.WeakKeyDictionary()
 
 def decoder_for(model):
     """The model's Decoder; a new model, never called, is built first (decoding random weights is allowed)."""
-    if not model.built:
-        model.build() if isinstance(model, Seq2Seq) else model.build((None, model.config.block_size))
+    if not model.built and isinstance(model, Seq2Seq):
+        model.build()
+    elif not model.built:
+        model.build((None, model.config.block_size))
     if model not in _decoders:
         _decoders[model] = Decoder(model)
     return _decoders[model]

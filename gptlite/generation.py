@@ -117,10 +117,10 @@ def iter_targets(model, sources, max_new_tokens=None, temperature=0.0, top_k=Non
                              f"this model reads sources of up to {block_size}")
         source_ids[index, :len(ids)] = ids
     return _decode_targets(model, source_ids, min(max_new_tokens, block_size - 1), temperature, top_k, top_p, seed,
-                           stop, use_cache, num_beams)
+                           stop_strings(stop), use_cache, num_beams)
 
 
-def _decode_targets(model, source_ids, max_new_tokens, temperature, top_k, top_p, seed, stop, use_cache, num_beams):
+def _decode_targets(model, source_ids, max_new_tokens, temperature, top_k, top_p, seed, stops, use_cache, num_beams):
     batch_size = min(len(source_ids), TARGET_BATCH)
     seed = _seed(seed)
     starts = [[model.tokenizer.start_token_id]] * batch_size
@@ -131,7 +131,7 @@ def _decode_targets(model, source_ids, max_new_tokens, temperature, top_k, top_p
         # Each batch draws its own noise, so that batches of the same sources differ.
         batch_seed = (seed * 1_000_003 + index) % 2**31 if index else seed
         texts = _texts(model, _tokens(model, starts, batch, max_new_tokens, temperature, top_k, top_p, batch_seed,
-                                      use_cache, 1, num_beams), batch_size, stop_strings(stop), streaming=False)
+                                      use_cache, 1, num_beams), batch_size, stops, streaming=False)
         yield from ["".join(pieces) for pieces in zip(*texts)][:len(rows)]
 
 

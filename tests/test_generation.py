@@ -341,6 +341,8 @@ def test_seq2seq_bad_sources_and_models_are_refused(reverser, tiny_model):
     assert gptlite.generate_target(reverser, "axbz", unknown="skip") == gptlite.generate_target(reverser, "ab")
     with pytest.raises(gptlite.ConfigError, match="Seq2Seq"):
         gptlite.generate_target(tiny_model, "abc")
+    with pytest.raises(gptlite.ConfigError, match="stop strings"):
+        gptlite.generation.iter_targets(reverser, ["abc"], stop=[""])  # checked at the call, not when iterated
 
 
 def test_a_stream_of_split_characters_equals_the_generated_text():
