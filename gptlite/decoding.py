@@ -158,11 +158,12 @@ class Decoder:
 
     # --- sampling
 
-    def _sample_prefill(self, window, lengths, sources, settings, seed):
-        """Run the windows through the model; draw each row's first new token (token 0)."""
+    def _sample_prefill(self, prompt, lengths, sources, settings, seed):
+        """Run the windows' first columns, `prompt` (see `prompt_columns`), through the model;
+        draw each row's first new token (token 0)."""
         context = self._context(sources)
-        logits, cache = self._forward_window(window, context)
-        noise = self._noise_block(seed, 0, ops.shape(window)[0])[0]  # (B, V)
+        logits, cache = self._forward_window(prompt, context)
+        noise = self._noise_block(seed, 0, ops.shape(prompt)[0])[0]  # (B, V)
         return sample_next_token(_logits_at(logits, lengths - 1), settings, noise), cache, context
 
     def _sample_chunk(self, window, lengths, cache, pending, context, settings, seed, first, steps, steps_kind,
@@ -200,9 +201,9 @@ class Decoder:
 
     # --- beam search
 
-    def _beam_prefill(self, window, lengths, sources, scores, finished, end_token):
+    def _beam_prefill(self, window, prompt, lengths, sources, scores, finished, end_token):
         context = self._context(sources)
-        logits, cache = self._forward_window(window, context)
+        logits, cache = self._forward_window(prompt, context)
         pending, _, scores, finished, (window, lengths, cache) = choose_beams(
             _logits_at(logits, lengths - 1), scores, finished, end_token, (window, lengths, cache))
         # The context needs no reordering: a row's beams share their source.
@@ -342,6 +343,17 @@ def windows(block_size, rows_ids):
     return window, lengths
 
 
+def prompt_columns(window, lengths, sources):
+    """The columns of the windows that the prefill reads.
+
+    A GPT's: all of them, so that no prompt length compiles the prefill
+    anew. A Seq2Seq's windows are short, most often its start token alone:
+    the columns up to the longest, so that its prefill costs one step, not
+    a whole window (one compile per width, and the width is nearly always 1).
+    """
+    return window if sources is None else window[:, :max(1, int(np.max(lengths)))]
+
+
 def plan_calls(lengths, block_size, max_new_tokens, use_cache, slide, first_chunk=FIRST_CHUNK_SIZE):
     """The decode calls after the prefill's token: a list of (first token index, steps, steps kind).
 
@@ -381,7 +393,8 @@ def sample(model, window, lengths, sources, max_new_tokens, settings, seed, use_
     # A short first call streams a GPT's text at once; a Seq2Seq's targets come whole, in as few calls as can be.
     first_chunk = FIRST_CHUNK_SIZE if sources is None else CHUNK_SIZE
     calls = plan_calls(lengths, model.config.block_size, max_new_tokens, use_cache, slide, first_chunk)
-    pending, cache, context = decoder.prefill["sample"](window, lengths, sources, settings, seed)
+    pending, cache, context = decoder.prefill["sample"](prompt_columns(window, lengths, sources), lengths, sources,
+                                                        settings, seed)
     # Compiling starts once the prefill is traced, so that the two do not contend for the interpreter.
     example = (*decoder.example_state(len(window), context), settings, seed, np.int32(1), np.int32(0))
     ready = decoder.warm_up("sample", calls, slide, example)
@@ -412,7 +425,7 @@ def beam_search(model, window, lengths, sources, max_new_tokens, beams, end_toke
     calls = plan_calls(lengths, model.config.block_size, max_new_tokens, use_cache, slide, CHUNK_SIZE)
 
     pending, scores, finished, window, lengths, cache, context = decoder.prefill["beam"](
-        window, lengths, sources, scores, finished, end_token)
+        window, prompt_columns(window, lengths, sources), lengths, sources, scores, finished, end_token)
     example = (*decoder.example_state(len(window), context), scores, finished, end_token, np.int32(0))
     ready = decoder.warm_up("beam", calls, slide, example)
     sequences = keras.ops.convert_to_numpy(pending)[:, None]  # (B * beams, produced)
