@@ -50,6 +50,7 @@ _LAZY = {
     "TokenAndPositionEmbedding": "layers", "TransformerBlock": "layers",
     "GPT": "model", "Seq2Seq": "model",
     "TrainedRun": "pipeline", "train_on_text": "pipeline",
+    "from_pretrained": "pretrained", "export_hugging_face": "pretrained", "export_kerashub": "pretrained",
     "load": "saving", "save": "saving",
     "BPETokenizer": "tokenizers", "CharTokenizer": "tokenizers",
     "train": "training",

@@ -8,7 +8,7 @@ import os
 import pathlib
 import tempfile
 
-from gptlite.errors import InputError, MissingFileError
+from gptlite.errors import InputError, MissingFileError, RunExistsError
 
 
 @contextlib.contextmanager
@@ -33,6 +33,24 @@ def atomic_path(path):
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)
+
+
+@contextlib.contextmanager
+def atomic_directory(path):
+    """Yield a temporary folder beside `path`; on success it becomes `path` in one rename.
+
+    The folder appears whole or not at all. An existing `path` is never
+    replaced: it is a `RunExistsError`, raised before anything is written.
+    """
+    path = pathlib.Path(path)
+    if path.exists():
+        raise RunExistsError(f"{path} already exists; choose another folder")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as temporary:
+        written = pathlib.Path(temporary) / "written"
+        written.mkdir()
+        yield written
+        os.replace(written, path)
 
 
 def _current_umask():

@@ -1,14 +1,12 @@
 """Writing and reading `model.keras` files; exporting a model as a TensorFlow SavedModel."""
 
-import os
 import pathlib
-import tempfile
 import zipfile
 
 import keras
 
-from gptlite.errors import ConfigError, InputError, MissingFileError, RunExistsError
-from gptlite.files import atomic_path
+from gptlite.errors import ConfigError, InputError, MissingFileError
+from gptlite.files import atomic_directory, atomic_path
 from gptlite.model import GPT, Seq2Seq
 
 
@@ -18,9 +16,22 @@ def save(model, path):
     # loads without rebuilding an optimizer.
     inference_copy = type(model).from_config(model.get_config())
     inference_copy.build((None, model.config.block_size))
-    inference_copy.set_weights(model.get_weights())
+    copy_weights(model, inference_copy)
     with atomic_path(path) as temporary:
         inference_copy.save(temporary)
+
+
+def copy_weights(source, target):
+    """Give `target`, a model of the same config, `source`'s weights, layer by layer as a saved file holds them.
+
+    A Dense layer with LoRA adapters (`enable_lora`) gives its kernel with the
+    adapters merged in, so `target` needs none.
+    """
+    # Both models are built from one config: their layers come in the same order.
+    for source_layer, target_layer in zip(source._flatten_layers(), target._flatten_layers()):
+        store = {}
+        source_layer.save_own_variables(store)
+        target_layer.load_own_variables(store)
 
 
 def load(path):
@@ -60,10 +71,6 @@ def export_saved_model(model, directory):
     check_export_backend()
     if not isinstance(model, GPT):
         raise ConfigError(f"only a GPT exports as a SavedModel for now, not a {type(model).__name__}")
-    directory = pathlib.Path(directory)
-    if directory.exists():
-        raise RunExistsError(f"{directory} already exists; choose another folder")
-    directory.parent.mkdir(parents=True, exist_ok=True)
     options = {}
     if keras.backend.backend() == "jax":
         # jax2tf must be told the length's bound, or slicing the position table fails to convert.
@@ -79,11 +86,10 @@ def export_saved_model(model, directory):
         input_signature=[tf.TensorSpec((None, None), tf.int32, name="token_ids")],
         **options,
     )
-    with tempfile.TemporaryDirectory(prefix=f".{directory.name}.", dir=directory.parent) as temporary:
-        written = pathlib.Path(temporary) / "export"
+    with atomic_directory(directory) as written:
+        written.rmdir()  # Keras writes the folder itself
         archive.write_out(str(written), verbose=False)
         (written / "tokenizer.json").write_text(json.dumps(keras.saving.serialize_keras_object(model.tokenizer)))
-        os.replace(written, directory)
 
 
 def check_export_backend():

@@ -1,0 +1,451 @@
+"""Pretrained GPT-2 weights in and out: a Hugging Face GPT-2 folder, a
+KerasHub GPT-2 preset or a saved gptlite model becomes a gptlite `GPT`, and
+a gptlite GPT is written back as either of the first two.
+
+gptlite's GPT has GPT-2's layout: pre-norm blocks, learned positions, one
+fused query/key/value projection with the heads side by side in each of its
+three parts, tanh-approximated GELU, LayerNorm epsilon 1e-5 and the output
+head tied to the token embedding. So GPT-2's weights fit it as they are;
+only KerasHub's attention, which keeps query, key and value apart with a
+heads axis, is reshaped. Every format goes through one form, GPT-2's own
+names for its weights (`wte.weight`, `h.0.attn.c_attn.weight`, ...) with
+Hugging Face's shapes, which are Keras's Dense shapes (inputs first).
+
+A GPT-2 tokenizer (vocabulary and merges) becomes gptlite's byte-level BPE
+tokenizer with the same ids.
+"""
+
+import dataclasses
+import json
+import pathlib
+
+import numpy as np
+
+from gptlite import saving
+from gptlite.errors import ConfigError, InputError, MissingFileError
+from gptlite.files import atomic_directory
+from gptlite.model import GPT
+from gptlite.tokenizers import BPETokenizer
+
+# The activations Hugging Face names for the tanh approximation of GELU, which gptlite uses.
+_TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")
+LAYER_NORM_EPSILON = 1e-5
+
+
+def from_pretrained(name_or_path, block_size=None, dropout=None, dtype=None):
+    """A gptlite `GPT` from pretrained weights, with its tokenizer.
+
+    name_or_path: a gptlite `.keras` file; a Hugging Face GPT-2 folder
+        (config.json, model.safetensors or pytorch_model.bin, and vocab.json
+        with merges.txt or a tokenizer.json); a KerasHub GPT-2 preset folder;
+        or a KerasHub preset name such as "gpt2_base_en" (downloaded by
+        keras-hub where a network is reachable).
+    block_size: a shorter context than the model's: the position table is cut.
+    dropout: the dropout to train with (default: a gptlite model's own, 0 for GPT-2).
+    dtype: the Keras dtype policy to build it with (default: Keras's, float32).
+    """
+    path = pathlib.Path(name_or_path)
+    source = None
+    if path.is_file() or path.suffix == ".keras":
+        source = saving.load(path)
+        if not isinstance(source, GPT):
+            raise ConfigError(f"{path} holds a {type(source).__name__}; only a GPT can be fine-tuned")
+        settings = {name: value for name, value in dataclasses.asdict(source.config).items() if name != "vocab_size"}
+        tokenizer = source.tokenizer
+    elif path.is_dir() and _is_hugging_face_folder(path):
+        settings, tokenizer, arrays = _read_hugging_face(path)
+    else:
+        settings, tokenizer, arrays = _read_kerashub(name_or_path)
+    if dropout is not None:
+        settings["dropout"] = dropout
+    if block_size is not None:
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ConfigError(f"block_size must be a positive whole number, got {block_size!r}")
+        if block_size > settings["block_size"]:
+            raise ConfigError(f"`block_size={block_size}` is longer than the pretrained model's context, "
+                              f"{settings['block_size']}; it may only shrink")
+        settings["block_size"] = block_size
+    model = GPT(vocab_size=tokenizer.vocabulary_size, tokenizer=tokenizer, dtype=dtype, **settings)
+    model.build((None, model.config.block_size))
+    if source is None:
+        load_gpt2_arrays(model, arrays)
+    else:  # every weight as it is, but the position table, cut to the new context
+        from keras import ops
+
+        table = source.embedding.position_embeddings
+        for weight, target in zip(source.weights, model.weights):
+            value = ops.convert_to_numpy(weight)
+            target.assign(value[:model.config.block_size] if weight is table else value)
+    return model
+
+
+# --- GPT-2's weights by name, to and from a gptlite GPT
+
+def gpt2_arrays(model):
+    """A GPT's weights under GPT-2's names, as float32 numpy arrays.
+
+    Layers without biases give zero biases, which is what they compute; an
+    untied output head has no GPT-2 name, so such a model is refused.
+    """
+    if not model.config.tie_weights:
+        raise ConfigError("GPT-2 ties its output head to the token embedding; this model has a head of its own "
+                          "(`tie_weights=False`)")
+    arrays = {"wte.weight": model.embedding.token_embedding.embeddings,
+              "wpe.weight": model.embedding.position_embeddings}
+    for index, block in enumerate(model.blocks):
+        arrays.update(_block_arrays(f"h.{index}.", block))
+    arrays.update(_norm_arrays("ln_f.", model.final_norm))
+    return {name: np.asarray(_value(weight), dtype=np.float32) for name, weight in arrays.items()}
+
+
+def _block_arrays(prefix, block):
+    parts = {"ln_1.": block.attention_norm, "ln_2.": block.feed_forward_norm}
+    arrays = {}
+    for name, norm in parts.items():
+        arrays.update(_norm_arrays(prefix + name, norm))
+    dense = {"attn.c_attn.": block.attention.qkv_projection, "attn.c_proj.": block.attention.output_projection,
+             "mlp.c_fc.": block.feed_forward.expand, "mlp.c_proj.": block.feed_forward.contract}
+    for name, layer in dense.items():
+        arrays[prefix + name + "weight"] = layer.kernel  # LoRA, where enabled, merged in
+        arrays[prefix + name + "bias"] = layer.bias if layer.bias is not None else np.zeros(layer.units)
+    return arrays
+
+
+def _norm_arrays(prefix, norm):
+    width = norm.gamma.shape[0]
+    return {prefix + "weight": norm.gamma, prefix + "bias": norm.beta if norm.beta is not None else np.zeros(width)}
+
+
+def _value(weight):
+    from keras import ops
+
+    return ops.convert_to_numpy(weight) if not isinstance(weight, np.ndarray) else weight
+
+
+def load_gpt2_arrays(model, arrays):
+    """Set a built GPT's weights from GPT-2's names (as `gpt2_arrays` gives).
+
+    The position table is cut to the model's block size; a missing, extra or
+    misshapen array is an `InputError` naming it. A model without biases
+    takes only arrays whose biases are all zero.
+    """
+    arrays = dict(arrays)
+    block_size = model.config.block_size
+    if "wpe.weight" in arrays:
+        positions = arrays["wpe.weight"]
+        if len(positions) < block_size:
+            raise InputError(f"the weights hold {len(positions)} positions; the model needs {block_size}")
+        arrays["wpe.weight"] = positions[:block_size]
+    targets = _targets(model)
+    missing = sorted(set(targets) - set(arrays) - {name for name in targets if targets[name] is None})
+    if missing:
+        raise InputError(f"the weights lack {', '.join(missing[:3])}{' and more' if len(missing) > 3 else ''}")
+    extra = sorted(set(arrays) - set(targets))
+    if extra:
+        raise InputError(f"the weights hold {', '.join(extra[:3])}, which this model has no place for")
+    for name, weight in targets.items():
+        value = np.asarray(arrays[name])
+        if weight is None:  # a bias or norm shift the model does without
+            if np.any(value):
+                raise InputError(f"{name} is not zero, but the model has no biases (`bias=False`)")
+            continue
+        if tuple(value.shape) != tuple(weight.shape):
+            raise InputError(f"{name} has shape {tuple(value.shape)}; the model needs {tuple(weight.shape)}")
+        weight.assign(value.astype(weight.dtype))
+
+
+def _targets(model):
+    """GPT-2's names -> the model's variables (None for a bias the model lacks)."""
+    targets = {"wte.weight": model.embedding.token_embedding.embeddings,
+               "wpe.weight": model.embedding.position_embeddings}
+    for index, block in enumerate(model.blocks):
+        prefix = f"h.{index}."
+        for name, norm in (("ln_1.", block.attention_norm), ("ln_2.", block.feed_forward_norm)):
+            targets[prefix + name + "weight"], targets[prefix + name + "bias"] = norm.gamma, norm.beta
+        for name, layer in (("attn.c_attn.", block.attention.qkv_projection),
+                            ("attn.c_proj.", block.attention.output_projection),
+                            ("mlp.c_fc.", block.feed_forward.expand), ("mlp.c_proj.", block.feed_forward.contract)):
+            targets[prefix + name + "weight"], targets[prefix + name + "bias"] = layer._kernel, layer.bias
+    targets["ln_f.weight"], targets["ln_f.bias"] = model.final_norm.gamma, model.final_norm.beta
+    return targets
+
+
+# --- tokenizers
+
+def bpe_tokenizer(vocabulary, merges):
+    """gptlite's byte-level BPE tokenizer from GPT-2's vocabulary (token -> id) and merges ("a b" or (a, b))."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    merges = [tuple(merge.split(" ")) if isinstance(merge, str) else tuple(merge) for merge in merges]
+    tokenizer = Tokenizer(models.BPE(dict(vocabulary), merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    if BPETokenizer.END_TOKEN in vocabulary:
+        tokenizer.add_special_tokens([BPETokenizer.END_TOKEN])  # keeps its id
+    return BPETokenizer(tokenizer.to_str())
+
+
+def vocabulary_and_merges(tokenizer):
+    """A byte-level BPE tokenizer's vocabulary (token -> id) and merges ("a b"), as GPT-2's files hold them."""
+    if not isinstance(tokenizer, BPETokenizer):
+        raise ConfigError(f"a GPT-2 tokenizer is byte-level BPE; this model's is a {type(tokenizer).__name__}")
+    model = json.loads(tokenizer.definition)["model"]
+    if model.get("type") != "BPE":
+        raise ConfigError("this model's tokenizer is not byte-level BPE")
+    merges = [" ".join(merge) if isinstance(merge, list) else merge for merge in model["merges"]]
+    return model["vocab"], merges
+
+
+# --- Hugging Face folders
+
+def _is_hugging_face_folder(path):
+    config = path / "config.json"
+    if not config.exists():
+        return False
+    try:
+        return "model_type" in json.loads(config.read_text()) or "n_embd" in json.loads(config.read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def _read_hugging_face(folder):
+    """(shape settings, tokenizer, GPT-2's arrays) of a Hugging Face GPT-2 folder."""
+    config = json.loads((folder / "config.json").read_text())
+    model_type = config.get("model_type", "gpt2")
+    if model_type != "gpt2":
+        raise InputError(f"{folder} holds a {model_type} model; gptlite reads GPT-2 models")
+    n_embd = config["n_embd"]
+    unsupported = [
+        (config.get("activation_function", "gelu_new") not in _TANH_GELU,
+         f"activation {config.get('activation_function')!r} (gptlite uses tanh GELU, 'gelu_new')"),
+        (config.get("layer_norm_epsilon", LAYER_NORM_EPSILON) != LAYER_NORM_EPSILON,
+         f"LayerNorm epsilon {config.get('layer_norm_epsilon')} (gptlite's is {LAYER_NORM_EPSILON})"),
+        (config.get("n_inner") not in (None, 4 * n_embd), f"a feed-forward width of {config.get('n_inner')}"),
+        (not config.get("tie_word_embeddings", True), "an output head apart from the token embedding"),
+        (config.get("scale_attn_by_inverse_layer_idx", False), "attention scaled by layer number"),
+        (not config.get("scale_attn_weights", True), "unscaled attention"),
+    ]
+    reasons = [reason for failed, reason in unsupported if failed]
+    if reasons:
+        raise InputError(f"{folder}: gptlite's GPT cannot express {'; '.join(reasons)}")
+    shape = dict(n_layer=config["n_layer"], n_head=config["n_head"], n_embd=n_embd,
+                 block_size=config.get("n_positions", config.get("n_ctx", 1024)), bias=True, tie_weights=True,
+                 position="learned", dropout=0.0)
+    tokenizer = _read_hugging_face_tokenizer(folder, config["vocab_size"])
+    arrays = _read_hugging_face_weights(folder)
+    return shape, tokenizer, arrays
+
+
+def _read_hugging_face_tokenizer(folder, vocabulary_size):
+    if (folder / "vocab.json").exists() and (folder / "merges.txt").exists():
+        vocabulary = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+        lines = (folder / "merges.txt").read_text(encoding="utf-8").splitlines()
+        merges = [line for line in lines if line and not line.startswith("#version")]
+    elif (folder / "tokenizer.json").exists():
+        definition = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+        if definition["model"].get("type") != "BPE":
+            raise InputError(f"{folder}/tokenizer.json is not a BPE tokenizer")
+        vocabulary, merges = definition["model"]["vocab"], definition["model"]["merges"]
+    else:
+        raise MissingFileError(f"{folder} has no tokenizer: vocab.json and merges.txt, or tokenizer.json")
+    tokenizer = bpe_tokenizer(vocabulary, merges)
+    if tokenizer.vocabulary_size != vocabulary_size:
+        raise InputError(f"{folder}: the tokenizer has {tokenizer.vocabulary_size} tokens but the model "
+                         f"{vocabulary_size}")
+    return tokenizer
+
+
+def _read_hugging_face_weights(folder):
+    """GPT-2's arrays by name, from model.safetensors (no torch needed) or pytorch_model.bin (torch needed)."""
+    if (folder / "model.safetensors").exists():
+        from safetensors.numpy import load_file
+
+        tensors = load_file(str(folder / "model.safetensors"))
+    elif (folder / "pytorch_model.bin").exists():
+        try:
+            import torch
+        except ImportError:
+            raise InputError(f"{folder} holds pytorch_model.bin, which needs torch to read; install torch, or "
+                             f"save the model as model.safetensors") from None
+        state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        tensors = {name: tensor.float().numpy() for name, tensor in state.items()}
+    else:
+        raise MissingFileError(f"{folder} has no weights: model.safetensors or pytorch_model.bin")
+    arrays = {}
+    for name, tensor in tensors.items():
+        name = name.removeprefix("transformer.")
+        # The causal-mask buffers of older files, and the head tied to wte.
+        if name.endswith((".attn.bias", ".attn.masked_bias")) or name == "lm_head.weight":
+            continue
+        arrays[name] = np.asarray(tensor, dtype=np.float32)
+    return arrays
+
+
+def export_hugging_face(model, directory):
+    """Write a GPT as a Hugging Face GPT-2 folder: config.json, model.safetensors and the tokenizer's files.
+
+    `transformers.GPT2LMHeadModel.from_pretrained(directory)` and
+    `AutoTokenizer.from_pretrained(directory)` load it. A byte-level BPE
+    tokenizer is written as GPT-2's vocab.json and merges.txt (and
+    tokenizer.json); a char tokenizer as a tokenizer.json with one token per
+    character. The folder appears whole or not at all; an existing one is
+    never replaced.
+    """
+    from safetensors.numpy import save_file
+
+    _check_exportable(model)
+    arrays = gpt2_arrays(model)
+    config = model.config
+    end = model.tokenizer.end_token_id
+    hf_config = {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+        "vocab_size": config.vocab_size, "n_positions": config.block_size, "n_ctx": config.block_size,
+        "n_embd": config.n_embd, "n_layer": config.n_layer, "n_head": config.n_head, "n_inner": None,
+        "activation_function": "gelu_new", "layer_norm_epsilon": LAYER_NORM_EPSILON,
+        "resid_pdrop": config.dropout, "embd_pdrop": config.dropout, "attn_pdrop": config.attention_dropout,
+        "initializer_range": 0.02, "scale_attn_weights": True, "tie_word_embeddings": True, "use_cache": True,
+        "bos_token_id": end, "eos_token_id": end,
+    }
+    with atomic_directory(directory) as folder:
+        (folder / "config.json").write_text(json.dumps(hf_config, indent=2))
+        save_file({name: np.ascontiguousarray(array) for name, array in arrays.items()},
+                  str(folder / "model.safetensors"), metadata={"format": "pt"})
+        _write_hugging_face_tokenizer(model.tokenizer, folder, config.block_size)
+
+
+def _check_exportable(model):
+    if not isinstance(model, GPT):
+        raise ConfigError(f"only a GPT has GPT-2's form, not a {type(model).__name__}")
+    if not model.config.tie_weights:
+        raise ConfigError("GPT-2 ties its output head to the token embedding; this model has a head of its own "
+                          "(`tie_weights=False`)")
+
+
+def _write_hugging_face_tokenizer(tokenizer, folder, block_size):
+    tokenizer_config = {"model_max_length": block_size, "add_prefix_space": False}
+    if isinstance(tokenizer, BPETokenizer):
+        vocabulary, merges = vocabulary_and_merges(tokenizer)
+        (folder / "vocab.json").write_text(json.dumps(vocabulary, ensure_ascii=False), encoding="utf-8")
+        (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
+        (folder / "tokenizer.json").write_text(bpe_tokenizer(vocabulary, merges).definition, encoding="utf-8")
+        end = BPETokenizer.END_TOKEN
+        tokenizer_config.update(tokenizer_class="GPT2Tokenizer", bos_token=end, eos_token=end, unk_token=end)
+    else:
+        (folder / "tokenizer.json").write_text(_char_definition(tokenizer), encoding="utf-8")
+        tokenizer_config.update(tokenizer_class="PreTrainedTokenizerFast")
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+
+
+def _char_definition(tokenizer):
+    """A `tokenizers` definition that encodes one id per character, as a CharTokenizer does."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models
+
+    specials = [f"<{name}>" for name in tokenizer.special_tokens]
+    vocabulary = {token: index for index, token in enumerate(specials + list(tokenizer.vocabulary))}
+    # A BPE model without merges: every character is a token of its own, and the text is one
+    # word (no pre-tokenizer), so nothing is split off or dropped; Fuse joins the pieces back.
+    char_tokenizer = Tokenizer(models.BPE(vocabulary, []))
+    char_tokenizer.decoder = decoders.Fuse()
+    if specials:
+        char_tokenizer.add_special_tokens([AddedToken(token, special=True) for token in specials])
+    return char_tokenizer.to_str()
+
+
+# --- KerasHub presets
+
+def _read_kerashub(preset):
+    """(shape settings, tokenizer, GPT-2's arrays) of a KerasHub GPT-2 preset (a name or a folder)."""
+    import keras_hub
+
+    try:
+        backbone = keras_hub.models.Backbone.from_preset(str(preset))
+        hub_tokenizer = keras_hub.models.GPT2Tokenizer.from_preset(str(preset))
+    except Exception as error:  # keras-hub raises many kinds for a name it cannot find or fetch
+        raise MissingFileError(f"cannot load {preset!r}: not a gptlite .keras file, a Hugging Face GPT-2 folder "
+                               f"or a KerasHub GPT-2 preset ({str(error).splitlines()[0]})") from None
+    if not isinstance(backbone, keras_hub.models.GPT2Backbone):
+        raise InputError(f"{preset} holds a {type(backbone).__name__}; gptlite reads GPT-2 models")
+    shape = dict(n_layer=backbone.num_layers, n_head=backbone.num_heads, n_embd=backbone.hidden_dim,
+                 block_size=backbone.max_sequence_length, bias=True, tie_weights=True, position="learned",
+                 dropout=0.0)
+    if backbone.intermediate_dim != 4 * backbone.hidden_dim:
+        raise InputError(f"{preset}: gptlite's GPT cannot express a feed-forward width of "
+                         f"{backbone.intermediate_dim}")
+    tokenizer = bpe_tokenizer(hub_tokenizer.vocabulary, hub_tokenizer.merges)
+    return shape, tokenizer, _kerashub_arrays(backbone)
+
+
+def _kerashub_arrays(backbone):
+    """A GPT2Backbone's weights under GPT-2's names: its query, key and value kernels (C, H, D) joined into one."""
+    def array(weight):
+        return np.asarray(_value(weight), dtype=np.float32)
+
+    width = backbone.hidden_dim
+    arrays = {"wte.weight": array(backbone.token_embedding.embeddings),
+              "wpe.weight": array(backbone.position_embedding.position_embeddings),
+              "ln_f.weight": array(backbone.layer_norm.gamma), "ln_f.bias": array(backbone.layer_norm.beta)}
+    for index, layer in enumerate(backbone.transformer_layers):
+        prefix = f"h.{index}."
+        attention = layer._self_attention_layer
+        parts = (attention.query_dense, attention.key_dense, attention.value_dense)
+        arrays[prefix + "attn.c_attn.weight"] = np.concatenate(
+            [array(part.kernel).reshape(width, width) for part in parts], axis=1)
+        arrays[prefix + "attn.c_attn.bias"] = np.concatenate([array(part.bias).reshape(width) for part in parts])
+        arrays[prefix + "attn.c_proj.weight"] = array(attention.output_dense.kernel).reshape(width, width)
+        arrays[prefix + "attn.c_proj.bias"] = array(attention.output_dense.bias)
+        for name, norm in (("ln_1.", layer._self_attention_layer_norm), ("ln_2.", layer._feedforward_layer_norm)):
+            arrays[prefix + name + "weight"], arrays[prefix + name + "bias"] = array(norm.gamma), array(norm.beta)
+        for name, dense in (("mlp.c_fc.", layer._feedforward_intermediate_dense),
+                            ("mlp.c_proj.", layer._feedforward_output_dense)):
+            arrays[prefix + name + "weight"], arrays[prefix + name + "bias"] = array(dense.kernel), array(dense.bias)
+    return arrays
+
+
+def export_kerashub(model, directory):
+    """Write a GPT as a KerasHub GPT-2 preset folder, which `keras_hub.models.GPT2CausalLM.from_preset` loads.
+
+    KerasHub's GPT-2 tokenizer is byte-level BPE: a model with a char
+    tokenizer is refused. The folder appears whole or not at all.
+    """
+    import keras_hub
+
+    _check_exportable(model)
+    vocabulary, merges = vocabulary_and_merges(model.tokenizer)
+    if BPETokenizer.END_TOKEN not in vocabulary:
+        raise ConfigError(f"KerasHub's GPT-2 tokenizer needs the {BPETokenizer.END_TOKEN} token, which this "
+                          f"vocabulary lacks")
+    config = model.config
+    arrays = gpt2_arrays(model)
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=config.vocab_size, num_layers=config.n_layer, num_heads=config.n_head,
+        hidden_dim=config.n_embd, intermediate_dim=4 * config.n_embd, dropout=config.dropout,
+        max_sequence_length=config.block_size)
+    width, heads = config.n_embd, config.n_head
+    backbone.token_embedding.embeddings.assign(arrays["wte.weight"])
+    backbone.position_embedding.position_embeddings.assign(arrays["wpe.weight"])
+    backbone.layer_norm.gamma.assign(arrays["ln_f.weight"])
+    backbone.layer_norm.beta.assign(arrays["ln_f.bias"])
+    for index, layer in enumerate(backbone.transformer_layers):
+        prefix = f"h.{index}."
+        attention = layer._self_attention_layer
+        kernels = np.split(arrays[prefix + "attn.c_attn.weight"], 3, axis=1)
+        biases = np.split(arrays[prefix + "attn.c_attn.bias"], 3)
+        for part, kernel, bias in zip((attention.query_dense, attention.key_dense, attention.value_dense),
+                                      kernels, biases):
+            part.kernel.assign(kernel.reshape(width, heads, width // heads))
+            part.bias.assign(bias.reshape(heads, width // heads))
+        attention.output_dense.kernel.assign(arrays[prefix + "attn.c_proj.weight"].reshape(heads, width // heads,
+                                                                                             width))
+        attention.output_dense.bias.assign(arrays[prefix + "attn.c_proj.bias"])
+        for name, norm in (("ln_1.", layer._self_attention_layer_norm), ("ln_2.", layer._feedforward_layer_norm)):
+            norm.gamma.assign(arrays[prefix + name + "weight"])
+            norm.beta.assign(arrays[prefix + name + "bias"])
+        for name, dense in (("mlp.c_fc.", layer._feedforward_intermediate_dense),
+                            ("mlp.c_proj.", layer._feedforward_output_dense)):
+            dense.kernel.assign(arrays[prefix + name + "weight"])
+            dense.bias.assign(arrays[prefix + name + "bias"])
+    tokenizer = keras_hub.models.GPT2Tokenizer(vocabulary=vocabulary, merges=merges)
+    preprocessor = keras_hub.models.GPT2CausalLMPreprocessor(tokenizer, sequence_length=config.block_size)
+    causal_lm = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=preprocessor)
+    with atomic_directory(directory) as folder:
+        causal_lm.save_to_preset(str(folder))
