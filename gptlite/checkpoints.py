@@ -12,6 +12,8 @@ from gptlite.errors import InputError
 from gptlite.files import atomic_path
 
 CHECKPOINT_WEIGHTS = "checkpoint.weights.h5"
+# The raw kernels and LoRA matrices of layers with adapters, which the weights file holds only merged.
+CHECKPOINT_ADAPTERS = "checkpoint.adapters.npz"
 CHECKPOINT_STATE = "checkpoint.json"
 CHECKPOINT_FORMAT = 1
 
@@ -32,10 +34,21 @@ def _seed_states(model):
     return [v for v in model.variables if v.path.endswith("seed_generator_state")]
 
 
+def _adapter_variables(model):
+    """Each LoRA layer's frozen kernel and its adapters: Keras saves their merged sum, and loading that
+    zeroes the adapters, from which training could not move them again."""
+    return [variable for layer in model._flatten_layers() if getattr(layer, "lora_enabled", False)
+            for variable in (layer._kernel, layer.lora_kernel_a, layer.lora_kernel_b)]
+
+
 def save_checkpoint(model, state, config, out_dir):
     """Weights with optimizer state, then the run's state; each file replaced atomically."""
     with atomic_path(out_dir / CHECKPOINT_WEIGHTS) as temporary:
         model.save_weights(temporary)
+    adapters = _adapter_variables(model)
+    if adapters:
+        with atomic_path(out_dir / CHECKPOINT_ADAPTERS) as temporary, open(temporary, "wb") as file:
+            np.savez(file, *(keras.ops.convert_to_numpy(variable) for variable in adapters))
     document = dict(
         format=CHECKPOINT_FORMAT,
         step=state.step,
@@ -67,6 +80,11 @@ def read_checkpoint(out_dir):
 def restore_checkpoint(model, out_dir):
     document = read_checkpoint(out_dir)
     model.load_weights(pathlib.Path(out_dir) / CHECKPOINT_WEIGHTS)
+    adapters = _adapter_variables(model)
+    if adapters:
+        with np.load(pathlib.Path(out_dir) / CHECKPOINT_ADAPTERS) as saved:
+            for index, variable in enumerate(adapters):
+                variable.assign(saved[f"arr_{index}"])
     for variable, value in zip(_seed_states(model), document["seed_states"]):
         variable.assign(np.asarray(value, dtype=variable.dtype))
     state = RunState(**document["run_state"])

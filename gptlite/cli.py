@@ -25,6 +25,14 @@ from gptlite.text import UNKNOWN_CHOICES
 BACKENDS = ("tensorflow", "jax", "torch")
 SAMPLE_DIVIDER = "\n" + "-" * 40 + "\n"
 SETTING_CHOICES = {"position": list(settings.POSITIONS), "precision": list(settings.PRECISIONS)}
+# Settings whose flags say more than their defaults.
+SETTING_HELP = {
+    "lora_rank": "train rank-N low-rank adapters on the projections --lora-targets names, every other weight "
+                 "frozen (default: 0, off); the saved model holds the merged weights",
+    "lora_alpha": "the adapters' scale is X / --lora-rank (default: the rank, a scale of 1)",
+    "lora_targets": f"which projections of each block get adapters, comma-separated from "
+                    f"{','.join(settings.LORA_TARGETS)} (default: all)",
+}
 # Library arguments that a command spells otherwise.
 FLAG_ALIASES = {"out_dir": "out", "sources": "texts"}
 QUOTES = "'\""
@@ -184,6 +192,14 @@ def _train_parser(prog):
     parser.add_argument("--errors", choices=["strict", "replace"], default="strict",
                         help="bytes that do not decode: stop with an error (strict, the default) "
                              "or replace them with U+FFFD (replace)")
+    parser.add_argument("--init-from", default=None, metavar="MODEL",
+                        help="fine-tune a pretrained GPT instead of training a new one: a gptlite model.keras, a "
+                             "Hugging Face GPT-2 folder, or a KerasHub GPT-2 preset (a folder, or a name such as "
+                             "gpt2_base_en, downloaded where a network is reachable); it keeps its shape and "
+                             "tokenizer, and its file is only read (see docs/pretrained.md)")
+    parser.add_argument("--unknown", choices=UNKNOWN_CHOICES, default="error",
+                        help="with --init-from: text characters the pretrained char vocabulary lacks: stop with an "
+                             "error (the default), leave them out, or replace each with a space")
     parser.add_argument("--distribute", action="store_true",
                         help="train data-parallel over every local device (tensorflow: GPUs, else CPU devices; "
                              "jax: all devices), or over several hosts (see docs/training.md); the batch is split "
@@ -196,7 +212,8 @@ def _train_parser(prog):
         preset_values = ", ".join(
             f"{name}: {values[field.name]}" for name, values in settings.PRESETS.items() if field.name in values
         )
-        help_text = f"presets: {preset_values}" if preset_values else f"default: {field.default}"
+        help_text = SETTING_HELP.get(field.name) or (f"presets: {preset_values}" if preset_values
+                                                     else f"default: {field.default}")
         if field.type is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif field.name in SETTING_CHOICES:
@@ -213,7 +230,8 @@ def _train(args):
     run = pipeline.train_on_text(
         args.texts, args.out, {name: getattr(args, name) for name in settings.SETTING_NAMES},
         preset=args.preset, task=args.task, synthetic=args.synthetic, tokenizer=args.tokenizer,
-        vocab_size=args.vocab_size, encoding=args.encoding, errors=args.errors, distribute=args.distribute,
+        vocab_size=args.vocab_size, encoding=args.encoding, errors=args.errors, init_from=args.init_from,
+        unknown=args.unknown, distribute=args.distribute,
         resume=args.resume, overwrite=args.overwrite)
     best = run.best
     print(
@@ -415,25 +433,35 @@ def _export_parser(prog):
                      description="Write a trained model in a form other programs can serve without gptlite.")
     parser.add_argument("--model", type=pathlib.Path, default=pathlib.Path("out/model.keras"),
                         help="the model file (default: out/model.keras)")
-    parser.add_argument("--format", choices=["saved_model"], default="saved_model",
-                        help="saved_model: a TensorFlow SavedModel, token ids in, next-token logits out "
-                             "(the default and, for now, the only format)")
+    parser.add_argument("--format", choices=["saved_model", "hf", "kerashub"], default="saved_model",
+                        help="saved_model: a TensorFlow SavedModel, token ids in, next-token logits out (the "
+                             "default); hf: a Hugging Face GPT-2 folder (transformers' GPT2LMHeadModel and "
+                             "AutoTokenizer load it); kerashub: a KerasHub GPT-2 preset (GPT2CausalLM.from_preset)")
     parser.add_argument("--out", type=pathlib.Path, required=True, help="the folder to write; must not exist")
     _add_backend_flag(parser)
     return parser
 
 
 def _export(args):
-    from gptlite import saving
+    from gptlite import pretrained, saving
 
     # Checked before the model loads, so that the mistake shows at once (export checks again).
-    saving.check_export_backend()
+    if args.format == "saved_model":
+        saving.check_export_backend()
     if args.out.exists():
         raise RunExistsError(f"{args.out} already exists; choose another --out")
     model = saving.load(args.model)
-    saving.export_saved_model(model, args.out)
-    print(f"wrote {args.out}: load it with tf.saved_model.load; its 'serve' signature maps token_ids "
-          f"(batch, up to {model.config.block_size} tokens, int32) to the next token's logits")
+    if args.format == "hf":
+        pretrained.export_hugging_face(model, args.out)
+        print(f"wrote {args.out}: load it with transformers.GPT2LMHeadModel.from_pretrained and "
+              f"AutoTokenizer.from_pretrained")
+    elif args.format == "kerashub":
+        pretrained.export_kerashub(model, args.out)
+        print(f"wrote {args.out}: load it with keras_hub.models.GPT2CausalLM.from_preset")
+    else:
+        saving.export_saved_model(model, args.out)
+        print(f"wrote {args.out}: load it with tf.saved_model.load; its 'serve' signature maps token_ids "
+              f"(batch, up to {model.config.block_size} tokens, int32) to the next token's logits")
 
 
 # --- inspection ----------------------------------------------------------------

@@ -12,6 +12,7 @@ import numpy as np
 
 from gptlite.errors import InputError, MissingFileError
 from gptlite.files import atomic_path, not_decodable
+from gptlite.text import known_text
 
 VALIDATION_FRACTION = 0.1
 DEFAULT_CORPUS_CHARACTERS = 2_000_000
@@ -158,8 +159,11 @@ def _file_pieces(path, encoding, errors):
             yield text[:cut]
 
 
-def encode_corpus(corpus, tokenizer, folder, show_progress=False):
+def encode_corpus(corpus, tokenizer, folder, show_progress=False, unknown="error"):
     """The corpus's token ids as a read-only memory map, encoded once and cached in `folder`.
+
+    Characters the tokenizer lacks are an `InputError`, or with `unknown`
+    "skip" or "replace" are left out or made spaces (`text.known_text`).
 
     The cache file's name holds a hash of the text and the tokenizer, so a
     changed file or tokenizer encodes anew; older caches there are removed.
@@ -169,7 +173,8 @@ def encode_corpus(corpus, tokenizer, folder, show_progress=False):
     folder = pathlib.Path(folder)
     dtype = np.dtype(np.uint16 if tokenizer.vocabulary_size <= 2**16 else np.uint32)
     tokenizer_config = json.dumps(keras.saving.serialize_keras_object(tokenizer), sort_keys=True)
-    key = hashlib.sha256(f"{corpus.fingerprint}\n{tokenizer_config}".encode()).hexdigest()[:16]
+    handling = "" if unknown == "error" else f"\n{unknown}"  # so that caches written before it stay valid
+    key = hashlib.sha256(f"{corpus.fingerprint}\n{tokenizer_config}{handling}".encode()).hexdigest()[:16]
     path = folder / f"tokens-{key}.{dtype.name}"
     if not path.exists():
         progress = keras.utils.Progbar(corpus.size, unit_name="byte", verbose=1 if show_progress else 0)
@@ -179,6 +184,8 @@ def encode_corpus(corpus, tokenizer, folder, show_progress=False):
                 if index and tokenizer.end_token_id is not None:
                     np.array([tokenizer.end_token_id], dtype).tofile(file)
                 for batch in _batched(document, ENCODE_BATCH):
+                    if unknown != "error":
+                        batch = [known_text(tokenizer, piece, unknown, "text") for piece in batch]
                     for ids in tokenizer.encode_batch(batch):
                         ids.astype(dtype).tofile(file)
                     done += sum(len(piece) for piece in batch)

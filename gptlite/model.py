@@ -8,7 +8,7 @@ from keras import ops
 
 from gptlite.errors import ConfigError, InputError
 from gptlite.layers import EncoderBlock, TokenAndPositionEmbedding, TransformerBlock, register
-from gptlite.settings import GPTConfig
+from gptlite.settings import LORA_TARGETS, GPTConfig, lora_targets
 
 
 # Stored in every saved model; raised when the saved form changes incompatibly.
@@ -110,6 +110,27 @@ class _Transformer(keras.Model):
             x, layer_cache = block.call_with_cache(x, layer_cache, start_positions, **block_cross)
             layer_caches.append(layer_cache)
         return self.embedding.logits(self.final_norm(x)), tuple(layer_caches)
+
+    def enable_lora(self, rank, alpha=None, targets=LORA_TARGETS):
+        """Train low-rank adapters on the decoder blocks' projections, with every other weight frozen.
+
+        Each targeted Dense layer (`targets` from LORA_TARGETS: "qkv",
+        "attention_output", "expand", "contract") gains two small matrices
+        A (in, rank) and B (rank, out), B starting at zero, and computes with
+        kernel + (alpha / rank) A B (Keras's `enable_lora`); the kernel itself
+        is frozen, as is every other weight. A saved model holds the merged
+        kernels and no adapters. The model must be built; compile it after.
+        """
+        targets = lora_targets(",".join(targets) if isinstance(targets, (list, tuple)) else targets)
+        if not self.built:
+            raise ConfigError("build the model before enabling LoRA")
+        for weight in self.trainable_weights:
+            weight.trainable = False
+        for block in self.blocks:
+            layers = {"qkv": block.attention.qkv_projection, "attention_output": block.attention.output_projection,
+                      "expand": block.feed_forward.expand, "contract": block.feed_forward.contract}
+            for name in targets:
+                layers[name].enable_lora(rank, lora_alpha=alpha)
 
     def get_config(self):
         config = super().get_config()

@@ -20,7 +20,7 @@ import tempfile
 import keras
 import numpy as np
 
-from gptlite import data, generation, pairs, training
+from gptlite import data, generation, pairs, pretrained, training
 from gptlite.checkpoints import CHECKPOINT_STATE, CHECKPOINT_WEIGHTS, read_checkpoint
 from gptlite.distribute import data_parallel
 from gptlite.errors import ConfigError, InputError, RunExistsError
@@ -50,8 +50,8 @@ class TrainedRun:
 
 
 def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task=None, synthetic=None,
-                  tokenizer="char", vocab_size=None, encoding="utf-8", errors="strict", distribute=False,
-                  resume=False, overwrite=False, verbose=1):
+                  tokenizer="char", vocab_size=None, encoding="utf-8", errors="strict", init_from=None,
+                  unknown="error", distribute=False, resume=False, overwrite=False, verbose=1):
     """Train a model on the text of `sources` and write it to `out_dir`; a `TrainedRun`.
 
     sources: text files or folders of them (a folder's files in sorted path
@@ -67,6 +67,15 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
         tokens, learned from the text).
     encoding, errors: how the files are decoded (errors="replace" turns bad
         bytes into U+FFFD).
+    init_from: fine-tune a pretrained GPT instead of training a new one: a
+        gptlite .keras file, a Hugging Face GPT-2 folder, a KerasHub preset
+        folder or name (see `gptlite.from_pretrained`). Its shape and
+        tokenizer are kept (settings may shorten `block_size` and change
+        `dropout`), training starts with a fresh optimizer and FINE_TUNING's
+        defaults, and the source is only read. With `lora_rank` in
+        `settings`, only low-rank adapters train (`GPT.enable_lora`).
+    unknown: text characters a pretrained char vocabulary lacks: an error
+        ("error"), left out ("skip") or spaces ("replace").
     distribute: train data-parallel over every local device (or the hosts
         that the KERAS_DISTRIBUTION_* variables name, under JAX).
     resume: continue the run in `out_dir` from its checkpoint; overwrite:
@@ -86,8 +95,10 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
     if checkpoint and (checkpoint.get("model_class", "GPT") == "Seq2Seq") != seq2seq:
         saved_task = "lm" if seq2seq else "seq2seq"
         raise ConfigError(f"the run in {out_dir} trains a {saved_task} model; resume it with `task='{saved_task}'`")
+    # A resumed run's weights are in its checkpoint: what it started from is not read again.
+    start = _pretrained(init_from, out_dir, seq2seq, tokenizer, vocab_size) if init_from and not checkpoint else None
     model_settings, training_settings = split_settings(
-        resolve_settings(preset, settings, checkpoint, seq2seq, synthetic))
+        resolve_settings(preset, settings, checkpoint, seq2seq, synthetic, start and start.config))
     training_config = TrainingConfig(**training_settings)
     GPTConfig(**model_settings)  # fail on a bad shape before reading any text
     if checkpoint and checkpoint["step"] >= training_config.max_iters:
@@ -111,21 +122,50 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
     else:
         corpus = data.Corpus.from_text(data.default_corpus(), "the Python standard library's sources")
     with data_parallel(training_config.batch_size) if distribute else contextlib.nullcontext() as replicas:
-        model = _gpt(corpus, checkpoint, model_settings, training_config, tokenizer, vocab_size, say)
-        train_ids, validation_ids = _encode(corpus, model.tokenizer, out_dir, bool(checkpoint), model.config)
-        model.build((None, model.config.block_size))
+        if start is not None:
+            model = pretrained.from_pretrained(start, model_settings["block_size"], model_settings["dropout"],
+                                               dtype_policy(training_config.precision))
+            say(f"starting from {init_from}")
+        else:
+            model = _gpt(corpus, checkpoint, model_settings, training_config, tokenizer, vocab_size, say)
+        if not model.built:
+            model.build((None, model.config.block_size))
+        if training_config.lora_rank:
+            model.enable_lora(training_config.lora_rank, training_config.lora_alpha, training_config.lora_targets)
+        train_ids, validation_ids = _encode(corpus, model.tokenizer, out_dir, bool(checkpoint), model.config,
+                                            unknown, bool(start))
         config = model.config
         kind = "characters" if isinstance(model.tokenizer, CharTokenizer) else "byte-level BPE tokens"
         say(f"training on {corpus.name}: {len(train_ids) + len(validation_ids):,} tokens ({kind}, "
             f"{model.tokenizer.vocabulary_size:,} in the vocabulary); {len(train_ids):,} train / "
             f"{len(validation_ids):,} validation\n"
             f"model: {config.n_layer} layers, {config.n_head} heads, width {config.n_embd}, "
-            f"context {config.block_size}, {model.count_params():,} parameters; "
+            f"context {config.block_size}, {_parameters(model)}; "
             f"{_backend_and_precision(training_config)}\n" + _schedule(training_config, checkpoint, replicas),
             flush=True)
         history = training.train(model, train_ids, validation_ids, training_config, out_dir, verbose=verbose,
                                  resume=bool(checkpoint))
     return TrainedRun(model, history, out_dir, training_config)
+
+
+def _pretrained(init_from, out_dir, seq2seq, tokenizer, vocab_size):
+    """The GPT that `init_from` names, read before anything is written; its file is never written to."""
+    if seq2seq:
+        raise ConfigError("`init_from` fine-tunes a GPT; a seq2seq model trains from the start")
+    if tokenizer != "char" or vocab_size is not None:
+        raise ConfigError("a pretrained model keeps its own tokenizer: leave out `tokenizer` and `vocab_size` "
+                          "with `init_from`")
+    source = pathlib.Path(init_from)
+    if source.exists() and (out_dir / "model.keras").exists() and (out_dir / "model.keras").samefile(
+            source if source.is_file() else source / "model.keras"):
+        raise ConfigError(f"`init_from` is the model in `out_dir` {out_dir}; write the new run to another `out_dir`")
+    return pretrained.from_pretrained(init_from)
+
+
+def _parameters(model):
+    total = model.count_params()
+    trainable = sum(int(np.prod(weight.shape)) for weight in model.trainable_weights)
+    return f"{total:,} parameters" + (f", {trainable:,} of them trained" if trainable != total else "")
 
 
 def _is_seq2seq(task, synthetic):
@@ -185,13 +225,16 @@ def _gpt(corpus, checkpoint, model_settings, training_config, tokenizer, vocab_s
                                dtype=dtype_policy(training_config.precision))
 
 
-def _encode(corpus, tokenizer, out_dir, resuming, config):
+def _encode(corpus, tokenizer, out_dir, resuming, config, unknown, pretrained_tokenizer):
     """(train ids, validation ids) of the corpus, encoded once into a token file in `out_dir`."""
     try:
-        token_ids = data.encode_corpus(corpus, tokenizer, out_dir, sys.stdout.isatty())
+        token_ids = data.encode_corpus(corpus, tokenizer, out_dir, sys.stdout.isatty(), unknown)
     except InputError as error:
         if resuming and any(tokenizer.unknown_characters(piece) for piece in corpus.pieces()):
             raise InputError(f"{error}: resume with the text the run started on") from None
+        if pretrained_tokenizer and unknown == "error":
+            raise InputError(f"{error}: the pretrained model never saw them; `unknown='skip'` leaves them out, "
+                             f"`unknown='replace'` makes them spaces") from None
         raise
     train_ids, validation_ids = data.split(token_ids)
     data.check_enough_tokens(train_ids, validation_ids, config.block_size)

@@ -35,7 +35,7 @@ LAYER_NORM_EPSILON = 1e-5
 def from_pretrained(name_or_path, block_size=None, dropout=None, dtype=None):
     """A gptlite `GPT` from pretrained weights, with its tokenizer.
 
-    name_or_path: a gptlite `.keras` file; a Hugging Face GPT-2 folder
+    name_or_path: a gptlite `GPT` or `.keras` file; a Hugging Face GPT-2 folder
         (config.json, model.safetensors or pytorch_model.bin, and vocab.json
         with merges.txt or a tokenizer.json); a KerasHub GPT-2 preset folder;
         or a KerasHub preset name such as "gpt2_base_en" (downloaded by
@@ -44,12 +44,13 @@ def from_pretrained(name_or_path, block_size=None, dropout=None, dtype=None):
     dropout: the dropout to train with (default: a gptlite model's own, 0 for GPT-2).
     dtype: the Keras dtype policy to build it with (default: Keras's, float32).
     """
-    path = pathlib.Path(name_or_path)
-    source = None
-    if path.is_file() or path.suffix == ".keras":
+    source = name_or_path if isinstance(name_or_path, GPT) else None
+    path = pathlib.Path(name_or_path) if source is None else None
+    if path is not None and (path.is_file() or path.suffix == ".keras"):
         source = saving.load(path)
         if not isinstance(source, GPT):
             raise ConfigError(f"{path} holds a {type(source).__name__}; only a GPT can be fine-tuned")
+    if source is not None:
         settings = {name: value for name, value in dataclasses.asdict(source.config).items() if name != "vocab_size"}
         tokenizer = source.tokenizer
     elif path.is_dir() and _is_hugging_face_folder(path):

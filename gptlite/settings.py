@@ -61,6 +61,9 @@ class TrainingConfig:
     checkpoint_interval: int = 250  # steps between resumable checkpoints
     seed: int = 1337  # seeds weights, batches and dropout
     precision: str = "fp32"  # "fp32"; "bf16" or "fp16": mixed, float32 weights, 16-bit compute
+    lora_rank: int = 0  # above 0: train rank-r adapters on the lora_targets projections, all else frozen
+    lora_alpha: float = None  # the adapters' scale is lora_alpha / lora_rank; None: the rank (scale 1)
+    lora_targets: str = "qkv,attention_output,expand,contract"  # comma-separated, from LORA_TARGETS
 
     def __post_init__(self):
         for name in ("batch_size", "max_iters", "eval_interval", "eval_iters", "checkpoint_interval"):
@@ -75,6 +78,25 @@ class TrainingConfig:
         _require("beta2", self.beta2, lambda v: 0 <= v < 1, "in [0, 1)")
         _require("weight_decay", self.weight_decay, lambda v: v >= 0, "zero or positive")
         _require("precision", self.precision, lambda v: v in PRECISIONS, f"one of {', '.join(PRECISIONS)}")
+        _require("lora_rank", self.lora_rank, lambda v: v == 0 or _is_count(v),
+                 "zero (off) or a positive whole number")
+        _require("lora_alpha", self.lora_alpha, lambda v: v is None or v > 0, "positive")
+        lora_targets(self.lora_targets)
+
+
+# The projections LoRA may adapt in each block: the fused query/key/value
+# projection, the attention's output projection, and the feed-forward's two.
+LORA_TARGETS = ("qkv", "attention_output", "expand", "contract")
+
+
+def lora_targets(value):
+    """The projections named by a `lora_targets` setting ("qkv,expand"), checked: a tuple of LORA_TARGETS."""
+    names = tuple(name.strip() for name in str(value).split(",") if name.strip())
+    unknown = [name for name in names if name not in LORA_TARGETS]
+    if unknown or not names or not isinstance(value, str):
+        raise ConfigError(f"lora_targets must name projections from {', '.join(LORA_TARGETS)}, separated by "
+                          f"commas; got {value!r}")
+    return names
 
 
 def _is_count(value):
@@ -134,6 +156,14 @@ DEFAULT_PRESET = "cpu"
 SYNTHETIC_MAX_ITERS = {"addition": 8000, "reverse": 1500, "sort": 6000}
 # Settings a resumed run cannot change: they decide the weights' shapes and meaning.
 MODEL_SHAPE_SETTINGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "tie_weights", "position")
+# What a run that starts from a pretrained model may set of its shape: a shorter context, and dropout.
+FINE_TUNING_SHAPE_SETTINGS = ("block_size", "dropout", "attention_dropout")
+# Training a run that starts from a pretrained model, unless the preset or overrides say otherwise:
+# fewer steps at a lower learning rate, so that it adapts what it knows rather than forgetting it.
+# Adapters start at zero and move only a few weights: they take a higher rate.
+FINE_TUNING = dict(max_iters=500, lr=1e-4, min_lr=1e-5, warmup_iters=20, batch_size=8, eval_interval=100,
+                   eval_iters=20, checkpoint_interval=100, dropout=0.0)
+LORA_LEARNING_RATES = dict(lr=1e-3, min_lr=1e-4)
 # Every setting a preset or an override may set (vocab_size comes from the tokenizer).
 SETTING_NAMES = tuple(
     f.name for f in dataclasses.fields(GPTConfig) + dataclasses.fields(TrainingConfig) if f.name != "vocab_size"
@@ -165,12 +195,16 @@ def split_settings(settings):
     return model, training
 
 
-def resolve_settings(preset=None, overrides=None, checkpoint=None, seq2seq=False, synthetic=None):
+def resolve_settings(preset=None, overrides=None, checkpoint=None, seq2seq=False, synthetic=None, pretrained=None):
     """A run's settings as one flat dict: the defaults, then the preset's values, then `overrides`.
 
     Resuming from `checkpoint` (a checkpoint document), the checkpoint's
     settings come first, and an override may change how the run trains
-    (say, more max_iters), never the model's shape or its precision.
+    (say, more max_iters), never the model's shape, its precision or its
+    adapters. Starting from a `pretrained` model's `GPTConfig`, its shape
+    comes first and the defaults are FINE_TUNING's; an override may shorten
+    block_size or change dropout, nothing else of the shape (a preset's
+    shape is left out).
     """
     if preset is not None and preset not in PRESETS:
         raise ConfigError(f"preset must be one of {', '.join(sorted(PRESETS))}, got {preset!r}")
@@ -179,11 +213,16 @@ def resolve_settings(preset=None, overrides=None, checkpoint=None, seq2seq=False
     if unknown:
         raise ConfigError(f"unknown settings: {', '.join(unknown)} (the settings are {', '.join(SETTING_NAMES)})")
     requested = {**(PRESETS[preset] if preset else {}), **overrides}
+    if checkpoint is None and pretrained is not None:
+        return _fine_tuning_settings(pretrained, preset, overrides)
     if checkpoint is None:
         return {**default_settings(seq2seq, synthetic), **requested}
     saved = {name: checkpoint["model_config"][name] for name in MODEL_SHAPE_SETTINGS}
     # The optimizer state saved with float16 has a loss scale that the others lack.
     saved["precision"] = checkpoint["training_config"].get("precision", "fp32")
+    # Adapters are weights of their own, in the checkpoint.
+    for name in ("lora_rank", "lora_targets"):
+        saved[name] = checkpoint["training_config"].get(name, getattr(TrainingConfig, name))
     conflicts = [
         f"`{name}` is {saved[name]} in the checkpoint, {value} here"
         for name, value in requested.items()
@@ -196,3 +235,20 @@ def resolve_settings(preset=None, overrides=None, checkpoint=None, seq2seq=False
         )
     return {**saved, **checkpoint["training_config"],
             **{name: value for name, value in requested.items() if name not in saved}}
+
+
+def _fine_tuning_settings(pretrained, preset, overrides):
+    shape = {name: getattr(pretrained, name) for name in MODEL_SHAPE_SETTINGS}
+    refused = [f"`{name}` is {shape[name]} in the pretrained model, {value} here"
+               for name, value in overrides.items()
+               if name in shape and name not in FINE_TUNING_SHAPE_SETTINGS and value != shape[name]]
+    if refused:
+        raise ConfigError(f"a pretrained model keeps its shape: {'; '.join(refused)}; leave those settings out")
+    if overrides.get("block_size", 0) > pretrained.block_size:
+        raise ConfigError(f"`block_size={overrides['block_size']}` is longer than the pretrained model's context, "
+                          f"{pretrained.block_size}; it may only shrink")
+    model_fields = {field.name for field in dataclasses.fields(GPTConfig)}
+    preset_training = {name: value for name, value in (PRESETS[preset] if preset else {}).items()
+                       if name not in model_fields}
+    adapters = LORA_LEARNING_RATES if overrides.get("lora_rank") else {}
+    return {**default_settings(), **shape, **FINE_TUNING, **adapters, **preset_training, **overrides}

@@ -1,0 +1,294 @@
+"""Pretrained models: GPT-2 weights in from Hugging Face and KerasHub and back out, fine-tuning, LoRA.
+
+Every GPT-2 here is tiny, with random weights, built and saved locally:
+nothing is downloaded.
+"""
+
+import hashlib
+import json
+
+import keras
+import numpy as np
+import pytest
+
+import gptlite
+from conftest import make_text
+from gptlite import pretrained
+
+# Unicode, runs of spaces, tabs, newlines, contractions, an emoji (4 UTF-8 bytes) and the end token.
+TRICKY = "  Héllo\n\n  wörld 😀 it's  the cat's\that<|endoftext|>Ünïcödé — “quoted”  \n"
+CORPUS = ("The quick brown fox jumps over the lazy dog. It's a cat's hat, isn't it?\n"
+          "Ünïcödé wörds, 😀 emoji and\ttabs  and   spaces.\n") * 30
+
+
+def _logits(model, ids):
+    return keras.ops.convert_to_numpy(model(np.asarray(ids, "int32")))
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    return gptlite.BPETokenizer.train([CORPUS], 320)
+
+
+@pytest.fixture(scope="module")
+def hugging_face_folder(tmp_path_factory, bpe):
+    """A tiny GPT-2 saved by transformers, with GPT-2's tokenizer files."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    folder = tmp_path_factory.mktemp("hf")
+    torch.manual_seed(0)
+    # Wide initial weights make the likeliest token clearly ahead at each step, so greedy
+    # decoding cannot turn on a rounding difference between the two implementations.
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=bpe.vocabulary_size,
+                                     initializer_range=0.3)
+    reference = transformers.GPT2LMHeadModel(config).eval()
+    reference.save_pretrained(folder)
+    vocabulary, merges = pretrained.vocabulary_and_merges(bpe)
+    (folder / "vocab.json").write_text(json.dumps(vocabulary), encoding="utf-8")
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
+    return folder, reference
+
+
+@pytest.fixture(scope="module")
+def from_hugging_face(hugging_face_folder):
+    return gptlite.from_pretrained(hugging_face_folder[0])
+
+
+def test_a_hugging_face_gpt2_gives_its_logits_and_token_ids(hugging_face_folder, from_hugging_face, bpe):
+    import torch
+    import transformers
+
+    folder, reference = hugging_face_folder
+    model = from_hugging_face
+    assert model.config.block_size == 64 and model.config.bias and model.tokenizer.vocabulary_size == 320
+    rng = np.random.default_rng(0)
+    for length in (1, 7, 64):
+        ids = rng.integers(0, 320, size=(2, length))
+        with torch.no_grad():
+            expected = reference(torch.tensor(ids)).logits.numpy()
+        np.testing.assert_allclose(_logits(model, ids), expected, atol=1e-4)
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    assert list(model.tokenizer.encode(TRICKY)) == hf_tokenizer(TRICKY)["input_ids"]
+    assert model.tokenizer.decode(model.tokenizer.encode(TRICKY)) == TRICKY
+
+
+def test_greedy_text_is_transformers_greedy_text(hugging_face_folder, from_hugging_face):
+    import torch
+
+    _, reference = hugging_face_folder
+    model = from_hugging_face
+    prompt = "The quick brown"
+    ids = model.tokenizer.encode(prompt).astype("int64")[None]
+    with torch.no_grad():
+        out = reference.generate(torch.tensor(ids), max_new_tokens=50, do_sample=False, output_scores=True,
+                                 return_dict_in_generate=True, pad_token_id=0)
+    top_two = np.stack([np.sort(scores[0].numpy())[-2:] for scores in out.scores])
+    assert (top_two[:, 1] - top_two[:, 0]).min() > 1e-3  # no step is a near tie
+    new_ids = out.sequences[0, ids.shape[1]:].numpy()
+    end = model.tokenizer.end_token_id
+    if end in new_ids:  # gptlite's text ends before the end token
+        new_ids = new_ids[:list(new_ids).index(end)]
+    expected = model.tokenizer.decode(new_ids)
+    assert gptlite.generate(model, prompt, max_new_tokens=50, temperature=0.0) == prompt + expected
+
+
+def test_a_kerashub_preset_gives_its_logits_and_token_ids(tmp_path, bpe):
+    keras_hub = pytest.importorskip("keras_hub")
+    vocabulary, merges = pretrained.vocabulary_and_merges(bpe)
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.GPT2Backbone(vocabulary_size=bpe.vocabulary_size, num_layers=2, num_heads=2,
+                                             hidden_dim=32, intermediate_dim=128, max_sequence_length=48)
+    hub_tokenizer = keras_hub.models.GPT2Tokenizer(vocabulary=vocabulary, merges=merges)
+    preprocessor = keras_hub.models.GPT2CausalLMPreprocessor(hub_tokenizer, sequence_length=48)
+    keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=preprocessor).save_to_preset(str(tmp_path / "hub"))
+
+    model = gptlite.from_pretrained(tmp_path / "hub")
+    ids = np.random.default_rng(1).integers(0, bpe.vocabulary_size, size=(2, 48)).astype("int32")
+    hidden = backbone({"token_ids": ids, "padding_mask": np.ones_like(ids)})
+    expected = keras.ops.convert_to_numpy(backbone.token_embedding(hidden, reverse=True))
+    np.testing.assert_allclose(_logits(model, ids), expected, atol=1e-4)
+    # KerasHub's tokenizer splits a run of spaces before a word otherwise than GPT-2's own (and
+    # transformers', which gptlite follows: the test above); elsewhere the ids are the same.
+    text = "Héllo\n\nwörld 😀 it's the cat's\that<|endoftext|>Ünïcödé — “quoted” \n"
+    assert list(model.tokenizer.encode(text)) == list(keras.ops.convert_to_numpy(hub_tokenizer(text)))
+
+
+def test_a_gpt_exports_to_hugging_face_and_back(tmp_path, bpe, tokenizer):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    keras.utils.set_random_seed(2)
+    for name, model_tokenizer, bias in (("bpe", bpe, False), ("char", tokenizer, True)):
+        model = gptlite.GPT(vocab_size=model_tokenizer.vocabulary_size, n_layer=2, n_head=2, n_embd=16,
+                            block_size=24, bias=bias, tokenizer=model_tokenizer)
+        model.build((None, 24))
+        folder = tmp_path / name
+        gptlite.export_hugging_face(model, folder)
+        exported = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
+        ids = np.random.default_rng(3).integers(0, model_tokenizer.vocabulary_size, size=(2, 24))
+        with torch.no_grad():
+            expected = exported(torch.tensor(ids)).logits.numpy()
+        np.testing.assert_allclose(_logits(model, ids), expected, atol=1e-4)
+        text = TRICKY if name == "bpe" else "the cat sat\non a red hat"
+        hf_tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+        assert hf_tokenizer(text)["input_ids"] == list(model_tokenizer.encode(text))
+        assert hf_tokenizer.decode(model_tokenizer.encode(text)) == text
+        # And back: the folder is a Hugging Face GPT-2 folder like any other.
+        np.testing.assert_allclose(_logits(gptlite.from_pretrained(folder), ids), _logits(model, ids), atol=1e-5)
+
+
+def test_a_gpt_exports_as_a_kerashub_preset(tmp_path, from_hugging_face):
+    keras_hub = pytest.importorskip("keras_hub")
+    gptlite.export_kerashub(from_hugging_face, tmp_path / "hub")
+    causal_lm = keras_hub.models.GPT2CausalLM.from_preset(str(tmp_path / "hub"))
+    ids = np.random.default_rng(4).integers(0, 320, size=(2, 20)).astype("int32")
+    expected = causal_lm({"token_ids": ids, "padding_mask": np.ones_like(ids)})
+    np.testing.assert_allclose(_logits(from_hugging_face, ids), keras.ops.convert_to_numpy(expected), atol=1e-4)
+
+
+def test_exports_gpt2_cannot_express_are_refused(tmp_path, tiny_model, tokenizer):
+    untied = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=16,
+                         tie_weights=False, tokenizer=tokenizer)
+    untied.build((None, 16))
+    with pytest.raises(gptlite.ConfigError, match="tie_weights=False"):
+        gptlite.export_hugging_face(untied, tmp_path / "untied")
+    with pytest.raises(gptlite.ConfigError, match="byte-level BPE"):
+        gptlite.export_kerashub(tiny_model, tmp_path / "char")
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(gptlite.RunExistsError):
+        gptlite.export_hugging_face(tiny_model, tmp_path / "taken")
+    assert not (tmp_path / "untied").exists() and not (tmp_path / "char").exists()
+
+
+def test_folders_gptlite_cannot_read_say_why(tmp_path, hugging_face_folder):
+    folder = tmp_path / "gelu"
+    folder.mkdir()
+    config = json.loads((hugging_face_folder[0] / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "activation_function": "relu"}))
+    with pytest.raises(gptlite.InputError, match="activation 'relu'"):
+        gptlite.from_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(gptlite.MissingFileError, match="no tokenizer"):
+        gptlite.from_pretrained(folder)
+    with pytest.raises(gptlite.MissingFileError, match="no such model file"):
+        gptlite.from_pretrained(tmp_path / "missing.keras")
+
+
+# --- fine-tuning and LoRA, through the library pipeline
+
+FINE_TUNE = {"max_iters": 30, "eval_interval": 10, "eval_iters": 4, "checkpoint_interval": 10, "batch_size": 8,
+             "lr": 3e-3, "warmup_iters": 2}
+
+
+@pytest.fixture(scope="module")
+def base_model_file(tmp_path_factory, tokenizer):
+    """A saved char-level GPT with random weights, and its file's digest."""
+    keras.utils.set_random_seed(5)
+    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=2, n_head=2, n_embd=16, block_size=32,
+                        tokenizer=tokenizer)
+    model.build((None, 32))
+    path = tmp_path_factory.mktemp("base") / "model.keras"
+    gptlite.save(model, path)
+    return path
+
+
+def _assert_same(weight, expected):
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(weight), keras.ops.convert_to_numpy(expected))
+
+
+def _digest(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _mean_loss(model, text):
+    """The model's mean next-token loss over windows of `text`."""
+    ids = model.tokenizer.encode(text).astype("int32")
+    size = model.config.block_size
+    windows = np.stack([ids[i:i + size + 1] for i in range(0, len(ids) - size - 1, size)])
+    logits = _logits(model, windows[:, :-1])
+    losses = keras.ops.sparse_categorical_crossentropy(windows[:, 1:], logits, from_logits=True)
+    return float(np.mean(keras.ops.convert_to_numpy(losses)))
+
+
+def test_fine_tuning_a_saved_model_learns_the_new_text_and_leaves_the_source_alone(tmp_path, base_model_file):
+    new_text = make_text(3000, seed=7).replace("cat", "cot")
+    (tmp_path / "new.txt").write_text(new_text)
+    digest = _digest(base_model_file)
+    before = _mean_loss(gptlite.load(base_model_file), new_text[-2000:])
+
+    run = gptlite.train_on_text([tmp_path / "new.txt"], tmp_path / "tuned", {**FINE_TUNE, "max_iters": 60,
+                                                                              "block_size": 16},
+                                init_from=base_model_file, verbose=0)
+    assert run.model.config.block_size == 16 and run.model.config.n_embd == 16
+    assert run.model.tokenizer.vocabulary == gptlite.load(base_model_file).tokenizer.vocabulary
+    tuned = gptlite.load(tmp_path / "tuned" / "model.keras")
+    assert tuned.embedding.position_embeddings.shape == (16, 16)
+    assert _mean_loss(tuned, new_text[-2000:]) < before - 0.2
+    assert _digest(base_model_file) == digest
+    assert len(gptlite.generate(tuned, "the", max_new_tokens=40, seed=0)) == 43  # past its 16-token window
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"n_layer": 3}, "`n_layer` is 2 in the pretrained model"),
+    ({"block_size": 64}, "may only shrink"),
+])
+def test_fine_tuning_refuses_to_change_the_shape(tmp_path, base_model_file, settings, message):
+    (tmp_path / "new.txt").write_text(make_text(500))
+    with pytest.raises(gptlite.ConfigError, match=message):
+        gptlite.train_on_text([tmp_path / "new.txt"], tmp_path / "tuned", settings, init_from=base_model_file,
+                              verbose=0)
+    assert not (tmp_path / "tuned").exists()
+
+
+def test_characters_a_pretrained_char_model_never_saw_are_refused_or_handled(tmp_path, base_model_file):
+    (tmp_path / "new.txt").write_text(make_text(3000).replace("cat", "çat"))
+    with pytest.raises(gptlite.InputError, match="`unknown='skip'`"):
+        gptlite.train_on_text([tmp_path / "new.txt"], tmp_path / "a", FINE_TUNE, init_from=base_model_file,
+                              verbose=0)
+    run = gptlite.train_on_text([tmp_path / "new.txt"], tmp_path / "b", {**FINE_TUNE, "max_iters": 10},
+                                init_from=base_model_file, unknown="replace", verbose=0)
+    assert run.history[-1]["step"] == 10
+
+
+def test_lora_trains_only_the_adapters_and_saves_merged_weights(tmp_path, base_model_file):
+    (tmp_path / "new.txt").write_text(make_text(3000, seed=8))
+    source = gptlite.load(base_model_file)
+    settings = {**FINE_TUNE, "max_iters": 20, "lora_rank": 2, "lora_alpha": 4.0, "lora_targets": "qkv,expand"}
+    run = gptlite.train_on_text([tmp_path / "new.txt"], tmp_path / "lora", settings, init_from=base_model_file,
+                                verbose=0)
+    model = run.model
+    adapters = [w for w in model.trainable_weights]
+    # Two blocks, two projections each, A (16, 2) and B (2, 48 or 64).
+    assert sum(int(np.prod(w.shape)) for w in adapters) == 2 * (16 * 2 + 2 * 48 + 16 * 2 + 2 * 64)
+    assert all("lora_kernel" in w.path for w in adapters)
+    assert all(np.any(keras.ops.convert_to_numpy(w)) for w in adapters)
+    for block, source_block in zip(model.blocks, source.blocks):  # the frozen kernels, not their merged view
+        for name in ("qkv_projection", "output_projection"):
+            _assert_same(getattr(block.attention, name)._kernel, getattr(source_block.attention, name).kernel)
+        for name in ("expand", "contract"):
+            _assert_same(getattr(block.feed_forward, name)._kernel, getattr(source_block.feed_forward, name).kernel)
+        _assert_same(block.attention_norm.gamma, source_block.attention_norm.gamma)
+    _assert_same(model.embedding.token_embedding.embeddings, source.embedding.token_embedding.embeddings)
+    assert not model.blocks[0].attention.output_projection.lora_enabled
+
+    # The last step's model, saved: the adapters merged into plain kernels, the same logits.
+    gptlite.save(model, tmp_path / "merged.keras")
+    merged = gptlite.load(tmp_path / "merged.keras")
+    assert len(merged.weights) == len(source.weights)
+    ids = model.tokenizer.encode("the cat sat on the mat").astype("int32")[None]
+    np.testing.assert_allclose(_logits(merged, ids), _logits(model, ids), atol=1e-5)
+
+
+def test_a_resumed_lora_run_keeps_its_adapters_apart(tmp_path, base_model_file):
+    (tmp_path / "new.txt").write_text(make_text(3000, seed=9))
+    settings = {**FINE_TUNE, "lora_rank": 2}
+    gptlite.train_on_text([tmp_path / "new.txt"], tmp_path / "run", {**settings, "max_iters": 10},
+                          init_from=base_model_file, verbose=0)
+    run = gptlite.train_on_text([tmp_path / "new.txt"], tmp_path / "run", {**settings, "max_iters": 20},
+                                init_from=base_model_file, resume=True, verbose=0)
+    assert [row["step"] for row in run.history] == [10, 20]
+    layer = run.model.blocks[1].feed_forward.contract
+    _assert_same(layer._kernel, gptlite.load(base_model_file).blocks[1].feed_forward.contract.kernel)
+    assert np.any(keras.ops.convert_to_numpy(layer.lora_kernel_b))
+    with pytest.raises(gptlite.ConfigError, match="`lora_rank` is 2 in the checkpoint"):
+        gptlite.train_on_text([tmp_path / "new.txt"], tmp_path / "run", {**settings, "lora_rank": 4,
+                                                                         "max_iters": 30}, resume=True, verbose=0)
