@@ -161,7 +161,7 @@ FINE_TUNING_SHAPE_SETTINGS = ("block_size", "dropout", "attention_dropout")
 # Training a run that starts from a pretrained model, unless the preset or overrides say otherwise:
 # fewer steps at a lower learning rate, so that it adapts what it knows rather than forgetting it.
 # Adapters start at zero and move only a few weights: they take a higher rate.
-FINE_TUNING = dict(max_iters=500, lr=1e-4, min_lr=1e-5, warmup_iters=20, batch_size=8, eval_interval=100,
+FINE_TUNING = dict(max_iters=500, lr=1e-4, min_lr=1e-5, warmup_iters=10, batch_size=8, eval_interval=100,
                    eval_iters=20, checkpoint_interval=100, dropout=0.0)
 LORA_LEARNING_RATES = dict(lr=1e-3, min_lr=1e-4)
 # Every setting a preset or an override may set (vocab_size comes from the tokenizer).
