@@ -1,0 +1,134 @@
+"""Fine-tuning a GPT-2 (124M) shape: gptlite's full and LoRA steps beside the PyTorch reference's, in one run.
+
+    python benchmarks/finetune.py [--batch-size 1] [--block-size 256] [--steps 5] [--rounds 3] [--rank 8]
+                                  [--backend tensorflow] [--precision fp32]
+
+The shape is GPT-2 small's (12 layers, 12 heads, width 768, its 50,257-token
+vocabulary) with a context of --block-size; random weights (speed only). The
+reference is `torch_reference.py`'s nanoGPT model and AdamW step, eager, in
+float32. gptlite trains through `gptlite.training.train` as a fine-tuning run
+does, in full and with LoRA adapters of --rank on every projection. Each
+measurement runs in a process of its own, in turns (reference, full, LoRA,
+then again), and reports ms per step in steady state (the time of --steps
+steps after two warm-up steps, which include compiling) and the process's
+peak resident memory. The figures are the medians over --rounds.
+"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+from children import run_child
+
+GPT2_SMALL = dict(n_layer=12, n_head=12, n_embd=768, vocab_size=50257)
+WARMUP_STEPS = 2
+
+
+def measure_reference(args):
+    import numpy as np
+    import torch
+
+    from torch_reference import ReferenceTrainer
+
+    settings = dict(GPT2_SMALL, block_size=args.block_size, batch_size=args.batch_size, dropout=0.0, lr=1e-4,
+                    min_lr=1e-5, warmup_iters=2, max_iters=1000, beta2=0.99, weight_decay=0.1)
+    torch.set_num_threads(os.cpu_count())
+    ids = np.random.default_rng(0).integers(0, GPT2_SMALL["vocab_size"], 200_000)
+    trainer = ReferenceTrainer(ids, ids, GPT2_SMALL["vocab_size"], settings)
+    return _time_steps(trainer.step, args.steps)
+
+
+def measure_gptlite(args, rank):
+    import keras
+    import numpy as np
+
+    import gptlite
+    from gptlite import training
+    from gptlite.settings import TrainingConfig, dtype_policy
+
+    config = TrainingConfig(batch_size=args.batch_size, max_iters=WARMUP_STEPS + args.steps, lr=1e-4, min_lr=1e-5,
+                            warmup_iters=1, eval_interval=10_000, checkpoint_interval=10_000, eval_iters=1,
+                            precision=args.precision, lora_rank=rank)
+    keras.utils.set_random_seed(0)
+    model = gptlite.GPT(block_size=args.block_size, bias=True, dtype=dtype_policy(args.precision), **GPT2_SMALL)
+    model.build((None, args.block_size))
+    if rank:
+        model.enable_lora(rank)
+    ids = np.random.default_rng(0).integers(0, GPT2_SMALL["vocab_size"], 200_000).astype(np.uint16)
+    times = []
+
+    class Timer(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            times.append(time.perf_counter())
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out:
+        training.train(model, ids, ids[:5000], config, out, verbose=0, callbacks=[Timer()])
+    steady = times[WARMUP_STEPS - 1:]
+    trainable = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+    return {"ms_per_step": 1000 * (steady[-1] - steady[0]) / (len(steady) - 1), "trainable": trainable,
+            "peak_rss_mb": _peak_rss_mb()}
+
+
+def _time_steps(step, steps):
+    for _ in range(WARMUP_STEPS):
+        step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return {"ms_per_step": 1000 * (time.perf_counter() - start) / steps, "peak_rss_mb": _peak_rss_mb()}
+
+
+def _peak_rss_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--block-size", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--backend", default="tensorflow")
+    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--child", choices=["reference", "full", "lora"], default=None)
+    args = parser.parse_args()
+    if args.child:
+        result = (measure_reference(args) if args.child == "reference"
+                  else measure_gptlite(args, args.rank if args.child == "lora" else 0))
+        print(json.dumps(result))
+        return
+
+    env = dict(os.environ, KERAS_BACKEND=args.backend)
+    flags = [f"--batch-size={args.batch_size}", f"--block-size={args.block_size}", f"--steps={args.steps}",
+             f"--rank={args.rank}", f"--precision={args.precision}"]
+    results = {"reference": [], "full": [], "lora": []}
+    for round_number in range(args.rounds):
+        for kind in results:
+            result = run_child(kind, [__file__, f"--child={kind}", *flags], env)
+            results[kind].append(result)
+            print(f"round {round_number + 1} {kind}: {result}", file=sys.stderr, flush=True)
+    reference_ms = statistics.median(r["ms_per_step"] for r in results["reference"])
+    full_ms = statistics.median(r["ms_per_step"] for r in results["full"])
+    print(f"GPT-2 124M shape, context {args.block_size}, batch {args.batch_size}, {args.rounds} rounds; gptlite on "
+          f"{args.backend} {args.precision}")
+    print("| run | ms/step (median) | vs reference | peak RSS, MB | trained parameters |")
+    print("|---|---:|---:|---:|---:|")
+    for kind, rows in results.items():
+        ms = statistics.median(r["ms_per_step"] for r in rows)
+        rss = statistics.median(r["peak_rss_mb"] for r in rows)
+        trained = rows[0].get("trainable", "")
+        print(f"| {kind} | {ms:,.0f} | {ms / reference_ms:.2f}x | {rss:,.0f} | "
+              f"{trained if isinstance(trained, str) else f'{trained:,}'} |")
+    lora_ms = statistics.median(r["ms_per_step"] for r in results["lora"])
+    print(f"LoRA step against the full step: {full_ms / lora_ms:.2f}x faster")
+
+
+if __name__ == "__main__":
+    main()
