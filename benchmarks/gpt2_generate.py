@@ -31,12 +31,14 @@ VOCABULARY_SIZE = 50257
 
 
 def gpt2_sized_tokenizer():
-    """A byte-level tokenizer with GPT-2's 50,257 ids: the 256 bytes, placeholders, then the end token."""
+    """A byte-level tokenizer with GPT-2's 50,257 ids: the 256 bytes, one merge, placeholders, the end token."""
     from tokenizers import pre_tokenizers
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocabulary = {symbol: index for index, symbol in enumerate(alphabet)}
-    vocabulary.update({f"<unused{index}>": index for index in range(len(alphabet), VOCABULARY_SIZE - 1)})
+    merged = alphabet[0] + alphabet[1]  # one merge, which KerasHub's tokenizer needs
+    vocabulary[merged] = len(alphabet)
+    vocabulary.update({f"<unused{index}>": index for index in range(len(alphabet) + 1, VOCABULARY_SIZE - 1)})
     vocabulary[gptlite.BPETokenizer.END_TOKEN] = VOCABULARY_SIZE - 1
     return pretrained.bpe_tokenizer(vocabulary, [(alphabet[0], alphabet[1])])
 

@@ -6,8 +6,8 @@ the start token and the target so far, read with a `context` that the
 decoder computes once per source (each decoder block's cross-attention keys
 and values, and the source's padding mask; a GPT's context is empty). Then:
 
-1. Prefill: the windows, right-padded to block_size, run through the model
-   once; every block's keys and values land in a fixed-size cache and the
+1. Prefill: the windows, right-padded to the width their longest needs
+   (`prompt_columns`), run through the model once; every block's keys and values land in a fixed-size cache and the
    first new token is chosen from the logits at each row's last position.
 2. Decode: each step feeds one token per row at that row's own position,
    writes its key and value into the cache, and chooses the next token.
@@ -48,6 +48,8 @@ from gptlite.sampling import choose_beams, sample_next_token, uniform_noise
 # starts flowing at once.
 CHUNK_SIZE = 32
 FIRST_CHUNK_SIZE = 8
+# The narrowest prefill of a GPT's windows (see prompt_columns).
+PREFILL_WIDTH = 64
 # The kinds of steps one decode call runs (see Decoder.loop).
 CACHED, RECOMPUTE, RECOMPUTE_THEN_CACHED = "cached", "recompute", "recompute then cached"
 
@@ -344,14 +346,18 @@ def windows(block_size, rows_ids):
 
 
 def prompt_columns(window, lengths, sources):
-    """The columns of the windows that the prefill reads.
+    """The columns of the windows that the prefill reads: enough for the longest.
 
-    A GPT's: all of them, so that no prompt length compiles the prefill
-    anew. A Seq2Seq's windows are short, most often its start token alone:
-    the columns up to the longest, so that its prefill costs one step, not
-    a whole window (one compile per width, and the width is nearly always 1).
+    A GPT's: a power of two, at least PREFILL_WIDTH, so that a short prompt
+    in a long context runs through the model at its length rather than the
+    whole window's, and prompt lengths compile the prefill a few times at
+    most (once per width). A Seq2Seq's windows are short, most often its
+    start token alone: exactly the longest.
     """
-    return window if sources is None else window[:, :max(1, int(np.max(lengths)))]
+    longest = max(1, int(np.max(lengths)))
+    if sources is not None:
+        return window[:, :longest]
+    return window[:, :max(PREFILL_WIDTH, 1 << (longest - 1).bit_length())]
 
 
 def plan_calls(lengths, block_size, max_new_tokens, use_cache, slide, first_chunk=FIRST_CHUNK_SIZE):
