@@ -88,6 +88,21 @@ def sinusoidal_position_encoding(length, width):
 
 
 @register
+def dense(layer, x):
+    """A Dense layer applied to x (B, T, in), with its LoRA adapters, if it has them, on the side.
+
+    With adapters (Keras's `Dense.enable_lora`) it computes x W + b +
+    (alpha / rank) (x A) B, the same as Keras's Dense, which first merges the
+    adapters into W, but without that merge: training then needs no gradient
+    of the whole frozen W, only of A and B, which makes a LoRA step cheaper.
+    """
+    if not layer.lora_enabled:
+        return layer(x)
+    y = ops.matmul(x, layer._kernel) + (layer.lora_alpha / layer.lora_rank) * ops.matmul(
+        ops.matmul(x, layer.lora_kernel_a), layer.lora_kernel_b)
+    return y if layer.bias is None else y + layer.bias
+
+
 class TokenAndPositionEmbedding(keras.layers.Layer):
     """Token embedding plus position information, and the tied output projection.
 
@@ -243,11 +258,11 @@ class CausalSelfAttention(keras.layers.Layer):
             # The backend's fused attention (torch's scaled_dot_product_attention,
             # flash where it can; under XLA the same ops as below), on heads
             # that need no transposing.
-            qkv = ops.reshape(self.qkv_projection(x), (-1, length, 3, self.num_heads, self.head_size))
+            qkv = ops.reshape(dense(self.qkv_projection, x), (-1, length, 3, self.num_heads, self.head_size))
             attended = ops.dot_product_attention(
                 qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], is_causal=True
             )  # (B, T, H, D)
-            merged = self.output_projection(ops.reshape(attended, (-1, length, self.num_heads * self.head_size)))
+            merged = dense(self.output_projection, ops.reshape(attended, (-1, length, self.num_heads * self.head_size)))
             return self.output_dropout(merged, training=training)
         query, key, value = self._project_heads(x)  # each (B, H, T, D)
         mask = causal_mask(length, length)  # (T, T), broadcast over B and H
@@ -281,13 +296,13 @@ class CausalSelfAttention(keras.layers.Layer):
 
     def _project_heads(self, x):
         length = ops.shape(x)[1]
-        qkv = self.qkv_projection(x)  # (B, T, 3C)
+        qkv = dense(self.qkv_projection, x)  # (B, T, 3C)
         qkv = ops.reshape(qkv, (-1, length, 3, self.num_heads, self.head_size))
         qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))  # (3, B, H, T, D)
         return qkv[0], qkv[1], qkv[2]
 
     def _merge_heads(self, attended):
-        return self.output_projection(merge_heads(attended))  # (B, T, C)
+        return dense(self.output_projection, merge_heads(attended))  # (B, T, C)
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -453,8 +468,8 @@ class FeedForward(keras.layers.Layer):
         self.output_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
     def call(self, x, training=None):
-        hidden = ops.gelu(self.expand(x), approximate=True)  # (B, T, 4C)
-        return self.output_dropout(self.contract(hidden), training=training)  # (B, T, C)
+        hidden = ops.gelu(dense(self.expand, x), approximate=True)  # (B, T, 4C)
+        return self.output_dropout(dense(self.contract, hidden), training=training)  # (B, T, C)
 
     def compute_output_shape(self, input_shape):
         return input_shape

@@ -155,9 +155,8 @@ def _pretrained(init_from, out_dir, seq2seq, tokenizer, vocab_size):
     if tokenizer != "char" or vocab_size is not None:
         raise ConfigError("a pretrained model keeps its own tokenizer: leave out `tokenizer` and `vocab_size` "
                           "with `init_from`")
-    source = pathlib.Path(init_from)
-    if source.exists() and (out_dir / "model.keras").exists() and (out_dir / "model.keras").samefile(
-            source if source.is_file() else source / "model.keras"):
+    source, target = pathlib.Path(init_from), out_dir / "model.keras"
+    if source.is_file() and target.exists() and target.samefile(source):
         raise ConfigError(f"`init_from` is the model in `out_dir` {out_dir}; write the new run to another `out_dir`")
     return pretrained.from_pretrained(init_from)
 

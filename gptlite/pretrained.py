@@ -86,41 +86,44 @@ def gpt2_arrays(model):
     """A GPT's weights under GPT-2's names, as float32 numpy arrays.
 
     Layers without biases give zero biases, which is what they compute; an
-    untied output head has no GPT-2 name, so such a model is refused.
+    untied output head has no GPT-2 name, so such a model is refused. LoRA
+    adapters, where enabled, come merged into their kernels.
     """
     if not model.config.tie_weights:
         raise ConfigError("GPT-2 ties its output head to the token embedding; this model has a head of its own "
                           "(`tie_weights=False`)")
-    arrays = {"wte.weight": model.embedding.token_embedding.embeddings,
-              "wpe.weight": model.embedding.position_embeddings}
-    for index, block in enumerate(model.blocks):
-        arrays.update(_block_arrays(f"h.{index}.", block))
-    arrays.update(_norm_arrays("ln_f.", model.final_norm))
-    return {name: np.asarray(_value(weight), dtype=np.float32) for name, weight in arrays.items()}
-
-
-def _block_arrays(prefix, block):
-    parts = {"ln_1.": block.attention_norm, "ln_2.": block.feed_forward_norm}
     arrays = {}
-    for name, norm in parts.items():
-        arrays.update(_norm_arrays(prefix + name, norm))
-    dense = {"attn.c_attn.": block.attention.qkv_projection, "attn.c_proj.": block.attention.output_projection,
-             "mlp.c_fc.": block.feed_forward.expand, "mlp.c_proj.": block.feed_forward.contract}
-    for name, layer in dense.items():
-        arrays[prefix + name + "weight"] = layer.kernel  # LoRA, where enabled, merged in
-        arrays[prefix + name + "bias"] = layer.bias if layer.bias is not None else np.zeros(layer.units)
+    for name, (layer, attribute) in _gpt2_names(model).items():
+        weight = getattr(layer, attribute)
+        arrays[name] = _zero_bias(layer) if weight is None else np.asarray(_value(weight), dtype=np.float32)
     return arrays
 
 
-def _norm_arrays(prefix, norm):
-    width = norm.gamma.shape[0]
-    return {prefix + "weight": norm.gamma, prefix + "bias": norm.beta if norm.beta is not None else np.zeros(width)}
+def _gpt2_names(model):
+    """GPT-2's name for each weight of a GPT: name -> (layer, attribute)."""
+    names = {"wte.weight": (model.embedding.token_embedding, "embeddings"),
+             "wpe.weight": (model.embedding, "position_embeddings")}
+    for index, block in enumerate(model.blocks):
+        layers = {"ln_1": block.attention_norm, "attn.c_attn": block.attention.qkv_projection,
+                  "attn.c_proj": block.attention.output_projection, "ln_2": block.feed_forward_norm,
+                  "mlp.c_fc": block.feed_forward.expand, "mlp.c_proj": block.feed_forward.contract}
+        for name, layer in layers.items():
+            norm = name.startswith("ln")
+            names[f"h.{index}.{name}.weight"] = (layer, "gamma" if norm else "kernel")
+            names[f"h.{index}.{name}.bias"] = (layer, "beta" if norm else "bias")
+    names["ln_f.weight"], names["ln_f.bias"] = (model.final_norm, "gamma"), (model.final_norm, "beta")
+    return names
+
+
+def _zero_bias(layer):
+    """The bias that a layer built without one has in effect: zeros."""
+    return np.zeros(layer.units if hasattr(layer, "units") else layer.gamma.shape[0], np.float32)
 
 
 def _value(weight):
     from keras import ops
 
-    return ops.convert_to_numpy(weight) if not isinstance(weight, np.ndarray) else weight
+    return ops.convert_to_numpy(weight)
 
 
 def load_gpt2_arrays(model, arrays):
@@ -137,15 +140,15 @@ def load_gpt2_arrays(model, arrays):
         if len(positions) < block_size:
             raise InputError(f"the weights hold {len(positions)} positions; the model needs {block_size}")
         arrays["wpe.weight"] = positions[:block_size]
-    targets = _targets(model)
-    missing = sorted(set(targets) - set(arrays) - {name for name in targets if targets[name] is None})
+    targets = {name: getattr(layer, attribute) for name, (layer, attribute) in _gpt2_names(model).items()}
+    missing = sorted(name for name, weight in targets.items() if name not in arrays and weight is not None)
     if missing:
         raise InputError(f"the weights lack {', '.join(missing[:3])}{' and more' if len(missing) > 3 else ''}")
     extra = sorted(set(arrays) - set(targets))
     if extra:
         raise InputError(f"the weights hold {', '.join(extra[:3])}, which this model has no place for")
     for name, weight in targets.items():
-        value = np.asarray(arrays[name])
+        value = np.asarray(arrays.get(name, 0))
         if weight is None:  # a bias or norm shift the model does without
             if np.any(value):
                 raise InputError(f"{name} is not zero, but the model has no biases (`bias=False`)")
@@ -153,22 +156,6 @@ def load_gpt2_arrays(model, arrays):
         if tuple(value.shape) != tuple(weight.shape):
             raise InputError(f"{name} has shape {tuple(value.shape)}; the model needs {tuple(weight.shape)}")
         weight.assign(value.astype(weight.dtype))
-
-
-def _targets(model):
-    """GPT-2's names -> the model's variables (None for a bias the model lacks)."""
-    targets = {"wte.weight": model.embedding.token_embedding.embeddings,
-               "wpe.weight": model.embedding.position_embeddings}
-    for index, block in enumerate(model.blocks):
-        prefix = f"h.{index}."
-        for name, norm in (("ln_1.", block.attention_norm), ("ln_2.", block.feed_forward_norm)):
-            targets[prefix + name + "weight"], targets[prefix + name + "bias"] = norm.gamma, norm.beta
-        for name, layer in (("attn.c_attn.", block.attention.qkv_projection),
-                            ("attn.c_proj.", block.attention.output_projection),
-                            ("mlp.c_fc.", block.feed_forward.expand), ("mlp.c_proj.", block.feed_forward.contract)):
-            targets[prefix + name + "weight"], targets[prefix + name + "bias"] = layer._kernel, layer.bias
-    targets["ln_f.weight"], targets["ln_f.bias"] = model.final_norm.gamma, model.final_norm.beta
-    return targets
 
 
 # --- tokenizers

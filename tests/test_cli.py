@@ -512,3 +512,30 @@ def test_library_settings_are_written_as_the_commands_flags():
     # Words that only look like settings, and paths, stay as they are.
     assert as_flags("bad bytes in runs/max_iters.txt: the errors are many", parser) == \
         "bad bytes in runs/max_iters.txt: the errors are many"
+
+
+@pytest.mark.slow
+@ONCE
+def test_a_saved_model_fine_tunes_with_lora_and_exports_for_other_tools(capsys, tmp_path, trained_run):
+    from gptlite.cli import main, train_main
+
+    _, text_file, out = trained_run
+    source = out / "model.keras"
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    tuned = tmp_path / "tuned"
+    result = run_python("train.py", str(text_file), "--init-from", str(source), "--out", str(tuned),
+                        "--max-iters", "20", "--eval-interval", "10", "--eval-iters", "2", "--lora-rank", "2")
+    assert "starting from" in result.stdout and "of them trained" in result.stdout
+    assert hashlib.sha256(source.read_bytes()).hexdigest() == digest
+    assert gptlite.load(tuned / "model.keras").config == gptlite.load(source).config
+    assert train_main([str(text_file), "--init-from", str(source), "--out", str(tmp_path / "x"),
+                       "--n-embd", "64"]) == 2
+    assert "--n-embd is 32 in the pretrained model" in capsys.readouterr().err
+    assert train_main([str(text_file), "--init-from", str(tmp_path / "none.keras"), "--out", str(tmp_path / "x")]) == 2
+    assert "no such model file" in capsys.readouterr().err
+
+    assert main(["export", "--model", str(tuned / "model.keras"), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
+    assert (tmp_path / "hf" / "model.safetensors").exists() and (tmp_path / "hf" / "tokenizer.json").exists()
+    assert main(["export", "--model", str(tuned / "model.keras"), "--format", "kerashub",
+                 "--out", str(tmp_path / "hub")]) == 2
+    assert "byte-level BPE" in capsys.readouterr().err and not (tmp_path / "hub").exists()

@@ -292,3 +292,21 @@ def test_a_resumed_lora_run_keeps_its_adapters_apart(tmp_path, base_model_file):
     with pytest.raises(gptlite.ConfigError, match="`lora_rank` is 2 in the checkpoint"):
         gptlite.train_on_text([tmp_path / "new.txt"], tmp_path / "run", {**settings, "lora_rank": 4,
                                                                          "max_iters": 30}, resume=True, verbose=0)
+
+
+def test_other_hugging_face_files_read_the_same(tmp_path, hugging_face_folder, from_hugging_face, bpe):
+    """pytorch_model.bin for the weights, tokenizer.json for the tokenizer."""
+    import shutil
+
+    import torch
+
+    folder, reference = hugging_face_folder
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(folder / "config.json", other)
+    torch.save(reference.state_dict(), other / "pytorch_model.bin")
+    (other / "tokenizer.json").write_text(bpe.definition, encoding="utf-8")
+    model = gptlite.from_pretrained(other)
+    ids = np.arange(30)[None] % 320
+    np.testing.assert_array_equal(_logits(model, ids), _logits(from_hugging_face, ids))
+    assert list(model.tokenizer.encode(TRICKY)) == list(from_hugging_face.tokenizer.encode(TRICKY))
