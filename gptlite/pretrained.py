@@ -187,11 +187,9 @@ def vocabulary_and_merges(tokenizer):
 # --- Hugging Face folders
 
 def _is_hugging_face_folder(path):
-    config = path / "config.json"
-    if not config.exists():
-        return False
+    """A Hugging Face folder's config.json names its model_type; a KerasHub preset's names a Keras class."""
     try:
-        return "model_type" in json.loads(config.read_text()) or "n_embd" in json.loads(config.read_text())
+        return "model_type" in json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
         return False
 
@@ -202,6 +200,9 @@ def _read_hugging_face(folder):
     model_type = config.get("model_type", "gpt2")
     if model_type != "gpt2":
         raise InputError(f"{folder} holds a {model_type} model; gptlite reads GPT-2 models")
+    missing = [key for key in ("n_layer", "n_head", "n_embd", "vocab_size") if key not in config]
+    if missing:
+        raise InputError(f"{folder}/config.json lacks {', '.join(missing)}")
     n_embd = config["n_embd"]
     unsupported = [
         (config.get("activation_function", "gelu_new") not in _TANH_GELU,
