@@ -346,12 +346,21 @@ def _read_kerashub(preset):
     """(shape settings, tokenizer, GPT-2's arrays) of a KerasHub GPT-2 preset (a name or a folder)."""
     import keras_hub
 
+    known = sorted(keras_hub.models.GPT2Backbone.presets)
+    if not pathlib.Path(preset).exists() and str(preset) not in known:
+        raise MissingFileError(f"no such model: {preset} is not a gptlite .keras file, a Hugging Face GPT-2 "
+                               f"folder, a KerasHub preset folder or a KerasHub GPT-2 preset name "
+                               f"({', '.join(known)})")
     try:
         backbone = keras_hub.models.Backbone.from_preset(str(preset))
         hub_tokenizer = keras_hub.models.GPT2Tokenizer.from_preset(str(preset))
-    except Exception as error:  # keras-hub raises many kinds for a name it cannot find or fetch
-        raise MissingFileError(f"cannot load {preset!r}: not a gptlite .keras file, a Hugging Face GPT-2 folder "
-                               f"or a KerasHub GPT-2 preset ({str(error).splitlines()[0]})") from None
+    except Exception as error:  # keras-hub raises many kinds for a folder it cannot read or a name it cannot fetch
+        reason = str(error).splitlines()[0][:200]
+        if pathlib.Path(preset).exists():
+            raise InputError(f"cannot load the KerasHub preset {preset}: {reason}") from None
+        raise MissingFileError(f"cannot download the KerasHub preset {preset} (is a network reachable?): {reason}; "
+                               f"where one is, keras-hub keeps it in its cache, or save it as a folder with "
+                               f"save_to_preset and give the folder") from None
     if not isinstance(backbone, keras_hub.models.GPT2Backbone):
         raise InputError(f"{preset} holds a {type(backbone).__name__}; gptlite reads GPT-2 models")
     shape = dict(n_layer=backbone.num_layers, n_head=backbone.num_heads, n_embd=backbone.hidden_dim,

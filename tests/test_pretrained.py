@@ -171,6 +171,11 @@ def test_folders_gptlite_cannot_read_say_why(tmp_path, hugging_face_folder):
         gptlite.from_pretrained(folder)
     with pytest.raises(gptlite.MissingFileError, match="no such model file"):
         gptlite.from_pretrained(tmp_path / "missing.keras")
+    with pytest.raises(gptlite.MissingFileError, match="no such model: gpt2_no_such_size .* gpt2_base_en"):
+        gptlite.from_pretrained("gpt2_no_such_size")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(gptlite.InputError, match="cannot load the KerasHub preset"):
+        gptlite.from_pretrained(tmp_path / "empty")
 
 
 # --- fine-tuning and LoRA, through the library pipeline
