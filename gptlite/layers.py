@@ -87,7 +87,6 @@ def sinusoidal_position_encoding(length, width):
     return encoding.astype(np.float32)
 
 
-@register
 def dense(layer, x):
     """A Dense layer applied to x (B, T, in), with its LoRA adapters, if it has them, on the side.
 
@@ -103,6 +102,7 @@ def dense(layer, x):
     return y if layer.bias is None else y + layer.bias
 
 
+@register
 class TokenAndPositionEmbedding(keras.layers.Layer):
     """Token embedding plus position information, and the tied output projection.
 
@@ -262,7 +262,8 @@ class CausalSelfAttention(keras.layers.Layer):
             attended = ops.dot_product_attention(
                 qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], is_causal=True
             )  # (B, T, H, D)
-            merged = dense(self.output_projection, ops.reshape(attended, (-1, length, self.num_heads * self.head_size)))
+            merged = dense(self.output_projection,
+                           ops.reshape(attended, (-1, length, self.num_heads * self.head_size)))
             return self.output_dropout(merged, training=training)
         query, key, value = self._project_heads(x)  # each (B, H, T, D)
         mask = causal_mask(length, length)  # (T, T), broadcast over B and H

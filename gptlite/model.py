@@ -116,10 +116,11 @@ class _Transformer(keras.Model):
 
         Each targeted Dense layer (`targets` from LORA_TARGETS: "qkv",
         "attention_output", "expand", "contract") gains two small matrices
-        A (in, rank) and B (rank, out), B starting at zero, and computes with
-        kernel + (alpha / rank) A B (Keras's `enable_lora`); the kernel itself
-        is frozen, as is every other weight. A saved model holds the merged
-        kernels and no adapters. The model must be built; compile it after.
+        A (in, rank) and B (rank, out), B starting at zero (Keras's
+        `enable_lora`), and computes x W + (alpha / rank) (x A) B
+        (`layers.dense`); its kernel W is frozen, as is every other weight. A
+        saved model holds the merged kernels and no adapters. The model must
+        be built; compile it after.
         """
         targets = lora_targets(",".join(targets) if isinstance(targets, (list, tuple)) else targets)
         if not self.built:
