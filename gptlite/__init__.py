@@ -44,6 +44,7 @@ __version__ = "0.1.0"
 # Each public name that needs Keras, and the module that defines it.
 _LAZY = {
     "generate": "generation", "generate_target": "generation", "stream": "generation",
+    "evaluate": "evaluation", "Evaluation": "evaluation",
     "AttentionMaps": "inspection", "attention_maps": "inspection", "plot_attention": "inspection",
     "plot_positions": "inspection", "token_report": "inspection",
     "Attention": "layers", "CausalSelfAttention": "layers", "EncoderBlock": "layers", "FeedForward": "layers",

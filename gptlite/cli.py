@@ -464,6 +464,44 @@ def _export(args):
               f"(batch, up to {model.config.block_size} tokens, int32) to the next token's logits")
 
 
+# --- evaluation ----------------------------------------------------------------
+
+
+def _eval_parser(prog):
+    parser = _Parser(prog=prog, description="Measure a GPT on text files: loss per token, perplexity, bits per "
+                                            "character and per byte (see docs/evaluation.md).")
+    parser.add_argument("model", type=pathlib.Path, help="the model file (a model.keras)")
+    parser.add_argument("texts", nargs="+", type=pathlib.Path, metavar="TEXT",
+                        help="text files, or folders of them, each scored on its own")
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+    parser.add_argument("--encoding", default="utf-8", help="the files' encoding (default: utf-8)")
+    parser.add_argument("--errors", choices=["strict", "replace"], default="strict",
+                        help="bytes that do not decode: stop with an error (the default) or replace them")
+    parser.add_argument("--unknown", choices=UNKNOWN_CHOICES, default="error",
+                        help="characters the model never saw: stop with an error (the default), leave them out, "
+                             "or replace each with a space")
+    _add_backend_flag(parser)
+    return parser
+
+
+def _eval(args):
+    from gptlite import evaluation, saving
+
+    model = saving.load(args.model)
+    result = evaluation.evaluate(model, args.texts, encoding=args.encoding, errors=args.errors,
+                                 unknown=args.unknown, verbose=0 if args.json else sys.stdout.isatty())
+    if args.json:
+        print(json.dumps({"model": str(args.model), "sources": [score.as_dict() for score in result.sources],
+                          "total": result.total.as_dict()}, indent=1))
+        return
+    rows = result.sources + ([result.total] if len(result.sources) > 1 else [])
+    print(f"{'text':<30} {'loss':>7} {'ppl':>9} {'bits/char':>9} {'bits/byte':>9} {'tokens':>11} {'bytes':>11} "
+          f"{'seconds':>8}")
+    for score in rows:
+        print(f"{score.name[-30:]:<30} {score.loss:>7.4f} {score.perplexity:>9.3f} {score.bits_per_character:>9.4f} "
+              f"{score.bits_per_byte:>9.4f} {score.tokens:>11,} {score.bytes:>11,} {score.seconds:>8.1f}")
+
+
 # --- inspection ----------------------------------------------------------------
 
 
@@ -542,11 +580,13 @@ train_main = _command("gptlite-train", _train_parser, _train)
 generate_main = _command("gptlite-generate", _generate_parser, _generate)
 export_main = _command("gptlite-export", _export_parser, _export)
 inspect_main = _command("gptlite-inspect", _inspect_parser, _inspect)
-COMMANDS = {"train": train_main, "generate": generate_main, "export": export_main, "inspect": inspect_main}
+eval_main = _command("gptlite-eval", _eval_parser, _eval)
+COMMANDS = {"train": train_main, "generate": generate_main, "export": export_main, "inspect": inspect_main,
+            "eval": eval_main}
 
 
 def main(argv=None):
-    """`gptlite train|generate|export|inspect ...`: each command under one name."""
+    """`gptlite train|generate|export|inspect|eval ...`: each command under one name."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] not in COMMANDS:
         print(f"usage: gptlite {{{','.join(COMMANDS)}}} ... (gptlite COMMAND --help for its options)",

@@ -24,6 +24,7 @@ ALLOWED = {
     "generation": {"model", "decoding", "sampling", "text"},
     "saving": {"model", "files"},
     "pretrained": {"model", "saving", "files", "tokenizers"},
+    "evaluation": {"model", "data", "text"},
     "inspection": {"model", "files", "text"},
     "checkpoints": {"files"},
     "distribute": set(),
@@ -32,7 +33,7 @@ ALLOWED = {
     "pipeline": {"model", "data", "pairs", "generation", "training", "checkpoints", "distribute", "settings",
                  "tokenizers", "pretrained"},
     "cli": {"settings", "text", "pairs", "pipeline", "generation", "inspection", "saving", "files", "model",
-            "pretrained"},
+            "pretrained", "evaluation"},
 }
 
 

@@ -1,0 +1,164 @@
+"""Measuring a GPT on any text: loss per token, perplexity, bits per character and bits per byte.
+
+Loss per token depends on the tokenizer: a char model's is per character, a
+BPE model's per token of several characters. Bits per character (and per
+UTF-8 byte), the summed loss in bits over the characters (bytes) it
+predicted, do not: they compare char and BPE models, and gptlite with other
+tools, on the same text.
+
+The text is read in pieces and scored in windows of the model's context that
+overlap by half: the first window scores all its tokens, each later one only
+its second half, so every token after the first window is predicted from at
+least half a window of context (a "stride" of half the context). A model
+whose tokenizer has an end token reads it before the text, as a document
+start, so that the first token is predicted too; otherwise the first token
+is context only, and its characters and bytes are not counted.
+"""
+
+import dataclasses
+import math
+import pathlib
+import time
+
+import keras
+import numpy as np
+
+from gptlite import data
+from gptlite.errors import ConfigError, InputError
+from gptlite.model import GPT
+from gptlite.text import known_text
+
+# Logits held at once at most (batch x context x vocabulary), about 512 MB of float32.
+MAX_LOGITS = 2**27
+
+
+@dataclasses.dataclass
+class Score:
+    """What a model scored on one text (or on several, added up)."""
+
+    name: str
+    tokens: int  # tokens predicted
+    characters: int  # the characters they make up
+    bytes: int  # and their UTF-8 bytes
+    nats: float  # the summed loss, in nats
+    seconds: float
+
+    @property
+    def loss(self):
+        """Mean loss per predicted token, in nats."""
+        return self.nats / self.tokens
+
+    @property
+    def perplexity(self):
+        return math.exp(self.loss)
+
+    @property
+    def bits_per_character(self):
+        return self.nats / math.log(2) / self.characters
+
+    @property
+    def bits_per_byte(self):
+        return self.nats / math.log(2) / self.bytes
+
+    def as_dict(self):
+        return dict(name=self.name, loss=self.loss, perplexity=self.perplexity,
+                    bits_per_character=self.bits_per_character, bits_per_byte=self.bits_per_byte,
+                    tokens=self.tokens, characters=self.characters, bytes=self.bytes,
+                    seconds=round(self.seconds, 3))
+
+
+@dataclasses.dataclass
+class Evaluation:
+    """`evaluate`'s result: a `Score` for each source, and their total."""
+
+    sources: list
+    total: Score
+
+
+def evaluate(model, sources, encoding="utf-8", errors="strict", unknown="error", verbose=0):
+    """Score a GPT on the text of `sources` (files, or folders of them, each scored on its own); an `Evaluation`.
+
+    encoding, errors: how the files are decoded; unknown: characters a char
+    vocabulary lacks are an error ("error"), left out ("skip") or spaces
+    ("replace"). verbose=1 shows a progress bar over the bytes read.
+    """
+    if not isinstance(model, GPT):
+        raise ConfigError(f"evaluate scores a GPT on text, not a {type(model).__name__}")
+    sources = [sources] if isinstance(sources, (str, pathlib.Path)) else list(sources)
+    if not sources:
+        raise ConfigError("give at least one text file to evaluate on")
+    corpora = [data.Corpus.from_files([source], encoding, errors) for source in sources]  # every file checked first
+    scorer = _Scorer(model)
+    progress = keras.utils.Progbar(sum(corpus.size for corpus in corpora), unit_name="byte",
+                                   verbose=1 if verbose else 0)
+    scores = []
+    for source, corpus in zip(sources, corpora):
+        started = time.perf_counter()
+        tokens, characters, size, nats = scorer.score(
+            (known_text(model.tokenizer, piece, unknown, "text") for piece in corpus.pieces()), progress)
+        if tokens == 0:
+            raise InputError(f"{source} has too little text to score: it needs at least two tokens")
+        scores.append(Score(str(source), tokens, characters, size, nats, time.perf_counter() - started))
+    total = Score("total", *(sum(getattr(score, field) for score in scores)
+                             for field in ("tokens", "characters", "bytes", "nats", "seconds")))
+    return Evaluation(scores, total)
+
+
+class _Scorer:
+    """Windows of a model's context over a stream of text pieces, scored in batches."""
+
+    def __init__(self, model):
+        self.model = model
+        self.window = model.config.block_size
+        self.stride = self.window - self.window // 2  # each later window scores this many tokens
+        self.batch_size = max(1, min(32, MAX_LOGITS // (self.window * model.config.vocab_size)))
+        self.tokenizer = model.tokenizer
+
+    def score(self, pieces, progress):
+        """(tokens predicted, their characters, their bytes, summed loss) over the text of `pieces`."""
+        start_token = self.tokenizer.end_token_id
+        buffer = np.asarray([] if start_token is None else [start_token], np.int64)
+        first = start_token is None  # the first token is context only: its text is not counted
+        scored_from = 1  # the buffer position of the first token not yet scored
+        characters = size = 0
+        batch, totals = [], [0, 0.0]
+        for piece in pieces:
+            if not piece:
+                continue
+            ids = np.asarray(self.tokenizer.encode(piece), np.int64)
+            characters += len(piece)
+            size += len(piece.encode("utf-8"))
+            if first and len(ids):
+                head = self.tokenizer.decode(ids[:1])
+                characters -= len(head)
+                size -= len(head.encode("utf-8"))
+                first = False
+            buffer = np.concatenate([buffer, ids])
+            # Whole windows: inputs buffer[0:T], targets buffer[1:T+1], scoring targets from `scored_from`.
+            while len(buffer) >= self.window + 1:
+                batch.append((buffer[:self.window + 1], scored_from))
+                buffer, scored_from = buffer[self.stride:], self.window + 1 - self.stride
+                if len(batch) == self.batch_size:
+                    self._run(batch, totals)
+                    batch = []
+            progress.add(len(piece.encode("utf-8")))
+        if scored_from < len(buffer):  # the end: one last window over the tokens left, scoring the new ones
+            batch.append((buffer, scored_from))
+        if batch:
+            self._run(batch, totals)
+        return totals[0], characters, size, totals[1]
+
+    def _run(self, batch, totals):
+        """Add the batch's scored tokens and summed loss to `totals` ([tokens, nats])."""
+        length = max(len(ids) for ids, _ in batch) - 1
+        inputs = np.zeros((len(batch), length), np.int32)
+        targets = np.zeros((len(batch), length), np.int32)
+        scored = np.zeros((len(batch), length), bool)
+        for row, (ids, scored_from) in enumerate(batch):
+            inputs[row, :len(ids) - 1], targets[row, :len(ids) - 1] = ids[:-1], ids[1:]
+            scored[row, scored_from - 1:len(ids) - 1] = True
+        logits = self.model(inputs, training=False)
+        losses = keras.ops.convert_to_numpy(
+            keras.ops.sparse_categorical_crossentropy(targets, logits, from_logits=True))
+        totals[0] += int(scored.sum())
+        totals[1] += float(losses[scored].astype(np.float64).sum())

@@ -1,0 +1,104 @@
+"""`evaluate` and `gptlite eval`: a model's loss, perplexity and bits per character and byte on any text."""
+
+import json
+import math
+
+import keras
+import numpy as np
+import pytest
+
+import gptlite
+from gptlite import data
+from conftest import make_text
+
+
+def _brute_force_nats(model, ids):
+    """The summed loss of tokens 1.. of `ids`, each from the context the strided windows give it."""
+    size = model.config.block_size
+    stride = size - size // 2
+    nats = 0.0
+    for target in range(1, len(ids)):
+        start = max(0, math.ceil((target - size) / stride)) * stride
+        assert target - start >= min(target, size - stride + 1)  # at least half a window of context
+        logits = model(np.asarray(ids[start:target], "int32")[None])[0, -1]
+        nats += float(keras.ops.convert_to_numpy(
+            keras.ops.sparse_categorical_crossentropy(np.asarray([ids[target]]), logits[None], from_logits=True))[0])
+    return nats
+
+
+def test_every_token_is_scored_once_from_at_least_half_a_window(tmp_path, tiny_model):
+    text = make_text(40, seed=3)  # about 150 characters: ten windows of 16
+    (tmp_path / "a.txt").write_text(text)
+    result = gptlite.evaluate(tiny_model, [tmp_path / "a.txt"])
+    score = result.sources[0]
+    # A char tokenizer has no end token: the first character is context only.
+    assert (score.tokens, score.characters, score.bytes) == (len(text) - 1,) * 3
+    np.testing.assert_allclose(score.nats, _brute_force_nats(tiny_model, tiny_model.tokenizer.encode(text)),
+                               rtol=1e-4)
+    assert score.loss == pytest.approx(score.nats / score.tokens)
+    assert score.perplexity == pytest.approx(math.exp(score.loss))
+    assert score.bits_per_character == pytest.approx(score.loss / math.log(2))  # one ASCII byte per token
+    assert score.bits_per_byte == pytest.approx(score.bits_per_character)
+
+
+def test_text_read_in_many_pieces_scores_as_in_one(tmp_path, tiny_model, monkeypatch):
+    (tmp_path / "a.txt").write_text(make_text(200, seed=4))
+    whole = gptlite.evaluate(tiny_model, [tmp_path / "a.txt"]).total
+    monkeypatch.setattr(data, "PIECE_BYTES", 37)
+    pieces = gptlite.evaluate(tiny_model, [tmp_path / "a.txt"]).total
+    assert pieces.tokens == whole.tokens
+    np.testing.assert_allclose(pieces.nats, whole.nats, rtol=1e-5)
+
+
+def test_a_bpe_model_predicts_every_token_after_its_end_token(tmp_path):
+    text = "naïve café — ünïcode text, " * 20
+    tokenizer = gptlite.BPETokenizer.train([text], 300)
+    keras.utils.set_random_seed(0)
+    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=16,
+                        tokenizer=tokenizer)
+    (tmp_path / "a.txt").write_text(text)
+    score = gptlite.evaluate(model, tmp_path / "a.txt").sources[0]
+    assert score.tokens == len(tokenizer.encode(text))
+    assert (score.characters, score.bytes) == (len(text), len(text.encode("utf-8")))
+    assert score.bits_per_byte < score.bits_per_character  # several bytes to some characters
+    ids = [tokenizer.end_token_id, *tokenizer.encode(text)]
+    np.testing.assert_allclose(score.nats, _brute_force_nats(model, ids), rtol=1e-4)
+
+
+def test_several_files_give_a_score_each_and_a_total(tmp_path, tiny_model):
+    for name, seed in (("a.txt", 1), ("b.txt", 2)):
+        (tmp_path / name).write_text(make_text(100, seed=seed))
+    result = gptlite.evaluate(tiny_model, [tmp_path / "a.txt", tmp_path / "b.txt"])
+    assert [score.name for score in result.sources] == [str(tmp_path / "a.txt"), str(tmp_path / "b.txt")]
+    assert result.total.tokens == sum(score.tokens for score in result.sources)
+    assert result.total.nats == pytest.approx(sum(score.nats for score in result.sources))
+    lowest, highest = sorted(score.loss for score in result.sources)
+    assert lowest <= result.total.loss <= highest
+
+
+def test_the_eval_command_prints_a_table_or_json_and_refuses_bad_input(tmp_path, capsys, tiny_model):
+    from gptlite.cli import main
+
+    gptlite.save(tiny_model, tmp_path / "model.keras")
+    (tmp_path / "a.txt").write_text(make_text(100, seed=5))
+    assert main(["eval", str(tmp_path / "model.keras"), str(tmp_path / "a.txt"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    direct = gptlite.evaluate(tiny_model, [tmp_path / "a.txt"]).total
+    assert report["total"]["tokens"] == direct.tokens
+    assert report["total"]["bits_per_character"] == pytest.approx(direct.bits_per_character, rel=1e-5)
+    assert main(["eval", str(tmp_path / "model.keras"), str(tmp_path / "a.txt")]) == 0
+    assert "bits/char" in capsys.readouterr().out
+
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "odd.txt").write_text("the cat sät")
+    (tmp_path / "not_a_model.keras").write_text("text")
+    for args, message in [
+        ([str(tmp_path / "model.keras"), str(tmp_path / "empty.txt")], "too little text"),
+        ([str(tmp_path / "model.keras"), str(tmp_path / "odd.txt")], "'ä'"),
+        ([str(tmp_path / "not_a_model.keras"), str(tmp_path / "a.txt")], "not a .keras model file"),
+        ([str(tmp_path / "model.keras"), str(tmp_path / "missing.txt")], "no such file"),
+    ]:
+        assert main(["eval", *args]) == 2
+        error = capsys.readouterr().err
+        assert message in error and error.count("\n") == 1
+    assert main(["eval", str(tmp_path / "model.keras"), str(tmp_path / "odd.txt"), "--unknown", "replace"]) == 0
