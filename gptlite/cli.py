@@ -1,4 +1,4 @@
-"""The commands `gptlite-train`, `gptlite-generate`, `gptlite-export`, `gptlite-inspect` and `gptlite`
+"""The commands `gptlite-train`, `gptlite-generate`, `gptlite-export`, `gptlite-inspect`, `gptlite-eval` and `gptlite`
 (also `train.py`, `generate.py` and `python -m gptlite.cli`).
 
 Each command parses its flags, calls the library and turns a `GPTLiteError`
