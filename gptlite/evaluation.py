@@ -150,14 +150,15 @@ class _Scorer:
 
     def _run(self, batch, totals):
         """Add the batch's scored tokens and summed loss to `totals` ([tokens, nats])."""
-        length = max(len(ids) for ids, _ in batch) - 1
-        inputs = np.zeros((len(batch), length), np.int32)
-        targets = np.zeros((len(batch), length), np.int32)
-        scored = np.zeros((len(batch), length), bool)
+        # Every batch has one shape, (batch_size, window), right-padded: Keras's compiled predict
+        # step is then built once. Attention is causal, so the padding changes no scored logit.
+        inputs = np.zeros((self.batch_size, self.window), np.int32)
+        targets = np.zeros((self.batch_size, self.window), np.int32)
+        scored = np.zeros((self.batch_size, self.window), bool)
         for row, (ids, scored_from) in enumerate(batch):
             inputs[row, :len(ids) - 1], targets[row, :len(ids) - 1] = ids[:-1], ids[1:]
             scored[row, scored_from - 1:len(ids) - 1] = True
-        logits = self.model(inputs, training=False)
+        logits = self.model.predict_on_batch(inputs)
         losses = keras.ops.convert_to_numpy(
             keras.ops.sparse_categorical_crossentropy(targets, logits, from_logits=True))
         totals[0] += int(scored.sum())
