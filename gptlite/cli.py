@@ -139,6 +139,11 @@ def _add_backend_flag(parser):
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
 
 
+def _add_unknown_flag(parser, which):
+    parser.add_argument("--unknown", choices=UNKNOWN_CHOICES, default="error",
+                        help=f"{which}: stop with an error (the default), leave them out, or replace each with a space")
+
+
 def _check_backend(requested):
     """`--backend` takes effect before Keras is imported; here it can only be checked."""
     import keras
@@ -197,9 +202,7 @@ def _train_parser(prog):
                              "Hugging Face GPT-2 folder, or a KerasHub GPT-2 preset (a folder, or a name such as "
                              "gpt2_base_en, downloaded where a network is reachable); it keeps its shape and "
                              "tokenizer, and its file is only read (see docs/pretrained.md)")
-    parser.add_argument("--unknown", choices=UNKNOWN_CHOICES, default="error",
-                        help="with --init-from: text characters the pretrained char vocabulary lacks: stop with an "
-                             "error (the default), leave them out, or replace each with a space")
+    _add_unknown_flag(parser, "with --init-from: text characters the pretrained char vocabulary lacks")
     parser.add_argument("--distribute", action="store_true",
                         help="train data-parallel over every local device (tensorflow: GPUs, else CPU devices; "
                              "jax: all devices), or over several hosts (see docs/training.md); the batch is split "
@@ -303,9 +306,7 @@ def _generate_parser(prog):
                              "every token the whole context; more is faster with less context")
     parser.add_argument("--no-cache", dest="use_cache", action="store_false",
                         help="recompute the whole context for every token: the same text, slower")
-    parser.add_argument("--unknown", choices=UNKNOWN_CHOICES, default="error",
-                        help="prompt characters the model never saw: stop with an error (the default), "
-                             "leave them out, or replace each with a space")
+    _add_unknown_flag(parser, "prompt characters the model never saw")
     inside = parser.add_argument_group("seeing inside (instead of sampling)")
     inside.add_argument("--attention", type=pathlib.Path, default=None, metavar="FILE",
                         help="draw the attention weights over the prompt's tokens (a seq2seq model: its source "
@@ -477,9 +478,7 @@ def _eval_parser(prog):
     parser.add_argument("--encoding", default="utf-8", help="the files' encoding (default: utf-8)")
     parser.add_argument("--errors", choices=["strict", "replace"], default="strict",
                         help="bytes that do not decode: stop with an error (the default) or replace them")
-    parser.add_argument("--unknown", choices=UNKNOWN_CHOICES, default="error",
-                        help="characters the model never saw: stop with an error (the default), leave them out, "
-                             "or replace each with a space")
+    _add_unknown_flag(parser, "characters the model never saw")
     _add_backend_flag(parser)
     return parser
 
@@ -524,9 +523,7 @@ def _inspect_parser(prog):
     parser.add_argument("--positions", type=pathlib.Path, default=None, metavar="FILE",
                         help="draw the position encoding and the similarity of positions to FILE "
                              "(.png, .svg or .pdf)")
-    parser.add_argument("--unknown", choices=UNKNOWN_CHOICES, default="error",
-                        help="characters the model never saw: stop with an error (the default), "
-                             "leave them out, or replace each with a space")
+    _add_unknown_flag(parser, "characters the model never saw")
     _add_backend_flag(parser)
     return parser
 
