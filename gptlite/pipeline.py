@@ -123,8 +123,11 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
         corpus = data.Corpus.from_text(data.default_corpus(), "the Python standard library's sources")
     with data_parallel(training_config.batch_size) if distribute else contextlib.nullcontext() as replicas:
         if start is not None:
-            model = pretrained.from_pretrained(start, model_settings["block_size"], model_settings["dropout"],
-                                               dtype_policy(training_config.precision))
+            wanted = (model_settings["block_size"], model_settings["dropout"], dtype_policy(training_config.precision))
+            model = start
+            if wanted != (start.config.block_size, start.config.dropout, start.dtype_policy.name):
+                # Another context, dropout or precision: a copy of it, built so (GPT-2's 124M, once more in memory).
+                model = pretrained.from_pretrained(start, *wanted)
             say(f"starting from {init_from}")
         else:
             model = _gpt(corpus, checkpoint, model_settings, training_config, tokenizer, vocab_size, say)
