@@ -27,6 +27,8 @@ SAMPLE_DIVIDER = "\n" + "-" * 40 + "\n"
 SETTING_CHOICES = {"position": list(settings.POSITIONS), "precision": list(settings.PRECISIONS)}
 # Settings whose flags say more than their defaults.
 SETTING_HELP = {
+    "grad_accum": "each optimizer step adds up the gradients of N batches of --batch-size (default: 1): a batch "
+                  "N times larger in the memory of one; steps and intervals count optimizer steps",
     "lora_rank": "train rank-N low-rank adapters on the projections --lora-targets names, every other weight "
                  "frozen (default: 0, off); the saved model holds the merged weights",
     "lora_alpha": "the adapters' scale is X / --lora-rank (default: the rank, a scale of 1)",

@@ -231,19 +231,37 @@ def check_enough_tokens(train_ids, validation_ids, block_size):
         )
 
 
+def draw_rows(population, batch_size, seed, index, micro_batches=1, part=(0, 1)):
+    """Row numbers below `population` for item `index` of a stream of random batches.
+
+    Each optimizer step draws `batch_size * micro_batches` rows from (seed,
+    step) alone; with `micro_batches` above 1, item `index` is its
+    `index % micro_batches`-th equal slice, so that accumulating the slices'
+    gradients sees the rows one large batch would. With `part=(i, n)`, only
+    the i-th of n equal slices of those rows: the share one of n training
+    processes feeds.
+    """
+    step, micro = divmod(index, micro_batches)
+    rng = np.random.default_rng((seed, step))
+    rows = rng.integers(0, population, size=batch_size * micro_batches)
+    part, parts = part
+    rows = rows[micro * batch_size: (micro + 1) * batch_size]
+    return rows[part * batch_size // parts: (part + 1) * batch_size // parts]
+
+
 class RandomWindows(keras.utils.PyDataset):
     """Batches of random (block_size + 1)-token windows, as (inputs, next-token targets).
 
     Batch `i` depends only on (seed, first_index + i), so a run is reproducible
     and can be resumed at any step without replaying the ones before it.
+    `micro_batches` and `part` slice each step's rows as `draw_rows` says;
+    there are then `num_batches * micro_batches` items.
 
     Yields x (B, T) and y (B, T) int32, where y is x shifted left by one token.
-    With `part=(i, n)`, only the i-th of n equal slices of each batch's rows:
-    the share one of n training processes feeds.
     """
 
-    def __init__(self, token_ids, block_size, batch_size, num_batches, seed=0, first_index=0, part=(0, 1),
-                 **kwargs):
+    def __init__(self, token_ids, block_size, batch_size, num_batches, seed=0, first_index=0, micro_batches=1,
+                 part=(0, 1), **kwargs):
         super().__init__(**kwargs)
         if len(token_ids) < block_size + 1:
             raise InputError(f"{len(token_ids)} tokens cannot fill a window of {block_size + 1}")
@@ -253,17 +271,16 @@ class RandomWindows(keras.utils.PyDataset):
         self.batch_count = num_batches
         self.seed = seed
         self.first_index = first_index
+        self.micro_batches = micro_batches
         self.part = part
         self._offsets = np.arange(block_size + 1)  # (T + 1,)
 
     def __len__(self):
-        return self.batch_count
+        return self.batch_count * self.micro_batches
 
     def __getitem__(self, index):
-        rng = np.random.default_rng((self.seed, self.first_index + index))
-        starts = rng.integers(0, len(self.token_ids) - self.block_size, size=self.batch_size)
-        part, parts = self.part
-        starts = starts[part * self.batch_size // parts: (part + 1) * self.batch_size // parts]
+        starts = draw_rows(len(self.token_ids) - self.block_size, self.batch_size, self.seed,
+                           self.first_index * self.micro_batches + index, self.micro_batches, self.part)
         windows = self.token_ids[starts[:, None] + self._offsets].astype(np.int32)  # (B, T + 1)
         return windows[:, :-1], windows[:, 1:]
 

@@ -63,6 +63,13 @@ def data_parallel(batch_size):
         raise ConfigError(f"distributed training needs the tensorflow or jax backend, not {backend}")
 
 
+def check_accumulation(grad_accum):
+    """Refuse gradient accumulation where Keras cannot do it data-parallel: under TensorFlow's mirrored replicas."""
+    if grad_accum > 1 and keras.backend.backend() == "tensorflow":
+        raise ConfigError("`grad_accum` above 1 does not train data-parallel under tensorflow (Keras cannot "
+                          "accumulate gradients across mirrored replicas); use the jax backend, or one device")
+
+
 def process_part():
     """(i, n): this is process i of the n that train together, each feeding 1/n of every batch."""
     if keras.backend.backend() == "jax" and keras.distribution.distribution() is not None:

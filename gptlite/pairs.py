@@ -6,6 +6,7 @@ import dataclasses
 import keras
 import numpy as np
 
+from gptlite.data import draw_rows
 from gptlite.errors import InputError
 from gptlite.files import read_text
 from gptlite.settings import SYNTHETIC_MAX_ITERS
@@ -202,28 +203,28 @@ class PairBatches(keras.utils.PyDataset):
     """Batches of pairs drawn at random, as (model inputs, next-token targets).
 
     Batch `i` depends only on (seed, first_index + i), as `data.RandomWindows`,
-    and `part` takes a slice of each batch's rows in the same way. Yields
+    and `micro_batches` and `part` slice each step's rows in the same way. Yields
     {"source_ids": (B, S), "target_ids": (B, S)} and targets (B, S), int32;
     padded target positions hold the pad id, which the loss leaves out.
     """
 
-    def __init__(self, pair_set, batch_size, num_batches, seed=0, first_index=0, part=(0, 1), **kwargs):
+    def __init__(self, pair_set, batch_size, num_batches, seed=0, first_index=0, micro_batches=1, part=(0, 1),
+                 **kwargs):
         super().__init__(**kwargs)
         self.pair_set = pair_set
         self.batch_size = batch_size
         self.batch_count = num_batches
         self.seed = seed
         self.first_index = first_index
+        self.micro_batches = micro_batches
         self.part = part
 
     def __len__(self):
-        return self.batch_count
+        return self.batch_count * self.micro_batches
 
     def __getitem__(self, index):
-        rng = np.random.default_rng((self.seed, self.first_index + index))
-        rows = rng.integers(0, len(self.pair_set), size=self.batch_size)
-        part, parts = self.part
-        rows = rows[part * self.batch_size // parts: (part + 1) * self.batch_size // parts]
+        rows = draw_rows(len(self.pair_set), self.batch_size, self.seed,
+                         self.first_index * self.micro_batches + index, self.micro_batches, self.part)
         targets = self.pair_set.target_ids[rows]
         inputs = {"source_ids": self.pair_set.source_ids[rows], "target_ids": targets[:, :-1]}
         return inputs, targets[:, 1:]

@@ -22,7 +22,7 @@ import numpy as np
 
 from gptlite import data, generation, pairs, pretrained, training
 from gptlite.checkpoints import CHECKPOINT_STATE, CHECKPOINT_WEIGHTS, read_checkpoint
-from gptlite.distribute import data_parallel
+from gptlite.distribute import check_accumulation, data_parallel
 from gptlite.errors import ConfigError, InputError, RunExistsError
 from gptlite.model import GPT, Seq2Seq
 from gptlite.settings import GPTConfig, TrainingConfig, dtype_policy, resolve_settings, split_settings
@@ -109,6 +109,8 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
                           "and not with `resume=True`")
     if seq2seq:
         _check_seq2seq_options(sources, synthetic, tokenizer, distribute)
+    if distribute:
+        check_accumulation(training_config.grad_accum)
     if not resume:
         _prepare_folder(out_dir, overwrite)
 
@@ -295,10 +297,13 @@ def _backend_and_precision(training_config):
 
 
 def _schedule(training_config, checkpoint, replicas):
+    accumulated = training_config.grad_accum
     return (
         (f"resuming at step {checkpoint['step']} of " if checkpoint else "")
         + f"{training_config.max_iters} steps of batch {training_config.batch_size}"
-        + (f" split across {replicas} devices" if replicas else "") + "; "
+        + (f" split across {replicas} devices" if replicas else "")
+        + (f", {accumulated} batches a step ({training_config.batch_size * accumulated} sequences)"
+           if accumulated > 1 else "") + "; "
         f"validation loss every {training_config.eval_interval} steps, "
         f"checkpoint every {training_config.checkpoint_interval}"
     )

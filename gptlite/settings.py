@@ -49,7 +49,8 @@ PRECISIONS = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float1
 class TrainingConfig:
     """How to train. Defaults are the `cpu` preset."""
 
-    batch_size: int = 12  # sequences per step
+    batch_size: int = 12  # sequences per micro-batch; a step takes grad_accum of them
+    grad_accum: int = 1  # micro-batches whose gradients add up to one optimizer step
     max_iters: int = 2000  # optimizer steps in the whole run
     lr: float = 1e-3  # peak learning rate, reached after warm-up
     min_lr: float = 1e-4  # learning rate at the end of the cosine decay
@@ -66,7 +67,7 @@ class TrainingConfig:
     lora_targets: str = "qkv,attention_output,expand,contract"  # comma-separated, from LORA_TARGETS
 
     def __post_init__(self):
-        for name in ("batch_size", "max_iters", "eval_interval", "eval_iters", "checkpoint_interval"):
+        for name in ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters", "checkpoint_interval"):
             _require(name, getattr(self, name), _is_count, "a positive whole number")
         _require("warmup_iters", self.warmup_iters, lambda v: v == 0 or _is_count(v), "zero or a positive whole number")
         _require("lr", self.lr, lambda v: v > 0, "positive")
@@ -200,8 +201,8 @@ def resolve_settings(preset=None, overrides=None, checkpoint=None, seq2seq=False
 
     Resuming from `checkpoint` (a checkpoint document), the checkpoint's
     settings come first, and an override may change how the run trains
-    (say, more max_iters), never the model's shape, its precision or its
-    adapters. Starting from a `pretrained` model's `GPTConfig`, its shape
+    (say, more max_iters), never the model's shape, its precision, its
+    adapters or its gradient accumulation. Starting from a `pretrained` model's `GPTConfig`, its shape
     comes first and the defaults are FINE_TUNING's; an override may shorten
     block_size or change dropout, nothing else of the shape (a preset's
     shape is left out).
@@ -220,8 +221,8 @@ def resolve_settings(preset=None, overrides=None, checkpoint=None, seq2seq=False
     saved = {name: checkpoint["model_config"][name] for name in MODEL_SHAPE_SETTINGS}
     # The optimizer state saved with float16 has a loss scale that the others lack.
     saved["precision"] = checkpoint["training_config"].get("precision", "fp32")
-    # Adapters are weights of their own, in the checkpoint.
-    for name in ("lora_rank", "lora_targets"):
+    # Adapters are weights of their own, in the checkpoint, and so are the gradient accumulators.
+    for name in ("lora_rank", "lora_targets", "grad_accum"):
         saved[name] = checkpoint["training_config"].get(name, getattr(TrainingConfig, name))
     conflicts = [
         f"`{name}` is {saved[name]} in the checkpoint, {value} here"

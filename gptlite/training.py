@@ -25,8 +25,8 @@ from gptlite.settings import dtype_policy
 
 
 def learning_rate_schedule(config):
-    """Linear warm-up to `lr`, then cosine decay to `min_lr` at `max_iters`."""
-    return keras.optimizers.schedules.CosineDecay(
+    """Linear warm-up to `lr`, then cosine decay to `min_lr` at `max_iters`, counted in optimizer steps."""
+    schedule = keras.optimizers.schedules.CosineDecay(
         # Start above zero so the first step is not wasted.
         initial_learning_rate=config.lr / (config.warmup_iters + 1),
         warmup_target=config.lr,
@@ -34,13 +34,35 @@ def learning_rate_schedule(config):
         decay_steps=config.max_iters - config.warmup_iters,
         alpha=config.min_lr / config.lr,
     )
+    return schedule if config.grad_accum == 1 else _PerOptimizerStep(schedule, config.grad_accum)
+
+
+class _PerOptimizerStep(keras.optimizers.schedules.LearningRateSchedule):
+    """A schedule of optimizer steps, for an optimizer that accumulates gradients.
+
+    Keras calls the schedule with the count of micro-batches; the step that
+    applies the accumulated gradients of optimizer step s is micro-batch
+    (s + 1) * micro_batches - 1, and must get the rate of step s.
+    """
+
+    def __init__(self, schedule, micro_batches):
+        self.schedule = schedule
+        self.micro_batches = micro_batches
+
+    def __call__(self, micro_step):
+        return self.schedule(keras.ops.floor_divide(micro_step, self.micro_batches))
+
+    def get_config(self):
+        return {"schedule": keras.optimizers.schedules.serialize(self.schedule), "micro_batches": self.micro_batches}
 
 
 def make_optimizer(model, config):
     """AdamW with clipping at global norm 1.0, decaying only weight matrices.
 
     Decaying biases, norms or embeddings pulls them towards zero for no gain in
-    generalisation, so they are left out. `model` must be built.
+    generalisation, so they are left out. With `grad_accum` above 1, Keras
+    adds up that many micro-batches' gradients and applies their mean (clipped)
+    once. `model` must be built.
     """
     optimizer = keras.optimizers.AdamW(
         learning_rate=learning_rate_schedule(config),
@@ -48,6 +70,7 @@ def make_optimizer(model, config):
         beta_1=0.9,
         beta_2=config.beta2,
         global_clipnorm=1.0,
+        gradient_accumulation_steps=config.grad_accum if config.grad_accum > 1 else None,
     )
     embedding_tables = [
         v for v in model.embedding.trainable_variables
@@ -117,13 +140,14 @@ class StopRequest:
 
 
 class _StepWatcher(keras.callbacks.Callback):
-    """Stops `fit` after the step in which a stop was requested or the loss went non-finite."""
+    """Counts optimizer steps (each `micro_batches` of `fit`'s batches), and stops `fit`
+    after the step in which a stop was requested, or at once when the loss goes non-finite."""
 
-    def __init__(self, stop_request, progress, seed, first_step):
+    def __init__(self, stop_request, progress, seed, first_step, micro_batches):
         super().__init__()
         self.stop_request = stop_request
         self.progress = progress
-        self.seed, self.first_step = seed, first_step
+        self.seed, self.first_step, self.micro_batches = seed, first_step, micro_batches
         self.mean_loss = math.nan
         self.steps = 0
         self.torch = None
@@ -137,13 +161,17 @@ class _StepWatcher(keras.callbacks.Callback):
             # On torch, Keras's unseeded dropout draws from torch's own global
             # generator, which the data loader also draws from; seeding it from
             # the step makes the masks the same in a resumed run.
-            self.torch.manual_seed(self.seed * 1_000_003 + self.first_step + batch)
+            self.torch.manual_seed(self.seed * 1_000_003 + self.first_step * self.micro_batches + batch)
 
     def on_train_batch_end(self, batch, logs=None):
-        self.steps = batch + 1
-        self.mean_loss = float(logs["loss"])  # mean over this fit call's steps so far
+        self.mean_loss = float(logs["loss"])  # mean over this fit call's batches so far
+        if not math.isfinite(self.mean_loss):
+            self.model.stop_training = True
+        if (batch + 1) % self.micro_batches:
+            return  # within an optimizer step
+        self.steps = (batch + 1) // self.micro_batches
         self.progress.step_done(self.mean_loss)
-        if not math.isfinite(self.mean_loss) or self.stop_request.requested:
+        if self.stop_request.requested:
             self.model.stop_training = True
 
 
@@ -181,7 +209,8 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
     A GPT trains on token ids (1-D arrays), a Seq2Seq on `pairs.PairSet`s.
     `metrics` maps a name to a function of the model that returns a fraction
     (a Seq2Seq's exact match, say): each evaluation records and shows it.
-    Every `eval_interval` steps the validation loss is measured; the best model
+    Steps are optimizer steps: with `grad_accum` above 1, each takes that many
+    batches of `batch_size`. Every `eval_interval` steps the validation loss is measured; the best model
     by validation loss is saved to `out_dir/model.keras`, with `history.csv`
     and `loss.png` beside it. Every `checkpoint_interval` steps, and when a
     stop is requested (Ctrl-C, SIGTERM), a checkpoint is written from which
@@ -219,9 +248,9 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
     with contextlib.ExitStack() as stack:
         stop_request = stop_request or stack.enter_context(StopRequest())
         for boundary in (b for b in boundaries if b > state.step):
-            watcher = _StepWatcher(stop_request, progress, config.seed, state.step)
-            batches = _batches(train_ids, block_size, config.batch_size, boundary - state.step,
-                               seed=config.seed, first_index=state.step, part=part)
+            watcher = _StepWatcher(stop_request, progress, config.seed, state.step, config.grad_accum)
+            batches = _batches(train_ids, block_size, config.batch_size, boundary - state.step, seed=config.seed,
+                               first_index=state.step, micro_batches=config.grad_accum, part=part)
             model.fit(batches, epochs=1, shuffle=False, callbacks=[watcher, *callbacks], verbose=0)
             state.step += watcher.steps
             if not math.isfinite(watcher.mean_loss):

@@ -44,3 +44,7 @@ def test_a_resumed_run_keeps_its_shape_and_precision_and_may_train_longer():
     assert resumed["max_iters"] == 500 and resumed["seed"] == 5 and resumed["n_embd"] == PRESETS["tiny"]["n_embd"]
     with pytest.raises(gptlite.ConfigError, match="`n_embd` is 32 in the checkpoint, 64 here; `precision` is fp32"):
         resolve_settings(overrides={"n_embd": 64, "precision": "bf16"}, checkpoint=checkpoint)
+    # An older checkpoint has no grad_accum: it trained one batch a step, and keeps doing so.
+    assert resumed["grad_accum"] == 1
+    with pytest.raises(gptlite.ConfigError, match="`grad_accum` is 1 in the checkpoint, 4 here"):
+        resolve_settings(overrides={"grad_accum": 4}, checkpoint=checkpoint)

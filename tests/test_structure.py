@@ -18,7 +18,7 @@ ALLOWED = {
     "layers": set(),
     "model": {"layers", "settings"},
     "data": {"tokenizers", "files", "text"},
-    "pairs": {"files", "settings"},
+    "pairs": {"data", "files", "settings"},
     "sampling": set(),
     "decoding": {"model", "sampling"},
     "generation": {"model", "decoding", "sampling", "text"},

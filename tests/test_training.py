@@ -207,6 +207,62 @@ def test_nan_loss_stops_training_and_keeps_the_last_good_model(tmp_path, tokeniz
     assert (tmp_path / "model.keras").read_bytes() == b"the last good model"
 
 
+def accumulating_run(tokenizer, text, out, batch_size, grad_accum, max_iters=5, stop_request=None, resume=False):
+    keras.utils.set_random_seed(7)
+    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=16,
+                        tokenizer=tokenizer)
+    model.build((None, 16))
+    train_ids, validation_ids = data.split(tokenizer.encode(text))
+    config = gptlite.TrainingConfig(batch_size=batch_size, grad_accum=grad_accum, max_iters=max_iters, lr=3e-3,
+                                    min_lr=3e-4, warmup_iters=2, eval_interval=5, eval_iters=1,
+                                    checkpoint_interval=5, seed=3)
+    rows = training.train(model, train_ids, validation_ids, config, out, verbose=0, resume=resume,
+                          stop_request=stop_request)
+    return model, rows
+
+
+@pytest.fixture(scope="module")
+def one_batch_of_16(tmp_path_factory, tokenizer, text):
+    return accumulating_run(tokenizer, text, tmp_path_factory.mktemp("batch16"), 16, 1)
+
+
+def test_two_micro_batches_of_8_take_the_steps_one_batch_of_16_takes(tmp_path, tokenizer, text, one_batch_of_16):
+    whole, whole_rows = one_batch_of_16
+    accumulated, accumulated_rows = accumulating_run(tokenizer, text, tmp_path, 8, 2)
+
+    assert int(keras.ops.convert_to_numpy(accumulated.optimizer.iterations)) == 5
+    assert [row["step"] for row in accumulated_rows] == [5]
+    assert accumulated_rows[0]["learning_rate"] == pytest.approx(whole_rows[0]["learning_rate"], rel=1e-6)
+    assert accumulated_rows[0]["train_loss"] == pytest.approx(whole_rows[0]["train_loss"], abs=1e-5)
+    moved = 0.0
+    for got, want, start in zip(accumulated.weights, whole.weights, _initial_weights(tokenizer)):
+        got, want = keras.ops.convert_to_numpy(got), keras.ops.convert_to_numpy(want)
+        np.testing.assert_allclose(got, want, atol=1e-5, err_msg="weights differ after 5 steps")
+        moved = max(moved, float(np.abs(want - start).max()))
+    assert moved > 1e-3  # the steps did train: equal weights are not equal starting points
+
+
+def _initial_weights(tokenizer):
+    keras.utils.set_random_seed(7)
+    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=16,
+                        tokenizer=tokenizer)
+    model.build((None, 16))
+    return [keras.ops.convert_to_numpy(weight) for weight in model.weights]
+
+
+def test_an_accumulating_run_stops_between_optimizer_steps_and_resumes(tmp_path, tokenizer, text):
+    class StopAtOnce:
+        signal_number = signal.SIGINT
+        requested = True
+
+    with pytest.raises(gptlite.TrainingInterrupted, match="stopped at step 1 of 10"):
+        accumulating_run(tokenizer, text, tmp_path, 8, 3, max_iters=10, stop_request=StopAtOnce())
+    assert checkpoints.read_checkpoint(tmp_path)["step"] == 1
+    model, rows = accumulating_run(tokenizer, text, tmp_path, 8, 3, max_iters=10, resume=True)
+    assert [row["step"] for row in rows] == [5, 10]
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 10
+
+
 # --- data-parallel training
 
 # Runs the train command on two virtual CPU devices. With NO_CLIP set, both
