@@ -106,6 +106,9 @@ def test_in_process_errors_for_bad_flags(capsys, tmp_path, trained_run):
     assert "is a file" in capsys.readouterr().err
     assert train_main(["--preset", "tiny", "--out", str(a_file / "inside")]) == 2
     assert "cannot write to --out" in capsys.readouterr().err
+    assert train_main(["--preset", "tiny", "--grad-accum", "0", "--out", str(tmp_path / "run")]) == 2
+    assert "--grad-accum must be a positive whole number, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
     with pytest.raises(SystemExit) as exit_info:
         train_main(["--preset", "huge"])
     assert exit_info.value.code == 2
