@@ -209,6 +209,16 @@ def _train_parser(prog):
                         help="train data-parallel over every local device (tensorflow: GPUs, else CPU devices; "
                              "jax: all devices), or over several hosts (see docs/training.md); the batch is split "
                              "across them and the learning rate is unchanged")
+    parser.add_argument("--tensorboard", nargs="?", const=True, default=None, type=pathlib.Path, metavar="DIR",
+                        help="write TensorBoard event files at each evaluation (losses, bits per character, learning "
+                             "rate, tokens per second, a text sample) to DIR, or with no DIR to --out/tensorboard; "
+                             "view them with: tensorboard --logdir DIR")
+    parser.add_argument("--mfu", action="store_true", default=None,
+                        help="show and record model FLOPs utilisation at each evaluation, against --peak-flops "
+                             "(on by default for --preset gpu on a GPU)")
+    parser.add_argument("--peak-flops", type=float, default=None, metavar="X",
+                        help="the hardware's peak FLOPs per second for --mfu (default: 312e12, an A100's bfloat16 "
+                             "peak, as nanoGPT uses); giving it turns --mfu on")
     _add_backend_flag(parser)
     group = parser.add_argument_group("settings (each overrides the preset's value)")
     fields = {f.name: f for f in dataclasses.fields(settings.GPTConfig) + dataclasses.fields(settings.TrainingConfig)}
@@ -236,8 +246,8 @@ def _train(args):
         args.texts, args.out, {name: getattr(args, name) for name in settings.SETTING_NAMES},
         preset=args.preset, task=args.task, synthetic=args.synthetic, tokenizer=args.tokenizer,
         vocab_size=args.vocab_size, encoding=args.encoding, errors=args.errors, init_from=args.init_from,
-        unknown=args.unknown, distribute=args.distribute,
-        resume=args.resume, overwrite=args.overwrite)
+        unknown=args.unknown, distribute=args.distribute, resume=args.resume, overwrite=args.overwrite,
+        tensorboard=args.tensorboard, mfu=args.mfu, peak_flops=args.peak_flops)
     best = run.best
     print(
         f"\nbest validation loss {best['val_loss']:.4f} at step {best['step']}; "
@@ -247,8 +257,7 @@ def _train(args):
         _show_targets(run.model, run.held_out)
         return
     print("sample from the final model:\n")
-    for piece in generation.stream(run.model, "", max_new_tokens=300, temperature=0.8, top_k=200,
-                                   seed=run.training_config.seed):
+    for piece in generation.stream(run.model, "", seed=run.training_config.seed, **pipeline.SAMPLING):
         _print_piece(piece)
     print()
 

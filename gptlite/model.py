@@ -179,6 +179,14 @@ class GPT(_Transformer):
         """
         return self._decode_with_cache(token_ids, cache, start_positions)
 
+    def training_flops_per_token(self):
+        """The FLOPs a training step spends per token at full context, estimated as nanoGPT does
+        (after PaLM's appendix B): 6 per weight, forward and backward, but the position table's,
+        which is only looked up, and 12 x layers x width x context for attention's own products."""
+        config = self.config
+        weights = self.count_params() - config.block_size * config.n_embd
+        return 6 * weights + 12 * config.n_layer * config.n_embd * config.block_size
+
     def attention_weights(self, token_ids):
         """Attention weights of every block, stacked: (n_layer, B, H, T, T)."""
         x = self.embedding(token_ids)

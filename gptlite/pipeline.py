@@ -25,12 +25,15 @@ from gptlite.checkpoints import CHECKPOINT_STATE, CHECKPOINT_WEIGHTS, read_check
 from gptlite.distribute import check_accumulation, data_parallel
 from gptlite.errors import ConfigError, InputError, RunExistsError
 from gptlite.model import GPT, Seq2Seq
+from gptlite.records import DEFAULT_PEAK_FLOPS, check_tensorboard
 from gptlite.settings import GPTConfig, TrainingConfig, dtype_policy, resolve_settings, split_settings
 from gptlite.tokenizers import BPETokenizer, CharTokenizer
 
 TASKS = ("lm", "seq2seq")
 TOKENIZERS = ("char", "bpe")
 DEFAULT_BPE_VOCABULARY = 4096
+# How a run samples its model, at each TensorBoard evaluation and at its end.
+SAMPLING = dict(max_new_tokens=300, temperature=0.8, top_k=200)
 
 
 @dataclasses.dataclass
@@ -51,7 +54,8 @@ class TrainedRun:
 
 def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task=None, synthetic=None,
                   tokenizer="char", vocab_size=None, encoding="utf-8", errors="strict", init_from=None,
-                  unknown="error", distribute=False, resume=False, overwrite=False, verbose=1):
+                  unknown="error", distribute=False, resume=False, overwrite=False, tensorboard=None, mfu=None,
+                  peak_flops=None, verbose=1):
     """Train a model on the text of `sources` and write it to `out_dir`; a `TrainedRun`.
 
     sources: text files or folders of them (a folder's files in sorted path
@@ -81,6 +85,13 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
     resume: continue the run in `out_dir` from its checkpoint; overwrite:
         replace the run there. Without either, a folder that holds a run is
         refused and left as it is.
+    tensorboard: a folder for TensorBoard event files (True: `out_dir`/tensorboard),
+        written at each evaluation: losses, bits per character, learning rate,
+        tokens per second and a text sample.
+    mfu, peak_flops: record a GPT's model FLOPs utilisation at each evaluation
+        against `peak_flops` (FLOPs per second; default nanoGPT's, an A100's
+        bfloat16 peak, 312e12). Giving `peak_flops` asks for it; unasked, the
+        gpu preset records it on a GPU.
     verbose: 0 prints nothing; 1 says what it trains and each evaluation.
     """
     out_dir = pathlib.Path(out_dir)
@@ -111,6 +122,11 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
         _check_seq2seq_options(sources, synthetic, tokenizer, distribute)
     if distribute:
         check_accumulation(training_config.grad_accum)
+    peak_flops = _peak_flops(mfu, peak_flops, preset, seq2seq)
+    if tensorboard is True:
+        tensorboard = out_dir / "tensorboard"
+    if tensorboard:
+        check_tensorboard()
     if not resume:
         _prepare_folder(out_dir, overwrite)
 
@@ -118,7 +134,7 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
     say = print if verbose else (lambda *args, **kwargs: None)
     if seq2seq:
         return _train_seq2seq(sources, synthetic, encoding, errors, out_dir, checkpoint, model_settings,
-                              training_config, say, verbose)
+                              training_config, say, verbose, tensorboard)
     if sources:
         corpus = data.Corpus.from_files(sources, encoding, errors)
     else:
@@ -149,8 +165,28 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
             f"{_backend_and_precision(training_config)}\n" + _schedule(training_config, checkpoint, replicas),
             flush=True)
         history = training.train(model, train_ids, validation_ids, training_config, out_dir, verbose=verbose,
-                                 resume=bool(checkpoint))
+                                 resume=bool(checkpoint), peak_flops=peak_flops, tensorboard=tensorboard,
+                                 sample=lambda m: sample_text(m, training_config.seed))
     return TrainedRun(model, history, out_dir, training_config)
+
+
+def sample_text(model, seed):
+    """What a GPT writes from nothing, as a run samples it (`SAMPLING`)."""
+    return generation.generate(model, "", seed=seed, **SAMPLING)
+
+
+def _peak_flops(mfu, peak_flops, preset, seq2seq):
+    """The peak FLOPs per second to measure MFU against, or None when it is not measured."""
+    if peak_flops is not None or mfu:
+        if seq2seq:
+            raise ConfigError("MFU (`mfu`, `peak_flops`) is estimated for a GPT; a seq2seq run has none")
+        if peak_flops is not None and not peak_flops > 0:
+            raise ConfigError(f"peak_flops must be positive, got {peak_flops!r}")
+        return peak_flops or DEFAULT_PEAK_FLOPS
+    if mfu is not None or preset != "gpu" or seq2seq:
+        return None
+    on_gpu = any(kind in device.lower() for device in keras.distribution.list_devices() for kind in ("gpu", "cuda"))
+    return DEFAULT_PEAK_FLOPS if on_gpu else None
 
 
 def _pretrained(init_from, out_dir, seq2seq, tokenizer, vocab_size):
@@ -246,7 +282,7 @@ def _encode(corpus, tokenizer, out_dir, resuming, config, unknown, pretrained_to
 
 
 def _train_seq2seq(sources, synthetic, encoding, errors, out_dir, checkpoint, model_settings, training_config,
-                   say, verbose):
+                   say, verbose, tensorboard):
     """Read or make the pairs, make the model (new, or from the checkpoint) and train it.
 
     The held-out pairs are chosen by the seed, so a resumed run holds out the same ones.
@@ -281,9 +317,18 @@ def _train_seq2seq(sources, synthetic, encoding, errors, out_dir, checkpoint, mo
         f"parameters; {_backend_and_precision(training_config)}\n"
         + _schedule(training_config, checkpoint, None)
         + f"; exact match measured on {len(measured):,} held-out pairs", flush=True)
+    shown = measured.subset(range(min(len(measured), 8)))
     history = training.train(model, train_set, held_out_set, training_config, out_dir, verbose=verbose,
-                             resume=bool(checkpoint), metrics={"exact_match": lambda m: exact_match(m, measured)})
+                             resume=bool(checkpoint), metrics={"exact_match": lambda m: exact_match(m, measured)},
+                             tensorboard=tensorboard, sample=lambda m: target_lines(m, shown))
     return TrainedRun(model, history, out_dir, training_config, held_out)
+
+
+def target_lines(model, held_out):
+    """A line for each held-out pair: its source, and the target a Seq2Seq decodes for it (greedily)."""
+    decoded = generation.generate_target(model, held_out.sources, temperature=0.0)
+    return "\n".join(f"{source} -> {got}" + ("" if got == want else f"   (expected {want})")
+                     for source, got, want in zip(held_out.sources, decoded, held_out.targets))
 
 
 def exact_match(model, held_out):

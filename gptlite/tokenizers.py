@@ -10,6 +10,7 @@ generation code never ask which kind they hold:
     tokenizer.encode(text)             -> 1-D numpy integer array
     tokenizer.encode_batch(texts)      -> a list of them
     tokenizer.decode(ids)              -> str
+    tokenizer.character_count(ids)     -> int, the characters the ids stand for (special tokens: none)
     tokenizer.get_config() / from_config(config)
 
 A tokenizer is serialized into the model's config, so `model.keras` carries it.
@@ -96,6 +97,10 @@ class CharTokenizer:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         return "".join(self._characters[ids])
 
+    def character_count(self, ids):
+        """How many characters `ids` decode to: one for each id but the special tokens'."""
+        return int(np.count_nonzero(np.asarray(ids) >= len(self.special_tokens)))
+
     def pieces(self, ids):
         """Each token's text, one string per id; special tokens as their names in angle brackets."""
         names = [f"<{name}>" for name in self.special_tokens]
@@ -138,6 +143,7 @@ class BPETokenizer:
         self._added_tokens = [token["content"] for token in parsed.get("added_tokens", [])]
         # Parts of texts met by encode_batch -> their ids; None where whole texts go to the library.
         self._known_ids = {} if _parts_encode_alone(parsed) else None
+        self._characters_started = None  # per id, the characters whose first byte it holds; made when needed
 
     @classmethod
     def train(cls, texts, vocabulary_size, show_progress=False):
@@ -226,6 +232,19 @@ class BPETokenizer:
         ids = [int(i) for i in np.asarray(ids).reshape(-1)]
         return self._tokenizer.decode(ids, skip_special_tokens=False)
 
+    def character_count(self, ids):
+        """How many characters `ids` decode to, counted without decoding: a token
+        holding the first byte of a character's UTF-8 bytes counts it; the end token counts none."""
+        if self._characters_started is None:
+            by_character = _byte_level_bytes()
+            counts = np.zeros(self.vocabulary_size, np.int64)
+            for token, token_id in self._tokenizer.get_vocab(with_added_tokens=False).items():
+                counts[token_id] = sum((by_character[c] & 0xC0) != 0x80 for c in token)
+            for token in self._added_tokens:
+                counts[self._tokenizer.token_to_id(token)] = 0
+            self._characters_started = counts
+        return int(self._characters_started[np.asarray(ids, np.int64)].sum())
+
     def pieces(self, ids):
         """Each token's text, one string per id. A token holding part of a
         character's UTF-8 bytes shows as U+FFFD; the end token as its name.
@@ -270,6 +289,17 @@ def _parts_encode_alone(definition):
         and not any(token["lstrip"] or token["rstrip"] or token["single_word"]
                     for token in definition.get("added_tokens", []))
     )
+
+
+def _byte_level_bytes():
+    """GPT-2's byte-level alphabet, backwards: the byte each character of a token's name stands for.
+
+    Bytes that print as themselves (Latin-1's visible characters) keep their
+    character; the others, in order, take the characters from U+0100 on.
+    """
+    visible = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    hidden = [byte for byte in range(256) if byte not in visible]
+    return {**{chr(byte): byte for byte in visible}, **{chr(256 + i): byte for i, byte in enumerate(hidden)}}
 
 
 def _code_points(text):

@@ -2,7 +2,7 @@
 evaluations and checkpoints, stopping on request, and the evaluation records."""
 
 import contextlib
-import csv
+import dataclasses
 import math
 import pathlib
 import signal
@@ -12,13 +12,12 @@ import time
 
 import keras
 
-from gptlite import saving
+from gptlite import records, saving
 from gptlite.checkpoints import RunState, restore_checkpoint, save_checkpoint
 from gptlite.data import RandomWindows
 from gptlite.distribute import mirrored, process_part
 from gptlite.errors import ConfigError, TrainingDiverged, TrainingInterrupted
-from gptlite.files import atomic_path
-from gptlite.model import Seq2Seq
+from gptlite.model import GPT, Seq2Seq
 from gptlite.pairs import PairBatches, PairSet
 from gptlite.plotting import plot_losses
 from gptlite.settings import dtype_policy
@@ -95,14 +94,6 @@ def compile_for_training(model, config):
     )
 
 
-def write_history(rows, path):
-    with atomic_path(path) as temporary:
-        with open(temporary, "w", newline="") as file:
-            writer = csv.DictWriter(file, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-
-
 class StopRequest:
     """Turns the first SIGINT or SIGTERM into a request to stop after the current step.
 
@@ -150,6 +141,8 @@ class _StepWatcher(keras.callbacks.Callback):
         self.seed, self.first_step, self.micro_batches = seed, first_step, micro_batches
         self.mean_loss = math.nan
         self.steps = 0
+        self.batches = 0
+        self.first_batch_ended = None
         self.torch = None
         if keras.backend.backend() == "torch":
             import torch
@@ -164,6 +157,9 @@ class _StepWatcher(keras.callbacks.Callback):
             self.torch.manual_seed(self.seed * 1_000_003 + self.first_step * self.micro_batches + batch)
 
     def on_train_batch_end(self, batch, logs=None):
+        self.batches = batch + 1
+        if batch == 0:
+            self.first_batch_ended = time.perf_counter()
         self.mean_loss = float(logs["loss"])  # mean over this fit call's batches so far
         if not math.isfinite(self.mean_loss):
             self.model.stop_training = True
@@ -203,19 +199,28 @@ class _Progress:
 
 
 def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=False, stop_request=None,
-          callbacks=(), metrics=None):
+          callbacks=(), metrics=None, peak_flops=None, tensorboard=None, sample=None):
     """Train `model` with `model.fit`; return the evaluation records.
 
     A GPT trains on token ids (1-D arrays), a Seq2Seq on `pairs.PairSet`s.
-    `metrics` maps a name to a function of the model that returns a fraction
-    (a Seq2Seq's exact match, say): each evaluation records and shows it.
-    Steps are optimizer steps: with `grad_accum` above 1, each takes that many
-    batches of `batch_size`. Every `eval_interval` steps the validation loss is measured; the best model
-    by validation loss is saved to `out_dir/model.keras`, with `history.csv`
-    and `loss.png` beside it. Every `checkpoint_interval` steps, and when a
-    stop is requested (Ctrl-C, SIGTERM), a checkpoint is written from which
-    `resume=True` continues exactly. The model in memory ends with the last
-    step's weights. `callbacks`: more Keras callbacks, given to every `fit` call.
+    Steps are optimizer steps: with `grad_accum` above 1, each takes that
+    many batches of `batch_size`. Every `eval_interval` steps the validation
+    loss is measured; the best model by validation loss is saved to
+    `out_dir/model.keras`, with `history.csv` and `loss.png` beside it. Each
+    evaluation also records the validation loss in bits per character and
+    the tokens trained per second since the last. Every `checkpoint_interval`
+    steps, and when a stop is requested (Ctrl-C, SIGTERM), a checkpoint is
+    written from which `resume=True` continues exactly. The model in memory
+    ends with the last step's weights.
+
+    metrics: a name for each function of the model that returns a fraction
+        (a Seq2Seq's exact match, say): each evaluation records and shows it.
+    peak_flops: the hardware's peak FLOPs per second; given, a GPT's
+        evaluations also record its model FLOPs utilisation (`mfu`).
+    tensorboard: a folder to write TensorBoard event files to at each
+        evaluation, with `sample` (a function of the model returning text)
+        as a text sample if given.
+    callbacks: more Keras callbacks, given to every `fit` call.
     """
     out_dir = pathlib.Path(out_dir)
     if model.dtype_policy.name != dtype_policy(config.precision):
@@ -226,6 +231,8 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
     if (config.precision == "fp16" and keras.backend.backend() == "jax"
             and all(device.startswith("cpu") for device in keras.distribution.list_devices())):
         raise ConfigError("fp16 under jax needs a GPU: XLA's CPU matmuls have no float16; set `precision` to bf16")
+    if peak_flops is not None and not (isinstance(model, GPT) and peak_flops > 0):
+        raise ConfigError("`peak_flops` must be positive, and MFU is estimated for a GPT only")
     block_size = model.config.block_size
     if not model.built:
         model.build((None, block_size))
@@ -242,16 +249,25 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
         | {s for s in range(config.checkpoint_interval, config.max_iters, config.checkpoint_interval)}
         | {config.max_iters}
     )
+    evaluation = _Evaluation(model, validation_batches, metrics or {}, out_dir,
+                             records.characters_per_token(model.tokenizer, validation_ids),
+                             peak_flops and model.training_flops_per_token() / peak_flops,
+                             tensorboard and records.TensorBoardLog(tensorboard), sample)
+    throughput = records.Throughput(config.batch_size * block_size)
     progress = _Progress(state.step, config.max_iters, verbose)
     started = time.perf_counter()
     elapsed_before = state.rows[-1]["elapsed_s"] if state.rows else 0.0
     with contextlib.ExitStack() as stack:
         stop_request = stop_request or stack.enter_context(StopRequest())
+        if evaluation.tensorboard:
+            stack.callback(evaluation.tensorboard.close)
         for boundary in (b for b in boundaries if b > state.step):
             watcher = _StepWatcher(stop_request, progress, config.seed, state.step, config.grad_accum)
             batches = _batches(train_ids, block_size, config.batch_size, boundary - state.step, seed=config.seed,
                                first_index=state.step, micro_batches=config.grad_accum, part=part)
+            fit_started = time.perf_counter()
             model.fit(batches, epochs=1, shuffle=False, callbacks=[watcher, *callbacks], verbose=0)
+            throughput.add(watcher.batches, fit_started, watcher.first_batch_ended, time.perf_counter())
             state.step += watcher.steps
             if not math.isfinite(watcher.mean_loss):
                 raise TrainingDiverged(
@@ -262,7 +278,7 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
             state.loss_steps += watcher.steps
             if state.step % config.eval_interval == 0 or state.step == config.max_iters:
                 elapsed = elapsed_before + time.perf_counter() - started
-                progress.say(_evaluate(model, validation_batches, metrics or {}, state, out_dir, elapsed))
+                progress.say(evaluation.run(state, elapsed, throughput.take()))
             checkpoint_due = state.step % config.checkpoint_interval == 0 or state.step == config.max_iters
             if checkpoint_due or stop_request.requested:
                 save_checkpoint(model, state, config, out_dir)
@@ -281,30 +297,47 @@ def _batches(token_ids_or_pairs, block_size, batch_size, count, **kwargs):
     return RandomWindows(token_ids_or_pairs, block_size, batch_size, count, **kwargs)
 
 
-def _evaluate(model, validation_batches, metrics, state, out_dir, elapsed):
-    """Measure validation loss and `metrics`, record them and keep the best model; return a line to show."""
-    val_loss = float(model.evaluate(validation_batches, verbose=0))
-    learning_rate = float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
-    row = dict(
-        step=state.step,
-        train_loss=state.loss_sum / state.loss_steps,
-        val_loss=val_loss,
-        learning_rate=learning_rate,
-        elapsed_s=round(elapsed, 2),
-    )
-    row.update({name: measure(model) for name, measure in metrics.items()})
-    state.rows.append(row)
-    state.loss_sum, state.loss_steps = 0.0, 0
-    improved = val_loss < state.best_val_loss
-    if improved:
-        state.best_val_loss = val_loss
-        saving.save(model, out_dir / "model.keras")
-    write_history(state.rows, out_dir / "history.csv")
-    plot_losses(state.rows, out_dir / "loss.png")
-    return (
-        f"step {row['step']}: train loss {row['train_loss']:.4f}, val loss {val_loss:.4f}"
-        + "".join(f", {name.replace('_', ' ')} {row[name]:.1%}" for name in metrics)
-        + f"{' (best so far, saved)' if improved else ''}  [{row['elapsed_s']:.0f} s]"
-    )
+@dataclasses.dataclass
+class _Evaluation:
+    """What each evaluation measures, and where it goes."""
 
+    model: keras.Model
+    validation_batches: object
+    metrics: dict
+    out_dir: pathlib.Path
+    characters_per_token: float  # None without a tokenizer
+    utilisation_per_token: float  # MFU per token per second; None when not measured
+    tensorboard: records.TensorBoardLog
+    sample: object  # a function of the model that returns text, for TensorBoard
 
+    def run(self, state, elapsed, tokens_per_s):
+        """Measure, record, keep the best model; return a line to show."""
+        model = self.model
+        val_loss = float(model.evaluate(self.validation_batches, verbose=0))
+        row = dict(step=state.step, train_loss=state.loss_sum / state.loss_steps, val_loss=val_loss)
+        if self.characters_per_token:
+            row["val_bits_per_char"] = val_loss / math.log(2) / self.characters_per_token
+        row["learning_rate"] = float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
+        row["tokens_per_s"] = tokens_per_s
+        if self.utilisation_per_token:
+            row["mfu"] = tokens_per_s * self.utilisation_per_token
+        row["elapsed_s"] = round(elapsed, 2)
+        row.update({name: measure(model) for name, measure in self.metrics.items()})
+        state.rows.append(row)
+        state.loss_sum, state.loss_steps = 0.0, 0
+        improved = val_loss < state.best_val_loss
+        if improved:
+            state.best_val_loss = val_loss
+            saving.save(model, self.out_dir / "model.keras")
+        records.write_history(state.rows, self.out_dir / "history.csv")
+        plot_losses(state.rows, self.out_dir / "loss.png")
+        if self.tensorboard:
+            self.tensorboard.write(row, self.sample and self.sample(model), self.metrics)
+        return (
+            f"step {row['step']}: train loss {row['train_loss']:.4f}, val loss {val_loss:.4f}"
+            + (f", {row['val_bits_per_char']:.3f} bits/char" if "val_bits_per_char" in row else "")
+            + "".join(f", {name.replace('_', ' ')} {row[name]:.1%}" for name in self.metrics)
+            + (f"{' (best so far, saved)' if improved else ''}  [{row['elapsed_s']:.0f} s"
+               + (f", {tokens_per_s:,.0f} tokens/s" if math.isfinite(tokens_per_s) else "")
+               + (f", MFU {row['mfu']:.1%}" if "mfu" in row and math.isfinite(row["mfu"]) else "") + "]")
+        )

@@ -174,3 +174,11 @@ def test_seq2seq_save_and_load_in_a_fresh_process(tmp_path, reverser):
     source = reverser.tokenizer.encode("abcd")[None, :]
     expected = seq2seq_logits(reverser, source, [[reverser.tokenizer.start_token_id, 3, 4]])
     np.testing.assert_allclose(np.load(tmp_path / "logits.npy"), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_training_flops_per_token_follow_nanogpts_estimate(tiny_model):
+    config = tiny_model.config  # 2 layers of width 16, context 16, no biases, tied head
+    C, T, L, V = config.n_embd, config.block_size, config.n_layer, config.vocab_size
+    # Token table, then per block: two norms' scales, the fused qkv, the output projection, the feed-forward.
+    weights = V * C + L * (2 * C + 3 * C * C + C * C + 2 * 4 * C * C) + C
+    assert tiny_model.training_flops_per_token() == 6 * weights + 12 * L * C * T

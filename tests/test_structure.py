@@ -29,9 +29,11 @@ ALLOWED = {
     "checkpoints": {"files"},
     "distribute": set(),
     "plotting": {"files"},
-    "training": {"model", "data", "pairs", "saving", "checkpoints", "distribute", "plotting", "files", "settings"},
+    "records": {"files", "pairs"},
+    "training": {"model", "data", "pairs", "saving", "checkpoints", "distribute", "plotting", "records", "files",
+                 "settings"},
     "pipeline": {"model", "data", "pairs", "generation", "training", "checkpoints", "distribute", "settings",
-                 "tokenizers", "pretrained"},
+                 "tokenizers", "pretrained", "records"},
     "cli": {"settings", "text", "pairs", "pipeline", "generation", "inspection", "saving", "files", "model",
             "pretrained", "evaluation"},
 }

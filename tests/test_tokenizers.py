@@ -85,6 +85,14 @@ def test_byte_level_bpe_gives_back_exactly_any_text(bpe):
     assert bpe.decode([bpe.end_token_id]) == bpe.END_TOKEN
 
 
+def test_character_counts_match_the_decoded_text_without_special_tokens(bpe):
+    for text in TRICKY:
+        without_end_token = text.replace(BPETokenizer.END_TOKEN, "")
+        assert bpe.character_count(bpe.encode(text)) == len(without_end_token), text
+    characters = CharTokenizer("ab", special_tokens=("pad", "start", "end"))
+    assert characters.character_count([1, 3, 4, 3, 2, 0]) == 3
+
+
 def test_a_bpe_vocabulary_size_outside_the_range_is_refused():
     with pytest.raises(gptlite.ConfigError, match="257 to"):
         BPETokenizer.train(["abc"], 100)

@@ -1,4 +1,5 @@
 import csv
+import dataclasses
 import math
 import os
 import signal
@@ -86,6 +87,12 @@ def test_run_writes_history_plot_and_best_model(tiny_run, text):
         written = list(csv.DictReader(file))
     assert [int(row["step"]) for row in written] == [row["step"] for row in rows]
     assert float(written[-1]["learning_rate"]) == pytest.approx(3e-4, rel=1e-3)
+    for row, csv_row in zip(rows, written):
+        # A char model's token is a character: bits per character is the loss in bits.
+        assert row["val_bits_per_char"] == pytest.approx(row["val_loss"] / math.log(2), rel=1e-9)
+        assert float(csv_row["val_bits_per_char"]) == pytest.approx(row["val_bits_per_char"], rel=1e-9)
+        assert 0 < row["tokens_per_s"] == float(csv_row["tokens_per_s"]) < 1e9
+        assert "mfu" not in row  # measured only when asked
     assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "loss.png").stat().st_size > 10_000
     umask = os.umask(0)
@@ -113,6 +120,10 @@ def test_learning_rate_warms_up_then_decays_to_min_lr():
     assert rate(50) < rate(99) < rate(100) == pytest.approx(1e-3)
     assert rate(1050) == pytest.approx((1e-3 + 1e-4) / 2, rel=1e-3)
     assert rate(2000) == pytest.approx(1e-4)
+    # Accumulating gradients, Keras counts micro-batches: each optimizer step's are given its rate.
+    accumulated = training.learning_rate_schedule(dataclasses.replace(config, grad_accum=4))
+    for micro_batch in (0, 3, 4, 401, 4 * 1050 + 3, 8000):
+        assert float(keras.ops.convert_to_numpy(accumulated(micro_batch))) == pytest.approx(rate(micro_batch // 4))
 
 
 def test_weight_decay_applies_to_weight_matrices_only(tiny_model):
@@ -168,7 +179,8 @@ def uninterrupted(tmp_path_factory, tokenizer, text):
 
 def test_same_seed_gives_identical_loss_history(tmp_path, tokenizer, text, uninterrupted):
     _, again = small_run(tokenizer, text, tmp_path)
-    without_time = lambda rows: [{k: v for k, v in row.items() if k != "elapsed_s"} for row in rows]
+    timings = ("elapsed_s", "tokens_per_s")
+    without_time = lambda rows: [{k: v for k, v in row.items() if k not in timings} for row in rows]
     assert without_time(again) == without_time(uninterrupted)
 
 
@@ -261,6 +273,59 @@ def test_an_accumulating_run_stops_between_optimizer_steps_and_resumes(tmp_path,
     model, rows = accumulating_run(tokenizer, text, tmp_path, 8, 3, max_iters=10, resume=True)
     assert [row["step"] for row in rows] == [5, 10]
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 10
+
+
+def test_tensorboard_holds_each_evaluation_and_its_curve_carries_on_after_resume(tmp_path, tokenizer, text):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(2)
+    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=16,
+                        tokenizer=tokenizer)
+    train_ids, validation_ids = data.split(tokenizer.encode(text))
+    config = gptlite.TrainingConfig(batch_size=8, max_iters=20, lr=3e-3, min_lr=3e-4, warmup_iters=2,
+                                    eval_interval=5, eval_iters=1, checkpoint_interval=10, seed=2)
+    events = tmp_path / "events"
+    sample = lambda trained: f"a sample at step {int(keras.ops.convert_to_numpy(trained.optimizer.iterations))}"
+    with pytest.raises(gptlite.TrainingInterrupted):
+        training.train(model, train_ids, validation_ids, config, tmp_path, verbose=0, tensorboard=events,
+                       sample=sample, stop_request=StopAtStep(model, 10), peak_flops=1e12)
+    resumed = gptlite.GPT.from_config(model.get_config())
+    rows = training.train(resumed, train_ids, validation_ids, config, tmp_path, verbose=0, resume=True,
+                          tensorboard=events, sample=sample, peak_flops=1e12)
+
+    assert [row["step"] for row in rows] == [5, 10, 15, 20]
+    for row in rows:
+        assert row["mfu"] == pytest.approx(row["tokens_per_s"] * resumed.training_flops_per_token() / 1e12,
+                                           rel=1e-6)
+    assert len(list(events.iterdir())) == 2  # one event file for each of the two processes' runs
+    written = EventAccumulator(str(events), size_guidance={"tensors": 0})
+    written.Reload()
+    scalars = {"loss/train": "train_loss", "loss/validation": "val_loss", "learning_rate": "learning_rate",
+               "bits_per_character/validation": "val_bits_per_char", "tokens_per_second": "tokens_per_s",
+               "mfu": "mfu"}
+    for tag, column in scalars.items():
+        steps_and_values = sorted((event.step, float(tf.make_ndarray(event.tensor_proto)))
+                                  for event in written.Tensors(tag))
+        assert [step for step, _ in steps_and_values] == [5, 10, 15, 20], tag
+        np.testing.assert_allclose([value for _, value in steps_and_values], [row[column] for row in rows],
+                                   rtol=1e-6, err_msg=tag)
+    texts = sorted((event.step, tf.make_ndarray(event.tensor_proto).item().decode())
+                   for event in written.Tensors("sample"))
+    assert [step for step, _ in texts] == [5, 10, 15, 20]
+    assert "a sample at step 15" in texts[2][1]
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the message is the same on every backend")
+def test_tensorboard_without_its_package_says_how_to_install_it(monkeypatch, tmp_path):
+    from gptlite import records
+
+    real_find_spec = records.importlib.util.find_spec
+    monkeypatch.setattr(records.importlib.util, "find_spec",
+                        lambda name, *args: None if name == "tensorboard" else real_find_spec(name, *args))
+    with pytest.raises(gptlite.ConfigError, match=r"pip install \"gptlite\[tensorboard\]\""):
+        pipeline.train_on_text([], tmp_path / "run", preset="tiny", tensorboard=True, verbose=0)
+    assert not (tmp_path / "run").exists()
 
 
 # --- data-parallel training
@@ -384,6 +449,11 @@ def test_a_tiny_seq2seq_run_learns_to_reverse_short_strings(reverser_run):
     # Chance is about 5^-4 for a whole string; padded target positions do not count towards the loss.
     assert [row["step"] for row in rows] == [150, 300]
     assert rows[-1]["exact_match"] > 0.5 and rows[-1]["val_loss"] < rows[0]["val_loss"]
+    # A target of n characters is n + 1 predicted tokens with its end token.
+    characters = sum(len(target) for target in held_out.pairs.targets)
+    tokens = characters + len(held_out.pairs.targets)
+    assert rows[-1]["val_bits_per_char"] == pytest.approx(rows[-1]["val_loss"] / math.log(2) * tokens / characters,
+                                                          rel=1e-9)
     assert rows[-1]["exact_match"] == pipeline.exact_match(model, held_out.pairs)
     with open(out / "history.csv") as file:
         assert float(list(csv.DictReader(file))[-1]["exact_match"]) == rows[-1]["exact_match"]
