@@ -51,6 +51,7 @@ _LAZY = {
     "TokenAndPositionEmbedding": "layers", "TransformerBlock": "layers",
     "GPT": "model", "Seq2Seq": "model",
     "TrainedRun": "pipeline", "train_on_text": "pipeline",
+    "RunConfig": "run_config", "read_run_config": "run_config",
     "from_pretrained": "pretrained", "export_hugging_face": "pretrained", "export_kerashub": "pretrained",
     "load": "saving", "save": "saving",
     "BPETokenizer": "tokenizers", "CharTokenizer": "tokenizers",

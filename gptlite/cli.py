@@ -57,6 +57,8 @@ def choose_backend(prog, argv):
         known, _ = reader.parse_known_args(argv)
     except argparse.ArgumentError:
         return  # `--backend` with no name: the command's own parser says so
+    if known.backend is None:
+        known.backend = _run_config_backend(argv)
     if known.backend not in BACKENDS:
         return  # none given, or a wrong name, which the command's own parser reports
     if importlib.util.find_spec(known.backend) is None:
@@ -64,6 +66,19 @@ def choose_backend(prog, argv):
         sys.exit(f"{prog}: error: --backend {known.backend} needs {known.backend} installed "
                  f"(pip install \"gptlite{extra}\", or pip install -e \".{extra}\" in a checkout)")
     os.environ["KERAS_BACKEND"] = known.backend
+
+
+def _run_config_backend(argv):
+    """The backend a `--config FILE` names, if any; a file that cannot be read is reported later."""
+    from gptlite import run_config
+
+    reader = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    reader.add_argument("--config")
+    try:
+        known, _ = reader.parse_known_args(argv)
+        return known.config and run_config.read_run_config(known.config).backend
+    except (argparse.ArgumentError, GPTLiteError):
+        return None
 
 
 def _command(prog, make_parser, command):
@@ -75,6 +90,8 @@ def _command(prog, make_parser, command):
         parser = make_parser(prog)
         args = parser.parse_args(argv)
         try:
+            if getattr(args, "config", None) is not None:
+                args = _with_run_config(parser, argv, args.config)
             _check_backend(args.backend)
             command(args)
         except TrainingInterrupted as stop:
@@ -92,6 +109,19 @@ def _command(prog, make_parser, command):
         return 0
 
     return main
+
+
+def _with_run_config(parser, argv, path):
+    """argv parsed again with a run file's values as the defaults: a flag given wins over the file."""
+    from gptlite import run_config
+
+    config = run_config.read_run_config(path)
+    defaults = {FLAG_ALIASES.get(name, name): value for name, value in config.arguments.items() if name != "settings"}
+    defaults.update(config.arguments["settings"])
+    if config.backend is not None:
+        defaults["backend"] = config.backend
+    parser.set_defaults(**defaults)
+    return parser.parse_args(argv)
 
 
 def as_flags(message, parser):
@@ -190,6 +220,9 @@ def _train_parser(prog):
                         help=f"model size and schedule (default: {settings.DEFAULT_PRESET})")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out"),
                         help="folder for model.keras, history.csv, loss.png and checkpoints (default: out)")
+    parser.add_argument("--config", type=pathlib.Path, default=None, metavar="FILE",
+                        help="read the texts, options and settings from a run file (every run writes its own to "
+                             "--out/config.toml); flags given here win over the file's values")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace a run already in --out")
     parser.add_argument("--resume", action="store_true",

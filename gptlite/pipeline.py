@@ -20,7 +20,7 @@ import tempfile
 import keras
 import numpy as np
 
-from gptlite import data, generation, pairs, pretrained, training
+from gptlite import data, generation, pairs, pretrained, run_config, training
 from gptlite.checkpoints import CHECKPOINT_STATE, CHECKPOINT_WEIGHTS, read_checkpoint
 from gptlite.distribute import check_accumulation, data_parallel
 from gptlite.errors import ConfigError, InputError, RunExistsError
@@ -132,9 +132,13 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
 
     keras.utils.set_random_seed(training_config.seed)
     say = print if verbose else (lambda *args, **kwargs: None)
+    arguments = dict(sources=[str(source) for source in sources], task="seq2seq" if seq2seq else "lm",
+                     synthetic=synthetic, preset=preset, tokenizer=tokenizer, vocab_size=vocab_size,
+                     encoding=encoding, errors=errors, init_from=init_from and str(init_from), unknown=unknown,
+                     distribute=distribute)
     if seq2seq:
         return _train_seq2seq(sources, synthetic, encoding, errors, out_dir, checkpoint, model_settings,
-                              training_config, say, verbose, tensorboard)
+                              training_config, say, verbose, tensorboard, arguments)
     if sources:
         corpus = data.Corpus.from_files(sources, encoding, errors)
     else:
@@ -156,6 +160,7 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
         train_ids, validation_ids = _encode(corpus, model.tokenizer, out_dir, bool(checkpoint), model.config,
                                             unknown, bool(start))
         config = model.config
+        _write_run_config(out_dir, arguments, config, training_config)
         kind = "characters" if isinstance(model.tokenizer, CharTokenizer) else "byte-level BPE tokens"
         say(f"training on {corpus.name}: {len(train_ids) + len(validation_ids):,} tokens ({kind}, "
             f"{model.tokenizer.vocabulary_size:,} in the vocabulary); {len(train_ids):,} train / "
@@ -282,7 +287,7 @@ def _encode(corpus, tokenizer, out_dir, resuming, config, unknown, pretrained_to
 
 
 def _train_seq2seq(sources, synthetic, encoding, errors, out_dir, checkpoint, model_settings, training_config,
-                   say, verbose, tensorboard):
+                   say, verbose, tensorboard, arguments):
     """Read or make the pairs, make the model (new, or from the checkpoint) and train it.
 
     The held-out pairs are chosen by the seed, so a resumed run holds out the same ones.
@@ -309,6 +314,7 @@ def _train_seq2seq(sources, synthetic, encoding, errors, out_dir, checkpoint, mo
     held_out_set = pairs.encode(held_out, tokenizer, block_size)
     model.build()
     config = model.config
+    _write_run_config(out_dir, arguments, config, training_config)
     measured = held_out.subset(range(min(len(held_out), pairs.HELD_OUT_PAIRS)))
     say(f"training on {name}: {len(train_pairs):,} pairs, {len(held_out):,} held out "
         f"({tokenizer.vocabulary_size - len(tokenizer.special_tokens)} characters)\n"
@@ -335,6 +341,13 @@ def exact_match(model, held_out):
     """The fraction of `held_out` pairs (`pairs.Pairs`) whose target a Seq2Seq decodes exactly, greedily."""
     decoded = generation.generate_target(model, held_out.sources, temperature=0.0)
     return float(np.mean([got == want for got, want in zip(decoded, held_out.targets)]))
+
+
+def _write_run_config(out_dir, arguments, model_config, training_config):
+    """`out_dir`/config.toml: the run's arguments, and every setting as the run resolved it."""
+    shape = {name: value for name, value in dataclasses.asdict(model_config).items() if name != "vocab_size"}
+    run_config.write_run_config(out_dir / run_config.FILE_NAME, arguments,
+                                {**shape, **dataclasses.asdict(training_config)}, keras.backend.backend())
 
 
 def _backend_and_precision(training_config):

@@ -52,7 +52,7 @@ def characters_per_token(tokenizer, validation):
 
 
 class Throughput:
-    """Tokens trained per second since it was last read.
+    """Tokens trained per second since it was last read, over the time `fit` spent up to each of its last batches.
 
     The first batch a process trains builds (and compiles) the step: its time
     is left out, so that the first figure is the steps' own speed.
@@ -64,7 +64,8 @@ class Throughput:
         self.batches, self.seconds = 0, 0.0
 
     def add(self, batches, started, first_batch_ended, ended):
-        """A `fit` call's `batches`, timed from `started` to `ended` (time.perf_counter() readings)."""
+        """A `fit` call's `batches`, timed from `started` to `ended`, the end of its last batch
+        (time.perf_counter() readings)."""
         if not self.first_left_out and batches:
             batches, started = batches - 1, first_batch_ended
             self.first_left_out = True

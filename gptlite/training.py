@@ -142,7 +142,7 @@ class _StepWatcher(keras.callbacks.Callback):
         self.mean_loss = math.nan
         self.steps = 0
         self.batches = 0
-        self.first_batch_ended = None
+        self.first_batch_ended = self.last_batch_ended = None
         self.torch = None
         if keras.backend.backend() == "torch":
             import torch
@@ -158,8 +158,9 @@ class _StepWatcher(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.batches = batch + 1
+        self.last_batch_ended = time.perf_counter()
         if batch == 0:
-            self.first_batch_ended = time.perf_counter()
+            self.first_batch_ended = self.last_batch_ended
         self.mean_loss = float(logs["loss"])  # mean over this fit call's batches so far
         if not math.isfinite(self.mean_loss):
             self.model.stop_training = True
@@ -267,7 +268,7 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
                                first_index=state.step, micro_batches=config.grad_accum, part=part)
             fit_started = time.perf_counter()
             model.fit(batches, epochs=1, shuffle=False, callbacks=[watcher, *callbacks], verbose=0)
-            throughput.add(watcher.batches, fit_started, watcher.first_batch_ended, time.perf_counter())
+            throughput.add(watcher.batches, fit_started, watcher.first_batch_ended, watcher.last_batch_ended)
             state.step += watcher.steps
             if not math.isfinite(watcher.mean_loss):
                 raise TrainingDiverged(

@@ -115,6 +115,33 @@ def test_in_process_errors_for_bad_flags(capsys, tmp_path, trained_run):
     assert capsys.readouterr().err.count("\n") == 1
 
 
+def test_a_run_file_trains_the_same_run_again_and_flags_win_over_it(capsys, tmp_path):
+    from gptlite.cli import train_main
+
+    text_file = tmp_path / "words.txt"
+    text_file.write_text(make_text(2000))
+    flags = ["--preset", "tiny", "--max-iters", "20", "--eval-interval", "10", "--n-embd", "16", "--seed", "3"]
+    assert train_main([str(text_file), *flags, "--out", str(tmp_path / "a")]) == 0
+    assert train_main(["--config", str(tmp_path / "a" / "config.toml"), "--out", str(tmp_path / "b")]) == 0
+    losses = lambda run: [(row["step"], row["train_loss"], row["val_loss"])
+                          for row in csv.DictReader(open(tmp_path / run / "history.csv"))]
+    assert losses("b") == losses("a") and len(losses("a")) == 2
+    assert (tmp_path / "b" / "config.toml").read_text() == (tmp_path / "a" / "config.toml").read_text()
+
+    assert train_main(["--config", str(tmp_path / "a" / "config.toml"), "--max-iters", "10", "--out",
+                       str(tmp_path / "c")]) == 0
+    written = gptlite.read_run_config(tmp_path / "c" / "config.toml")
+    assert written.arguments["settings"]["max_iters"] == 10 and written.arguments["settings"]["n_embd"] == 16
+    capsys.readouterr()
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text((tmp_path / "a" / "config.toml").read_text().replace("max_iters = 20", 'max_iters = "lots"'))
+    assert train_main(["--config", str(bad), "--out", str(tmp_path / "d")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "[settings] 'max_iters' must be a whole number, got 'lots'" in error
+    assert not (tmp_path / "d").exists()
+
+
 @pytest.mark.slow
 @ONCE
 def test_sigterm_saves_a_checkpoint_and_resume_finishes_the_run(tmp_path):

@@ -30,10 +30,11 @@ ALLOWED = {
     "distribute": set(),
     "plotting": {"files"},
     "records": {"files", "pairs"},
+    "run_config": {"files", "settings"},
     "training": {"model", "data", "pairs", "saving", "checkpoints", "distribute", "plotting", "records", "files",
                  "settings"},
     "pipeline": {"model", "data", "pairs", "generation", "training", "checkpoints", "distribute", "settings",
-                 "tokenizers", "pretrained", "records"},
+                 "tokenizers", "pretrained", "records", "run_config"},
     "cli": {"settings", "text", "pairs", "pipeline", "generation", "inspection", "saving", "files", "model",
             "pretrained", "evaluation"},
 }
