@@ -36,7 +36,7 @@ ALLOWED = {
     "pipeline": {"model", "data", "pairs", "generation", "training", "checkpoints", "distribute", "settings",
                  "tokenizers", "pretrained", "records", "run_config"},
     "cli": {"settings", "text", "pairs", "pipeline", "generation", "inspection", "saving", "files", "model",
-            "pretrained", "evaluation"},
+            "pretrained", "evaluation", "run_config"},
 }
 
 
