@@ -1,4 +1,6 @@
-"""Measuring a GPT on any text: loss per token, perplexity, bits per character and bits per byte.
+"""Measuring a model on any text. A GPT: loss per token, perplexity, bits per
+character and bits per byte. A Seq2Seq, on files of source<TAB>target lines:
+exact match and loss per target token.
 
 Loss per token depends on the tokenizer: a char model's is per character, a
 BPE model's per token of several characters. Bits per character (and per
@@ -13,6 +15,10 @@ least half a window of context (a "stride" of half the context). A model
 whose tokenizer has an end token reads it before the text, as a document
 start, so that the first token is predicted too; otherwise the first token
 is context only, and its characters and bytes are not counted.
+
+A Seq2Seq's loss is that of each target token (its end token among them)
+given the source and the target's tokens before it; exact match is the
+share of sources whose target it decodes greedily, exactly.
 """
 
 import dataclasses
@@ -23,9 +29,9 @@ import time
 import keras
 import numpy as np
 
-from gptlite import data
+from gptlite import data, generation, pairs
 from gptlite.errors import ConfigError, InputError
-from gptlite.model import GPT
+from gptlite.model import GPT, Seq2Seq
 from gptlite.text import known_text
 
 # Logits held at once at most (batch x context x vocabulary), about 512 MB of float32.
@@ -68,25 +74,54 @@ class Score:
 
 
 @dataclasses.dataclass
+class PairScore:
+    """What a Seq2Seq scored on one file of pairs (or on several, added up)."""
+
+    name: str
+    pairs: int
+    exact: int  # pairs whose target it decoded exactly
+    tokens: int  # target tokens predicted, end tokens among them
+    characters: int  # the targets' characters
+    nats: float  # the summed loss over those tokens, in nats
+    seconds: float
+
+    @property
+    def exact_match(self):
+        return self.exact / self.pairs
+
+    loss = Score.loss
+    perplexity = Score.perplexity
+    bits_per_character = Score.bits_per_character
+
+    def as_dict(self):
+        return dict(name=self.name, exact_match=self.exact_match, loss=self.loss, perplexity=self.perplexity,
+                    bits_per_character=self.bits_per_character, pairs=self.pairs, exact=self.exact,
+                    tokens=self.tokens, characters=self.characters, seconds=round(self.seconds, 3))
+
+
+@dataclasses.dataclass
 class Evaluation:
-    """`evaluate`'s result: a `Score` for each source, and their total."""
+    """`evaluate`'s result: a `Score` (a Seq2Seq: a `PairScore`) for each source, and their total."""
 
     sources: list
     total: Score
 
 
 def evaluate(model, sources, encoding="utf-8", errors="strict", unknown="error", verbose=0):
-    """Score a GPT on the text of `sources` (files, or folders of them, each scored on its own); an `Evaluation`.
+    """Score a model on `sources`, each scored on its own; an `Evaluation`.
 
-    encoding, errors: how the files are decoded; unknown: characters a char
-    vocabulary lacks are an error ("error"), left out ("skip") or spaces
-    ("replace"). verbose=1 shows a progress bar over the bytes read.
+    A GPT reads text files, or folders of them; a Seq2Seq reads files of
+    source<TAB>target lines. encoding, errors: how the files are decoded;
+    unknown: characters a char vocabulary lacks are an error ("error"), left
+    out ("skip") or spaces ("replace"). verbose=1 shows a progress bar.
     """
-    if not isinstance(model, GPT):
-        raise ConfigError(f"evaluate scores a GPT on text, not a {type(model).__name__}")
+    if not isinstance(model, (GPT, Seq2Seq)):
+        raise ConfigError(f"evaluate scores a GPT or a Seq2Seq, not a {type(model).__name__}")
     sources = [sources] if isinstance(sources, (str, pathlib.Path)) else list(sources)
     if not sources:
-        raise ConfigError("give at least one text file to evaluate on")
+        raise ConfigError("give at least one file to evaluate on")
+    if isinstance(model, Seq2Seq):
+        return _evaluate_pairs(model, sources, encoding, errors, unknown, verbose)
     corpora = [data.Corpus.from_files([source], encoding, errors) for source in sources]  # every file checked first
     scorer = _Scorer(model)
     progress = keras.utils.Progbar(sum(corpus.size for corpus in corpora), unit_name="byte",
@@ -163,3 +198,54 @@ class _Scorer:
             keras.ops.sparse_categorical_crossentropy(targets, logits, from_logits=True))
         totals[0] += int(scored.sum())
         totals[1] += float(losses[scored].astype(np.float64).sum())
+
+
+def _evaluate_pairs(model, sources, encoding, errors, unknown, verbose):
+    tokenizer, block_size = model.tokenizer, model.config.block_size
+    pair_sets = []
+    for source in sources:  # every file read and checked first
+        read = pairs.read_pairs(source, encoding, errors, at_least=1)
+        known = pairs.Pairs([known_text(tokenizer, text, unknown, "source") for text in read.sources],
+                            [known_text(tokenizer, text, unknown, "target") for text in read.targets], read.lines)
+        try:
+            pair_sets.append(pairs.encode(known, tokenizer, block_size, too_long="longer than this model reads"))
+        except InputError as error:
+            raise InputError(f"{source}, {error}") from None
+    progress = keras.utils.Progbar(2 * sum(len(pair_set) for pair_set in pair_sets), unit_name="pair",
+                                   verbose=1 if verbose else 0)
+    scores = []
+    for source, pair_set in zip(sources, pair_sets):
+        started = time.perf_counter()
+        tokens, nats = _target_loss(model, pair_set, progress)
+        exact = 0
+        decoded = generation.iter_targets(model, pair_set.pairs.sources, temperature=0.0)
+        for got, want in zip(decoded, pair_set.pairs.targets):
+            exact += got == want
+            progress.add(1)
+        characters = sum(len(target) for target in pair_set.pairs.targets)
+        scores.append(PairScore(str(source), len(pair_set), exact, tokens, characters, nats,
+                                time.perf_counter() - started))
+    total = PairScore("total", *(sum(getattr(score, field) for score in scores)
+                                 for field in ("pairs", "exact", "tokens", "characters", "nats", "seconds")))
+    return Evaluation(scores, total)
+
+
+def _target_loss(model, pair_set, progress, batch_size=64):
+    """(target tokens predicted, summed loss) over a `PairSet`, teacher-forced, in batches of one shape."""
+    tokens, nats = 0, 0.0
+    pad = model.tokenizer.pad_token_id
+    for start in range(0, len(pair_set), batch_size):
+        rows = slice(start, start + batch_size)
+        count = len(pair_set.source_ids[rows])
+        # Padded to a whole batch by repeating its rows; the repeats' losses are not counted.
+        source_ids = np.resize(pair_set.source_ids[rows], (batch_size, pair_set.source_ids.shape[1]))
+        target_ids = np.resize(pair_set.target_ids[rows], (batch_size, pair_set.target_ids.shape[1]))
+        logits = model.predict_on_batch({"source_ids": source_ids, "target_ids": target_ids[:, :-1]})
+        targets = target_ids[:, 1:]
+        losses = keras.ops.convert_to_numpy(
+            keras.ops.sparse_categorical_crossentropy(targets, logits, from_logits=True))
+        scored = (targets != pad) & (np.arange(batch_size) < count)[:, None]
+        tokens += int(scored.sum())
+        nats += float(losses[scored].astype(np.float64).sum())
+        progress.add(count)
+    return tokens, nats

@@ -38,10 +38,12 @@ class Pairs:
         return Pairs(pick(self.sources), pick(self.targets), pick(self.lines) if self.lines else None)
 
 
-def read_pairs(path, encoding="utf-8", errors="strict"):
+def read_pairs(path, encoding="utf-8", errors="strict", at_least=2):
     """The pairs of a text file of `source<TAB>target` lines; blank lines are skipped.
 
-    A line without exactly one tab, or with an empty side, is refused with its number.
+    A line without exactly one tab, or with an empty side, is refused with its
+    number, and so is a file of fewer than `at_least` pairs (training needs
+    one to train on and one to hold out).
     """
     text = read_text(path, encoding, errors)
     sources, targets, lines = [], [], []
@@ -60,9 +62,9 @@ def read_pairs(path, encoding="utf-8", errors="strict"):
         sources.append(source)
         targets.append(target)
         lines.append(number)
-    if len(sources) < 2:
-        raise InputError(f"{path} has {len(sources)} source<TAB>target lines; it needs at least 2 "
-                         f"(one to train on, one to hold out)")
+    if len(sources) < at_least:
+        needs = "at least 2 (one to train on, one to hold out)" if at_least == 2 else f"at least {at_least}"
+        raise InputError(f"{path} has {len(sources)} source<TAB>target lines; it needs {needs}")
     return Pairs(sources, targets, lines)
 
 
@@ -181,8 +183,8 @@ class PairSet:
         return len(self.source_ids)
 
 
-def encode(pairs, tokenizer, block_size):
-    """Encode pairs into a PairSet, or say which pair is too long for the block size."""
+def encode(pairs, tokenizer, block_size, too_long="raise `block_size` or leave it unset to fit the longest pair"):
+    """Encode pairs into a PairSet, or say which pair is too long for the block size, and `too_long`."""
     source_ids = np.zeros((len(pairs), block_size), np.int32)
     target_ids = np.zeros((len(pairs), block_size + 1), np.int32)
     for index, (source, target) in enumerate(zip(tokenizer.encode_batch(pairs.sources),
@@ -191,7 +193,7 @@ def encode(pairs, tokenizer, block_size):
             side, length = ("source", len(source)) if len(source) > block_size else ("target", len(target))
             raise InputError(f"{pairs.where(index)}: the {side} is {length} tokens long; block size {block_size} "
                              f"holds sources of up to {block_size} and targets of up to {block_size - 1}; "
-                             f"raise `block_size` or leave it unset to fit the longest pair")
+                             f"{too_long}")
         source_ids[index, :len(source)] = source
         target_ids[index, 0] = tokenizer.start_token_id
         target_ids[index, 1:len(target) + 1] = target

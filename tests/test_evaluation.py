@@ -98,7 +98,9 @@ def test_the_eval_command_prints_a_table_or_json_and_refuses_bad_input(tmp_path,
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "odd.txt").write_text("the cat sät")
     (tmp_path / "not_a_model.keras").write_text("text")
+    (tmp_path / "binary.txt").write_bytes(bytes(range(256)) * 4)
     for args, message in [
+        ([str(tmp_path / "model.keras"), str(tmp_path / "binary.txt")], "binary.txt"),
         ([str(tmp_path / "model.keras"), str(tmp_path / "empty.txt")], "too little text"),
         ([str(tmp_path / "model.keras"), str(tmp_path / "odd.txt")], "'ä'"),
         ([str(tmp_path / "not_a_model.keras"), str(tmp_path / "a.txt")], "not a .keras model file"),
@@ -108,3 +110,37 @@ def test_the_eval_command_prints_a_table_or_json_and_refuses_bad_input(tmp_path,
         error = capsys.readouterr().err
         assert message in error and error.count("\n") == 1
     assert main(["eval", str(tmp_path / "model.keras"), str(tmp_path / "odd.txt"), "--unknown", "replace"]) == 0
+
+
+def test_a_seq2seq_model_is_scored_on_pairs_by_exact_match_and_loss_per_target_token(tmp_path, reverser, capsys):
+    from conftest import reversal_pairs
+    from gptlite import pairs, pipeline
+    from gptlite.cli import main
+
+    held_out = reversal_pairs(70, seed=9)  # a batch of 64 and one of 6
+    (tmp_path / "pairs.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in zip(held_out.sources, held_out.targets)))
+    score = gptlite.evaluate(reverser, tmp_path / "pairs.tsv").total
+
+    assert score.pairs == 70
+    assert score.exact_match == pipeline.exact_match(reverser, held_out)
+    encoded = pairs.encode(held_out, reverser.tokenizer, reverser.config.block_size)
+    logits = reverser({"source_ids": encoded.source_ids, "target_ids": encoded.target_ids[:, :-1]})
+    losses = keras.ops.convert_to_numpy(keras.ops.sparse_categorical_crossentropy(
+        encoded.target_ids[:, 1:], logits, from_logits=True)).astype(np.float64)
+    predicted = encoded.target_ids[:, 1:] != reverser.tokenizer.pad_token_id
+    assert score.tokens == predicted.sum() == sum(len(t) + 1 for t in held_out.targets)
+    assert score.loss == pytest.approx(losses[predicted].mean(), rel=1e-5)
+    assert score.bits_per_character == pytest.approx(losses[predicted].sum() / math.log(2) /
+                                                     sum(len(t) for t in held_out.targets), rel=1e-5)
+
+    gptlite.save(reverser, tmp_path / "reverser.keras")
+    assert main(["eval", str(tmp_path / "reverser.keras"), str(tmp_path / "pairs.tsv"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["total"]
+    assert report["exact_match"] == score.exact_match and report["tokens"] == score.tokens
+    (tmp_path / "long.tsv").write_text("ab\tba\nabcdeabcde\tedcbaedcba\n")
+    (tmp_path / "tabless.tsv").write_text("ab ba\n")
+    for file, message in [("long.tsv", "long.tsv, line 2: the source is 10 tokens long"),
+                          ("tabless.tsv", "tabless.tsv, line 1: expected source<TAB>target")]:
+        assert main(["eval", str(tmp_path / "reverser.keras"), str(tmp_path / file)]) == 2
+        error = capsys.readouterr().err
+        assert message in error and error.count("\n") == 1

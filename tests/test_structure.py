@@ -24,7 +24,7 @@ ALLOWED = {
     "generation": {"model", "decoding", "sampling", "text"},
     "saving": {"model", "files"},
     "pretrained": {"model", "saving", "files", "tokenizers"},
-    "evaluation": {"model", "data", "text"},
+    "evaluation": {"model", "data", "pairs", "generation", "text"},
     "inspection": {"model", "files", "text"},
     "checkpoints": {"files"},
     "distribute": set(),
