@@ -115,6 +115,7 @@ def test_in_process_errors_for_bad_flags(capsys, tmp_path, trained_run):
     assert capsys.readouterr().err.count("\n") == 1
 
 
+@ONCE
 def test_a_run_file_trains_the_same_run_again_and_flags_win_over_it(capsys, tmp_path):
     from gptlite.cli import train_main
 
