@@ -77,6 +77,61 @@ def generate(model, prompt="", max_new_tokens=200, temperature=1.0, top_k=None, 
     return texts[0] if isinstance(prompt, str) else texts
 
 
+class RowsStream:
+    """Several prompts continued together in one batch, each with its own length and stop strings.
+
+    Iterating gives, for each new position, a list of each row's new text
+    ("" for a row that has ended). `finish_reasons[i]` becomes "stop" when
+    row i meets the end token or one of its stop strings, and "length" when
+    it has its `max_new_tokens[i]` tokens; decoding ends when every row has
+    ended, or when the caller stops iterating. `prompt_tokens[i]` and
+    `completion_tokens[i]` count row i's tokens (a prompt longer than the
+    context counts whole; the model sees its last block_size tokens). The
+    rows share the sampling settings and `seed`: with one row, the text is
+    what `generate` writes for the same settings and seed.
+    """
+
+    def __init__(self, model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=1.0, seed=None,
+                 stops=None, unknown="error"):
+        if not prompts:
+            raise ConfigError("give at least one prompt")
+        if isinstance(model, Seq2Seq):
+            raise ConfigError("RowsStream continues a GPT's prompts; a Seq2Seq writes targets with generate_target")
+        self.limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        _check(model, max(self.limits), temperature, top_k, top_p, 1, None)
+        rows_ids = [_prompt_ids(model.tokenizer, prompt, unknown) for prompt in prompts]
+        self.prompt_tokens = [len(ids) for ids in rows_ids]
+        self.completion_tokens = [0] * len(prompts)
+        self.finish_reasons = [None] * len(prompts)
+        self._rows = [Continuation(model.tokenizer, stop_strings(row_stops), streaming=True)
+                      for row_stops in (stops or [()] * len(prompts))]
+        self._tokens = _tokens(model, rows_ids, None, max(self.limits), temperature, top_k, top_p, _seed(seed),
+                               True, 1, None)
+
+    def __iter__(self):
+        for row, limit in enumerate(self.limits):
+            if limit == 0:
+                self.finish_reasons[row] = "length"
+        if all(self.finish_reasons):
+            return
+        for step_tokens in self._tokens:
+            yield [self._add(row, int(token)) for row, token in enumerate(step_tokens)]
+            if all(self.finish_reasons):
+                return
+
+    def _add(self, row, token):
+        if self.finish_reasons[row]:
+            return ""
+        continuation = self._rows[row]
+        self.completion_tokens[row] += 1
+        text = continuation.add(token)
+        if not continuation.ended and self.completion_tokens[row] >= self.limits[row]:
+            text += continuation.finish()  # which may find a stop string in the text held back
+        if continuation.ended:
+            self.finish_reasons[row] = "stop" if continuation.stopped else "length"
+        return text
+
+
 def generate_target(model, source, max_new_tokens=None, temperature=0.0, top_k=None, top_p=1.0, seed=None,
                     unknown="error", stop=(), use_cache=True, num_beams=None):
     """The target that a Seq2Seq model writes for `source`, as text.

@@ -87,11 +87,13 @@ class Continuation:
         self.decode_at_end = not streaming and not stops
         self.held = ""
         self.ended = False
+        self.stopped = False  # ended by the end token or a stop string, not by running out of tokens
 
     def add(self, token):
         if self.ended:
             return ""
         if token == self.end_token:
+            self.stopped = True
             return self.finish()
         if self.decode_at_end:
             self.builder.hold(token)
@@ -112,6 +114,7 @@ class Continuation:
         end = first_stop(self.held, self.stops) if self.stops else None
         if end is not None or final:
             self.ended = True
+            self.stopped = self.stopped or end is not None
             released, self.held = self.held[:end], ""
             return released
         keep = max((k for s in self.stops for k in range(1, min(len(s), len(self.held) + 1))

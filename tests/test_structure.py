@@ -31,12 +31,14 @@ ALLOWED = {
     "plotting": {"files"},
     "records": {"files", "pairs"},
     "run_config": {"files", "settings"},
+    "serving": {"model", "decoding", "generation", "inspection", "saving"},
     "training": {"model", "data", "pairs", "saving", "checkpoints", "distribute", "plotting", "records", "files",
                  "settings"},
     "pipeline": {"model", "data", "pairs", "generation", "training", "checkpoints", "distribute", "settings",
                  "tokenizers", "pretrained", "records", "run_config"},
     "cli": {"settings", "text", "pairs", "pipeline", "generation", "inspection", "saving", "files", "model",
-            "pretrained", "evaluation", "run_config"},
+            "pretrained", "evaluation", "run_config", "serving"},
+    "__main__": {"cli"},
 }
 
 
