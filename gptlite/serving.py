@@ -25,12 +25,13 @@ import itertools
 import json
 import math
 import queue
+import signal
 import threading
 import time
 import uuid
 
 from gptlite.decoding import CHUNK_SIZE
-from gptlite.errors import ConfigError, GPTLiteError
+from gptlite.errors import ConfigError, GPTLiteError, InputError
 from gptlite.model import Seq2Seq
 
 DEFAULTS = dict(max_tokens=16, temperature=1.0, top_p=1.0, n=1)
@@ -468,6 +469,7 @@ def serve(model_path, host="127.0.0.1", port=8000, settings=None, grace_seconds=
 
     from gptlite import saving
 
+    _check_address(host, port)
     model = saving.load(model_path)
     settings = settings or ServeSettings()
     name = name or _model_name(model_path)
@@ -478,7 +480,29 @@ def serve(model_path, host="127.0.0.1", port=8000, settings=None, grace_seconds=
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=grace_seconds)
     server = uvicorn.Server(config)
     say(f"serving {name} at http://{host}:{port}/ (API at http://{host}:{port}/v1); Ctrl-C stops", flush=True)
-    server.run()
+    # uvicorn stops on SIGTERM or SIGINT once the requests in flight are answered, then raises the
+    # signal again for the handler it found: a stop asked for and done is then no failure.
+    handled = (signal.SIGINT, signal.SIGTERM)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = {number: signal.signal(number, lambda *_: None) for number in handled} if main_thread else {}
+    try:
+        server.run()
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    say("stopped", flush=True)
+
+
+def _check_address(host, port):
+    """Refuse an address that cannot be listened on before the model loads, rather than after."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as error:
+        raise InputError(f"cannot listen at {host}:{port}: {error.strerror or error}") from None
 
 
 def _model_name(model_path):

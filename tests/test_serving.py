@@ -1,0 +1,251 @@
+"""`gptlite serve`: the OpenAI completions API over real HTTP, its refusals, batching, auth and shutdown."""
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import keras
+import pytest
+
+import gptlite
+from conftest import REPO
+
+pytest.importorskip("starlette", reason="serving needs gptlite[serve]")
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+
+from gptlite import serving  # noqa: E402 (after the check that starlette is there)
+
+ONCE = pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                          reason="the HTTP layer does not depend on the backend: run in the tensorflow suite only")
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Server:
+    """An app served by uvicorn on a thread, on a free port of 127.0.0.1."""
+
+    def __init__(self, app):
+        import uvicorn
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.05)
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(fluent_model):
+    running = Server(serving.create_app(fluent_model, "words", serving.ServeSettings(batch_window_ms=50)))
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_the_openai_client_gets_the_text_generate_writes_for_the_same_seed(client, fluent_model):
+    completion = client.completions.create(model="words", prompt="the cat", max_tokens=12, temperature=0.8, seed=4)
+    assert completion.choices[0].text == gptlite.generate(fluent_model, "the cat", max_new_tokens=12,
+                                                          temperature=0.8, seed=4)[len("the cat"):]
+    assert completion.choices[0].finish_reason == "length"
+    assert completion.usage.prompt_tokens == len("the cat") and completion.usage.completion_tokens == 12
+    assert client.models.list().data[0].id == "words"
+
+
+def test_a_streamed_completion_arrives_in_pieces_that_add_up_to_the_plain_one(client):
+    settings = dict(model="words", prompt="a dog", max_tokens=20, temperature=0.0)
+    plain = client.completions.create(**settings).choices[0].text
+    pieces = [chunk.choices[0].text for chunk in client.completions.create(stream=True, **settings)
+              if chunk.choices]
+    assert len([piece for piece in pieces if piece]) > 1
+    assert "".join(pieces) == plain and len(plain) == 20
+
+
+def test_each_choice_stops_on_its_stop_string_or_its_length(client):
+    completion = client.completions.create(model="words", prompt=["the ", "a "], max_tokens=30, n=2,
+                                           temperature=0.0, stop=[" "])
+    assert [choice.index for choice in completion.choices] == [0, 1, 2, 3]
+    for choice in completion.choices:
+        assert choice.finish_reason == "stop" and " " not in choice.text and choice.text
+    assert completion.usage.prompt_tokens == len("the ") + len("a ")
+
+
+def test_requests_that_arrive_together_are_decoded_as_one_batch(server, fluent_model, monkeypatch):
+    batches = []
+    original = serving.Worker._decode
+    monkeypatch.setattr(serving.Worker, "_decode", lambda self, batch: (batches.append(len(batch)),
+                                                                        original(self, batch))[1])
+    body = {"prompt": "the", "max_tokens": 8, "temperature": 0.0}
+    results = [None] * 4
+
+    def ask(index):
+        results[index] = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+
+    threads = [threading.Thread(target=ask, args=(index,)) for index in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert max(batches) > 1  # within the 50 ms window, at least two shared a batch
+    texts = {result["choices"][0]["text"] for result in results}
+    assert texts == {gptlite.generate(fluent_model, "the", max_new_tokens=8, temperature=0.0)[3:]}
+
+
+BAD_REQUESTS = [
+    (b"{not json", 400, None),
+    (b"[1, 2]", 400, None),
+    (json.dumps({"prompt": 3}).encode(), 400, "prompt"),
+    (json.dumps({"prompt": []}).encode(), 400, "prompt"),
+    (json.dumps({"prompt": ["ok", 5]}).encode(), 400, "prompt"),
+    (json.dumps({"prompt": "the", "max_tokens": -1}).encode(), 400, "max_tokens"),
+    (json.dumps({"prompt": "the", "max_tokens": 10**9}).encode(), 400, "max_tokens"),
+    (json.dumps({"prompt": "the", "max_tokens": "ten"}).encode(), 400, "max_tokens"),
+    (json.dumps({"prompt": "the", "temperature": -0.5}).encode(), 400, "temperature"),
+    (json.dumps({"prompt": "the", "temperature": True}).encode(), 400, "temperature"),
+    (json.dumps({"prompt": "the", "top_p": 0}).encode(), 400, "top_p"),
+    (json.dumps({"prompt": "the", "top_k": 0}).encode(), 400, "top_k"),
+    (json.dumps({"prompt": "the", "n": 0}).encode(), 400, "n"),
+    (json.dumps({"prompt": "the", "n": 1000}).encode(), 400, "n"),
+    (json.dumps({"prompt": "the", "stop": [""]}).encode(), 400, "stop"),
+    (json.dumps({"prompt": "the", "stop": 7}).encode(), 400, "stop"),
+    (json.dumps({"prompt": "the", "stream": "yes"}).encode(), 400, "stream"),
+    (json.dumps({"prompt": "the", "seed": 1.5}).encode(), 400, "seed"),
+    (json.dumps({"prompt": "the", "model": "gpt-4"}).encode(), 404, "model"),
+    (json.dumps({"prompt": "the", "bogus": 1}).encode(), 400, "bogus"),
+    (json.dumps({"prompt": "the", "logprobs": 5}).encode(), 400, "logprobs"),
+    (json.dumps({"prompt": "ZEBRA"}).encode(), 400, "prompt"),
+    (b"x" * (serving.MAX_BODY_BYTES + 1), 413, None),
+]
+
+
+@ONCE
+def test_every_bad_request_gets_a_4xx_saying_what_is_wrong_and_the_server_keeps_serving(server):
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        for body, status, param in BAD_REQUESTS:
+            response = http.post("/v1/completions", content=body, headers={"Content-Type": "application/json"})
+            assert response.status_code == status, body[:60]
+            error = response.json()["error"]
+            assert error["message"] and error["param"] == param, body[:60]
+        assert http.get("/v1/completions").status_code == 405
+        assert http.get("/no/such/path").status_code == 404
+        assert http.get("/health").json()["status"] == "ok"
+        assert http.post("/v1/completions", json={"prompt": "the", "max_tokens": 2}).status_code == 200
+
+
+@ONCE
+def test_an_api_key_is_needed_when_one_is_set(fluent_model):
+    running = Server(serving.create_app(fluent_model, "words", serving.ServeSettings(api_key="sesame")))
+    try:
+        body = {"prompt": "the", "max_tokens": 2}
+        assert httpx.post(running.url + "/v1/completions", json=body).status_code == 401
+        wrong = httpx.post(running.url + "/v1/completions", json=body, headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
+        assert httpx.get(running.url + "/v1/models").status_code == 401
+        assert httpx.get(running.url + "/health").status_code == 200  # probes need no key
+        keyed = openai.OpenAI(base_url=running.url + "/v1", api_key="sesame", max_retries=0)
+        assert keyed.completions.create(model="words", prompt="the", max_tokens=2).choices[0].text
+    finally:
+        running.stop()
+
+
+@ONCE
+def test_a_full_queue_answers_503_with_retry_after(fluent_model):
+    settings = serving.ServeSettings(max_queue=1, batch_window_ms=0)
+    worker = serving.Worker(fluent_model, settings)
+    started, release = threading.Event(), threading.Event()
+    worker.call(lambda model: (started.set(), release.wait(30)))  # the worker is busy until released
+    running = Server(serving.create_app(fluent_model, "words", settings, worker))
+    try:
+        assert started.wait(30)
+        body = {"prompt": "the", "max_tokens": 2}
+        waiting = threading.Thread(target=httpx.post, args=(running.url + "/v1/completions",),
+                                   kwargs={"json": body, "timeout": 60})
+        waiting.start()
+        deadline = time.monotonic() + 30
+        while httpx.get(running.url + "/health").json()["waiting"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        refused = httpx.post(running.url + "/v1/completions", json=body)
+        assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
+        release.set()
+        waiting.join(60)
+        assert httpx.post(running.url + "/v1/completions", json=body, timeout=60).status_code == 200
+    finally:
+        release.set()
+        running.stop()
+
+
+def test_the_page_and_the_attention_it_draws(server):
+    page = httpx.get(server.url + "/")
+    assert page.status_code == 200 and "<textarea" in page.text and "/v1/completions" in page.text
+    maps = httpx.post(server.url + "/v1/attention", json={"text": "the cat"}, timeout=60).json()
+    assert maps["tokens"] == list("the cat")
+    for layer in maps["weights"]:
+        for head in layer:
+            for row, weights in enumerate(head):
+                assert sum(weights) == pytest.approx(1.0, abs=1e-3)
+                assert all(weight == 0 for weight in weights[row + 1:])  # the masked triangle
+
+
+SERVE = """
+import sys
+from gptlite.cli import main
+sys.exit(main(["serve", *sys.argv[1:]]))
+"""
+
+
+@ONCE
+@pytest.mark.slow
+def test_sigterm_finishes_the_request_in_flight_then_exits_0(tmp_path, fluent_model):
+    gptlite.save(fluent_model, tmp_path / "model.keras")
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-c", SERVE, str(tmp_path / "model.keras"), "--port", str(port),
+                                "--max-batch", "1"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert process.poll() is None, process.stderr.read()[-2000:]
+            assert time.monotonic() < deadline, "the server never became ready"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        answer = {}
+
+        def ask():
+            answer["response"] = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
+                                            json={"prompt": "the", "max_tokens": 400, "temperature": 0.0},
+                                            timeout=120)
+
+        asking = threading.Thread(target=ask)
+        asking.start()
+        time.sleep(0.5)  # the request is in flight
+        process.send_signal(signal.SIGTERM)
+        asking.join(120)
+        assert answer["response"].status_code == 200
+        assert answer["response"].json()["usage"]["completion_tokens"] == 400
+        assert process.wait(60) == 0
+    finally:
+        process.kill()
