@@ -123,7 +123,7 @@ def parse_completion(body, model, model_name, settings):
     top_p = _number(body, "top_p", float, 0.0, 1.0)
     if top_p == 0:
         raise RequestError(400, "top_p must be above 0", "top_p")
-    top_k = _number(body, "top_k", int, 1, model.tokenizer.vocabulary_size, default=None)
+    top_k = _number(body, "top_k", int, 1, 2**31 - 1, default=None)  # above the vocabulary: every token
     n = _number(body, "n", int, 1, settings.max_n)
     seed = _number(body, "seed", int, -2**63, 2**63 - 1, default=None)
     stream = body.get("stream", False)

@@ -1,5 +1,6 @@
 """`gptlite serve`: the OpenAI completions API over real HTTP, its refusals, batching, auth and shutdown."""
 
+import importlib.util
 import json
 import signal
 import socket
@@ -249,3 +250,55 @@ def test_sigterm_finishes_the_request_in_flight_then_exits_0(tmp_path, fluent_mo
         assert process.wait(60) == 0
     finally:
         process.kill()
+
+
+def _browser():
+    """Headless Chromium under Selenium (Debian's chromium and chromium-driver), or None where either is missing."""
+    import shutil
+
+    if importlib.util.find_spec("selenium") is None or not shutil.which("chromedriver"):
+        return None
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,1300"):
+        options.add_argument(argument)
+    if shutil.which("chromium"):
+        options.binary_location = shutil.which("chromium")
+    return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+
+
+@ONCE
+def test_the_page_in_a_browser_streams_text_and_draws_attention(server, tmp_path):
+    browser = _browser()
+    if browser is None:
+        pytest.skip("needs selenium and Debian's chromium and chromium-driver (.ci/run installs them)")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        browser.get(server.url + "/")
+        prompt = browser.find_element(By.ID, "prompt")
+        prompt.clear()
+        prompt.send_keys("the cat ")
+        maximum = browser.find_element(By.ID, "max_tokens")
+        maximum.clear()
+        maximum.send_keys("120")
+        browser.find_element(By.ID, "generate").click()
+        output = browser.find_element(By.ID, "output")
+        lengths = set()
+        WebDriverWait(browser, 60, poll_frequency=0.02).until(
+            lambda _: lengths.add(len(output.text)) or browser.find_element(By.ID, "status").text == "done")
+        assert output.text.startswith("the cat ") and len(output.text) == len("the cat ") + 120
+        assert len(lengths) > 2  # the text grew while it was written, not all at once
+        browser.find_element(By.ID, "show_attention").click()
+        WebDriverWait(browser, 60).until(lambda _: "tokens" in browser.find_element(By.ID, "attention_status").text)
+        layers = browser.find_elements(By.CSS_SELECTOR, "#layer option")
+        assert len(layers) == 2 and browser.find_element(By.ID, "attention").size["width"] > 100
+        screenshot = tmp_path / "page.png"
+        browser.save_screenshot(str(screenshot))
+        assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        print(f"screenshot of the page: {screenshot}")
+    finally:
+        browser.quit()
