@@ -1,0 +1,194 @@
+"""`gptlite serve` under load: many clients at once against one client alone, and a soak at the queue limit.
+
+    python benchmarks/serve.py [--model runs/x/model.keras] [--clients 16] [--requests 20] [--tokens 64]
+                               [--shape cpu|wide] [--soak-seconds 30] [--max-batch 16]
+
+Without --model, a model of the `cpu` preset's shape (4 layers, width 128,
+context 64; `--shape wide`: 6 layers, width 384, context 256) with random
+weights and a 65-character vocabulary is saved and served. The server runs
+as `gptlite serve` in a process of its own on a free port. The benchmark
+first sends --requests requests of --tokens new tokens from one client, one
+after another; then --clients clients each send --requests such requests,
+all at once. It reports each phase's latency (p50, p99) and aggregate new
+tokens per second, checks that every answer has its choice with
+finish_reason "length" and the tokens asked for, and counts 5xx answers
+(there must be none). Then the soak: for --soak-seconds, twice the queue
+limit of clients send requests without pause; a 503 must carry Retry-After,
+every request gets an answer, and the server's resident memory (RSS, from
+/proc) after the first third and at the end is reported.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+SHAPES = {"cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64),
+          "wide": dict(n_layer=6, n_head=6, n_embd=384, block_size=256)}
+CHARACTERS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # Tiny Shakespeare's 65
+
+
+def make_model(shape, folder):
+    import gptlite
+
+    tokenizer = gptlite.CharTokenizer(CHARACTERS)
+    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, tokenizer=tokenizer, **SHAPES[shape])
+    model.build((None, model.config.block_size))
+    path = pathlib.Path(folder) / f"{shape}.keras"
+    gptlite.save(model, path)
+    return path
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_server(model, port, max_batch, max_queue):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gptlite", "serve", str(model), "--port", str(port), "--max-batch", str(max_batch),
+         "--max-queue", str(max_queue)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    import httpx
+
+    deadline = time.monotonic() + 600
+    while True:
+        if process.poll() is not None:
+            sys.exit(f"the server failed:\n{process.stderr.read()[-3000:]}")
+        if time.monotonic() > deadline:
+            sys.exit("the server did not become ready in 10 minutes")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                return process
+        except httpx.TransportError:
+            time.sleep(0.5)
+
+
+def complete(http, tokens):
+    """One request; (seconds, status, ok)."""
+    started = time.perf_counter()
+    response = http.post("/v1/completions", json={"prompt": "ROMEO:", "max_tokens": tokens, "temperature": 0.8})
+    seconds = time.perf_counter() - started
+    ok = False
+    if response.status_code == 200:
+        body = response.json()
+        ok = (len(body["choices"]) == 1 and body["choices"][0]["finish_reason"] == "length"
+              and body["usage"]["completion_tokens"] == tokens)
+    return seconds, response.status_code, ok
+
+
+def load_phase(url, clients, requests, tokens):
+    import httpx
+
+    results = []
+    lock = threading.Lock()
+
+    def client():
+        with httpx.Client(base_url=url, timeout=600) as http:
+            for _ in range(requests):
+                result = complete(http, tokens)
+                with lock:
+                    results.append(result)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    latencies = sorted(seconds for seconds, _, _ in results)
+    return dict(
+        clients=clients, requests=len(results), complete=sum(ok for _, _, ok in results),
+        errors_5xx=sum(status >= 500 for _, status, _ in results),
+        p50_s=statistics.median(latencies), p99_s=latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+        tokens_per_s=sum(ok for _, _, ok in results) * tokens / elapsed,
+    )
+
+
+def rss_mb(pid):
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def soak(url, pid, seconds, clients, tokens):
+    import httpx
+
+    counts = dict(sent=0, answered=0, ok=0, busy=0, busy_without_retry_after=0, other=0)
+    lock = threading.Lock()
+    stop = time.monotonic() + seconds
+    memory = {}
+
+    def client():
+        with httpx.Client(base_url=url, timeout=600) as http:
+            while time.monotonic() < stop:
+                with lock:
+                    counts["sent"] += 1
+                response = http.post("/v1/completions", json={"prompt": "ROMEO:", "max_tokens": tokens})
+                with lock:
+                    counts["answered"] += 1
+                    if response.status_code == 200:
+                        counts["ok"] += 1
+                    elif response.status_code == 503:
+                        counts["busy"] += 1
+                        counts["busy_without_retry_after"] += "retry-after" not in response.headers
+                    else:
+                        counts["other"] += 1
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    time.sleep(seconds / 3)
+    memory["rss_after_warm_up_mb"] = rss_mb(pid)
+    for thread in threads:
+        thread.join()
+    memory["rss_at_end_mb"] = rss_mb(pid)
+    return {**counts, **memory}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=pathlib.Path, default=None)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="cpu")
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=20)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--max-batch", type=int, default=16)
+    parser.add_argument("--max-queue", type=int, default=32)
+    parser.add_argument("--soak-seconds", type=float, default=30)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as folder:
+        model = args.model or make_model(args.shape, folder)
+        port = free_port()
+        server = start_server(model, port, args.max_batch, args.max_queue)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            alone = load_phase(url, 1, args.requests, args.tokens)
+            together = load_phase(url, args.clients, args.requests, args.tokens)
+            soaked = soak(url, server.pid, args.soak_seconds, 2 * args.max_queue, args.tokens) \
+                if args.soak_seconds else None
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(120)
+    report = dict(model=str(args.model or f"random weights, {args.shape} shape"), tokens=args.tokens,
+                  max_batch=args.max_batch, max_queue=args.max_queue, alone=alone, together=together,
+                  speedup=together["tokens_per_s"] / alone["tokens_per_s"],
+                  p99_over_p50=together["p99_s"] / together["p50_s"], soak=soaked)
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    main()
