@@ -30,7 +30,6 @@ import threading
 import time
 import uuid
 
-from gptlite.decoding import CHUNK_SIZE
 from gptlite.errors import ConfigError, GPTLiteError, InputError
 from gptlite.model import Seq2Seq
 
@@ -211,16 +210,26 @@ class Worker:
         return future
 
     def warm_up(self):
-        """Compile the decode loops for every batch size the worker uses, before the first request."""
-        from gptlite.generation import RowsStream
+        """Compile, before the first request, every decode the worker can meet: each batch size it
+        pads to, each prefill width and each kind of step (with room in the window, and with it full)."""
+        import numpy as np
+
+        from gptlite import decoding
+        from gptlite.sampling import sampler_settings
 
         if isinstance(self.model, Seq2Seq):
             return  # its targets decode in batches of one size (generation.TARGET_BATCH)
+        block_size = self.model.config.block_size
+        widths = {min(block_size, decoding.PREFILL_WIDTH << k)
+                  for k in range(max(1, block_size // decoding.PREFILL_WIDTH).bit_length() + 1)}
+        settings = sampler_settings(self.model.tokenizer.vocabulary_size, 1.0, None, 1.0)
         size = 1
         while size <= _padded(self.settings.max_batch):
-            # Enough tokens for every kind of compiled loop a request's decode goes through.
-            for _ in RowsStream(self.model, ["\n"] * size, 2 * CHUNK_SIZE, temperature=1.0):
-                pass
+            for length in sorted({1, *widths}):
+                window = np.zeros((size, block_size), np.int32)
+                lengths = np.full(size, length, np.int32)
+                for _ in decoding.sample(self.model, window, lengths, None, 3, settings, np.int32(0)):
+                    pass
             size *= 2
 
     def _next(self, timeout=None):
@@ -274,24 +283,38 @@ class Worker:
                                 stops=[job.completion.stops for job in batch for _ in job.rows] + [()] * padding)
             spans = list(itertools.accumulate([0] + [len(job.rows) for job in batch]))
             done = [False] * len(batch)
+            # A streamed request gets each step's text as it comes; the others theirs whole, at the end.
+            texts = [[""] * len(job.rows) for job in batch]
             for step in stream:
                 for index, job in enumerate(batch):
                     if done[index] or job.cancelled:
                         continue
                     first, last = spans[index], spans[index + 1]
-                    job.emit(("pieces", step[first:last], stream.finish_reasons[first:last]))
+                    if job.completion.stream:
+                        job.emit(("pieces", step[first:last], stream.finish_reasons[first:last]))
+                    else:
+                        texts[index] = [text + piece for text, piece in zip(texts[index], step[first:last])]
                     if all(stream.finish_reasons[first:last]):
                         done[index] = True
-                        job.emit(("done", stream.prompt_tokens[first:last], stream.completion_tokens[first:last]))
+                        self._finish(job, texts[index], stream, first, last)
                 if all(done[i] or job.cancelled for i, job in enumerate(batch)):
                     break
             for index, job in enumerate(batch):
                 if not done[index] and not job.cancelled:
-                    first, last = spans[index], spans[index + 1]
-                    job.emit(("done", stream.prompt_tokens[first:last], stream.completion_tokens[first:last]))
+                    self._finish(job, texts[index], stream, spans[index], spans[index + 1])
         except GPTLiteError as error:
             for job in batch:
                 job.emit(("error", str(error)))
+        except Exception as error:  # the worker must live on: the requests get a 500, the server keeps serving
+            for job in batch:
+                job.emit(("failure", f"decoding failed: {type(error).__name__}: {error}"))
+
+    @staticmethod
+    def _finish(job, texts, stream, first, last):
+        reasons = [reason or "length" for reason in stream.finish_reasons[first:last]]
+        if not job.completion.stream:
+            job.emit(("pieces", texts, reasons))
+        job.emit(("done", stream.prompt_tokens[first:last], stream.completion_tokens[first:last]))
 
     def _write_targets(self, job, generate_target):
         """A Seq2Seq reads each prompt as a source; its targets come whole."""
@@ -370,7 +393,13 @@ def create_app(model, model_name, settings=None, worker=None):
         reasons = [None] * len(job.rows)
         try:
             while True:
-                event = await events.get()
+                try:
+                    event = await asyncio.wait_for(events.get(), timeout=1.0)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():  # nobody is waiting for the text any more
+                        job.cancelled = True
+                        return JSONResponse({}, status_code=499)
+                    continue
                 if event[0] == "pieces":
                     texts = [text + piece for text, piece in zip(texts, event[1])]
                     reasons = [reason or new for reason, new in zip(reasons, event[2])]
@@ -378,7 +407,9 @@ def create_app(model, model_name, settings=None, worker=None):
                     prompt_tokens, completion_tokens = event[1], event[2]
                     break
                 else:
-                    return error_response(RequestError(400, event[1]))
+                    status = 400 if event[0] == "error" else 500
+                    return error_response(RequestError(status, event[1], kind="invalid_request_error" if status == 400
+                                                       else "server_error"))
         except asyncio.CancelledError:
             job.cancelled = True
             raise
@@ -444,8 +475,9 @@ async def _events(job, events, identity, model_name, created, request):
     try:
         while True:
             event = await events.get()
-            if event[0] == "error":
-                yield "data: " + json.dumps({"error": {"message": event[1], "type": "invalid_request_error"}}) + "\n\n"
+            if event[0] in ("error", "failure"):
+                kind = "invalid_request_error" if event[0] == "error" else "server_error"
+                yield "data: " + json.dumps({"error": {"message": event[1], "type": kind}}) + "\n\n"
                 break
             if event[0] == "done":
                 break
