@@ -15,7 +15,8 @@ batch (the same sampling settings and no seed of their own: a seeded
 request is decoded alone, so that its text is the one `gptlite.generate`
 writes for that seed), up to `max_batch` rows, and decodes them as one
 batch, each row with its own length and stop strings. Batches are padded
-to a power of two rows, so that a handful of compiled loops serve them all.
+to a power of two rows (but a seeded one's), so that a handful of compiled
+loops serve them all.
 """
 
 import asyncio
@@ -276,7 +277,9 @@ class Worker:
                 return
             c = batch[0].completion
             rows = [row for job in batch for row in job.rows]
-            padding = _padded(len(rows)) - len(rows)
+            # A seeded request is alone in its batch, unpadded: its rows then draw the noise that
+            # `generate` draws for the same prompts and seed.
+            padding = 0 if c.seed is not None else _padded(len(rows)) - len(rows)
             stream = RowsStream(self.model, rows + [rows[0]] * padding,
                                 [job.completion.max_tokens for job in batch for _ in job.rows] + [0] * padding,
                                 temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, seed=c.seed,

@@ -71,6 +71,11 @@ def test_the_openai_client_gets_the_text_generate_writes_for_the_same_seed(clien
     assert completion.choices[0].finish_reason == "length"
     assert completion.usage.prompt_tokens == len("the cat") and completion.usage.completion_tokens == 12
     assert client.models.list().data[0].id == "words"
+    # Three choices of one seeded request: the three rows generate writes together for that seed.
+    three = client.completions.create(model="words", prompt="a ", max_tokens=6, temperature=1.0, seed=9, n=3)
+    assert [choice.text for choice in three.choices] == [
+        text[len("a "):] for text in gptlite.generate(fluent_model, ["a "] * 3, max_new_tokens=6, temperature=1.0,
+                                                      seed=9)]
 
 
 def test_a_streamed_completion_arrives_in_pieces_that_add_up_to_the_plain_one(client):
