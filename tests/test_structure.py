@@ -31,7 +31,7 @@ ALLOWED = {
     "plotting": {"files"},
     "records": {"files", "pairs"},
     "run_config": {"files", "settings"},
-    "serving": {"model", "decoding", "generation", "inspection", "saving"},
+    "serving": {"model", "decoding", "sampling", "generation", "inspection", "saving"},
     "training": {"model", "data", "pairs", "saving", "checkpoints", "distribute", "plotting", "records", "files",
                  "settings"},
     "pipeline": {"model", "data", "pairs", "generation", "training", "checkpoints", "distribute", "settings",
