@@ -190,6 +190,27 @@ def test_beam_search_equals_a_search_by_full_recomputation(fluent_model):
     assert found == [beam_search_by_full_recomputation(fluent_model, p, 24, beams=3) for p in prompts]
 
 
+def test_rows_decoded_together_each_keep_their_own_length_and_stop_strings(fluent_model):
+    from gptlite.generation import RowsStream
+
+    prompts = ["the cat ", "a", "dog ran "]
+    rows = RowsStream(fluent_model, prompts, [12, 30, 0], temperature=0.0, stops=[[], [" "], []])
+    texts = [""] * 3
+    for step in rows:
+        assert len(step) == 3
+        texts = [text + piece for text, piece in zip(texts, step)]
+    assert rows.finish_reasons == ["length", "stop", "length"]
+    assert rows.completion_tokens[0] == 12 and rows.completion_tokens[2] == 0 and texts[2] == ""
+    assert rows.prompt_tokens == [len(prompt) for prompt in prompts]  # a char model: a token per character
+    # Greedy rows are the text each prompt gets alone; the stop string ends its row before it.
+    assert texts[0] == gptlite.generate(fluent_model, "the cat ", max_new_tokens=12, temperature=0.0)[len("the cat "):]
+    alone = gptlite.generate(fluent_model, "a", max_new_tokens=30, temperature=0.0, stop=" ")[1:]
+    assert texts[1] == alone and " " not in alone
+    # One row, sampled, is what generate writes for the same seed.
+    (one,) = zip(*RowsStream(fluent_model, ["the "], 15, temperature=0.9, seed=11))
+    assert "".join(one) == gptlite.generate(fluent_model, "the ", max_new_tokens=15, temperature=0.9, seed=11)[4:]
+
+
 def test_one_beam_is_greedy(fluent_model):
     prompts = ["the", "dog ran to the big red hat and"]
     assert gptlite.generate(fluent_model, prompts, max_new_tokens=30, num_beams=1) == \
