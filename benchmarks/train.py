@@ -1,7 +1,7 @@
 """Training speed, memory and loss: gptlite on each backend and precision, and the PyTorch reference, side by side.
 
     python benchmarks/train.py [TEXT] [--preset cpu] [--runs reference:fp32 tensorflow:fp32 ...]
-        [--rounds 3] [--max-iters N] [--batch-size N] [--eval-interval N]
+        [--rounds 3] [--max-iters N] [--batch-size N] [--eval-interval N] [--isa native|avx2]
 
 Each run is a whole training run in a child process of its own (a Keras
 backend is fixed for the life of a process): gptlite through
@@ -21,6 +21,9 @@ median over seeds. Each run reports:
   N without the position table) over the FLOP/s of a 2048 x 2048 matmul
   the child measures with its own backend and precision.
 Prints each run as it ends, then medians, and ratios to the first run named.
+`--isa avx2` limits XLA, oneDNN, MKL and ATen to AVX2 and FMA in every
+child (ISA_ENVIRONMENTS), to measure on an AVX-512 machine what a CPU
+without AVX-512 would do.
 """
 
 import argparse
@@ -47,6 +50,14 @@ MEASURES = {
 }
 MATMUL_SIZE = 2048
 REFERENCE_LR = 1e-3
+# What limits each library to AVX2 and FMA, as on a CPU without AVX-512: XLA (TensorFlow's and JAX's
+# compiled steps), oneDNN (TensorFlow's and torch's kernels outside XLA), MKL and ATen (torch's matmuls
+# and vectorised ops).
+ISA_ENVIRONMENTS = {
+    "native": {},
+    "avx2": {"XLA_FLAGS": "--xla_cpu_max_isa=AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+             "ATEN_CPU_CAPABILITY": "avx2"},
+}
 
 
 def settings_for(preset, overrides):
@@ -178,6 +189,8 @@ def main():
     parser.add_argument("--max-iters", type=int)
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--eval-interval", type=int)
+    parser.add_argument("--isa", choices=sorted(ISA_ENVIRONMENTS), default="native",
+                        help="avx2: limit every library to AVX2 and FMA in the children, as on a CPU without AVX-512")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=1337, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -200,6 +213,8 @@ def main():
         for name in args.runs:
             backend = name.split(":")[0]
             env = dict(os.environ, **({} if backend == "reference" else {"KERAS_BACKEND": backend}))
+            for variable, value in ISA_ENVIRONMENTS[args.isa].items():
+                env[variable] = f"{env[variable]} {value}" if variable == "XLA_FLAGS" and env.get(variable) else value
             command = [__file__, str(args.text), "--child", name, "--preset", args.preset,
                        "--seed", str(1337 + round_index)]
             for flag, value in overrides.items():
@@ -213,7 +228,8 @@ def main():
     first = args.runs[0]
     medians = {name: {key: statistics.median(run[key] for run in runs) for key in MEASURES}
                for name, runs in results.items()}
-    print(f"\n{args.preset} preset, batch {settings['batch_size']}, {settings['max_iters']} iterations; "
+    print(f"\n{args.preset} preset, batch {settings['batch_size']}, {settings['max_iters']} iterations, "
+          f"{args.isa} instruction set; "
           f"medians of {args.rounds} (seeds 1337..{1336 + args.rounds}); ratios to {first}\n")
     print("| run | " + " | ".join(MEASURES.values()) + " |")
     print("|---|" + "---:|" * len(MEASURES))
