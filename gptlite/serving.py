@@ -390,7 +390,7 @@ def create_app(model, model_name, settings=None, worker=None):
                                                headers={"Retry-After": "1"}))
         identity = f"cmpl-{uuid.uuid4().hex}"
         if completion.stream:
-            return StreamingResponse(_events(job, events, identity, model_name, created, request),
+            return StreamingResponse(_events(job, events, identity, model_name, created),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         texts = [""] * len(job.rows)
         reasons = [None] * len(job.rows)
@@ -468,7 +468,7 @@ def create_app(model, model_name, settings=None, worker=None):
     return app
 
 
-async def _events(job, events, identity, model_name, created, request):
+async def _events(job, events, identity, model_name, created):
     """The server-sent events of a streamed completion, ending with `data: [DONE]`."""
     def chunk(choices):
         return "data: " + json.dumps({"id": identity, "object": "text_completion", "created": created,
