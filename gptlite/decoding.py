@@ -7,19 +7,25 @@ decoder computes once per source (each decoder block's cross-attention keys
 and values, and the source's padding mask; a GPT's context is empty). Then:
 
 1. Prefill: the windows, right-padded to the width their longest needs
-   (`prompt_columns`), run through the model once; every block's keys and values land in a fixed-size cache and the
-   first new token is chosen from the logits at each row's last position.
+   (`prompt_columns`), run through the model once; every block's keys and
+   values land in a cache of that many slots, and the first new token is
+   chosen from the logits at each row's last position.
 2. Decode: each step feeds one token per row at that row's own position,
    writes its key and value into the cache, and chooses the next token.
+   Attention reads every slot of the cache, so a call's cache has only the
+   slots its steps reach (`cache_span`: a power of two from PREFILL_WIDTH up
+   to block_size), grown between calls; a batch of many rows, whose steps
+   are bound by reading the cache, then costs what its text's length needs.
 3. Sliding: a step that finds a row's window full moves it `slide` tokens
    and recomputes the whole window, since every position has shifted. (A
    Seq2Seq's target is at most block_size - 1 tokens: it never slides.)
 
 Which steps recompute follows from the window lengths alone, so the host
-plans the calls ahead (`plan_calls`): runs of cached steps go to one compiled
-while-loop and runs of recomputing steps to another (a wider slide adds a
-third: one recomputing step, then cached ones), each drawing up to
-CHUNK_SIZE tokens per call and keeping its state on the device. On
+plans the calls ahead (`plan_calls`), and their cache spans: runs of cached
+steps go to one compiled while-loop and runs of recomputing steps to
+another (a wider slide adds a third: one recomputing step, then cached
+ones), each drawing up to CHUNK_SIZE tokens per call and keeping its state
+on the device. On
 TensorFlow the prefill is a plain graph, quick to build, so the first token
 comes without waiting for a compiler while the loops compile with XLA on a
 background thread. On JAX every function is jitted (the loops on that
@@ -48,7 +54,7 @@ from gptlite.sampling import choose_beams, sample_next_token, uniform_noise
 # starts flowing at once.
 CHUNK_SIZE = 32
 FIRST_CHUNK_SIZE = 8
-# The narrowest prefill of a GPT's windows (see prompt_columns).
+# The narrowest prefill of a GPT's windows (see prompt_columns), and the shortest cache a call reads.
 PREFILL_WIDTH = 64
 # The kinds of steps one decode call runs (see Decoder.loop).
 CACHED, RECOMPUTE, RECOMPUTE_THEN_CACHED = "cached", "recompute", "recompute then cached"
@@ -99,22 +105,25 @@ class Decoder:
             self._loops[key] = _Compiled(functools.partial(chunk, steps_kind=steps_kind, slide=slide), self.model)
         return self._loops[key]
 
-    def warm_up(self, kind, calls, slide, example_args):
-        """Start compiling the loops that `calls` need, in the order needed; {steps kind: future}."""
+    def warm_up(self, kind, calls, slide, batch_size, example_args):
+        """Start compiling the loops that `calls` need, in the order needed; {(steps kind, span): future}.
+
+        example_args(span): arguments of the loops' shapes, with a cache of `span` slots.
+        """
         futures = {}
-        for steps_kind in dict.fromkeys(call[2] for call in calls):
+        for steps_kind, span in dict.fromkeys(call[2:] for call in calls):
             function = self.loop(kind, steps_kind, slide)
-            key = (function, np.shape(example_args[0]))
+            key = (function, batch_size, span)
             if key not in self._warm_ups:
-                self._warm_ups[key] = _in_background(function, *example_args)
-            futures[steps_kind] = self._warm_ups[key]
+                self._warm_ups[key] = _in_background(function, *example_args(span))
+            futures[steps_kind, span] = self._warm_ups[key]
         return futures
 
-    def example_state(self, batch_size, context):
-        """Zero state of the loops' shapes, to compile them with."""
+    def example_state(self, batch_size, context, span):
+        """Zero state of the loops' shapes, with a cache of `span` slots, to compile them with."""
         block_size = self.model.config.block_size
         return (np.zeros((batch_size, block_size), "int32"), np.zeros(batch_size, "int32"),
-                self.model.empty_cache(batch_size), np.zeros(batch_size, "int32"), context)
+                self.model.empty_cache(batch_size, span), np.zeros(batch_size, "int32"), context)
 
     # --- the model's step
 
@@ -130,8 +139,10 @@ class Decoder:
         return self.model.call_with_cache(tokens, cache, positions, *context)
 
     def _forward_window(self, window, context):
-        batch_size = ops.shape(window)[0]
-        return self._forward(window, self.model.empty_cache(batch_size), ops.zeros((batch_size,), "int32"), context)
+        """The window's logits, and a cache of as many slots as the window has columns."""
+        batch_size, width = ops.shape(window)
+        return self._forward(window, self.model.empty_cache(batch_size, width), ops.zeros((batch_size,), "int32"),
+                             context)
 
     def _advance(self, window, lengths, cache, tokens, context, recompute, slide):
         """Append tokens (B,) to the windows; return the logits after them (B, V) and the new state.
@@ -345,47 +356,75 @@ def windows(block_size, rows_ids):
     return window, lengths
 
 
+def cache_span(slots, block_size):
+    """The cache length that holds `slots` positions: a power of two, at least PREFILL_WIDTH, at most block_size.
+
+    Powers of two, so that texts of every length compile each loop a few
+    times at most (once per span).
+    """
+    return min(block_size, max(PREFILL_WIDTH, 1 << (max(1, slots) - 1).bit_length()))
+
+
 def prompt_columns(window, lengths, sources):
     """The columns of the windows that the prefill reads: enough for the longest.
 
-    A GPT's: a power of two, at least PREFILL_WIDTH, so that a short prompt
-    in a long context runs through the model at its length rather than the
-    whole window's, and prompt lengths compile the prefill a few times at
-    most (once per width). A Seq2Seq's windows are short, most often its
-    start token alone: exactly the longest.
+    A GPT's: `cache_span` of the longest, so that a short prompt in a long
+    context runs through the model at its length rather than the whole
+    window's. A Seq2Seq's windows are short, most often its start token
+    alone: exactly the longest.
     """
     longest = max(1, int(np.max(lengths)))
     if sources is not None:
         return window[:, :longest]
-    return window[:, :max(PREFILL_WIDTH, 1 << (longest - 1).bit_length())]
+    return window[:, :cache_span(longest, window.shape[1])]
+
+
+def fit_cache(cache, span):
+    """The cache with `span` slots: cut, or padded with zeros.
+
+    Cutting drops only slots past every row's length, which no step reads
+    before writing them.
+    """
+    slots = ops.shape(cache[0])[3]
+    if slots > span:
+        return tuple(layer[:, :, :, :span] for layer in cache)
+    if slots < span:
+        return tuple(ops.pad(layer, [(0, 0), (0, 0), (0, 0), (0, span - slots), (0, 0)]) for layer in cache)
+    return cache
 
 
 def plan_calls(lengths, block_size, max_new_tokens, use_cache, slide, first_chunk=FIRST_CHUNK_SIZE):
-    """The decode calls after the prefill's token: a list of (first token index, steps, steps kind).
+    """The decode calls after the prefill's token: a list of (first token index, steps, steps kind, cache span).
 
     Which steps find a full window, and so must recompute it, follows from
     the window lengths alone: a window grows by one token a step until it is
     full, then moves back by `slide`. A call holds steps of one kind (one
     recomputing step may lead cached ones), at most `first_chunk` in the
-    first call and CHUNK_SIZE after.
+    first call and CHUNK_SIZE after. A cached step writes at the longest
+    window's length, so a call of cached steps needs a cache of their last
+    step's length + 1 slots (`cache_span` of it); a recomputing one, block_size.
     """
     lengths = np.asarray(lengths)
     calls = []
     for index in range(1, max_new_tokens):
         full = lengths >= block_size
         kind = RECOMPUTE if full.any() or not use_cache else CACHED
+        slots = block_size if kind == RECOMPUTE else int(lengths.max()) + 1
         lengths = np.where(full, block_size - slide + 1, lengths + 1)
         last = calls[-1] if calls else None
         if last is None or last[1] == (first_chunk if len(calls) == 1 else CHUNK_SIZE):
-            calls.append([index, 1, kind])
-        elif last[2] == kind or (last[2] == RECOMPUTE_THEN_CACHED and kind == CACHED):
+            calls.append([index, 1, kind, slots])
+            continue
+        if last[2] == kind or (last[2] == RECOMPUTE_THEN_CACHED and kind == CACHED):
             last[1] += 1
         elif last[2] == RECOMPUTE and last[1] == 1 and kind == CACHED:
             # One recomputation and the cached steps after it share a call.
             last[1], last[2] = 2, RECOMPUTE_THEN_CACHED
         else:
-            calls.append([index, 1, kind])
-    return [tuple(call) for call in calls]
+            calls.append([index, 1, kind, slots])
+            continue
+        last[3] = max(last[3], slots)
+    return [(first, steps, kind, cache_span(slots, block_size)) for first, steps, kind, slots in calls]
 
 
 def sample(model, window, lengths, sources, max_new_tokens, settings, seed, use_cache=True, slide=1):
@@ -402,11 +441,12 @@ def sample(model, window, lengths, sources, max_new_tokens, settings, seed, use_
     pending, cache, context = decoder.prefill["sample"](prompt_columns(window, lengths, sources), lengths, sources,
                                                         settings, seed)
     # Compiling starts once the prefill is traced, so that the two do not contend for the interpreter.
-    example = (*decoder.example_state(len(window), context), settings, seed, np.int32(1), np.int32(0))
-    ready = decoder.warm_up("sample", calls, slide, example)
+    ready = decoder.warm_up("sample", calls, slide, len(window), lambda span: (
+        *decoder.example_state(len(window), context, span), settings, seed, np.int32(1), np.int32(0)))
     yield keras.ops.convert_to_numpy(pending)
-    for first, steps, steps_kind in calls:
-        ready[steps_kind].result()
+    for first, steps, steps_kind, span in calls:
+        ready[steps_kind, span].result()
+        cache = fit_cache(cache, span)
         drawn, window, lengths, cache, pending = decoder.loop("sample", steps_kind, slide)(
             window, lengths, cache, pending, context, settings, seed, np.int32(first), np.int32(steps))
         yield from keras.ops.convert_to_numpy(drawn)[:, :steps].T
@@ -432,13 +472,14 @@ def beam_search(model, window, lengths, sources, max_new_tokens, beams, end_toke
 
     pending, scores, finished, window, lengths, cache, context = decoder.prefill["beam"](
         window, prompt_columns(window, lengths, sources), lengths, sources, scores, finished, end_token)
-    example = (*decoder.example_state(len(window), context), scores, finished, end_token, np.int32(0))
-    ready = decoder.warm_up("beam", calls, slide, example)
+    ready = decoder.warm_up("beam", calls, slide, len(window), lambda span: (
+        *decoder.example_state(len(window), context, span), scores, finished, end_token, np.int32(0)))
     sequences = keras.ops.convert_to_numpy(pending)[:, None]  # (B * beams, produced)
-    for _, steps, steps_kind in calls:
+    for _, steps, steps_kind, span in calls:
         if keras.ops.convert_to_numpy(finished).all():
             break
-        ready[steps_kind].result()
+        ready[steps_kind, span].result()
+        cache = fit_cache(cache, span)
         drawn, parents, window, lengths, cache, pending, scores, finished = decoder.loop("beam", steps_kind, slide)(
             window, lengths, cache, pending, context, scores, finished, end_token, np.int32(steps))
         drawn, parents = keras.ops.convert_to_numpy(drawn), keras.ops.convert_to_numpy(parents)

@@ -90,14 +90,16 @@ class _Transformer(keras.Model):
         self.final_norm.build(hidden_shape)
         self.built = True
 
-    def empty_cache(self, batch_size):
-        """A zero key/value cache: a tuple with one (B, 2, H, block_size, D) tensor per decoder block.
+    def empty_cache(self, batch_size, length=None):
+        """A zero key/value cache: a tuple with one (B, 2, H, length, D) tensor per decoder block.
 
+        `length` (block_size unless given) slots hold positions 0 .. length - 1.
         A tuple rather than one stacked tensor, so that a decode step updates
         each block's cache in place instead of copying all of them.
         """
         config = self.config
-        shape = (batch_size, 2, config.n_head, config.block_size, config.n_embd // config.n_head)
+        length = config.block_size if length is None else length
+        shape = (batch_size, 2, config.n_head, length, config.n_embd // config.n_head)
         return tuple(ops.zeros(shape, dtype=self.compute_dtype) for _ in range(config.n_layer))
 
     def _decode_with_cache(self, token_ids, cache, start_positions, **cross):
@@ -174,8 +176,10 @@ class GPT(_Transformer):
     def call_with_cache(self, token_ids, cache, start_positions):
         """Next-token logits for tokens placed at `start_positions`, and the updated cache.
 
-        token_ids (B, T), start_positions (B,) with start_positions[b] + T <= block_size,
-        cache as from `empty_cache` -> logits (B, T, V), cache.
+        token_ids (B, T), start_positions (B,) with start_positions[b] + T no more than
+        the cache's length, cache as from `empty_cache` -> logits (B, T, V), cache.
+        Attention reads the whole cache, so a cache no longer than the text needs
+        makes a step cheaper.
         """
         return self._decode_with_cache(token_ids, cache, start_positions)
 

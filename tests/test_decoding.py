@@ -2,11 +2,27 @@ def test_calls_change_loop_where_the_window_fills():
     from gptlite.decoding import CACHED, RECOMPUTE, RECOMPUTE_THEN_CACHED, plan_calls
 
     # A 3-token prompt, block 16: tokens 1..13 come from the cache, then every token recomputes the window.
-    assert plan_calls([3], 16, 40, use_cache=True, slide=1) == [(1, 8, CACHED), (9, 5, CACHED), (14, 26, RECOMPUTE)]
-    assert plan_calls([3], 16, 40, use_cache=False, slide=1) == [(1, 8, RECOMPUTE), (9, 31, RECOMPUTE)]
+    assert plan_calls([3], 16, 40, use_cache=True, slide=1) == [
+        (1, 8, CACHED, 16), (9, 5, CACHED, 16), (14, 26, RECOMPUTE, 16)]
+    assert plan_calls([3], 16, 40, use_cache=False, slide=1) == [(1, 8, RECOMPUTE, 16), (9, 31, RECOMPUTE, 16)]
     # Moving 8 at a time: one recomputation, then 7 tokens from the cache, in one call.
     assert plan_calls([16], 16, 20, use_cache=True, slide=8) == [
-        (1, 8, RECOMPUTE_THEN_CACHED), (9, 8, RECOMPUTE_THEN_CACHED), (17, 3, RECOMPUTE_THEN_CACHED)]
+        (1, 8, RECOMPUTE_THEN_CACHED, 16), (9, 8, RECOMPUTE_THEN_CACHED, 16), (17, 3, RECOMPUTE_THEN_CACHED, 16)]
+
+
+def test_a_call_reads_a_cache_as_long_as_its_longest_text_reaches():
+    from gptlite.decoding import CACHED, RECOMPUTE, RECOMPUTE_THEN_CACHED, cache_span, plan_calls
+
+    assert [cache_span(slots, 256) for slots in (1, 64, 65, 128, 129, 256)] == [64, 64, 128, 128, 256, 256]
+    assert cache_span(70, 96) == 96  # never longer than the window
+    # Rows of 3 and 50 tokens, block 256: the longest writes at 50 .. 57 in the first call (slots 51 .. 58),
+    # at 58 .. 89 in the second, which so needs 128 slots.
+    assert plan_calls([3, 50], 256, 50, use_cache=True, slide=1) == [
+        (1, 8, CACHED, 64), (9, 32, CACHED, 128), (41, 9, CACHED, 128)]
+    # Recomputing reads the whole window; after a slide of 200, 57 tokens are left and the cache is short again.
+    assert plan_calls([256], 256, 40, use_cache=True, slide=200) == [
+        (1, 8, RECOMPUTE_THEN_CACHED, 256), (9, 31, CACHED, 128)]
+    assert plan_calls([3], 256, 5, use_cache=False, slide=1) == [(1, 4, RECOMPUTE, 256)]
 
 
 def test_a_gpt_prefill_reads_the_columns_its_longest_window_needs():
@@ -24,7 +40,7 @@ def test_a_gpt_prefill_reads_the_columns_its_longest_window_needs():
     assert prompt_columns(np.zeros((3, 21), "int32"), np.ones(3, "int32"), np.zeros((3, 21))).shape == (3, 1)
 
 
-def test_cached_text_is_recomputed_text_in_a_context_wider_than_the_prefill(tokenizer):
+def test_cached_text_is_recomputed_text_as_the_cache_grows_and_is_cut(tokenizer):
     import keras
 
     import gptlite
@@ -36,3 +52,10 @@ def test_cached_text_is_recomputed_text_in_a_context_wider_than_the_prefill(toke
         cached = gptlite.generate(model, prompt, 80, seed=1)
         assert cached == gptlite.generate(model, prompt, 80, seed=1, use_cache=False)
         assert len(cached) == len(prompt) + 80
+    # Rows of 7 and 69 tokens share a cache as long as the longer needs (64, 128, then 160 slots).
+    rows = ["the cat", "the cat sat on the mat " * 3]
+    assert gptlite.generate(model, rows, 80, seed=1) == gptlite.generate(model, rows, 80, seed=1, use_cache=False)
+    # A full window moved 120 tokens keeps 41: the cached steps after it read a cache cut back to 64 slots.
+    full = "the cat sat on the mat " * 7
+    assert (gptlite.generate(model, full, 30, seed=1, slide=120)
+            == gptlite.generate(model, full, 30, seed=1, slide=120, use_cache=False))
