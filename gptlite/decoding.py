@@ -12,10 +12,12 @@ and values, and the source's padding mask; a GPT's context is empty). Then:
    chosen from the logits at each row's last position.
 2. Decode: each step feeds one token per row at that row's own position,
    writes its key and value into the cache, and chooses the next token.
-   Attention reads every slot of the cache, so a call's cache has only the
-   slots its steps reach (`cache_span`: a power of two from PREFILL_WIDTH up
-   to block_size), grown between calls; a batch of many rows, whose steps
-   are bound by reading the cache, then costs what its text's length needs.
+   Attention reads every slot of the cache. A process that decodes many
+   times (a server) can `keep_caches_short`: each call's cache then has only
+   the slots its steps reach (`cache_span`: a power of two from
+   PREFILL_WIDTH up to block_size), grown between calls, so that a batch of
+   many rows, whose steps are bound by reading the cache, costs what its
+   text's length needs, for one compile of each loop per span.
 3. Sliding: a step that finds a row's window full moves it `slide` tokens
    and recomputes the whole window, since every position has shifted. (A
    Seq2Seq's target is at most block_size - 1 tokens: it never slides.)
@@ -86,6 +88,7 @@ class Decoder:
                         "beam": _Compiled(self._beam_prefill, model, xla=xla)}
         self._loops = {}
         self._warm_ups = {}
+        self.short_caches = False  # see keep_caches_short
 
     @property
     def model(self):
@@ -288,6 +291,7 @@ class _Compiled:
             # The loops are written with ops.while_loop and ops.cond, so autograph
             # has nothing to convert; leaving it off makes tracing quicker.
             self._call = tf.function(traced, jit_compile=xla, autograph=False)
+            tf.get_logger().addFilter(_without_retracing_warnings)
         elif backend == "jax":
             import jax
 
@@ -313,6 +317,12 @@ class _Compiled:
 
     def __call__(self, *args):
         return self._call(*args)
+
+
+def _without_retracing_warnings(record):
+    """Drop TensorFlow's warning that functions are traced often: these are traced once per batch size and
+    cache span, as planned, and TensorFlow counts every _Compiled function as one (they share `traced`'s code)."""
+    return "triggered tf.function retracing" not in record.getMessage()
 
 
 _compiler = None
@@ -343,6 +353,20 @@ def decoder_for(model):
     if model not in _decoders:
         _decoders[model] = Decoder(model)
     return _decoders[model]
+
+
+def keep_caches_short(model, short=True):
+    """Have every later decode of `model` read a cache only as long as its text needs (see `plan_calls`).
+
+    Each loop then compiles once for each cache span it meets (64, 128, ...
+    up to block_size slots): seconds more, once per process, for steps that
+    no longer read the empty rest of the cache. That pays in a process that
+    decodes many times, most of all in batches of many rows (a server: 1.5x
+    the tokens per second for 16 rows of a 6-layer, 384-wide model at
+    context 256, BENCHMARKS.md); a single generation would spend more
+    compiling than it saves, so by default every call reads the whole cache.
+    """
+    decoder_for(model).short_caches = short
 
 
 def windows(block_size, rows_ids):
@@ -393,15 +417,17 @@ def fit_cache(cache, span):
     return cache
 
 
-def plan_calls(lengths, block_size, max_new_tokens, use_cache, slide, first_chunk=FIRST_CHUNK_SIZE):
+def plan_calls(lengths, block_size, max_new_tokens, use_cache, slide, first_chunk=FIRST_CHUNK_SIZE,
+               short_caches=False):
     """The decode calls after the prefill's token: a list of (first token index, steps, steps kind, cache span).
 
     Which steps find a full window, and so must recompute it, follows from
     the window lengths alone: a window grows by one token a step until it is
     full, then moves back by `slide`. A call holds steps of one kind (one
     recomputing step may lead cached ones), at most `first_chunk` in the
-    first call and CHUNK_SIZE after. A cached step writes at the longest
-    window's length, so a call of cached steps needs a cache of their last
+    first call and CHUNK_SIZE after. Every call's cache has block_size
+    slots, unless `short_caches`: a cached step writes at the longest
+    window's length, so a call of cached steps then has a cache of its last
     step's length + 1 slots (`cache_span` of it); a recomputing one, block_size.
     """
     lengths = np.asarray(lengths)
@@ -424,7 +450,8 @@ def plan_calls(lengths, block_size, max_new_tokens, use_cache, slide, first_chun
             calls.append([index, 1, kind, slots])
             continue
         last[3] = max(last[3], slots)
-    return [(first, steps, kind, cache_span(slots, block_size)) for first, steps, kind, slots in calls]
+    return [(first, steps, kind, cache_span(slots, block_size) if short_caches else block_size)
+            for first, steps, kind, slots in calls]
 
 
 def sample(model, window, lengths, sources, max_new_tokens, settings, seed, use_cache=True, slide=1):
@@ -437,7 +464,8 @@ def sample(model, window, lengths, sources, max_new_tokens, settings, seed, use_
     decoder = decoder_for(model)
     # A short first call streams a GPT's text at once; a Seq2Seq's targets come whole, in as few calls as can be.
     first_chunk = FIRST_CHUNK_SIZE if sources is None else CHUNK_SIZE
-    calls = plan_calls(lengths, model.config.block_size, max_new_tokens, use_cache, slide, first_chunk)
+    calls = plan_calls(lengths, model.config.block_size, max_new_tokens, use_cache, slide, first_chunk,
+                       decoder.short_caches)
     pending, cache, context = decoder.prefill["sample"](prompt_columns(window, lengths, sources), lengths, sources,
                                                         settings, seed)
     # Compiling starts once the prefill is traced, so that the two do not contend for the interpreter.
@@ -468,7 +496,8 @@ def beam_search(model, window, lengths, sources, max_new_tokens, beams, end_toke
     scores[:, 0] = 0  # the copies of a row are one beam until the first choice
     finished = np.zeros(len(window), dtype=bool)
     end_token = np.int32(-1 if end_token is None else end_token)
-    calls = plan_calls(lengths, model.config.block_size, max_new_tokens, use_cache, slide, CHUNK_SIZE)
+    calls = plan_calls(lengths, model.config.block_size, max_new_tokens, use_cache, slide, CHUNK_SIZE,
+                       decoder.short_caches)
 
     pending, scores, finished, window, lengths, cache, context = decoder.prefill["beam"](
         window, prompt_columns(window, lengths, sources), lengths, sources, scores, finished, end_token)

@@ -212,7 +212,8 @@ class Worker:
 
     def warm_up(self):
         """Compile, before the first request, every decode the worker can meet: each batch size it
-        pads to, each prefill width and each kind of step (with room in the window, and with it full)."""
+        pads to, each prefill width, cache span and kind of step (with room in the window, and with it
+        full). A server decodes for long: its steps read caches only as long as their texts need."""
         import numpy as np
 
         from gptlite import decoding
@@ -220,6 +221,7 @@ class Worker:
 
         if isinstance(self.model, Seq2Seq):
             return  # its targets decode in batches of one size (generation.TARGET_BATCH)
+        decoding.keep_caches_short(self.model)
         block_size = self.model.config.block_size
         widths = {min(block_size, decoding.PREFILL_WIDTH << k)
                   for k in range(max(1, block_size // decoding.PREFILL_WIDTH).bit_length() + 1)}

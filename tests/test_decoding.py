@@ -1,3 +1,6 @@
+import pytest
+
+
 def test_calls_change_loop_where_the_window_fills():
     from gptlite.decoding import CACHED, RECOMPUTE, RECOMPUTE_THEN_CACHED, plan_calls
 
@@ -17,12 +20,15 @@ def test_a_call_reads_a_cache_as_long_as_its_longest_text_reaches():
     assert cache_span(70, 96) == 96  # never longer than the window
     # Rows of 3 and 50 tokens, block 256: the longest writes at 50 .. 57 in the first call (slots 51 .. 58),
     # at 58 .. 89 in the second, which so needs 128 slots.
-    assert plan_calls([3, 50], 256, 50, use_cache=True, slide=1) == [
+    assert plan_calls([3, 50], 256, 50, use_cache=True, slide=1, short_caches=True) == [
         (1, 8, CACHED, 64), (9, 32, CACHED, 128), (41, 9, CACHED, 128)]
+    # Unless asked for, every call reads the whole cache.
+    assert plan_calls([3, 50], 256, 50, use_cache=True, slide=1) == [
+        (1, 8, CACHED, 256), (9, 32, CACHED, 256), (41, 9, CACHED, 256)]
     # Recomputing reads the whole window; after a slide of 200, 57 tokens are left and the cache is short again.
-    assert plan_calls([256], 256, 40, use_cache=True, slide=200) == [
+    assert plan_calls([256], 256, 40, use_cache=True, slide=200, short_caches=True) == [
         (1, 8, RECOMPUTE_THEN_CACHED, 256), (9, 31, CACHED, 128)]
-    assert plan_calls([3], 256, 5, use_cache=False, slide=1) == [(1, 4, RECOMPUTE, 256)]
+    assert plan_calls([3], 256, 5, use_cache=False, slide=1, short_caches=True) == [(1, 4, RECOMPUTE, 256)]
 
 
 def test_a_gpt_prefill_reads_the_columns_its_longest_window_needs():
@@ -40,19 +46,22 @@ def test_a_gpt_prefill_reads_the_columns_its_longest_window_needs():
     assert prompt_columns(np.zeros((3, 21), "int32"), np.ones(3, "int32"), np.zeros((3, 21))).shape == (3, 1)
 
 
-def test_cached_text_is_recomputed_text_as_the_cache_grows_and_is_cut(tokenizer):
+@pytest.mark.parametrize("short_caches", [False, True])
+def test_cached_text_is_recomputed_text_as_the_cache_grows_and_is_cut(tokenizer, short_caches):
     import keras
 
     import gptlite
+    from gptlite.decoding import keep_caches_short
 
     keras.utils.set_random_seed(3)
     model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=160,
                         tokenizer=tokenizer)
+    keep_caches_short(model, short_caches)
     for prompt in ("the cat", "the cat sat on the mat " * 4):  # 7 and 92 tokens: prefills of 64 and 128
         cached = gptlite.generate(model, prompt, 80, seed=1)
         assert cached == gptlite.generate(model, prompt, 80, seed=1, use_cache=False)
         assert len(cached) == len(prompt) + 80
-    # Rows of 7 and 69 tokens share a cache as long as the longer needs (64, 128, then 160 slots).
+    # Rows of 7 and 69 tokens share a cache as long as the longer needs (short: 64, 128, then 160 slots).
     rows = ["the cat", "the cat sat on the mat " * 3]
     assert gptlite.generate(model, rows, 80, seed=1) == gptlite.generate(model, rows, 80, seed=1, use_cache=False)
     # A full window moved 120 tokens keeps 41: the cached steps after it read a cache cut back to 64 slots.
