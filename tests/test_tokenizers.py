@@ -26,6 +26,16 @@ def test_ids_follow_code_point_order_and_use_a_compact_dtype():
     assert wide.encode(chr(0x4E00 + 299)).dtype == np.uint16
 
 
+def test_a_batch_of_texts_encodes_as_each_text_alone():
+    texts = ["Héllo", "", "\t你好 🙂\n", "e\u0301", ""]
+    tokenizer = CharTokenizer.from_texts(texts)
+    batch = tokenizer.encode_batch(texts)
+    assert [ids.tolist() for ids in batch] == [tokenizer.encode(text).tolist() for text in texts]
+    assert tokenizer.encode_batch([]) == []
+    with pytest.raises(gptlite.InputError, match="'x'"):
+        tokenizer.encode_batch(["Héllo", "xH"])
+
+
 def test_unknown_characters_are_named():
     tokenizer = CharTokenizer.from_text("abc")
     assert tokenizer.unknown_characters("abzxz") == ["x", "z"]
