@@ -1,9 +1,31 @@
 """Shared fixtures: small texts and tiny models, built once per test session."""
 
+import atexit
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
+
+
+def _share_compiled_programs():
+    """Keep XLA's compiled programs in a folder of this session's, for every test and child process.
+
+    Many tests train or decode the same tiny shapes, each in a function or a
+    process of its own; TensorFlow and JAX then load the program compiled
+    the first time instead of compiling it again. Set before either is imported.
+    """
+    folder = tempfile.mkdtemp(prefix="gptlite-tests-xla-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    flags = os.environ.get("TF_XLA_FLAGS", "")
+    os.environ["TF_XLA_FLAGS"] = f"{flags} --tf_xla_persistent_cache_directory={folder}/tensorflow".strip()
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", f"{folder}/jax")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+
+_share_compiled_programs()
 
 import numpy as np
 import pytest
