@@ -27,10 +27,9 @@ plans the calls ahead (`plan_calls`), and their cache spans: runs of cached
 steps go to one compiled while-loop and runs of recomputing steps to
 another (a wider slide adds a third: one recomputing step, then cached
 ones), each drawing up to CHUNK_SIZE tokens per call and keeping its state
-on the device. On
-TensorFlow the prefill is a plain graph, quick to build, so the first token
-comes without waiting for a compiler while the loops compile with XLA on a
-background thread. On JAX every function is jitted (the loops on that
+on the device. On TensorFlow the prefill is a plain graph, quick to build,
+so the first token comes without waiting for a compiler while the loops
+compile with XLA on a background thread. On JAX every function is jitted (the loops on that
 thread too); torch runs them eagerly. Sampling settings and the seed are
 tensor inputs, so prompt length, temperature, top-k, top-p and seed never
 cause a recompile.
@@ -440,16 +439,13 @@ def plan_calls(lengths, block_size, max_new_tokens, use_cache, slide, first_chun
         last = calls[-1] if calls else None
         if last is None or last[1] == (first_chunk if len(calls) == 1 else CHUNK_SIZE):
             calls.append([index, 1, kind, slots])
-            continue
-        if last[2] == kind or (last[2] == RECOMPUTE_THEN_CACHED and kind == CACHED):
-            last[1] += 1
+        elif last[2] == kind or (last[2] == RECOMPUTE_THEN_CACHED and kind == CACHED):
+            last[1], last[3] = last[1] + 1, max(last[3], slots)
         elif last[2] == RECOMPUTE and last[1] == 1 and kind == CACHED:
-            # One recomputation and the cached steps after it share a call.
+            # One recomputation and the cached steps after it share a call (and its whole cache).
             last[1], last[2] = 2, RECOMPUTE_THEN_CACHED
         else:
             calls.append([index, 1, kind, slots])
-            continue
-        last[3] = max(last[3], slots)
     return [(first, steps, kind, cache_span(slots, block_size) if short_caches else block_size)
             for first, steps, kind, slots in calls]
 
