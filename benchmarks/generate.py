@@ -58,7 +58,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--slide", default="1", choices=["1", "half"],
                         help="how far a full window moves: 1 token, or half the block size")
-    parser.add_argument("--methods", nargs="+", default=["cached", "recompute"], choices=["cached", "short", "recompute"])
+    parser.add_argument("--methods", nargs="+", default=["cached", "recompute"],
+                        choices=["cached", "short", "recompute"])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--quantize", choices=["int8"])
     args = parser.parse_args()

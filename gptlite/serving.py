@@ -325,11 +325,15 @@ class Worker:
         """A Seq2Seq reads each prompt as a source; its targets come whole."""
         c = job.completion
         sources = job.rows
-        targets = generate_target(self.model, sources, max_new_tokens=min(c.max_tokens, self.model.config.block_size - 1),
+        max_new_tokens = min(c.max_tokens, self.model.config.block_size - 1)
+        targets = generate_target(self.model, sources, max_new_tokens=max_new_tokens,
                                   temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, seed=c.seed, stop=c.stops)
-        job.emit(("pieces", targets, ["stop"] * len(targets)))
+        # A target as long as allowed was cut there; a shorter one ended with the end token or a stop string.
+        lengths = [len(self.model.tokenizer.encode(target)) for target in targets]
+        reasons = ["length" if length >= max_new_tokens else "stop" for length in lengths]
+        job.emit(("pieces", targets, reasons))
         prompt_tokens = [len(self.model.tokenizer.encode(source)) for source in sources]
-        completion_tokens = [len(self.model.tokenizer.encode(target)) + 1 for target in targets]
+        completion_tokens = [length + (reason == "stop") for length, reason in zip(lengths, reasons)]
         job.emit(("done", prompt_tokens, completion_tokens))
 
 

@@ -211,6 +211,12 @@ def test_a_seq2seq_model_answers_the_same_endpoint_reading_prompts_as_sources(re
         streamed = "".join(chunk.choices[0].text for chunk in client.completions.create(
             model="reverser", prompt="abc", max_tokens=10, temperature=0.0, stream=True) if chunk.choices)
         assert streamed == completion.choices[0].text
+        # A target cut at max_tokens says so.
+        cut = client.completions.create(model="reverser", prompt=["abcde", "edcba"], max_tokens=2, temperature=0.0)
+        assert [choice.text for choice in cut.choices] == gptlite.generate_target(reverser, ["abcde", "edcba"],
+                                                                                   max_new_tokens=2)
+        for choice in cut.choices:
+            assert len(choice.text) <= 2 and (choice.finish_reason == "length") == (len(choice.text) == 2)
         # truncate="none": a source longer than the model reads is refused, not cut.
         too_long = httpx.post(running.url + "/v1/completions", json={"prompt": "abcde" * 4})
         assert too_long.status_code == 400 and "longer than the model's context" in too_long.json()["error"]["message"]
