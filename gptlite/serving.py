@@ -329,10 +329,10 @@ class Worker:
         targets = generate_target(self.model, sources, max_new_tokens=max_new_tokens,
                                   temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, seed=c.seed, stop=c.stops)
         # A target as long as allowed was cut there; a shorter one ended with the end token or a stop string.
-        lengths = [len(self.model.tokenizer.encode(target)) for target in targets]
+        lengths = [len(ids) for ids in self.model.tokenizer.encode_batch(targets)]
         reasons = ["length" if length >= max_new_tokens else "stop" for length in lengths]
         job.emit(("pieces", targets, reasons))
-        prompt_tokens = [len(self.model.tokenizer.encode(source)) for source in sources]
+        prompt_tokens = [len(ids) for ids in self.model.tokenizer.encode_batch(sources)]
         completion_tokens = [length + (reason == "stop") for length, reason in zip(lengths, reasons)]
         job.emit(("done", prompt_tokens, completion_tokens))
 
