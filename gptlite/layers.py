@@ -102,15 +102,16 @@ def dense(layer, x):
     return y if layer.bias is None else y + layer.bias
 
 
-def gelu(x):
+def gelu(x, recompute_gradient=False):
     """GELU with GPT-2's tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 
-    Under TensorFlow its gradient is computed again from x alone. TensorFlow's
-    own gradient of the formula keeps its intermediates, four more tensors of
-    the feed-forward's width per block, until the backward pass: on GPT-2
-    small at context 256 that held ~90 MB of a LoRA step's peak memory.
+    recompute_gradient: under TensorFlow, compute the gradient again from x
+        alone. TensorFlow's own gradient of the formula keeps four more
+        tensors of the feed-forward's width per block until the backward
+        pass, which matters where no XLA fuses them: on GPT-2 small at
+        context 256 they held ~90 MB of a LoRA step's peak memory.
     """
-    if keras.backend.backend() != "tensorflow":
+    if not recompute_gradient or keras.backend.backend() != "tensorflow":
         return ops.gelu(x, approximate=True)
     return ops.custom_gradient(_gelu_recomputing_gradient)(x)
 
@@ -494,7 +495,9 @@ class FeedForward(keras.layers.Layer):
         self.output_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
     def call(self, x, training=None):
-        hidden = gelu(dense(self.expand, x))  # (B, T, 4C)
+        # A LoRA step runs without XLA on TensorFlow (training.compile_for_training).
+        adapted = self.expand.lora_enabled or self.contract.lora_enabled
+        hidden = gelu(dense(self.expand, x), recompute_gradient=adapted)  # (B, T, 4C)
         return self.output_dropout(dense(self.contract, hidden), training=training)  # (B, T, C)
 
     def compute_output_shape(self, input_shape):

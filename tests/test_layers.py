@@ -208,3 +208,15 @@ def test_layer_config_round_trip_gives_same_layer(cls, kwargs, shape, dtype):
     clone.build(shape)
     clone.set_weights(layer.get_weights())
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(layer(x)), keras.ops.convert_to_numpy(clone(x)))
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="only TensorFlow's gradient is recomputed")
+def test_gelu_recomputing_its_gradient_gives_the_same_values_and_gradient():
+    import tensorflow as tf
+
+    x = tf.constant(np.random.default_rng(0).normal(0, 3, size=(4, 50)).astype("float32"))
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        recomputed, plain = layers.gelu(x, recompute_gradient=True), layers.gelu(x)
+    np.testing.assert_array_equal(recomputed.numpy(), plain.numpy())
+    np.testing.assert_allclose(tape.gradient(recomputed, x).numpy(), tape.gradient(plain, x).numpy(), atol=1e-5)
