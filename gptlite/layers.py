@@ -97,9 +97,15 @@ def dense(layer, x):
     """
     if not layer.lora_enabled:
         return layer(x)
-    y = ops.matmul(x, layer._kernel) + (layer.lora_alpha / layer.lora_rank) * ops.matmul(
-        ops.matmul(x, layer.lora_kernel_a), layer.lora_kernel_b)
-    return y if layer.bias is None else y + layer.bias
+    # Rows as one matrix: three 2-D products, where (B, T, in) operands make
+    # TensorFlow build each product from a dozen shape operations.
+    rows = ops.reshape(x, (-1, ops.shape(x)[-1]))  # (B*T, in)
+    adapted = ops.matmul(ops.matmul(rows, layer.lora_kernel_a), layer.lora_kernel_b)  # (B*T, out)
+    scale = layer.lora_alpha / layer.lora_rank
+    y = ops.matmul(rows, layer._kernel) + (adapted if scale == 1 else scale * adapted)
+    if layer.bias is not None:
+        y = y + layer.bias
+    return ops.reshape(y, (*ops.shape(x)[:-1], ops.shape(y)[-1]))  # (B, T, out)
 
 
 def gelu(x, recompute_gradient=False):
