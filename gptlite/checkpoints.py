@@ -4,6 +4,7 @@ import dataclasses
 import json
 import math
 import pathlib
+import warnings
 
 import keras
 import numpy as np
@@ -79,7 +80,14 @@ def read_checkpoint(out_dir):
 
 def restore_checkpoint(model, out_dir):
     document = read_checkpoint(out_dir)
-    model.load_weights(pathlib.Path(out_dir) / CHECKPOINT_WEIGHTS)
+    with warnings.catch_warnings():
+        # Keras only warns when the saved optimizer state does not fit, and
+        # leaves the optimizer as it was: checked below.
+        warnings.filterwarnings("ignore", message="Skipping variable loading for optimizer")
+        model.load_weights(pathlib.Path(out_dir) / CHECKPOINT_WEIGHTS)
+    if int(keras.ops.convert_to_numpy(model.optimizer.iterations)) < document["step"]:
+        raise InputError(f"the optimizer state in the checkpoint in {out_dir} does not fit this run's optimizer "
+                         f"(written by another version of gptlite?); start a new run without `resume=True`")
     adapters = _adapter_variables(model)
     if adapters:
         with np.load(pathlib.Path(out_dir) / CHECKPOINT_ADAPTERS) as saved:

@@ -262,6 +262,13 @@ def _initial_weights(tokenizer):
     return [keras.ops.convert_to_numpy(weight) for weight in model.weights]
 
 
+def test_a_checkpoint_whose_optimizer_state_does_not_fit_is_refused(tmp_path, tokenizer, text):
+    # Accumulating gradients adds optimizer variables: Keras would only warn and start the optimizer afresh.
+    accumulating_run(tokenizer, text, tmp_path, 8, 2)
+    with pytest.raises(gptlite.InputError, match="optimizer state in the checkpoint .* does not fit"):
+        accumulating_run(tokenizer, text, tmp_path, 8, 1, max_iters=10, resume=True)
+
+
 def test_an_accumulating_run_stops_between_optimizer_steps_and_resumes(tmp_path, tokenizer, text):
     class StopAtOnce:
         signal_number = signal.SIGINT
