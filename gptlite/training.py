@@ -89,7 +89,7 @@ def compile_for_training(model, config):
     # cpu preset's step about 1.5x faster there. Torch has no XLA; TensorFlow's
     # XLA refuses a step whose mirrored variables sit on several devices.
     # LoRA goes without it on TensorFlow: on GPT-2 small XLA's step was
-    # hardly faster (~0.5 s) and the process's peak memory 0.6 GB larger.
+    # hardly faster (~0.5 s) and the process's peak memory over 0.5 GB larger.
     xla = keras.backend.backend() == "jax" or (keras.backend.backend() == "tensorflow" and not mirrored()
                                                and not config.lora_rank)
     # A seq2seq batch pads its targets; the padded positions do not count.
