@@ -56,9 +56,11 @@ class FlatAdamW(keras.optimizers.AdamW):
             gradient = gradient * (self.global_clipnorm * ops.minimum(1.0 / norm, 1.0 / self.global_clipnorm))
         learning_rate = ops.cast(learning_rate, dtype)
         if self.weight_decay:
-            decayed = np.concatenate([np.full(size, float(self._use_weight_decay(v)), dtype)
-                                      for v, size in zip(variables, self._sizes)])
-            values = values - values * ops.convert_to_tensor(decayed) * ops.cast(self.weight_decay, dtype) * learning_rate
+            # 1 where the variable decays, 0 where it is excluded.
+            decays = np.concatenate([np.full(size, float(self._use_weight_decay(v)), dtype)
+                                     for v, size in zip(variables, self._sizes)])
+            values = values - values * ops.convert_to_tensor(decays) * (ops.cast(self.weight_decay, dtype)
+                                                                        * learning_rate)
         step = ops.cast(self.iterations + 1, dtype)
         alpha = learning_rate * ops.sqrt(1 - ops.power(ops.cast(self.beta_2, dtype), step)) / (
             1 - ops.power(ops.cast(self.beta_1, dtype), step))

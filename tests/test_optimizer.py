@@ -13,7 +13,8 @@ def _variables():
 
 def _gradients(scale):
     rng = np.random.default_rng(1)
-    return [keras.ops.convert_to_tensor(scale * rng.normal(size=shape).astype("float32")) for shape in ((6, 3), (3, 5), (4,))]
+    shapes = ((6, 3), (3, 5), (4,))
+    return [keras.ops.convert_to_tensor(scale * rng.normal(size=shape).astype("float32")) for shape in shapes]
 
 
 def _train(optimizer_class):
