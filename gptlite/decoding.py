@@ -29,10 +29,10 @@ another (a wider slide adds a third: one recomputing step, then cached
 ones), each drawing up to CHUNK_SIZE tokens per call and keeping its state
 on the device. On TensorFlow the prefill is a plain graph, quick to build,
 so the first token comes without waiting for a compiler while the loops
-compile with XLA on a background thread. On JAX every function is jitted (the loops on that
-thread too); torch runs them eagerly. Sampling settings and the seed are
-tensor inputs, so prompt length, temperature, top-k, top-p and seed never
-cause a recompile.
+compile with XLA on a background thread. On JAX every function is jitted
+(the loops on that thread too); torch runs them eagerly. Sampling settings
+and the seed are tensor inputs, so prompt length, temperature, top-k, top-p
+and seed never cause a recompile.
 
 Randomness is explicit: a token's noise is drawn from (seed, its index), so
 the same seed gives the same text with or without the cache, however calls
