@@ -334,7 +334,8 @@ class CausalSelfAttention(keras.layers.Layer):
         qkv = dense(self.qkv_projection, x)  # (B, T, 3C)
         qkv = ops.reshape(qkv, (-1, length, 3, self.num_heads, self.head_size))
         qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))  # (3, B, H, T, D)
-        return qkv[0], qkv[1], qkv[2]
+        query, key, value = ops.unstack(qkv, 3, axis=0)  # unstacked, as in `call`, for a cheap gradient
+        return query, key, value
 
     def _merge_heads(self, attended):
         return dense(self.output_projection, merge_heads(attended))  # (B, T, C)
