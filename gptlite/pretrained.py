@@ -374,29 +374,41 @@ def _read_kerashub(preset):
 
 
 def _kerashub_arrays(backbone):
-    """A GPT2Backbone's weights under GPT-2's names: its query, key and value kernels (C, H, D) joined into one."""
-    def array(weight):
-        return np.asarray(_value(weight), dtype=np.float32)
+    """A GPT2Backbone's weights under GPT-2's names."""
+    return {name: np.concatenate([np.asarray(_value(part), np.float32).reshape(shape) for part in parts], axis=-1)
+            for name, (parts, shape) in _kerashub_parts(backbone).items()}
 
+
+def _kerashub_parts(backbone):
+    """Where a GPT2Backbone keeps each of GPT-2's weights: name -> (variables, the shape each has in GPT-2).
+
+    GPT-2's weight is the variables reshaped and joined along the last axis:
+    its fused query/key/value kernel (C, 3C) and bias (3C,) are KerasHub's
+    three (C, H, D) kernels and (H, D) biases; its attention output kernel
+    (C, C) is KerasHub's (H, D, C); every other weight is one variable as it is.
+    """
     width = backbone.hidden_dim
-    arrays = {"wte.weight": array(backbone.token_embedding.embeddings),
-              "wpe.weight": array(backbone.position_embedding.position_embeddings),
-              "ln_f.weight": array(backbone.layer_norm.gamma), "ln_f.bias": array(backbone.layer_norm.beta)}
+
+    def whole(variable):
+        return [variable], tuple(variable.shape)
+
+    parts = {"wte.weight": whole(backbone.token_embedding.embeddings),
+             "wpe.weight": whole(backbone.position_embedding.position_embeddings),
+             "ln_f.weight": whole(backbone.layer_norm.gamma), "ln_f.bias": whole(backbone.layer_norm.beta)}
     for index, layer in enumerate(backbone.transformer_layers):
         prefix = f"h.{index}."
         attention = layer._self_attention_layer
-        parts = (attention.query_dense, attention.key_dense, attention.value_dense)
-        arrays[prefix + "attn.c_attn.weight"] = np.concatenate(
-            [array(part.kernel).reshape(width, width) for part in parts], axis=1)
-        arrays[prefix + "attn.c_attn.bias"] = np.concatenate([array(part.bias).reshape(width) for part in parts])
-        arrays[prefix + "attn.c_proj.weight"] = array(attention.output_dense.kernel).reshape(width, width)
-        arrays[prefix + "attn.c_proj.bias"] = array(attention.output_dense.bias)
+        query_key_value = (attention.query_dense, attention.key_dense, attention.value_dense)
+        parts[prefix + "attn.c_attn.weight"] = [dense.kernel for dense in query_key_value], (width, width)
+        parts[prefix + "attn.c_attn.bias"] = [dense.bias for dense in query_key_value], (width,)
+        parts[prefix + "attn.c_proj.weight"] = [attention.output_dense.kernel], (width, width)
+        parts[prefix + "attn.c_proj.bias"] = whole(attention.output_dense.bias)
         for name, norm in (("ln_1.", layer._self_attention_layer_norm), ("ln_2.", layer._feedforward_layer_norm)):
-            arrays[prefix + name + "weight"], arrays[prefix + name + "bias"] = array(norm.gamma), array(norm.beta)
+            parts[prefix + name + "weight"], parts[prefix + name + "bias"] = whole(norm.gamma), whole(norm.beta)
         for name, dense in (("mlp.c_fc.", layer._feedforward_intermediate_dense),
                             ("mlp.c_proj.", layer._feedforward_output_dense)):
-            arrays[prefix + name + "weight"], arrays[prefix + name + "bias"] = array(dense.kernel), array(dense.bias)
-    return arrays
+            parts[prefix + name + "weight"], parts[prefix + name + "bias"] = whole(dense.kernel), whole(dense.bias)
+    return parts
 
 
 def export_kerashub(model, directory):
@@ -418,30 +430,9 @@ def export_kerashub(model, directory):
         vocabulary_size=config.vocab_size, num_layers=config.n_layer, num_heads=config.n_head,
         hidden_dim=config.n_embd, intermediate_dim=4 * config.n_embd, dropout=config.dropout,
         max_sequence_length=config.block_size)
-    width, heads = config.n_embd, config.n_head
-    backbone.token_embedding.embeddings.assign(arrays["wte.weight"])
-    backbone.position_embedding.position_embeddings.assign(arrays["wpe.weight"])
-    backbone.layer_norm.gamma.assign(arrays["ln_f.weight"])
-    backbone.layer_norm.beta.assign(arrays["ln_f.bias"])
-    for index, layer in enumerate(backbone.transformer_layers):
-        prefix = f"h.{index}."
-        attention = layer._self_attention_layer
-        kernels = np.split(arrays[prefix + "attn.c_attn.weight"], 3, axis=1)
-        biases = np.split(arrays[prefix + "attn.c_attn.bias"], 3)
-        for part, kernel, bias in zip((attention.query_dense, attention.key_dense, attention.value_dense),
-                                      kernels, biases):
-            part.kernel.assign(kernel.reshape(width, heads, width // heads))
-            part.bias.assign(bias.reshape(heads, width // heads))
-        attention.output_dense.kernel.assign(arrays[prefix + "attn.c_proj.weight"].reshape(heads, width // heads,
-                                                                                             width))
-        attention.output_dense.bias.assign(arrays[prefix + "attn.c_proj.bias"])
-        for name, norm in (("ln_1.", layer._self_attention_layer_norm), ("ln_2.", layer._feedforward_layer_norm)):
-            norm.gamma.assign(arrays[prefix + name + "weight"])
-            norm.beta.assign(arrays[prefix + name + "bias"])
-        for name, dense in (("mlp.c_fc.", layer._feedforward_intermediate_dense),
-                            ("mlp.c_proj.", layer._feedforward_output_dense)):
-            dense.kernel.assign(arrays[prefix + name + "weight"])
-            dense.bias.assign(arrays[prefix + name + "bias"])
+    for name, (parts, _) in _kerashub_parts(backbone).items():
+        for part, piece in zip(parts, np.split(arrays[name], len(parts), axis=-1)):
+            part.assign(piece.reshape(part.shape))
     tokenizer = keras_hub.models.GPT2Tokenizer(vocabulary=vocabulary, merges=merges)
     preprocessor = keras_hub.models.GPT2CausalLMPreprocessor(tokenizer, sequence_length=config.block_size)
     causal_lm = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=preprocessor)
