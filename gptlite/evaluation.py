@@ -217,17 +217,23 @@ def _evaluate_pairs(model, sources, encoding, errors, unknown, verbose):
     for source, pair_set in zip(sources, pair_sets):
         started = time.perf_counter()
         tokens, nats = _target_loss(model, pair_set, progress)
-        exact = 0
-        decoded = generation.iter_targets(model, pair_set.pairs.sources, temperature=0.0)
-        for got, want in zip(decoded, pair_set.pairs.targets):
-            exact += got == want
-            progress.add(1)
+        exact = exact_matches(model, pair_set.pairs, progress)
         characters = sum(len(target) for target in pair_set.pairs.targets)
         scores.append(PairScore(str(source), len(pair_set), exact, tokens, characters, nats,
                                 time.perf_counter() - started))
     total = PairScore("total", *(sum(getattr(score, field) for score in scores)
                                  for field in ("pairs", "exact", "tokens", "characters", "nats", "seconds")))
     return Evaluation(scores, total)
+
+
+def exact_matches(model, held_out, progress=None):
+    """How many of `held_out`'s pairs (`pairs.Pairs`) have a target that a Seq2Seq decodes exactly, greedily."""
+    exact = 0
+    for got, want in zip(generation.iter_targets(model, held_out.sources, temperature=0.0), held_out.targets):
+        exact += got == want
+        if progress is not None:
+            progress.add(1)
+    return exact
 
 
 def _target_loss(model, pair_set, progress, batch_size=64):

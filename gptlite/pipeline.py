@@ -24,6 +24,7 @@ from gptlite import data, generation, pairs, pretrained, run_config, training
 from gptlite.checkpoints import CHECKPOINT_STATE, CHECKPOINT_WEIGHTS, read_checkpoint
 from gptlite.distribute import check_accumulation, data_parallel
 from gptlite.errors import ConfigError, InputError, RunExistsError
+from gptlite.evaluation import exact_matches
 from gptlite.model import GPT, Seq2Seq
 from gptlite.records import DEFAULT_PEAK_FLOPS, check_tensorboard
 from gptlite.settings import GPTConfig, TrainingConfig, dtype_policy, resolve_settings, split_settings
@@ -325,7 +326,7 @@ def _train_seq2seq(sources, synthetic, encoding, errors, out_dir, checkpoint, mo
         + f"; exact match measured on {len(measured):,} held-out pairs", flush=True)
     shown = measured.subset(range(min(len(measured), 8)))
     history = training.train(model, train_set, held_out_set, training_config, out_dir, verbose=verbose,
-                             resume=bool(checkpoint), metrics={"exact_match": lambda m: exact_match(m, measured)},
+                             resume=bool(checkpoint), metrics={"exact_match": lambda m: exact_matches(m, measured) / len(measured)},
                              tensorboard=tensorboard, sample=lambda m: target_lines(m, shown))
     return TrainedRun(model, history, out_dir, training_config, held_out)
 
@@ -335,12 +336,6 @@ def target_lines(model, held_out):
     decoded = generation.generate_target(model, held_out.sources, temperature=0.0)
     return "\n".join(f"{source} -> {got}" + ("" if got == want else f"   (expected {want})")
                      for source, got, want in zip(held_out.sources, decoded, held_out.targets))
-
-
-def exact_match(model, held_out):
-    """The fraction of `held_out` pairs (`pairs.Pairs`) whose target a Seq2Seq decodes exactly, greedily."""
-    decoded = generation.generate_target(model, held_out.sources, temperature=0.0)
-    return float(np.mean([got == want for got, want in zip(decoded, held_out.targets)]))
 
 
 def _write_run_config(out_dir, arguments, model_config, training_config):

@@ -36,7 +36,7 @@ ALLOWED = {
     "training": {"model", "data", "pairs", "saving", "checkpoints", "distribute", "plotting", "records", "files",
                  "settings", "optimizer"},
     "pipeline": {"model", "data", "pairs", "generation", "training", "checkpoints", "distribute", "settings",
-                 "tokenizers", "pretrained", "records", "run_config"},
+                 "tokenizers", "pretrained", "records", "run_config", "evaluation"},
     "cli": {"settings", "text", "pairs", "pipeline", "generation", "inspection", "saving", "files", "model",
             "pretrained", "evaluation", "run_config", "serving"},
     "__main__": {"cli"},
