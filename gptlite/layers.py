@@ -293,7 +293,8 @@ class CausalSelfAttention(keras.layers.Layer):
             qkv = ops.reshape(dense(self.qkv_projection, x), (-1, length, 3, self.num_heads, self.head_size))
             # Unstacked rather than indexed three times: without XLA, TensorFlow's
             # gradient of each index writes a zero tensor of the whole (B, T, 3, H, D)
-            # (~60 ms of a 500 ms LoRA step of GPT-2 small); unstacking's is one stack.
+            # (~60 ms of operations in a ~500 ms LoRA step of GPT-2 small); unstacking's
+            # gradient is one stack.
             query, key, value = ops.unstack(qkv, 3, axis=2)  # each (B, T, H, D)
             attended = ops.dot_product_attention(query, key, value, is_causal=True)  # (B, T, H, D)
             merged = dense(self.output_projection,

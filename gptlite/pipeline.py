@@ -325,9 +325,10 @@ def _train_seq2seq(sources, synthetic, encoding, errors, out_dir, checkpoint, mo
         + _schedule(training_config, checkpoint, None)
         + f"; exact match measured on {len(measured):,} held-out pairs", flush=True)
     shown = measured.subset(range(min(len(measured), 8)))
+    metrics = {"exact_match": lambda trained: exact_matches(trained, measured) / len(measured)}
     history = training.train(model, train_set, held_out_set, training_config, out_dir, verbose=verbose,
-                             resume=bool(checkpoint), metrics={"exact_match": lambda m: exact_matches(m, measured) / len(measured)},
-                             tensorboard=tensorboard, sample=lambda m: target_lines(m, shown))
+                             resume=bool(checkpoint), metrics=metrics, tensorboard=tensorboard,
+                             sample=lambda trained: target_lines(trained, shown))
     return TrainedRun(model, history, out_dir, training_config, held_out)
 
 
