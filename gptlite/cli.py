@@ -18,12 +18,15 @@ import os
 import pathlib
 import re
 import sys
+import tempfile
 
 from gptlite import settings
 from gptlite.errors import GPTLiteError, InputError, RunExistsError, TrainingDiverged, TrainingInterrupted
 from gptlite.text import UNKNOWN_CHOICES
 
 BACKENDS = ("tensorflow", "jax", "torch")
+# A line in Abseil's log format, as TensorFlow's C++ code writes it: severity, date, time, thread, file:line].
+NATIVE_LOG_LINE = re.compile(r"([IWEF])\d{4} [\d:.]+ +\d+ \S+:\d+\] (.*)")
 SAMPLE_DIVIDER = "\n" + "-" * 40 + "\n"
 SETTING_CHOICES = {"position": list(settings.POSITIONS), "precision": list(settings.PRECISIONS)}
 # Settings whose flags say more than their defaults.
@@ -69,6 +72,56 @@ def choose_backend(prog, argv):
     os.environ["KERAS_BACKEND"] = known.backend
 
 
+def start_keras():
+    """Import Keras and start its backend with the backend's native start-up notices held back.
+
+    Loading TensorFlow, its C++ code writes notices straight to the process's
+    standard error ("oneDNN custom operations are on", "Could not find cuda
+    drivers", and on a machine without a CUDA driver "failed call to cuInit",
+    as an error), some before TF_CPP_MIN_LOG_LEVEL applies to them; they
+    would bury a command's one-line error or its progress. Lines of that log
+    format below TF_CPP_MIN_LOG_LEVEL's severity (gptlite sets 2: errors)
+    are dropped, and so is the failed cuInit; everything else is written out
+    as it came. Must run before anything imports Keras.
+    """
+    if "keras" in sys.modules:
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            import keras
+
+            if keras.backend.backend() == "tensorflow":
+                import tensorflow as tf
+
+                tf.config.list_physical_devices()  # where TensorFlow looks for a GPU and logs not finding one
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            shown = [line for line in captured.read().decode(errors="replace").splitlines()
+                     if not _is_start_up_notice(line)]
+            if shown:
+                print("\n".join(shown), file=sys.stderr)
+
+
+def _is_start_up_notice(line):
+    if line.startswith("WARNING: All log messages before absl::InitializeLog() is called"):
+        return True
+    native = NATIVE_LOG_LINE.fullmatch(line)
+    if not native:
+        return False
+    severity, message = native.groups()
+    try:
+        least_shown = int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0"))
+    except ValueError:
+        least_shown = 0
+    return "IWEF".index(severity) < least_shown or message.startswith("failed call to cuInit")
+
+
 def _run_config_backend(argv):
     """The backend a `--config FILE` names, if any; a file that cannot be read is reported later."""
     from gptlite import run_config
@@ -88,6 +141,7 @@ def _command(prog, make_parser, command):
     def main(argv=None):
         argv = sys.argv[1:] if argv is None else list(argv)
         choose_backend(prog, argv)
+        start_keras()
         parser = make_parser(prog)
         args = parser.parse_args(argv)
         try:

@@ -264,8 +264,12 @@ def _record(drawn, step, tokens):
 
 
 def _logits_at(logits, indices):
-    """logits (B, T, V), indices (B,) -> (B, V)."""
-    return ops.take_along_axis(logits, ops.reshape(indices, (-1, 1, 1)), axis=1)[:, 0]
+    """logits (B, T, V), indices (B,) -> (B, V): row b's logits at position indices[b]."""
+    # Rows of the flattened logits rather than ops.take_along_axis, which on TensorFlow
+    # transposes int64 indices, and TensorFlow logs an error for that outside XLA.
+    rows, length = ops.shape(logits)[0], ops.shape(logits)[1]
+    flat = ops.reshape(logits, (-1, ops.shape(logits)[2]))  # (B*T, V)
+    return ops.take(flat, ops.arange(rows) * length + ops.cast(indices, "int32"), axis=0)
 
 
 class _Compiled:

@@ -79,6 +79,7 @@ def test_existing_model_is_not_overwritten(trained_run):
     result = run_python("train.py", str(text_file), *TRAIN_FLAGS, "--out", str(out))
     assert result.returncode == 2
     assert "already exists" in result.stderr and "--overwrite" in result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr  # no start-up notices of the backend's around it
     assert hashlib.sha256((out / "model.keras").read_bytes()).hexdigest() == before
 
 
@@ -91,9 +92,8 @@ def test_existing_model_is_not_overwritten(trained_run):
 def test_user_mistakes_give_one_line_and_exit_status_2(args, message):
     result = run_python(*args)
     assert result.returncode == 2
-    lines = [line for line in result.stderr.splitlines() if "error:" in line]
-    assert len(lines) == 1 and message in lines[0]
-    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()  # the error alone: the backend's start-up notices are held back
+    assert len(lines) == 1 and "error:" in lines[0] and message in lines[0], result.stderr
 
 
 def test_in_process_errors_for_bad_flags(capsys, tmp_path, trained_run):
@@ -577,3 +577,18 @@ def test_a_saved_model_fine_tunes_with_lora_and_exports_for_other_tools(capsys, 
     assert main(["export", "--model", str(tuned / "model.keras"), "--format", "kerashub",
                  "--out", str(tmp_path / "hub")]) == 2
     assert "byte-level BPE" in capsys.readouterr().err and not (tmp_path / "hub").exists()
+
+
+def test_the_backends_start_up_notices_are_held_back_and_other_lines_kept(monkeypatch):
+    from gptlite.cli import _is_start_up_notice
+
+    info = "I0000 00:00:1795499815.515361   23792 port.cc:153] oneDNN custom operations are on."
+    error = "E0000 00:00:1795499817.823238   23792 some_kernel.cc:12] could not allocate memory"
+    no_driver = "E0000 00:00:1795499817.823238   23792 cuda_platform.cc:52] failed call to cuInit: INTERNAL"
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    assert _is_start_up_notice(info) and _is_start_up_notice(no_driver)
+    assert _is_start_up_notice("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR")
+    assert not _is_start_up_notice(error)
+    assert not _is_start_up_notice("UserWarning: something Python said")
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")  # a user who asks for everything gets it, but the no-GPU notice
+    assert not _is_start_up_notice(info) and not _is_start_up_notice(error)
