@@ -81,8 +81,9 @@ def start_keras():
     as an error), some before TF_CPP_MIN_LOG_LEVEL applies to them; they
     would bury a command's one-line error or its progress. Lines of that log
     format below TF_CPP_MIN_LOG_LEVEL's severity (gptlite sets 2: errors)
-    are dropped, and so is the failed cuInit; everything else is written out
-    as it came. Must run before anything imports Keras.
+    are dropped, and so is the failed cuInit unless the level is 0;
+    everything else is written out as it came. Must run before anything
+    imports Keras.
     """
     if "keras" in sys.modules:
         return
@@ -109,16 +110,18 @@ def start_keras():
 
 
 def _is_start_up_notice(line):
+    try:
+        least_shown = int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0"))
+    except ValueError:
+        least_shown = 0
+    if least_shown <= 0:
+        return False  # asked for everything
     if line.startswith("WARNING: All log messages before absl::InitializeLog() is called"):
         return True
     native = NATIVE_LOG_LINE.fullmatch(line)
     if not native:
         return False
     severity, message = native.groups()
-    try:
-        least_shown = int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0"))
-    except ValueError:
-        least_shown = 0
     return "IWEF".index(severity) < least_shown or message.startswith("failed call to cuInit")
 
 
@@ -141,7 +144,8 @@ def _command(prog, make_parser, command):
     def main(argv=None):
         argv = sys.argv[1:] if argv is None else list(argv)
         choose_backend(prog, argv)
-        start_keras()
+        if not {"-h", "--help"} & set(argv):  # help comes at once where the parser needs no Keras
+            start_keras()  # before the parser: some commands' parsers import Keras
         parser = make_parser(prog)
         args = parser.parse_args(argv)
         try:
