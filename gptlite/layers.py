@@ -57,7 +57,12 @@ def scaled_dot_product_attention(query, key, value, mask=None):
     if mask is not None:
         lowest = float(ml_dtypes.finfo(keras.backend.standardize_dtype(scores.dtype)).min)
         scores = ops.where(mask, scores, ops.cast(lowest, scores.dtype))
-    weights = ops.softmax(scores, axis=-1)  # (B, H, T, S)
+    if scores.shape[-1] == 1:
+        # One key (a Seq2Seq's decoding starts from its start token alone): its weight is 1,
+        # as softmax gives, but Keras warns of a softmax over one element.
+        weights = ops.ones_like(scores)
+    else:
+        weights = ops.softmax(scores, axis=-1)  # (B, H, T, S)
     return ops.matmul(weights, value), weights  # (B, H, T, D), (B, H, T, S)
 
 

@@ -1,4 +1,5 @@
 import json
+import warnings
 
 import keras
 import numpy as np
@@ -134,6 +135,17 @@ def test_scaled_dot_product_attention_with_mask_matches_numpy():
     expected, expected_weights = numpy_causal_attention(q, k, v)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(output), expected, atol=1e-5)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(weights), expected_weights, atol=1e-6)
+
+
+def test_attention_over_a_single_key_gives_it_all_the_weight_without_a_warning():
+    rng = np.random.default_rng(2)
+    q = rng.normal(size=(2, 3, 4, 5)).astype("float32")
+    k, v = (rng.normal(size=(2, 3, 1, 5)).astype("float32") for _ in range(2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Keras warns of a softmax over one element
+        output, weights = layers.scaled_dot_product_attention(q, k, v, layers.causal_mask(4, 1, query_offset=3))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(weights), np.ones((2, 3, 4, 1)))
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(output), np.broadcast_to(v, (2, 3, 4, 5)), atol=1e-6)
 
 
 def test_causal_mask_with_offset_lets_late_queries_see_earlier_keys():
