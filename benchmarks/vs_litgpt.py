@@ -22,7 +22,8 @@ is the same. Random weights on both sides (speed only).
 - Fine-tuning step: context 256, batch 1, AdamW, ms per step over --steps
   steps after two warm-up steps, in full and with rank-8 LoRA on the
   attention and feed-forward projections; litgpt eager, as its fine-tuning
-  scripts run on a CPU; gptlite as `train.py` runs (TensorFlow, fp32).
+  scripts run it (only its pretraining compiles the model); gptlite as
+  `train.py` runs (TensorFlow, fp32).
   Peak RSS by the last step.
 
 Every measurement runs in a process of its own, the two libraries in turns,
