@@ -18,12 +18,11 @@ over --rounds.
 import argparse
 import json
 import os
-import resource
 import statistics
 import sys
 import time
 
-from children import run_child
+from children import peak_rss_mb, run_child, time_steps
 
 GPT2_SMALL = dict(n_layer=12, n_head=12, n_embd=768, vocab_size=50257)
 WARMUP_STEPS = 2
@@ -40,7 +39,7 @@ def measure_reference(args):
     torch.set_num_threads(os.cpu_count())
     ids = np.random.default_rng(0).integers(0, GPT2_SMALL["vocab_size"], 200_000)
     trainer = ReferenceTrainer(ids, ids, GPT2_SMALL["vocab_size"], settings)
-    return _time_steps(trainer.step, args.steps)
+    return time_steps(trainer.step, args.steps, WARMUP_STEPS)
 
 
 def measure_gptlite(args, rank):
@@ -65,7 +64,7 @@ def measure_gptlite(args, rank):
     class Timer(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             times.append(time.perf_counter())
-            peaks.append(_peak_rss_mb())
+            peaks.append(peak_rss_mb())
 
     import tempfile
 
@@ -76,19 +75,6 @@ def measure_gptlite(args, rank):
     # The peak by the last step: the evaluation and the saving of model.keras that end the run come after.
     return {"ms_per_step": 1000 * (steady[-1] - steady[0]) / (len(steady) - 1), "trainable": trainable,
             "peak_rss_mb": peaks[-1]}
-
-
-def _time_steps(step, steps):
-    for _ in range(WARMUP_STEPS):
-        step()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    return {"ms_per_step": 1000 * (time.perf_counter() - start) / steps, "peak_rss_mb": _peak_rss_mb()}
-
-
-def _peak_rss_mb():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
 
 
 def main():

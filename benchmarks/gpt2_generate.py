@@ -15,16 +15,16 @@ to be the same text.
 
 import argparse
 import json
-import statistics
-import tempfile
-import time
 import pathlib
+import tempfile
 
 import keras
 import numpy as np
 
 import gptlite
 from gptlite import pretrained
+
+from children import time_calls
 
 GPT2_SMALL = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024)
 VOCABULARY_SIZE = 50257
@@ -41,18 +41,6 @@ def gpt2_sized_tokenizer():
     vocabulary.update({f"<unused{index}>": index for index in range(len(alphabet) + 1, VOCABULARY_SIZE - 1)})
     vocabulary[gptlite.BPETokenizer.END_TOKEN] = VOCABULARY_SIZE - 1
     return pretrained.bpe_tokenizer(vocabulary, [(alphabet[0], alphabet[1])])
-
-
-def measure(run, repeats):
-    start = time.perf_counter()
-    tokens = run()
-    cold = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return cold, statistics.median(times), tokens
 
 
 def main():
@@ -101,7 +89,7 @@ def main():
         out = hub_model.generate({"token_ids": token_ids, "padding_mask": padding_mask}, stop_token_ids=None)
         return tokenizer.decode(out["token_ids"][0, len(prompt_ids):])
 
-    results = {name: measure(run, args.repeats) for name, run in
+    results = {name: time_calls(run, args.repeats) for name, run in
                (("gptlite", ours), ("transformers", theirs_transformers), ("KerasHub", theirs_kerashub))}
     same = len({text for _, _, text in results.values()}) == 1
     print(f"GPT-2 124M shape, batch 1, {new} new tokens after a {len(prompt_ids)}-token prompt, greedy; "

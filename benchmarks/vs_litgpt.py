@@ -33,14 +33,11 @@ Every measurement runs in a process of its own, the two libraries in turns,
 import argparse
 import json
 import os
-import resource
 import statistics
-import subprocess
 import sys
-import time
-import pathlib
 
-HERE = pathlib.Path(__file__).resolve().parent
+from children import run_child, time_calls, time_steps
+
 VOCABULARY_SIZE = 50257
 SHAPE = dict(n_layer=12, n_head=12, n_embd=768)
 CONTEXT = 1024
@@ -48,23 +45,6 @@ PROMPT_LENGTH = 5
 GENERATION_REPEATS = 3
 RANK = 8
 LEARNING_RATE = 1e-4
-WARMUP_STEPS = 2
-
-
-def _peak_rss_mb():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
-
-
-def _time_calls(call, repeats):
-    start = time.perf_counter()
-    call()
-    cold = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return cold, statistics.median(times)
 
 
 # --- litgpt (run with --litgpt-python) ---------------------------------------
@@ -96,7 +76,7 @@ def litgpt_generation(new_tokens):
             out = generate(model, prompt, PROMPT_LENGTH + new_tokens, temperature=0.0, include_prompt=False)
         assert len(out) == new_tokens, len(out)
 
-    cold, seconds = _time_calls(call, GENERATION_REPEATS)
+    cold, seconds, _ = time_calls(call, GENERATION_REPEATS)
     return {"tokens_per_s": new_tokens / seconds, "cold_s": cold}
 
 
@@ -121,13 +101,7 @@ def litgpt_step(steps, rank):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    for _ in range(WARMUP_STEPS):
-        step()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    return {"ms_per_step": 1000 * (time.perf_counter() - start) / steps, "peak_rss_mb": _peak_rss_mb(),
-            "trainable": sum(parameter.numel() for parameter in trainable)}
+    return dict(time_steps(step, steps), trainable=sum(parameter.numel() for parameter in trainable))
 
 
 # --- gptlite ------------------------------------------------------------------
@@ -151,7 +125,7 @@ def gptlite_generation(new_tokens):
     def call():
         gptlite.generate(model, prompt, max_new_tokens=new_tokens, temperature=0.0)  # all of them: no end token
 
-    cold, seconds = _time_calls(call, GENERATION_REPEATS)
+    cold, seconds, _ = time_calls(call, GENERATION_REPEATS)
     return {"tokens_per_s": new_tokens / seconds, "cold_s": cold}
 
 
@@ -167,16 +141,6 @@ def gptlite_step(steps, rank):
 MEASUREMENTS = {"generation": (gptlite_generation, litgpt_generation),
                 "full": (lambda steps: gptlite_step(steps, 0), lambda steps: litgpt_step(steps, 0)),
                 "lora": (lambda steps: gptlite_step(steps, RANK), lambda steps: litgpt_step(steps, RANK))}
-
-
-def _child(python, library, kind, args):
-    command = [python, __file__, f"--child={library}:{kind}", f"--steps={args.steps}",
-               f"--new-tokens={args.new_tokens}"]
-    env = dict(os.environ, KERAS_BACKEND="tensorflow")
-    child = subprocess.run(command, env=env, capture_output=True, text=True, cwd=HERE)
-    if child.returncode:
-        sys.exit(f"{library} {kind} failed:\n{child.stderr[-3000:]}")
-    return json.loads(child.stdout.splitlines()[-1])
 
 
 def main():
@@ -200,7 +164,9 @@ def main():
     for round_number in range(args.rounds):
         for library, kind in results:
             python = sys.executable if library == "gptlite" else args.litgpt_python
-            result = _child(python, library, kind, args)
+            command = [__file__, f"--child={library}:{kind}", f"--steps={args.steps}",
+                       f"--new-tokens={args.new_tokens}"]
+            result = run_child(f"{library} {kind}", command, dict(os.environ, KERAS_BACKEND="tensorflow"), python)
             results[library, kind].append(result)
             print(f"round {round_number + 1} {library} {kind}: {result}", file=sys.stderr, flush=True)
 
@@ -208,15 +174,15 @@ def main():
         return statistics.median(row[field] for row in results[library, kind])
 
     print(f"GPT-2 124M shape, {args.rounds} rounds (medians); gptlite on TensorFlow fp32, litgpt on torch eager")
-    print("| measurement | gptlite | litgpt | gptlite vs litgpt |")
+    print("| measurement | gptlite | litgpt | gptlite against litgpt |")
     print("|---|---:|---:|---:|")
     ours, theirs = median("gptlite", "generation", "tokens_per_s"), median("litgpt", "generation", "tokens_per_s")
     print(f"| generation, batch 1, {args.new_tokens} new tokens: tokens/s | {ours:,.1f} | {theirs:,.1f} | "
-          f"{ours / theirs:.2f}x faster |")
+          f"{ours / theirs:.2f}x the speed |")
     for kind, label in (("full", "full fine-tuning"), ("lora", f"LoRA rank {RANK}")):
         ours, theirs = median("gptlite", kind, "ms_per_step"), median("litgpt", kind, "ms_per_step")
         print(f"| {label} step, context 256, batch 1: ms | {ours:,.0f} | {theirs:,.0f} | "
-              f"{theirs / ours:.2f}x faster |")
+              f"{theirs / ours:.2f}x the speed |")
         ours, theirs = median("gptlite", kind, "peak_rss_mb"), median("litgpt", kind, "peak_rss_mb")
         print(f"| {label}: peak RSS, MB | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.2f}x the memory |")
 
