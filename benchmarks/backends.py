@@ -43,7 +43,7 @@ def measure(text_path, steps, warmup):
 
     import gptlite
     from gptlite import data, files, training
-    from gptlite.settings import PRESETS, dtype_policy, split_settings
+    from gptlite.settings import PRESETS, split_settings
     from shapes import random_model
 
     class StepTimer(keras.callbacks.Callback):

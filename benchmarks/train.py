@@ -134,7 +134,7 @@ def run_gptlite(text_path, settings, precision, seed):
 
     import gptlite
     from gptlite import data, files, training
-    from gptlite.settings import PRESETS, dtype_policy, split_settings
+    from gptlite.settings import dtype_policy, split_settings
 
     class StepClock(keras.callbacks.Callback):
         """Step times within each fit call, the first of each call (the one after an evaluation) left out."""
