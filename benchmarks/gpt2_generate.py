@@ -43,6 +43,20 @@ def gpt2_sized_tokenizer():
     return pretrained.bpe_tokenizer(vocabulary, [(alphabet[0], alphabet[1])])
 
 
+def gpt2_sized_model():
+    """A gptlite GPT of GPT-2 small's shape with random weights (seed 0) that never ends early.
+
+    The end token's embedding (the tied head's row) is zero: other random rows score above it.
+    """
+    keras.utils.set_random_seed(0)
+    tokenizer = gpt2_sized_tokenizer()
+    model = gptlite.GPT(vocab_size=VOCABULARY_SIZE, bias=True, tokenizer=tokenizer, **GPT2_SMALL)
+    model.build((None, GPT2_SMALL["block_size"]))
+    table = model.embedding.token_embedding.embeddings
+    table.assign(keras.ops.where(keras.ops.arange(VOCABULARY_SIZE)[:, None] == tokenizer.end_token_id, 0.0, table))
+    return model
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=200)
@@ -53,12 +67,8 @@ def main():
     import torch
     import transformers
 
-    keras.utils.set_random_seed(0)
-    tokenizer = gpt2_sized_tokenizer()
-    model = gptlite.GPT(vocab_size=VOCABULARY_SIZE, bias=True, tokenizer=tokenizer, **GPT2_SMALL)
-    model.build((None, GPT2_SMALL["block_size"]))
-    table = model.embedding.token_embedding.embeddings
-    table.assign(keras.ops.where(keras.ops.arange(VOCABULARY_SIZE)[:, None] == tokenizer.end_token_id, 0.0, table))
+    model = gpt2_sized_model()
+    tokenizer = model.tokenizer
     prompt = "Hello"
     prompt_ids = tokenizer.encode(prompt).astype("int64")
     new = args.new_tokens

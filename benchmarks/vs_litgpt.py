@@ -107,20 +107,12 @@ def litgpt_step(steps, rank):
 # --- gptlite ------------------------------------------------------------------
 
 def gptlite_generation(new_tokens):
-    import keras
-
     import gptlite
-    from gpt2_generate import gpt2_sized_tokenizer
+    from gpt2_generate import gpt2_sized_model
 
-    keras.utils.set_random_seed(0)
-    tokenizer = gpt2_sized_tokenizer()
-    model = gptlite.GPT(vocab_size=VOCABULARY_SIZE, block_size=CONTEXT, bias=True, tokenizer=tokenizer, **SHAPE)
-    model.build((None, CONTEXT))
-    # No early end: the end token's embedding (the tied head's row) is zero; other random rows score above it.
-    table = model.embedding.token_embedding.embeddings
-    table.assign(keras.ops.where(keras.ops.arange(VOCABULARY_SIZE)[:, None] == tokenizer.end_token_id, 0.0, table))
+    model = gpt2_sized_model()  # context 1024, as CONTEXT
     prompt = "Hello"
-    assert len(tokenizer.encode(prompt)) == PROMPT_LENGTH
+    assert len(model.tokenizer.encode(prompt)) == PROMPT_LENGTH
 
     def call():
         gptlite.generate(model, prompt, max_new_tokens=new_tokens, temperature=0.0)  # all of them: no end token
