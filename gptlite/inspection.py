@@ -17,10 +17,10 @@ from keras import ops
 from gptlite.errors import ConfigError, InputError
 from gptlite.files import atomic_path
 from gptlite.model import GPT, Seq2Seq
+from gptlite.settings import ATTENTION_PARTS
 from gptlite.text import known_text
 
 # "decoder": a GPT's blocks, or a Seq2Seq decoder's self-attention.
-PARTS = ("encoder", "decoder", "cross")
 PART_TITLES = {"decoder": "causal self-attention", "encoder": "encoder self-attention",
                "cross": "cross-attention from the target to the source"}
 # Figures show at most this many tokens on an axis (the last ones): more would be unreadable.
@@ -235,8 +235,8 @@ def _prompt_window(model, text, unknown):
 
 def _seq2seq_maps(model, source, part, target, unknown):
     """The `part` maps of a Seq2Seq for `source` and its target, and the model inputs they came from."""
-    if part not in PARTS:
-        raise ConfigError(f"part must be one of {', '.join(PARTS)}; got {part!r}")
+    if part not in ATTENTION_PARTS:
+        raise ConfigError(f"part must be one of {', '.join(ATTENTION_PARTS)}; got {part!r}")
     tokenizer, block_size = model.tokenizer, model.config.block_size
     source = known_text(tokenizer, source, unknown, "source")
     source_ids = tokenizer.encode(source).astype("int32")

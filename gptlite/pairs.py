@@ -9,9 +9,8 @@ import numpy as np
 from gptlite.data import draw_rows
 from gptlite.errors import InputError
 from gptlite.files import read_text
-from gptlite.settings import SYNTHETIC_MAX_ITERS
+from gptlite.settings import SYNTHETIC_TASKS
 
-SYNTHETIC_TASKS = tuple(SYNTHETIC_MAX_ITERS)
 SYNTHETIC_TRAIN_PAIRS = 200_000
 HELD_OUT_PAIRS = 1_000  # a synthetic task's held-out set; also the most pairs exact match is measured on
 VALIDATION_FRACTION = 0.1  # of a file's pairs, held out

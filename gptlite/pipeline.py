@@ -13,7 +13,9 @@ through a memory map, and trains, writing `model.keras`, `history.csv`,
 
 import contextlib
 import dataclasses
+import os
 import pathlib
+import shutil
 import sys
 import tempfile
 
@@ -22,17 +24,15 @@ import numpy as np
 
 from gptlite import data, generation, pairs, pretrained, run_config, training
 from gptlite.checkpoints import CHECKPOINT_STATE, CHECKPOINT_WEIGHTS, read_checkpoint
-from gptlite.distribute import check_accumulation, data_parallel
+from gptlite.distribute import check_accumulation, data_parallel, on_gpu
 from gptlite.errors import ConfigError, InputError, RunExistsError
 from gptlite.evaluation import exact_matches
 from gptlite.model import GPT, Seq2Seq
 from gptlite.records import DEFAULT_PEAK_FLOPS, check_tensorboard
-from gptlite.settings import GPTConfig, TrainingConfig, dtype_policy, resolve_settings, split_settings
+from gptlite.settings import (DEFAULT_BPE_VOCABULARY, SYNTHETIC_TASKS, TASKS, TOKENIZERS, GPTConfig, TrainingConfig,
+                              dtype_policy, resolve_settings, split_settings)
 from gptlite.tokenizers import BPETokenizer, CharTokenizer
 
-TASKS = ("lm", "seq2seq")
-TOKENIZERS = ("char", "bpe")
-DEFAULT_BPE_VOCABULARY = 4096
 # How a run samples its model, at each TensorBoard evaluation and at its end.
 SAMPLING = dict(max_new_tokens=300, temperature=0.8, top_k=200)
 
@@ -54,7 +54,7 @@ class TrainedRun:
 
 
 def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task=None, synthetic=None,
-                  tokenizer="char", vocab_size=None, encoding="utf-8", errors="strict", init_from=None,
+                  tokenizer=None, vocab_size=None, encoding="utf-8", errors="strict", init_from=None,
                   unknown="error", distribute=False, resume=False, overwrite=False, tensorboard=None, mfu=None,
                   peak_flops=None, verbose=1):
     """Train a model on the text of `sources` and write it to `out_dir`; a `TrainedRun`.
@@ -68,8 +68,9 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
     preset: "cpu" (the default for a GPT), "gpu", "tiny" or "seq2seq".
     task: "lm" for a GPT (the default), "seq2seq" for an encoder-decoder; `synthetic`
         ("addition", "reverse" or "sort") trains a Seq2Seq on a built-in task.
-    tokenizer: "char" or "bpe" (a byte-level BPE vocabulary of `vocab_size`
-        tokens, learned from the text).
+    tokenizer: "char" (the default) or "bpe" (a byte-level BPE vocabulary of
+        `vocab_size` tokens, learned from the text), for a new model; a
+        pretrained or resumed one keeps its own.
     encoding, errors: how the files are decoded (errors="replace" turns bad
         bytes into U+FFFD).
     init_from: fine-tune a pretrained GPT instead of training a new one: a
@@ -85,7 +86,9 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
         that the KERAS_DISTRIBUTION_* variables name, under JAX).
     resume: continue the run in `out_dir` from its checkpoint; overwrite:
         replace the run there. Without either, a folder that holds a run is
-        refused and left as it is.
+        refused and left as it is. A run refused before it trains (a missing
+        file, empty text, a setting that cannot work) writes nothing: not
+        even `out_dir` is made.
     tensorboard: a folder for TensorBoard event files (True: `out_dir`/tensorboard),
         written at each evaluation: losses, bits per character, learning rate,
         tokens per second and a text sample.
@@ -101,7 +104,7 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
     seq2seq = _is_seq2seq(task, synthetic)
     if resume and overwrite:
         raise ConfigError("`resume=True` and `overwrite=True` contradict each other; choose one")
-    if tokenizer not in TOKENIZERS:
+    if tokenizer not in (None, *TOKENIZERS):
         raise ConfigError(f"tokenizer must be 'char' or 'bpe', got {tokenizer!r}")
     checkpoint = read_checkpoint(out_dir) if resume else None
     if checkpoint and (checkpoint.get("model_class", "GPT") == "Seq2Seq") != seq2seq:
@@ -127,9 +130,11 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
     if tensorboard is True:
         tensorboard = out_dir / "tensorboard"
     if tensorboard:
-        check_tensorboard()
+        check_tensorboard(tensorboard)
     if not resume:
-        _prepare_folder(out_dir, overwrite)
+        _check_folder(out_dir, overwrite)
+    if tokenizer is None and not (start or checkpoint):
+        tokenizer = "char"
 
     keras.utils.set_random_seed(training_config.seed)
     say = print if verbose else (lambda *args, **kwargs: None)
@@ -137,43 +142,49 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
                      synthetic=synthetic, preset=preset, tokenizer=tokenizer, vocab_size=vocab_size,
                      encoding=encoding, errors=errors, init_from=init_from and str(init_from), unknown=unknown,
                      distribute=distribute)
-    if seq2seq:
-        return _train_seq2seq(sources, synthetic, encoding, errors, out_dir, checkpoint, model_settings,
-                              training_config, say, verbose, tensorboard, arguments)
-    if sources:
-        corpus = data.Corpus.from_files(sources, encoding, errors)
-    else:
-        corpus = data.Corpus.from_text(data.default_corpus(), "the Python standard library's sources")
-    with data_parallel(training_config.batch_size) if distribute else contextlib.nullcontext() as replicas:
-        if start is not None:
-            wanted = (model_settings["block_size"], model_settings["dropout"], dtype_policy(training_config.precision))
-            model = start
-            if wanted != (start.config.block_size, start.config.dropout, start.dtype_policy.name):
-                # Another context, dropout or precision: a copy of it, built so (GPT-2's 124M, once more in memory).
-                model = pretrained.from_pretrained(start, *wanted)
-            say(f"starting from {init_from}")
+    with _removed_if_refused(out_dir):
+        if seq2seq:
+            return _train_seq2seq(sources, synthetic, encoding, errors, out_dir, checkpoint, model_settings,
+                                  training_config, say, verbose, tensorboard, arguments, overwrite)
+        if sources:
+            corpus = data.Corpus.from_files(sources, encoding, errors)
         else:
-            model = _gpt(corpus, checkpoint, model_settings, training_config, tokenizer, vocab_size, say)
-        if not model.built:
-            model.build((None, model.config.block_size))
-        if training_config.lora_rank:
-            model.enable_lora(training_config.lora_rank, training_config.lora_alpha, training_config.lora_targets)
-        train_ids, validation_ids = _encode(corpus, model.tokenizer, out_dir, bool(checkpoint), model.config,
-                                            unknown, bool(start))
-        config = model.config
-        _write_run_config(out_dir, arguments, config, training_config)
-        kind = "characters" if isinstance(model.tokenizer, CharTokenizer) else "byte-level BPE tokens"
-        say(f"training on {corpus.name}: {len(train_ids) + len(validation_ids):,} tokens ({kind}, "
-            f"{model.tokenizer.vocabulary_size:,} in the vocabulary); {len(train_ids):,} train / "
-            f"{len(validation_ids):,} validation\n"
-            f"model: {config.n_layer} layers, {config.n_head} heads, width {config.n_embd}, "
-            f"context {config.block_size}, {_parameters(model)}; "
-            f"{_backend_and_precision(training_config)}\n" + _schedule(training_config, checkpoint, replicas),
-            flush=True)
-        history = training.train(model, train_ids, validation_ids, training_config, out_dir, verbose=verbose,
-                                 resume=bool(checkpoint), peak_flops=peak_flops, tensorboard=tensorboard,
-                                 sample=lambda m: sample_text(m, training_config.seed))
-    return TrainedRun(model, history, out_dir, training_config)
+            corpus = data.Corpus.from_text(data.default_corpus(), "the Python standard library's sources")
+        with data_parallel(training_config.batch_size) if distribute else contextlib.nullcontext() as replicas:
+            if start is not None:
+                wanted = (model_settings["block_size"], model_settings["dropout"],
+                          dtype_policy(training_config.precision))
+                model = start
+                if wanted != (start.config.block_size, start.config.dropout, start.dtype_policy.name):
+                    # Another context, dropout or precision: a copy of it, built so (GPT-2's 124M, once more in
+                    # memory).
+                    model = pretrained.from_pretrained(start, *wanted)
+                say(f"starting from {init_from}")
+            else:
+                model = _gpt(corpus, checkpoint, model_settings, training_config, tokenizer, vocab_size, say)
+            if not model.built:
+                model.build((None, model.config.block_size))
+            if training_config.lora_rank:
+                model.enable_lora(training_config.lora_rank, training_config.lora_alpha,
+                                  training_config.lora_targets)
+            if not checkpoint:
+                _make_folder(out_dir, overwrite)
+            train_ids, validation_ids = _encode(corpus, model.tokenizer, out_dir, bool(checkpoint), model.config,
+                                                unknown, bool(start))
+            config = model.config
+            _write_run_config(out_dir, arguments, config, training_config)
+            kind = "characters" if isinstance(model.tokenizer, CharTokenizer) else "byte-level BPE tokens"
+            say(f"training on {corpus.name}: {len(train_ids) + len(validation_ids):,} tokens ({kind}, "
+                f"{model.tokenizer.vocabulary_size:,} in the vocabulary); {len(train_ids):,} train / "
+                f"{len(validation_ids):,} validation\n"
+                f"model: {config.n_layer} layers, {config.n_head} heads, width {config.n_embd}, "
+                f"context {config.block_size}, {_parameters(model)}; "
+                f"{_backend_and_precision(training_config)}\n" + _schedule(training_config, checkpoint, replicas),
+                flush=True)
+            history = training.train(model, train_ids, validation_ids, training_config, out_dir, verbose=verbose,
+                                     resume=bool(checkpoint), peak_flops=peak_flops, tensorboard=tensorboard,
+                                     sample=lambda m: sample_text(m, training_config.seed))
+        return TrainedRun(model, history, out_dir, training_config)
 
 
 def sample_text(model, seed):
@@ -191,20 +202,22 @@ def _peak_flops(mfu, peak_flops, preset, seq2seq):
         return peak_flops or DEFAULT_PEAK_FLOPS
     if mfu is not None or preset != "gpu" or seq2seq:
         return None
-    on_gpu = any(kind in device.lower() for device in keras.distribution.list_devices() for kind in ("gpu", "cuda"))
-    return DEFAULT_PEAK_FLOPS if on_gpu else None
+    return DEFAULT_PEAK_FLOPS if on_gpu() else None
 
 
 def _pretrained(init_from, out_dir, seq2seq, tokenizer, vocab_size):
     """The GPT that `init_from` names, read before anything is written; its file is never written to."""
     if seq2seq:
         raise ConfigError("`init_from` fine-tunes a GPT; a seq2seq model trains from the start")
-    if tokenizer != "char" or vocab_size is not None:
-        raise ConfigError("a pretrained model keeps its own tokenizer: leave out `tokenizer` and `vocab_size` "
-                          "with `init_from`")
+    if tokenizer is not None or vocab_size is not None:
+        given = f"`tokenizer={tokenizer}`" if tokenizer is not None else "`vocab_size`"
+        raise ConfigError(f"a pretrained model keeps its own tokenizer: leave out {given} with `init_from`")
     source, target = pathlib.Path(init_from), out_dir / "model.keras"
     if source.is_file() and target.exists() and target.samefile(source):
         raise ConfigError(f"`init_from` is the model in `out_dir` {out_dir}; write the new run to another `out_dir`")
+    if source.is_dir() and out_dir.exists() and out_dir.samefile(source):
+        raise ConfigError(f"`out_dir` {out_dir} is the folder of `init_from`, which is only read; write the new "
+                          f"run to another `out_dir`")
     return pretrained.from_pretrained(init_from)
 
 
@@ -217,15 +230,15 @@ def _parameters(model):
 def _is_seq2seq(task, synthetic):
     if task not in (None, *TASKS):
         raise ConfigError(f"task must be 'lm' or 'seq2seq', got {task!r}")
-    if synthetic is not None and synthetic not in pairs.SYNTHETIC_TASKS:
-        raise ConfigError(f"synthetic must be one of {', '.join(pairs.SYNTHETIC_TASKS)}, got {synthetic!r}")
+    if synthetic is not None and synthetic not in SYNTHETIC_TASKS:
+        raise ConfigError(f"synthetic must be one of {', '.join(SYNTHETIC_TASKS)}, got {synthetic!r}")
     if synthetic and task == "lm":
         raise ConfigError("a `synthetic` task trains a seq2seq model; leave out `task='lm'`")
     return task == "seq2seq" or synthetic is not None
 
 
 def _check_seq2seq_options(sources, synthetic, tokenizer, distribute):
-    if tokenizer != "char":
+    if tokenizer not in (None, "char"):
         raise ConfigError("the seq2seq model reads characters; `tokenizer='bpe'` is for language models")
     if distribute:
         raise ConfigError("`distribute=True` trains language models only for now")
@@ -235,14 +248,26 @@ def _check_seq2seq_options(sources, synthetic, tokenizer, distribute):
         raise ConfigError("a seq2seq model trains on one file of source<TAB>target lines, or on a `synthetic` task")
 
 
-def _prepare_folder(out_dir, overwrite):
-    """Make `out_dir`, refusing one that holds a run unless told to replace it."""
+def _check_folder(out_dir, overwrite):
+    """Refuse an `out_dir` that holds a run (unless told to replace it), or that cannot be written to.
+
+    Nothing is made yet: `_make_folder` does that once the text and settings have passed.
+    """
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"`out_dir` {out_dir} is a file, not a folder")
     existing = [out_dir / name for name in ("model.keras", CHECKPOINT_STATE) if (out_dir / name).exists()]
     if existing and not overwrite:
         raise RunExistsError(f"{existing[0]} already exists; set `resume=True` to continue that run, "
                              f"`overwrite=True` to replace it, or choose another `out_dir`")
+    nearest = next(folder for folder in (out_dir, *out_dir.absolute().parents) if folder.exists())
+    if not nearest.is_dir():
+        raise InputError(f"cannot write to `out_dir` {out_dir}: {nearest} is a file")
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        raise InputError(f"cannot write to `out_dir` {out_dir}: permission denied")
+
+
+def _make_folder(out_dir, overwrite):
+    """Make `out_dir`, checked by `_check_folder`; replacing a run, remove its checkpoint."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=out_dir).close()
@@ -252,6 +277,19 @@ def _prepare_folder(out_dir, overwrite):
         # The replaced run's checkpoint must not be resumed into the new one.
         for name in (CHECKPOINT_STATE, CHECKPOINT_WEIGHTS):
             (out_dir / name).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _removed_if_refused(out_dir):
+    """A run refused before it trained leaves no `out_dir` behind where there was none."""
+    existed = out_dir.exists()
+    try:
+        yield
+    except (ConfigError, InputError):
+        trained = any((out_dir / name).exists() for name in ("model.keras", CHECKPOINT_STATE))
+        if not existed and out_dir.is_dir() and not trained:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
 
 
 def _gpt(corpus, checkpoint, model_settings, training_config, tokenizer, vocab_size, say):
@@ -288,7 +326,7 @@ def _encode(corpus, tokenizer, out_dir, resuming, config, unknown, pretrained_to
 
 
 def _train_seq2seq(sources, synthetic, encoding, errors, out_dir, checkpoint, model_settings, training_config,
-                   say, verbose, tensorboard, arguments):
+                   say, verbose, tensorboard, arguments, overwrite):
     """Read or make the pairs, make the model (new, or from the checkpoint) and train it.
 
     The held-out pairs are chosen by the seed, so a resumed run holds out the same ones.
@@ -315,6 +353,8 @@ def _train_seq2seq(sources, synthetic, encoding, errors, out_dir, checkpoint, mo
     held_out_set = pairs.encode(held_out, tokenizer, block_size)
     model.build()
     config = model.config
+    if not checkpoint:
+        _make_folder(out_dir, overwrite)
     _write_run_config(out_dir, arguments, config, training_config)
     measured = held_out.subset(range(min(len(held_out), pairs.HELD_OUT_PAIRS)))
     say(f"training on {name}: {len(train_pairs):,} pairs, {len(held_out):,} held out "

@@ -4,6 +4,7 @@ and the figures beside the losses (bits per character, tokens per second, MFU)."
 import csv
 import importlib.util
 import math
+import pathlib
 
 import numpy as np
 
@@ -79,11 +80,14 @@ class Throughput:
         return rate
 
 
-def check_tensorboard():
-    """TensorFlow writes TensorBoard's scalars and text only with the tensorboard package installed."""
+def check_tensorboard(folder=None):
+    """TensorFlow writes TensorBoard's scalars and text only with the tensorboard package installed,
+    and only into a folder."""
     if importlib.util.find_spec("tensorboard") is None:
         raise ConfigError("`tensorboard` needs the tensorboard package to write its events: "
                           "pip install \"gptlite[tensorboard]\"")
+    if folder is not None and pathlib.Path(folder).exists() and not pathlib.Path(folder).is_dir():
+        raise InputError(f"the folder for TensorBoard's events, {folder}, is a file: name a folder")
 
 
 class TensorBoardLog:

@@ -155,6 +155,13 @@ DEFAULT_PRESET = "cpu"
 # The steps of the seq2seq preset for a synthetic task: about what each task
 # takes to decode 99% of its held-out pairs exactly (BENCHMARKS.md).
 SYNTHETIC_MAX_ITERS = {"addition": 8000, "reverse": 1500, "sort": 6000}
+SYNTHETIC_TASKS = tuple(SYNTHETIC_MAX_ITERS)
+# What a run trains (a GPT, or an encoder-decoder), and the tokenizers a new run can fit.
+TASKS = ("lm", "seq2seq")
+TOKENIZERS = ("char", "bpe")
+DEFAULT_BPE_VOCABULARY = 4096
+# The attention a Seq2Seq has: its encoder's, its decoder's own, and the decoder's over the source.
+ATTENTION_PARTS = ("encoder", "decoder", "cross")
 # Settings a resumed run cannot change: they decide the weights' shapes and meaning.
 MODEL_SHAPE_SETTINGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "tie_weights", "position")
 # What a run that starts from a pretrained model may set of its shape: a shorter context, and dropout.
@@ -169,6 +176,29 @@ LORA_LEARNING_RATES = dict(lr=1e-3, min_lr=1e-4)
 SETTING_NAMES = tuple(
     f.name for f in dataclasses.fields(GPTConfig) + dataclasses.fields(TrainingConfig) if f.name != "vocab_size"
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeSettings:
+    """How the server batches and what it allows."""
+
+    batch_window_ms: float = 10.0  # how long the first request of a batch waits for others
+    max_batch: int = 8  # rows decoded together at most
+    max_queue: int = 64  # requests waiting at most; beyond it, 503
+    max_tokens_limit: int = 1024  # the most `max_tokens` a request may ask for
+    max_n: int = 8  # the most choices per prompt
+    api_key: str = None  # given: every API call needs `Authorization: Bearer <api_key>`
+    truncate: str = "left"  # a prompt longer than the context: "left" cuts it as generate does, "none" refuses it
+
+    def __post_init__(self):
+        for name in ("max_batch", "max_queue", "max_tokens_limit", "max_n"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive whole number, got {value!r}")
+        if not (isinstance(self.batch_window_ms, (int, float)) and 0 <= self.batch_window_ms <= 10_000):
+            raise ConfigError(f"batch_window_ms must be from 0 to 10000, got {self.batch_window_ms!r}")
+        if self.truncate not in ("left", "none"):
+            raise ConfigError(f"truncate must be 'left' or 'none', got {self.truncate!r}")
 
 
 def dtype_policy(precision):
@@ -215,27 +245,37 @@ def resolve_settings(preset=None, overrides=None, checkpoint=None, seq2seq=False
         raise ConfigError(f"unknown settings: {', '.join(unknown)} (the settings are {', '.join(SETTING_NAMES)})")
     requested = {**(PRESETS[preset] if preset else {}), **overrides}
     if checkpoint is None and pretrained is not None:
-        return _fine_tuning_settings(pretrained, preset, overrides)
+        return _fitted_warmup(_fine_tuning_settings(pretrained, preset, overrides), overrides)
     if checkpoint is None:
-        return {**default_settings(seq2seq, synthetic), **requested}
+        return _fitted_warmup({**default_settings(seq2seq, synthetic), **requested}, overrides)
     saved = {name: checkpoint["model_config"][name] for name in MODEL_SHAPE_SETTINGS}
     # The optimizer state saved with float16 has a loss scale that the others lack.
     saved["precision"] = checkpoint["training_config"].get("precision", "fp32")
     # Adapters are weights of their own, in the checkpoint, and so are the gradient accumulators.
     for name in ("lora_rank", "lora_targets", "grad_accum"):
         saved[name] = checkpoint["training_config"].get(name, getattr(TrainingConfig, name))
-    conflicts = [
-        f"`{name}` is {saved[name]} in the checkpoint, {value} here"
-        for name, value in requested.items()
-        if name in saved and value != saved[name]
-    ]
+    conflicts = {name: f"`{name}` is {saved[name]} in the checkpoint, {value} here"
+                 for name, value in requested.items() if name in saved and value != saved[name]}
     if conflicts:
+        shape = [conflict for name, conflict in conflicts.items() if name in MODEL_SHAPE_SETTINGS]
+        state = [conflict for name, conflict in conflicts.items() if name not in MODEL_SHAPE_SETTINGS]
+        reasons = ([f"the checkpoint's model has another shape ({'; '.join(shape)})"] if shape else []) + (
+            [f"the checkpoint's optimizer state was saved for other settings ({'; '.join(state)})"] if state else [])
         raise ConfigError(
-            f"cannot resume with a different model: {'; '.join(conflicts)}; "
-            f"leave those settings out, or start a new run in another folder"
+            f"cannot resume: {' and '.join(reasons)}; leave those settings out, or start a new run in another folder"
         )
     return {**saved, **checkpoint["training_config"],
             **{name: value for name, value in requested.items() if name not in saved}}
+
+
+def _fitted_warmup(settings, overrides):
+    """A preset's warm-up takes at most a fifth of a run's steps, so that a short run still warms up and decays.
+
+    A warm-up given as an override is kept as given (and refused if it does not fit).
+    """
+    if "warmup_iters" in overrides:
+        return settings
+    return {**settings, "warmup_iters": min(settings["warmup_iters"], settings["max_iters"] // 5)}
 
 
 def _fine_tuning_settings(pretrained, preset, overrides):

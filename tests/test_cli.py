@@ -326,12 +326,13 @@ def test_backend_and_precision_flags_take_effect(tmp_path):
 
 
 def test_a_backend_that_is_not_installed_is_named_with_its_install_command(monkeypatch):
-    from gptlite import cli
+    from gptlite.cli import startup
 
     monkeypatch.setenv("KERAS_BACKEND", keras.backend.backend())
-    monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(startup.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.delitem(startup.sys.modules, "keras")  # as in a new process, where Keras is not running yet
     with pytest.raises(SystemExit) as exit_info:
-        cli.choose_backend("gptlite-train", ["data.txt", "--backend", "jax"])
+        startup.choose_backend("gptlite-train", ["data.txt", "--backend", "jax"])
     assert str(exit_info.value) == ("gptlite-train: error: --backend jax needs jax installed "
                                     "(pip install \"gptlite[jax]\", or pip install -e \".[jax]\" in a checkout)")
     assert os.environ["KERAS_BACKEND"] == keras.backend.backend()
@@ -537,9 +538,10 @@ def test_inspect_prints_candidates_and_attention_per_position(capsys, tmp_path, 
 
 
 def test_library_settings_are_written_as_the_commands_flags():
-    from gptlite.cli import _train_parser, as_flags
+    from gptlite.cli import flags, train
 
-    parser = _train_parser("gptlite-train")
+    as_flags = flags.as_flags
+    parser = train.make_parser("gptlite-train")
     assert as_flags("max_iters must be a positive whole number, got 0", parser) == \
         "--max-iters must be a positive whole number, got 0"
     assert as_flags("min_lr (0.1) must not be above lr (0.01)", parser) == "--min-lr (0.1) must not be above --lr (0.01)"
@@ -580,7 +582,7 @@ def test_a_saved_model_fine_tunes_with_lora_and_exports_for_other_tools(capsys, 
 
 
 def test_the_backends_start_up_notices_are_held_back_and_other_lines_kept(monkeypatch):
-    from gptlite.cli import _is_start_up_notice
+    from gptlite.cli.startup import is_start_up_notice as _is_start_up_notice
 
     info = "I0000 00:00:1795499815.515361   23792 port.cc:153] oneDNN custom operations are on."
     error = "E0000 00:00:1795499817.823238   23792 some_kernel.cc:12] could not allocate memory"

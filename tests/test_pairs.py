@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 import gptlite
-from gptlite import pairs
+from gptlite import pairs, settings
 from gptlite.errors import InputError
 
 
@@ -47,7 +47,7 @@ def test_split_holds_out_a_tenth_chosen_by_the_seed():
     assert pairs.split(all_pairs, seed=4)[1].sources != held_out.sources
 
 
-@pytest.mark.parametrize("task", pairs.SYNTHETIC_TASKS)
+@pytest.mark.parametrize("task", settings.SYNTHETIC_TASKS)
 def test_synthetic_tasks_are_deterministic_correct_and_held_out_is_disjoint(task):
     train, held_out = pairs.synthetic(task, seed=7, train_pairs=5000, held_out_pairs=300)
     assert len(train) == 5000 and len(held_out) == 300

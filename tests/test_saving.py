@@ -13,7 +13,7 @@ import pytest
 
 import gptlite
 from gptlite import saving
-from gptlite.cli import BACKENDS
+from gptlite.cli.startup import BACKENDS
 from conftest import REPO
 
 

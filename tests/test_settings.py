@@ -1,8 +1,8 @@
 import pytest
 
 import gptlite
-from gptlite import pairs
-from gptlite.settings import PRESETS, SYNTHETIC_MAX_ITERS, default_settings, resolve_settings, split_settings
+from gptlite.settings import (PRESETS, SYNTHETIC_MAX_ITERS, SYNTHETIC_TASKS, default_settings, resolve_settings,
+                              split_settings)
 
 
 def test_every_preset_is_a_valid_model_and_schedule():
@@ -13,7 +13,7 @@ def test_every_preset_is_a_valid_model_and_schedule():
 
 
 def test_each_synthetic_task_trains_the_seq2seq_preset_for_its_own_steps():
-    assert set(SYNTHETIC_MAX_ITERS) == set(pairs.SYNTHETIC_TASKS)
+    assert set(SYNTHETIC_MAX_ITERS) == set(SYNTHETIC_TASKS)
     assert default_settings() == PRESETS["cpu"]
     assert default_settings(seq2seq=True) == PRESETS["seq2seq"]
     for task, steps in SYNTHETIC_MAX_ITERS.items():
@@ -24,8 +24,8 @@ def test_each_synthetic_task_trains_the_seq2seq_preset_for_its_own_steps():
 
 def test_settings_come_from_the_defaults_then_the_preset_then_overrides():
     assert resolve_settings() == PRESETS["cpu"]
-    tiny = resolve_settings("tiny", {"max_iters": 7, "lr": None})
-    assert tiny == {**PRESETS["tiny"], "max_iters": 7}  # None means: not given
+    tiny = resolve_settings("tiny", {"max_iters": 70, "lr": None})
+    assert tiny == {**PRESETS["tiny"], "max_iters": 70}  # None means: not given
     assert resolve_settings(overrides={"n_layer": 1}, seq2seq=True, synthetic="reverse") == {
         **PRESETS["seq2seq"], "max_iters": SYNTHETIC_MAX_ITERS["reverse"], "n_layer": 1}
 
@@ -42,9 +42,24 @@ def test_a_resumed_run_keeps_its_shape_and_precision_and_may_train_longer():
                   "training_config": {**split_settings(PRESETS["tiny"])[1], "precision": "fp32", "seed": 5}}
     resumed = resolve_settings(overrides={"max_iters": 500}, checkpoint=checkpoint)
     assert resumed["max_iters"] == 500 and resumed["seed"] == 5 and resumed["n_embd"] == PRESETS["tiny"]["n_embd"]
-    with pytest.raises(gptlite.ConfigError, match="`n_embd` is 32 in the checkpoint, 64 here; `precision` is fp32"):
+    with pytest.raises(gptlite.ConfigError, match=r"another shape \(`n_embd` is 32 in the checkpoint, 64 here\) and "
+                                                  r".*optimizer state .* \(`precision` is fp32"):
         resolve_settings(overrides={"n_embd": 64, "precision": "bf16"}, checkpoint=checkpoint)
     # An older checkpoint has no grad_accum: it trained one batch a step, and keeps doing so.
     assert resumed["grad_accum"] == 1
-    with pytest.raises(gptlite.ConfigError, match="`grad_accum` is 1 in the checkpoint, 4 here"):
+    with pytest.raises(gptlite.ConfigError) as refusal:
         resolve_settings(overrides={"grad_accum": 4}, checkpoint=checkpoint)
+    assert "optimizer state was saved for other settings (`grad_accum` is 1 in the checkpoint, 4 here)" in str(
+        refusal.value) and "shape" not in str(refusal.value)
+
+
+def test_a_presets_warm_up_fits_a_short_run_and_a_given_one_is_kept():
+    for preset in (None, *PRESETS):
+        settings = resolve_settings(preset, {"max_iters": 40})
+        assert settings["warmup_iters"] == min(default_settings().get("warmup_iters") if preset is None
+                                               else PRESETS[preset]["warmup_iters"], 8)
+        gptlite.TrainingConfig(**split_settings(settings)[1])
+    assert resolve_settings("cpu")["warmup_iters"] == PRESETS["cpu"]["warmup_iters"]
+    assert resolve_settings(overrides={"max_iters": 40, "warmup_iters": 20})["warmup_iters"] == 20
+    with pytest.raises(gptlite.ConfigError, match="warmup_iters"):
+        gptlite.TrainingConfig(**split_settings(resolve_settings(overrides={"max_iters": 40, "warmup_iters": 40}))[1])

@@ -1,0 +1,52 @@
+"""One command's entry point: apply `--backend`, parse, run, and turn errors into one line and an exit status.
+
+A `GPTLiteError` is a user mistake: its message, with settings written as
+the command's flags, on one line, and status 2 (1 for a run that diverged,
+which is no mistake of the user's). Anything else is a bug and keeps its
+traceback. `--debug` shows the traceback of a mistake too.
+"""
+
+import sys
+
+from gptlite.cli.flags import as_flags, defaults_from_run_config
+from gptlite.cli.startup import check_backend, choose_backend, start_keras
+from gptlite.errors import GPTLiteError, TrainingDiverged, TrainingInterrupted
+
+HELP_FLAGS = {"-h", "--help"}
+
+
+def command(prog, make_parser, run):
+    """The `main(argv=None)` of a command whose parser `make_parser(prog)` makes and whose work `run(args)` does."""
+
+    def main(argv=None):
+        argv = sys.argv[1:] if argv is None else list(argv)
+        choose_backend(prog, argv)
+        if not HELP_FLAGS & set(argv):  # help needs no Keras: it comes at once, with none of Keras's notices
+            start_keras()
+        parser = make_parser(prog)
+        args = parser.parse_args(argv)
+        try:
+            if getattr(args, "config", None) is not None:
+                args = defaults_from_run_config(parser, argv, args.config)
+            check_backend(args.backend)
+            run(args)
+        except TrainingInterrupted as stop:
+            print(f"{prog}: {as_flags(str(stop), parser)}", file=sys.stderr)
+            return 128 + stop.signal_number
+        except GPTLiteError as error:
+            if args.debug:
+                raise
+            print(f"{prog}: error: {as_flags(str(error), parser)}", file=sys.stderr)
+            return 1 if isinstance(error, TrainingDiverged) else 2
+        except KeyboardInterrupt:
+            print(f"\n{prog}: interrupted", file=sys.stderr)
+            return 130
+        return 0
+
+    return main
+
+
+def print_piece(text):
+    """Write text as it comes, without a newline."""
+    sys.stdout.write(text)
+    sys.stdout.flush()

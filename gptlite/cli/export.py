@@ -1,0 +1,48 @@
+"""`gptlite export`: a trained model in a form other programs load without gptlite."""
+
+import pathlib
+
+from gptlite.cli.command import command
+from gptlite.cli.flags import Parser, add_backend_flags
+from gptlite.errors import RunExistsError
+
+SUMMARY = "write a model as a TensorFlow SavedModel, a Hugging Face folder or a KerasHub preset"
+
+
+def make_parser(prog):
+    parser = Parser(prog=prog,
+                     description="Write a trained model in a form other programs can serve without gptlite.")
+    parser.add_argument("--model", type=pathlib.Path, default=pathlib.Path("out/model.keras"),
+                        help="the model file (default: out/model.keras)")
+    parser.add_argument("--format", choices=["saved_model", "hf", "kerashub"], default="saved_model",
+                        help="saved_model: a TensorFlow SavedModel, token ids in, next-token logits out (the "
+                             "default); hf: a Hugging Face GPT-2 folder (transformers' GPT2LMHeadModel and "
+                             "AutoTokenizer load it); kerashub: a KerasHub GPT-2 preset (GPT2CausalLM.from_preset)")
+    parser.add_argument("--out", type=pathlib.Path, required=True, help="the folder to write; must not exist")
+    add_backend_flags(parser)
+    return parser
+
+
+def run(args):
+    from gptlite import pretrained, saving
+
+    # Checked before the model loads, so that the mistake shows at once (export checks again).
+    if args.format == "saved_model":
+        saving.check_export_backend()
+    if args.out.exists():
+        raise RunExistsError(f"{args.out} already exists; choose another --out")
+    model = saving.load(args.model)
+    if args.format == "hf":
+        pretrained.export_hugging_face(model, args.out)
+        print(f"wrote {args.out}: load it with transformers.GPT2LMHeadModel.from_pretrained and "
+              f"AutoTokenizer.from_pretrained")
+    elif args.format == "kerashub":
+        pretrained.export_kerashub(model, args.out)
+        print(f"wrote {args.out}: load it with keras_hub.models.GPT2CausalLM.from_preset")
+    else:
+        saving.export_saved_model(model, args.out)
+        print(f"wrote {args.out}: load it with tf.saved_model.load; its 'serve' signature maps token_ids "
+              f"(batch, up to {model.config.block_size} tokens, int32) to the next token's logits")
+
+
+main = command("gptlite-export", make_parser, run)

@@ -1,0 +1,94 @@
+"""Flags: the parser every command uses, the flags they share, and library settings written as flags.
+
+The library names its settings (`max_iters`, `out_dir`); a command's
+messages name its flags (`--max-iters`, `--out`). `as_flags` is the one
+place that turns the first into the second.
+"""
+
+import argparse
+import pathlib
+import re
+
+from gptlite.cli.startup import BACKENDS
+from gptlite.text import UNKNOWN_CHOICES
+
+# Library arguments that a command spells otherwise.
+FLAG_ALIASES = {"out_dir": "out", "sources": "texts"}
+QUOTES = "'\""
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose mistakes are one line, like every other user mistake, not usage plus error."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def add_backend_flags(parser):
+    """`--backend` and `--debug`, which every command has."""
+    parser.add_argument("--backend", choices=BACKENDS, default=None,
+                        help="the Keras backend to run on (default: KERAS_BACKEND, else tensorflow); "
+                             "see docs/backends.md for which to pick")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+
+
+def add_unknown_flag(parser, which):
+    parser.add_argument("--unknown", choices=UNKNOWN_CHOICES, default="error",
+                        help=f"{which}: stop with an error (the default), leave them out, or replace each with a space")
+
+
+def add_model_argument(parser):
+    parser.add_argument("model", type=pathlib.Path, metavar="MODEL", help="the model file (a model.keras)")
+
+
+def defaults_from_run_config(parser, argv, path):
+    """argv parsed again with a run file's values as the defaults: a flag given wins over the file."""
+    from gptlite import run_config
+
+    config = run_config.read_run_config(path)
+    defaults = {FLAG_ALIASES.get(name, name): value for name, value in config.arguments.items() if name != "settings"}
+    defaults.update(config.arguments["settings"])
+    if config.backend is not None:
+        defaults["backend"] = config.backend
+    parser.set_defaults(**defaults)
+    return parser.parse_args(argv)
+
+
+def as_flags(message, parser):
+    """A library message with the settings it names written as `parser`'s flags.
+
+    `name=value` in backticks becomes `--name value` (`--name` for True,
+    `--no-name` for False); a setting named bare becomes its flag where it
+    has an underscore (`max_iters`) or begins a statement of its value
+    (`lr must be`, `lr (0.01)`). Names without a flag stay as they are.
+    """
+    flags = {}
+    for action in parser._actions:
+        for option in action.option_strings:
+            if option.startswith("--no-"):
+                flags[(action.dest, False)] = option
+            elif option.startswith("--"):
+                flags.setdefault((action.dest, None), option)
+    for setting, dest in FLAG_ALIASES.items():
+        if (dest, None) in flags:
+            flags[(setting, None)] = flags[(dest, None)]
+
+    def quoted(match):
+        name, value = match.group(1), match.group(2)
+        flag = flags.get((name, None))
+        if flag is None:
+            return match.group(0)
+        if value is None or value == "True":
+            return flag
+        if value == "False":
+            return flags.get((name, False), f"{flag} False")
+        return f"{flag} {value.strip(QUOTES)}"
+
+    message = re.sub(r"`(\w+)(?:=([^`]*))?`", quoted, message)
+
+    def bare(match):
+        name, after = match.group(1), match.group(2) or ""
+        return (flags[(name, None)] if "_" in name or after else name) + after
+
+    names = "|".join(sorted((re.escape(name) for name, value in flags if value is None), key=len, reverse=True))
+    return re.sub(rf"(?<![\w'\"/.-])({names})\b( must| \()?", bare, message)

@@ -1,0 +1,167 @@
+"""`generate.py` / `gptlite generate`: sample text from a trained model, streaming it as it comes."""
+
+import pathlib
+import sys
+
+from gptlite import settings
+from gptlite.cli.command import command, print_piece
+from gptlite.cli.flags import Parser, add_backend_flags, add_unknown_flag
+from gptlite.errors import InputError
+
+SUMMARY = "sample text from a trained model (a seq2seq model: its target for a source), streaming it"
+SAMPLE_DIVIDER = "\n" + "-" * 40 + "\n"
+
+
+def make_parser(prog):
+    parser = Parser(prog=prog, description="Sample text from a trained gptlite model.")
+    parser.add_argument("--model", type=pathlib.Path, default=pathlib.Path("out/model.keras"),
+                        help="the model file (default: out/model.keras)")
+    parser.add_argument("--prompt", default=None,
+                        help="text for a language model to continue (default: empty, which starts from a new line)")
+    parser.add_argument("--source", default=None, metavar="TEXT",
+                        help="for a seq2seq model: the source to write the target of")
+    parser.add_argument("--source-file", type=pathlib.Path, default=None, metavar="FILE",
+                        help="for a seq2seq model: a file of sources, one a line; prints one target a line")
+    parser.add_argument("--max-new-tokens", type=int, default=500, metavar="N",
+                        help="tokens to add to the prompt (default: 500); a seq2seq target has at most its "
+                             "model's block size less one")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="below 1 is safer, above 1 wilder; 0 always takes the likeliest token "
+                             "(default: 0.8; for a seq2seq model, 0)")
+    parser.add_argument("--top-k", type=int, default=200, metavar="K",
+                        help="sample only among the K likeliest tokens (default: 200)")
+    parser.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                        help="sample only among the likeliest tokens whose probabilities add up to P "
+                             "(nucleus sampling; default: 1.0, off)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="make the samples repeatable (default: different each run)")
+    parser.add_argument("--num-samples", type=int, default=1, metavar="N",
+                        help="how many samples to draw, together in one batch (default: 1)")
+    parser.add_argument("--stop", action="append", default=[], metavar="STRING",
+                        help="end the text just before STRING appears (may be given more than once)")
+    parser.add_argument("--num-beams", type=int, default=None, metavar="N",
+                        help="instead of sampling, search for the likeliest text with N beams "
+                             "(1 is greedy; the sampling flags do not apply; printed when complete)")
+    parser.add_argument("--no-stream", dest="stream", action="store_false",
+                        help="print the text when it is complete, not as it is produced")
+    parser.add_argument("--slide", type=int, default=1, metavar="N",
+                        help="past the context window, move it N tokens at a time: 1 (the default) gives "
+                             "every token the whole context; more is faster with less context")
+    parser.add_argument("--no-cache", dest="use_cache", action="store_false",
+                        help="recompute the whole context for every token: the same text, slower")
+    add_unknown_flag(parser, "prompt characters the model never saw")
+    inside = parser.add_argument_group("seeing inside (instead of sampling)")
+    inside.add_argument("--attention", type=pathlib.Path, default=None, metavar="FILE",
+                        help="draw the attention weights over the prompt's tokens (a seq2seq model: its source "
+                             "and the target it writes) to FILE (.png, .svg or .pdf): a heatmap per layer (rows) "
+                             "and head (columns); a prompt longer than 64 tokens shows its last 64")
+    inside.add_argument("--layer", type=int, default=None, metavar="L",
+                        help="with --attention: draw layer L only (from 0)")
+    inside.add_argument("--head", type=int, default=None, metavar="H",
+                        help="with --attention: draw head H only (from 0); with --layer, that one head, large")
+    inside.add_argument("--part", choices=settings.ATTENTION_PARTS, default=None,
+                        help="with --attention, for a seq2seq model: the encoder's attention, the decoder's "
+                             "self-attention, or cross-attention from target to source (the default)")
+    add_backend_flags(parser)
+    return parser
+
+
+def run(args):
+    from gptlite import generation, saving
+    from gptlite.model import Seq2Seq
+
+    drawing_flags = [flag for flag, value in (("--layer", args.layer), ("--head", args.head), ("--part", args.part))
+                     if value is not None]
+    if drawing_flags and args.attention is None:
+        raise InputError(f"{drawing_flags[0]} chooses what --attention FILE draws; give --attention too")
+    if args.attention is not None:
+        _draw_attention(args)
+        return
+    if args.num_samples < 1:
+        raise InputError(f"--num-samples must be at least 1, got {args.num_samples}")
+    if args.num_beams is not None and args.num_beams < 1:
+        raise InputError(f"--num-beams must be at least 1, got {args.num_beams}")
+    if args.num_beams is not None and args.num_samples > 1:
+        raise InputError("--num-beams finds one text; it cannot be combined with --num-samples")
+    # Checked before the model loads, so that a bad flag fails at once.
+    generation.check_sampling_settings(args.max_new_tokens, args.temperature or 0.0, args.top_k, args.top_p)
+    model = saving.load(args.model)
+    if isinstance(model, Seq2Seq):
+        _generate_targets(args, model)
+        return
+    if args.source is not None or args.source_file is not None:
+        raise InputError(f"{args.model} is a language model: give it --prompt TEXT to continue, not a source")
+    prompt = args.prompt or ""
+    settings = dict(max_new_tokens=args.max_new_tokens,
+                    temperature=0.8 if args.temperature is None else args.temperature, top_k=args.top_k,
+                    top_p=args.top_p, seed=args.seed, unknown=args.unknown, stop=args.stop,
+                    use_cache=args.use_cache, slide=args.slide)
+    if args.num_beams is not None:
+        # The best beam can change up to the last step, so nothing can be shown before it.
+        print_piece(generation.generate(model, prompt, num_beams=args.num_beams, **settings))
+    elif args.stream and args.num_samples == 1:
+        pieces = generation.stream(model, prompt, **settings)
+        print_piece(prompt)
+        for piece in pieces:
+            print_piece(piece)
+    else:
+        # Several samples are drawn in one batch, so they are printed when complete.
+        texts = generation.generate(model, [prompt] * args.num_samples, **settings)
+        print_piece(SAMPLE_DIVIDER.join(texts))
+    print()
+
+
+def _generate_targets(args, model):
+    """Print a seq2seq model's target for each source, one a line (--num-samples of them for each)."""
+    from gptlite import generation
+    from gptlite.files import read_text
+
+    if args.prompt is not None:
+        raise InputError(f"{args.model} is a seq2seq model: give it --source TEXT or --source-file FILE, "
+                         f"not --prompt")
+    if (args.source is None) == (args.source_file is None):
+        raise InputError(f"{args.model} is a seq2seq model: give it one of --source TEXT and --source-file FILE")
+    if args.slide != 1:
+        raise InputError("--slide moves a language model's context window; a seq2seq target never outgrows its own")
+    if args.source is not None:
+        sources = [args.source]
+    else:
+        sources = read_text(args.source_file).splitlines()
+    targets = generation.iter_targets(
+        model, [source for source in sources for _ in range(args.num_samples)],
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature or 0.0, top_k=args.top_k,
+        top_p=args.top_p, seed=args.seed, unknown=args.unknown, stop=args.stop, use_cache=args.use_cache,
+        num_beams=args.num_beams)
+    for target in targets:
+        print(target, flush=True)
+
+
+def _draw_attention(args):
+    from gptlite import generation, inspection, saving
+    from gptlite.model import Seq2Seq
+    from gptlite.text import known_text
+
+    model = saving.load(args.model)
+    if isinstance(model, Seq2Seq):
+        if args.prompt is not None or args.source is None:
+            raise InputError(f"{args.model} is a seq2seq model: --attention draws its attention for --source TEXT")
+        text, target = args.source, generation.generate_target(model, args.source, unknown=args.unknown)
+    else:
+        if args.prompt is None or args.source is not None:
+            raise InputError(f"{args.model} is a language model: --attention draws its attention over --prompt TEXT")
+        if args.part not in (None, "decoder"):
+            raise InputError(f"{args.model} is a language model: it has causal self-attention only, no --part")
+        text, target = args.prompt, None
+    maps = inspection.attention_maps(model, text, part=args.part, target=target, unknown=args.unknown)
+    inspection.plot_attention(maps, args.attention, layer=args.layer, head=args.head)
+    if target is not None:
+        written_for = f"{text!r} -> {target!r}"
+    else:
+        known_prompt = known_text(model.tokenizer, text, args.unknown, "prompt")
+        prompt_length = len(model.tokenizer.encode(known_prompt))
+        written_for = f"{len(maps.tokens)} tokens" if prompt_length == len(maps.tokens) else \
+            f"the last {len(maps.tokens)} of {prompt_length} tokens, the model's context"
+    print(f"wrote {args.attention} ({maps.title} for {written_for})")
+
+
+main = command("gptlite-generate", make_parser, run)

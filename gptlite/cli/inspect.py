@@ -1,0 +1,83 @@
+"""`gptlite inspect`: what a model predicts and attends to at each position, and its positions."""
+
+import json
+import pathlib
+import sys
+
+from gptlite.cli.command import command
+from gptlite.cli.flags import Parser, add_backend_flags, add_unknown_flag
+from gptlite.errors import InputError
+
+SUMMARY = "look inside a model: next-token candidates and attention per position, position encodings"
+
+
+def make_parser(prog):
+    parser = Parser(prog=prog,
+                     description="Look inside a trained model: what it predicts and attends to at each position "
+                                 "of a text, and its position encoding.")
+    parser.add_argument("model", type=pathlib.Path, metavar="MODEL", help="the model file (a model.keras)")
+    parser.add_argument("--prompt", default=None, metavar="TEXT",
+                        help="for a language model: print, for each position, the likeliest next tokens and the "
+                             "tokens each layer attends to most")
+    parser.add_argument("--source", default=None, metavar="TEXT",
+                        help="for a seq2seq model: the same for each position of the target it writes for TEXT, "
+                             "with the source tokens each layer attends to most")
+    parser.add_argument("--target", default=None, metavar="TEXT",
+                        help="with --source: inspect this target instead of the model's own")
+    parser.add_argument("--top", type=int, default=5, metavar="K",
+                        help="how many next tokens and attended tokens to show (default: 5)")
+    parser.add_argument("--json", action="store_true", help="print the same as JSON")
+    parser.add_argument("--positions", type=pathlib.Path, default=None, metavar="FILE",
+                        help="draw the position encoding and the similarity of positions to FILE "
+                             "(.png, .svg or .pdf)")
+    add_unknown_flag(parser, "characters the model never saw")
+    add_backend_flags(parser)
+    return parser
+
+
+def run(args):
+    from gptlite import inspection, saving
+    from gptlite.model import Seq2Seq
+
+    if args.top < 1:
+        raise InputError(f"--top must be at least 1, got {args.top}")
+    if args.prompt is None and args.source is None and args.positions is None:
+        raise InputError("give --prompt TEXT (a language model), --source TEXT (a seq2seq model) "
+                         "or --positions FILE")
+    if args.target is not None and args.source is None:
+        raise InputError("--target goes with --source")
+    model = saving.load(args.model)
+    text = args.source if isinstance(model, Seq2Seq) else args.prompt
+    if isinstance(model, Seq2Seq) and args.prompt is not None:
+        raise InputError(f"{args.model} is a seq2seq model: give it --source TEXT, not --prompt")
+    if not isinstance(model, Seq2Seq) and args.source is not None:
+        raise InputError(f"{args.model} is a language model: give it --prompt TEXT, not --source")
+    messages = sys.stderr if args.json else sys.stdout
+    if args.positions is not None:
+        inspection.plot_positions(model, args.positions)
+        print(f"wrote {args.positions} ({model.config.position} position encoding, "
+              f"{model.config.block_size} positions)", file=messages)
+    if text is None:
+        return
+    report = inspection.token_report(model, text, top=args.top, target=args.target, unknown=args.unknown)
+    if args.json:
+        print(json.dumps(report, ensure_ascii=False, indent=1))
+    else:
+        print(_report_text(report))
+
+
+def _report_text(report):
+    """The token report as lines: each position's token, likeliest next tokens, and per layer the most attended."""
+    attended = "source tokens" if report["part"] == "cross" else "earlier tokens"
+    lines = [f"{len(report['positions'])} positions; next-token probabilities, then per layer the {attended} "
+             f"attended to most (weights averaged over the heads)"]
+    for row in report["positions"]:
+        candidates = ", ".join(f"{c['token']!r} {c['probability']:.1%}" for c in row["next"])
+        lines.append(f"{row['position']:>4} {row['token']!r:<8} next: {candidates}")
+        for layer, layer_attended in enumerate(row["attention"]):
+            looked_at = ", ".join(f"{a['token']!r}@{a['position']} {a['weight']:.0%}" for a in layer_attended)
+            lines.append(f"{'':>13}layer {layer}: {looked_at}")
+    return "\n".join(lines)
+
+
+main = command("gptlite-inspect", make_parser, run)

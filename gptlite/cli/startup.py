@@ -1,0 +1,119 @@
+"""Starting a command's backend: `--backend` before Keras is imported, and Keras without its native notices.
+
+Keras fixes its backend when it is first imported, so nothing here imports
+it at module level, and neither does any command's parser: `--help` answers
+at once, with no notice of the backend's.
+"""
+
+import argparse
+import importlib.util
+import os
+import re
+import sys
+import tempfile
+
+from gptlite.errors import GPTLiteError, InputError
+
+BACKENDS = ("tensorflow", "jax", "torch")
+# A line in Abseil's log format, as TensorFlow's C++ code writes it: severity, date, time, thread, file:line].
+NATIVE_LOG_LINE = re.compile(r"([IWEF])\d{4} [\d:.]+ +\d+ \S+:\d+\] (.*)")
+
+
+def choose_backend(prog, argv):
+    """Put `--backend NAME` from argv into KERAS_BACKEND; exit with a one-line error if NAME is not installed.
+
+    Must run before Keras is imported; the command's own parser checks the flag again.
+    """
+    reader = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    reader.add_argument("--backend")
+    try:
+        known, _ = reader.parse_known_args(argv)
+    except argparse.ArgumentError:
+        return  # `--backend` with no name: the command's own parser says so
+    if known.backend is None:
+        known.backend = _run_config_backend(argv)
+    if known.backend not in BACKENDS or "keras" in sys.modules:
+        return  # none given, a wrong name (the command's parser reports it), or too late (check_backend says so)
+    if importlib.util.find_spec(known.backend) is None:
+        extra = "" if known.backend == "tensorflow" else f"[{known.backend}]"
+        sys.exit(f"{prog}: error: --backend {known.backend} needs {known.backend} installed "
+                 f"(pip install \"gptlite{extra}\", or pip install -e \".{extra}\" in a checkout)")
+    os.environ["KERAS_BACKEND"] = known.backend
+
+
+def _run_config_backend(argv):
+    """The backend a `--config FILE` names, if any; a file that cannot be read is reported later."""
+    from gptlite import run_config
+
+    reader = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    reader.add_argument("--config")
+    try:
+        known, _ = reader.parse_known_args(argv)
+        return known.config and run_config.read_run_config(known.config).backend
+    except (argparse.ArgumentError, GPTLiteError):
+        return None
+
+
+def start_keras():
+    """Import Keras and start its backend with the backend's native start-up notices held back.
+
+    Loading TensorFlow, its C++ code writes notices straight to the process's
+    standard error ("oneDNN custom operations are on", "Could not find cuda
+    drivers", and on a machine without a CUDA driver "failed call to cuInit",
+    as an error), some before TF_CPP_MIN_LOG_LEVEL applies to them; they
+    would bury a command's one-line error or its progress. Lines of that log
+    format below TF_CPP_MIN_LOG_LEVEL's severity (gptlite sets 2: errors)
+    are dropped, and so is the failed cuInit unless the level is 0;
+    everything else is written out as it came. Must run before anything
+    imports Keras.
+    """
+    if "keras" in sys.modules:
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            import keras
+
+            if keras.backend.backend() == "tensorflow":
+                import tensorflow as tf
+
+                tf.config.list_physical_devices()  # where TensorFlow looks for a GPU and logs not finding one
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            shown = [line for line in captured.read().decode(errors="replace").splitlines()
+                     if not is_start_up_notice(line)]
+            if shown:
+                print("\n".join(shown), file=sys.stderr)
+
+
+def is_start_up_notice(line):
+    """Whether a line of the backend's native log is a start-up notice that `start_keras` holds back."""
+    try:
+        least_shown = int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0"))
+    except ValueError:
+        least_shown = 0
+    if least_shown <= 0:
+        return False  # asked for everything
+    if line.startswith("WARNING: All log messages before absl::InitializeLog() is called"):
+        return True
+    native = NATIVE_LOG_LINE.fullmatch(line)
+    if not native:
+        return False
+    severity, message = native.groups()
+    return "IWEF".index(severity) < least_shown or message.startswith("failed call to cuInit")
+
+
+def check_backend(requested):
+    """`--backend` takes effect before Keras is imported; here it can only be checked."""
+    import keras
+
+    if requested and keras.backend.backend() != requested:
+        raise InputError(
+            f"--backend {requested} came too late: Keras is already running on {keras.backend.backend()} "
+            f"in this process; set KERAS_BACKEND={requested} before importing Keras"
+        )

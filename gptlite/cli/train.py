@@ -1,0 +1,145 @@
+"""`train.py` / `gptlite train`: train a GPT or a seq2seq model on files and save it as model.keras."""
+
+import argparse
+import dataclasses
+import pathlib
+
+from gptlite import settings
+from gptlite.cli.command import command, print_piece
+from gptlite.cli.flags import Parser, add_backend_flags, add_unknown_flag
+
+SUMMARY = "train a GPT on text files (or a seq2seq model on pairs) and save it as model.keras"
+SETTING_CHOICES = {"position": list(settings.POSITIONS), "precision": list(settings.PRECISIONS)}
+# Settings whose flags say more than their defaults.
+SETTING_HELP = {
+    "grad_accum": "each optimizer step adds up the gradients of N batches of --batch-size (default: 1): a batch "
+                  "N times larger in the memory of one; steps and intervals count optimizer steps",
+    "lora_rank": "train rank-N low-rank adapters on the projections --lora-targets names, every other weight "
+                 "frozen (default: 0, off); the saved model holds the merged weights",
+    "lora_alpha": "the adapters' scale is X / --lora-rank (default: the rank, a scale of 1)",
+    "lora_targets": f"which projections of each block get adapters, comma-separated from "
+                    f"{','.join(settings.LORA_TARGETS)} (default: all)",
+    "warmup_iters": "steps of linear learning-rate warm-up (presets: 100, or 5 for tiny; unless given, at most a "
+                    "fifth of --max-iters)",
+}
+
+
+def make_parser(prog):
+    parser = Parser(
+        prog=prog,
+        description="Train a GPT on text files, or a seq2seq model on source<TAB>target pairs, "
+                    "and save it as model.keras.",
+    )
+    parser.add_argument(
+        "texts", nargs="*", type=pathlib.Path, metavar="TEXT",
+        help="UTF-8 text files, or folders of them, to train on (default: about 2 MB of the Python "
+             "standard library's sources); several are read in the order given, a folder's files in sorted order; "
+             "with --task seq2seq, one file of source<TAB>target lines",
+    )
+    parser.add_argument("--task", choices=settings.TASKS, default=None,
+                        help="lm: a GPT that continues text (the default); seq2seq: an encoder-decoder that learns "
+                             "to write each line's target from its source")
+    parser.add_argument("--synthetic", choices=settings.SYNTHETIC_TASKS, default=None,
+                        help="train seq2seq on a built-in task instead of a file: addition (\"123+456\" -> \"579\"), "
+                             "reverse or sort (strings of 5 to 20 letters); steps, unless --max-iters says: "
+                             + ", ".join(f"{t} {n}" for t, n in settings.SYNTHETIC_MAX_ITERS.items()))
+    parser.add_argument("--tokenizer", choices=settings.TOKENIZERS, default=None,
+                        help="char: one token per character (the default); bpe: byte-level byte-pair "
+                             "encoding learned from the text, for large or many-language corpora")
+    parser.add_argument("--vocab-size", type=int, default=None, metavar="N",
+                        help=f"tokens in a BPE vocabulary (default: {settings.DEFAULT_BPE_VOCABULARY})")
+    parser.add_argument("--preset", choices=sorted(settings.PRESETS), default=None,
+                        help=f"model size and schedule (default: {settings.DEFAULT_PRESET})")
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out"),
+                        help="folder for model.keras, history.csv, loss.png and checkpoints (default: out)")
+    parser.add_argument("--config", type=pathlib.Path, default=None, metavar="FILE",
+                        help="read the texts, options and settings from a run file (every run writes its own to "
+                             "--out/config.toml); flags given here win over the file's values")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a run already in --out")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in --out from its last checkpoint")
+    parser.add_argument("--encoding", default="utf-8",
+                        help="the text file's encoding (default: utf-8)")
+    parser.add_argument("--errors", choices=["strict", "replace"], default="strict",
+                        help="bytes that do not decode: stop with an error (strict, the default) "
+                             "or replace them with U+FFFD (replace)")
+    parser.add_argument("--init-from", default=None, metavar="MODEL",
+                        help="fine-tune a pretrained GPT instead of training a new one: a gptlite model.keras, a "
+                             "Hugging Face GPT-2 folder, or a KerasHub GPT-2 preset (a folder, or a name such as "
+                             "gpt2_base_en, downloaded where a network is reachable); it keeps its shape and "
+                             "tokenizer, and its file is only read (see docs/pretrained.md)")
+    add_unknown_flag(parser, "with --init-from: text characters the pretrained char vocabulary lacks")
+    parser.add_argument("--distribute", action="store_true",
+                        help="train data-parallel over every local device (tensorflow: GPUs, else CPU devices; "
+                             "jax: all devices), or over several hosts (see docs/training.md); the batch is split "
+                             "across them and the learning rate is unchanged")
+    parser.add_argument("--tensorboard", action="store_true",
+                        help="write TensorBoard event files at each evaluation (losses, bits per character, learning "
+                             "rate, tokens per second, a text sample) to --out/tensorboard; view them with: "
+                             "tensorboard --logdir OUT/tensorboard")
+    parser.add_argument("--tensorboard-dir", type=pathlib.Path, default=None, metavar="DIR",
+                        help="write the TensorBoard event files to DIR instead (implies --tensorboard)")
+    parser.add_argument("--mfu", action="store_true", default=None,
+                        help="show and record model FLOPs utilisation at each evaluation, against --peak-flops "
+                             "(on by default for --preset gpu on a GPU)")
+    parser.add_argument("--peak-flops", type=float, default=None, metavar="X",
+                        help="the hardware's peak FLOPs per second for --mfu (default: 312e12, an A100's bfloat16 "
+                             "peak, as nanoGPT uses); giving it turns --mfu on")
+    add_backend_flags(parser)
+    group = parser.add_argument_group("settings (each overrides the preset's value)")
+    fields = {f.name: f for f in dataclasses.fields(settings.GPTConfig) + dataclasses.fields(settings.TrainingConfig)}
+    for field in (fields[name] for name in settings.SETTING_NAMES):
+        flag = "--" + field.name.replace("_", "-")
+        preset_values = ", ".join(
+            f"{name}: {values[field.name]}" for name, values in settings.PRESETS.items() if field.name in values
+        )
+        help_text = SETTING_HELP.get(field.name) or (f"presets: {preset_values}" if preset_values
+                                                     else f"default: {field.default}")
+        if field.type is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif field.name in SETTING_CHOICES:
+            group.add_argument(flag, choices=SETTING_CHOICES[field.name], default=None, help=help_text)
+        else:
+            metavar = "N" if field.type is int else "X"
+            group.add_argument(flag, type=field.type, default=None, metavar=metavar, help=help_text)
+    return parser
+
+
+def run(args):
+    from gptlite import generation, pipeline
+
+    run = pipeline.train_on_text(
+        args.texts, args.out, {name: getattr(args, name) for name in settings.SETTING_NAMES},
+        preset=args.preset, task=args.task, synthetic=args.synthetic, tokenizer=args.tokenizer,
+        vocab_size=args.vocab_size, encoding=args.encoding, errors=args.errors, init_from=args.init_from,
+        unknown=args.unknown, distribute=args.distribute, resume=args.resume, overwrite=args.overwrite,
+        tensorboard=args.tensorboard_dir or args.tensorboard or None, mfu=args.mfu, peak_flops=args.peak_flops)
+    best = run.best
+    print(
+        f"\nbest validation loss {best['val_loss']:.4f} at step {best['step']}; "
+        f"saved {args.out / 'model.keras'}, {args.out / 'history.csv'}, {args.out / 'loss.png'}"
+    )
+    if run.held_out is not None:
+        _show_targets(run.model, run.held_out)
+        return
+    print("sample from the final model:\n")
+    for piece in generation.stream(run.model, "", seed=run.training_config.seed, **pipeline.SAMPLING):
+        print_piece(piece)
+    print()
+
+
+def _show_targets(model, held_out, count=8):
+    """Print what the final model writes for a few held-out sources, and its exact match on them all."""
+    from gptlite import generation, pairs
+
+    # As many as the evaluations decoded, in batches of the same size: no new compile.
+    measured = held_out.subset(range(min(len(held_out), pairs.HELD_OUT_PAIRS)))
+    decoded = generation.generate_target(model, measured.sources)
+    right = sum(got == want for got, want in zip(decoded, measured.targets))
+    print(f"the final model decodes {right:,} of {len(measured):,} held-out pairs exactly; a few:")
+    for source, want, got in list(zip(measured.sources, measured.targets, decoded))[:count]:
+        print(f"  {source!r} -> {got!r}" + ("" if got == want else f"   (expected {want!r})"))
+
+
+main = command("gptlite-train", make_parser, run)
