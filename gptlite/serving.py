@@ -29,6 +29,7 @@ import queue
 import signal
 import threading
 import time
+import traceback
 import uuid
 
 from gptlite.errors import ConfigError, GPTLiteError, InputError
@@ -132,10 +133,23 @@ def _number(body, name, kind, low, high, default=dataclasses.MISSING):
     is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if kind is int and is_number and not isinstance(value, int):
         is_number = float(value).is_integer()
-    if not is_number or not math.isfinite(value) or not low <= value <= high:
+    try:
+        in_range = is_number and math.isfinite(value) and low <= value <= high
+    except OverflowError:  # a whole number too large for a float
+        in_range = False
+    if not in_range:
         description = "a whole number" if kind is int else "a number"
-        raise RequestError(400, f"{name} must be {description} from {low} to {high}, got {value!r}", name)
+        raise RequestError(400, f"{name} must be {description} from {low} to {high}, got {_shown(value)}", name)
     return kind(value)
+
+
+def _shown(value, limit=40):
+    """A request's value as an error message quotes it: a long one cut short."""
+    try:
+        text = json.dumps(value)
+    except ValueError:  # a whole number with more digits than Python converts to text
+        return "a number too large"
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 class QueueFull(Exception):
@@ -323,16 +337,40 @@ def _padded(rows):
 def create_app(model, model_name, settings=None, worker=None):
     """The Starlette application that serves `model` under `model_name`, its worker thread started."""
     from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
     from starlette.requests import ClientDisconnect
     from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
     from starlette.routing import Route
 
     settings = settings or ServeSettings()
     worker = worker or Worker(model, settings)
-    created = int(time.time())
+    started = int(time.time())
 
     def error_response(error):
         return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    def answered(handler):
+        """`handler`, answering a failure of its own with a 500 in OpenAI's error body rather than a dropped
+        connection: the client reads what went wrong, and its connection stays usable."""
+        async def guarded(request):
+            try:
+                return await handler(request)
+            except RequestError as error:
+                return error_response(error)
+            except Exception:
+                traceback.print_exc()
+                return error_response(RequestError(500, "the server failed to answer this request; the error is in "
+                                                         "its log", kind="server_error"))
+        return guarded
+
+    async def http_error(request, error):
+        """Starlette's own refusals (an unknown path, a wrong method) in OpenAI's error body."""
+        messages = {404: f"no such endpoint: {request.method} {request.url.path} (the API is /v1/completions and "
+                         f"/v1/models)",
+                    405: f"{request.url.path} does not take {request.method}"}
+        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        message = messages.get(error.status_code, error.detail)
+        return error_response(RequestError(error.status_code, message, kind=kind, headers=error.headers))
 
     def check_key(request):
         if settings.api_key is None:
@@ -357,6 +395,8 @@ def create_app(model, model_name, settings=None, worker=None):
             return json.loads(body)
         except (ValueError, UnicodeDecodeError) as error:
             raise RequestError(400, f"the request body is not valid JSON: {error}") from None
+        except RecursionError:
+            raise RequestError(400, "the request body is JSON nested too deeply") from None
 
     async def completions(request):
         try:
@@ -372,7 +412,7 @@ def create_app(model, model_name, settings=None, worker=None):
         except QueueFull:
             return error_response(RequestError(503, "the server is busy; try again shortly", kind="server_busy",
                                                headers={"Retry-After": "1"}))
-        identity = f"cmpl-{uuid.uuid4().hex}"
+        identity, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         if completion.stream:
             return StreamingResponse(_events(job, events, identity, model_name, created),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -414,7 +454,7 @@ def create_app(model, model_name, settings=None, worker=None):
             check_key(request)
         except RequestError as error:
             return error_response(error)
-        return JSONResponse({"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+        return JSONResponse({"object": "list", "data": [{"id": model_name, "object": "model", "created": started,
                                                          "owned_by": "gptlite"}]})
 
     async def health(request):
@@ -443,10 +483,10 @@ def create_app(model, model_name, settings=None, worker=None):
     async def page(request):
         return HTMLResponse(importlib.resources.files("gptlite").joinpath("page.html").read_text(encoding="utf-8"))
 
-    routes = [Route("/v1/completions", completions, methods=["POST"]), Route("/v1/models", models, methods=["GET"]),
-              Route("/health", health, methods=["GET"]), Route("/v1/attention", attention, methods=["POST"]),
-              Route("/", page, methods=["GET"])]
-    app = Starlette(routes=routes)
+    endpoints = [("/v1/completions", completions, "POST"), ("/v1/models", models, "GET"), ("/health", health, "GET"),
+                 ("/v1/attention", attention, "POST"), ("/", page, "GET")]
+    routes = [Route(path, answered(handler), methods=[method]) for path, handler, method in endpoints]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     app.state.worker = worker
     worker.start()
     return app

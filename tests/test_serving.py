@@ -141,21 +141,54 @@ BAD_REQUESTS = [
     (json.dumps({"prompt": "the", "logprobs": 5}).encode(), 400, "logprobs"),
     (json.dumps({"prompt": "ZEBRA"}).encode(), 400, "prompt"),
     (b"x" * (serving.MAX_BODY_BYTES + 1), 413, None),
+    # Whole numbers too large for a float, and for Python's conversion to text.
+    *[(b'{"prompt": "the", "%s": 1%s}' % (name.encode(), b"0" * 400), 400, name)
+      for name in ("max_tokens", "seed", "top_k", "n", "temperature")],
+    (b'{"prompt": "the", "seed": 1%s}' % (b"0" * 5000), 400, None),
+    (b'{"prompt": "the", "max_tokens": 1e999}', 400, "max_tokens"),
+    # JSON nested far deeper than Python's recursion, well under the size limit.
+    (b"[" * 100_000 + b"]" * 100_000, 400, None),
 ]
 
 
 @ONCE
 def test_every_bad_request_gets_a_4xx_saying_what_is_wrong_and_the_server_keeps_serving(server):
+    # One keep-alive connection for all of them: each answer leaves it usable for the next request.
     with httpx.Client(base_url=server.url, timeout=30) as http:
         for body, status, param in BAD_REQUESTS:
             response = http.post("/v1/completions", content=body, headers={"Content-Type": "application/json"})
             assert response.status_code == status, body[:60]
             error = response.json()["error"]
-            assert error["message"] and error["param"] == param, body[:60]
-        assert http.get("/v1/completions").status_code == 405
-        assert http.get("/no/such/path").status_code == 404
+            assert error["message"] and error["param"] == param and len(error["message"]) < 300, body[:60]
+        for method, path, status in (("GET", "/v1/completions", 405), ("GET", "/no/such/path", 404),
+                                     ("POST", "/v1/chat/completions", 404)):
+            response = http.request(method, path)
+            assert response.status_code == status
+            assert response.json()["error"]["message"] and path in response.json()["error"]["message"]
         assert http.get("/health").json()["status"] == "ok"
         assert http.post("/v1/completions", json={"prompt": "the", "max_tokens": 2}).status_code == 200
+
+
+@ONCE
+def test_a_failure_inside_the_server_is_a_500_in_openais_shape_and_the_connection_goes_on(server, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(serving, "parse_completion", broken)
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        response = http.post("/v1/completions", json={"prompt": "the", "max_tokens": 2})
+        assert response.status_code == 500 and response.json()["error"]["type"] == "server_error"
+        assert http.get("/health").status_code == 200  # the same connection, still open
+        monkeypatch.undo()
+        assert http.post("/v1/completions", json={"prompt": "the", "max_tokens": 2}).status_code == 200
+
+
+@ONCE
+def test_each_completion_is_dated_when_it_is_made(client):
+    first = client.completions.create(model="words", prompt="the", max_tokens=1)
+    time.sleep(1.1)
+    second = client.completions.create(model="words", prompt="the", max_tokens=1)
+    assert second.created > first.created and abs(second.created - time.time()) < 30
 
 
 @ONCE
