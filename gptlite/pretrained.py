@@ -25,7 +25,7 @@ from gptlite import saving
 from gptlite.errors import ConfigError, InputError, MissingFileError
 from gptlite.files import atomic_directory
 from gptlite.model import GPT
-from gptlite.tokenizers import BPETokenizer
+from gptlite.tokenizers import BPETokenizer, CharTokenizer
 
 # The activations Hugging Face names for the tanh approximation of GELU, which gptlite uses.
 _TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")
@@ -53,7 +53,7 @@ def from_pretrained(name_or_path, block_size=None, dropout=None, dtype=None):
     if source is not None:
         settings = {name: value for name, value in dataclasses.asdict(source.config).items() if name != "vocab_size"}
         tokenizer = source.tokenizer
-    elif path.is_dir() and _is_hugging_face_folder(path):
+    elif path.is_dir() and _folder_kind(path) == "hugging face":
         settings, tokenizer, arrays = _read_hugging_face(path)
     else:
         settings, tokenizer, arrays = _read_kerashub(name_or_path)
@@ -186,17 +186,29 @@ def vocabulary_and_merges(tokenizer):
 
 # --- Hugging Face folders
 
-def _is_hugging_face_folder(path):
-    """A Hugging Face folder's config.json names its model_type; a KerasHub preset's names a Keras class."""
+def _folder_kind(path):
+    """"hugging face" or "kerashub": a Hugging Face folder's config.json names its model_type, a KerasHub
+    preset's names a Keras class. A folder without a readable config.json is neither, and is refused."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise MissingFileError(f"{path} has no config.json: a Hugging Face GPT-2 folder or a KerasHub preset "
+                               f"folder holds one beside its weights")
+    config = _read_json(config_file)
+    if not isinstance(config, dict):
+        raise InputError(f"{config_file} is not a JSON object")
+    return "hugging face" if "model_type" in config else "kerashub"
+
+
+def _read_json(path):
     try:
-        return "model_type" in json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise InputError(f"{path} is not valid JSON: {error}") from None
 
 
 def _read_hugging_face(folder):
     """(shape settings, tokenizer, GPT-2's arrays) of a Hugging Face GPT-2 folder."""
-    config = json.loads((folder / "config.json").read_text())
+    config = _read_json(folder / "config.json")
     model_type = config.get("model_type", "gpt2")
     if model_type != "gpt2":
         raise InputError(f"{folder} holds a {model_type} model; gptlite reads GPT-2 models")
@@ -231,17 +243,47 @@ def _read_hugging_face_tokenizer(folder, vocabulary_size):
         lines = (folder / "merges.txt").read_text(encoding="utf-8").splitlines()
         merges = [line for line in lines if line and not line.startswith("#version")]
     elif (folder / "tokenizer.json").exists():
-        definition = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
-        if definition["model"].get("type") != "BPE":
+        definition = _read_json(folder / "tokenizer.json")
+        model = definition.get("model") if isinstance(definition, dict) else None
+        if not isinstance(model, dict) or model.get("type") != "BPE":
             raise InputError(f"{folder}/tokenizer.json is not a BPE tokenizer")
-        vocabulary, merges = definition["model"]["vocab"], definition["model"]["merges"]
+        tokenizer = _char_tokenizer(definition, folder)
+        if tokenizer is not None:
+            return _checked_size(tokenizer, vocabulary_size, folder)
+        # Tokens added to the model, GPT-2's end of text among them, as transformers 5 writes them.
+        added = {token["content"]: token["id"] for token in definition.get("added_tokens", [])}
+        vocabulary = {**model["vocab"], **added}
+        merges = model["merges"]
     else:
         raise MissingFileError(f"{folder} has no tokenizer: vocab.json and merges.txt, or tokenizer.json")
-    tokenizer = bpe_tokenizer(vocabulary, merges)
+    return _checked_size(bpe_tokenizer(vocabulary, merges), vocabulary_size, folder)
+
+
+def _checked_size(tokenizer, vocabulary_size, folder):
     if tokenizer.vocabulary_size != vocabulary_size:
         raise InputError(f"{folder}: the tokenizer has {tokenizer.vocabulary_size} tokens but the model "
                          f"{vocabulary_size}")
     return tokenizer
+
+
+def _char_tokenizer(definition, folder):
+    """The CharTokenizer that a tokenizer.json written by `export_hugging_face` for a char model stands for,
+    or None where the definition is not of that form (a BPE model without merges or pre-tokenizer, one
+    character a token, the special tokens first)."""
+    model = definition["model"]
+    if model.get("merges") or definition.get("pre_tokenizer") is not None:
+        return None
+    specials = {token["id"]: token["content"] for token in definition.get("added_tokens", []) if token.get("special")}
+    names = [specials[index][1:-1] for index in range(len(specials)) if index in specials]
+    characters = [token for token, _ in sorted(model["vocab"].items(), key=lambda item: item[1])
+                  if token not in specials.values()]
+    if len(names) != len(specials) or any(len(character) != 1 for character in characters) or \
+            set(names) - set(CharTokenizer.SPECIAL_TOKENS):
+        return None
+    if characters != sorted(characters):
+        raise InputError(f"{folder}/tokenizer.json holds one character a token, but not in character order as "
+                         f"gptlite's character tokenizer numbers them")
+    return CharTokenizer("".join(characters), special_tokens=names)
 
 
 def _read_hugging_face_weights(folder):
@@ -249,7 +291,11 @@ def _read_hugging_face_weights(folder):
     if (folder / "model.safetensors").exists():
         from safetensors.numpy import load_file
 
-        tensors = load_file(str(folder / "model.safetensors"))
+        try:
+            tensors = load_file(str(folder / "model.safetensors"))
+        except Exception as error:  # safetensors raises its own error for a damaged or truncated file
+            raise InputError(f"{folder / 'model.safetensors'} cannot be read ({_first_line(error)}): is it "
+                             f"damaged or cut short?") from None
     elif (folder / "pytorch_model.bin").exists():
         try:
             import torch
@@ -355,7 +401,7 @@ def _read_kerashub(preset):
         backbone = keras_hub.models.Backbone.from_preset(str(preset))
         hub_tokenizer = keras_hub.models.GPT2Tokenizer.from_preset(str(preset))
     except Exception as error:  # keras-hub raises many kinds for a folder it cannot read or a name it cannot fetch
-        reason = str(error).splitlines()[0][:200]
+        reason = _first_line(error)
         if pathlib.Path(preset).exists():
             raise InputError(f"cannot load the KerasHub preset {preset}: {reason}") from None
         raise MissingFileError(f"cannot download the KerasHub preset {preset} (is a network reachable?): {reason}; "
@@ -371,6 +417,13 @@ def _read_kerashub(preset):
                          f"{backbone.intermediate_dim}")
     tokenizer = bpe_tokenizer(hub_tokenizer.vocabulary, hub_tokenizer.merges)
     return shape, tokenizer, _kerashub_arrays(backbone)
+
+
+def _first_line(error, limit=200):
+    """An exception's message as one line, cut at a word if long."""
+    lines = str(error).strip().splitlines() or [type(error).__name__]
+    line = lines[0]
+    return line if len(line) <= limit else line[:limit].rsplit(" ", 1)[0] + " ..."
 
 
 def _kerashub_arrays(backbone):

@@ -71,3 +71,44 @@ def test_mistakes_are_refused_before_anything_is_written(tmp_path, text_files, o
         gptlite.train_on_text(text_files, out, **{"verbose": 0, **options})
     assert "--" not in str(raised.value)  # settings, never flags
     assert not out.exists()
+
+
+@pytest.mark.parametrize("mistake", ["missing file", "empty text", "malformed pairs", "unknown characters"])
+def test_a_run_refused_after_reading_its_text_leaves_no_folder(tmp_path, text_files, mistake):
+    out = tmp_path / "nested" / "run"
+    empty, pairs_file = tmp_path / "empty.txt", tmp_path / "pairs.tsv"
+    empty.write_text("")
+    pairs_file.write_text("abc\tcba\nno tab here\n")
+    base = tmp_path / "base.keras"
+    if mistake == "unknown characters":  # a pretrained char model that never saw "Z"
+        tokenizer = gptlite.CharTokenizer.from_text("abc ")
+        model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=1, n_embd=8, block_size=8,
+                            tokenizer=tokenizer)
+        model.build((None, 8))
+        gptlite.save(model, base)
+        (tmp_path / "z.txt").write_text("abc Z " * 200)
+    calls = {"missing file": dict(sources=[tmp_path / "nope.txt"]), "empty text": dict(sources=[empty]),
+             "malformed pairs": dict(sources=[pairs_file], task="seq2seq"),
+             "unknown characters": dict(sources=[tmp_path / "z.txt"], init_from=base)}
+    with pytest.raises(gptlite.GPTLiteError):
+        gptlite.train_on_text(out_dir=out, settings=TINY, verbose=0, **calls[mistake])
+    assert not out.exists() and not out.parent.exists()
+
+
+@pytest.mark.parametrize("preset", sorted(gptlite.PRESETS))
+def test_every_preset_trains_a_step_on_this_backend(tmp_path, text_files, preset):
+    """Every preset as a user starts it, with its precision and dropout, on whichever backend runs the suite;
+    only its shape is cut down, so that a step takes moments."""
+    task = "seq2seq" if preset == "seq2seq" else None
+    small = {"n_layer": 1, "n_embd": 16, "n_head": 2, "batch_size": 4, "max_iters": 2, "eval_interval": 2,
+             "eval_iters": 1, "checkpoint_interval": 2}
+    if task == "seq2seq":
+        pairs = reversal_pairs(100, seed=4)
+        source = tmp_path / "pairs.tsv"
+        source.write_text("".join(f"{s}\t{t}\n" for s, t in zip(pairs.sources, pairs.targets)))
+        sources = [source]
+    else:
+        sources, small = text_files, {**small, "block_size": 16}
+    run = gptlite.train_on_text(sources, tmp_path / "run", small, preset=preset, task=task, verbose=0)
+    assert run.training_config.precision == gptlite.PRESETS[preset].get("precision", "fp32")
+    assert run.history[-1]["step"] == 2 and np.isfinite(run.history[-1]["val_loss"])

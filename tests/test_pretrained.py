@@ -174,8 +174,85 @@ def test_folders_gptlite_cannot_read_say_why(tmp_path, hugging_face_folder):
     with pytest.raises(gptlite.MissingFileError, match="no such model: gpt2_no_such_size .* gpt2_base_en"):
         gptlite.from_pretrained("gpt2_no_such_size")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(gptlite.InputError, match="cannot load the KerasHub preset"):
+    with pytest.raises(gptlite.MissingFileError, match="empty has no config.json"):
         gptlite.from_pretrained(tmp_path / "empty")
+    (folder / "config.json").write_text('{"model_type": "gpt2", ')
+    with pytest.raises(gptlite.InputError, match=r"gelu/config.json is not valid JSON"):
+        gptlite.from_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def exported_folders(tmp_path_factory, bpe, tokenizer):
+    """A small BPE GPT and a small char GPT, each exported by gptlite as a Hugging Face folder."""
+    keras.utils.set_random_seed(6)
+    folders = {}
+    for name, model_tokenizer in (("bpe", bpe), ("char", tokenizer)):
+        model = gptlite.GPT(vocab_size=model_tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16,
+                            block_size=32, tokenizer=model_tokenizer)
+        model.build((None, 32))
+        folders[name] = (tmp_path_factory.mktemp(name) / "hf", model)
+        gptlite.export_hugging_face(model, folders[name][0])
+    return folders
+
+
+def test_a_char_models_hugging_face_export_comes_back_exactly_and_fine_tunes(tmp_path, exported_folders, text):
+    folder, model = exported_folders["char"]
+    back = gptlite.from_pretrained(folder)
+    assert isinstance(back.tokenizer, gptlite.CharTokenizer)
+    sample = "the cat sat\non  a red hat\n"
+    assert list(back.tokenizer.encode(sample)) == list(model.tokenizer.encode(sample))
+    assert back.tokenizer.decode(back.tokenizer.encode(sample)) == sample
+    ids = model.tokenizer.encode(sample)[None]
+    np.testing.assert_allclose(_logits(back, ids), _logits(model, ids), atol=1e-5)
+    text_file = tmp_path / "words.txt"
+    text_file.write_text(text)
+    run = gptlite.train_on_text([text_file], tmp_path / "tuned", {**FINE_TUNE, "max_iters": 10}, init_from=folder,
+                                verbose=0)
+    assert run.best["val_loss"] > 0 and (tmp_path / "tuned" / "model.keras").exists()
+
+
+def test_a_tokenizer_json_with_the_end_token_among_its_added_tokens_reads(tmp_path, exported_folders, bpe):
+    """transformers 5 saves GPT-2's tokenizer as tokenizer.json alone, the end of text an added token."""
+    import shutil
+
+    source, model = exported_folders["bpe"]
+    folder = tmp_path / "hf5"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(source / name, folder)
+    definition = json.loads(bpe.definition)
+    end = definition["model"]["vocab"].pop(gptlite.BPETokenizer.END_TOKEN)
+    definition["added_tokens"] = [{"id": end, "content": gptlite.BPETokenizer.END_TOKEN, "single_word": False,
+                                   "lstrip": False, "rstrip": False, "normalized": False, "special": True}]
+    (folder / "tokenizer.json").write_text(json.dumps(definition), encoding="utf-8")
+    back = gptlite.from_pretrained(folder)
+    assert back.tokenizer.end_token_id == end == model.tokenizer.end_token_id
+    assert list(back.tokenizer.encode(TRICKY)) == list(bpe.encode(TRICKY))
+
+
+def test_a_damaged_weights_file_is_named(tmp_path, exported_folders):
+    import shutil
+
+    source, _ = exported_folders["bpe"]
+    folder = tmp_path / "cut"
+    shutil.copytree(source, folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(gptlite.InputError, match=r"cut/model.safetensors cannot be read .* cut short"):
+        gptlite.from_pretrained(folder)
+
+
+def test_a_fine_tuning_run_writes_nowhere_near_its_source_and_keeps_its_tokenizer(tmp_path, exported_folders, text):
+    folder, _ = exported_folders["char"]
+    text_file = tmp_path / "words.txt"
+    text_file.write_text(text)
+    before = sorted(path.name for path in folder.iterdir())
+    with pytest.raises(gptlite.ConfigError, match="is the folder of `init_from`"):
+        gptlite.train_on_text([text_file], folder, FINE_TUNE, init_from=folder, verbose=0)
+    with pytest.raises(gptlite.ConfigError, match="keeps its own tokenizer: leave out `tokenizer=char`"):
+        gptlite.train_on_text([text_file], tmp_path / "run", FINE_TUNE, init_from=folder, tokenizer="char",
+                              verbose=0)
+    assert sorted(path.name for path in folder.iterdir()) == before and not (tmp_path / "run").exists()
 
 
 # --- fine-tuning and LoRA, through the library pipeline
