@@ -113,3 +113,15 @@ def test_importing_gptlite_leaves_the_backend_open_and_registers_its_classes_wit
             "assert keras.saving.get_registered_object('gptlite>GPT') is gptlite.GPT; print('ok')")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert result.stdout.strip() == "ok", result.stderr
+
+
+def test_ci_runs_the_readmes_test_command_as_the_readme_gives_it_before_installing_anything_else():
+    readme = (REPO / "README.md").read_text()
+    lines = [line for line in readme.splitlines() if line.startswith('    pip install -e ".[dev]"')]
+    assert lines == ['    pip install -e ".[dev]" && python -m pytest']
+    ci = (REPO / ".ci" / "run").read_text()
+    ran = ci.index('bash -c "$readme_command"')
+    assert "README.md" in ci[:ran]  # the command is read from the README, not written out again
+    installs = [line for line in ci[:ran].splitlines() if line.strip().startswith(("pip ", "python -m pip",
+                                                                                    "python3 -m pip"))]
+    assert not installs, f".ci/run installs before the README's command: {installs}"
