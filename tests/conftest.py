@@ -92,6 +92,43 @@ def fluent_model(tokenizer, text):
     return model
 
 
+# Two computations of the same logits (a cache against a whole forward pass, one batch shape against
+# another) agree to about 1e-6 on any CPU, but not bit for bit, and not the same way on every CPU: two
+# tokens whose logits are closer than this are a tie that either computation may break either way.
+TIE = 1e-4
+
+
+def last_logits(model, windows):
+    """Plain forward passes: the logits after the last token of each window (a list of id lists)."""
+    padded = np.zeros((len(windows), model.config.block_size), "int32")
+    for row, window in enumerate(windows):
+        padded[row, : len(window)] = window  # the mask keeps the padding after it from mattering
+    logits = np.asarray(model.predict_on_batch(padded))
+    return logits[np.arange(len(windows)), [len(w) - 1 for w in windows]]  # (N, V)
+
+
+def assert_greedy(model, prompt, text, slide=1):
+    """`text` continues `prompt` greedily: each new token is the likeliest after the window before it, by the
+    plain model's whole forward pass, up to a tie (TIE).
+
+    This holds for a correct decoder on any CPU, whatever text it writes; comparing with a greedy text
+    recomputed another way would fail wherever the two computations break a near-tie differently. The
+    window holds the last block_size tokens; with `slide`, a full window keeps only its last
+    block_size - slide tokens before the next one joins.
+    """
+    block_size = model.config.block_size
+    ids, start = list(model.tokenizer.encode(text)), len(model.tokenizer.encode(prompt))
+    assert text.startswith(prompt)
+    window = ids[:start][-block_size:]
+    for position in range(start, len(ids)):
+        logits = last_logits(model, [window])[0]
+        chosen = ids[position]
+        assert logits[chosen] >= logits.max() - TIE, (
+            f"new token {position - start} of {text!r} is {chosen}, whose logit {logits[chosen]:.6f} is below "
+            f"the largest, {logits.max():.6f} (token {int(logits.argmax())})")
+        window = (window[slide:] if len(window) == block_size else window) + [chosen]
+
+
 def run_python(*args, cwd=REPO, timeout=300):
     """Run a Python command line in a fresh process; return the CompletedProcess."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
