@@ -594,3 +594,52 @@ def test_the_backends_start_up_notices_are_held_back_and_other_lines_kept(monkey
     assert not _is_start_up_notice("UserWarning: something Python said")
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")  # a user who asks for everything gets it
     assert not any(_is_start_up_notice(line) for line in (info, error, no_driver))
+
+
+def test_gptlite_lists_its_commands_with_a_line_each_and_names_an_unknown_one(capsys):
+    from gptlite.cli import COMMANDS, main
+
+    assert main(["--help"]) == 0
+    listed = capsys.readouterr().out
+    for name in COMMANDS:
+        assert any(line.split()[:1] == [name] and len(line.split()) > 3 for line in listed.splitlines()), name
+    assert main(["frobnicate"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "unknown command 'frobnicate'" in error and "train, generate" in error
+    assert main([]) == 2 and "commands:" in capsys.readouterr().err
+
+
+@ONCE
+def test_help_comes_at_once_without_keras_or_its_notices():
+    code = ("import sys\nfrom gptlite.cli import COMMANDS\nfor command in COMMANDS.values():\n"
+            "    try:\n        command.main(['--help'])\n    except SystemExit as done:\n"
+            "        assert done.code == 0\nprint('keras' in sys.modules, file=sys.stderr)")
+    result = run_python("-c", code)
+    assert result.returncode == 0 and result.stderr == "False\n", result.stderr
+    for script in ("train.py", "generate.py"):
+        result = run_python(script, "--help")
+        assert result.returncode == 0 and result.stderr == "" and "usage:" in result.stdout
+
+
+def test_tensorboard_is_a_switch_that_leaves_the_texts_alone():
+    from gptlite.cli import train
+
+    parser = train.make_parser("gptlite-train")
+    args = parser.parse_args(["--tensorboard", "books/"])
+    assert args.tensorboard is True and [str(text) for text in args.texts] == ["books"]
+    args = parser.parse_args(["notes.txt", "--tensorboard-dir", "events"])
+    assert str(args.tensorboard_dir) == "events" and [str(text) for text in args.texts] == ["notes.txt"]
+
+
+def test_a_run_named_by_its_mistake_leaves_nothing_behind(capsys, tmp_path, monkeypatch):
+    from gptlite.cli import train_main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "my.txt").write_text("x")
+    for argv, message in ((["mistyped.txt"], "no such file: mistyped.txt"), (["empty.txt"], "empty.txt has no text in it"),
+                          (["--preset", "tiny", "--tensorboard-dir", "my.txt"], "my.txt, is a file")):
+        assert train_main(argv) == 2
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and message in error, error
+        assert not (tmp_path / "out").exists()
