@@ -73,6 +73,10 @@ def read_run_config(path):
     _check_keys(path, document, {**ARGUMENTS, **RECORDED}, "", settings_table=False)
     _check_keys(path, settings, SETTINGS, "[settings] ", settings_table=True)
     arguments = {name: value for name, value in document.items() if name in ARGUMENTS}
+    if "init_from" in arguments and arguments.get("tokenizer") == "char":
+        # Files written before a fine-tuning run's tokenizer was left unset say "char" there, which such
+        # a run now refuses: the pretrained model keeps its own tokenizer.
+        del arguments["tokenizer"]
     if "sources" in arguments:
         arguments["sources"] = [pathlib.Path(source) for source in arguments["sources"]]
     arguments["settings"] = settings

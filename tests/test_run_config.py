@@ -47,3 +47,10 @@ def test_a_bad_run_file_is_refused_naming_the_key(tmp_path, text, message):
 def test_a_missing_run_file_is_named(tmp_path):
     with pytest.raises(gptlite.MissingFileError, match="no such run file"):
         gptlite.read_run_config(tmp_path / "none.toml")
+
+
+def test_an_older_fine_tuning_run_file_drops_the_char_tokenizer_it_wrote_by_default(tmp_path):
+    write(tmp_path / "config.toml", {"init_from": "base/model.keras", "tokenizer": "char"})
+    assert "tokenizer" not in gptlite.read_run_config(tmp_path / "config.toml").arguments
+    write(tmp_path / "config.toml", {"tokenizer": "char"})
+    assert gptlite.read_run_config(tmp_path / "config.toml").arguments["tokenizer"] == "char"
