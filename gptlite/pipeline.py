@@ -302,10 +302,7 @@ def _gpt(corpus, checkpoint, model_settings, training_config, tokenizer, vocab_s
             f"(a sample of up to {data.BPE_SAMPLE_BYTES // 2**20} MB)", flush=True)
         fitted = BPETokenizer.train(corpus.sample(data.BPE_SAMPLE_BYTES), vocab_size, sys.stdout.isatty())
     else:
-        try:
-            fitted = CharTokenizer.from_texts(corpus.pieces())
-        except InputError:  # no characters at all
-            fitted = None
+        fitted = CharTokenizer.from_texts(corpus.pieces()) if corpus.size else None
         if fitted is None or not fitted.vocabulary.strip():
             raise InputError(f"{corpus.name} has no text in it")
     return GPT.from_gpt_config(GPTConfig(vocab_size=fitted.vocabulary_size, **model_settings), fitted,

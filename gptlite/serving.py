@@ -32,7 +32,7 @@ import time
 import traceback
 import uuid
 
-from gptlite.errors import ConfigError, GPTLiteError, InputError
+from gptlite.errors import GPTLiteError, InputError
 from gptlite.model import Seq2Seq
 from gptlite.settings import ServeSettings
 

@@ -3,7 +3,6 @@
 import csv
 import hashlib
 import importlib.util
-import os
 
 import keras
 import pytest
@@ -325,19 +324,6 @@ def test_backend_and_precision_flags_take_effect(tmp_path):
     assert f"{OTHER_BACKEND} backend, bf16" in result.stdout
 
 
-def test_a_backend_that_is_not_installed_is_named_with_its_install_command(monkeypatch):
-    from gptlite.cli import startup
-
-    monkeypatch.setenv("KERAS_BACKEND", keras.backend.backend())
-    monkeypatch.setattr(startup.importlib.util, "find_spec", lambda name: None)
-    monkeypatch.delitem(startup.sys.modules, "keras")  # as in a new process, where Keras is not running yet
-    with pytest.raises(SystemExit) as exit_info:
-        startup.choose_backend("gptlite-train", ["data.txt", "--backend", "jax"])
-    assert str(exit_info.value) == ("gptlite-train: error: --backend jax needs jax installed "
-                                    "(pip install \"gptlite[jax]\", or pip install -e \".[jax]\" in a checkout)")
-    assert os.environ["KERAS_BACKEND"] == keras.backend.backend()
-
-
 @ONCE
 @pytest.mark.skipif(importlib.util.find_spec(OTHER_BACKEND) is None, reason=f"{OTHER_BACKEND} is not installed")
 def test_the_cli_module_runs_on_the_backend_its_flag_names(tmp_path, tiny_model):
@@ -348,13 +334,6 @@ def test_the_cli_module_runs_on_the_backend_its_flag_names(tmp_path, tiny_model)
                         "--positions", str(tmp_path / "positions.png"), "--backend", OTHER_BACKEND, "--json")
     assert result.returncode == 0, result.stderr
     assert "next" in result.stdout and (tmp_path / "positions.png").exists()
-
-
-def test_a_backend_flag_after_keras_is_running_is_refused(capsys):
-    from gptlite.cli import train_main
-
-    assert train_main(["--preset", "tiny", "--backend", OTHER_BACKEND]) == 2
-    assert f"--backend {OTHER_BACKEND} came too late" in capsys.readouterr().err
 
 
 # --- seq2seq
@@ -537,23 +516,6 @@ def test_inspect_prints_candidates_and_attention_per_position(capsys, tmp_path, 
     assert "is a language model: give it --prompt TEXT" in capsys.readouterr().err
 
 
-def test_library_settings_are_written_as_the_commands_flags():
-    from gptlite.cli import flags, train
-
-    as_flags = flags.as_flags
-    parser = train.make_parser("gptlite-train")
-    assert as_flags("max_iters must be a positive whole number, got 0", parser) == \
-        "--max-iters must be a positive whole number, got 0"
-    assert as_flags("min_lr (0.1) must not be above lr (0.01)", parser) == "--min-lr (0.1) must not be above --lr (0.01)"
-    assert as_flags("set `resume=True` to go on, or `overwrite=True`; `bias=False`", parser) == \
-        "set --resume to go on, or --overwrite; --no-bias"
-    assert as_flags("or set `block_size=9` or less; `errors='replace'`", parser) == \
-        "or set --block-size 9 or less; --errors replace"
-    # Words that only look like settings, and paths, stay as they are.
-    assert as_flags("bad bytes in runs/max_iters.txt: the errors are many", parser) == \
-        "bad bytes in runs/max_iters.txt: the errors are many"
-
-
 @pytest.mark.slow
 @ONCE
 def test_a_saved_model_fine_tunes_with_lora_and_exports_for_other_tools(capsys, tmp_path, trained_run):
@@ -581,21 +543,6 @@ def test_a_saved_model_fine_tunes_with_lora_and_exports_for_other_tools(capsys, 
     assert "byte-level BPE" in capsys.readouterr().err and not (tmp_path / "hub").exists()
 
 
-def test_the_backends_start_up_notices_are_held_back_and_other_lines_kept(monkeypatch):
-    from gptlite.cli.startup import is_start_up_notice as _is_start_up_notice
-
-    info = "I0000 00:00:1795499815.515361   23792 port.cc:153] oneDNN custom operations are on."
-    error = "E0000 00:00:1795499817.823238   23792 some_kernel.cc:12] could not allocate memory"
-    no_driver = "E0000 00:00:1795499817.823238   23792 cuda_platform.cc:52] failed call to cuInit: INTERNAL"
-    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
-    assert _is_start_up_notice(info) and _is_start_up_notice(no_driver)
-    assert _is_start_up_notice("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR")
-    assert not _is_start_up_notice(error)
-    assert not _is_start_up_notice("UserWarning: something Python said")
-    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")  # a user who asks for everything gets it
-    assert not any(_is_start_up_notice(line) for line in (info, error, no_driver))
-
-
 def test_gptlite_lists_its_commands_with_a_line_each_and_names_an_unknown_one(capsys):
     from gptlite.cli import COMMANDS, main
 
@@ -619,16 +566,6 @@ def test_help_comes_at_once_without_keras_or_its_notices():
     for script in ("train.py", "generate.py"):
         result = run_python(script, "--help")
         assert result.returncode == 0 and result.stderr == "" and "usage:" in result.stdout
-
-
-def test_tensorboard_is_a_switch_that_leaves_the_texts_alone():
-    from gptlite.cli import train
-
-    parser = train.make_parser("gptlite-train")
-    args = parser.parse_args(["--tensorboard", "books/"])
-    assert args.tensorboard is True and [str(text) for text in args.texts] == ["books"]
-    args = parser.parse_args(["notes.txt", "--tensorboard-dir", "events"])
-    assert str(args.tensorboard_dir) == "events" and [str(text) for text in args.texts] == ["notes.txt"]
 
 
 def test_a_run_named_by_its_mistake_leaves_nothing_behind(capsys, tmp_path, monkeypatch):

@@ -1,7 +1,6 @@
 """The package's shape: which modules may import which, and what library errors say."""
 
 import ast
-import pathlib
 import subprocess
 import sys
 

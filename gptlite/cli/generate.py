@@ -1,7 +1,6 @@
 """`generate.py` / `gptlite generate`: sample text from a trained model, streaming it as it comes."""
 
 import pathlib
-import sys
 
 from gptlite import settings
 from gptlite.cli.command import command, print_piece

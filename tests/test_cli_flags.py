@@ -1,0 +1,28 @@
+"""Flags: library settings written as a command's flags, and the flags' own shape."""
+
+
+def test_library_settings_are_written_as_the_commands_flags():
+    from gptlite.cli import train
+    from gptlite.cli.flags import as_flags
+
+    parser = train.make_parser("gptlite-train")
+    assert as_flags("max_iters must be a positive whole number, got 0", parser) == \
+        "--max-iters must be a positive whole number, got 0"
+    assert as_flags("min_lr (0.1) must not be above lr (0.01)", parser) == "--min-lr (0.1) must not be above --lr (0.01)"
+    assert as_flags("set `resume=True` to go on, or `overwrite=True`; `bias=False`", parser) == \
+        "set --resume to go on, or --overwrite; --no-bias"
+    assert as_flags("or set `block_size=9` or less; `errors='replace'`", parser) == \
+        "or set --block-size 9 or less; --errors replace"
+    # Words that only look like settings, and paths, stay as they are.
+    assert as_flags("bad bytes in runs/max_iters.txt: the errors are many", parser) == \
+        "bad bytes in runs/max_iters.txt: the errors are many"
+
+
+def test_tensorboard_is_a_switch_that_leaves_the_texts_alone():
+    from gptlite.cli import train
+
+    parser = train.make_parser("gptlite-train")
+    args = parser.parse_args(["--tensorboard", "books/"])
+    assert args.tensorboard is True and [str(text) for text in args.texts] == ["books"]
+    args = parser.parse_args(["notes.txt", "--tensorboard-dir", "events"])
+    assert str(args.tensorboard_dir) == "events" and [str(text) for text in args.texts] == ["notes.txt"]

@@ -1,0 +1,43 @@
+"""The command line's start: --backend before Keras is imported, and Keras's native notices held back."""
+
+import os
+
+import keras
+import pytest
+
+OTHER_BACKEND = "jax" if keras.backend.backend() != "jax" else "tensorflow"
+
+
+def test_a_backend_that_is_not_installed_is_named_with_its_install_command(monkeypatch):
+    from gptlite.cli import startup
+
+    monkeypatch.setenv("KERAS_BACKEND", keras.backend.backend())
+    monkeypatch.setattr(startup.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.delitem(startup.sys.modules, "keras")  # as in a new process, where Keras is not running yet
+    with pytest.raises(SystemExit) as exit_info:
+        startup.choose_backend("gptlite-train", ["data.txt", "--backend", "jax"])
+    assert str(exit_info.value) == ("gptlite-train: error: --backend jax needs jax installed "
+                                    "(pip install \"gptlite[jax]\", or pip install -e \".[jax]\" in a checkout)")
+    assert os.environ["KERAS_BACKEND"] == keras.backend.backend()
+
+
+def test_a_backend_flag_after_keras_is_running_is_refused(capsys):
+    from gptlite.cli import train_main
+
+    assert train_main(["--preset", "tiny", "--backend", OTHER_BACKEND]) == 2
+    assert f"--backend {OTHER_BACKEND} came too late" in capsys.readouterr().err
+
+
+def test_the_backends_start_up_notices_are_held_back_and_other_lines_kept(monkeypatch):
+    from gptlite.cli.startup import is_start_up_notice
+
+    info = "I0000 00:00:1795499815.515361   23792 port.cc:153] oneDNN custom operations are on."
+    error = "E0000 00:00:1795499817.823238   23792 some_kernel.cc:12] could not allocate memory"
+    no_driver = "E0000 00:00:1795499817.823238   23792 cuda_platform.cc:52] failed call to cuInit: INTERNAL"
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    assert is_start_up_notice(info) and is_start_up_notice(no_driver)
+    assert is_start_up_notice("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR")
+    assert not is_start_up_notice(error)
+    assert not is_start_up_notice("UserWarning: something Python said")
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")  # a user who asks for everything gets it
+    assert not any(is_start_up_notice(line) for line in (info, error, no_driver))
