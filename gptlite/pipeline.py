@@ -25,7 +25,7 @@ import numpy as np
 from gptlite import data, generation, pairs, pretrained, run_config, training
 from gptlite.checkpoints import CHECKPOINT_STATE, CHECKPOINT_WEIGHTS, read_checkpoint
 from gptlite.distribute import check_accumulation, data_parallel, on_gpu
-from gptlite.errors import ConfigError, InputError, RunExistsError
+from gptlite.errors import ConfigError, InputError, MissingFileError, RunExistsError
 from gptlite.evaluation import exact_matches
 from gptlite.model import GPT, Seq2Seq
 from gptlite.records import DEFAULT_PEAK_FLOPS, check_tensorboard
@@ -156,8 +156,7 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
                           dtype_policy(training_config.precision))
                 model = start
                 if wanted != (start.config.block_size, start.config.dropout, start.dtype_policy.name):
-                    # Another context, dropout or precision: a copy of it, built so (GPT-2's 124M, once more in
-                    # memory).
+                    # Another context, dropout or precision: a copy built so (GPT-2's 124M weights, twice).
                     model = pretrained.from_pretrained(start, *wanted)
                 say(f"starting from {init_from}")
             else:
@@ -285,7 +284,7 @@ def _removed_if_refused(out_dir):
     existed = out_dir.exists()
     try:
         yield
-    except (ConfigError, InputError):
+    except (ConfigError, InputError, MissingFileError, RunExistsError):
         trained = any((out_dir / name).exists() for name in ("model.keras", CHECKPOINT_STATE))
         if not existed and out_dir.is_dir() and not trained:
             shutil.rmtree(out_dir, ignore_errors=True)

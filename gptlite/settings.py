@@ -1,6 +1,7 @@
 """Settings: the model's shape (`GPTConfig`), how to train (`TrainingConfig`), the
-presets, and how a run's settings are chosen from a preset, overrides and a
-checkpoint.
+presets, how a run's settings are chosen from a preset, overrides and a
+checkpoint, the choices a run offers (tasks, tokenizers) and how the server
+batches (`ServeSettings`).
 
 Nothing here imports Keras: the command line reads these to build its flags
 before it chooses the Keras backend.
