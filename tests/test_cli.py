@@ -311,6 +311,7 @@ OTHER_BACKEND = "jax" if keras.backend.backend() != "jax" else "tensorflow"
 
 
 @pytest.mark.slow
+@pytest.mark.extras
 @ONCE
 @pytest.mark.skipif(importlib.util.find_spec(OTHER_BACKEND) is None, reason=f"{OTHER_BACKEND} is not installed")
 def test_backend_and_precision_flags_take_effect(tmp_path):
@@ -324,6 +325,7 @@ def test_backend_and_precision_flags_take_effect(tmp_path):
     assert f"{OTHER_BACKEND} backend, bf16" in result.stdout
 
 
+@pytest.mark.extras
 @ONCE
 @pytest.mark.skipif(importlib.util.find_spec(OTHER_BACKEND) is None, reason=f"{OTHER_BACKEND} is not installed")
 def test_the_cli_module_runs_on_the_backend_its_flag_names(tmp_path, tiny_model):

@@ -337,6 +337,7 @@ def _browser():
     return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
 
 
+@pytest.mark.extras
 @ONCE
 def test_the_page_in_a_browser_streams_text_and_draws_attention(server, tmp_path):
     browser = _browser()
