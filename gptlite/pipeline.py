@@ -119,6 +119,9 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
     if checkpoint and checkpoint["step"] >= training_config.max_iters:
         raise InputError(f"the run in {out_dir} has already done its {checkpoint['step']} steps; "
                          f"set a larger `max_iters` to train it further")
+    if training_config.lora_rank and not (start or checkpoint):
+        raise ConfigError("`lora_rank` trains adapters beside a pretrained model's frozen weights; a new model's "
+                          "are random, so give `init_from` too, or leave `lora_rank` out to train every weight")
     if vocab_size is not None and (tokenizer != "bpe" or checkpoint):
         raise ConfigError("`vocab_size` sets the size of a new BPE vocabulary: it goes with `tokenizer='bpe'`, "
                           "and not with `resume=True`")

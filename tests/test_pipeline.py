@@ -64,6 +64,7 @@ def test_a_seq2seq_run_from_a_pairs_file_measures_exact_match(tmp_path):
     (dict(synthetic="reverse", task="lm"), "leave out `task='lm'`"),
     (dict(resume=True, overwrite=True), "contradict"),
     (dict(vocab_size=300), "`vocab_size` sets the size of a new BPE vocabulary"),
+    (dict(settings={"lora_rank": 4}), "`lora_rank` trains adapters beside a pretrained model's frozen weights"),
 ])
 def test_mistakes_are_refused_before_anything_is_written(tmp_path, text_files, options, message):
     out = tmp_path / "run"
