@@ -3,6 +3,8 @@ draws from, and beam search's choice of beams. Written with `keras.ops`, to
 be traced into the compiled decode loop; every setting is a tensor, so
 changing one never recompiles."""
 
+import math
+
 import keras
 import numpy as np
 from keras import ops
@@ -92,12 +94,16 @@ def check_sampling_settings(max_new_tokens, temperature, top_k=None, top_p=1.0):
     """Raise a ConfigError naming the first setting that cannot work."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ConfigError(f"max_new_tokens must be zero or a positive whole number, got {max_new_tokens!r}")
-    if temperature < 0:
+    if not (_is_number(temperature) and math.isfinite(temperature) and temperature >= 0):
         raise ConfigError(f"temperature must be 0 (greedy) or positive, got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ConfigError(f"top_k must be at least 1, got {top_k}")
-    if not 0 < top_p <= 1:
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1):
+        raise ConfigError(f"top_k must be a whole number of at least 1, got {top_k}")
+    if not (_is_number(top_p) and 0 < top_p <= 1):
         raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
+
+
+def _is_number(value):
+    return isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
 
 
 def sampler_settings(vocabulary_size, temperature, top_k, top_p):

@@ -55,6 +55,8 @@ def test_prompt_with_unseen_characters_is_refused_by_name(fluent_model):
 
 @pytest.mark.parametrize("settings,message", [
     (dict(temperature=-0.5), "temperature"), (dict(top_k=0), "top_k"), (dict(max_new_tokens=-1), "max_new_tokens"),
+    (dict(temperature=float("nan")), "temperature"), (dict(temperature=float("inf")), "temperature"),
+    (dict(temperature="hot"), "temperature"), (dict(top_k=2.5), "top_k"), (dict(top_p=float("nan")), "top_p"),
 ])
 def test_bad_sampling_settings_are_refused_before_sampling(fluent_model, settings, message):
     with pytest.raises(gptlite.ConfigError, match=message):

@@ -83,7 +83,8 @@ def run(args):
     if args.num_beams is not None and args.num_samples > 1:
         raise InputError("--num-beams finds one text; it cannot be combined with --num-samples")
     # Checked before the model loads, so that a bad flag fails at once.
-    generation.check_sampling_settings(args.max_new_tokens, args.temperature or 0.0, args.top_k, args.top_p)
+    generation.check_sampling_settings(args.max_new_tokens, 0.0 if args.temperature is None else args.temperature,
+                                       args.top_k, args.top_p)
     model = saving.load(args.model)
     if isinstance(model, Seq2Seq):
         _generate_targets(args, model)
