@@ -125,6 +125,8 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
     if vocab_size is not None and (tokenizer != "bpe" or checkpoint):
         raise ConfigError("`vocab_size` sets the size of a new BPE vocabulary: it goes with `tokenizer='bpe'`, "
                           "and not with `resume=True`")
+    if tokenizer == "bpe" and vocab_size is not None:
+        BPETokenizer.check_vocabulary_size(vocab_size)
     if seq2seq:
         _check_seq2seq_options(sources, synthetic, tokenizer, distribute)
     if distribute:

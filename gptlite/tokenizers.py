@@ -151,6 +151,14 @@ class BPETokenizer:
         self._characters_started = None  # per id, the characters whose first byte it holds; made when needed
 
     @classmethod
+    def check_vocabulary_size(cls, vocabulary_size):
+        """Refuse a size that no byte-level BPE vocabulary can have: every byte, and the end token, at least."""
+        if isinstance(vocabulary_size, bool) or not isinstance(vocabulary_size, int) or \
+                not cls.SMALLEST_VOCABULARY <= vocabulary_size <= 2**20:
+            raise ConfigError(f"vocab_size must be from {cls.SMALLEST_VOCABULARY} to {2**20:,} for a byte-level BPE "
+                              f"vocabulary (every byte and the end token), got {vocabulary_size!r}")
+
+    @classmethod
     def train(cls, texts, vocabulary_size, show_progress=False):
         """Learn merges from an iterable of strings until the vocabulary has `vocabulary_size` tokens.
 
@@ -158,11 +166,7 @@ class BPETokenizer:
         """
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-        if not isinstance(vocabulary_size, int) or not cls.SMALLEST_VOCABULARY <= vocabulary_size <= 2**20:
-            raise ConfigError(
-                f"a byte-level BPE vocabulary needs {cls.SMALLEST_VOCABULARY} to {2**20:,} tokens, "
-                f"got {vocabulary_size!r}"
-            )
+        cls.check_vocabulary_size(vocabulary_size)
         tokenizer = Tokenizer(models.BPE())
         # GPT-2's splitting: merges never cross from a word into the spaces or punctuation around it.
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -65,6 +65,7 @@ def test_a_seq2seq_run_from_a_pairs_file_measures_exact_match(tmp_path):
     (dict(resume=True, overwrite=True), "contradict"),
     (dict(vocab_size=300), "`vocab_size` sets the size of a new BPE vocabulary"),
     (dict(settings={"lora_rank": 4}), "`lora_rank` trains adapters beside a pretrained model's frozen weights"),
+    (dict(tokenizer="bpe", vocab_size=10), "vocab_size must be from 257"),
 ])
 def test_mistakes_are_refused_before_anything_is_written(tmp_path, text_files, options, message):
     out = tmp_path / "run"
