@@ -92,21 +92,21 @@ def run(args):
     if args.source is not None or args.source_file is not None:
         raise InputError(f"{args.model} is a language model: give it --prompt TEXT to continue, not a source")
     prompt = args.prompt or ""
-    settings = dict(max_new_tokens=args.max_new_tokens,
+    sampling = dict(max_new_tokens=args.max_new_tokens,
                     temperature=0.8 if args.temperature is None else args.temperature, top_k=args.top_k,
                     top_p=args.top_p, seed=args.seed, unknown=args.unknown, stop=args.stop,
                     use_cache=args.use_cache, slide=args.slide)
     if args.num_beams is not None:
         # The best beam can change up to the last step, so nothing can be shown before it.
-        print_piece(generation.generate(model, prompt, num_beams=args.num_beams, **settings))
+        print_piece(generation.generate(model, prompt, num_beams=args.num_beams, **sampling))
     elif args.stream and args.num_samples == 1:
-        pieces = generation.stream(model, prompt, **settings)
+        pieces = generation.stream(model, prompt, **sampling)
         print_piece(prompt)
         for piece in pieces:
             print_piece(piece)
     else:
         # Several samples are drawn in one batch, so they are printed when complete.
-        texts = generation.generate(model, [prompt] * args.num_samples, **settings)
+        texts = generation.generate(model, [prompt] * args.num_samples, **sampling)
         print_piece(SAMPLE_DIVIDER.join(texts))
     print()
 

@@ -109,22 +109,22 @@ def make_parser(prog):
 def run(args):
     from gptlite import generation, pipeline
 
-    run = pipeline.train_on_text(
+    trained = pipeline.train_on_text(
         args.texts, args.out, {name: getattr(args, name) for name in settings.SETTING_NAMES},
         preset=args.preset, task=args.task, synthetic=args.synthetic, tokenizer=args.tokenizer,
         vocab_size=args.vocab_size, encoding=args.encoding, errors=args.errors, init_from=args.init_from,
         unknown=args.unknown, distribute=args.distribute, resume=args.resume, overwrite=args.overwrite,
         tensorboard=args.tensorboard_dir or args.tensorboard or None, mfu=args.mfu, peak_flops=args.peak_flops)
-    best = run.best
+    best = trained.best
     print(
         f"\nbest validation loss {best['val_loss']:.4f} at step {best['step']}; "
         f"saved {args.out / 'model.keras'}, {args.out / 'history.csv'}, {args.out / 'loss.png'}"
     )
-    if run.held_out is not None:
-        _show_targets(run.model, run.held_out)
+    if trained.held_out is not None:
+        _show_targets(trained.model, trained.held_out)
         return
     print("sample from the final model:\n")
-    for piece in generation.stream(run.model, "", seed=run.training_config.seed, **pipeline.SAMPLING):
+    for piece in generation.stream(trained.model, "", seed=trained.training_config.seed, **pipeline.SAMPLING):
         print_piece(piece)
     print()
 
