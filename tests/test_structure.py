@@ -92,9 +92,9 @@ def test_the_allowed_imports_form_no_circle():
 
 
 def test_library_errors_name_settings_never_flags():
-    """Only the command line knows flags: a raised message outside gptlite/cli has no `--name`."""
+    """Only the command line knows flags, and its `as_flags` writes them: no raised message has a `--name`."""
     offenders = []
-    for path in sorted(PACKAGE.glob("*.py")):
+    for path in sorted(PACKAGE.glob("**/*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             # A raise, or the making of an error to raise (`InputError(...)`).
             made = isinstance(node, ast.Call) and getattr(node.func, "id", "").endswith(("Error", "Diverged",

@@ -30,7 +30,7 @@ def run(args):
     if args.format == "saved_model":
         saving.check_export_backend()
     if args.out.exists():
-        raise RunExistsError(f"{args.out} already exists; choose another --out")
+        raise RunExistsError(f"{args.out} already exists; choose another `out`")
     model = saving.load(args.model)
     if args.format == "hf":
         pretrained.export_hugging_face(model, args.out)

@@ -69,19 +69,18 @@ def run(args):
     from gptlite import generation, saving
     from gptlite.model import Seq2Seq
 
-    drawing_flags = [flag for flag, value in (("--layer", args.layer), ("--head", args.head), ("--part", args.part))
-                     if value is not None]
-    if drawing_flags and args.attention is None:
-        raise InputError(f"{drawing_flags[0]} chooses what --attention FILE draws; give --attention too")
+    drawing = [name for name in ("layer", "head", "part") if getattr(args, name) is not None]
+    if drawing and args.attention is None:
+        raise InputError(f"`{drawing[0]}` chooses what `attention` FILE draws; give `attention` too")
     if args.attention is not None:
         _draw_attention(args)
         return
     if args.num_samples < 1:
-        raise InputError(f"--num-samples must be at least 1, got {args.num_samples}")
+        raise InputError(f"`num_samples` must be at least 1, got {args.num_samples}")
     if args.num_beams is not None and args.num_beams < 1:
-        raise InputError(f"--num-beams must be at least 1, got {args.num_beams}")
+        raise InputError(f"`num_beams` must be at least 1, got {args.num_beams}")
     if args.num_beams is not None and args.num_samples > 1:
-        raise InputError("--num-beams finds one text; it cannot be combined with --num-samples")
+        raise InputError("`num_beams` finds one text; it cannot be combined with `num_samples`")
     # Checked before the model loads, so that a bad flag fails at once.
     generation.check_sampling_settings(args.max_new_tokens, 0.0 if args.temperature is None else args.temperature,
                                        args.top_k, args.top_p)
@@ -90,7 +89,7 @@ def run(args):
         _generate_targets(args, model)
         return
     if args.source is not None or args.source_file is not None:
-        raise InputError(f"{args.model} is a language model: give it --prompt TEXT to continue, not a source")
+        raise InputError(f"{args.model} is a language model: give it `prompt` TEXT to continue, not a source")
     prompt = args.prompt or ""
     sampling = dict(max_new_tokens=args.max_new_tokens,
                     temperature=0.8 if args.temperature is None else args.temperature, top_k=args.top_k,
@@ -117,12 +116,12 @@ def _generate_targets(args, model):
     from gptlite.files import read_text
 
     if args.prompt is not None:
-        raise InputError(f"{args.model} is a seq2seq model: give it --source TEXT or --source-file FILE, "
-                         f"not --prompt")
+        raise InputError(f"{args.model} is a seq2seq model: give it `source` TEXT or `source_file` FILE, "
+                         f"not `prompt`")
     if (args.source is None) == (args.source_file is None):
-        raise InputError(f"{args.model} is a seq2seq model: give it one of --source TEXT and --source-file FILE")
+        raise InputError(f"{args.model} is a seq2seq model: give it one of `source` TEXT and `source_file` FILE")
     if args.slide != 1:
-        raise InputError("--slide moves a language model's context window; a seq2seq target never outgrows its own")
+        raise InputError("`slide` moves a language model's context window; a seq2seq target never outgrows its own")
     if args.source is not None:
         sources = [args.source]
     else:
@@ -144,13 +143,13 @@ def _draw_attention(args):
     model = saving.load(args.model)
     if isinstance(model, Seq2Seq):
         if args.prompt is not None or args.source is None:
-            raise InputError(f"{args.model} is a seq2seq model: --attention draws its attention for --source TEXT")
+            raise InputError(f"{args.model} is a seq2seq model: `attention` draws its attention for `source` TEXT")
         text, target = args.source, generation.generate_target(model, args.source, unknown=args.unknown)
     else:
         if args.prompt is None or args.source is not None:
-            raise InputError(f"{args.model} is a language model: --attention draws its attention over --prompt TEXT")
+            raise InputError(f"{args.model} is a language model: `attention` draws its attention over `prompt` TEXT")
         if args.part not in (None, "decoder"):
-            raise InputError(f"{args.model} is a language model: it has causal self-attention only, no --part")
+            raise InputError(f"{args.model} is a language model: it has causal self-attention only, no `part`")
         text, target = args.prompt, None
     maps = inspection.attention_maps(model, text, part=args.part, target=target, unknown=args.unknown)
     inspection.plot_attention(maps, args.attention, layer=args.layer, head=args.head)

@@ -40,18 +40,18 @@ def run(args):
     from gptlite.model import Seq2Seq
 
     if args.top < 1:
-        raise InputError(f"--top must be at least 1, got {args.top}")
+        raise InputError(f"`top` must be at least 1, got {args.top}")
     if args.prompt is None and args.source is None and args.positions is None:
-        raise InputError("give --prompt TEXT (a language model), --source TEXT (a seq2seq model) "
-                         "or --positions FILE")
+        raise InputError("give `prompt` TEXT (a language model), `source` TEXT (a seq2seq model) "
+                         "or `positions` FILE")
     if args.target is not None and args.source is None:
-        raise InputError("--target goes with --source")
+        raise InputError("`target` goes with `source`")
     model = saving.load(args.model)
     text = args.source if isinstance(model, Seq2Seq) else args.prompt
     if isinstance(model, Seq2Seq) and args.prompt is not None:
-        raise InputError(f"{args.model} is a seq2seq model: give it --source TEXT, not --prompt")
+        raise InputError(f"{args.model} is a seq2seq model: give it `source` TEXT, not `prompt`")
     if not isinstance(model, Seq2Seq) and args.source is not None:
-        raise InputError(f"{args.model} is a language model: give it --prompt TEXT, not --source")
+        raise InputError(f"{args.model} is a language model: give it `prompt` TEXT, not `source`")
     messages = sys.stderr if args.json else sys.stdout
     if args.positions is not None:
         inspection.plot_positions(model, args.positions)

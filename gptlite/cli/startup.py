@@ -114,6 +114,6 @@ def check_backend(requested):
 
     if requested and keras.backend.backend() != requested:
         raise InputError(
-            f"--backend {requested} came too late: Keras is already running on {keras.backend.backend()} "
+            f"`backend={requested}` came too late: Keras is already running on {keras.backend.backend()} "
             f"in this process; set KERAS_BACKEND={requested} before importing Keras"
         )
