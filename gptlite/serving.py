@@ -350,8 +350,9 @@ def create_app(model, model_name, settings=None, worker=None):
         return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
     def answered(handler):
-        """`handler`, answering a failure of its own with a 500 in OpenAI's error body rather than a dropped
-        connection: the client reads what went wrong, and its connection stays usable."""
+        """`handler`, its refusals (a `RequestError`) answered in OpenAI's error body, and a failure of its own
+        with a 500 in that body rather than a dropped connection: the client reads what went wrong, and its
+        connection stays usable."""
         async def guarded(request):
             try:
                 return await handler(request)
@@ -399,11 +400,8 @@ def create_app(model, model_name, settings=None, worker=None):
             raise RequestError(400, "the request body is JSON nested too deeply") from None
 
     async def completions(request):
-        try:
-            check_key(request)
-            completion = parse_completion(await read_json(request), model, model_name, settings)
-        except RequestError as error:
-            return error_response(error)
+        check_key(request)
+        completion = parse_completion(await read_json(request), model, model_name, settings)
         loop = asyncio.get_running_loop()
         events = asyncio.Queue()
         job = _Job(completion.rows, completion, lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
@@ -450,10 +448,7 @@ def create_app(model, model_name, settings=None, worker=None):
         })
 
     async def models(request):
-        try:
-            check_key(request)
-        except RequestError as error:
-            return error_response(error)
+        check_key(request)
         return JSONResponse({"object": "list", "data": [{"id": model_name, "object": "model", "created": started,
                                                          "owned_by": "gptlite"}]})
 
@@ -463,18 +458,15 @@ def create_app(model, model_name, settings=None, worker=None):
     async def attention(request):
         from gptlite import inspection
 
-        try:
-            check_key(request)
-            body = await read_json(request)
-            text = body.get("text") if isinstance(body, dict) else None
-            if not isinstance(text, str) or not text:
-                raise RequestError(400, "text must be a non-empty string", "text")
-            if isinstance(model, Seq2Seq):
-                raise RequestError(400, "the attention view draws a language model's self-attention")
-            if model.tokenizer.unknown_characters(text):
-                raise RequestError(400, "the text has characters the model never saw", "text")
-        except RequestError as error:
-            return error_response(error)
+        check_key(request)
+        body = await read_json(request)
+        text = body.get("text") if isinstance(body, dict) else None
+        if not isinstance(text, str) or not text:
+            raise RequestError(400, "text must be a non-empty string", "text")
+        if isinstance(model, Seq2Seq):
+            raise RequestError(400, "the attention view draws a language model's self-attention")
+        if model.tokenizer.unknown_characters(text):
+            raise RequestError(400, "the text has characters the model never saw", "text")
         maps = await asyncio.wrap_future(worker.call(lambda m: inspection.attention_maps(m, text)))
         weights = maps.weights
         return JSONResponse({"tokens": list(maps.tokens), "layers": int(weights.shape[0]),
