@@ -53,7 +53,7 @@ def from_pretrained(name_or_path, block_size=None, dropout=None, dtype=None):
     if source is not None:
         settings = {name: value for name, value in dataclasses.asdict(source.config).items() if name != "vocab_size"}
         tokenizer = source.tokenizer
-    elif path.is_dir() and _folder_kind(path) == "hugging face":
+    elif path.is_dir() and _is_hugging_face_folder(path):
         settings, tokenizer, arrays = _read_hugging_face(path)
     else:
         settings, tokenizer, arrays = _read_kerashub(name_or_path)
@@ -186,9 +186,9 @@ def vocabulary_and_merges(tokenizer):
 
 # --- Hugging Face folders
 
-def _folder_kind(path):
-    """"hugging face" or "kerashub": a Hugging Face folder's config.json names its model_type, a KerasHub
-    preset's names a Keras class. A folder without a readable config.json is neither, and is refused."""
+def _is_hugging_face_folder(path):
+    """A Hugging Face folder's config.json names its model_type; a KerasHub preset's names a Keras class.
+    A folder without a readable config.json is neither, and is refused."""
     config_file = path / "config.json"
     if not config_file.is_file():
         raise MissingFileError(f"{path} has no config.json: a Hugging Face GPT-2 folder or a KerasHub preset "
@@ -196,7 +196,7 @@ def _folder_kind(path):
     config = _read_json(config_file)
     if not isinstance(config, dict):
         raise InputError(f"{config_file} is not a JSON object")
-    return "hugging face" if "model_type" in config else "kerashub"
+    return "model_type" in config
 
 
 def _read_json(path):
