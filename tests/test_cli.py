@@ -576,7 +576,8 @@ def test_a_run_named_by_its_mistake_leaves_nothing_behind(capsys, tmp_path, monk
     monkeypatch.chdir(tmp_path)
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "my.txt").write_text("x")
-    for argv, message in ((["mistyped.txt"], "no such file: mistyped.txt"), (["empty.txt"], "empty.txt has no text in it"),
+    for argv, message in ((["mistyped.txt"], "no such file: mistyped.txt"),
+                          (["empty.txt"], "empty.txt has no text in it"),
                           (["--preset", "tiny", "--tensorboard-dir", "my.txt"], "my.txt, is a file")):
         assert train_main(argv) == 2
         error = capsys.readouterr().err

@@ -15,6 +15,12 @@ TINY = {"max_iters": 12, "eval_interval": 6, "eval_iters": 2, "checkpoint_interv
         "block_size": 16}
 
 
+def pairs_file(path, pairs):
+    """`pairs` written as a file of source<TAB>target lines at `path`; the path."""
+    path.write_text("".join(f"{s}\t{t}\n" for s, t in zip(pairs.sources, pairs.targets)))
+    return path
+
+
 @pytest.fixture(scope="module")
 def text_files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("texts")
@@ -46,9 +52,7 @@ def test_a_run_from_files_and_folders_writes_its_model_and_can_go_on(tmp_path, t
 
 @ONCE
 def test_a_seq2seq_run_from_a_pairs_file_measures_exact_match(tmp_path):
-    pairs = reversal_pairs(600, seed=3)
-    source = tmp_path / "pairs.tsv"
-    source.write_text("".join(f"{s}\t{t}\n" for s, t in zip(pairs.sources, pairs.targets)))
+    source = pairs_file(tmp_path / "pairs.tsv", reversal_pairs(600, seed=3))
     run = gptlite.train_on_text([source], tmp_path / "run", {"max_iters": 6, "eval_interval": 6, "eval_iters": 1,
                                                               "n_embd": 16, "batch_size": 16, "warmup_iters": 2},
                                 task="seq2seq", verbose=0)
@@ -105,10 +109,7 @@ def test_every_preset_trains_a_step_on_this_backend(tmp_path, text_files, preset
     small = {"n_layer": 1, "n_embd": 16, "n_head": 2, "batch_size": 4, "max_iters": 2, "eval_interval": 2,
              "eval_iters": 1, "checkpoint_interval": 2}
     if task == "seq2seq":
-        pairs = reversal_pairs(100, seed=4)
-        source = tmp_path / "pairs.tsv"
-        source.write_text("".join(f"{s}\t{t}\n" for s, t in zip(pairs.sources, pairs.targets)))
-        sources = [source]
+        sources = [pairs_file(tmp_path / "pairs.tsv", reversal_pairs(100, seed=4))]
     else:
         sources, small = text_files, {**small, "block_size": 16}
     run = gptlite.train_on_text(sources, tmp_path / "run", small, preset=preset, task=task, verbose=0)
