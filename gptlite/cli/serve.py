@@ -53,8 +53,8 @@ def run(args):
     if not 0 < args.port < 65536:
         raise InputError(f"`port` must be from 1 to 65535, got {args.port}")
     settings = ServeSettings(batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
-                                     max_queue=args.max_queue, max_tokens_limit=args.max_tokens_limit,
-                                     max_n=args.max_n, api_key=args.api_key, truncate=args.truncate)
+                             max_queue=args.max_queue, max_tokens_limit=args.max_tokens_limit,
+                             max_n=args.max_n, api_key=args.api_key, truncate=args.truncate)
     serving.serve(args.model, args.host, args.port, settings, name=args.name)
 
 
