@@ -36,10 +36,10 @@ def _seed_states(model):
 
 
 def _adapter_variables(model):
-    """Each LoRA layer's frozen kernel and its adapters: Keras saves their merged sum, and loading that
-    zeroes the adapters, from which training could not move them again."""
+    """Each LoRA layer's frozen kernel and its adapters: a weights file holds only their merged sum, from
+    which the frozen kernel and what the adapters learned cannot be told apart again."""
     return [variable for layer in model._flatten_layers() if getattr(layer, "lora_enabled", False)
-            for variable in (layer._kernel, layer.lora_kernel_a, layer.lora_kernel_b)]
+            for variable in (layer.kernel, layer.lora_a, layer.lora_b)]
 
 
 def save_checkpoint(model, state, config, out_dir):

@@ -7,7 +7,7 @@ import keras
 from keras import ops
 
 from gptlite.errors import ConfigError, InputError
-from gptlite.layers import EncoderBlock, TokenAndPositionEmbedding, TransformerBlock, register
+from gptlite.layers import EncoderBlock, TokenAndPositionEmbedding, TransformerBlock, make_norm, register
 from gptlite.settings import LORA_TARGETS, GPTConfig, lora_targets
 
 
@@ -24,33 +24,16 @@ class _Transformer(keras.Model):
     # Whether the decoder's blocks attend over an encoder's output.
     _CROSS_ATTENTION = False
 
-    def __init__(
-        self,
-        vocab_size=256,
-        n_layer=4,
-        n_head=4,
-        n_embd=128,
-        block_size=64,
-        dropout=0.0,
-        bias=False,
-        tie_weights=True,
-        position="learned",
-        attention_dropout=0.0,
-        tokenizer=None,
-        **kwargs,
-    ):
+    def __init__(self, vocab_size=256, n_layer=4, n_head=4, n_embd=128, block_size=64, dropout=0.0, bias=False,
+                 tie_weights=True, position="learned", attention_dropout=0.0, rope_theta=10000.0, norm="layer",
+                 norm_epsilon=1e-5, mlp="gelu", mlp_hidden_size=None, n_kv_head=None, qk_norm=False, qkv_bias=None,
+                 tokenizer=None, **kwargs):
         super().__init__(**kwargs)
         self.config = GPTConfig(
-            vocab_size=vocab_size,
-            n_layer=n_layer,
-            n_head=n_head,
-            n_embd=n_embd,
-            block_size=block_size,
-            dropout=dropout,
-            bias=bias,
-            tie_weights=tie_weights,
-            position=position,
-            attention_dropout=attention_dropout,
+            vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size,
+            dropout=dropout, bias=bias, tie_weights=tie_weights, position=position,
+            attention_dropout=attention_dropout, rope_theta=rope_theta, norm=norm, norm_epsilon=norm_epsilon,
+            mlp=mlp, mlp_hidden_size=mlp_hidden_size, n_kv_head=n_kv_head, qk_norm=qk_norm, qkv_bias=qkv_bias,
         )
         if tokenizer is not None and tokenizer.vocabulary_size != vocab_size:
             raise ConfigError(
@@ -69,14 +52,18 @@ class _Transformer(keras.Model):
         self.embedding_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
         self.blocks = [self._block(TransformerBlock, f"block_{i}", cross_attention=self._CROSS_ATTENTION)
                        for i in range(n_layer)]
-        self.final_norm = keras.layers.LayerNormalization(
-            epsilon=1e-5, center=bias, dtype=self.dtype_policy, name="final_norm"
-        )
+        self.final_norm = self._norm("final_norm")
+
+    def _norm(self, name):
+        return make_norm(self.config.norm, self.config.norm_epsilon, self.config.bias, self.dtype_policy, name)
 
     def _block(self, kind, name, **kwargs):
         config = self.config
-        return kind(config.n_head, dropout=config.dropout, use_bias=config.bias,
-                    attention_dropout=config.attention_dropout, dtype=self.dtype_policy, name=name, **kwargs)
+        return kind(config.n_head, config.kv_heads, dropout=config.dropout, use_bias=config.bias,
+                    norm_epsilon=config.norm_epsilon, attention_dropout=config.attention_dropout, norm=config.norm,
+                    mlp=config.mlp, mlp_hidden_size=config.mlp_hidden_size, qkv_bias=config.qkv_bias,
+                    rotary=config.position == "rotary", rope_theta=config.rope_theta, qk_norm=config.qk_norm,
+                    dtype=self.dtype_policy, name=name, **kwargs)
 
     @classmethod
     def from_gpt_config(cls, config, tokenizer=None, **kwargs):
@@ -91,7 +78,7 @@ class _Transformer(keras.Model):
         self.built = True
 
     def empty_cache(self, batch_size, length=None):
-        """A zero key/value cache: a tuple with one (B, 2, H, length, D) tensor per decoder block.
+        """A zero key/value cache: a tuple with one (B, 2, K, length, D) tensor per decoder block.
 
         `length` (block_size unless given) slots hold positions 0 .. length - 1.
         A tuple rather than one stacked tensor, so that a decode step updates
@@ -99,7 +86,7 @@ class _Transformer(keras.Model):
         """
         config = self.config
         length = config.block_size if length is None else length
-        shape = (batch_size, 2, config.n_head, length, config.n_embd // config.n_head)
+        shape = (batch_size, 2, config.kv_heads, length, config.head_size)
         return tuple(ops.zeros(shape, dtype=self.compute_dtype) for _ in range(config.n_layer))
 
     def _decode_with_cache(self, token_ids, cache, start_positions, **cross):
@@ -116,13 +103,14 @@ class _Transformer(keras.Model):
     def enable_lora(self, rank, alpha=None, targets=LORA_TARGETS):
         """Train low-rank adapters on the decoder blocks' projections, with every other weight frozen.
 
-        Each targeted Dense layer (`targets` from LORA_TARGETS: "qkv",
-        "attention_output", "expand", "contract") gains two small matrices
-        A (in, rank) and B (rank, out), B starting at zero (Keras's
-        `enable_lora`), and computes x W + (alpha / rank) (x A) B
-        (`layers.dense`); its kernel W is frozen, as is every other weight. A
-        saved model holds the merged kernels and no adapters. The model must
-        be built; compile it after.
+        Each targeted projection (`targets` from LORA_TARGETS: "qkv", the
+        query, key and value projections; "attention_output"; "expand", the
+        feed-forward's first projection, gate and up for SwiGLU; "contract",
+        its last, down) gains two small matrices A (in, rank) and B (rank, out),
+        B starting at zero, and computes x W + (alpha / rank) (x A) B
+        (`layers.Linear.enable_lora`); its kernel W is frozen, as is every
+        other weight. A saved model holds the merged kernels and no adapters.
+        The model must be built; compile it after.
         """
         targets = lora_targets(",".join(targets) if isinstance(targets, (list, tuple)) else targets)
         if not self.built:
@@ -130,10 +118,10 @@ class _Transformer(keras.Model):
         for weight in self.trainable_weights:
             weight.trainable = False
         for block in self.blocks:
-            layers = {"qkv": block.attention.qkv_projection, "attention_output": block.attention.output_projection,
-                      "expand": block.feed_forward.expand, "contract": block.feed_forward.contract}
+            projections = block.projections()
             for name in targets:
-                layers[name].enable_lora(rank, lora_alpha=alpha)
+                for layer in projections[name]:
+                    layer.enable_lora(rank, alpha)
 
     def get_config(self):
         config = super().get_config()
@@ -188,7 +176,8 @@ class GPT(_Transformer):
         (after PaLM's appendix B): 6 per weight, forward and backward, but the position table's,
         which is only looked up, and 12 x layers x width x context for attention's own products."""
         config = self.config
-        weights = self.count_params() - config.block_size * config.n_embd
+        table = config.block_size * config.n_embd if config.position != "rotary" else 0
+        weights = self.count_params() - table
         return 6 * weights + 12 * config.n_layer * config.n_embd * config.block_size
 
     def attention_weights(self, token_ids):
@@ -228,9 +217,7 @@ class Seq2Seq(_Transformer):
             raise ConfigError("a Seq2Seq model needs a tokenizer with pad (id 0), start and end tokens, such as "
                               "CharTokenizer(..., special_tokens=('pad', 'start', 'end'))")
         self.encoder_blocks = [self._block(EncoderBlock, f"encoder_block_{i}") for i in range(self.config.n_layer)]
-        self.encoder_norm = keras.layers.LayerNormalization(
-            epsilon=1e-5, center=self.config.bias, dtype=self.dtype_policy, name="encoder_norm"
-        )
+        self.encoder_norm = self._norm("encoder_norm")
 
     def build(self, input_shape=None):
         super().build()

@@ -25,7 +25,15 @@ class GPTConfig:
     attention_dropout: float = 0.0  # on attention weights; above 0, training cannot use fused attention
     bias: bool = False  # biases in Dense and LayerNorm layers
     tie_weights: bool = True  # LM head reuses the token embedding matrix
-    position: str = "learned"  # "learned" or "sinusoidal"
+    position: str = "learned"  # "learned", "sinusoidal" (tables added to the embedding) or "rotary" (RoPE)
+    rope_theta: float = 10000.0  # rotary positions' base
+    norm: str = "layer"  # "layer" (LayerNorm) or "rms" (RMSNorm)
+    norm_epsilon: float = 1e-5  # added to the variance in every norm
+    mlp: str = "gelu"  # feed-forward: "gelu" (GPT-2's) or "swiglu" (Llama's)
+    mlp_hidden_size: int = None  # the feed-forward's hidden width; None: 4 n_embd for gelu, about 8/3 for swiglu
+    n_kv_head: int = None  # key/value heads (grouped-query attention); None: n_head; 1: multi-query
+    qk_norm: bool = False  # RMS-normalise each head's queries and keys
+    qkv_bias: bool = None  # biases on the query/key/value projection; None: as `bias`
 
     def __post_init__(self):
         for name in ("vocab_size", "n_layer", "n_head", "n_embd", "block_size"):
@@ -37,10 +45,44 @@ class GPTConfig:
             )
         for name in ("dropout", "attention_dropout"):
             _require(name, getattr(self, name), lambda v: 0.0 <= v < 1.0, "in [0, 1)")
-        _require("position", self.position, lambda v: v in POSITIONS, "'learned' or 'sinusoidal'")
+        _require("position", self.position, lambda v: v in POSITIONS, _choices(POSITIONS))
+        _require("norm", self.norm, lambda v: v in NORMS, _choices(NORMS))
+        _require("mlp", self.mlp, lambda v: v in MLPS, _choices(MLPS))
+        _require("rope_theta", self.rope_theta, lambda v: not isinstance(v, bool) and v > 1, "a number above 1")
+        _require("norm_epsilon", self.norm_epsilon, lambda v: not isinstance(v, bool) and 0 < v < 1,
+                 "a small positive number")
+        _require("mlp_hidden_size", self.mlp_hidden_size, lambda v: v is None or _is_count(v),
+                 "a positive whole number")
+        _require("n_kv_head", self.n_kv_head, lambda v: v is None or _is_count(v), "a positive whole number")
+        for name in ("bias", "tie_weights", "qk_norm"):
+            _require(name, getattr(self, name), lambda v: isinstance(v, bool), "true or false")
+        _require("qkv_bias", self.qkv_bias, lambda v: v is None or isinstance(v, bool), "true or false")
+        if self.n_head % self.kv_heads:
+            raise ConfigError(f"n_head ({self.n_head}) must be divisible by n_kv_head ({self.n_kv_head}): each "
+                              f"key/value head serves the same number of query heads; try n_kv_head "
+                              f"{_divisors_near(self.n_head, self.kv_heads)}")
+        if self.position == "rotary" and (self.n_embd // self.n_head) % 2:
+            raise ConfigError(f"rotary positions turn pairs of dimensions, so the head size n_embd / n_head "
+                              f"({self.n_embd} / {self.n_head}) must be even")
+
+    @property
+    def kv_heads(self):
+        """The key/value heads: n_kv_head, or n_head where it is not set."""
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
+
+    @property
+    def head_size(self):
+        return self.n_embd // self.n_head
 
 
-POSITIONS = ("learned", "sinusoidal")
+def _choices(names):
+    return "one of " + ", ".join(repr(name) for name in names)
+
+
+# The architecture's choices (gptlite.positions and gptlite.layers hold the same; neither is imported here).
+POSITIONS = ("learned", "sinusoidal", "rotary")
+NORMS = ("layer", "rms")
+MLPS = ("gelu", "swiglu")
 # Keras dtype policies: mixed ones keep float32 weights and optimizer state,
 # and compute in 16 bits; float16 also scales the loss (Keras does it in compile).
 PRECISIONS = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
@@ -164,7 +206,9 @@ DEFAULT_BPE_VOCABULARY = 4096
 # The attention a Seq2Seq has: its encoder's, its decoder's own, and the decoder's over the source.
 ATTENTION_PARTS = ("encoder", "decoder", "cross")
 # Settings a resumed run cannot change: they decide the weights' shapes and meaning.
-MODEL_SHAPE_SETTINGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "tie_weights", "position")
+MODEL_SHAPE_SETTINGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "tie_weights", "position",
+                        "rope_theta", "norm", "norm_epsilon", "mlp", "mlp_hidden_size", "n_kv_head", "qk_norm",
+                        "qkv_bias")
 # What a run that starts from a pretrained model may set of its shape: a shorter context, and dropout.
 FINE_TUNING_SHAPE_SETTINGS = ("block_size", "dropout", "attention_dropout")
 # Training a run that starts from a pretrained model, unless the preset or overrides say otherwise:

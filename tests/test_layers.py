@@ -5,7 +5,7 @@ import keras
 import numpy as np
 import pytest
 
-from gptlite import layers
+from gptlite import layers, positions
 
 
 def numpy_softmax(x):
@@ -26,7 +26,7 @@ def numpy_causal_attention(q, k, v):
 def test_causal_self_attention_matches_numpy_reference(batch, length, width, heads):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(batch, length, width)).astype("float32")
-    attention = layers.CausalSelfAttention(heads, use_bias=True)
+    attention = layers.Attention(heads, use_bias=True)
     attention.build(x.shape)
     for weight in attention.weights:  # random biases too, so they are checked
         weight.assign(rng.normal(scale=0.3, size=weight.shape).astype("float32"))
@@ -54,7 +54,7 @@ def test_attention_over_a_padded_context_matches_numpy_reference():
     x = rng.normal(size=(batch, length, width)).astype("float32")
     context = rng.normal(size=(batch, context_length, width)).astype("float32")
     context_mask = np.array([[True, True, True, False, False], [True, True, True, True, True]])
-    attention = layers.Attention(heads, use_bias=True)
+    attention = layers.Attention(heads, causal=False, cross=True, use_bias=True)
     attention.build(x.shape)
     for weight in attention.weights:
         weight.assign(rng.normal(scale=0.3, size=weight.shape).astype("float32"))
@@ -100,10 +100,10 @@ def test_encoder_block_sees_later_positions_and_ignores_padding():
     np.testing.assert_allclose(after[0, :4], before[0, :4], atol=1e-6)
 
 
-class UnfusedAttention(layers.CausalSelfAttention):
+class UnfusedAttention(layers.Attention):
     """Always the step-by-step attention, for comparison with the fused one."""
 
-    def call(self, x, training=None, return_attention_scores=False):
+    def call(self, x, context=None, context_mask=None, training=None, return_attention_scores=False):
         return super().call(x, training=training, return_attention_scores=True)[0]
 
 
@@ -154,14 +154,14 @@ def test_causal_mask_with_offset_lets_late_queries_see_earlier_keys():
 
 
 def test_head_count_must_divide_width():
-    attention = layers.CausalSelfAttention(3)
-    with pytest.raises(ValueError, match=r"n_embd=16.*n_head=3"):
+    attention = layers.Attention(3)
+    with pytest.raises(ValueError, match=r"width \(16\).*heads \(3\)"):
         attention.build((None, 4, 16))
 
 
 @pytest.mark.parametrize("width", [6, 7])
 def test_sinusoidal_encoding_matches_formula(width):
-    table = layers.sinusoidal_position_encoding(12, width)
+    table = positions.sinusoidal_position_encoding(12, width)
     for pos in range(12):
         for j in range(width):
             i = j // 2
@@ -176,7 +176,7 @@ def test_sinusoidal_embedding_adds_the_fixed_table_and_does_not_train():
     ids = np.array([[1, 2, 3, 4, 5]])
     tokens_only = keras.ops.convert_to_numpy(embedding.token_embedding(ids))
     added = keras.ops.convert_to_numpy(embedding(ids)) - tokens_only
-    np.testing.assert_allclose(added[0], layers.sinusoidal_position_encoding(8, 6)[:5], atol=1e-6)
+    np.testing.assert_allclose(added[0], positions.sinusoidal_position_encoding(8, 6)[:5], atol=1e-6)
     assert all(w is not embedding.position_embeddings for w in embedding.trainable_weights)
 
 
@@ -192,15 +192,23 @@ def test_untied_embedding_has_its_own_output_matrix():
 LAYER_CASES = [
     (layers.TokenAndPositionEmbedding, dict(vocabulary_size=11, sequence_length=8, embedding_dim=4,
                                             position="sinusoidal", tie_weights=False), (2, 5), "int32"),
-    (layers.CausalSelfAttention, dict(num_heads=2, dropout=0.1, use_bias=False, attention_dropout=0.05), (2, 5, 8),
-     "float32"),
-    (layers.FeedForward, dict(dropout=0.2, use_bias=True), (2, 5, 8), "float32"),
-    (layers.TransformerBlock,
-     dict(num_heads=4, dropout=0.1, use_bias=False, layer_norm_epsilon=1e-6, attention_dropout=0.1),
-     (2, 5, 8), "float32"),
     (layers.Attention, dict(num_heads=2, dropout=0.1, use_bias=False, attention_dropout=0.05), (2, 5, 8), "float32"),
-    (layers.EncoderBlock, dict(num_heads=2, dropout=0.1, use_bias=True, layer_norm_epsilon=1e-6), (2, 5, 8),
+    (layers.Attention, dict(num_heads=4, num_kv_heads=2, use_bias=False, qkv_bias=True, rotary=True,
+                            rope_theta=500.0, qk_norm=True, norm_epsilon=1e-6), (2, 5, 16), "float32"),
+    (layers.FeedForward, dict(dropout=0.2, use_bias=True), (2, 5, 8), "float32"),
+    (layers.FeedForward, dict(use_bias=False, mlp="swiglu", hidden_size=12), (2, 5, 8), "float32"),
+    (layers.TransformerBlock,
+     dict(num_heads=4, dropout=0.1, use_bias=False, norm_epsilon=1e-6, attention_dropout=0.1),
+     (2, 5, 8), "float32"),
+    (layers.TransformerBlock,
+     dict(num_heads=4, num_kv_heads=1, norm="rms", mlp="swiglu", mlp_hidden_size=24, rotary=True, qk_norm=True),
+     (2, 5, 16), "float32"),
+    (layers.Attention, dict(num_heads=2, causal=False, cross=True, dropout=0.1, use_bias=False,
+                            attention_dropout=0.05), (2, 5, 8), "float32"),
+    (layers.EncoderBlock, dict(num_heads=2, dropout=0.1, use_bias=True, norm_epsilon=1e-6), (2, 5, 8),
      "float32"),
+    (layers.Linear, dict(units=3, use_bias=False), (2, 5, 8), "float32"),
+    (layers.RMSNorm, dict(epsilon=1e-6), (2, 5, 8), "float32"),
 ]
 
 
@@ -232,3 +240,117 @@ def test_gelu_recomputing_its_gradient_gives_the_same_values_and_gradient():
         recomputed, plain = layers.gelu(x, recompute_gradient=True), layers.gelu(x)
     np.testing.assert_array_equal(recomputed.numpy(), plain.numpy())
     np.testing.assert_allclose(tape.gradient(recomputed, x).numpy(), tape.gradient(plain, x).numpy(), atol=1e-5)
+
+
+def _random_weights(layer, rng, scale=0.3):
+    for weight in layer.weights:
+        weight.assign(rng.normal(scale=scale, size=weight.shape).astype("float32"))
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_grouped_query_attention_matches_numpy_with_each_key_value_head_shared_by_its_group(kv_heads):
+    rng = np.random.default_rng(4)
+    batch, length, width, heads = 2, 6, 16, 4
+    x = rng.normal(size=(batch, length, width)).astype("float32")
+    attention = layers.Attention(heads, kv_heads, use_bias=True)
+    attention.build(x.shape)
+    _random_weights(attention, rng)
+    assert attention.qkv_projection.kernel.shape == (width, (heads + 2 * kv_heads) * width // heads)
+
+    kernel, bias = (w.numpy() for w in attention.qkv_projection.weights)
+    out_kernel, out_bias = (w.numpy() for w in attention.output_projection.weights)
+    size, groups = width // heads, heads // kv_heads
+    qkv = (x @ kernel + bias).reshape(batch, length, heads + 2 * kv_heads, size).transpose(0, 2, 1, 3)
+    q, k, v = qkv[:, :heads], qkv[:, heads:heads + kv_heads], qkv[:, heads + kv_heads:]
+    # Query head h reads key/value head h // G.
+    k, v = np.repeat(k, groups, axis=1), np.repeat(v, groups, axis=1)
+    expected_heads, expected_weights = numpy_causal_attention(q, k, v)
+    expected = expected_heads.transpose(0, 2, 1, 3).reshape(batch, length, width) @ out_kernel + out_bias
+
+    output, weights = attention(x, return_attention_scores=True)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(weights), expected_weights, atol=1e-5)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(output), expected, atol=1e-5)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(attention(x)), expected, atol=1e-5)  # the fused path
+
+
+def numpy_rotate(x, position, theta):
+    """Rotate each vector x (..., D) at `position`: pair (i, i + D/2) turns by position / theta^(2i/D)."""
+    half = x.shape[-1] // 2
+    angles = position / theta ** (np.arange(half) * 2 / x.shape[-1])
+    first, second = x[..., :half], x[..., half:]
+    return np.concatenate([first * np.cos(angles) - second * np.sin(angles),
+                           second * np.cos(angles) + first * np.sin(angles)], axis=-1)
+
+
+def test_rotary_positions_rotate_pairs_and_make_query_key_products_depend_on_distance_only():
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(1, 7, 2, 8)).astype("float32")  # (B, T, H, D)
+    angles = positions.rotary_angles(np.arange(7), 8, theta=100.0)
+    rotated = keras.ops.convert_to_numpy(positions.rotate(x, angles))
+    for t in range(7):
+        np.testing.assert_allclose(rotated[0, t], numpy_rotate(x[0, t], t, 100.0), atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(rotated, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-5)
+
+    query, key = rng.normal(size=8), rng.normal(size=8)
+    products = {(p, s): numpy_rotate(query, p, 100.0) @ numpy_rotate(key, s, 100.0) for p in range(6) for s in range(6)}
+    for (p, s), product in products.items():
+        if p + 1 < 6 and s + 1 < 6:  # both one position later: the same distance, the same product
+            assert product == pytest.approx(products[(p + 1, s + 1)], abs=1e-9)
+    assert products[(0, 0)] != pytest.approx(products[(3, 0)], abs=1e-3)
+
+
+def test_rms_norm_matches_numpy():
+    rng = np.random.default_rng(6)
+    x = rng.normal(2.0, 3.0, size=(2, 3, 8)).astype("float32")
+    norm = layers.RMSNorm(epsilon=1e-6)
+    norm.build(x.shape)
+    _random_weights(norm, rng)
+    gamma = norm.gamma.numpy()
+    expected = x / np.sqrt(np.mean(x ** 2, axis=-1, keepdims=True) + 1e-6) * gamma
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(norm(x)), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_swiglu_feed_forward_matches_numpy():
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(2, 3, 8)).astype("float32")
+    feed_forward = layers.FeedForward(use_bias=False, mlp="swiglu", hidden_size=12)
+    feed_forward.build(x.shape)
+    _random_weights(feed_forward, rng)
+    expand, contract = feed_forward.expand.kernel.numpy(), feed_forward.contract.kernel.numpy()
+    assert expand.shape == (8, 24) and contract.shape == (12, 8)
+    gate, up = x @ expand[:, :12], x @ expand[:, 12:]
+    expected = (gate / (1 + np.exp(-gate)) * up) @ contract
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(feed_forward(x)), expected, atol=1e-5)
+
+
+def test_swiglu_default_width_keeps_about_the_weights_of_gelu():
+    for width in (64, 128, 384, 576, 768):
+        hidden = layers.feed_forward_width(width, "swiglu")
+        assert hidden % 16 == 0
+        assert abs(3 * width * hidden - 2 * width * 4 * width) <= 0.1 * 8 * width * width
+
+
+def test_linear_with_adapters_computes_the_merged_kernel_and_saves_it_merged():
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(2, 3, 6)).astype("float32")
+    layer = layers.Linear(4, use_bias=True)
+    layer.build(x.shape)
+    _random_weights(layer, rng)
+    layer.enable_lora(2, alpha=4.0)
+    assert [w.name for w in layer.trainable_weights] == ["lora_a", "lora_b"]
+    layer.lora_b.assign(rng.normal(size=(2, 4)).astype("float32"))
+    merged = layer.kernel.numpy() + 2.0 * layer.lora_a.numpy() @ layer.lora_b.numpy()
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(layer.merged_kernel()), merged, atol=1e-6)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(layer(x)), x @ merged + layer.bias.numpy(), atol=1e-5)
+
+    store = {}
+    layer.save_own_variables(store)
+    plain = layers.Linear(4, use_bias=True)
+    plain.build(x.shape)
+    plain.load_own_variables(store)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(plain(x)), keras.ops.convert_to_numpy(layer(x)), atol=1e-5)
+    layer.load_own_variables(store)  # into a layer with adapters: the kernel holds them, they start again at zero
+    assert not np.any(layer.lora_b.numpy())
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(layer(x)), keras.ops.convert_to_numpy(plain(x)), atol=1e-5)
+    with pytest.raises(ValueError, match="adapters already"):
+        layer.enable_lora(2)

@@ -38,7 +38,8 @@ def test_attention_weights_are_causal_distributions(tiny_model):
     assert np.all(np.triu(weights, k=1) == 0)
 
 
-@pytest.mark.parametrize("field,value", [("n_head", 3), ("n_layer", 0), ("dropout", 1.0), ("position", "rotary"),
+@pytest.mark.parametrize("field,value", [("n_head", 3), ("n_layer", 0), ("dropout", 1.0), ("position", "alibi"),
+                                         ("norm", "batch"), ("mlp", "relu"), ("n_kv_head", 3), ("rope_theta", 0),
                                          ("block_size", -4)])
 def test_config_rejects_impossible_values(field, value):
     with pytest.raises(gptlite.ConfigError, match=field):

@@ -9,7 +9,8 @@ from gptlite.cli.command import command, print_piece
 from gptlite.cli.flags import Parser, add_backend_flags, add_unknown_flag
 
 SUMMARY = "train a GPT on text files (or a seq2seq model on pairs) and save it as model.keras"
-SETTING_CHOICES = {"position": list(settings.POSITIONS), "precision": list(settings.PRECISIONS)}
+SETTING_CHOICES = {"position": list(settings.POSITIONS), "norm": list(settings.NORMS), "mlp": list(settings.MLPS),
+                   "precision": list(settings.PRECISIONS)}
 # Settings whose flags say more than their defaults.
 SETTING_HELP = {
     "grad_accum": "each optimizer step adds up the gradients of N batches of --batch-size (default: 1): a batch "

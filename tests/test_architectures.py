@@ -1,0 +1,101 @@
+"""Every combination of the architecture's switches (positions, norm, feed-forward, key/value heads, QK-norm,
+biases, tied head) decodes with its cache as the whole forward pass computes, is causal, and saves and loads.
+
+The combinations are a pairwise covering set: every value of each switch meets every value of every other."""
+
+import keras
+import numpy as np
+import pytest
+
+import gptlite
+from conftest import assert_greedy
+
+SWITCHES = ("position", "norm", "mlp", "n_kv_head", "qk_norm", "bias", "tie_weights")
+COMBINATIONS = [
+    ("learned", "layer", "gelu", 4, False, False, True),  # GPT-2's, the defaults
+    ("rotary", "rms", "swiglu", 2, True, False, False),
+    ("sinusoidal", "layer", "gelu", 1, True, True, False),
+    ("learned", "rms", "swiglu", 1, False, True, True),
+    ("rotary", "layer", "gelu", 2, False, True, True),
+    ("sinusoidal", "rms", "swiglu", 4, False, False, False),
+    ("learned", "layer", "swiglu", 4, True, True, True),
+    ("learned", "rms", "gelu", 2, False, False, False),
+    ("sinusoidal", "layer", "gelu", 2, False, False, True),
+    ("rotary", "layer", "gelu", 1, False, False, True),
+    ("rotary", "layer", "gelu", 4, False, False, True),
+]
+BLOCK_SIZE = 16
+
+
+def _name(combination):
+    return "-".join(f"{name}={value}" for name, value in zip(SWITCHES, combination))
+
+
+@pytest.fixture(scope="module", params=COMBINATIONS, ids=_name)
+def model(request, tokenizer):
+    keras.utils.set_random_seed(11)
+    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=2, n_head=4, n_embd=16, block_size=BLOCK_SIZE,
+                        tokenizer=tokenizer, rope_theta=100.0, **dict(zip(SWITCHES, request.param)))
+    model.build((None, BLOCK_SIZE))
+    rng = np.random.default_rng(0)
+    for weight in model.weights:  # norms' scales and biases away from 1 and 0, so that each one counts
+        weight.assign(keras.ops.convert_to_numpy(weight) + rng.normal(0, 0.1, weight.shape).astype("float32"))
+    return model
+
+
+def _numpy(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+def _ids(model, rows=2):
+    return np.random.default_rng(1).integers(0, model.config.vocab_size, (rows, BLOCK_SIZE)).astype("int32")
+
+
+def test_the_cache_holds_the_key_value_heads_only(model):
+    cache = model.empty_cache(3)
+    assert len(cache) == 2
+    assert tuple(cache[0].shape) == (3, 2, model.config.kv_heads, BLOCK_SIZE, 4)
+
+
+def test_cached_decoding_equals_the_whole_forward_pass(model):
+    ids = _ids(model)
+    full = _numpy(model(ids))  # (B, T, V)
+    prefill = 6
+    logits, cache = model.call_with_cache(ids[:, :prefill], model.empty_cache(2), np.zeros(2, "int32"))
+    np.testing.assert_allclose(_numpy(logits), full[:, :prefill], atol=1e-4)
+    for position in range(prefill, BLOCK_SIZE - 2):
+        logits, cache = model.call_with_cache(ids[:, position:position + 1], cache, np.full(2, position, "int32"))
+        np.testing.assert_allclose(_numpy(logits)[:, 0], full[:, position], atol=1e-4)
+    # Rows at positions of their own: row 0 writes its token at 13 again, row 1 moves on to 14.
+    rows = np.array([[ids[0, 13]], [ids[1, 14]]], "int32")
+    logits, _ = model.call_with_cache(rows, cache, np.array([13, 14], "int32"))
+    np.testing.assert_allclose(_numpy(logits)[:, 0], full[[0, 1], [13, 14]], atol=1e-4)
+
+
+def test_a_later_token_never_changes_an_earlier_positions_logits(model):
+    ids = _ids(model, rows=1)
+    changed = ids.copy()
+    changed[0, 9:] = (changed[0, 9:] + 1) % model.config.vocab_size
+    before, after = _numpy(model(ids)), _numpy(model(changed))
+    np.testing.assert_allclose(after[0, :9], before[0, :9], atol=1e-6)
+    assert np.abs(after[0, 9:] - before[0, 9:]).max() > 1e-4
+
+
+def test_save_and_load_give_the_same_logits(model, tmp_path):
+    model.save(tmp_path / "model.keras")
+    loaded = keras.saving.load_model(tmp_path / "model.keras")
+    assert loaded.config == model.config
+    ids = _ids(model)
+    np.testing.assert_allclose(_numpy(loaded(ids)), _numpy(model(ids)), atol=1e-6)
+
+
+def test_greedy_generation_through_the_library_follows_the_forward_pass(model):
+    text = gptlite.generate(model, "the cat", max_new_tokens=24, temperature=0.0)
+    assert_greedy(model, "the cat", text)
+
+
+def test_attention_maps_are_causal_distributions(model):
+    weights = _numpy(model.attention_weights(_ids(model, rows=1)))  # (L, B, H, T, T)
+    assert weights.shape == (2, 1, 4, BLOCK_SIZE, BLOCK_SIZE)
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+    assert np.all(np.triu(weights, k=1) == 0)
