@@ -14,6 +14,7 @@ import warnings
 import numpy as np
 from keras import ops
 
+from gptlite import positions
 from gptlite.errors import ConfigError, InputError
 from gptlite.files import atomic_path
 from gptlite.model import GPT, Seq2Seq
@@ -124,7 +125,12 @@ def token_report(model, text, top=5, target=None, unknown="error"):
 
 
 def position_encoding(model):
-    """The model's position encoding, learned or sinusoidal, as a (block_size, n_embd) array."""
+    """The model's position encoding: for learned or sinusoidal positions the table added to the
+    embeddings, (block_size, n_embd); for rotary positions what they do to each head's queries and keys,
+    the cosines then the sines of each pair's angle at each position, (block_size, head size)."""
+    config = model.config
+    if config.position == "rotary":
+        return positions.rotary_table(config.block_size, config.head_size, config.rope_theta)
     if not model.built:
         model.build()
     return _numpy(model.embedding.position_embeddings.value)
@@ -186,9 +192,10 @@ def plot_attention(maps, path=None, layer=None, head=None, max_tokens=MAX_DRAWN_
 
 
 def plot_positions(model, path=None):
-    """Draw the position encoding: the (position, dimension) table as a
+    """Draw the position encoding (`position_encoding`): the (position, dimension) table as a
     heatmap, and how similar (cosine) each position's vector is to every
-    other's. Returns the Figure, and writes it to `path` if given."""
+    other's. Rotary positions' similarity depends on the distance alone: equal
+    along each diagonal. Returns the Figure, and writes it to `path` if given."""
     from matplotlib.figure import Figure
 
     table = position_encoding(model)  # (block_size, C)
@@ -200,8 +207,10 @@ def plot_positions(model, path=None):
     image = encoding_axes.imshow(table.T, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto",
                                  interpolation="nearest")
     encoding_axes.set_xlabel("position")
-    encoding_axes.set_ylabel("dimension")
-    encoding_axes.set_title(f"{model.config.position} position encoding")
+    rotary = model.config.position == "rotary"
+    encoding_axes.set_ylabel("pair: cos of each angle, then sin" if rotary else "dimension")
+    encoding_axes.set_title("rotary positions: the angle each pair of a head turns by" if rotary
+                            else f"{model.config.position} position encoding")
     figure.colorbar(image, ax=encoding_axes)
     image = similarity_axes.imshow(similarity, cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
     similarity_axes.set_xlabel("position")

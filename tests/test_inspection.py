@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import gptlite
-from gptlite import inspection
+from gptlite import inspection, layers
 from gptlite.errors import ConfigError, InputError
-from gptlite.layers import sinusoidal_position_encoding
+from gptlite.positions import sinusoidal_position_encoding
 
 PROMPT = "the cat sat"
 
@@ -43,8 +43,10 @@ def test_maps_are_the_weights_the_attention_layer_uses(tiny_model, gpt_maps):
     ids = tiny_model.tokenizer.encode(PROMPT).astype("int32")[None]
     block = tiny_model.blocks[0]
     normed = block.attention_norm(tiny_model.embedding(ids))
-    _, _, values = block.attention._project_heads(normed)  # (1, H, T, D)
-    rebuilt = block.attention._merge_heads(keras.ops.matmul(gpt_maps.weights[0][None], values))
+    _, _, values = block.attention._project(normed, None)  # (1, T, H, D)
+    values = keras.ops.transpose(values, (0, 2, 1, 3))  # (1, H, T, D)
+    attended = layers.merge_heads(keras.ops.matmul(gpt_maps.weights[0][None], values))
+    rebuilt = block.attention.output_projection(attended)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(rebuilt),
                                keras.ops.convert_to_numpy(block.attention(normed)), atol=1e-5)
 
@@ -131,6 +133,19 @@ def test_position_encoding_is_the_embeddings_table(tokenizer, position):
         np.testing.assert_allclose(table, sinusoidal_position_encoding(12, 16), atol=1e-6)
     else:
         np.testing.assert_array_equal(table, keras.ops.convert_to_numpy(model.embedding.position_embeddings))
+
+
+def test_rotary_positions_are_drawn_as_angles_whose_similarity_depends_on_distance_alone(tokenizer, tmp_path):
+    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=12,
+                        position="rotary", tokenizer=tokenizer)
+    table = inspection.position_encoding(model)
+    assert table.shape == (12, 8)  # positions, head size
+    np.testing.assert_allclose(table[0], [1, 1, 1, 1, 0, 0, 0, 0], atol=1e-6)  # position 0 turns nothing
+    unit = table / np.linalg.norm(table, axis=1, keepdims=True)
+    similarity = unit @ unit.T
+    np.testing.assert_allclose(np.diagonal(similarity, 3)[1:], np.diagonal(similarity, 3)[:-1], atol=1e-5)
+    inspection.plot_positions(model, tmp_path / "rotary.png")
+    assert png_size(tmp_path / "rotary.png")[0] > 600
 
 
 def test_attention_figures_are_pngs_of_sensible_size(tmp_path, gpt_maps):
