@@ -47,14 +47,14 @@ _LAZY = {
     "evaluate": "evaluation", "Evaluation": "evaluation",
     "AttentionMaps": "inspection", "attention_maps": "inspection", "plot_attention": "inspection",
     "plot_positions": "inspection", "token_report": "inspection",
-    "Attention": "layers", "CausalSelfAttention": "layers", "EncoderBlock": "layers", "FeedForward": "layers",
+    "Attention": "layers", "EncoderBlock": "layers", "FeedForward": "layers", "Linear": "layers", "RMSNorm": "layers",
     "TokenAndPositionEmbedding": "layers", "TransformerBlock": "layers",
     "GPT": "model", "Seq2Seq": "model",
     "TrainedRun": "pipeline", "train_on_text": "pipeline",
     "RunConfig": "run_config", "read_run_config": "run_config",
     "from_pretrained": "pretrained", "export_hugging_face": "pretrained", "export_kerashub": "pretrained",
     "load": "saving", "save": "saving",
-    "BPETokenizer": "tokenizers", "CharTokenizer": "tokenizers",
+    "BPETokenizer": "tokenizers", "CharTokenizer": "tokenizers", "PretrainedTokenizer": "tokenizers",
     "train": "training",
 }
 # The modules whose classes Keras must know to load a model.keras file.

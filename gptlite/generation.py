@@ -242,7 +242,10 @@ def _seed(seed):
 
 def _prompt_ids(tokenizer, prompt, unknown="error"):
     prompt = known_text(tokenizer, prompt, unknown, "prompt")
+    start = [int(i) for i in tokenizer.text_start_ids]  # a pretrained model's beginning-of-text token
     if not prompt:
+        if start:
+            return start
         # Start from a new line, as a text does; lacking one, from the first token.
         return [int(tokenizer.encode("\n")[0])] if not tokenizer.unknown_characters("\n") else [0]
-    return [int(i) for i in tokenizer.encode(prompt)]
+    return start + [int(i) for i in tokenizer.encode(prompt)]

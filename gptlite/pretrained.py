@@ -21,11 +21,12 @@ import pathlib
 
 import numpy as np
 
-from gptlite import saving
+from gptlite import llama, saving
 from gptlite.errors import ConfigError, InputError, MissingFileError
 from gptlite.files import atomic_directory
 from gptlite.model import GPT
-from gptlite.tokenizers import BPETokenizer, CharTokenizer
+from gptlite.layers import Linear
+from gptlite.tokenizers import BPETokenizer, CharTokenizer, PretrainedTokenizer
 
 # The activations Hugging Face names for the tanh approximation of GELU, which gptlite uses.
 _TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")
@@ -54,9 +55,10 @@ def from_pretrained(name_or_path, block_size=None, dropout=None, dtype=None):
         settings = {name: value for name, value in dataclasses.asdict(source.config).items() if name != "vocab_size"}
         tokenizer = source.tokenizer
     elif path.is_dir() and _is_hugging_face_folder(path):
-        settings, tokenizer, arrays = _read_hugging_face(path)
+        settings, tokenizer, arrays, load_arrays = _read_hugging_face(path)
     else:
         settings, tokenizer, arrays = _read_kerashub(name_or_path)
+        load_arrays = load_gpt2_arrays
     if dropout is not None:
         settings["dropout"] = dropout
     if block_size is not None:
@@ -69,7 +71,7 @@ def from_pretrained(name_or_path, block_size=None, dropout=None, dtype=None):
     model = GPT(vocab_size=tokenizer.vocabulary_size, tokenizer=tokenizer, dtype=dtype, **settings)
     model.build((None, model.config.block_size))
     if source is None:
-        load_gpt2_arrays(model, arrays)
+        load_arrays(model, arrays)
     else:  # every weight as it is, but the position table, cut to the new context
         from keras import ops
 
@@ -89,13 +91,15 @@ def gpt2_arrays(model):
     untied output head has no GPT-2 name, so such a model is refused. LoRA
     adapters, where enabled, come merged into their kernels.
     """
-    if not model.config.tie_weights:
-        raise ConfigError("GPT-2 ties its output head to the token embedding; this model has a head of its own "
-                          "(`tie_weights=False`)")
+    _check_exportable(model)
     arrays = {}
     for name, (layer, attribute) in _gpt2_names(model).items():
-        weight = getattr(layer, attribute)
-        arrays[name] = _zero_bias(layer) if weight is None else np.asarray(_value(weight), dtype=np.float32)
+        if getattr(layer, attribute) is None:
+            arrays[name] = _zero_bias(layer)
+        elif isinstance(layer, Linear) and attribute == "kernel":  # with its adapters, if any, merged
+            arrays[name] = np.asarray(_value(layer.merged_kernel()), dtype=np.float32)
+        else:
+            arrays[name] = np.asarray(_value(getattr(layer, attribute)), dtype=np.float32)
     return arrays
 
 
@@ -207,11 +211,19 @@ def _read_json(path):
 
 
 def _read_hugging_face(folder):
-    """(shape settings, tokenizer, GPT-2's arrays) of a Hugging Face GPT-2 folder."""
+    """(shape settings, tokenizer, arrays, the function that loads the arrays into a GPT) of a Hugging Face
+    GPT-2, Llama or Qwen2 folder."""
     config = _read_json(folder / "config.json")
     model_type = config.get("model_type", "gpt2")
+    if model_type in llama.ARCHITECTURES:
+        return (*llama.read_folder(folder, config), llama.load_hugging_face_arrays)
     if model_type != "gpt2":
-        raise InputError(f"{folder} holds a {model_type} model; gptlite reads GPT-2 models")
+        raise InputError(f"{folder} holds a {model_type} model; gptlite reads GPT-2, Llama and Qwen2 models")
+    return (*_read_gpt2_folder(folder, config), load_gpt2_arrays)
+
+
+def _read_gpt2_folder(folder, config):
+    """(shape settings, tokenizer, GPT-2's arrays) of a Hugging Face GPT-2 folder whose config.json is `config`."""
     missing = [key for key in ("n_layer", "n_head", "n_embd", "vocab_size") if key not in config]
     if missing:
         raise InputError(f"{folder}/config.json lacks {', '.join(missing)}")
@@ -317,20 +329,42 @@ def _read_hugging_face_weights(folder):
 
 
 def export_hugging_face(model, directory):
-    """Write a GPT as a Hugging Face GPT-2 folder: config.json, model.safetensors and the tokenizer's files.
+    """Write a GPT as a Hugging Face folder: config.json, model.safetensors and the tokenizer's files.
 
-    `transformers.GPT2LMHeadModel.from_pretrained(directory)` and
-    `AutoTokenizer.from_pretrained(directory)` load it. A byte-level BPE
+    GPT-2's layout (learned positions, LayerNorm, GELU, full heads) is
+    written as a GPT-2 folder, which `transformers.GPT2LMHeadModel` loads; a
+    Llama-family layout (rotary positions, RMSNorm, SwiGLU) as a Llama or
+    Qwen2 folder (`llama.export_folder`), which `AutoModelForCausalLM` loads;
+    any other is refused, naming what neither can hold. A byte-level BPE
     tokenizer is written as GPT-2's vocab.json and merges.txt (and
     tokenizer.json); a char tokenizer as a tokenizer.json with one token per
-    character. The folder appears whole or not at all; an existing one is
+    character; a pretrained model's tokenizer as its own tokenizer.json, with
+    its special tokens and chat template. `AutoTokenizer.from_pretrained`
+    loads each. The folder appears whole or not at all; an existing one is
     never replaced.
     """
     from safetensors.numpy import save_file
 
-    _check_exportable(model)
-    arrays = gpt2_arrays(model)
+    if not isinstance(model, GPT):
+        raise ConfigError(f"only a GPT has a Hugging Face form here, not a {type(model).__name__}")
     config = model.config
+
+    def write_tokenizer(folder):
+        if isinstance(model.tokenizer, PretrainedTokenizer):
+            llama.write_pretrained_tokenizer(model.tokenizer, folder, config.block_size)
+        else:
+            _write_hugging_face_tokenizer(model.tokenizer, folder, config.block_size)
+
+    gpt2_problems = _not_gpt2(config)
+    if gpt2_problems:
+        try:
+            llama.family_of(config)
+        except ConfigError as error:
+            raise ConfigError(f"neither GPT-2 nor a Llama-family folder can hold this model: GPT-2 cannot hold "
+                              f"{'; '.join(gpt2_problems)}, and {error}") from None
+        llama.export_folder(model, directory, write_tokenizer)
+        return
+    arrays = gpt2_arrays(model)
     end = model.tokenizer.end_token_id
     hf_config = {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
@@ -345,15 +379,30 @@ def export_hugging_face(model, directory):
         (folder / "config.json").write_text(json.dumps(hf_config, indent=2))
         save_file({name: np.ascontiguousarray(array) for name, array in arrays.items()},
                   str(folder / "model.safetensors"), metadata={"format": "pt"})
-        _write_hugging_face_tokenizer(model.tokenizer, folder, config.block_size)
+        write_tokenizer(folder)
+
+
+def _not_gpt2(config):
+    """What of a GPT's settings GPT-2's layout cannot hold, as a list of reasons (none: it is GPT-2's)."""
+    return [reason for failed, reason in [
+        (config.position != "learned", f"{config.position} positions (GPT-2 learns a table)"),
+        (config.norm != "layer", "RMSNorm (GPT-2 uses LayerNorm)"),
+        (config.norm_epsilon != LAYER_NORM_EPSILON, f"a norm epsilon of {config.norm_epsilon}"),
+        (config.mlp != "gelu", "a SwiGLU feed-forward (GPT-2's is GELU)"),
+        (config.mlp_hidden_size not in (None, 4 * config.n_embd), f"a feed-forward width of {config.mlp_hidden_size}"),
+        (config.kv_heads != config.n_head, "grouped-query attention"),
+        (config.qk_norm, "QK-norm"),
+        (config.qkv_bias not in (None, config.bias), "biases on some projections only"),
+        (not config.tie_weights, "an output head of its own (`tie_weights=False`)"),
+    ] if failed]
 
 
 def _check_exportable(model):
     if not isinstance(model, GPT):
         raise ConfigError(f"only a GPT has GPT-2's form, not a {type(model).__name__}")
-    if not model.config.tie_weights:
-        raise ConfigError("GPT-2 ties its output head to the token embedding; this model has a head of its own "
-                          "(`tie_weights=False`)")
+    problems = _not_gpt2(model.config)
+    if problems:
+        raise ConfigError(f"GPT-2's layout cannot hold {'; '.join(problems)}")
 
 
 def _write_hugging_face_tokenizer(tokenizer, folder, block_size):

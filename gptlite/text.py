@@ -40,7 +40,7 @@ class TextBuilder:
     def add(self, token):
         """Add a token id; return the text it completes ("" while waiting)."""
         self.waiting.append(int(token))
-        piece = self.tokenizer.decode(self.waiting)
+        piece = self.tokenizer.decode_after(self.waiting)
         if piece.endswith("\ufffd") and len(self.waiting) < 4:
             return ""
         self.waiting = []
@@ -52,7 +52,7 @@ class TextBuilder:
 
     def finish(self):
         """The rest of the text: any tokens still waiting, decoded as they are."""
-        rest = self.tokenizer.decode(self.waiting) if self.waiting else ""
+        rest = self.tokenizer.decode_after(self.waiting) if self.waiting else ""
         self.waiting = []
         return rest
 

@@ -10,7 +10,11 @@ generation code never ask which kind they hold:
     tokenizer.encode(text)             -> 1-D numpy integer array
     tokenizer.encode_batch(texts)      -> a list of them
     tokenizer.decode(ids)              -> str
+    tokenizer.decode_after(ids)        -> str, the text ids add after earlier text (a tokenizer that drops
+                                          the space a text starts with keeps it here)
     tokenizer.character_count(ids)     -> int, the characters the ids stand for (special tokens: none)
+    tokenizer.text_start_ids           -> list of ids a text starts with (a pretrained model's
+                                          beginning-of-text token; none for the others)
     tokenizer.get_config() / from_config(config)
 
 A tokenizer is serialized into the model's config, so `model.keras` carries it.
@@ -40,6 +44,7 @@ class CharTokenizer:
 
     SPECIAL_TOKENS = ("pad", "start", "end")
     start_token_id = pad_token_id = None
+    text_start_ids = []
 
     def __init__(self, vocabulary, special_tokens=()):
         if isinstance(vocabulary, (list, tuple)):
@@ -102,6 +107,9 @@ class CharTokenizer:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         return "".join(self._characters[ids])
 
+    def decode_after(self, ids):
+        return self.decode(ids)
+
     def character_count(self, ids):
         """How many characters `ids` decode to: one for each id but the special tokens'."""
         return int(np.count_nonzero(np.asarray(ids) >= len(self.special_tokens)))
@@ -136,6 +144,7 @@ class BPETokenizer:
 
     END_TOKEN = "<|endoftext|>"
     start_token_id = pad_token_id = None
+    text_start_ids = []
     SMALLEST_VOCABULARY = 257  # the 256 bytes and the end token
 
     def __init__(self, definition):
@@ -241,6 +250,9 @@ class BPETokenizer:
         ids = [int(i) for i in np.asarray(ids).reshape(-1)]
         return self._tokenizer.decode(ids, skip_special_tokens=False)
 
+    def decode_after(self, ids):
+        return self.decode(ids)
+
     def character_count(self, ids):
         """How many characters `ids` decode to, counted without decoding: a token
         holding the first byte of a character's UTF-8 bytes counts it; the end token counts none."""
@@ -322,3 +334,106 @@ def _smallest_id_dtype(vocabulary_size):
     if vocabulary_size <= np.iinfo(np.uint16).max + 1:
         return np.uint16
     return np.uint32
+
+
+@keras.saving.register_keras_serializable(package="gptlite")
+class PretrainedTokenizer:
+    """A pretrained model's own tokenizer, whatever its kind: any `tokenizers` definition (a tokenizer.json).
+
+    Byte-level BPE as in SmolLM2 and Qwen, SentencePiece-style BPE with byte
+    fallback as in Llama and TinyLlama, or any other the library reads. Text
+    is encoded without the special tokens the library would add around it;
+    `text_start_ids` says what a text starts with (the beginning-of-text
+    token, where the tokenizer puts one there), and `end_token_id` is the
+    end-of-text token, which ends generation. Added tokens keep their ids.
+
+    Args:
+        definition: the tokenizer.json text.
+        vocabulary_size: the model's token ids, which may be more than the
+            tokenizer's (Qwen pads its embedding): the rest decode to nothing.
+        begin_token, end_token: the beginning- and end-of-text tokens (None: none).
+        chat_template: the Jinja chat template the model was trained with
+            (None: none), kept for rendering conversations.
+    """
+
+    start_token_id = pad_token_id = None
+
+    def __init__(self, definition, vocabulary_size=None, begin_token=None, end_token=None, chat_template=None):
+        from tokenizers import Tokenizer
+
+        self.definition = definition
+        self._tokenizer = Tokenizer.from_str(definition)
+        own_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
+        self.vocabulary_size = own_size if vocabulary_size is None else vocabulary_size
+        if self.vocabulary_size < own_size:
+            raise InputError(f"the tokenizer has {own_size} tokens, more than the model's {self.vocabulary_size}")
+        self.begin_token, self.end_token, self.chat_template = begin_token, end_token, chat_template
+        self.begin_token_id = self._id_of(begin_token)
+        self.end_token_id = self._id_of(end_token)
+        parsed = json.loads(definition)
+        self.special_ids = sorted({token["id"] for token in parsed.get("added_tokens", []) if token.get("special")})
+        # Where the tokenizer's own processing puts the beginning token before a text, so does generation.
+        with_specials = self._tokenizer.encode("a", add_special_tokens=True).ids
+        self.text_start_ids = [self.begin_token_id] if self.begin_token_id is not None and with_specials and \
+            with_specials[0] == self.begin_token_id else []
+        model = parsed.get("model", {})
+        pre_tokenizer = json.dumps(parsed.get("pre_tokenizer"))
+        # Byte-level splitting or byte fallback: every character has tokens.
+        self._every_character = bool(model.get("byte_fallback")) or '"ByteLevel"' in pre_tokenizer
+        self._unknown_id = self._id_of(model.get("unk_token"))
+        self._anchor = int(self._tokenizer.encode("a", add_special_tokens=False).ids[-1])
+
+    def _id_of(self, token):
+        if token is None:
+            return None
+        token_id = self._tokenizer.token_to_id(token)
+        if token_id is None:
+            raise InputError(f"the tokenizer has no token {token!r}")
+        return token_id
+
+    def unknown_characters(self, text):
+        if self._every_character or self._unknown_id is None:
+            return []
+        unknown = []
+        for character in dict.fromkeys(text):
+            if self._unknown_id in self._tokenizer.encode(character, add_special_tokens=False).ids:
+                unknown.append(character)
+        return unknown
+
+    def encode(self, text):
+        ids = self._tokenizer.encode(text, add_special_tokens=False).ids
+        return np.asarray(ids, dtype=_smallest_id_dtype(self.vocabulary_size))
+
+    def encode_batch(self, texts):
+        dtype = _smallest_id_dtype(self.vocabulary_size)
+        return [np.asarray(encoding.ids, dtype=dtype)
+                for encoding in self._tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids):
+        ids = [int(i) for i in np.asarray(ids).reshape(-1)]
+        return self._tokenizer.decode(ids, skip_special_tokens=False)
+
+    def decode_after(self, ids):
+        """The text `ids` add after earlier text. SentencePiece-style decoders drop the space a text starts
+        with ("▁The" is "The" at the start), which is wrong for a token in the middle of a text: the ids are
+        decoded after an anchor token, and its text cut off."""
+        anchor = self._anchor
+        return self.decode([anchor, *np.asarray(ids).reshape(-1)])[len(self.decode([anchor])):]
+
+    def character_count(self, ids):
+        """How many characters `ids` decode to, special tokens counting none."""
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        return len(self._tokenizer.decode([int(i) for i in ids[~np.isin(ids, self.special_ids)]],
+                                          skip_special_tokens=False))
+
+    def pieces(self, ids):
+        """Each token's text, one string per id."""
+        return [self._tokenizer.decode([int(i)], skip_special_tokens=False) for i in np.ravel(ids)]
+
+    def get_config(self):
+        return {"definition": self.definition, "vocabulary_size": self.vocabulary_size,
+                "begin_token": self.begin_token, "end_token": self.end_token, "chat_template": self.chat_template}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
