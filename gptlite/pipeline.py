@@ -177,12 +177,13 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
                                                 unknown, bool(start))
             config = model.config
             _write_run_config(out_dir, arguments, config, training_config)
-            kind = "characters" if isinstance(model.tokenizer, CharTokenizer) else "byte-level BPE tokens"
+            kind = {CharTokenizer: "characters", BPETokenizer: "byte-level BPE tokens"}.get(
+                type(model.tokenizer), "the pretrained model's tokens")
             say(f"training on {corpus.name}: {len(train_ids) + len(validation_ids):,} tokens ({kind}, "
                 f"{model.tokenizer.vocabulary_size:,} in the vocabulary); {len(train_ids):,} train / "
                 f"{len(validation_ids):,} validation\n"
-                f"model: {config.n_layer} layers, {config.n_head} heads, width {config.n_embd}, "
-                f"context {config.block_size}, {_parameters(model)}; "
+                f"model: {config.n_layer} layers, {_heads(config)}, width {config.n_embd}, "
+                f"context {config.block_size}, {_architecture(config)}, {_parameters(model)}; "
                 f"{_backend_and_precision(training_config)}\n" + _schedule(training_config, checkpoint, replicas),
                 flush=True)
             history = training.train(model, train_ids, validation_ids, training_config, out_dir, verbose=verbose,
@@ -223,6 +224,19 @@ def _pretrained(init_from, out_dir, seq2seq, tokenizer, vocab_size):
         raise ConfigError(f"`out_dir` {out_dir} is the folder of `init_from`, which is only read; write the new "
                           f"run to another `out_dir`")
     return pretrained.from_pretrained(init_from)
+
+
+def _heads(config):
+    if config.kv_heads == config.n_head:
+        return f"{config.n_head} heads"
+    return f"{config.n_head} heads sharing {config.kv_heads} key/value heads"
+
+
+def _architecture(config):
+    """The architecture's switches, in a few words: "learned positions, LayerNorm, GELU" for GPT-2's."""
+    words = [f"{config.position} positions", {"layer": "LayerNorm", "rms": "RMSNorm"}[config.norm],
+             {"gelu": "GELU", "swiglu": "SwiGLU"}[config.mlp]]
+    return ", ".join(words + (["QK-norm"] if config.qk_norm else []))
 
 
 def _parameters(model):

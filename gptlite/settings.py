@@ -217,6 +217,8 @@ FINE_TUNING_SHAPE_SETTINGS = ("block_size", "dropout", "attention_dropout")
 FINE_TUNING = dict(max_iters=500, lr=1e-4, min_lr=1e-5, warmup_iters=10, batch_size=8, eval_interval=100,
                    eval_iters=20, checkpoint_interval=100, dropout=0.0)
 LORA_LEARNING_RATES = dict(lr=1e-3, min_lr=1e-4)
+# The longest context a fine-tuning run trains at unless `block_size` says (GPT-2's).
+FINE_TUNING_CONTEXT = 1024
 # Every setting a preset or an override may set (vocab_size comes from the tokenizer).
 SETTING_NAMES = tuple(
     f.name for f in dataclasses.fields(GPTConfig) + dataclasses.fields(TrainingConfig) if f.name != "vocab_size"
@@ -293,7 +295,8 @@ def resolve_settings(preset=None, overrides=None, checkpoint=None, seq2seq=False
         return _fitted_warmup(_fine_tuning_settings(pretrained, preset, overrides), overrides)
     if checkpoint is None:
         return _fitted_warmup({**default_settings(seq2seq, synthetic), **requested}, overrides)
-    saved = {name: checkpoint["model_config"][name] for name in MODEL_SHAPE_SETTINGS}
+    # A checkpoint written before a setting existed has that setting's default.
+    saved = {name: checkpoint["model_config"].get(name, getattr(GPTConfig, name)) for name in MODEL_SHAPE_SETTINGS}
     # The optimizer state saved with float16 has a loss scale that the others lack.
     saved["precision"] = checkpoint["training_config"].get("precision", "fp32")
     # Adapters are weights of their own, in the checkpoint, and so are the gradient accumulators.
@@ -333,6 +336,8 @@ def _fine_tuning_settings(pretrained, preset, overrides):
     if overrides.get("block_size", 0) > pretrained.block_size:
         raise ConfigError(f"`block_size={overrides['block_size']}` is longer than the pretrained model's context, "
                           f"{pretrained.block_size}; it may only shrink")
+    # Llama-family models read thousands of positions; training windows that long would not fit a laptop.
+    shape["block_size"] = min(shape["block_size"], FINE_TUNING_CONTEXT)
     model_fields = {field.name for field in dataclasses.fields(GPTConfig)}
     preset_training = {name: value for name, value in (PRESETS[preset] if preset else {}).items()
                        if name not in model_fields}

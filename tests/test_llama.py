@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import gptlite
+from conftest import make_text
 from gptlite import llama
 
 # Unicode, runs of spaces, tabs and newlines, a character the vocabulary lacks (byte fallback), an emoji.
@@ -228,3 +229,21 @@ def test_a_model_neither_layout_holds_is_refused_on_export(tmp_path, tokenizer):
     with pytest.raises(gptlite.ConfigError, match=r"GPT-2 cannot hold rotary positions.*LayerNorm"):
         gptlite.export_hugging_face(model, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_fine_tuning_a_llama_folder_with_lora_keeps_its_tokenizer_and_chat_template(folder, tmp_path):
+    kind, path, _, _ = folder
+    (tmp_path / "new.txt").write_text(make_text(3000), encoding="utf-8")
+    settings = {"max_iters": 6, "eval_interval": 3, "eval_iters": 2, "checkpoint_interval": 3, "batch_size": 2,
+                "block_size": 32, "lora_rank": 2, "warmup_iters": 1}
+    run = gptlite.train_on_text([tmp_path / "new.txt"], tmp_path / "run", settings, init_from=str(path), verbose=0)
+    adapted = [w for w in run.model.trainable_weights]
+    # Every block: the fused q/k/v, the output, gate-and-up and down projections, two matrices each.
+    assert len(adapted) == 2 * 4 * 2 and all(w.name in ("lora_a", "lora_b") for w in adapted)
+    saved = gptlite.load(tmp_path / "run" / "model.keras")
+    assert saved.config.block_size == 32 and saved.config.position == "rotary"
+    assert isinstance(saved.tokenizer, gptlite.PretrainedTokenizer)
+    assert saved.tokenizer.chat_template == TEMPLATE
+    assert saved.tokenizer.encode(TRICKY).tolist() == run.model.tokenizer.encode(TRICKY).tolist()
+    text = gptlite.generate(saved, "The quick", max_new_tokens=5, temperature=0.0)
+    assert text.startswith("The quick")
