@@ -2,7 +2,7 @@
 
     python benchmarks/generate.py [--new-tokens 500 | --within-window] [--slide 1|half]
         [--batch-sizes 1 8] [--sizes cpu big] [--methods cached short recompute] [--repeats 3]
-        [--dtype float32|bfloat16] [--quantize int8]
+        [--dtype float32|bfloat16] [--kv-heads 6 2]
 
 Models have random weights (speed only) and a 65-token vocabulary:
 `cpu` is the cpu preset's shape (4 layers, 4 heads, width 128, context 64),
@@ -20,8 +20,8 @@ instead, so the window never moves. Each figure is the median of --repeats
 runs after one warm-up run, which also measures the first-token time with
 compilation included (cold: the first generation with a new model).
 `--dtype bfloat16` builds the models with bfloat16 weights and arithmetic;
-`--quantize int8` applies Keras's int8 quantization to their Dense layers
-(weights in int8, each with a scale) before generating.
+`--kv-heads` measures each shape once per number of key/value heads given
+(grouped-query attention; default: as many as query heads), side by side.
 """
 
 import argparse
@@ -61,16 +61,16 @@ def main():
     parser.add_argument("--methods", nargs="+", default=["cached", "recompute"],
                         choices=["cached", "short", "recompute"])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--quantize", choices=["int8"])
+    parser.add_argument("--kv-heads", type=int, nargs="+", default=[None])
     args = parser.parse_args()
     keras.config.set_dtype_policy(args.dtype)
-    print("| size | new tokens | slide | batch | method | tokens/s (median) | first token, cold (s) "
-          "| first token, warm (ms) |")
-    print("|---|---:|---:|---:|---|---:|---:|---:|")
-    for size in args.sizes:
-        model = random_model(size)
-        if args.quantize:
-            model.quantize(args.quantize)  # warns that LayerNormalization has no int8 form: it stays as it is
+    print("| size | key/value heads | cache MB (batch 1) | new tokens | slide | batch | method | tokens/s (median) "
+          "| first token, cold (s) | first token, warm (ms) |")
+    print("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|")
+    for size, kv_heads in ((size, kv_heads) for size in args.sizes for kv_heads in args.kv_heads):
+        model = random_model(size, n_kv_head=kv_heads)
+        config = model.config
+        cache_mb = config.n_layer * 2 * config.kv_heads * config.head_size * config.block_size * 4 / 2**20
         new_tokens = SIZES[size]["block_size"] - 1 if args.within_window else args.new_tokens
         slide = 1 if args.slide == "1" else SIZES[size]["block_size"] // 2
         for batch_size in args.batch_sizes:
@@ -85,8 +85,8 @@ def main():
                 warm_first = [first for first, _, _ in runs if first is not None]
                 cold = f"{cold_first:.2f}" if cold_first is not None else "–"
                 warm = f"{statistics.median(warm_first) * 1000:.1f}" if warm_first else "–"
-                print(f"| {size} | {new_tokens} | {slide} | {batch_size} | {name} | {rate:,.0f} | {cold} | {warm} |",
-                      flush=True)
+                print(f"| {size} | {config.kv_heads} | {cache_mb:.2f} | {new_tokens} | {slide} | {batch_size} | {name} "
+                      f"| {rate:,.0f} | {cold} | {warm} |", flush=True)
             for name in texts:
                 if texts[name] != texts[args.methods[0]]:
                     print(f"  note: {size}, batch {batch_size}: {name} and {args.methods[0]} texts differ")

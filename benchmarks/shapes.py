@@ -15,10 +15,10 @@ SIZES = {
 VOCABULARY_SIZE = 65
 
 
-def random_model(size):
-    """A built gptlite GPT of that shape, the same weights every time (speed only)."""
+def random_model(size, **settings):
+    """A built gptlite GPT of that shape (and other `settings`), the same weights every time (speed only)."""
     keras.utils.set_random_seed(0)
     tokenizer = gptlite.CharTokenizer("".join(chr(32 + i) for i in range(VOCABULARY_SIZE)))
-    model = gptlite.GPT(vocab_size=VOCABULARY_SIZE, tokenizer=tokenizer, **SIZES[size])
+    model = gptlite.GPT(vocab_size=VOCABULARY_SIZE, tokenizer=tokenizer, **SIZES[size], **settings)
     model.build((None, SIZES[size]["block_size"]))
     return model

@@ -169,14 +169,16 @@ def run_gptlite(text_path, settings, precision, seed):
     clock.started = time.perf_counter()
     with tempfile.TemporaryDirectory() as out_dir:
         rows = training.train(model, train_ids, validation_ids, config, out_dir, verbose=0, callbacks=[clock])
-    parameters = model.count_params() - model.config.block_size * model.config.n_embd
+    # Without a position table, which is looked up rather than multiplied.
+    table = model.config.block_size * model.config.n_embd if model.config.position != "rotary" else 0
+    parameters = model.count_params() - table
     compute_dtype = "bfloat16" if precision == "bf16" else "float16" if precision == "fp16" else "float32"
     ceiling = time_matmul(
         lambda a, b: keras.ops.convert_to_numpy(keras.ops.cast(keras.ops.matmul(a, b)[0, 0], "float32")),
         lambda: keras.ops.cast(np.random.default_rng(0).normal(size=(MATMUL_SIZE, MATMUL_SIZE)), compute_dtype),
     )
     return {**summarise([clock.first, *clock.times], settings, parameters, ceiling),
-            "val_loss": rows[-1]["val_loss"]}
+            "val_loss": rows[-1]["val_loss"], "parameters": parameters}
 
 
 def main():

@@ -111,3 +111,23 @@ def test_attention_maps_are_causal_distributions(model):
     assert weights.shape == (2, 1, 4, BLOCK_SIZE, BLOCK_SIZE)
     np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
     assert np.all(np.triu(weights, k=1) == 0)
+
+
+def test_a_seq2seq_model_with_the_modern_switches_decodes_with_its_cache_as_in_full():
+    keras.utils.set_random_seed(12)
+    tokenizer = gptlite.CharTokenizer("abcdefgh", special_tokens=("pad", "start", "end"))
+    model = gptlite.Seq2Seq(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=4, n_embd=16, block_size=10,
+                            tokenizer=tokenizer, **dict(zip(SWITCHES, COMBINATIONS[1])))
+    model.build()
+    rng = np.random.default_rng(2)
+    source = rng.integers(3, tokenizer.vocabulary_size, (2, 7)).astype("int32")
+    source[1, 5:] = 0  # padding
+    target = rng.integers(3, tokenizer.vocabulary_size, (2, 6)).astype("int32")
+    full = _numpy(model({"source_ids": source, "target_ids": target}))
+    mask = model.source_mask(source)
+    cross = model.cross_key_values(model.encode(source, mask))
+    cache = model.empty_cache(2)
+    for position in range(6):
+        logits, cache = model.call_with_cache(target[:, position:position + 1], cache, np.full(2, position, "int32"),
+                                              cross, mask)
+        np.testing.assert_allclose(_numpy(logits)[:, 0], full[:, position], atol=1e-4)

@@ -22,6 +22,18 @@ SETTING_HELP = {
                     f"{','.join(settings.LORA_TARGETS)} (default: all)",
     "warmup_iters": "steps of linear learning-rate warm-up (presets: 100, or 5 for tiny; unless given, at most a "
                     "fifth of --max-iters)",
+    "position": "learned (a trained table, GPT-2's; the default), sinusoidal (a fixed table) or rotary (RoPE: "
+                "queries and keys turned by position inside attention)",
+    "rope_theta": "rotary positions' base (default: 10000)",
+    "norm": "layer (LayerNorm, GPT-2's; the default) or rms (RMSNorm, Llama's)",
+    "norm_epsilon": "added to the variance in every norm (default: 1e-5)",
+    "mlp": "the feed-forward: gelu (GPT-2's; the default) or swiglu (Llama's)",
+    "mlp_hidden_size": "the feed-forward's hidden width (default: 4 x --n-embd for gelu, 8/3 x rounded up to a "
+                       "multiple of 16 for swiglu)",
+    "n_kv_head": "key/value heads, shared by groups of query heads (grouped-query attention; 1: multi-query); the "
+                 "key/value cache holds N heads (default: --n-head)",
+    "qk_norm": "RMS-normalise each head's queries and keys (default: off)",
+    "qkv_bias": "biases on the query/key/value projection alone (Qwen2's; default: as --bias)",
 }
 
 

@@ -1,0 +1,111 @@
+"""Architectures side by side: GPT-2's layout, each modern switch alone, and all of them together.
+
+    python benchmarks/architectures.py [TEXT] [--preset cpu] [--rounds 1] [--max-iters N]
+        [--variants gpt2 rotary ...] [--backend tensorflow]
+
+Every variant trains the preset's budget (its steps, batch, context and
+width) on TEXT (default: Tiny Shakespeare), in a child process of its own,
+through `benchmarks/train.py`'s `run_gptlite`, exactly as train.py trains.
+The rounds take the variants in turn, so that machine noise hits all alike,
+and round r uses seed 1337 + r. Reports, with medians over the rounds:
+- parameters (without a position table, which is looked up, not multiplied);
+- val loss after the last step, and bits per character (val loss / ln 2:
+  one token is one character);
+- ms/iter, the median step, and its ratio to GPT-2's layout;
+- KV cache: the key/value cache's bytes at the full context for one row, in
+  float32 (n_layer x 2 x key/value heads x head size x context x 4).
+"""
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import statistics
+
+from children import run_child
+from train import DEFAULT_TEXT, run_gptlite, settings_for
+
+# Each variant's settings over the preset's. n_kv_head 2 of the cpu preset's 4 heads halves the cache.
+VARIANTS = {
+    "gpt2": {},
+    "rotary": {"position": "rotary"},
+    "rms": {"norm": "rms"},
+    "swiglu": {"mlp": "swiglu"},
+    "gqa": {"n_kv_head": 2},
+    "qk_norm": {"qk_norm": True},
+    "llama": {"position": "rotary", "norm": "rms", "mlp": "swiglu"},
+    "modern": {"position": "rotary", "norm": "rms", "mlp": "swiglu", "n_kv_head": 2, "qk_norm": True},
+}
+MEASURES = {"parameters": "parameters", "val_loss": "val loss", "bits_per_character": "bits/char",
+            "ms_per_iter": "ms/iter", "kv_cache_kb": "KV cache KB"}
+
+
+def measure(text, settings, seed):
+    """One variant's run: `run_gptlite`'s figures, with bits per character and the cache's size."""
+    import gptlite
+    from gptlite.settings import split_settings
+
+    result = run_gptlite(text, settings, "fp32", seed)
+    config = gptlite.GPTConfig(**split_settings(settings)[0])
+    cache_bytes = config.n_layer * 2 * config.kv_heads * config.head_size * config.block_size * 4
+    return {**result, "bits_per_character": result["val_loss"] / math.log(2), "kv_cache_kb": cache_bytes / 1024}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("text", nargs="?", type=pathlib.Path, default=DEFAULT_TEXT)
+    parser.add_argument("--preset", default="cpu")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--max-iters", type=int)
+    parser.add_argument("--backend", default="tensorflow")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=1337, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    overrides = {"max_iters": args.max_iters}
+    if args.max_iters:
+        overrides.update(eval_interval=args.max_iters, checkpoint_interval=args.max_iters)
+    base = settings_for(args.preset, overrides)
+    base["warmup_iters"] = min(base["warmup_iters"], base["max_iters"] // 5)
+
+    if args.child:
+        print(json.dumps(measure(args.text, {**base, **VARIANTS[args.child]}, args.seed)))
+        return
+
+    results = {name: [] for name in args.variants}
+    env = dict(os.environ, KERAS_BACKEND=args.backend)
+    for round_index in range(args.rounds):
+        for name in args.variants:
+            command = [__file__, str(args.text), "--child", name, "--preset", args.preset,
+                       "--seed", str(1337 + round_index)]
+            if args.max_iters:
+                command += ["--max-iters", str(args.max_iters)]
+            result = run_child(name, command, env)
+            results[name].append(result)
+            print(f"round {round_index + 1}, {name}: "
+                  + ", ".join(f"{key} {result[key]:.4g}" for key in MEASURES), flush=True)
+
+    first = args.variants[0]
+    medians = {name: {key: statistics.median(run[key] for run in runs) for key in MEASURES}
+               for name, runs in results.items()}
+    print(f"\n{args.preset} preset's budget ({base['max_iters']} steps, batch {base['batch_size']}, context "
+          f"{base['block_size']}), {args.backend}, fp32; medians of {args.rounds} (seeds 1337..{1336 + args.rounds}); "
+          f"ratios to {first}\n")
+    print("| variant | settings | " + " | ".join(MEASURES.values()) + " |")
+    print("|---|---|" + "---:|" * len(MEASURES))
+    for name in args.variants:
+        cells = []
+        for key in MEASURES:
+            value = medians[name][key]
+            cell = f"{value:,.0f}" if key in ("parameters", "kv_cache_kb") else f"{value:.4f}" \
+                if key in ("val_loss", "bits_per_character") else f"{value:.1f}"
+            if name != first and key in ("ms_per_iter", "kv_cache_kb", "parameters"):
+                cell += f" ({value / medians[first][key]:.2f}x)"
+            cells.append(cell)
+        settings = ", ".join(f"{k}={v}" for k, v in VARIANTS[name].items()) or "GPT-2's layout"
+        print(f"| {name} | {settings} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
