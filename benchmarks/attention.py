@@ -21,13 +21,13 @@ from gptlite import data, layers, training
 from gptlite.settings import PRECISIONS, PRESETS, dtype_policy, split_settings
 
 
-class StepByStepAttention(layers.CausalSelfAttention):
-    def call(self, x, training=None, return_attention_scores=False):
+class StepByStepAttention(layers.Attention):
+    def call(self, x, context=None, context_mask=None, training=None, return_attention_scores=False):
         return super().call(x, training=training, return_attention_scores=True)[0]
 
 
-class FusedAttention(layers.CausalSelfAttention):
-    def call(self, x, training=None, return_attention_scores=False):
+class FusedAttention(layers.Attention):
+    def call(self, x, context=None, context_mask=None, training=None, return_attention_scores=False):
         length = keras.ops.shape(x)[1]
         qkv = keras.ops.reshape(self.qkv_projection(x), (-1, length, 3, self.num_heads, self.head_size))
         attended = keras.ops.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], is_causal=True)

@@ -321,12 +321,6 @@ def scaled_dot_product_attention(query, key, value, mask=None):
     return attended, weights  # (B, H, T, D), (B, H, T, S)
 
 
-def split_heads(x, num_heads):
-    """(B, T, C) -> (B, H, T, D)."""
-    length, width = ops.shape(x)[1], ops.shape(x)[2]
-    return ops.transpose(ops.reshape(x, (-1, length, num_heads, width // num_heads)), (0, 2, 1, 3))
-
-
 def merge_heads(x):
     """(B, H, T, D) -> (B, T, C)."""
     heads, length, head_size = ops.shape(x)[1], ops.shape(x)[2], ops.shape(x)[3]

@@ -1,15 +1,18 @@
-"""Pretrained GPT-2 weights in and out: a Hugging Face GPT-2 folder, a
-KerasHub GPT-2 preset or a saved gptlite model becomes a gptlite `GPT`, and
-a gptlite GPT is written back as either of the first two.
+"""Pretrained weights in and out: a Hugging Face GPT-2, Llama or Qwen2 folder,
+a KerasHub GPT-2 preset or a saved gptlite model becomes a gptlite `GPT`,
+and a gptlite GPT is written back as a Hugging Face folder or a KerasHub
+preset. Llama and Qwen2 folders are `gptlite.llama`'s; this module reads
+the rest and chooses.
 
-gptlite's GPT has GPT-2's layout: pre-norm blocks, learned positions, one
-fused query/key/value projection with the heads side by side in each of its
-three parts, tanh-approximated GELU, LayerNorm epsilon 1e-5 and the output
-head tied to the token embedding. So GPT-2's weights fit it as they are;
-only KerasHub's attention, which keeps query, key and value apart with a
-heads axis, is reshaped. Every format goes through one form, GPT-2's own
-names for its weights (`wte.weight`, `h.0.attn.c_attn.weight`, ...) with
-Hugging Face's shapes, which are Keras's Dense shapes (inputs first).
+gptlite's GPT has, by default, GPT-2's layout: pre-norm blocks, learned
+positions, one fused query/key/value projection with the heads side by side
+in each of its three parts, tanh-approximated GELU, LayerNorm epsilon 1e-5
+and the output head tied to the token embedding. So GPT-2's weights fit it
+as they are; only KerasHub's attention, which keeps query, key and value
+apart with a heads axis, is reshaped. Every GPT-2 format goes through one
+form, GPT-2's own names for its weights (`wte.weight`,
+`h.0.attn.c_attn.weight`, ...) with Hugging Face's shapes, which are
+Keras's Dense shapes (inputs first).
 
 A GPT-2 tokenizer (vocabulary and merges) becomes gptlite's byte-level BPE
 tokenizer with the same ids.
@@ -24,8 +27,8 @@ import numpy as np
 from gptlite import llama, saving
 from gptlite.errors import ConfigError, InputError, MissingFileError
 from gptlite.files import atomic_directory
-from gptlite.model import GPT
 from gptlite.layers import Linear
+from gptlite.model import GPT
 from gptlite.tokenizers import BPETokenizer, CharTokenizer, PretrainedTokenizer
 
 # The activations Hugging Face names for the tanh approximation of GELU, which gptlite uses.
@@ -38,10 +41,12 @@ def from_pretrained(name_or_path, block_size=None, dropout=None, dtype=None):
 
     name_or_path: a gptlite `GPT` or `.keras` file; a Hugging Face GPT-2 folder
         (config.json, model.safetensors or pytorch_model.bin, and vocab.json
-        with merges.txt or a tokenizer.json); a KerasHub GPT-2 preset folder;
-        or a KerasHub preset name such as "gpt2_base_en" (downloaded by
-        keras-hub where a network is reachable).
-    block_size: a shorter context than the model's: the position table is cut.
+        with merges.txt or a tokenizer.json); a Hugging Face Llama or Qwen2
+        folder (config.json, model.safetensors or its shards, tokenizer.json;
+        see `gptlite.llama`); a KerasHub GPT-2 preset folder; or a KerasHub
+        preset name such as "gpt2_base_en" (downloaded by keras-hub where a
+        network is reachable).
+    block_size: a shorter context than the model's: the position table, if any, is cut.
     dropout: the dropout to train with (default: a gptlite model's own, 0 for GPT-2).
     dtype: the Keras dtype policy to build it with (default: Keras's, float32).
     """
@@ -195,7 +200,7 @@ def _is_hugging_face_folder(path):
     A folder without a readable config.json is neither, and is refused."""
     config_file = path / "config.json"
     if not config_file.is_file():
-        raise MissingFileError(f"{path} has no config.json: a Hugging Face GPT-2 folder or a KerasHub preset "
+        raise MissingFileError(f"{path} has no config.json: a Hugging Face folder or a KerasHub preset "
                                f"folder holds one beside its weights")
     config = _read_json(config_file)
     if not isinstance(config, dict):
@@ -443,8 +448,8 @@ def _read_kerashub(preset):
 
     known = sorted(keras_hub.models.GPT2Backbone.presets)
     if not pathlib.Path(preset).exists() and str(preset) not in known:
-        raise MissingFileError(f"no such model: {preset} is not a gptlite .keras file, a Hugging Face GPT-2 "
-                               f"folder, a KerasHub preset folder or a KerasHub GPT-2 preset name "
+        raise MissingFileError(f"no such model: {preset} is not a gptlite .keras file, a Hugging Face GPT-2, "
+                               f"Llama or Qwen2 folder, a KerasHub preset folder or a KerasHub GPT-2 preset name "
                                f"({', '.join(known)})")
     try:
         backbone = keras_hub.models.Backbone.from_preset(str(preset))
