@@ -23,10 +23,13 @@ import os
 import pathlib
 import statistics
 
+from gptlite.settings import PRESETS
+
 from children import run_child
 from train import DEFAULT_TEXT, run_gptlite, settings_for
 
 # Each variant's settings over the preset's. n_kv_head 2 of the cpu preset's 4 heads halves the cache.
+# "modern" is what the modern preset sets beyond the cpu preset's: all five switches.
 VARIANTS = {
     "gpt2": {},
     "rotary": {"position": "rotary"},
@@ -35,7 +38,7 @@ VARIANTS = {
     "gqa": {"n_kv_head": 2},
     "qk_norm": {"qk_norm": True},
     "llama": {"position": "rotary", "norm": "rms", "mlp": "swiglu"},
-    "modern": {"position": "rotary", "norm": "rms", "mlp": "swiglu", "n_kv_head": 2, "qk_norm": True},
+    "modern": {name: value for name, value in PRESETS["modern"].items() if PRESETS["cpu"].get(name) != value},
 }
 MEASURES = {"parameters": "parameters", "val_loss": "val loss", "bits_per_character": "bits/char",
             "ms_per_iter": "ms/iter", "kv_cache_kb": "KV cache KB"}

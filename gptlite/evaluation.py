@@ -151,7 +151,8 @@ class _Scorer:
 
     def score(self, pieces, progress):
         """(tokens predicted, their characters, their bytes, summed loss) over the text of `pieces`."""
-        start_token = self.tokenizer.end_token_id
+        # A text starts after the beginning token where the tokenizer has one (Llama's), else after an end of text.
+        start_token = ([*self.tokenizer.text_start_ids, self.tokenizer.end_token_id])[0]
         buffer = np.asarray([] if start_token is None else [start_token], np.int64)
         first = start_token is None  # the first token is context only: its text is not counted
         scored_from = 1  # the buffer position of the first token not yet scored

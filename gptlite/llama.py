@@ -1,9 +1,10 @@
-"""Llama-family Hugging Face folders in and out: `LlamaForCausalLM` (SmolLM2, TinyLlama) and
-`Qwen2ForCausalLM` (Qwen2.5) become a gptlite `GPT`, and such a GPT is written back as one.
+"""Llama-family Hugging Face folders in and out: `LlamaForCausalLM` (SmolLM2, TinyLlama),
+`Qwen2ForCausalLM` (Qwen2.5) and `Qwen3ForCausalLM` become a gptlite `GPT`, and such a GPT is written back
+as one.
 
-Both are gptlite's GPT with rotary positions, RMSNorm, a SwiGLU feed-forward
+All are gptlite's GPT with rotary positions, RMSNorm, a SwiGLU feed-forward
 and grouped-query attention; Qwen2 adds biases to the query, key and value
-projections. Hugging Face keeps query, key and value apart, and gate and up
+projections, Qwen3 QK-norm. Hugging Face keeps query, key and value apart, and gate and up
 apart, each as a (out, in) matrix; gptlite fuses each group into one
 projection with (in, out) kernels. `_places` is the one table of where each
 tensor of the folder lives in the GPT, which import and export both read.
@@ -21,14 +22,14 @@ from gptlite.layers import Linear
 from gptlite.tokenizers import PretrainedTokenizer
 
 # model_type -> the class name transformers gives it.
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 # Tensors of some folders that are not weights: rotary frequencies that a model recomputes.
 _NOT_WEIGHTS = ("rotary_emb.inv_freq",)
 _SAFETENSORS_TYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "BF16": "bfloat16"}
 
 
 def settings_from_config(config, folder):
-    """gptlite's shape settings for a Llama or Qwen2 config.json (a dict), or an `InputError` naming
+    """gptlite's shape settings for a Llama, Qwen2 or Qwen3 config.json (a dict), or an `InputError` naming
     each part of it that gptlite's GPT cannot express."""
     model_type = config["model_type"]
     missing = [key for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -51,6 +52,7 @@ def settings_from_config(config, folder):
         (any(key in config for key in ("num_experts", "num_local_experts")), "a mixture of experts"),
         (model_type == "llama" and attention_bias != mlp_bias,
          "biases in attention but not in the feed-forward, or the other way round"),
+        (model_type == "qwen3" and attention_bias, "biases in attention but not in the feed-forward"),
     ]
     reasons = [reason for failed, reason in unsupported if failed]
     if reasons:
@@ -63,28 +65,32 @@ def settings_from_config(config, folder):
         position="rotary", rope_theta=float(config.get("rope_theta", rope.get("rope_theta", 10000.0))),
         norm="rms", norm_epsilon=float(config.get("rms_norm_eps", 1e-6)), mlp="swiglu",
         mlp_hidden_size=config["intermediate_size"], tie_weights=bool(config.get("tie_word_embeddings", False)),
-        bias=False if qwen else bool(attention_bias), qkv_bias=True if qwen else None, qk_norm=False, dropout=0.0,
+        bias=model_type == "llama" and bool(attention_bias), qkv_bias=True if qwen else None,
+        qk_norm=model_type == "qwen3", dropout=0.0,
     )
 
 
 def family_of(config):
-    """The folder kind a GPT's settings (`GPTConfig`) can be written as: "llama" or "qwen2";
-    a `ConfigError` naming what neither can hold."""
+    """The folder kind a GPT's settings (`GPTConfig`) can be written as: "llama", "qwen2" or "qwen3";
+    a `ConfigError` naming what none can hold."""
     reasons = [reason for failed, reason in [
         (config.position != "rotary", f"{config.position} positions (they use rotary ones)"),
         (config.norm != "rms", "LayerNorm (they use RMSNorm)"),
         (config.mlp != "swiglu", "a GELU feed-forward (they use SwiGLU)"),
-        (config.qk_norm, "QK-norm"),
+        (config.qk_norm and (config.bias or config.qkv_bias), "QK-norm with biases"),
         (config.bias and config.qkv_bias is False, "biases everywhere but on the query, key and value projections"),
     ] if failed]
     if reasons:
-        raise ConfigError(f"a Llama or Qwen2 folder cannot hold {'; '.join(reasons)}")
-    # Qwen2's biases are on the query, key and value projections only; Llama's are everywhere or nowhere.
+        raise ConfigError(f"a Llama, Qwen2 or Qwen3 folder cannot hold {'; '.join(reasons)}")
+    # Qwen2's biases are on the query, key and value projections only; Llama's are everywhere or nowhere;
+    # Qwen3 has QK-norm and no biases.
+    if config.qk_norm:
+        return "qwen3"
     return "qwen2" if config.qkv_bias and not config.bias else "llama"
 
 
 def _places(model):
-    """Where each tensor of a Llama or Qwen2 folder lives in a GPT: name -> (layer, attribute, columns,
+    """Where each tensor of a Llama, Qwen2 or Qwen3 folder lives in a GPT: name -> (layer, attribute, columns,
     transposed): the tensor is `getattr(layer, attribute)[..., columns]`, transposed where Hugging Face keeps
     (out, in) matrices. Layers without biases have no bias names."""
     config = model.config
@@ -111,6 +117,9 @@ def _places(model):
             places[f"{prefix}{name}.weight"] = (layer, "kernel", columns, True)
             if layer.bias is not None:
                 places[f"{prefix}{name}.bias"] = (layer, "bias", columns, False)
+        if attention.qk_norm:
+            places[f"{prefix}self_attn.q_norm.weight"] = (attention.query_norm, "gamma", None, False)
+            places[f"{prefix}self_attn.k_norm.weight"] = (attention.key_norm, "gamma", None, False)
         places[f"{prefix}input_layernorm.weight"] = (block.attention_norm, "gamma", None, False)
         places[f"{prefix}post_attention_layernorm.weight"] = (block.feed_forward_norm, "gamma", None, False)
     return places
@@ -125,7 +134,7 @@ def _numpy(layer, attribute):
 
 
 def hugging_face_arrays(model):
-    """A GPT's weights under a Llama or Qwen2 folder's names, as float32 numpy arrays."""
+    """A GPT's weights under a Llama, Qwen2 or Qwen3 folder's names, as float32 numpy arrays."""
     arrays = {}
     for name, (layer, attribute, columns, transposed) in _places(model).items():
         value = _numpy(layer, attribute)
@@ -135,7 +144,7 @@ def hugging_face_arrays(model):
 
 
 def load_hugging_face_arrays(model, arrays):
-    """Set a built GPT's weights from a Llama or Qwen2 folder's tensors (as `hugging_face_arrays` gives).
+    """Set a built GPT's weights from a Llama, Qwen2 or Qwen3 folder's tensors (as `hugging_face_arrays` gives).
 
     A missing, extra or misshapen tensor is an `InputError` naming it.
     """
@@ -167,7 +176,8 @@ def load_hugging_face_arrays(model, arrays):
 # --- reading a folder
 
 def read_folder(folder, config):
-    """(shape settings, tokenizer, arrays) of a Llama or Qwen2 Hugging Face folder whose config.json is `config`."""
+    """(shape settings, tokenizer, arrays) of a Llama, Qwen2 or Qwen3 Hugging Face folder whose config.json is
+    `config`."""
     shape = settings_from_config(config, folder)
     tokenizer = read_tokenizer(folder, config["vocab_size"], config)
     return shape, tokenizer, read_safetensors_folder(folder)
@@ -270,7 +280,7 @@ def read_safetensors(path):
 # --- writing a folder
 
 def export_folder(model, directory, write_tokenizer):
-    """Write a GPT with a Llama-family layout as a Hugging Face Llama or Qwen2 folder; `write_tokenizer(folder)`
+    """Write a GPT with a Llama-family layout as a Hugging Face Llama, Qwen2 or Qwen3 folder; `write_tokenizer(folder)`
     writes the tokenizer's files. The folder appears whole or not at all."""
     from safetensors.numpy import save_file
 
@@ -290,6 +300,9 @@ def export_folder(model, directory, write_tokenizer):
     }
     if family == "llama":
         hf_config.update(attention_bias=config.bias, mlp_bias=config.bias, pretraining_tp=1)
+    elif family == "qwen3":
+        hf_config.update(attention_bias=False, use_sliding_window=False, sliding_window=None,
+                         max_window_layers=config.n_layer)
     else:
         hf_config.update(use_sliding_window=False, sliding_window=None, max_window_layers=config.n_layer)
     arrays = hugging_face_arrays(model)

@@ -1,5 +1,5 @@
-"""Pretrained weights in and out: a Hugging Face GPT-2, Llama or Qwen2 folder,
-a KerasHub GPT-2 preset or a saved gptlite model becomes a gptlite `GPT`,
+"""Pretrained weights in and out: a Hugging Face GPT-2, Llama, Qwen2 or Qwen3
+folder, a KerasHub GPT-2 preset or a saved gptlite model becomes a gptlite `GPT`,
 and a gptlite GPT is written back as a Hugging Face folder or a KerasHub
 preset. Llama and Qwen2 folders are `gptlite.llama`'s; this module reads
 the rest and chooses.
@@ -41,7 +41,7 @@ def from_pretrained(name_or_path, block_size=None, dropout=None, dtype=None):
 
     name_or_path: a gptlite `GPT` or `.keras` file; a Hugging Face GPT-2 folder
         (config.json, model.safetensors or pytorch_model.bin, and vocab.json
-        with merges.txt or a tokenizer.json); a Hugging Face Llama or Qwen2
+        with merges.txt or a tokenizer.json); a Hugging Face Llama, Qwen2 or Qwen3
         folder (config.json, model.safetensors or its shards, tokenizer.json;
         see `gptlite.llama`); a KerasHub GPT-2 preset folder; or a KerasHub
         preset name such as "gpt2_base_en" (downloaded by keras-hub where a
@@ -217,13 +217,13 @@ def _read_json(path):
 
 def _read_hugging_face(folder):
     """(shape settings, tokenizer, arrays, the function that loads the arrays into a GPT) of a Hugging Face
-    GPT-2, Llama or Qwen2 folder."""
+    GPT-2, Llama, Qwen2 or Qwen3 folder."""
     config = _read_json(folder / "config.json")
     model_type = config.get("model_type", "gpt2")
     if model_type in llama.ARCHITECTURES:
         return (*llama.read_folder(folder, config), llama.load_hugging_face_arrays)
     if model_type != "gpt2":
-        raise InputError(f"{folder} holds a {model_type} model; gptlite reads GPT-2, Llama and Qwen2 models")
+        raise InputError(f"{folder} holds a {model_type} model; gptlite reads GPT-2, Llama, Qwen2 and Qwen3 models")
     return (*_read_gpt2_folder(folder, config), load_gpt2_arrays)
 
 
@@ -449,8 +449,8 @@ def _read_kerashub(preset):
     known = sorted(keras_hub.models.GPT2Backbone.presets)
     if not pathlib.Path(preset).exists() and str(preset) not in known:
         raise MissingFileError(f"no such model: {preset} is not a gptlite .keras file, a Hugging Face GPT-2, "
-                               f"Llama or Qwen2 folder, a KerasHub preset folder or a KerasHub GPT-2 preset name "
-                               f"({', '.join(known)})")
+                               f"Llama, Qwen2 or Qwen3 folder, a KerasHub preset folder or a KerasHub GPT-2 preset "
+                               f"name ({', '.join(known)})")
     try:
         backbone = keras_hub.models.Backbone.from_preset(str(preset))
         hub_tokenizer = keras_hub.models.GPT2Tokenizer.from_preset(str(preset))

@@ -1,4 +1,4 @@
-"""Llama-family Hugging Face folders (LlamaForCausalLM, Qwen2ForCausalLM) in and out.
+"""Llama-family Hugging Face folders (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM) in and out.
 
 Every model here is tiny, with random weights, built by transformers and saved locally with a tokenizer
 trained here by the tokenizers library: nothing is downloaded. transformers builds its models with torch, so
@@ -63,7 +63,10 @@ KINDS = {
     "llama": (sentencepiece_tokenizer, dict(num_key_value_heads=2, tie_word_embeddings=False)),
     # Qwen2: tied head, multi-query attention (1 key/value head), biases on q, k and v, byte-level BPE.
     "qwen2": (byte_level_tokenizer, dict(num_key_value_heads=1, tie_word_embeddings=True)),
+    # Qwen3: QK-norm, 2 key/value heads, a head size of hidden_size / num_attention_heads.
+    "qwen3": (byte_level_tokenizer, dict(num_key_value_heads=2, tie_word_embeddings=True, head_dim=8)),
 }
+CLASSES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}
 
 
 @pytest.fixture(scope="module", params=sorted(KINDS))
@@ -76,15 +79,15 @@ def folder(request, tmp_path_factory):
     hf_tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=library_tokenizer, bos_token=begin,
                                                         eos_token=end)
     hf_tokenizer.chat_template = TEMPLATE
-    config_class = transformers.LlamaConfig if request.param == "llama" else transformers.Qwen2Config
+    config_class = getattr(transformers, f"{CLASSES[request.param]}Config")
     # Wide initial weights make the likeliest token clearly ahead at each step, so greedy
     # decoding cannot turn on a rounding difference between the two implementations.
-    config = config_class(vocab_size=library_tokenizer.get_vocab_size() + (0 if request.param == "llama" else 12),
+    config = config_class(vocab_size=library_tokenizer.get_vocab_size() + (12 if request.param == "qwen2" else 0),
                           hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                           max_position_embeddings=64, rope_theta=500.0, initializer_range=0.3,
                           bos_token_id=hf_tokenizer.bos_token_id, eos_token_id=hf_tokenizer.eos_token_id, **settings)
     torch.manual_seed(0)
-    reference = getattr(transformers, f"{'Llama' if request.param == 'llama' else 'Qwen2'}ForCausalLM")(config)
+    reference = getattr(transformers, f"{CLASSES[request.param]}ForCausalLM")(config)
     reference.eval()
     path = tmp_path_factory.mktemp(request.param)
     reference.save_pretrained(path)
@@ -113,8 +116,9 @@ def test_the_configuration_maps_to_gptlites_settings(folder, model):
     config = model.config
     assert (config.position, config.norm, config.mlp, config.rope_theta) == ("rotary", "rms", "swiglu", 500.0)
     assert config.kv_heads == reference.config.num_key_value_heads < config.n_head == 4
-    assert config.tie_weights == (kind == "qwen2")
+    assert config.tie_weights == (kind != "llama")
     assert config.qkv_bias == (True if kind == "qwen2" else None) and not config.bias
+    assert config.qk_norm == (kind == "qwen3")
     assert config.mlp_hidden_size == 48 and config.block_size == 64
     assert model.config.vocab_size == reference.config.vocab_size
 
@@ -208,7 +212,7 @@ def test_bf16_and_sharded_weights_read(folder, model, tmp_path):
     ({"num_local_experts": 8}, "a mixture of experts"),
     ({"hidden_act": "gelu"}, "the activation 'gelu'"),
     ({"head_dim": 16}, "a head size of 16"),
-    ({"model_type": "mistral"}, "holds a mistral model; gptlite reads GPT-2, Llama and Qwen2 models"),
+    ({"model_type": "mistral"}, "holds a mistral model; gptlite reads GPT-2, Llama, Qwen2 and Qwen3 models"),
 ])
 def test_configurations_gptlite_cannot_express_are_refused_naming_what_is_missing(folder, tmp_path, change,
                                                                                   message):

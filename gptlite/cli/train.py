@@ -79,8 +79,8 @@ def make_parser(prog):
                              "or replace them with U+FFFD (replace)")
     parser.add_argument("--init-from", default=None, metavar="MODEL",
                         help="fine-tune a pretrained GPT instead of training a new one: a gptlite model.keras, a "
-                             "Hugging Face GPT-2, Llama or Qwen2 folder, or a KerasHub GPT-2 preset (a folder, or a "
-                             "name such as gpt2_base_en, downloaded where a network is reachable); it keeps its "
+                             "Hugging Face GPT-2, Llama, Qwen2 or Qwen3 folder, or a KerasHub GPT-2 preset (a folder, "
+                             "or a name such as gpt2_base_en, downloaded where a network is reachable); it keeps its "
                              "shape and tokenizer, and its file is only read (see docs/pretrained.md)")
     add_unknown_flag(parser, "with --init-from: text characters the pretrained char vocabulary lacks")
     parser.add_argument("--distribute", action="store_true",
