@@ -15,6 +15,9 @@ import gptlite
 from conftest import make_text
 from gptlite import llama
 
+# transformers needs torch, which the dev extra leaves out: .ci/run runs these under TensorFlow once it is there.
+pytestmark = pytest.mark.extras
+
 # Unicode, runs of spaces, tabs and newlines, a character the vocabulary lacks (byte fallback), an emoji.
 TRICKY = "  Héllo\n\n  wörld 😀 it's  the cat's\that Ünïcödé — “quoted”  \n\nend"
 CORPUS = ("The quick brown fox jumps over the lazy dog. It's a cat's hat, isn't it?\n"
