@@ -23,7 +23,7 @@ class GPTConfig:
     block_size: int = 64  # longest context the model sees
     dropout: float = 0.0  # on embeddings and residual branches
     attention_dropout: float = 0.0  # on attention weights; above 0, training cannot use fused attention
-    bias: bool = False  # biases in Dense and LayerNorm layers
+    bias: bool = False  # biases in the projections and LayerNorms
     tie_weights: bool = True  # LM head reuses the token embedding matrix
     position: str = "learned"  # "learned", "sinusoidal" (tables added to the embedding) or "rotary" (RoPE)
     rope_theta: float = 10000.0  # rotary positions' base
