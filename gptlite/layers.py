@@ -429,8 +429,7 @@ class Attention(keras.layers.Layer):
             key_values = self.key_values(x if context is None else context)
             return self.attend(x, key_values, context_mask, training, return_attention_scores)
         length = ops.shape(x)[1]
-        query, key, value = self._project(x, position_kinds.rotary_angles(ops.arange(length), self.head_size,
-                                                                          self.rope_theta) if self.rotary else None)
+        query, key, value = self._project(x, self._angles(ops.arange(length)))
         weights_needed = return_attention_scores or (training and self.attention_dropout_rate > 0)
         if not weights_needed and _fused_attention_is_faster(self.compute_dtype):
             # The backend's fused attention (torch's scaled_dot_product_attention,
@@ -462,8 +461,7 @@ class Attention(keras.layers.Layer):
         length = ops.shape(x)[1]
         cache_length = ops.shape(cache)[3]
         positions = token_positions(start_positions, length)  # (B, T)
-        angles = position_kinds.rotary_angles(positions, self.head_size, self.rope_theta) if self.rotary else None
-        query, key, value = (ops.transpose(part, (0, 2, 1, 3)) for part in self._project(x, angles))
+        query, key, value = (ops.transpose(part, (0, 2, 1, 3)) for part in self._project(x, self._angles(positions)))
         cache = _write_cache(cache, key, value, positions)  # (B, 2, K, S, D)
         mask = causal_mask(length, cache_length, start_positions)[:, None]  # (B, 1, T, S)
         attended, _ = scaled_dot_product_attention(query, cache[:, 0], cache[:, 1], mask)  # (B, H, T, D)
@@ -478,6 +476,10 @@ class Attention(keras.layers.Layer):
         # a zero tensor of the whole (B, T, H + 2K, D); a split's gradient is one concatenation.
         query, key, value = ops.split(qkv, [self.num_heads, self.num_heads + self.num_kv_heads], axis=2)
         return (*self._normed_and_rotated(query, key, angles), value)
+
+    def _angles(self, positions):
+        """Rotary positions' angles (..., D/2) for positions (...); None without rotary positions."""
+        return position_kinds.rotary_angles(positions, self.head_size, self.rope_theta) if self.rotary else None
 
     def _normed_and_rotated(self, query, key, angles):
         if self.qk_norm:
@@ -495,8 +497,7 @@ class Attention(keras.layers.Layer):
         if self.qk_norm:
             key = self.key_norm(key)
         if self.rotary:
-            key = position_kinds.rotate(key, position_kinds.rotary_angles(ops.arange(length), self.head_size,
-                                                                          self.rope_theta))
+            key = position_kinds.rotate(key, self._angles(ops.arange(length)))
         return ops.stack([ops.transpose(key, (0, 2, 1, 3)), ops.transpose(value, (0, 2, 1, 3))], axis=1)
 
     def attend(self, x, key_values, context_mask=None, training=None, return_attention_scores=False):
@@ -506,8 +507,7 @@ class Attention(keras.layers.Layer):
         if self.qk_norm:
             query = self.query_norm(query)
         if self.rotary:
-            query = position_kinds.rotate(query, position_kinds.rotary_angles(ops.arange(length), self.head_size,
-                                                                              self.rope_theta))
+            query = position_kinds.rotate(query, self._angles(ops.arange(length)))
         query = ops.transpose(query, (0, 2, 1, 3))  # (B, H, T, D)
         mask = None if context_mask is None else ops.cast(context_mask, "bool")[:, None, None, :]  # (B, 1, 1, S)
         attended, weights = _attend_with_dropout(
