@@ -26,3 +26,17 @@ def test_tensorboard_is_a_switch_that_leaves_the_texts_alone():
     assert args.tensorboard is True and [str(text) for text in args.texts] == ["books"]
     args = parser.parse_args(["notes.txt", "--tensorboard-dir", "events"])
     assert str(args.tensorboard_dir) == "events" and [str(text) for text in args.texts] == ["notes.txt"]
+
+
+def test_the_architecture_settings_are_flags_of_the_same_names():
+    from gptlite.cli import train
+    from gptlite.cli.flags import as_flags
+
+    parser = train.make_parser("gptlite-train")
+    args = parser.parse_args(["--position", "rotary", "--rope-theta", "500", "--norm", "rms", "--mlp", "swiglu",
+                              "--mlp-hidden-size", "96", "--n-kv-head", "1", "--qk-norm", "--no-qkv-bias"])
+    assert (args.position, args.rope_theta, args.norm, args.mlp, args.mlp_hidden_size, args.n_kv_head,
+            args.qk_norm, args.qkv_bias) == ("rotary", 500.0, "rms", "swiglu", 96, 1, True, False)
+    assert parser.parse_args([]).n_kv_head is None  # unset: the preset's, or n_head
+    assert as_flags("n_head (6) must be divisible by n_kv_head (4)", parser) == \
+        "--n-head (6) must be divisible by --n-kv-head (4)"
