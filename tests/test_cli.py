@@ -540,6 +540,7 @@ def test_a_saved_model_fine_tunes_with_lora_and_exports_for_other_tools(capsys, 
 
     assert main(["export", "--model", str(tuned / "model.keras"), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
     assert (tmp_path / "hf" / "model.safetensors").exists() and (tmp_path / "hf" / "tokenizer.json").exists()
+    assert "a GPT2LMHeadModel" in capsys.readouterr().out
     assert main(["export", "--model", str(tuned / "model.keras"), "--format", "kerashub",
                  "--out", str(tmp_path / "hub")]) == 2
     assert "byte-level BPE" in capsys.readouterr().err and not (tmp_path / "hub").exists()

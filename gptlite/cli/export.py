@@ -1,5 +1,6 @@
 """`gptlite export`: a trained model in a form other programs load without gptlite."""
 
+import json
 import pathlib
 
 from gptlite.cli.command import command
@@ -16,8 +17,9 @@ def make_parser(prog):
                         help="the model file (default: out/model.keras)")
     parser.add_argument("--format", choices=["saved_model", "hf", "kerashub"], default="saved_model",
                         help="saved_model: a TensorFlow SavedModel, token ids in, next-token logits out (the "
-                             "default); hf: a Hugging Face GPT-2 folder (transformers' GPT2LMHeadModel and "
-                             "AutoTokenizer load it); kerashub: a KerasHub GPT-2 preset (GPT2CausalLM.from_preset)")
+                             "default); hf: a Hugging Face folder, GPT-2 for GPT-2's layout, Llama, Qwen2 or Qwen3 "
+                             "for a Llama-family one (transformers' AutoModelForCausalLM and AutoTokenizer load it); "
+                             "kerashub: a KerasHub GPT-2 preset (GPT2CausalLM.from_preset)")
     parser.add_argument("--out", type=pathlib.Path, required=True, help="the folder to write; must not exist")
     add_backend_flags(parser)
     return parser
@@ -34,8 +36,9 @@ def run(args):
     model = saving.load(args.model)
     if args.format == "hf":
         pretrained.export_hugging_face(model, args.out)
-        print(f"wrote {args.out}: load it with transformers.GPT2LMHeadModel.from_pretrained and "
-              f"AutoTokenizer.from_pretrained")
+        architecture = json.loads((args.out / "config.json").read_text())["architectures"][0]
+        print(f"wrote {args.out}, a {architecture}: load it with transformers.AutoModelForCausalLM.from_pretrained "
+              f"and AutoTokenizer.from_pretrained")
     elif args.format == "kerashub":
         pretrained.export_kerashub(model, args.out)
         print(f"wrote {args.out}: load it with keras_hub.models.GPT2CausalLM.from_preset")
