@@ -342,7 +342,7 @@ class Attention(keras.layers.Layer):
       (`key_values`) and attended from any number of queries (`attend`).
 
     Args:
-        num_heads: H; the width must divide by it.
+        num_heads: H; the width must divide by it, unless head_dim is given.
         num_kv_heads: K, heads of keys and values (None: H). Fewer than H is
             grouped-query attention (1: multi-query): G = H / K query heads
             share each key/value head, and a key/value cache holds K heads.
@@ -362,6 +362,8 @@ class Attention(keras.layers.Layer):
         qk_norm: RMS-normalise each head's query and key, with learned scales,
             before rotating them, which keeps attention logits from growing.
         norm_epsilon: for qk_norm.
+        head_dim: D, each head's size (None: C / H); Qwen3's heads are wider
+            than that, and their H D wide output is projected back to C.
 
     Call: x (B, T, C); context (B, S, C) for cross-attention; context_mask
     (B, S), True at the context's real (not padding) positions, all by
@@ -371,7 +373,7 @@ class Attention(keras.layers.Layer):
 
     def __init__(self, num_heads, num_kv_heads=None, causal=True, cross=False, dropout=0.0, attention_dropout=0.0,
                  use_bias=True, qkv_bias=None, rotary=False, rope_theta=position_kinds.DEFAULT_ROPE_THETA,
-                 qk_norm=False, norm_epsilon=1e-5, **kwargs):
+                 qk_norm=False, norm_epsilon=1e-5, head_dim=None, **kwargs):
         super().__init__(**kwargs)
         if causal and cross:
             raise ValueError("cross-attention is not causal")
@@ -389,12 +391,13 @@ class Attention(keras.layers.Layer):
         self.rope_theta = rope_theta
         self.qk_norm = qk_norm
         self.norm_epsilon = norm_epsilon
+        self.head_dim = head_dim
 
     def build(self, input_shape):
         width = input_shape[-1]
-        if width % self.num_heads != 0:
+        if width % self.num_heads != 0 and self.head_dim is None:
             raise ValueError(f"the width ({width}) must be divisible by the number of heads ({self.num_heads})")
-        self.head_size = width // self.num_heads
+        self.head_size = self.head_dim or width // self.num_heads
         if self.rotary and self.head_size % 2:
             raise ValueError(f"rotary positions turn pairs of dimensions; the head size ({self.head_size}) is odd")
         heads, kv_heads, size = self.num_heads, self.num_kv_heads, self.head_size
@@ -524,7 +527,8 @@ class Attention(keras.layers.Layer):
         config.update(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, causal=self.causal,
                       cross=self.cross, dropout=self.dropout, attention_dropout=self.attention_dropout_rate,
                       use_bias=self.use_bias, qkv_bias=self.qkv_bias, rotary=self.rotary,
-                      rope_theta=self.rope_theta, qk_norm=self.qk_norm, norm_epsilon=self.norm_epsilon)
+                      rope_theta=self.rope_theta, qk_norm=self.qk_norm, norm_epsilon=self.norm_epsilon,
+                      head_dim=self.head_dim)
         return config
 
 
@@ -676,7 +680,7 @@ class TransformerBlock(keras.layers.Layer):
 
     Args:
         num_heads, num_kv_heads, dropout, attention_dropout, use_bias,
-            qkv_bias, rope_theta, qk_norm: as for `Attention`.
+            qkv_bias, rope_theta, qk_norm, head_dim: as for `Attention`.
         norm_epsilon: for the norms.
         causal: self-attention sees only earlier positions; False sees every
             position that is not padding.
@@ -698,7 +702,7 @@ class TransformerBlock(keras.layers.Layer):
     def __init__(self, num_heads, num_kv_heads=None, dropout=0.0, use_bias=True, norm_epsilon=1e-5,
                  attention_dropout=0.0, causal=True, cross_attention=False, norm="layer", mlp="gelu",
                  mlp_hidden_size=None, qkv_bias=None, rotary=False, rope_theta=position_kinds.DEFAULT_ROPE_THETA,
-                 qk_norm=False, **kwargs):
+                 qk_norm=False, head_dim=None, **kwargs):
         super().__init__(**kwargs)
         if norm not in NORMS:
             raise ValueError(f"norm must be one of {', '.join(NORMS)}, got {norm!r}")
@@ -717,6 +721,7 @@ class TransformerBlock(keras.layers.Layer):
         self.rotary = rotary
         self.rope_theta = rope_theta
         self.qk_norm = qk_norm
+        self.head_dim = head_dim
 
     def build(self, input_shape):
         def norm(name):
@@ -728,8 +733,8 @@ class TransformerBlock(keras.layers.Layer):
             layer = Attention(self.num_heads, self.num_kv_heads, causal=causal, cross=cross, dropout=self.dropout,
                               attention_dropout=self.attention_dropout, use_bias=self.use_bias,
                               qkv_bias=self.qkv_bias, rotary=self.rotary, rope_theta=self.rope_theta,
-                              qk_norm=self.qk_norm, norm_epsilon=self.norm_epsilon, dtype=self.dtype_policy,
-                              name=name)
+                              qk_norm=self.qk_norm, norm_epsilon=self.norm_epsilon, head_dim=self.head_dim,
+                              dtype=self.dtype_policy, name=name)
             layer.build(input_shape)
             return layer
 
@@ -791,7 +796,7 @@ class TransformerBlock(keras.layers.Layer):
             norm_epsilon=self.norm_epsilon, attention_dropout=self.attention_dropout, causal=self.causal,
             cross_attention=self.has_cross_attention, norm=self.norm, mlp=self.mlp,
             mlp_hidden_size=self.mlp_hidden_size, qkv_bias=self.qkv_bias, rotary=self.rotary,
-            rope_theta=self.rope_theta, qk_norm=self.qk_norm,
+            rope_theta=self.rope_theta, qk_norm=self.qk_norm, head_dim=self.head_dim,
         )
         return config
 

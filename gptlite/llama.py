@@ -19,6 +19,7 @@ import numpy as np
 from gptlite.errors import ConfigError, InputError, MissingFileError
 from gptlite.files import atomic_directory
 from gptlite.layers import Linear
+from gptlite.settings import GPTConfig
 from gptlite.tokenizers import PretrainedTokenizer
 
 # model_type -> the class name transformers gives it.
@@ -43,9 +44,6 @@ def settings_from_config(config, folder):
     attention_bias, mlp_bias = config.get("attention_bias", False), config.get("mlp_bias", False)
     unsupported = [
         (config.get("hidden_act", "silu") != "silu", f"the activation {config.get('hidden_act')!r} (SwiGLU uses silu)"),
-        (config.get("head_dim") not in (None, width // heads),
-         f"a head size of {config.get('head_dim')} (gptlite's is hidden_size / num_attention_heads, "
-         f"{width // heads})"),
         (scaling_type != "default", f"rope scaling of type {scaling_type!r}"),
         (bool(config.get("use_sliding_window")) or
          any(kind != "full_attention" for kind in config.get("layer_types") or ()), "sliding-window attention"),
@@ -58,7 +56,7 @@ def settings_from_config(config, folder):
     if reasons:
         raise InputError(f"{folder}: gptlite's GPT cannot express {'; '.join(reasons)}")
     qwen = model_type == "qwen2"
-    return dict(
+    settings = dict(
         n_layer=config["num_hidden_layers"], n_head=heads, n_embd=width,
         n_kv_head=config.get("num_key_value_heads") or heads,
         block_size=config.get("max_position_embeddings", 32768 if qwen else 2048),
@@ -67,7 +65,14 @@ def settings_from_config(config, folder):
         mlp_hidden_size=config["intermediate_size"], tie_weights=bool(config.get("tie_word_embeddings", False)),
         bias=model_type == "llama" and bool(attention_bias), qkv_bias=True if qwen else None,
         qk_norm=model_type == "qwen3", dropout=0.0,
+        # Set only where the heads are not hidden_size / num_attention_heads wide (as in Qwen3's releases).
+        head_dim=None if config.get("head_dim") in (None, width // heads) else config["head_dim"],
     )
+    try:  # what the settings themselves forbid (an odd head size, heads that do not share evenly), named here
+        GPTConfig(vocab_size=config["vocab_size"], **settings)
+    except ConfigError as error:
+        raise InputError(f"{folder}/config.json: {error}") from None
+    return settings
 
 
 def family_of(config):

@@ -27,13 +27,14 @@ class _Transformer(keras.Model):
     def __init__(self, vocab_size=256, n_layer=4, n_head=4, n_embd=128, block_size=64, dropout=0.0, bias=False,
                  tie_weights=True, position="learned", attention_dropout=0.0, rope_theta=10000.0, norm="layer",
                  norm_epsilon=1e-5, mlp="gelu", mlp_hidden_size=None, n_kv_head=None, qk_norm=False, qkv_bias=None,
-                 tokenizer=None, **kwargs):
+                 head_dim=None, tokenizer=None, **kwargs):
         super().__init__(**kwargs)
         self.config = GPTConfig(
             vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size,
             dropout=dropout, bias=bias, tie_weights=tie_weights, position=position,
             attention_dropout=attention_dropout, rope_theta=rope_theta, norm=norm, norm_epsilon=norm_epsilon,
             mlp=mlp, mlp_hidden_size=mlp_hidden_size, n_kv_head=n_kv_head, qk_norm=qk_norm, qkv_bias=qkv_bias,
+            head_dim=head_dim,
         )
         if tokenizer is not None and tokenizer.vocabulary_size != vocab_size:
             raise ConfigError(
@@ -63,7 +64,7 @@ class _Transformer(keras.Model):
                     norm_epsilon=config.norm_epsilon, attention_dropout=config.attention_dropout, norm=config.norm,
                     mlp=config.mlp, mlp_hidden_size=config.mlp_hidden_size, qkv_bias=config.qkv_bias,
                     rotary=config.position == "rotary", rope_theta=config.rope_theta, qk_norm=config.qk_norm,
-                    dtype=self.dtype_policy, name=name, **kwargs)
+                    head_dim=config.head_dim, dtype=self.dtype_policy, name=name, **kwargs)
 
     @classmethod
     def from_gpt_config(cls, config, tokenizer=None, **kwargs):

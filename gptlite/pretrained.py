@@ -396,6 +396,7 @@ def _not_gpt2(config):
         (config.mlp != "gelu", "a SwiGLU feed-forward (GPT-2's is GELU)"),
         (config.mlp_hidden_size not in (None, 4 * config.n_embd), f"a feed-forward width of {config.mlp_hidden_size}"),
         (config.kv_heads != config.n_head, "grouped-query attention"),
+        (config.head_dim not in (None, config.n_embd // config.n_head), f"heads {config.head_dim} wide"),
         (config.qk_norm, "QK-norm"),
         (config.qkv_bias not in (None, config.bias), "biases on some projections only"),
         (not config.tie_weights, "an output head of its own (`tie_weights=False`)"),

@@ -34,11 +34,13 @@ class GPTConfig:
     n_kv_head: int = None  # key/value heads (grouped-query attention); None: n_head; 1: multi-query
     qk_norm: bool = False  # RMS-normalise each head's queries and keys
     qkv_bias: bool = None  # biases on the query/key/value projection; None: as `bias`
+    head_dim: int = None  # each attention head's size; None: n_embd / n_head (Qwen3's heads are wider)
 
     def __post_init__(self):
         for name in ("vocab_size", "n_layer", "n_head", "n_embd", "block_size"):
             _require(name, getattr(self, name), _is_count, "a positive whole number")
-        if self.n_embd % self.n_head != 0:
+        _require("head_dim", self.head_dim, lambda v: v is None or _is_count(v), "a positive whole number")
+        if self.n_embd % self.n_head != 0 and self.head_dim is None:
             raise ConfigError(
                 f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); "
                 f"try n_head {_divisors_near(self.n_embd, self.n_head)}"
@@ -61,9 +63,9 @@ class GPTConfig:
             raise ConfigError(f"n_head ({self.n_head}) must be divisible by n_kv_head ({self.n_kv_head}): each "
                               f"key/value head serves the same number of query heads; try n_kv_head "
                               f"{_divisors_near(self.n_head, self.kv_heads)}")
-        if self.position == "rotary" and (self.n_embd // self.n_head) % 2:
-            raise ConfigError(f"rotary positions turn pairs of dimensions, so the head size n_embd / n_head "
-                              f"({self.n_embd} / {self.n_head}) must be even")
+        if self.position == "rotary" and self.head_size % 2:
+            raise ConfigError(f"rotary positions turn pairs of dimensions, so the head size (head_dim, or n_embd / "
+                              f"n_head) must be even, not {self.head_size}")
 
     @property
     def kv_heads(self):
@@ -72,7 +74,8 @@ class GPTConfig:
 
     @property
     def head_size(self):
-        return self.n_embd // self.n_head
+        """Each attention head's size: head_dim, or n_embd / n_head where it is not set."""
+        return self.n_embd // self.n_head if self.head_dim is None else self.head_dim
 
 
 def _choices(names):
@@ -218,7 +221,7 @@ ATTENTION_PARTS = ("encoder", "decoder", "cross")
 # Settings a resumed run cannot change: they decide the weights' shapes and meaning.
 MODEL_SHAPE_SETTINGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "tie_weights", "position",
                         "rope_theta", "norm", "norm_epsilon", "mlp", "mlp_hidden_size", "n_kv_head", "qk_norm",
-                        "qkv_bias")
+                        "qkv_bias", "head_dim")
 # What a run that starts from a pretrained model may set of its shape: a shorter context, and dropout.
 FINE_TUNING_SHAPE_SETTINGS = ("block_size", "dropout", "attention_dropout")
 # Training a run that starts from a pretrained model, unless the preset or overrides say otherwise:

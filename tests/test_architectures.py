@@ -1,7 +1,8 @@
 """Every combination of the architecture's switches (positions, norm, feed-forward, key/value heads, QK-norm,
 biases, tied head) decodes with its cache as the whole forward pass computes, is causal, and saves and loads.
 
-The combinations are a pairwise covering set: every value of each switch meets every value of every other."""
+The combinations are a pairwise covering set: every value of each switch meets every value of every other;
+one more has heads wider than n_embd / n_head."""
 
 import functools
 
@@ -12,7 +13,7 @@ import pytest
 import gptlite
 from conftest import assert_greedy
 
-SWITCHES = ("position", "norm", "mlp", "n_kv_head", "qk_norm", "bias", "tie_weights")
+SWITCHES = ("position", "norm", "mlp", "n_kv_head", "qk_norm", "bias", "tie_weights", "head_dim")
 COMBINATIONS = [
     ("learned", "layer", "gelu", 4, False, False, True),  # GPT-2's, the defaults
     ("rotary", "rms", "swiglu", 2, True, False, False),
@@ -26,6 +27,9 @@ COMBINATIONS = [
     ("rotary", "layer", "gelu", 1, False, False, True),
     ("rotary", "layer", "gelu", 4, False, False, True),
 ]
+# Heads wider than n_embd / n_head (Qwen3's), with the modern switches.
+WIDE_HEADS = ("rotary", "rms", "swiglu", 2, True, False, True, 8)
+COMBINATIONS = [combination + (None,) for combination in COMBINATIONS] + [WIDE_HEADS]
 BLOCK_SIZE = 16
 
 
@@ -62,7 +66,7 @@ def _ids(model, rows=2):
 def test_the_cache_holds_the_key_value_heads_only(model):
     cache = model.empty_cache(3)
     assert len(cache) == 2
-    assert tuple(cache[0].shape) == (3, 2, model.config.kv_heads, BLOCK_SIZE, 4)
+    assert tuple(cache[0].shape) == (3, 2, model.config.kv_heads, BLOCK_SIZE, model.config.head_size)
 
 
 def test_cached_decoding_equals_the_whole_forward_pass(model):

@@ -66,8 +66,8 @@ KINDS = {
     "llama": (sentencepiece_tokenizer, dict(num_key_value_heads=2, tie_word_embeddings=False)),
     # Qwen2: tied head, multi-query attention (1 key/value head), biases on q, k and v, byte-level BPE.
     "qwen2": (byte_level_tokenizer, dict(num_key_value_heads=1, tie_word_embeddings=True)),
-    # Qwen3: QK-norm, 2 key/value heads, a head size of hidden_size / num_attention_heads.
-    "qwen3": (byte_level_tokenizer, dict(num_key_value_heads=2, tie_word_embeddings=True, head_dim=8)),
+    # Qwen3: QK-norm, 2 key/value heads, and heads twice hidden_size / num_attention_heads wide, as in its releases.
+    "qwen3": (byte_level_tokenizer, dict(num_key_value_heads=2, tie_word_embeddings=True, head_dim=16)),
 }
 CLASSES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}
 
@@ -122,6 +122,7 @@ def test_the_configuration_maps_to_gptlites_settings(folder, model):
     assert config.tie_weights == (kind != "llama")
     assert config.qkv_bias == (True if kind == "qwen2" else None) and not config.bias
     assert config.qk_norm == (kind == "qwen3")
+    assert config.head_size == (16 if kind == "qwen3" else 8) and config.head_dim == (16 if kind == "qwen3" else None)
     assert config.mlp_hidden_size == 48 and config.block_size == 64
     assert model.config.vocab_size == reference.config.vocab_size
 
@@ -214,7 +215,7 @@ def test_bf16_and_sharded_weights_read(folder, model, tmp_path):
     ({"layer_types": ["sliding_attention", "full_attention"]}, "sliding-window attention"),
     ({"num_local_experts": 8}, "a mixture of experts"),
     ({"hidden_act": "gelu"}, "the activation 'gelu'"),
-    ({"head_dim": 16}, "a head size of 16"),
+    ({"head_dim": 15}, "the head size .* must be even"),
     ({"model_type": "mistral"}, "holds a mistral model; gptlite reads GPT-2, Llama, Qwen2 and Qwen3 models"),
 ])
 def test_configurations_gptlite_cannot_express_are_refused_naming_what_is_missing(folder, tmp_path, change,

@@ -23,7 +23,7 @@ ALLOWED = {
     "decoding": {"model", "sampling"},
     "generation": {"model", "decoding", "sampling", "text"},
     "saving": {"model", "files"},
-    "llama": {"layers", "files", "tokenizers"},
+    "llama": {"layers", "files", "tokenizers", "settings"},
     "pretrained": {"model", "layers", "llama", "saving", "files", "tokenizers"},
     "evaluation": {"model", "data", "pairs", "generation", "text"},
     "inspection": {"model", "positions", "files", "text", "settings"},

@@ -34,6 +34,7 @@ SETTING_HELP = {
                  "key/value cache holds N heads (default: --n-head)",
     "qk_norm": "RMS-normalise each head's queries and keys (default: off)",
     "qkv_bias": "biases on the query/key/value projection alone (Qwen2's; default: as --bias)",
+    "head_dim": "each attention head's size (default: --n-embd / --n-head)",
 }
 
 
