@@ -314,14 +314,16 @@ def _gpt(corpus, checkpoint, model_settings, training_config, tokenizer, vocab_s
     """The GPT to train: the checkpoint's, or a new one with a tokenizer fitted to the corpus."""
     if checkpoint:
         return GPT.from_config(checkpoint["model_config"])
+    if not corpus.size:  # said before any tokenizer is learned from it
+        raise InputError(f"{corpus.name} has no text in it")
     if tokenizer == "bpe":
         vocab_size = vocab_size or DEFAULT_BPE_VOCABULARY
         say(f"learning a {vocab_size:,}-token byte-level BPE vocabulary from {corpus.name} "
             f"(a sample of up to {data.BPE_SAMPLE_BYTES // 2**20} MB)", flush=True)
         fitted = BPETokenizer.train(corpus.sample(data.BPE_SAMPLE_BYTES), vocab_size, sys.stdout.isatty())
     else:
-        fitted = CharTokenizer.from_texts(corpus.pieces()) if corpus.size else None
-        if fitted is None or not fitted.vocabulary.strip():
+        fitted = CharTokenizer.from_texts(corpus.pieces())
+        if not fitted.vocabulary.strip():
             raise InputError(f"{corpus.name} has no text in it")
     return GPT.from_gpt_config(GPTConfig(vocab_size=fitted.vocabulary_size, **model_settings), fitted,
                                dtype=dtype_policy(training_config.precision))

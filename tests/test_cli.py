@@ -579,8 +579,10 @@ def test_a_run_named_by_its_mistake_leaves_nothing_behind(capsys, tmp_path, monk
     (tmp_path / "my.txt").write_text("x")
     for argv, message in ((["mistyped.txt"], "no such file: mistyped.txt"),
                           (["empty.txt"], "empty.txt has no text in it"),
+                          (["empty.txt", "--tokenizer", "bpe"], "empty.txt has no text in it"),
                           (["--preset", "tiny", "--tensorboard-dir", "my.txt"], "my.txt, is a file")):
         assert train_main(argv) == 2
-        error = capsys.readouterr().err
+        output, error = capsys.readouterr()
         assert error.count("\n") == 1 and message in error, error
+        assert "learning" not in output  # refused before any work on the text
         assert not (tmp_path / "out").exists()
