@@ -21,11 +21,10 @@ import json
 import math
 import os
 import pathlib
-import statistics
 
 from gptlite.settings import PRESETS
 
-from children import run_child
+from children import in_turns, medians, run_child
 from train import DEFAULT_TEXT, run_gptlite, settings_for
 
 # Each variant's settings over the preset's. n_kv_head 2 of the cpu preset's 4 heads halves the cache.
@@ -76,22 +75,15 @@ def main():
         print(json.dumps(measure(args.text, {**base, **VARIANTS[args.child]}, args.seed)))
         return
 
-    results = {name: [] for name in args.variants}
     env = dict(os.environ, KERAS_BACKEND=args.backend)
-    for round_index in range(args.rounds):
-        for name in args.variants:
-            command = [__file__, str(args.text), "--child", name, "--preset", args.preset,
-                       "--seed", str(1337 + round_index)]
-            if args.max_iters:
-                command += ["--max-iters", str(args.max_iters)]
-            result = run_child(name, command, env)
-            results[name].append(result)
-            print(f"round {round_index + 1}, {name}: "
-                  + ", ".join(f"{key} {result[key]:.4g}" for key in MEASURES), flush=True)
+
+    def run(name, round_index):
+        command = [__file__, str(args.text), "--child", name, "--preset", args.preset,
+                   "--seed", str(1337 + round_index)]
+        return run_child(name, command + (["--max-iters", str(args.max_iters)] if args.max_iters else []), env)
 
     first = args.variants[0]
-    medians = {name: {key: statistics.median(run[key] for run in runs) for key in MEASURES}
-               for name, runs in results.items()}
+    figures = medians(in_turns(args.variants, args.rounds, run), MEASURES)
     print(f"\n{args.preset} preset's budget ({base['max_iters']} steps, batch {base['batch_size']}, context "
           f"{base['block_size']}), {args.backend}, fp32; medians of {args.rounds} (seeds 1337..{1336 + args.rounds}); "
           f"ratios to {first}\n")
@@ -100,11 +92,11 @@ def main():
     for name in args.variants:
         cells = []
         for key in MEASURES:
-            value = medians[name][key]
+            value = figures[name][key]
             cell = f"{value:,.0f}" if key in ("parameters", "kv_cache_kb") else f"{value:.4f}" \
                 if key in ("val_loss", "bits_per_character") else f"{value:.1f}"
             if name != first and key in ("ms_per_iter", "kv_cache_kb", "parameters"):
-                cell += f" ({value / medians[first][key]:.2f}x)"
+                cell += f" ({value / figures[first][key]:.2f}x)"
             cells.append(cell)
         settings = ", ".join(f"{k}={v}" for k, v in VARIANTS[name].items()) or "GPT-2's layout"
         print(f"| {name} | {settings} | " + " | ".join(cells) + " |")

@@ -25,7 +25,7 @@ import pathlib
 import statistics
 import time
 
-from children import run_child
+from children import in_turns, medians, run_child
 
 HERE = pathlib.Path(__file__).resolve().parent
 DEFAULT_TEXT = HERE.parents[1] / "shared" / "data" / "tinyshakespeare.txt"
@@ -98,27 +98,17 @@ def main():
         print(json.dumps(measure(args.text, args.steps, args.warmup)))
         return
 
-    results = {backend: [] for backend in args.backends}
-    for round_index in range(args.rounds):
-        for backend in args.backends:
-            result = run_child(
-                backend,
-                [__file__, str(args.text), "--child", "--steps", str(args.steps), "--warmup", str(args.warmup)],
-                dict(os.environ, KERAS_BACKEND=backend),
-            )
-            results[backend].append(result)
-            print(f"round {round_index + 1}, {backend}: "
-                  + ", ".join(f"{key} {value:.3g}" for key, value in result.items()), flush=True)
-
-    medians = {backend: {key: statistics.median(run[key] for run in runs) for key in MEASURES}
-               for backend, runs in results.items()}
-    reference = medians.get("tensorflow")
+    command = [__file__, str(args.text), "--child", "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    results = in_turns(args.backends, args.rounds,
+                       lambda backend, _: run_child(backend, command, dict(os.environ, KERAS_BACKEND=backend)))
+    figures = medians(results, MEASURES)
+    reference = figures.get("tensorflow")
     print(f"\n| measure (median of {args.rounds}) | " + " | ".join(args.backends) + " |")
     print("|---|" + "---:|" * len(args.backends))
     for key, label in MEASURES.items():
         cells = []
         for backend in args.backends:
-            value = medians[backend][key]
+            value = figures[backend][key]
             ratio = f" ({value / reference[key]:.2f}x)" if reference and backend != "tensorflow" else ""
             cells.append(f"{value:,.3g}{ratio}" if value < 100 else f"{value:,.0f}{ratio}")
         print(f"| {label} | " + " | ".join(cells) + " |")

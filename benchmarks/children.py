@@ -27,6 +27,30 @@ def run_child(label, command, env, python=sys.executable):
     return json.loads(child.stdout.splitlines()[-1])
 
 
+def in_turns(names, rounds, run, file=sys.stdout):
+    """Each name's results over `rounds` rounds, {name: [result, ...]}.
+
+    Every round calls `run(name, round_index)` (a dict of figures) for each
+    name in turn, so that the machine's noise hits them all alike; each
+    result is printed to `file` as it comes.
+    """
+    results = {name: [] for name in names}
+    for round_index in range(rounds):
+        for name in names:
+            result = run(name, round_index)
+            results[name].append(result)
+            label = " ".join(name) if isinstance(name, tuple) else name
+            figures = ", ".join(f"{key} {value:.4g}" for key, value in result.items()
+                                if isinstance(value, (int, float)))
+            print(f"round {round_index + 1}, {label}: {figures}", file=file, flush=True)
+    return results
+
+
+def medians(results, keys):
+    """{name: {key: its median over the rounds}} of `in_turns`' results."""
+    return {name: {key: statistics.median(run[key] for run in runs) for key in keys} for name, runs in results.items()}
+
+
 def time_calls(call, repeats):
     """(seconds of a first, cold call, the median seconds of `repeats` calls after it, the first call's result)."""
     start = time.perf_counter()
@@ -48,6 +72,34 @@ def time_steps(step, steps, warmup_steps=2):
     for _ in range(steps):
         step()
     return {"ms_per_step": 1000 * (time.perf_counter() - start) / steps, "peak_rss_mb": peak_rss_mb()}
+
+
+def time_training(model, config, vocabulary_size, warmup_steps):
+    """Optimizer steps of a built gptlite model under `gptlite.training.train`, as a fine-tuning run takes them,
+    on random token ids: ms per step after `warmup_steps` (which include compiling), its trained parameters, and
+    the process's peak RSS by the last step (the evaluation and the saving of model.keras that end the run come
+    after). `config` is a `TrainingConfig` of `warmup_steps` + the steps to time."""
+    import tempfile
+
+    import keras
+    import numpy as np
+
+    from gptlite import training
+
+    ids = np.random.default_rng(0).integers(0, vocabulary_size, 200_000).astype(np.uint16)
+    times, peaks = [], []
+
+    class Timer(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            times.append(time.perf_counter())
+            peaks.append(peak_rss_mb())
+
+    with tempfile.TemporaryDirectory() as out:
+        training.train(model, ids, ids[:5000], config, out, verbose=0, callbacks=[Timer()])
+    steady = times[warmup_steps - 1:]
+    trainable = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+    return {"ms_per_step": 1000 * (steady[-1] - steady[0]) / (len(steady) - 1), "trainable": trainable,
+            "peak_rss_mb": peaks[-1]}
 
 
 def peak_rss_mb():

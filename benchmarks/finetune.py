@@ -20,9 +20,8 @@ import json
 import os
 import statistics
 import sys
-import time
 
-from children import peak_rss_mb, run_child, time_steps
+from children import in_turns, run_child, time_steps, time_training
 
 GPT2_SMALL = dict(n_layer=12, n_head=12, n_embd=768, vocab_size=50257)
 WARMUP_STEPS = 2
@@ -44,10 +43,8 @@ def measure_reference(args):
 
 def measure_gptlite(args, rank):
     import keras
-    import numpy as np
 
     import gptlite
-    from gptlite import training
     from gptlite.settings import TrainingConfig, dtype_policy
 
     config = TrainingConfig(batch_size=args.batch_size, max_iters=WARMUP_STEPS + args.steps, lr=1e-4, min_lr=1e-5,
@@ -58,23 +55,7 @@ def measure_gptlite(args, rank):
     model.build((None, args.block_size))
     if rank:
         model.enable_lora(rank)
-    ids = np.random.default_rng(0).integers(0, GPT2_SMALL["vocab_size"], 200_000).astype(np.uint16)
-    times, peaks = [], []
-
-    class Timer(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            times.append(time.perf_counter())
-            peaks.append(peak_rss_mb())
-
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as out:
-        training.train(model, ids, ids[:5000], config, out, verbose=0, callbacks=[Timer()])
-    steady = times[WARMUP_STEPS - 1:]
-    trainable = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
-    # The peak by the last step: the evaluation and the saving of model.keras that end the run come after.
-    return {"ms_per_step": 1000 * (steady[-1] - steady[0]) / (len(steady) - 1), "trainable": trainable,
-            "peak_rss_mb": peaks[-1]}
+    return time_training(model, config, GPT2_SMALL["vocab_size"], WARMUP_STEPS)
 
 
 def main():
@@ -97,12 +78,8 @@ def main():
     env = dict(os.environ, KERAS_BACKEND=args.backend)
     flags = [f"--batch-size={args.batch_size}", f"--block-size={args.block_size}", f"--steps={args.steps}",
              f"--rank={args.rank}", f"--precision={args.precision}"]
-    results = {"reference": [], "full": [], "lora": []}
-    for round_number in range(args.rounds):
-        for kind in results:
-            result = run_child(kind, [__file__, f"--child={kind}", *flags], env)
-            results[kind].append(result)
-            print(f"round {round_number + 1} {kind}: {result}", file=sys.stderr, flush=True)
+    results = in_turns(["reference", "full", "lora"], args.rounds,
+                       lambda kind, _: run_child(kind, [__file__, f"--child={kind}", *flags], env), sys.stderr)
     reference_ms = statistics.median(r["ms_per_step"] for r in results["reference"])
     full_ms = statistics.median(r["ms_per_step"] for r in results["full"])
     print(f"GPT-2 124M shape, context {args.block_size}, batch {args.batch_size}, {args.rounds} rounds; gptlite on "

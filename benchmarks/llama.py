@@ -27,12 +27,10 @@ import argparse
 import json
 import os
 import pathlib
-import statistics
 import sys
 import tempfile
-import time
 
-from children import peak_rss_mb, run_child, time_calls, time_steps
+from children import in_turns, medians, run_child, time_calls, time_steps, time_training
 
 SMOLLM2_135M = dict(n_layer=30, n_head=9, n_kv_head=3, n_embd=576, mlp_hidden_size=1536, position="rotary",
                     rope_theta=100000.0, norm="rms", mlp="swiglu", tie_weights=True, bias=False)
@@ -135,10 +133,6 @@ def measure_transformers(args):
 
 
 def measure_gptlite(args, rank):
-    import keras
-    import numpy as np
-
-    from gptlite import training
     from gptlite.settings import TrainingConfig
 
     config = TrainingConfig(batch_size=args.batch_size, max_iters=WARMUP_STEPS + args.steps, lr=1e-4, min_lr=1e-5,
@@ -147,41 +141,23 @@ def measure_gptlite(args, rank):
     model = llama_model(args.block_size)
     if rank:
         model.enable_lora(rank)
-    ids = np.random.default_rng(0).integers(0, VOCABULARY_SIZE, 200_000).astype(np.uint16)
-    times, peaks = [], []
-
-    class Timer(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            times.append(time.perf_counter())
-            peaks.append(peak_rss_mb())
-
-    with tempfile.TemporaryDirectory() as out:
-        training.train(model, ids, ids[:5000], config, out, verbose=0, callbacks=[Timer()])
-    steady = times[WARMUP_STEPS - 1:]
-    trainable = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
-    # The peak by the last step: the evaluation and the saving of model.keras that end the run come after.
-    return {"ms_per_step": 1000 * (steady[-1] - steady[0]) / (len(steady) - 1), "trainable": trainable,
-            "peak_rss_mb": peaks[-1]}
+    return time_training(model, config, VOCABULARY_SIZE, WARMUP_STEPS)
 
 
 def finetune(args):
     env = dict(os.environ, KERAS_BACKEND=args.backend)
     flags = [f"--batch-size={args.batch_size}", f"--block-size={args.block_size}", f"--steps={args.steps}",
              f"--rank={args.rank}"]
-    results = {"transformers": [], "full": [], "lora": []}
-    for round_number in range(args.rounds):
-        for kind in results:
-            result = run_child(kind, [__file__, f"--child={kind}", *flags], env)
-            results[kind].append(result)
-            print(f"round {round_number + 1} {kind}: {result}", file=sys.stderr, flush=True)
-    reference_ms = statistics.median(r["ms_per_step"] for r in results["transformers"])
+    results = in_turns(["transformers", "full", "lora"], args.rounds,
+                       lambda kind, _: run_child(kind, [__file__, f"--child={kind}", *flags], env), sys.stderr)
+    figures = medians(results, ("ms_per_step", "peak_rss_mb"))
+    reference_ms = figures["transformers"]["ms_per_step"]
     print(f"SmolLM2-135M shape, one training step at context {args.block_size}, batch {args.batch_size}, "
           f"{args.rounds} rounds; gptlite on {args.backend} fp32, transformers eager fp32 with torch's AdamW")
     print("| run | ms/step (median) | vs transformers | peak RSS, MB |")
     print("|---|---:|---:|---:|")
-    for kind, rows in results.items():
-        ms = statistics.median(r["ms_per_step"] for r in rows)
-        rss = statistics.median(r["peak_rss_mb"] for r in rows)
+    for kind, figure in figures.items():
+        ms, rss = figure["ms_per_step"], figure["peak_rss_mb"]
         label = {"full": "gptlite, full", "lora": f"gptlite, LoRA rank {args.rank}"}.get(kind, kind)
         print(f"| {label} | {ms:,.0f} | {ms / reference_ms:.2f}x | {rss:,.0f} |")
 

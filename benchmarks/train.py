@@ -35,7 +35,7 @@ import statistics
 import tempfile
 import time
 
-from children import run_child
+from children import in_turns, medians, run_child
 
 HERE = pathlib.Path(__file__).resolve().parent
 DEFAULT_TEXT = HERE.parents[1] / "shared" / "data" / "tinyshakespeare.txt"
@@ -210,26 +210,20 @@ def main():
         print(json.dumps(run(args.text, settings, precision, args.seed)))
         return
 
-    results = {name: [] for name in args.runs}
-    for round_index in range(args.rounds):
-        for name in args.runs:
-            backend = name.split(":")[0]
-            env = dict(os.environ, **({} if backend == "reference" else {"KERAS_BACKEND": backend}))
-            for variable, value in ISA_ENVIRONMENTS[args.isa].items():
-                env[variable] = f"{env[variable]} {value}" if variable == "XLA_FLAGS" and env.get(variable) else value
-            command = [__file__, str(args.text), "--child", name, "--preset", args.preset,
-                       "--seed", str(1337 + round_index)]
-            for flag, value in overrides.items():
-                if value is not None:
-                    command += [f"--{flag.replace('_', '-')}", str(value)]
-            result = run_child(name, command, env)
-            results[name].append(result)
-            print(f"round {round_index + 1}, {name}: "
-                  + ", ".join(f"{key} {value:.4g}" for key, value in result.items()), flush=True)
+    def run(name, round_index):
+        backend = name.split(":")[0]
+        env = dict(os.environ, **({} if backend == "reference" else {"KERAS_BACKEND": backend}))
+        for variable, value in ISA_ENVIRONMENTS[args.isa].items():
+            env[variable] = f"{env[variable]} {value}" if variable == "XLA_FLAGS" and env.get(variable) else value
+        command = [__file__, str(args.text), "--child", name, "--preset", args.preset,
+                   "--seed", str(1337 + round_index)]
+        for flag, value in overrides.items():
+            if value is not None:
+                command += [f"--{flag.replace('_', '-')}", str(value)]
+        return run_child(name, command, env)
 
     first = args.runs[0]
-    medians = {name: {key: statistics.median(run[key] for run in runs) for key in MEASURES}
-               for name, runs in results.items()}
+    figures = medians(in_turns(args.runs, args.rounds, run), MEASURES)
     print(f"\n{args.preset} preset, batch {settings['batch_size']}, {settings['max_iters']} iterations, "
           f"{args.isa} instruction set; "
           f"medians of {args.rounds} (seeds 1337..{1336 + args.rounds}); ratios to {first}\n")
@@ -238,10 +232,10 @@ def main():
     for name in args.runs:
         cells = []
         for key in MEASURES:
-            value = medians[name][key]
+            value = figures[name][key]
             text = f"{value:.1%}" if key == "mfu" else f"{value:,.4g}" if value < 1000 else f"{value:,.0f}"
             if name != first and key in ("ms_per_iter", "tokens_per_s"):
-                text += f" ({value / medians[first][key]:.2f}x)"
+                text += f" ({value / figures[first][key]:.2f}x)"
             cells.append(text)
         print(f"| {name} | " + " | ".join(cells) + " |")
 

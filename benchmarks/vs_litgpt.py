@@ -36,7 +36,7 @@ import os
 import statistics
 import sys
 
-from children import run_child, time_calls, time_steps
+from children import in_turns, run_child, time_calls, time_steps
 
 VOCABULARY_SIZE = 50257
 SHAPE = dict(n_layer=12, n_head=12, n_embd=768)
@@ -152,15 +152,14 @@ def main():
     if not args.litgpt_python:
         parser.error("give --litgpt-python, the Python of an environment with litgpt installed")
 
-    results = {(library, kind): [] for kind in MEASUREMENTS for library in ("gptlite", "litgpt")}
-    for round_number in range(args.rounds):
-        for library, kind in results:
-            python = sys.executable if library == "gptlite" else args.litgpt_python
-            command = [__file__, f"--child={library}:{kind}", f"--steps={args.steps}",
-                       f"--new-tokens={args.new_tokens}"]
-            result = run_child(f"{library} {kind}", command, dict(os.environ, KERAS_BACKEND="tensorflow"), python)
-            results[library, kind].append(result)
-            print(f"round {round_number + 1} {library} {kind}: {result}", file=sys.stderr, flush=True)
+    def run(name, _):
+        library, kind = name
+        python = sys.executable if library == "gptlite" else args.litgpt_python
+        command = [__file__, f"--child={library}:{kind}", f"--steps={args.steps}", f"--new-tokens={args.new_tokens}"]
+        return run_child(f"{library} {kind}", command, dict(os.environ, KERAS_BACKEND="tensorflow"), python)
+
+    runs = [(library, kind) for kind in MEASUREMENTS for library in ("gptlite", "litgpt")]
+    results = in_turns(runs, args.rounds, run, sys.stderr)
 
     def median(library, kind, field):
         return statistics.median(row[field] for row in results[library, kind])
