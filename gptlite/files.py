@@ -1,9 +1,10 @@
-"""Files: writing any file so that a crash cannot break it, and reading text files.
+"""Files: writing any file so that a crash cannot break it, and reading text and JSON files.
 
 Nothing here imports Keras, so every other module may use it.
 """
 
 import contextlib
+import json
 import os
 import pathlib
 import tempfile
@@ -91,3 +92,11 @@ def read_text(path, encoding="utf-8", errors="strict"):
     if not text.strip():
         raise InputError(f"{path} has no text in it")
     return text
+
+
+def read_json(path):
+    """A JSON file's contents, or an `InputError` naming the file where it is not JSON (or not UTF-8)."""
+    try:
+        return json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise InputError(f"{path} is not valid JSON: {error}") from None

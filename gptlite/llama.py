@@ -17,7 +17,7 @@ import json
 import numpy as np
 
 from gptlite.errors import ConfigError, InputError, MissingFileError
-from gptlite.files import atomic_directory
+from gptlite.files import atomic_directory, read_json
 from gptlite.layers import Linear
 from gptlite.settings import GPTConfig
 from gptlite.tokenizers import PretrainedTokenizer
@@ -200,7 +200,7 @@ def read_tokenizer(folder, vocabulary_size, config=None):
         raise InputError(f"{path} is not UTF-8 text") from None
     tokenizer_config = {}
     if (folder / "tokenizer_config.json").is_file():
-        tokenizer_config = _read_json(folder / "tokenizer_config.json")
+        tokenizer_config = read_json(folder / "tokenizer_config.json")
     template = tokenizer_config.get("chat_template")
     if (folder / "chat_template.jinja").is_file():
         template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
@@ -224,18 +224,11 @@ def read_tokenizer(folder, vocabulary_size, config=None):
                                chat_template=template)
 
 
-def _read_json(path):
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
-        raise InputError(f"{path} is not valid JSON: {error}") from None
-
-
 def read_safetensors_folder(folder):
     """Every tensor of a folder's model.safetensors, or of the shards its model.safetensors.index.json names."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = _read_json(index).get("weight_map")
+        weight_map = read_json(index).get("weight_map")
         if not isinstance(weight_map, dict):
             raise InputError(f"{index} has no weight_map")
         arrays = {}

@@ -26,7 +26,7 @@ import numpy as np
 
 from gptlite import llama, saving
 from gptlite.errors import ConfigError, InputError, MissingFileError
-from gptlite.files import atomic_directory
+from gptlite.files import atomic_directory, read_json
 from gptlite.layers import Linear
 from gptlite.model import GPT
 from gptlite.tokenizers import BPETokenizer, CharTokenizer, PretrainedTokenizer
@@ -202,23 +202,16 @@ def _is_hugging_face_folder(path):
     if not config_file.is_file():
         raise MissingFileError(f"{path} has no config.json: a Hugging Face folder or a KerasHub preset "
                                f"folder holds one beside its weights")
-    config = _read_json(config_file)
+    config = read_json(config_file)
     if not isinstance(config, dict):
         raise InputError(f"{config_file} is not a JSON object")
     return "model_type" in config
 
 
-def _read_json(path):
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
-        raise InputError(f"{path} is not valid JSON: {error}") from None
-
-
 def _read_hugging_face(folder):
     """(shape settings, tokenizer, arrays, the function that loads the arrays into a GPT) of a Hugging Face
     GPT-2, Llama, Qwen2 or Qwen3 folder."""
-    config = _read_json(folder / "config.json")
+    config = read_json(folder / "config.json")
     model_type = config.get("model_type", "gpt2")
     if model_type in llama.ARCHITECTURES:
         return (*llama.read_folder(folder, config), llama.load_hugging_face_arrays)
@@ -260,7 +253,7 @@ def _read_hugging_face_tokenizer(folder, vocabulary_size):
         lines = (folder / "merges.txt").read_text(encoding="utf-8").splitlines()
         merges = [line for line in lines if line and not line.startswith("#version")]
     elif (folder / "tokenizer.json").exists():
-        definition = _read_json(folder / "tokenizer.json")
+        definition = read_json(folder / "tokenizer.json")
         model = definition.get("model") if isinstance(definition, dict) else None
         if not isinstance(model, dict) or model.get("type") != "BPE":
             raise InputError(f"{folder}/tokenizer.json is not a BPE tokenizer")
