@@ -382,6 +382,7 @@ class PretrainedTokenizer:
         self._every_character = bool(model.get("byte_fallback")) or '"ByteLevel"' in pre_tokenizer
         self._unknown_id = self._id_of(model.get("unk_token"))
         self._anchor = int(self._tokenizer.encode("a", add_special_tokens=False).ids[-1])
+        self._anchor_length = len(self.decode([self._anchor]))  # decode_after runs per token: measured once
 
     def _id_of(self, token):
         if token is None:
@@ -417,8 +418,7 @@ class PretrainedTokenizer:
         """The text `ids` add after earlier text. SentencePiece-style decoders drop the space a text starts
         with ("▁The" is "The" at the start), which is wrong for a token in the middle of a text: the ids are
         decoded after an anchor token, and its text cut off."""
-        anchor = self._anchor
-        return self.decode([anchor, *np.asarray(ids).reshape(-1)])[len(self.decode([anchor])):]
+        return self.decode([self._anchor, *np.asarray(ids).reshape(-1)])[self._anchor_length:]
 
     def character_count(self, ids):
         """How many characters `ids` decode to, special tokens counting none."""
