@@ -130,10 +130,12 @@ def _places(model):
     return places
 
 
-def _numpy(layer, attribute):
+def weight_array(layer, attribute):
+    """A layer's weight (`getattr(layer, attribute)`) as a float32 numpy array; a `Linear`'s kernel with its
+    LoRA adapters, if any, merged in."""
     from keras import ops
 
-    if isinstance(layer, Linear) and attribute == "kernel":  # with its adapters, if any, merged
+    if isinstance(layer, Linear) and attribute == "kernel":
         return np.asarray(ops.convert_to_numpy(layer.merged_kernel()), np.float32)
     return np.asarray(ops.convert_to_numpy(getattr(layer, attribute)), np.float32)
 
@@ -142,7 +144,7 @@ def hugging_face_arrays(model):
     """A GPT's weights under a Llama, Qwen2 or Qwen3 folder's names, as float32 numpy arrays."""
     arrays = {}
     for name, (layer, attribute, columns, transposed) in _places(model).items():
-        value = _numpy(layer, attribute)
+        value = weight_array(layer, attribute)
         value = value if columns is None else value[..., columns]
         arrays[name] = np.ascontiguousarray(value.T if transposed else value)
     return arrays

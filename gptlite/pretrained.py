@@ -27,7 +27,6 @@ import numpy as np
 from gptlite import llama, saving
 from gptlite.errors import ConfigError, InputError, MissingFileError
 from gptlite.files import atomic_directory, read_json
-from gptlite.layers import Linear
 from gptlite.model import GPT
 from gptlite.tokenizers import BPETokenizer, CharTokenizer, PretrainedTokenizer
 
@@ -99,12 +98,8 @@ def gpt2_arrays(model):
     _check_exportable(model)
     arrays = {}
     for name, (layer, attribute) in _gpt2_names(model).items():
-        if getattr(layer, attribute) is None:
-            arrays[name] = _zero_bias(layer)
-        elif isinstance(layer, Linear) and attribute == "kernel":  # with its adapters, if any, merged
-            arrays[name] = np.asarray(_value(layer.merged_kernel()), dtype=np.float32)
-        else:
-            arrays[name] = np.asarray(_value(getattr(layer, attribute)), dtype=np.float32)
+        weight = getattr(layer, attribute)
+        arrays[name] = _zero_bias(layer) if weight is None else llama.weight_array(layer, attribute)
     return arrays
 
 

@@ -24,7 +24,7 @@ ALLOWED = {
     "generation": {"model", "decoding", "sampling", "text"},
     "saving": {"model", "files"},
     "llama": {"layers", "files", "tokenizers", "settings"},
-    "pretrained": {"model", "layers", "llama", "saving", "files", "tokenizers"},
+    "pretrained": {"model", "llama", "saving", "files", "tokenizers"},
     "evaluation": {"model", "data", "pairs", "generation", "text"},
     "inspection": {"model", "positions", "files", "text", "settings"},
     "checkpoints": {"files"},
