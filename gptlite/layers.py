@@ -285,7 +285,7 @@ def causal_mask(query_length, key_length, query_offset=0):
     return ops.greater_equal(query_positions[..., None], ops.arange(key_length))  # (T, S) or (B, T, S)
 
 
-def scaled_dot_product_attention(query, key, value, mask=None):
+def scaled_dot_product_attention(query, key, value, mask=None, weights_dropout=None):
     """softmax(Q K^T / sqrt(D) + mask) V, and the attention weights.
 
     query (B, H, T, D), key and value (B, K, S, D), where K divides H: query
@@ -294,7 +294,9 @@ def scaled_dot_product_attention(query, key, value, mask=None):
     the keys and values G times. mask broadcastable to (B, H, T, S) with True
     where attending is allowed. Masked scores are set to the most negative
     number of the compute dtype rather than -inf, so a row with nothing
-    visible gives uniform weights instead of NaN.
+    visible gives uniform weights instead of NaN. `weights_dropout`, a
+    function, drops some weights before they weigh the values; the weights
+    returned are those before it.
     """
     heads, length, head_size = query.shape[1], ops.shape(query)[2], ops.shape(query)[3]
     groups = heads // key.shape[1]
@@ -314,7 +316,7 @@ def scaled_dot_product_attention(query, key, value, mask=None):
         weights = ops.ones_like(scores)
     else:
         weights = ops.softmax(scores, axis=-1)  # (B, H, T, S), or (B, K, G, T, S)
-    attended = ops.matmul(weights, value)
+    attended = ops.matmul(weights if weights_dropout is None else weights_dropout(weights), value)
     if groups > 1:
         attended = ops.reshape(attended, (-1, heads, length, head_size))
         weights = ops.reshape(weights, (-1, heads, length, ops.shape(weights)[-1]))
@@ -572,17 +574,11 @@ def _write_cache(cache, key, value, positions):
 
 
 def _attend_with_dropout(query, key, value, mask, dropout_layer, training):
-    """Attention whose weights pass through dropout; the weights returned are pre-dropout."""
+    """Attention whose weights pass through dropout in training; the weights returned are pre-dropout."""
     if not training or dropout_layer.rate == 0:
         return scaled_dot_product_attention(query, key, value, mask)
-    attended, weights = scaled_dot_product_attention(query, key, value, mask)
-    groups = query.shape[1] // key.shape[1]
-    if groups == 1:
-        return ops.matmul(dropout_layer(weights, training=training), value), weights
-    dropped = ops.reshape(dropout_layer(weights, training=training),
-                          (-1, key.shape[1], groups, ops.shape(weights)[2], ops.shape(weights)[3]))
-    attended = ops.reshape(ops.matmul(dropped, value[:, :, None]), ops.shape(attended))
-    return attended, weights
+    return scaled_dot_product_attention(query, key, value, mask,
+                                        lambda weights: dropout_layer(weights, training=training))
 
 
 def gelu(x, recompute_gradient=False):

@@ -354,3 +354,15 @@ def test_linear_with_adapters_computes_the_merged_kernel_and_saves_it_merged():
     np.testing.assert_allclose(keras.ops.convert_to_numpy(layer(x)), keras.ops.convert_to_numpy(plain(x)), atol=1e-5)
     with pytest.raises(ValueError, match="adapters already"):
         layer.enable_lora(2)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_attention_dropout_drops_weights_in_training_only_and_returns_them_before_dropout(kv_heads):
+    x = np.random.default_rng(9).normal(size=(2, 6, 16)).astype("float32")
+    attention = layers.Attention(4, kv_heads, attention_dropout=0.5)
+    attention.build(x.shape)
+    inference, weights = attention(x, return_attention_scores=True)
+    trained, trained_weights = attention(x, training=True, return_attention_scores=True)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(trained_weights), keras.ops.convert_to_numpy(weights),
+                               atol=1e-6)
+    assert np.abs(keras.ops.convert_to_numpy(trained) - keras.ops.convert_to_numpy(inference)).max() > 1e-3
