@@ -17,13 +17,12 @@ from keras import ops
 
 from gptlite import positions as position_kinds
 from gptlite.positions import token_positions
+from gptlite.settings import MLPS, NORMS, POSITIONS
 
 register = keras.saving.register_keras_serializable(package="gptlite")
 
 # GPT-2's initialisation: every matrix starts as N(0, 0.02^2).
 _INIT_STDDEV = 0.02
-NORMS = ("layer", "rms")
-MLPS = ("gelu", "swiglu")
 
 
 def _normal_init():
@@ -195,8 +194,8 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if position not in position_kinds.POSITIONS:
-            raise ValueError(f"position must be one of {', '.join(position_kinds.POSITIONS)}, got {position!r}")
+        if position not in POSITIONS:
+            raise ValueError(f"position must be one of {', '.join(POSITIONS)}, got {position!r}")
         self.vocabulary_size = vocabulary_size
         self.sequence_length = sequence_length
         self.embedding_dim = embedding_dim

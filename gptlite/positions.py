@@ -15,9 +15,6 @@ third is applied by `layers.Attention` with `rotate`.
 import numpy as np
 from keras import ops
 
-POSITIONS = ("learned", "sinusoidal", "rotary")
-# The kinds that are a table added to the token embeddings.
-ADDED = ("learned", "sinusoidal")
 DEFAULT_ROPE_THETA = 10000.0
 
 

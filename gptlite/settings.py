@@ -82,7 +82,7 @@ def _choices(names):
     return "one of " + ", ".join(repr(name) for name in names)
 
 
-# The architecture's choices (gptlite.positions and gptlite.layers hold the same; neither is imported here).
+# The architecture's choices, which gptlite.layers builds.
 POSITIONS = ("learned", "sinusoidal", "rotary")
 NORMS = ("layer", "rms")
 MLPS = ("gelu", "swiglu")

@@ -15,7 +15,7 @@ ALLOWED = {
     "text": set(),
     "tokenizers": set(),
     "positions": set(),
-    "layers": {"positions"},
+    "layers": {"positions", "settings"},
     "model": {"layers", "settings"},
     "data": {"tokenizers", "files", "text"},
     "pairs": {"data", "files", "settings"},
