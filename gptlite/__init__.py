@@ -38,12 +38,17 @@ from gptlite.errors import (  # noqa: E402 (plain Python: no Keras)
     TrainingInterrupted,
 )
 from gptlite.settings import PRESETS, GPTConfig, TrainingConfig  # noqa: E402 (plain Python: no Keras)
+from gptlite import compile_cache  # noqa: E402 (plain Python: no Keras)
+
+# Before TensorFlow's first operation, which reads XLA's flags (see compile_cache).
+compile_cache._apply()
 
 __version__ = "0.1.0"
 
 # Each public name that needs Keras, and the module that defines it.
 _LAZY = {
-    "generate": "generation", "generate_target": "generation", "stream": "generation",
+    "generate": "generation", "generate_target": "generation", "stream": "generation", "RowsStream": "generation",
+    "SamplingConfig": "sampling", "Engine": "engine",
     "evaluate": "evaluation", "Evaluation": "evaluation",
     "AttentionMaps": "inspection", "attention_maps": "inspection", "plot_attention": "inspection",
     "plot_positions": "inspection", "token_report": "inspection",

@@ -1,59 +1,68 @@
 """Writing text with a trained model: `generate` and `stream` continue a GPT's
 prompt, `generate_target` writes a Seq2Seq's target for a source.
 
-All three run the same decode loop (`gptlite.decoding`) and turn its tokens
-into text the same way (`_texts`): each row's text ends before the
-tokenizer's end token or its first stop string, and decoding ends once every
-row has ended. We use our own sampler and beam search rather than
-KerasHub's: theirs fix k, p and temperature as Python values (one trace per
-setting) and run the whole loop to the end in one call, which cannot stream;
-their beam search steps all rows from one shared position through a buffer
-as long as the whole output (one compile per output length), where ours
-uses the per-row windows and compiled loops that sampling does.
+All of them decode through one `gptlite.engine.Engine` and turn each row's
+tokens into text the same way (`RowText`): a row's text ends before the
+tokenizer's end token, before its first stop string, or at its
+max_new_tokens, and decoding ends once every row has ended. Sampling
+settings come as one `SamplingConfig` (or as its fields by name):
+
+    gptlite.generate(model, "ROMEO:", 100, temperature=0.8, seed=1)
+    gptlite.generate(model, "ROMEO:", sampling=gptlite.SamplingConfig(max_new_tokens=100, top_p=0.9))
+
+We use our own sampler and beam search rather than KerasHub's: theirs fix k,
+p and temperature as Python values (one trace per setting) and run the whole
+loop to the end in one call, which cannot stream or admit new rows; their
+beam search steps all rows from one shared position through a buffer as long
+as the whole output (one compile per output length), where ours uses the
+engine's per-row windows and compiled loops.
 """
 
 import numpy as np
 
-from gptlite import decoding
+from gptlite.engine import CHUNK_SIZE, Engine
 from gptlite.errors import ConfigError, InputError
 from gptlite.model import Seq2Seq
-from gptlite.sampling import check_beams, check_sampling_settings, sampler_settings
-from gptlite.text import Continuation, known_text, stop_strings
+from gptlite.sampling import SamplingConfig, check_beams
+from gptlite.text import Continuation, known_text
 
 # Sources decoded per call at most; a longer list is split into calls of
 # this many (the last padded), so that it compiles once.
 TARGET_BATCH = 256
+# The first call after the prefill draws this many tokens: text starts flowing at once.
+FIRST_CHUNK_SIZE = 8
 
 
-def stream(model, prompt="", max_new_tokens=200, temperature=1.0, top_k=None, top_p=1.0, seed=None,
-           unknown="error", stop=(), use_cache=True, slide=1):
+def stream(model, prompt="", max_new_tokens=None, sampling=None, *, unknown="error", use_cache=True, slide=1,
+           **settings):
     """An iterator over the continuation of `prompt`, one decoded token at a time.
 
-    `stop` is a string or a list of them: the text ends just before the first
-    one that appears in the continuation. Text that might be the start of a
-    stop string is held back until it is clear whether it is. The text also
-    ends before the tokenizer's end token, where it has one.
-
-    Settings and prompt are checked at once, before the first token. Prompt
-    characters the vocabulary lacks raise an `InputError` naming them
+    Sampling settings are as for `generate`. Text that might be the start of
+    a stop string is held back until it is clear whether it is. Settings and
+    prompt are checked at once, before the first token. Prompt characters
+    the vocabulary lacks raise an `InputError` naming them
     (`unknown="error"`), are left out (`"skip"`) or become spaces
     (`"replace"`). An empty prompt starts from a newline (or, without one in
     the vocabulary, from the first token); that start is not yielded.
-    `use_cache` and `slide` are as for `generate`.
     """
-    rows = _continuations(model, [prompt], max_new_tokens, temperature, top_k, top_p, seed, unknown, stop,
-                          use_cache, slide, None, streaming=True)
+    rows = RowsStream(model, [prompt], sampling_config(sampling, max_new_tokens, settings), unknown=unknown,
+                      use_cache=use_cache, slide=slide)
     return (pieces[0] for pieces in rows if pieces[0])
 
 
-def generate(model, prompt="", max_new_tokens=200, temperature=1.0, top_k=None, top_p=1.0, seed=None,
-             unknown="error", stop=(), use_cache=True, slide=1, num_beams=None):
+def generate(model, prompt="", max_new_tokens=None, sampling=None, *, unknown="error", use_cache=True, slide=1,
+             num_beams=None, **settings):
     """Return `prompt` followed by up to `max_new_tokens` new tokens, as text.
 
-    `prompt` may be a list of prompts, of any lengths: they are decoded
-    together in one batch and a list of texts comes back. With `stop`, each
-    continuation ends before its first stop string, and decoding ends once
-    every row has met one (or the end token, where the tokenizer has one).
+    Sampling settings: a `SamplingConfig` as `sampling`, and any of its
+    fields by name (temperature, top_k, top_p, min_p, repetition_penalty,
+    seed, stop), which replace the config's. `prompt` may be a list of
+    prompts, of any lengths: they are decoded together in one batch and a
+    list of texts comes back. Each row draws from a seed of its own (the
+    first prompt's is `seed`), so a row's text is the same whatever shares
+    its batch. With `stop`, each continuation ends before its first stop
+    string, and decoding ends once every row has met one (or the end token,
+    where the tokenizer has one).
 
     Past the context window: once prompt and new tokens fill `block_size`,
     the window moves `slide` tokens at a time and is recomputed. With the
@@ -67,73 +76,165 @@ def generate(model, prompt="", max_new_tokens=200, temperature=1.0, top_k=None, 
     check the cache against.
 
     `num_beams` searches for the likeliest continuation with that many
-    beams instead of sampling (temperature, top_k, top_p and seed do not
+    beams instead of sampling (the sampling settings but stop do not
     apply); one beam is greedy decoding.
     """
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-    rows = _continuations(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, unknown, stop,
-                          use_cache, slide, num_beams, streaming=False)
-    texts = [prompt_text + "".join(pieces) for prompt_text, *pieces in zip(prompts, *rows)]
+    config = sampling_config(sampling, max_new_tokens, settings)
+    if num_beams is not None:
+        pieces = _beam_texts(model, prompts, config, unknown, use_cache, slide, num_beams)
+    else:
+        rows = RowsStream(model, prompts, config, unknown=unknown, use_cache=use_cache, slide=slide, streaming=False)
+        pieces = [""] * len(prompts)
+        for step in rows:
+            pieces = [text + piece for text, piece in zip(pieces, step)]
+    texts = [prompt_text + text for prompt_text, text in zip(prompts, pieces)]
     return texts[0] if isinstance(prompt, str) else texts
 
 
-class RowsStream:
-    """Several prompts continued together in one batch, each with its own length and stop strings.
+def sampling_config(sampling=None, max_new_tokens=None, settings=None):
+    """`sampling` (a SamplingConfig, or None for the defaults) with `max_new_tokens` and `settings` replacing its
+    values."""
+    if sampling is None:
+        sampling = SamplingConfig()
+    elif not isinstance(sampling, SamplingConfig):
+        raise ConfigError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
+    changes = dict(settings or {})
+    if max_new_tokens is not None:
+        changes["max_new_tokens"] = max_new_tokens
+    return sampling.replace(**changes) if changes else sampling
 
-    Iterating gives, for each new position, a list of each row's new text
-    ("" for a row that has ended). `finish_reasons[i]` becomes "stop" when
-    row i meets the end token or one of its stop strings, and "length" when
-    it has its `max_new_tokens[i]` tokens; decoding ends when every row has
-    ended, or when the caller stops iterating. `prompt_tokens[i]` and
-    `completion_tokens[i]` count row i's tokens (a prompt longer than the
-    context counts whole; the model sees its last block_size tokens). The
-    rows share the sampling settings and `seed`: with one row, the text is
-    what `generate` writes for the same settings and seed.
+
+def row_seeds(seed, count):
+    """A seed for each of `count` rows: `seed` for the first (None: a random one), others made from it."""
+    seed = int(np.random.default_rng().integers(2**31)) if seed is None else int(seed) % 2**31
+    return [seed] + [(seed * 1_000_003 + index) % 2**31 for index in range(1, count)]
+
+
+class RowText:
+    """One row's new text, token by token: it ends before the tokenizer's end token, before its first stop
+    string, or at its max_new_tokens. `finish_reason` is then "stop" (end token or stop string) or "length";
+    `tokens` counts the tokens it took."""
+
+    def __init__(self, tokenizer, config, streaming=True):
+        self.continuation = Continuation(tokenizer, list(config.stop), streaming)
+        self.limit = config.max_new_tokens
+        self.tokens = 0
+        self.finish_reason = None if self.limit else "length"
+
+    @property
+    def ended(self):
+        return self.finish_reason is not None
+
+    def add(self, ids):
+        """The text that token ids add; ids past the row's end add nothing."""
+        text = ""
+        for token in ids:
+            if self.ended:
+                break
+            self.tokens += 1
+            text += self.continuation.add(int(token))
+            if not self.continuation.ended and self.tokens >= self.limit:
+                text += self.continuation.finish()  # which may find a stop string in the text held back
+            if self.continuation.ended:
+                self.finish_reason = "stop" if self.continuation.stopped else "length"
+        return text
+
+
+class RowsStream:
+    """Several prompts continued together in one batch, each with its own sampling settings.
+
+    `sampling` is one SamplingConfig for every row or a list of one per row
+    (each with its own max_new_tokens, stop strings and seed; a seed of None
+    is a random one; one config with a seed gives each row a seed made from
+    it, see `generate`). Iterating gives, for each new position, a list of
+    each row's new text ("" for a row that has ended); decoding ends when
+    every row has ended, or when the caller stops iterating.
+    `rows[i].finish_reason` then says why row i ended; `prompt_tokens[i]` and
+    `rows[i].tokens` count its tokens (a prompt longer than the context
+    counts whole; the model sees its last block_size tokens).
     """
 
-    def __init__(self, model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=1.0, seed=None,
-                 stops=None, unknown="error"):
+    def __init__(self, model, prompts, sampling=None, *, unknown="error", use_cache=True, slide=1, streaming=True):
         if not prompts:
             raise ConfigError("give at least one prompt")
         if isinstance(model, Seq2Seq):
             raise ConfigError("RowsStream continues a GPT's prompts; a Seq2Seq writes targets with generate_target")
-        self.limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
-        _check(model, max(self.limits), temperature, top_k, top_p, 1, None)
-        rows_ids = [_prompt_ids(model.tokenizer, prompt, unknown) for prompt in prompts]
-        self.prompt_tokens = [len(ids) for ids in rows_ids]
-        self.completion_tokens = [0] * len(prompts)
-        self.finish_reasons = [None] * len(prompts)
-        self._rows = [Continuation(model.tokenizer, stop_strings(row_stops), streaming=True)
-                      for row_stops in (stops or [()] * len(prompts))]
-        self._tokens = _tokens(model, rows_ids, None, max(self.limits), temperature, top_k, top_p, _seed(seed),
-                               True, 1, None)
+        configs = list(sampling) if isinstance(sampling, (list, tuple)) else [sampling_config(sampling)] * len(prompts)
+        if len(configs) != len(prompts) or not all(isinstance(config, SamplingConfig) for config in configs):
+            raise ConfigError("sampling must be one SamplingConfig or a list of one for each prompt")
+        _check_slide(model, slide)
+        self.configs = _with_row_seeds(configs)
+        self.rows_ids = [prompt_ids(model.tokenizer, prompt, unknown) for prompt in prompts]
+        self.prompt_tokens = [len(ids) for ids in self.rows_ids]
+        self.rows = [RowText(model.tokenizer, config, streaming) for config in self.configs]
+        self.engine = Engine(model, len(prompts), use_cache=use_cache, slide=slide)
 
     def __iter__(self):
-        for row, limit in enumerate(self.limits):
-            if limit == 0:
-                self.finish_reasons[row] = "length"
-        if all(self.finish_reasons):
+        live = [index for index, row in enumerate(self.rows) if not row.ended]
+        if not live:
             return
-        for step_tokens in self._tokens:
-            yield [self._add(row, int(token)) for row, token in enumerate(step_tokens)]
-            if all(self.finish_reasons):
+        vocabulary_size = self.engine.vocabulary_size
+        drawn = self.engine.admit([self.rows_ids[index] for index in live],
+                                  [self.configs[index].row(vocabulary_size) for index in live],
+                                  [self.configs[index].seed for index in live])
+        handles = dict(zip(drawn, live))  # engine row -> prompt index
+        calls = 0
+        while drawn:
+            columns = max(len(tokens.ids) for tokens in drawn.values())
+            for column in range(columns):
+                pieces = [""] * len(self.rows)
+                for handle, tokens in drawn.items():
+                    if column < len(tokens.ids):
+                        pieces[handles[handle]] = self.rows[handles[handle]].add(tokens.ids[column:column + 1])
+                yield pieces
+            for handle in list(drawn):
+                if self.rows[handles[handle]].ended:
+                    self.engine.retire(handle)
+            if not self.engine.rows:
                 return
+            wanted = max(row.limit - row.tokens for row in self.rows if not row.ended)
+            drawn = self.engine.step(min(wanted, FIRST_CHUNK_SIZE if calls == 0 else CHUNK_SIZE))
+            calls += 1
 
-    def _add(self, row, token):
-        if self.finish_reasons[row]:
-            return ""
-        continuation = self._rows[row]
-        self.completion_tokens[row] += 1
-        text = continuation.add(token)
-        if not continuation.ended and self.completion_tokens[row] >= self.limits[row]:
-            text += continuation.finish()  # which may find a stop string in the text held back
-        if continuation.ended:
-            self.finish_reasons[row] = "stop" if continuation.stopped else "length"
-        return text
+    @property
+    def finish_reasons(self):
+        return [row.finish_reason for row in self.rows]
+
+    @property
+    def completion_tokens(self):
+        return [row.tokens for row in self.rows]
 
 
-def generate_target(model, source, max_new_tokens=None, temperature=0.0, top_k=None, top_p=1.0, seed=None,
-                    unknown="error", stop=(), use_cache=True, num_beams=None):
+def _with_row_seeds(configs):
+    """The configs with a seed each: rows sharing one config (one seed) get seeds made from it."""
+    seeded = []
+    shared = {}
+    for config in configs:
+        shared.setdefault(id(config), []).append(config)
+    seeds = {key: iter(row_seeds(group[0].seed, len(group))) for key, group in shared.items()}
+    for config in configs:
+        seeded.append(config.replace(seed=next(seeds[id(config)])))
+    return seeded
+
+
+def _beam_texts(model, prompts, config, unknown, use_cache, slide, num_beams):
+    if not prompts:
+        raise ConfigError("give at least one prompt")
+    _check_slide(model, slide)
+    check_beams(num_beams, model.tokenizer.vocabulary_size)
+    rows_ids = [prompt_ids(model.tokenizer, prompt, unknown) for prompt in prompts]
+    engine = Engine(model, len(prompts), use_cache=use_cache, slide=slide)
+    sequences = engine.beam_search(rows_ids, config.max_new_tokens, num_beams, model.tokenizer.end_token_id)
+    texts = []
+    for ids in sequences:
+        row = RowText(model.tokenizer, config, streaming=False)
+        texts.append(row.add(ids) + row.continuation.finish())
+    return texts
+
+
+def generate_target(model, source, max_new_tokens=None, sampling=None, *, unknown="error", use_cache=True,
+                    num_beams=None, **settings):
     """The target that a Seq2Seq model writes for `source`, as text.
 
     `source` may be a list of texts: they are decoded together in batches
@@ -141,16 +242,16 @@ def generate_target(model, source, max_new_tokens=None, temperature=0.0, top_k=N
     after `max_new_tokens` tokens (default and most: block_size - 1), or
     before its first `stop` string. Unlike a GPT's `generate`, the default
     temperature is 0: the likeliest token at each step. Sampling settings,
-    `seed`, `unknown` (for characters the vocabulary lacks), `use_cache` and
+    `unknown` (for characters the vocabulary lacks), `use_cache` and
     `num_beams` are as for `generate`.
     """
-    targets = iter_targets(model, [source] if isinstance(source, str) else source, max_new_tokens, temperature,
-                           top_k, top_p, seed, unknown, stop, use_cache, num_beams)
+    targets = iter_targets(model, [source] if isinstance(source, str) else source, max_new_tokens, sampling,
+                           unknown=unknown, use_cache=use_cache, num_beams=num_beams, **settings)
     return next(targets) if isinstance(source, str) else list(targets)
 
 
-def iter_targets(model, sources, max_new_tokens=None, temperature=0.0, top_k=None, top_p=1.0, seed=None,
-                 unknown="error", stop=(), use_cache=True, num_beams=None):
+def iter_targets(model, sources, max_new_tokens=None, sampling=None, *, unknown="error", use_cache=True,
+                 num_beams=None, **settings):
     """As `generate_target` for a list of sources: an iterator that gives each
     target as soon as its batch of TARGET_BATCH is decoded. Everything is checked at once.
     """
@@ -161,8 +262,12 @@ def iter_targets(model, sources, max_new_tokens=None, temperature=0.0, top_k=Non
     if not sources:
         raise ConfigError("give at least one source")
     block_size = model.config.block_size
-    max_new_tokens = block_size - 1 if max_new_tokens is None else max_new_tokens
-    _check(model, max_new_tokens, temperature, top_k, top_p, 1, num_beams)
+    settings = {"temperature": 0.0, **settings} if sampling is None else settings
+    config = sampling_config(sampling, max_new_tokens, settings)
+    config = config.replace(max_new_tokens=min(config.max_new_tokens, block_size - 1)) \
+        if max_new_tokens is not None or sampling is not None else config.replace(max_new_tokens=block_size - 1)
+    if num_beams is not None:
+        check_beams(num_beams, model.tokenizer.vocabulary_size)
     source_ids = np.zeros((len(sources), block_size), np.int32)
     for index, text in enumerate(sources):
         ids = model.tokenizer.encode(known_text(model.tokenizer, text, unknown, "source"))
@@ -171,76 +276,46 @@ def iter_targets(model, sources, max_new_tokens=None, temperature=0.0, top_k=Non
             raise InputError(f"the source {shortened!r} is {len(ids)} tokens long; "
                              f"this model reads sources of up to {block_size}")
         source_ids[index, :len(ids)] = ids
-    return _decode_targets(model, source_ids, min(max_new_tokens, block_size - 1), temperature, top_k, top_p, seed,
-                           stop_strings(stop), use_cache, num_beams)
+    return _decode_targets(model, source_ids, config, use_cache, num_beams)
 
 
-def _decode_targets(model, source_ids, max_new_tokens, temperature, top_k, top_p, seed, stops, use_cache, num_beams):
+def _decode_targets(model, source_ids, config, use_cache, num_beams):
     batch_size = min(len(source_ids), TARGET_BATCH)
-    seed = _seed(seed)
-    starts = [[model.tokenizer.start_token_id]] * batch_size
-    for index, first in enumerate(range(0, len(source_ids), batch_size)):
-        batch = np.zeros((batch_size, source_ids.shape[1]), np.int32)
-        rows = source_ids[first:first + batch_size]
-        batch[:len(rows)] = rows
-        # Each batch draws its own noise, so that batches of the same sources differ.
-        batch_seed = (seed * 1_000_003 + index) % 2**31 if index else seed
-        texts = _texts(model, _tokens(model, starts, batch, max_new_tokens, temperature, top_k, top_p, batch_seed,
-                                      use_cache, 1, num_beams), batch_size, stops, streaming=False)
-        yield from ["".join(pieces) for pieces in zip(*texts)][:len(rows)]
+    seeds = row_seeds(config.seed, len(source_ids))
+    start = [model.tokenizer.start_token_id]
+    engine = Engine(model, batch_size, use_cache=use_cache)
+    vocabulary_size = engine.vocabulary_size
+    for first in range(0, len(source_ids), batch_size):
+        sources = source_ids[first:first + batch_size]
+        rows = [RowText(model.tokenizer, config, streaming=False) for _ in sources]
+        if num_beams is not None:
+            padded = np.concatenate([sources, np.repeat(sources[:1], batch_size - len(sources), axis=0)])
+            sequences = engine.beam_search([start] * batch_size, config.max_new_tokens, num_beams,
+                                           model.tokenizer.end_token_id, padded)
+            yield from [row.add(ids) + row.continuation.finish() for row, ids in zip(rows, sequences)]
+            continue
+        drawn = engine.admit([start] * len(sources), [config.row(vocabulary_size)] * len(sources),
+                             seeds[first:first + len(sources)], sources)
+        handles = list(drawn)
+        texts = [""] * len(sources)
+        while drawn:
+            for handle, tokens in drawn.items():
+                index = handles.index(handle)
+                texts[index] += rows[index].add(tokens.ids)
+                if rows[index].ended:
+                    engine.retire(handle)
+            drawn = engine.step(CHUNK_SIZE) if engine.rows else {}
+        yield from [text + row.continuation.finish() for text, row in zip(texts, rows)]
 
 
-def _continuations(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, unknown, stop, use_cache, slide,
-                   num_beams, streaming):
-    """Check everything at once; then an iterator over each step's new text of every prompt's row."""
-    if not prompts:
-        raise ConfigError("give at least one prompt")
-    _check(model, max_new_tokens, temperature, top_k, top_p, slide, num_beams)
-    rows_ids = [_prompt_ids(model.tokenizer, prompt, unknown) for prompt in prompts]
-    stops = stop_strings(stop)
-    tokens = _tokens(model, rows_ids, None, max_new_tokens, temperature, top_k, top_p, _seed(seed), use_cache, slide,
-                     num_beams)
-    return _texts(model, tokens, len(prompts), stops, streaming)
-
-
-def _tokens(model, rows_ids, sources, max_new_tokens, temperature, top_k, top_p, seed, use_cache, slide, num_beams):
-    """Each new position's tokens, an int array (B,) of every row's."""
-    window, lengths = decoding.windows(model.config.block_size, rows_ids)
-    if num_beams is None:
-        settings = sampler_settings(model.tokenizer.vocabulary_size, temperature, top_k, top_p)
-        return decoding.sample(model, window, lengths, sources, max_new_tokens, settings, np.int32(seed), use_cache,
-                               slide)
-    return iter(decoding.beam_search(model, window, lengths, sources, max_new_tokens, num_beams,
-                                     model.tokenizer.end_token_id, use_cache, slide).T)
-
-
-def _texts(model, tokens, count, stops, streaming):
-    """Yield, for each step, a list of the new text of each of `count` rows, until every row has ended.
-
-    Unless `streaming`, a row's text may come all at its end.
-    """
-    rows = [Continuation(model.tokenizer, stops, streaming) for _ in range(count)]
-    for step_tokens in tokens:
-        yield [row.add(token) for row, token in zip(rows, step_tokens)]
-        if all(row.ended for row in rows):
-            return
-    yield [row.finish() for row in rows]
-
-
-def _check(model, max_new_tokens, temperature, top_k, top_p, slide, num_beams):
-    check_sampling_settings(max_new_tokens, temperature, top_k, top_p)
+def _check_slide(model, slide):
     block_size = model.config.block_size
     if isinstance(slide, bool) or not isinstance(slide, int) or not 1 <= slide <= block_size:
         raise ConfigError(f"slide must be a whole number from 1 to the block size, {block_size}; got {slide!r}")
-    if num_beams is not None:
-        check_beams(num_beams, model.tokenizer.vocabulary_size)
 
 
-def _seed(seed):
-    return int(np.random.default_rng().integers(2**31)) if seed is None else seed % 2**31
-
-
-def _prompt_ids(tokenizer, prompt, unknown="error"):
+def prompt_ids(tokenizer, prompt, unknown="error"):
+    """A prompt's token ids as the model reads them: the tokenizer's start of text first, where it has one."""
     prompt = known_text(tokenizer, prompt, unknown, "prompt")
     start = [int(i) for i in tokenizer.text_start_ids]  # a pretrained model's beginning-of-text token
     if not prompt:

@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 from keras import ops
 
-from gptlite import positions
+from gptlite import generation, positions
 from gptlite.errors import ConfigError, InputError
 from gptlite.files import atomic_path
 from gptlite.model import GPT, Seq2Seq
@@ -252,7 +252,7 @@ def _seq2seq_maps(model, source, part, target, unknown):
     if not 1 <= len(source_ids) <= block_size:
         raise InputError(f"the source must be 1 to {block_size} tokens long; it is {len(source_ids)}")
     if target is None:
-        target = tokenizer.decode(_likeliest_target(model, source_ids))
+        target = generation.generate_target(model, source)  # the likeliest token at each step
     target = known_text(tokenizer, target, unknown, "target")
     target_ids = np.concatenate([[tokenizer.start_token_id], tokenizer.encode(target)]).astype("int32")
     if len(target_ids) > block_size:
@@ -263,26 +263,6 @@ def _seq2seq_maps(model, source, part, target, unknown):
     query_tokens = source_tokens if part == "encoder" else target_tokens
     key_tokens = target_tokens if part == "decoder" else source_tokens
     return AttentionMaps(weights, query_tokens, key_tokens, part), inputs
-
-
-def _likeliest_target(model, source_ids):
-    """The target token ids a Seq2Seq writes for `source_ids` (S,), taking the likeliest token each step.
-
-    Each step runs the decoder over the whole target so far: one short
-    target, decoded once, needs no cache or compiled loop.
-    """
-    tokenizer = model.tokenizer
-    source_ids = source_ids[None]  # (1, S)
-    source_mask = model.source_mask(source_ids)
-    encoded = model.encode(source_ids, source_mask)
-    target = [tokenizer.start_token_id]
-    while len(target) < model.config.block_size:
-        logits = model.decode(np.array([target], "int32"), encoded, source_mask)  # (1, T, V)
-        token = int(np.argmax(_numpy(logits[0, -1])))
-        if token == tokenizer.end_token_id:
-            break
-        target.append(token)
-    return target[1:]
 
 
 def _quietly(function, *args):

@@ -1,8 +1,12 @@
-"""Choosing the next token: the sampler (temperature, top-k, top-p), the noise it
-draws from, and beam search's choice of beams. Written with `keras.ops`, to
-be traced into the compiled decode loop; every setting is a tensor, so
-changing one never recompiles."""
+"""Choosing the next token: the sampling settings (`SamplingConfig`), the
+sampler, the noise it draws from, and beam search's choice of beams.
 
+The sampler is written with `keras.ops`, to be traced into the compiled
+decode loop. Every setting is a tensor with one value per row, so rows with
+different settings decode in one batch and changing one never recompiles.
+"""
+
+import dataclasses
 import math
 
 import keras
@@ -10,40 +14,133 @@ import numpy as np
 from keras import ops
 
 from gptlite.errors import ConfigError
+from gptlite.text import stop_strings
+
+# A row's settings tensor holds these, in this order (see SamplingConfig.row).
+ROW_SETTINGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+# Log-probabilities of this many likeliest tokens come with each token when asked for (OpenAI's most).
+TOP_LOGPROBS = 5
 
 
-def sample_next_token(logits, settings, noise):
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """How a row's new tokens are chosen, checked when made; the library, the command line and the server
+    share these defaults.
+
+    temperature 0 takes the likeliest token; otherwise logits are divided by
+    it, then only the `top_k` likeliest tokens are kept (None: all), of
+    those the smallest set whose probability reaches `top_p` (the nucleus),
+    and of those the ones at least `min_p` times as likely as the likeliest.
+    `repetition_penalty` above 1 makes tokens already in the context less
+    likely (a positive logit is divided by it, a negative one multiplied, as
+    in the CTRL paper). `seed` makes the text repeatable (None: different
+    each time); `stop` strings end the text just before the first of them.
+    """
+
+    max_new_tokens: int = 200
+    temperature: float = 1.0
+    top_k: int = None
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int = None
+    stop: tuple = ()
+
+    def __post_init__(self):
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, (int, np.integer)) \
+                or self.max_new_tokens < 0:
+            raise ConfigError(f"max_new_tokens must be zero or a positive whole number, got {self.max_new_tokens!r}")
+        if not (_is_number(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ConfigError(f"temperature must be 0 (greedy) or positive, got {self.temperature!r}")
+        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer))
+                                       or self.top_k < 1):
+            raise ConfigError(f"top_k must be a whole number of at least 1, got {self.top_k!r}")
+        if not (_is_number(self.top_p) and 0 < self.top_p <= 1):
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not (_is_number(self.min_p) and 0 <= self.min_p <= 1):
+            raise ConfigError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if not (_is_number(self.repetition_penalty) and math.isfinite(self.repetition_penalty)
+                and self.repetition_penalty > 0):
+            raise ConfigError(f"repetition_penalty must be a positive number (1 is none), got "
+                              f"{self.repetition_penalty!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))):
+            raise ConfigError(f"seed must be a whole number or None, got {self.seed!r}")
+        object.__setattr__(self, "stop", tuple(stop_strings(self.stop)))
+
+    def replace(self, **changes):
+        """A copy with `changes`, checked; a name that is no setting raises a ConfigError."""
+        unknown = sorted(set(changes) - {field.name for field in dataclasses.fields(self)})
+        if unknown:
+            raise ConfigError(f"unknown sampling setting {unknown[0]!r}; the settings are "
+                              f"{', '.join(field.name for field in dataclasses.fields(self))}")
+        return dataclasses.replace(self, **changes)
+
+    def row(self, vocabulary_size):
+        """The settings as the sampler reads them for one row: float32 (len(ROW_SETTINGS),)."""
+        top_k = vocabulary_size if self.top_k is None else min(self.top_k, vocabulary_size)
+        return np.array([self.temperature, top_k, self.top_p, self.min_p, self.repetition_penalty], np.float32)
+
+
+def sample_next_token(logits, settings, noise, seen=None):
     """Draw one token id per row from float logits (B, V), given uniform noise (B, V) in (0, 1).
 
-    `settings` is a float tensor [temperature, top_k, top_p]: temperature 0
-    takes the arg-max; otherwise logits are divided by the temperature, only
-    the top_k likeliest tokens are kept, and of those only the smallest set
-    whose probability reaches top_p (the nucleus). top_k >= V and top_p = 1
-    keep every token. The draw is the arg-max of the kept logits plus Gumbel
-    noise, which picks each token with its softmax probability.
+    `settings` (B, len(ROW_SETTINGS)): each row's as from SamplingConfig.row.
+    `seen` (B, V), where some row's repetition_penalty is not 1: how often
+    each token is in the row's context. The draw is the arg-max of the kept
+    logits plus Gumbel noise, which picks each token with its softmax
+    probability. Each filter leaves a row alone where its setting keeps
+    every token, so a row's token is the same whatever rows share its batch.
     """
-    temperature, top_k, top_p = settings[0], settings[1], settings[2]
+    temperature, top_k, top_p, min_p, penalty = (settings[:, index:index + 1] for index in range(5))  # (B, 1) each
     vocabulary_size = ops.shape(logits)[-1]
+    logits = ops.cast(logits, "float32")
+    if seen is not None:
+        penalised = ops.where(ops.greater(logits, 0), logits / penalty, logits * penalty)
+        logits = ops.where(ops.logical_and(ops.greater(seen, 0), ops.not_equal(penalty, 1.0)), penalised, logits)
     scaled = logits / ops.maximum(temperature, 1e-6)  # (B, V)
+    keeps_all = ops.logical_and(ops.logical_and(ops.greater_equal(top_k, vocabulary_size), ops.greater_equal(top_p, 1.0)),
+                                ops.less_equal(min_p, 0.0))  # (B, 1)
 
     def filtered():
         descending = ops.flip(ops.sort(scaled, axis=-1), axis=-1)  # (B, V)
-        k = ops.cast(ops.clip(top_k, 1, vocabulary_size), "int32")
-        kth_largest = ops.take(descending, k - 1, axis=-1)  # (B,)
+        k = ops.cast(ops.clip(top_k[:, 0], 1, vocabulary_size), "int32")
+        rows = ops.shape(scaled)[0]
+        kth_largest = ops.take(ops.reshape(descending, (-1,)), ops.arange(rows) * vocabulary_size + k - 1)  # (B,)
         probabilities = ops.softmax(descending, axis=-1)
         mass_ranked_above = ops.cumsum(probabilities, axis=-1) - probabilities  # (B, V)
-        in_nucleus = ops.less(mass_ranked_above, top_p)  # the likeliest token always is
+        # The likeliest token is always in the nucleus; a row whose top_p is 1 keeps every token.
+        in_nucleus = ops.logical_or(ops.less(mass_ranked_above, top_p), ops.greater_equal(top_p, 1.0))
         nucleus_floor = ops.min(ops.where(in_nucleus, descending, float("inf")), axis=-1)  # (B,)
-        floor = ops.maximum(kth_largest, nucleus_floor)[:, None]  # (B, 1)
-        return ops.where(ops.greater_equal(scaled, floor), scaled, -1e9)
+        min_p_floor = ops.where(ops.greater(min_p[:, 0], 0.0),
+                                descending[:, 0] + ops.log(ops.maximum(min_p[:, 0], 1e-30)), float("-inf"))
+        floor = ops.maximum(ops.maximum(kth_largest, nucleus_floor), min_p_floor)[:, None]  # (B, 1)
+        kept = ops.where(ops.greater_equal(scaled, floor), scaled, -1e9)
+        return ops.where(keeps_all, scaled, kept)
 
-    # The sort is skipped when every token is kept.
-    keeps_all = ops.logical_and(ops.greater_equal(top_k, vocabulary_size), ops.greater_equal(top_p, 1.0))
-    kept = ops.cond(keeps_all, lambda: scaled, filtered)
+    # The sort is skipped when every row keeps every token.
+    kept = ops.cond(ops.all(keeps_all), lambda: scaled, filtered)
     gumbel = -ops.log(-ops.log(noise))
     sampled = ops.argmax(kept + gumbel, axis=-1)
     greedy = ops.argmax(logits, axis=-1)  # (B,)
-    return ops.cast(ops.where(ops.equal(temperature, 0), greedy, sampled), "int32")
+    return ops.cast(ops.where(ops.equal(temperature[:, 0], 0), greedy, sampled), "int32")
+
+
+def token_log_probabilities(logits, tokens):
+    """The model's log-probabilities (temperature 1, nothing filtered) of `tokens` (B,) and of the
+    TOP_LOGPROBS likeliest tokens: (chosen (B,), top ids (B, TOP_LOGPROBS), top log-probabilities)."""
+    log_probabilities = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)  # (B, V)
+    rows, vocabulary_size = ops.shape(logits)[0], ops.shape(logits)[1]
+    chosen = ops.take(ops.reshape(log_probabilities, (-1,)), ops.arange(rows) * vocabulary_size + tokens)
+    top_values, top_ids = ops.top_k(log_probabilities, min(TOP_LOGPROBS, vocabulary_size))
+    return chosen, ops.cast(top_ids, "int32"), top_values
+
+
+def token_counts(window, lengths, vocabulary_size):
+    """How often each token is in each row's window[:, :lengths]: float32 (B, V), for repetition_penalty."""
+    rows, width = ops.shape(window)[0], ops.shape(window)[1]
+    real = ops.cast(ops.less(ops.arange(width)[None, :], lengths[:, None]), "float32")  # (B, T)
+    flat = ops.reshape(ops.arange(rows)[:, None] * vocabulary_size + window, (-1, 1))
+    return ops.reshape(ops.scatter(flat, ops.reshape(real, (-1,)), (rows * vocabulary_size,)), (rows, vocabulary_size))
 
 
 def uniform_noise(seed_generator, seed, block, shape):
@@ -90,26 +187,8 @@ def choose_beams(logits, scores, finished, end_token, state):
     return tokens, ops.cast(parents, "int32"), scores, finished, state
 
 
-def check_sampling_settings(max_new_tokens, temperature, top_k=None, top_p=1.0):
-    """Raise a ConfigError naming the first setting that cannot work."""
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ConfigError(f"max_new_tokens must be zero or a positive whole number, got {max_new_tokens!r}")
-    if not (_is_number(temperature) and math.isfinite(temperature) and temperature >= 0):
-        raise ConfigError(f"temperature must be 0 (greedy) or positive, got {temperature}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1):
-        raise ConfigError(f"top_k must be a whole number of at least 1, got {top_k}")
-    if not (_is_number(top_p) and 0 < top_p <= 1):
-        raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
-
-
 def _is_number(value):
     return isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
-
-
-def sampler_settings(vocabulary_size, temperature, top_k, top_p):
-    """The sampler's settings tensor [temperature, top_k, top_p]; top_k None keeps every token."""
-    top_k = vocabulary_size if top_k is None else top_k
-    return np.array([temperature, top_k, top_p], dtype=np.float32)
 
 
 def check_beams(num_beams, vocabulary_size):

@@ -9,20 +9,22 @@ for server-sent events), `GET /v1/models`, `GET /health`, `POST
 /v1/attention` (the page's attention view) and `GET /` (the page).
 
 One worker thread owns the model and decodes; the event loop only parses,
-queues and streams. A request waits in a bounded queue; the worker takes
-the first, gathers for `batch_window_ms` the requests that can share its
-batch (the same sampling settings and no seed of their own: a seeded
-request is decoded alone, so that its text is the one `gptlite.generate`
-writes for that seed), up to `max_batch` rows, and decodes them as one
-batch, each row with its own length and stop strings. Batches are padded
-to a power of two rows (but a seeded one's), so that a handful of compiled
-loops serve them all.
+queues and streams. The worker keeps one `gptlite.engine.Engine` running:
+between any two of its calls (`DECODE_STEPS` tokens at most) it admits the
+requests that have arrived into the running batch (continuous batching:
+nobody waits for somebody else's long answer), each row with its own
+sampling settings, seed, length and stop strings, and retires the rows that
+have ended, were cancelled or whose client went away. A seeded request's
+text is the one `gptlite.generate` writes for that prompt and seed, whatever
+shares its batch. Programs compile when first needed, and, after start-up,
+in the background (`Worker.warm_up`); with the on-disk compile cache
+(`gptlite.compile_cache`) a second start finds them ready.
 """
 
 import asyncio
+import collections
 import dataclasses
 import importlib.resources
-import itertools
 import json
 import math
 import queue
@@ -32,18 +34,24 @@ import time
 import traceback
 import uuid
 
+from gptlite.engine import PREFILL_WIDTH, Engine, cache_span
 from gptlite.errors import GPTLiteError, InputError
+from gptlite.generation import RowText, generate_target, prompt_ids, row_seeds
 from gptlite.model import Seq2Seq
+from gptlite.sampling import TOP_LOGPROBS, SamplingConfig
 from gptlite.settings import ServeSettings
 
-DEFAULTS = dict(max_tokens=16, temperature=1.0, top_p=1.0, n=1)
+# OpenAI's default max_tokens; every sampling setting left out takes SamplingConfig's default.
+DEFAULTS = dict(max_tokens=16, n=1)
+# Tokens per engine call at most: new requests join the batch between calls.
+DECODE_STEPS = 8
 MAX_BODY_BYTES = 1 << 20
-FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stop", "seed", "stream", "user",
-          "echo", "logprobs", "presence_penalty", "frequency_penalty", "best_of", "logit_bias", "suffix",
-          "stream_options"}
+FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "n", "stop",
+          "seed", "stream", "user", "echo", "logprobs", "presence_penalty", "frequency_penalty", "best_of",
+          "logit_bias", "suffix", "stream_options"}
 # Fields of OpenAI's request that are accepted only at the value that changes nothing.
-NEUTRAL = {"echo": (False, None), "logprobs": (None,), "presence_penalty": (0, None), "frequency_penalty": (0, None),
-           "best_of": (1, None), "logit_bias": (None,), "suffix": (None,)}
+NEUTRAL = {"presence_penalty": (0, None), "frequency_penalty": (0, None), "best_of": (1, None), "logit_bias": (None,),
+           "suffix": (None,)}
 
 
 class RequestError(Exception):
@@ -59,17 +67,14 @@ class RequestError(Exception):
 
 @dataclasses.dataclass
 class Completion:
-    """A checked completions request: `prompts`, each wanting `n` choices."""
+    """A checked completions request: `prompts`, each wanting `n` choices sampled by `sampling`."""
 
     prompts: list
-    max_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
+    sampling: object  # a SamplingConfig: max_new_tokens is the request's max_tokens
     n: int
-    stops: list
-    seed: int
     stream: bool
+    logprobs: int = None  # how many likeliest tokens' log-probabilities come with each token; None: none
+    echo: bool = False  # the prompt comes back before its completion
 
     @property
     def rows(self):
@@ -98,22 +103,33 @@ def parse_completion(body, model, model_name, settings):
     else:
         raise RequestError(400, "prompt must be a string or a non-empty list of strings", "prompt")
     max_tokens = _number(body, "max_tokens", int, 0, settings.max_tokens_limit)
-    temperature = _number(body, "temperature", float, 0.0, 2.0)
-    top_p = _number(body, "top_p", float, 0.0, 1.0)
-    if top_p == 0:
+    sampling = {"max_new_tokens": max_tokens}
+    for name, low, high in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0), ("min_p", 0.0, 1.0),
+                            ("repetition_penalty", 0.01, 100.0)):
+        value = _number(body, name, float, low, high, default=None)
+        if value is not None:
+            sampling[name] = value
+    if sampling.get("top_p") == 0:
         raise RequestError(400, "top_p must be above 0", "top_p")
-    top_k = _number(body, "top_k", int, 1, 2**31 - 1, default=None)  # above the vocabulary: every token
+    sampling["top_k"] = _number(body, "top_k", int, 1, 2**31 - 1, default=None)  # above the vocabulary: every token
     n = _number(body, "n", int, 1, settings.max_n)
-    seed = _number(body, "seed", int, -2**63, 2**63 - 1, default=None)
+    sampling["seed"] = _number(body, "seed", int, -2**63, 2**63 - 1, default=None)
+    logprobs = _number(body, "logprobs", int, 0, TOP_LOGPROBS, default=None)
+    echo = body.get("echo") or False
     stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise RequestError(400, "stream must be true or false", "stream")
+    for name, value in (("stream", stream), ("echo", echo)):
+        if not isinstance(value, bool):
+            raise RequestError(400, f"{name} must be true or false", name)
     stops = body.get("stop")
     stops = [] if stops is None else [stops] if isinstance(stops, str) else stops
     if not (isinstance(stops, list) and len(stops) <= 4 and all(isinstance(s, str) and s for s in stops)):
         raise RequestError(400, "stop must be a non-empty string or a list of up to 4 of them", "stop")
+    sampling["stop"] = tuple(stops)
     if len(prompts) * n > settings.max_batch * 4:
         raise RequestError(400, f"{len(prompts)} prompts x n={n} is more than {settings.max_batch * 4} choices", "n")
+    if isinstance(model, Seq2Seq) and (echo or logprobs is not None):
+        name = "echo" if echo else "logprobs"
+        raise RequestError(400, f"{name} is for a language model's completions; this model writes targets", name)
     tokenizer = model.tokenizer
     for prompt_text in prompts:
         unknown_characters = tokenizer.unknown_characters(prompt_text)
@@ -123,7 +139,7 @@ def parse_completion(body, model, model_name, settings):
         if settings.truncate == "none" and len(tokenizer.encode(prompt_text)) > model.config.block_size:
             raise RequestError(400, f"a prompt is longer than the model's context of {model.config.block_size} "
                                     f"tokens", "prompt")
-    return Completion(prompts, max_tokens, temperature, top_p, top_k, n, stops, seed, stream)
+    return Completion(prompts, SamplingConfig(**sampling), n, stream, logprobs, echo)
 
 
 def _number(body, name, kind, low, high, default=dataclasses.MISSING):
@@ -158,29 +174,87 @@ class QueueFull(Exception):
 
 @dataclasses.dataclass(eq=False)
 class _Job:
-    """A request waiting for, or being decoded by, the worker; `emit` hands each event to the event loop."""
+    """A request waiting for, or being decoded by, the worker; `emit` hands each event to the event loop.
 
-    rows: list  # each row's prompt
+    Events: ("pieces", [(choice index, text, finish reason or None, logprobs or None), ...]) as the
+    choices grow (a request that does not stream gets one, whole, at the end), then ("done", prompt
+    tokens, completion tokens) for each choice; or ("error", message), ("failure", message).
+    """
+
+    rows: list  # each choice's prompt
     completion: Completion
     emit: object
     cancelled: bool = False
+    live: int = 0  # choices still decoding
+    prompt_tokens: list = None
+    texts: list = None
+    reasons: list = None
+    logprobs: list = None
+    completion_tokens: list = None
 
-    @property
-    def key(self):
-        """Requests with the same key can share a batch; a seeded one shares with none."""
-        c = self.completion
-        return (c.temperature, c.top_p, c.top_k) if c.seed is None else self
+
+class _Choice:
+    """One choice of a job as the engine decodes it: its text so far and its log-probabilities."""
+
+    def __init__(self, job, index, tokenizer, config, prompt_length):
+        self.job, self.index = job, index
+        self.text = RowText(tokenizer, config, streaming=job.completion.stream)
+        self.tokenizer = tokenizer
+        self.logprobs = _Logprobs() if job.completion.logprobs is not None else None
+        self.offset = prompt_length  # where the next token's text starts, counted as OpenAI does
+
+    def add(self, drawn):
+        """The text that the engine's tokens add, and their log-probabilities (a _Logprobs or None)."""
+        before = self.text.tokens
+        piece = self.text.add(drawn.ids)
+        if self.logprobs is None:
+            return piece, None
+        taken = self.text.tokens - before
+        new = _Logprobs()
+        top = self.job.completion.logprobs
+        for position in range(taken):
+            token = self.tokenizer.decode([int(drawn.ids[position])])
+            new.add(token, float(drawn.logprobs[position]),
+                    {self.tokenizer.decode([int(i)]): float(value) for i, value in
+                     zip(drawn.top_ids[position][:top], drawn.top_logprobs[position][:top])}, self.offset)
+            self.offset += len(token)
+        self.logprobs.extend(new)
+        return piece, new
+
+
+@dataclasses.dataclass
+class _Logprobs:
+    """OpenAI's `logprobs` of a choice: each token, its log-probability, the likeliest tokens', where it starts."""
+
+    tokens: list = dataclasses.field(default_factory=list)
+    token_logprobs: list = dataclasses.field(default_factory=list)
+    top_logprobs: list = dataclasses.field(default_factory=list)
+    text_offset: list = dataclasses.field(default_factory=list)
+
+    def add(self, token, logprob, top, offset):
+        self.tokens.append(token)
+        self.token_logprobs.append(logprob)
+        self.top_logprobs.append(top)
+        self.text_offset.append(offset)
+
+    def extend(self, other):
+        for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+            getattr(self, name).extend(getattr(other, name))
 
 
 class Worker:
-    """The one thread that owns the model: it decodes batches of queued jobs, and answers attention requests."""
+    """The one thread that owns the model: it runs the decode engine over the queued jobs (continuous
+    batching), and answers attention requests between its calls."""
 
     def __init__(self, model, settings):
         self.model, self.settings = model, settings
         self.jobs = queue.Queue()
         self.waiting = 0
+        self.compiling = 0  # programs the background warm-up has still to compile
         self._lock = threading.Lock()
-        self._carried = None  # a job taken while gathering that could not join the batch
+        self._admissible = collections.deque()  # jobs taken from the queue, waiting for room in the batch
+        self._choices = {}  # engine row -> _Choice
+        self.engine = None if isinstance(model, Seq2Seq) else Engine(model, resizable=True, short_caches=True)
         self._thread = threading.Thread(target=self._run, name="gptlite-decode", daemon=True)
 
     def start(self):
@@ -203,39 +277,59 @@ class Worker:
         return future
 
     def warm_up(self):
-        """Compile, before the first request, every decode the worker can meet: each batch size it
-        pads to, each prefill width, cache span and kind of step (with room in the window, and with it
-        full). A server decodes for long: its steps read caches only as long as their texts need."""
-        import numpy as np
-
-        from gptlite import decoding
-        from gptlite.sampling import sampler_settings
-
-        if isinstance(self.model, Seq2Seq):
-            return  # its targets decode in batches of one size (generation.TARGET_BATCH)
-        decoding.keep_caches_short(self.model)
+        """Compile, on a thread of its own, the programs the worker will meet, so that requests seldom wait
+        for a compiler: each batch size it can grow to, with each prefill width and cache span, and a full
+        window's recomputing step. Requests are served meanwhile; `compiling` counts what is left."""
+        if self.engine is None:
+            return None
         block_size = self.model.config.block_size
-        widths = {min(block_size, decoding.PREFILL_WIDTH << k)
-                  for k in range(max(1, block_size // decoding.PREFILL_WIDTH).bit_length() + 1)}
-        settings = sampler_settings(self.model.tokenizer.vocabulary_size, 1.0, None, 1.0)
-        size = 1
-        while size <= _padded(self.settings.max_batch):
-            for length in sorted({1, *widths}):
-                window = np.zeros((size, block_size), np.int32)
-                lengths = np.full(size, length, np.int32)
-                for _ in decoding.sample(self.model, window, lengths, None, 3, settings, np.int32(0)):
-                    pass
-            size *= 2
+        spans = sorted({cache_span(PREFILL_WIDTH << k, block_size)
+                        for k in range(max(1, block_size // PREFILL_WIDTH).bit_length())})
+        capacities = [1 << k for k in range(_padded(self.settings.max_batch).bit_length())]
+        plans = [(capacity, span) for capacity in capacities for span in spans + [None]]
+        self.compiling = len(plans)
 
-    def _next(self, timeout=None):
-        if self._carried is not None:
-            job, self._carried = self._carried, None
-            return job
-        return self.jobs.get(timeout=timeout)
+        def compile_all():
+            vocabulary_size = self.model.tokenizer.vocabulary_size
+            row = SamplingConfig().row(vocabulary_size)
+            for capacity, span in plans:
+                # Rows that fill a cache of `span` slots at their next token; None: full windows, recomputed.
+                length = block_size if span is None else max(1, span - 1)
+                engine = Engine(self.model, capacity, short_caches=True)
+                engine.admit([[0] * length] * capacity, [row] * capacity, [0] * capacity)
+                engine.step(1)
+                self.compiling -= 1
+
+        thread = threading.Thread(target=compile_all, name="gptlite-warm-up", daemon=True)
+        thread.start()
+        return thread
 
     def _run(self):
         while True:
-            item = self._next()
+            try:
+                self._take(block=not self._choices and not self._admissible)
+                self._admit()
+                if self._choices:
+                    self._step()
+            except Exception as error:  # the worker must live on: the requests get a 500, the server keeps serving
+                traceback.print_exc()
+                self._fail_all(f"decoding failed: {type(error).__name__}: {error}")
+
+    def _take(self, block):
+        """Move queued jobs to the admissible ones, running calls and a Seq2Seq's jobs at once. An idle worker
+        waits for the first job, then `batch_window_ms` for others to prefill with it."""
+        deadline = None
+        while True:
+            try:
+                if block and deadline is None:
+                    item = self.jobs.get()
+                    deadline = time.monotonic() + self.settings.batch_window_ms / 1000
+                elif deadline is not None:
+                    item = self.jobs.get(timeout=max(0.0, deadline - time.monotonic()))
+                else:
+                    item = self.jobs.get_nowait()
+            except queue.Empty:
+                return
             if isinstance(item, tuple):
                 function, future = item
                 try:
@@ -243,90 +337,170 @@ class Worker:
                 except Exception as error:  # handed to the waiting request
                     future.set_exception(error)
                 continue
-            batch = [item]
-            deadline = time.monotonic() + self.settings.batch_window_ms / 1000
-            while sum(len(job.rows) for job in batch) < self.settings.max_batch:
-                try:
-                    job = self._next(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-                if isinstance(job, tuple) or job.key != item.key or \
-                        sum(len(j.rows) for j in batch) + len(job.rows) > self.settings.max_batch:
-                    self._carried = job
-                    break
-                batch.append(job)
             with self._lock:
-                self.waiting -= len(batch)
-            self._decode([job for job in batch if not job.cancelled])
+                self.waiting -= 1
+            if self.engine is None:
+                self._write_targets(item)
+            else:
+                self._admissible.append(item)
 
-    def _decode(self, batch):
-        from gptlite.generation import RowsStream, generate_target
-
-        if not batch:
+    def _admit(self):
+        """Prefill the admissible jobs that fit into the running batch, in the order they came."""
+        jobs = []
+        room = self.settings.max_batch - len(self._choices)
+        while self._admissible and (len(self._admissible[0].rows) <= room or not self._choices and not jobs):
+            job = self._admissible.popleft()
+            if job.cancelled:
+                continue
+            room -= len(job.rows)
+            jobs.append(job)
+        if not jobs:
             return
+        tokenizer = self.model.tokenizer
+        rows_ids, settings, seeds, choices = [], [], [], []
         try:
-            if isinstance(self.model, Seq2Seq):
-                for job in batch:
-                    self._write_targets(job, generate_target)
-                return
-            c = batch[0].completion
-            rows = [row for job in batch for row in job.rows]
-            # A seeded request is alone in its batch, unpadded: its rows then draw the noise that
-            # `generate` draws for the same prompts and seed.
-            padding = 0 if c.seed is not None else _padded(len(rows)) - len(rows)
-            stream = RowsStream(self.model, rows + [rows[0]] * padding,
-                                [job.completion.max_tokens for job in batch for _ in job.rows] + [0] * padding,
-                                temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, seed=c.seed,
-                                stops=[job.completion.stops for job in batch for _ in job.rows] + [()] * padding)
-            spans = list(itertools.accumulate([0] + [len(job.rows) for job in batch]))
-            done = [False] * len(batch)
-            # A streamed request gets each step's text as it comes; the others theirs whole, at the end.
-            texts = [[""] * len(job.rows) for job in batch]
-            for step in stream:
-                for index, job in enumerate(batch):
-                    if done[index] or job.cancelled:
+            for job in jobs:
+                self._start(job)
+                seeded = row_seeds(job.completion.sampling.seed, len(job.rows))
+                for index, prompt in enumerate(job.rows):
+                    ids = prompt_ids(tokenizer, prompt)
+                    config = job.completion.sampling.replace(seed=seeded[index])
+                    choice = _Choice(job, index, tokenizer, config, len(prompt) if job.completion.echo else 0)
+                    if choice.text.ended:  # max_tokens 0
+                        if job.completion.stream:
+                            job.emit(("pieces", [(index, "", choice.text.finish_reason, None)]))
+                        self._finish_choice(choice)
                         continue
-                    first, last = spans[index], spans[index + 1]
-                    if job.completion.stream:
-                        job.emit(("pieces", step[first:last], stream.finish_reasons[first:last]))
-                    else:
-                        texts[index] = [text + piece for text, piece in zip(texts[index], step[first:last])]
-                    if all(stream.finish_reasons[first:last]):
-                        done[index] = True
-                        self._finish(job, texts[index], stream, first, last)
-                if all(done[i] or job.cancelled for i, job in enumerate(batch)):
-                    break
-            for index, job in enumerate(batch):
-                if not done[index] and not job.cancelled:
-                    self._finish(job, texts[index], stream, spans[index], spans[index + 1])
+                    rows_ids.append(ids)
+                    settings.append(config.row(self.engine.vocabulary_size))
+                    seeds.append(config.seed)
+                    choices.append(choice)
         except GPTLiteError as error:
-            for job in batch:
+            for job in jobs:
                 job.emit(("error", str(error)))
-        except Exception as error:  # the worker must live on: the requests get a 500, the server keeps serving
-            for job in batch:
-                job.emit(("failure", f"decoding failed: {type(error).__name__}: {error}"))
+            return
+        if choices:
+            drawn = self.engine.admit(rows_ids, settings, seeds,
+                                      logprobs=any(choice.logprobs is not None for choice in choices))
+            self._choices.update(zip(drawn, choices))
+            self._deliver(drawn)
 
-    @staticmethod
-    def _finish(job, texts, stream, first, last):
-        reasons = [reason or "length" for reason in stream.finish_reasons[first:last]]
-        if not job.completion.stream:
-            job.emit(("pieces", texts, reasons))
-        job.emit(("done", stream.prompt_tokens[first:last], stream.completion_tokens[first:last]))
+    def _start(self, job):
+        count = len(job.rows)
+        job.live = count
+        job.texts, job.reasons, job.completion_tokens = [""] * count, [None] * count, [0] * count
+        job.logprobs = [_Logprobs() if job.completion.logprobs is not None else None for _ in range(count)]
+        tokenizer = self.model.tokenizer
+        job.prompt_tokens = [len(prompt_ids(tokenizer, prompt)) for prompt in job.rows]
+        if job.completion.echo:
+            echoed = [(prompt, _prompt_logprobs(self.model, prompt, job.completion.logprobs)
+                       if job.completion.logprobs is not None else None) for prompt in job.rows]
+            job.texts = [prompt for prompt, _ in echoed]
+            job.logprobs = [logprobs for _, logprobs in echoed]
+            if job.completion.stream:
+                job.emit(("pieces", [(index, prompt, None, logprobs)
+                                     for index, (prompt, logprobs) in enumerate(echoed)]))
 
-    def _write_targets(self, job, generate_target):
+    def _step(self):
+        for row, choice in list(self._choices.items()):
+            if choice.job.cancelled:
+                del self._choices[row]
+                self.engine.retire(row)
+        if not self._choices:
+            return
+        wanted = max(choice.text.limit - choice.text.tokens for choice in self._choices.values())
+        drawn = self.engine.step(min(DECODE_STEPS, wanted),
+                                 logprobs=any(choice.logprobs is not None for choice in self._choices.values()))
+        self._deliver(drawn)
+
+    def _deliver(self, drawn):
+        """Hand each choice its new text; retire the rows that have ended and close the jobs that have."""
+        streamed = {}  # job -> its choices' new pieces
+        ended = []
+        for row, tokens in drawn.items():
+            choice = self._choices[row]
+            job = choice.job
+            piece, logprobs = choice.add(tokens)
+            job.texts[choice.index] += piece
+            if logprobs is not None:
+                job.logprobs[choice.index].extend(logprobs)
+            if job.completion.stream and (piece or choice.text.ended):
+                streamed.setdefault(job, []).append((choice.index, piece, choice.text.finish_reason, logprobs))
+            if choice.text.ended:
+                del self._choices[row]
+                self.engine.retire(row)
+                ended.append(choice)
+        for job, pieces in streamed.items():
+            job.emit(("pieces", pieces))
+        for choice in ended:
+            self._finish_choice(choice)
+
+    def _finish_choice(self, choice):
+        job = choice.job
+        job.reasons[choice.index] = choice.text.finish_reason
+        job.completion_tokens[choice.index] = choice.text.tokens
+        job.live -= 1
+        if job.live == 0:
+            if not job.completion.stream:
+                job.emit(("pieces", [(index, text, reason, logprobs) for index, (text, reason, logprobs) in
+                                     enumerate(zip(job.texts, job.reasons, job.logprobs))]))
+            job.emit(("done", job.prompt_tokens, job.completion_tokens))
+
+    def _write_targets(self, job):
         """A Seq2Seq reads each prompt as a source; its targets come whole."""
-        c = job.completion
-        sources = job.rows
-        max_new_tokens = min(c.max_tokens, self.model.config.block_size - 1)
-        targets = generate_target(self.model, sources, max_new_tokens=max_new_tokens,
-                                  temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, seed=c.seed, stop=c.stops)
+        if job.cancelled:
+            return
+        tokenizer = self.model.tokenizer
+        config = job.completion.sampling
+        config = config.replace(max_new_tokens=min(config.max_new_tokens, self.model.config.block_size - 1))
+        try:
+            targets = generate_target(self.model, job.rows, sampling=config)
+        except GPTLiteError as error:
+            job.emit(("error", str(error)))
+            return
         # A target as long as allowed was cut there; a shorter one ended with the end token or a stop string.
-        lengths = [len(ids) for ids in self.model.tokenizer.encode_batch(targets)]
-        reasons = ["length" if length >= max_new_tokens else "stop" for length in lengths]
-        job.emit(("pieces", targets, reasons))
-        prompt_tokens = [len(ids) for ids in self.model.tokenizer.encode_batch(sources)]
+        lengths = [len(ids) for ids in tokenizer.encode_batch(targets)]
+        reasons = ["length" if length >= config.max_new_tokens else "stop" for length in lengths]
+        job.emit(("pieces", [(index, target, reason, None)
+                             for index, (target, reason) in enumerate(zip(targets, reasons))]))
+        prompt_tokens = [len(ids) for ids in tokenizer.encode_batch(job.rows)]
         completion_tokens = [length + (reason == "stop") for length, reason in zip(lengths, reasons)]
         job.emit(("done", prompt_tokens, completion_tokens))
+
+    def _fail_all(self, message):
+        jobs = {id(choice.job): choice.job for choice in self._choices.values()}
+        for row in list(self._choices):
+            self.engine.retire(row)
+        self._choices.clear()
+        for job in jobs.values():
+            job.emit(("failure", message))
+
+
+def _prompt_logprobs(model, prompt, top):
+    """OpenAI's `logprobs` of an echoed prompt's tokens, from one forward pass over its last block_size tokens
+    (a token before them, or the first, has no log-probability: null)."""
+    import numpy as np
+    from keras import ops
+
+    tokenizer = model.tokenizer
+    start = len(tokenizer.text_start_ids)
+    ids = prompt_ids(tokenizer, prompt)
+    window = ids[-model.config.block_size:]
+    logits = ops.convert_to_numpy(ops.cast(model(np.array([window], np.int32)), "float32"))[0]  # (T, V)
+    log_probabilities = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+    first = len(ids) - len(window)  # the index in ids of window[0]
+    result, offset = _Logprobs(), 0
+    for index in range(start, len(ids)):
+        token = tokenizer.decode([ids[index]])
+        before = index - first - 1  # the window position whose logits predict this token
+        if before < 0:
+            result.add(token, None, None, offset)
+        else:
+            ranked = np.argsort(-log_probabilities[before])[:top]
+            result.add(token, float(log_probabilities[before, ids[index]]),
+                       {tokenizer.decode([int(i)]): float(log_probabilities[before, i]) for i in ranked}, offset)
+        offset += len(token)
+    return result
 
 
 def _padded(rows):
@@ -414,8 +588,8 @@ def create_app(model, model_name, settings=None, worker=None):
         if completion.stream:
             return StreamingResponse(_events(job, events, identity, model_name, created),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        texts = [""] * len(job.rows)
-        reasons = [None] * len(job.rows)
+        choices = [{"text": "", "index": index, "logprobs": None, "finish_reason": None}
+                   for index in range(len(job.rows))]
         try:
             while True:
                 try:
@@ -426,8 +600,9 @@ def create_app(model, model_name, settings=None, worker=None):
                         return JSONResponse({}, status_code=499)
                     continue
                 if event[0] == "pieces":
-                    texts = [text + piece for text, piece in zip(texts, event[1])]
-                    reasons = [reason or new for reason, new in zip(reasons, event[2])]
+                    for index, text, reason, logprobs in event[1]:
+                        choices[index].update(text=choices[index]["text"] + text, finish_reason=reason,
+                                              logprobs=None if logprobs is None else dataclasses.asdict(logprobs))
                 elif event[0] == "done":
                     prompt_tokens, completion_tokens = event[1], event[2]
                     break
@@ -441,8 +616,7 @@ def create_app(model, model_name, settings=None, worker=None):
         counted_prompts = sum(prompt_tokens[::completion.n])  # each prompt once, as OpenAI counts
         return JSONResponse({
             "id": identity, "object": "text_completion", "created": created, "model": model_name,
-            "choices": [{"text": text, "index": index, "logprobs": None, "finish_reason": reason or "length"}
-                        for index, (text, reason) in enumerate(zip(texts, reasons))],
+            "choices": [{**choice, "finish_reason": choice["finish_reason"] or "length"} for choice in choices],
             "usage": {"prompt_tokens": counted_prompts, "completion_tokens": sum(completion_tokens),
                       "total_tokens": counted_prompts + sum(completion_tokens)},
         })
@@ -453,7 +627,8 @@ def create_app(model, model_name, settings=None, worker=None):
                                                          "owned_by": "gptlite"}]})
 
     async def health(request):
-        return JSONResponse({"status": "ok", "model": model_name, "waiting": worker.waiting})
+        return JSONResponse({"status": "ok", "model": model_name, "waiting": worker.waiting,
+                             "compiling": worker.compiling})
 
     async def attention(request):
         from gptlite import inspection
@@ -490,7 +665,6 @@ async def _events(job, events, identity, model_name, created):
         return "data: " + json.dumps({"id": identity, "object": "text_completion", "created": created,
                                       "model": model_name, "choices": choices}) + "\n\n"
 
-    reported = [False] * len(job.rows)
     try:
         while True:
             event = await events.get()
@@ -500,12 +674,9 @@ async def _events(job, events, identity, model_name, created):
                 break
             if event[0] == "done":
                 break
-            choices = []
-            for index, (piece, reason) in enumerate(zip(event[1], event[2])):
-                finished = reason if reason and not reported[index] else None
-                if piece or finished:
-                    choices.append({"text": piece, "index": index, "logprobs": None, "finish_reason": finished})
-                reported[index] = reported[index] or bool(reason)
+            choices = [{"text": text, "index": index, "finish_reason": reason,
+                        "logprobs": None if logprobs is None else dataclasses.asdict(logprobs)}
+                       for index, text, reason, logprobs in event[1]]
             if choices:
                 yield chunk(choices)
         yield "data: [DONE]\n\n"
@@ -515,19 +686,20 @@ async def _events(job, events, identity, model_name, created):
 
 
 def serve(model_path, host="127.0.0.1", port=8000, settings=None, grace_seconds=30, name=None, say=print):
-    """Load and warm the model, then serve it until SIGTERM or Ctrl-C (finishing requests in flight)."""
+    """Load the model, then serve it until SIGTERM or Ctrl-C (finishing requests in flight), compiling its programs
+    in the background meanwhile."""
     import uvicorn
 
     from gptlite import saving
 
     _check_address(host, port)
+    say(f"loading {model_path} ...", flush=True)
     model = saving.load(model_path)
     settings = settings or ServeSettings()
     name = name or _model_name(model_path)
     worker = Worker(model, settings)
-    say(f"loading and warming {model_path} ...", flush=True)
-    worker.warm_up()
     app = create_app(model, name, settings, worker)
+    worker.warm_up()
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=grace_seconds)
     server = uvicorn.Server(config)
     say(f"serving {name} at http://{host}:{port}/ (API at http://{host}:{port}/v1); Ctrl-C stops", flush=True)

@@ -10,7 +10,7 @@ import tempfile
 
 
 def _share_compiled_programs():
-    """Keep XLA's compiled programs in a folder of this session's, for every test and child process.
+    """Keep compiled programs in a folder of this session's, for every test and child process, never the user's.
 
     Many tests train or decode the same tiny shapes, each in a function or a
     process of its own; TensorFlow and JAX then load the program compiled
@@ -18,8 +18,7 @@ def _share_compiled_programs():
     """
     folder = tempfile.mkdtemp(prefix="gptlite-tests-xla-")
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    flags = os.environ.get("TF_XLA_FLAGS", "")
-    os.environ["TF_XLA_FLAGS"] = f"{flags} --tf_xla_persistent_cache_directory={folder}/tensorflow".strip()
+    os.environ["GPTLITE_COMPILE_CACHE"] = folder  # gptlite's own decode programs, and TensorFlow's training steps
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", f"{folder}/jax")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
@@ -129,9 +128,10 @@ def assert_greedy(model, prompt, text, slide=1):
         window = (window[slide:] if len(window) == block_size else window) + [chosen]
 
 
-def run_python(*args, cwd=REPO, timeout=300):
-    """Run a Python command line in a fresh process; return the CompletedProcess."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def run_python(*args, cwd=REPO, timeout=300, env=None):
+    """Run a Python command line in a fresh process (in `env`, or this one's environment); return the
+    CompletedProcess."""
+    env = dict(env or os.environ, PYTHONUNBUFFERED="1")
     return subprocess.run(
         [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )

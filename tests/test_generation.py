@@ -176,9 +176,13 @@ def test_beam_search_equals_a_search_by_full_recomputation(fluent_model):
 
 def test_rows_decoded_together_each_keep_their_own_length_and_stop_strings(fluent_model):
     from gptlite.generation import RowsStream
+    from gptlite.sampling import SamplingConfig
 
     prompts = ["the cat ", "a", "dog ran "]
-    rows = RowsStream(fluent_model, prompts, [12, 30, 0], temperature=0.0, stops=[[], [" "], []])
+    greedy = SamplingConfig(temperature=0.0)
+    rows = RowsStream(fluent_model, prompts, [greedy.replace(max_new_tokens=12),
+                                              greedy.replace(max_new_tokens=30, stop=" "),
+                                              greedy.replace(max_new_tokens=0)])
     texts = [""] * 3
     for step in rows:
         assert len(step) == 3
@@ -192,7 +196,7 @@ def test_rows_decoded_together_each_keep_their_own_length_and_stop_strings(fluen
     assert " " not in texts[1] and len(texts[1]) < 30
     assert_greedy(fluent_model, "a", "a" + texts[1] + " ")
     # One row, sampled, is what generate writes for the same seed.
-    (one,) = zip(*RowsStream(fluent_model, ["the "], 15, temperature=0.9, seed=11))
+    (one,) = zip(*RowsStream(fluent_model, ["the "], SamplingConfig(15, temperature=0.9, seed=11)))
     assert "".join(one) == gptlite.generate(fluent_model, "the ", max_new_tokens=15, temperature=0.9, seed=11)[4:]
 
 
@@ -239,11 +243,11 @@ def test_slides_outside_the_window_are_refused(fluent_model, slide):
 
 @pytest.mark.skipif(keras.backend.backend() == "torch", reason="torch runs the decode functions eagerly")
 def test_prompt_length_settings_and_seed_never_recompile(fluent_model):
-    from gptlite.decoding import decoder_for
+    from gptlite.engine import programs_for
 
     gptlite.generate(fluent_model, "the", 20, seed=0)  # traced for one row, if no test has yet
-    decoder = decoder_for(fluent_model)
-    functions = [decoder.prefill["sample"]] + [decoder.loop("sample", kind, slide=1) for kind in ("cached", "recompute")]
+    programs = programs_for(fluent_model)
+    functions = [programs.prefill(False)] + [programs.loop("sample", kind, slide=1) for kind in ("cached", "recompute")]
     traces = [f.traces for f in functions]
     assert min(traces) >= 1
     for prompt, temperature, top_k, top_p, seed, new_tokens in [

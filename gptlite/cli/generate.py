@@ -21,17 +21,21 @@ def make_parser(prog):
                         help="for a seq2seq model: the source to write the target of")
     parser.add_argument("--source-file", type=pathlib.Path, default=None, metavar="FILE",
                         help="for a seq2seq model: a file of sources, one a line; prints one target a line")
-    parser.add_argument("--max-new-tokens", type=int, default=500, metavar="N",
-                        help="tokens to add to the prompt (default: 500); a seq2seq target has at most its "
-                             "model's block size less one")
+    parser.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
+                        help="tokens to add to the prompt (default: 200); a seq2seq target has at most its "
+                             "model's block size less one (its default)")
     parser.add_argument("--temperature", type=float, default=None,
                         help="below 1 is safer, above 1 wilder; 0 always takes the likeliest token "
-                             "(default: 0.8; for a seq2seq model, 0)")
-    parser.add_argument("--top-k", type=int, default=200, metavar="K",
-                        help="sample only among the K likeliest tokens (default: 200)")
-    parser.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                             "(default: 1; for a seq2seq model, 0)")
+    parser.add_argument("--top-k", type=int, default=None, metavar="K",
+                        help="sample only among the K likeliest tokens (default: all)")
+    parser.add_argument("--top-p", type=float, default=None, metavar="P",
                         help="sample only among the likeliest tokens whose probabilities add up to P "
-                             "(nucleus sampling; default: 1.0, off)")
+                             "(nucleus sampling; default: 1, off)")
+    parser.add_argument("--min-p", type=float, default=None, metavar="P",
+                        help="sample only among tokens at least P times as likely as the likeliest (default: 0, off)")
+    parser.add_argument("--repetition-penalty", type=float, default=None, metavar="R",
+                        help="above 1, make tokens already in the context less likely (default: 1, off)")
     parser.add_argument("--seed", type=int, default=None,
                         help="make the samples repeatable (default: different each run)")
     parser.add_argument("--num-samples", type=int, default=1, metavar="N",
@@ -82,8 +86,7 @@ def run(args):
     if args.num_beams is not None and args.num_samples > 1:
         raise InputError("`num_beams` finds one text; it cannot be combined with `num_samples`")
     # Checked before the model loads, so that a bad flag fails at once.
-    generation.check_sampling_settings(args.max_new_tokens, 0.0 if args.temperature is None else args.temperature,
-                                       args.top_k, args.top_p)
+    config = sampling_config(args)
     model = saving.load(args.model)
     if isinstance(model, Seq2Seq):
         _generate_targets(args, model)
@@ -91,10 +94,7 @@ def run(args):
     if args.source is not None or args.source_file is not None:
         raise InputError(f"{args.model} is a language model: give it `prompt` TEXT to continue, not a source")
     prompt = args.prompt or ""
-    sampling = dict(max_new_tokens=args.max_new_tokens,
-                    temperature=0.8 if args.temperature is None else args.temperature, top_k=args.top_k,
-                    top_p=args.top_p, seed=args.seed, unknown=args.unknown, stop=args.stop,
-                    use_cache=args.use_cache, slide=args.slide)
+    sampling = dict(sampling=config, unknown=args.unknown, use_cache=args.use_cache, slide=args.slide)
     if args.num_beams is not None:
         # The best beam can change up to the last step, so nothing can be shown before it.
         print_piece(generation.generate(model, prompt, num_beams=args.num_beams, **sampling))
@@ -108,6 +108,19 @@ def run(args):
         texts = generation.generate(model, [prompt] * args.num_samples, **sampling)
         print_piece(SAMPLE_DIVIDER.join(texts))
     print()
+
+
+def sampling_settings(args):
+    """The sampling settings that flags give: those left out keep SamplingConfig's defaults."""
+    names = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")
+    given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    return {**given, "stop": args.stop}
+
+
+def sampling_config(args):
+    from gptlite.sampling import SamplingConfig
+
+    return SamplingConfig(**sampling_settings(args))
 
 
 def _generate_targets(args, model):
@@ -126,11 +139,10 @@ def _generate_targets(args, model):
         sources = [args.source]
     else:
         sources = read_text(args.source_file).splitlines()
+    settings = {name: value for name, value in sampling_settings(args).items() if name != "max_new_tokens"}
     targets = generation.iter_targets(
-        model, [source for source in sources for _ in range(args.num_samples)],
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature or 0.0, top_k=args.top_k,
-        top_p=args.top_p, seed=args.seed, unknown=args.unknown, stop=args.stop, use_cache=args.use_cache,
-        num_beams=args.num_beams)
+        model, [source for source in sources for _ in range(args.num_samples)], args.max_new_tokens,
+        unknown=args.unknown, use_cache=args.use_cache, num_beams=args.num_beams, **settings)
     for target in targets:
         print(target, flush=True)
 

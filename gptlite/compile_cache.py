@@ -1,0 +1,147 @@
+"""Compiled programs kept on disk, so that a second process decoding the same model starts at once.
+
+Under TensorFlow this is XLA's persistent cache, under JAX its compilation
+cache; torch decodes eagerly and compiles nothing. The folder is, in order:
+what `use(folder)` names, the environment variable GPTLITE_COMPILE_CACHE
+(`off` turns the cache off), a folder already given to TensorFlow in
+TF_XLA_FLAGS, or `gptlite/compiled` in the user's cache folder
+(XDG_CACHE_HOME, or ~/.cache). Entries go in a subfolder per backend
+and version, so that an upgrade never reads another version's programs.
+
+TensorFlow reads its flags once, at its first operation: `import gptlite`
+sets them, so the cache holds for a process that imports gptlite before it
+runs anything with TensorFlow, as the command line does. A damaged entry
+is removed and recompiled (see `drop_damaged_entries`).
+"""
+
+import os
+import pathlib
+
+ENVIRONMENT_VARIABLE = "GPTLITE_COMPILE_CACHE"
+_TF_FLAG = "--tf_xla_persistent_cache_directory="
+_chosen = None  # what use() was given: a folder, or False for off; None: not called
+
+
+def default_folder():
+    """The cache's folder when nothing names one; None when GPTLITE_COMPILE_CACHE is `off`."""
+    named = os.environ.get(ENVIRONMENT_VARIABLE)
+    if named is not None and named.strip().lower() in ("off", "0", "none", ""):
+        return None
+    if named:
+        return pathlib.Path(named).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
+    return pathlib.Path(base) / "gptlite" / "compiled"
+
+
+def folder():
+    """The folder compiled programs go to now, or None when the cache is off."""
+    if _chosen is False:
+        return None
+    return _chosen if _chosen is not None else default_folder()
+
+
+def use(where=None, backend=None):
+    """Keep compiled programs in `where` (a folder), or, with None, turn the cache off.
+
+    Under TensorFlow it must come before TensorFlow's first operation; under
+    JAX, at any time. `backend` defaults to Keras's, read from KERAS_BACKEND
+    without importing Keras.
+    """
+    global _chosen
+    _chosen = False if where is None else pathlib.Path(where).expanduser()
+    _apply(backend)
+
+
+def _apply(backend=None):
+    backend = backend or os.environ.get("KERAS_BACKEND", "tensorflow")
+    if _chosen is None and ENVIRONMENT_VARIABLE not in os.environ and tensorflow_folder() is not None:
+        return  # the user's own XLA cache flag stands
+    target = folder()
+    flags = [flag for flag in os.environ.get("TF_XLA_FLAGS", "").split() if not flag.startswith(_TF_FLAG)]
+    if backend == "tensorflow" and target is not None:
+        flags.append(_TF_FLAG + str(_versioned(target, "tensorflow")))
+    if flags:
+        os.environ["TF_XLA_FLAGS"] = " ".join(flags)
+    else:
+        os.environ.pop("TF_XLA_FLAGS", None)
+
+
+def start_jax():
+    """Point JAX's compilation cache at the folder (or nowhere); called before the first program compiles."""
+    import jax
+
+    target = folder()
+    jax.config.update("jax_compilation_cache_dir", None if target is None else str(_versioned(target, "jax")))
+    if target is not None:
+        # JAX keeps only programs that took a second to compile unless told otherwise; ours take less.
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def _versioned(target, backend):
+    from importlib.metadata import version
+
+    return target / f"{backend}-{version(backend)}"
+
+
+def tensorflow_folder():
+    """The folder TensorFlow was told to keep programs in, or None."""
+    for flag in os.environ.get("TF_XLA_FLAGS", "").split():
+        if flag.startswith(_TF_FLAG):
+            return pathlib.Path(flag[len(_TF_FLAG):])
+    return None
+
+
+def drop_damaged_entries():
+    """Remove TensorFlow cache entries that are not whole: XLA fails, rather than recompiles, a program whose
+    entry it cannot read (a write cut short, a full disk). Each entry is one protocol buffer: one that does
+    not parse to its end is damaged. Called once, before the first program compiles."""
+    where = tensorflow_folder()
+    if where is None or not where.is_dir():
+        return
+    for entry in where.glob("*.pb"):
+        try:
+            whole = _is_whole_message(entry.read_bytes())
+        except OSError:
+            whole = False
+        if not whole:
+            entry.unlink(missing_ok=True)
+
+
+def _is_whole_message(data):
+    """Whether `data` is a sequence of protocol buffer fields that ends exactly at its end."""
+    position, end = 0, len(data)
+
+    def varint():
+        nonlocal position
+        value, shift = 0, 0
+        while True:
+            if position >= end or shift > 63:
+                raise ValueError
+            byte = data[position]
+            position += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                return value
+
+    try:
+        while position < end:
+            key = varint()
+            wire_type = key & 7
+            if key >> 3 == 0:
+                return False
+            if wire_type == 0:
+                varint()
+            elif wire_type == 1:
+                position += 8
+            elif wire_type == 2:
+                length = varint()  # read before `position` is: varint moves it
+                position += length
+            elif wire_type == 5:
+                position += 4
+            else:
+                return False
+    except ValueError:
+        return False
+    return position == end and end > 0

@@ -1,0 +1,658 @@
+"""The decode engine: one object that owns the decoding state of a batch of slots.
+
+    engine = Engine(model)
+    first = engine.admit([prompt_ids], [SamplingConfig(seed=1)])   # {row: Drawn}, each row's first token
+    while engine.rows:
+        for row, drawn in engine.step(8).items():                 # up to 8 tokens of every row
+            ...                                                     # engine.retire(row) once it has ended
+
+Every caller decodes through it: `generate` and `stream`, a Seq2Seq's
+targets (and so evaluation and the attention view's greedy target), beam
+search, and the server, which admits requests into the running batch
+between steps (continuous batching).
+
+The life of a slot:
+
+    free --admit--> prefill: the window runs through the model once; the
+                    first token is chosen from its last position
+         --step---> each step feeds every row its pending token at its own
+                    position, writes its key and value into the cache and
+                    chooses the next token (a full window moves `slide`
+                    tokens and is recomputed: every position shifted)
+         --retire-> free (its row of the state stays, inactive, until a
+                    resize drops it or an admission reuses it)
+
+The state, one row per slot, kept on the device between calls:
+
+    window (S, block_size)  each row's last tokens, left-aligned
+    lengths (S,)            how many of them are real
+    cache                   keys and values of window[:, :lengths], one (S, 2, K, span, D) tensor a block
+    pending (S,)            the token chosen last, not yet in the window
+    settings (S, 5)         each row's sampling settings (sampling.ROW_SETTINGS)
+    seeds (S,), produced (S,)  each row's seed and how many tokens it has drawn: its noise's coordinates
+    context                 what every step reads besides: a Seq2Seq's source keys, values and mask; () for a GPT
+
+and on the host: which slot holds which row (`rows`), and the lengths and
+counts again, from which each call is planned: which steps recompute and
+how long a cache the steps read (`short_caches`: a power of two from
+PREFILL_WIDTH up to block_size, enough for the longest active row, so that
+a batch of many short texts reads no empty cache; otherwise block_size).
+
+Randomness is explicit: token t of a row draws its noise from (the row's
+seed, t), in blocks of CHUNK_SIZE tokens, so a row's text depends on its
+seed alone, not on what shares its batch, when it was admitted or how its
+steps were split into calls. Sampling is the Gumbel-max trick on that noise.
+"""
+
+import dataclasses
+import functools
+import weakref
+
+import keras
+import numpy as np
+from keras import ops
+
+from gptlite import compile_cache
+from gptlite.model import Seq2Seq
+from gptlite.sampling import (TOP_LOGPROBS, choose_beams, sample_next_token, token_counts, token_log_probabilities,
+                              uniform_noise)
+
+# Tokens drawn per compiled call at most: more amortise the call's overhead, fewer stream text (and
+# admit waiting rows) sooner. A call's step count is a tensor input: any count up to this compiles once.
+CHUNK_SIZE = 32
+# The narrowest prefill of a GPT's windows, and the shortest cache a call reads.
+PREFILL_WIDTH = 64
+# The kinds of steps one call runs (see plan_steps).
+CACHED, RECOMPUTE, RECOMPUTE_THEN_CACHED = "cached", "recompute", "recompute then cached"
+
+
+@dataclasses.dataclass
+class Drawn:
+    """One row's tokens from one call: ids (n,); with log-probabilities asked for, the model's log-probability
+    of each (n,) and the TOP_LOGPROBS likeliest tokens' ids and log-probabilities (n, TOP_LOGPROBS)."""
+
+    ids: np.ndarray
+    logprobs: np.ndarray = None
+    top_ids: np.ndarray = None
+    top_logprobs: np.ndarray = None
+
+
+class Engine:
+    """The decoding state of a batch of slots, and the operations on it: `admit`, `step`, `retire`,
+    and `beam_search`.
+
+    `capacity` slots to start with; with `resizable`, the batch grows (in
+    powers of two) to admit more rows and shrinks once few are left, so that
+    a handful of compiled programs serve every load. `use_cache=False`
+    recomputes the window for every token (the same text: it is there to
+    check the cache against); `slide` is how far a full window moves.
+    """
+
+    def __init__(self, model, capacity=1, *, resizable=False, short_caches=False, use_cache=True, slide=1):
+        self.model = model
+        self.programs = programs_for(model)
+        self.block_size = model.config.block_size
+        self.vocabulary_size = model.config.vocab_size
+        self.resizable, self.short_caches, self.use_cache, self.slide = resizable, short_caches, use_cache, slide
+        self.capacity = capacity
+        self.rows = {}  # row handle -> its slot
+        self._next_handle = 0
+        self._clear()
+
+    def _clear(self):
+        """No state: the next admission fills the batch afresh."""
+        self.window = self.lengths = self.cache = self.pending = self.settings = self.seeds = None
+        self.produced = self.context = None
+        self._lengths = np.zeros(self.capacity, np.int32)  # the host's copies, to plan calls from
+        self._produced = np.zeros(self.capacity, np.int32)
+        self._active = np.zeros(self.capacity, bool)
+
+    # --- admitting rows
+
+    def admit(self, rows_ids, settings, seeds, sources=None, logprobs=False):
+        """Prefill new rows into free slots; {row handle: Drawn, its first token}, in the order given.
+
+        rows_ids: each row's token ids (its window is the last block_size);
+        settings (N, 5) float32, each row's `SamplingConfig.row`; seeds (N,)
+        whole numbers; sources: a Seq2Seq's source ids (N, S), or None.
+        """
+        count = len(rows_ids)
+        if not self.resizable and count > self.capacity - len(self.rows):
+            raise ValueError(f"{count} rows do not fit in {self.capacity - len(self.rows)} free slots")
+        window, lengths = windows(self.block_size, rows_ids)
+        settings = np.asarray(settings, np.float32).reshape(count, -1)
+        seeds = np.asarray(seeds, np.int64).astype(np.int32)
+        starting = not self.rows
+        if starting:
+            # The batch starts afresh: its free slots are padding rows, inactive.
+            self.capacity = _power_of_two(count) if self.resizable else self.capacity
+            self._clear()
+        # Rows joining a running batch are prefilled in a power of two rows, so that few programs serve every count.
+        padded = self.capacity if starting else _power_of_two(count)
+        pad = lambda array: np.concatenate([array, np.repeat(array[:1], padded - count, axis=0)])
+        window, lengths, settings, seeds = pad(window), pad(lengths), pad(settings), pad(seeds)
+        sources = None if sources is None else pad(np.asarray(sources, np.int32))
+        prefill = self.programs.prefill(logprobs)
+        pending, cache, context, *scores = prefill(prompt_columns(window, lengths, sources), lengths, sources,
+                                                   settings, seeds)
+        new = dict(window=window, lengths=lengths, cache=cache, pending=pending, settings=settings, seeds=seeds,
+                   produced=np.ones(padded, np.int32), context=context)
+        if starting:
+            self._set_state(new)
+            slots = list(range(count))
+        else:
+            slots = self._merge(new, count)
+        handles = []
+        for slot, row_length in zip(slots, lengths):
+            self.rows[self._next_handle] = slot
+            self._lengths[slot], self._produced[slot], self._active[slot] = row_length, 1, True
+            handles.append(self._next_handle)
+            self._next_handle += 1
+        tokens = keras.ops.convert_to_numpy(pending)[:count, None]
+        scores = [keras.ops.convert_to_numpy(value)[:count, None] for value in scores] or [[None] * count] * 3
+        return {handle: Drawn(tokens[index], *(value[index] for value in scores))
+                for index, handle in enumerate(handles)}
+
+    def _set_state(self, state):
+        for name, value in state.items():
+            setattr(self, name, value)
+
+    def _merge(self, new, count):
+        """Place the first `count` rows of `new` (a prefill's state) into free slots; their slots."""
+        if self.resizable and len(self.rows) + count > self.capacity:
+            self._resize(_power_of_two(len(self.rows) + count))
+        slots = [slot for slot in range(self.capacity) if not self._active[slot]][:count]
+        taken = np.zeros(self.capacity, np.int32)
+        taken[slots] = np.arange(count)
+        placed = np.zeros(self.capacity, bool)
+        placed[slots] = True
+        span = max(ops.shape(self.cache[0])[3], ops.shape(new["cache"][0])[3])
+        self.cache, new["cache"] = fit_cache(self.cache, span), fit_cache(new["cache"], span)
+        for name, value in new.items():
+            old = getattr(self, name)
+            setattr(self, name, keras.tree.map_structure(
+                lambda old, value: _where_rows(placed, ops.take(value, taken, axis=0), old), old, value))
+        return slots
+
+    def _resize(self, capacity):
+        """Move the active rows to the first slots of a batch of `capacity`."""
+        kept = sorted(self.rows.items(), key=lambda item: item[1])
+        order = np.zeros(capacity, np.int32)
+        order[:len(kept)] = [slot for _, slot in kept]
+        for name in ("window", "lengths", "cache", "pending", "settings", "seeds", "produced", "context"):
+            setattr(self, name, keras.tree.map_structure(lambda value: ops.take(value, order, axis=0),
+                                                         getattr(self, name)))
+        active = np.arange(capacity) < len(kept)
+        self._lengths, self._produced, self._active = self._lengths[order], self._produced[order], active
+        self.rows = {handle: slot for slot, (handle, _) in enumerate(kept)}
+        self.capacity = capacity
+
+    def retire(self, handle):
+        """Free a row's slot; a resizable batch with a quarter of its slots in use shrinks to fit them."""
+        slot = self.rows.pop(handle)
+        self._active[slot] = False
+        if not self.rows:
+            self._clear()
+        elif self.resizable and self.capacity >= 4 and len(self.rows) <= self.capacity // 4:
+            self._resize(_power_of_two(len(self.rows)))
+
+    # --- stepping
+
+    def step(self, max_steps=CHUNK_SIZE, logprobs=False):
+        """Draw up to `max_steps` (<= CHUNK_SIZE) tokens for every active row in one call; {row handle: Drawn}.
+
+        A call holds steps of one kind: it may draw fewer tokens than asked,
+        where the window of some row fills (or, with a wide slide, has moved).
+        """
+        if not self.rows:
+            return {}
+        steps, kind, span = plan_steps(self._lengths[self._active], self.block_size, max_steps, self.use_cache,
+                                       self.slide, self.short_caches)
+        self.cache = fit_cache(self.cache, span)
+        loop = self.programs.loop("sample", kind, self.slide, logprobs)
+        drawn, self.window, self.lengths, self.cache, self.pending, self.produced, *scores = loop(
+            self.window, self.lengths, self.cache, self.pending, self.context, self.settings, self.seeds,
+            self.produced, self._active.copy(), np.int32(steps))
+        for _ in range(steps):
+            self._lengths = np.where(self._active, advanced_lengths(self._lengths, self.block_size, self.slide),
+                                     self._lengths)
+        self._produced = np.where(self._active, self._produced + steps, self._produced)
+        drawn = keras.ops.convert_to_numpy(drawn)[:, :steps]
+        scores = [keras.ops.convert_to_numpy(value)[:, :steps] for value in scores]
+        return {handle: Drawn(drawn[slot], *(value[slot] for value in scores)) for handle, slot in self.rows.items()}
+
+    # --- beam search
+
+    def beam_search(self, rows_ids, max_new_tokens, beams, end_token, sources=None):
+        """The likeliest continuation of each row found by beam search: an int array (N, up to max_new_tokens).
+
+        Every beam of every row is a slot; decoding ends early once every
+        beam has chosen `end_token` (None: never). The engine must be empty.
+        """
+        count = len(rows_ids)
+        if max_new_tokens == 0:
+            return np.zeros((count, 0), "int32")
+        window, lengths = windows(self.block_size, rows_ids)
+        window, lengths = np.repeat(window, beams, axis=0), np.repeat(lengths, beams)  # (N * beams, block_size)
+        if sources is not None:
+            sources = np.repeat(np.asarray(sources, np.int32), beams, axis=0)
+        self.capacity = len(window)
+        self._clear()
+        scores = np.full((count, beams), -np.inf, dtype="float32")
+        scores[:, 0] = 0  # the copies of a row are one beam until the first choice
+        finished = np.zeros(len(window), dtype=bool)
+        end_token = np.int32(-1 if end_token is None else end_token)
+        pending, scores, finished, self.window, self.lengths, self.cache, self.context = self.programs.beam_prefill(
+            window, prompt_columns(window, lengths, sources), lengths, sources, scores, finished, end_token)
+        self._lengths = lengths.copy()
+        sequences = keras.ops.convert_to_numpy(pending)[:, None]  # (N * beams, produced)
+        while sequences.shape[1] < max_new_tokens and not keras.ops.convert_to_numpy(finished).all():
+            steps, kind, span = plan_steps(self._lengths, self.block_size, max_new_tokens - sequences.shape[1],
+                                           self.use_cache, self.slide, self.short_caches)
+            self.cache = fit_cache(self.cache, span)
+            drawn, parents, self.window, self.lengths, self.cache, pending, scores, finished = self.programs.loop(
+                "beam", kind, self.slide)(self.window, self.lengths, self.cache, pending, self.context, scores,
+                                          finished, end_token, np.int32(steps))
+            for _ in range(steps):
+                self._lengths = advanced_lengths(self._lengths, self.block_size, self.slide)
+            drawn, parents = keras.ops.convert_to_numpy(drawn), keras.ops.convert_to_numpy(parents)
+            for step in range(steps):
+                sequences = np.concatenate([sequences[parents[:, step]], drawn[:, step, None]], axis=1)
+        self._clear()
+        return sequences[::beams]  # beams come sorted by score: the first of each row is the best
+
+
+def _where_rows(rows, chosen, kept):
+    """Rows of `chosen` where rows (S,) is true, else of `kept`."""
+    mask = ops.reshape(ops.convert_to_tensor(rows), (-1,) + (1,) * (len(ops.shape(kept)) - 1))
+    return ops.where(mask, chosen, kept)
+
+
+def _power_of_two(count):
+    return 1 << (max(1, count) - 1).bit_length()
+
+
+# --- planning on the host
+
+
+def windows(block_size, rows_ids):
+    """Each row's last block_size token ids, left-aligned in (N, block_size), and their lengths (N,)."""
+    window = np.zeros((len(rows_ids), block_size), dtype=np.int32)
+    lengths = np.zeros(len(rows_ids), dtype=np.int32)
+    for index, ids in enumerate(rows_ids):
+        context = ids[-block_size:]
+        window[index, : len(context)] = context
+        lengths[index] = len(context)
+    return window, lengths
+
+
+def advanced_lengths(lengths, block_size, slide):
+    """Window lengths after one step: one longer, or, for a full window, moved back by `slide`."""
+    return np.where(lengths >= block_size, block_size - slide + 1, lengths + 1)
+
+
+def cache_span(slots, block_size):
+    """The cache length that holds `slots` positions: a power of two, at least PREFILL_WIDTH, at most block_size.
+
+    Powers of two, so that texts of every length compile each loop a few
+    times at most (once per span).
+    """
+    return min(block_size, max(PREFILL_WIDTH, 1 << (max(1, slots) - 1).bit_length()))
+
+
+def prompt_columns(window, lengths, sources):
+    """The columns of the windows that the prefill reads: enough for the longest.
+
+    A GPT's: `cache_span` of the longest, so that a short prompt in a long
+    context runs through the model at its length rather than the whole
+    window's. A Seq2Seq's windows are short, most often its start token
+    alone: exactly the longest.
+    """
+    longest = max(1, int(np.max(lengths)))
+    if sources is not None:
+        return window[:, :longest]
+    return window[:, :cache_span(longest, window.shape[1])]
+
+
+def fit_cache(cache, span):
+    """The cache with `span` slots: cut, or padded with zeros.
+
+    Cutting drops only slots past every active row's length, which no step
+    reads before writing them.
+    """
+    slots = ops.shape(cache[0])[3]
+    if slots > span:
+        return tuple(layer[:, :, :, :span] for layer in cache)
+    if slots < span:
+        return tuple(ops.pad(layer, [(0, 0), (0, 0), (0, 0), (0, span - slots), (0, 0)]) for layer in cache)
+    return cache
+
+
+def plan_steps(lengths, block_size, max_steps, use_cache, slide, short_caches=False):
+    """The next call for rows of window `lengths`: (steps, steps kind, cache span).
+
+    Which steps find a full window, and so must recompute it, follows from
+    the window lengths alone: a window grows by one token a step until it is
+    full, then moves back by `slide`. A call holds up to `max_steps` steps
+    of one kind, but one recomputing step may lead cached ones
+    (RECOMPUTE_THEN_CACHED). Its cache has block_size slots, unless
+    `short_caches`: a cached step writes at the longest window's length, so
+    a call of cached steps then has `cache_span` of its last step's length
+    + 1 slots; a recomputing one, block_size.
+    """
+    lengths = np.asarray(lengths)
+    steps, kind, slots = 0, None, 0
+    while steps < max_steps:
+        full = lengths >= block_size
+        step_kind = RECOMPUTE if full.any() or not use_cache else CACHED
+        if kind is None:
+            kind = step_kind
+        elif kind == RECOMPUTE and steps == 1 and step_kind == CACHED:
+            kind = RECOMPUTE_THEN_CACHED
+        elif step_kind != kind and not (kind == RECOMPUTE_THEN_CACHED and step_kind == CACHED):
+            break
+        slots = max(slots, block_size if step_kind == RECOMPUTE else int(lengths.max(initial=0)) + 1)
+        lengths = advanced_lengths(lengths, block_size, slide)
+        steps += 1
+    return steps, kind, cache_span(slots, block_size) if short_caches else block_size
+
+
+# --- the compiled programs
+
+
+class Programs:
+    """The compiled prefill and decode loops of one model, each made on first use and kept.
+
+    Each is traced once per batch size and cache span: prompt lengths,
+    sampling settings, seeds and step counts are tensor inputs.
+    """
+
+    def __init__(self, model):
+        # Weakly, so that the model's entry in _programs can go when the model does.
+        self._model = weakref.ref(model)
+        if keras.backend.backend() == "tensorflow":
+            compile_cache.drop_damaged_entries()
+        # Never advanced: its state is swapped for each block's (seed, block number) (see uniform_noise).
+        self.seed_generator = keras.random.SeedGenerator(0)
+        self._compiled = {}
+
+    @property
+    def model(self):
+        return self._model()
+
+    def _get(self, key, function, xla=True):
+        if key not in self._compiled:
+            self._compiled[key] = _Compiled(function, self.model, xla=xla)
+        return self._compiled[key]
+
+    def prefill(self, logprobs):
+        # A GPT's prefill is a plain graph on TensorFlow, quick to build, so that the first token comes
+        # without waiting for a compiler; a Seq2Seq's targets come whole, so its prefill compiles too.
+        return self._get(("prefill", logprobs), functools.partial(self._sample_prefill, logprobs=logprobs),
+                         xla=isinstance(self.model, Seq2Seq))
+
+    @property
+    def beam_prefill(self):
+        return self._get("beam prefill", self._beam_prefill, xla=isinstance(self.model, Seq2Seq))
+
+    def loop(self, kind, steps_kind, slide, logprobs=False):
+        """The compiled decode loop of `kind` ("sample" or "beam") for one kind of steps.
+
+        RECOMPUTE: every step runs the whole window through the model (a full
+        window first moves `slide` tokens). CACHED: every step attends over
+        the cache, and no window may be full. RECOMPUTE_THEN_CACHED: the first
+        step recomputes, the others use the cache.
+        """
+        chunk = functools.partial(self._sample_chunk, logprobs=logprobs) if kind == "sample" else self._beam_chunk
+        return self._get((kind, steps_kind, slide, logprobs),
+                         functools.partial(chunk, steps_kind=steps_kind, slide=slide))
+
+    # --- the model's step
+
+    def _context(self, sources):
+        """What every step of a Seq2Seq reads from its sources (B, S); () for a GPT (sources None)."""
+        if sources is None:
+            return ()
+        source_mask = self.model.source_mask(sources)
+        encoded = self.model.encode(sources, source_mask)  # (B, S, C)
+        return self.model.cross_key_values(encoded), source_mask
+
+    def _forward(self, tokens, cache, positions, context):
+        return self.model.call_with_cache(tokens, cache, positions, *context)
+
+    def _forward_window(self, window, context):
+        """The window's logits, and a cache of as many slots as the window has columns."""
+        batch_size, width = ops.shape(window)
+        return self._forward(window, self.model.empty_cache(batch_size, width), ops.zeros((batch_size,), "int32"),
+                             context)
+
+    def _advance(self, window, lengths, cache, tokens, context, recompute, slide, active=None):
+        """Append tokens (B,) to the active rows' windows; return the logits after them (B, V) and the new state.
+
+        A full window first moves `slide` tokens: the new token joins its last
+        block_size - slide tokens, left-aligned. Moving shifts every token's
+        position, so then the window must be recomputed (`recompute`). An
+        inactive row (a free slot) keeps its window and writes its cache at 0.
+        """
+        block_size = self.model.config.block_size
+        batch_size = ops.shape(window)[0]
+        slots = ops.arange(block_size)[None, :]  # (1, S)
+        full = ops.greater_equal(lengths, block_size)  # (B,)
+        slid = ops.concatenate(
+            [window[:, slide:], tokens[:, None], ops.zeros((batch_size, slide - 1), "int32")], axis=1
+        )
+        placed = ops.where(ops.equal(slots, lengths[:, None]), tokens[:, None], window)
+        moved = ops.where(full[:, None], slid, placed)
+        grown = ops.where(full, block_size - slide + 1, lengths + 1)
+        if active is None:
+            window, positions, lengths = moved, lengths, grown
+        else:
+            window = ops.where(active[:, None], moved, window)
+            positions = ops.where(active, lengths, 0)
+            lengths = ops.where(active, grown, lengths)
+
+        if recompute:
+            logits, cache = self._forward_window(window, context)
+            return _logits_at(logits, lengths - 1), window, lengths, cache
+        logits, cache = self._forward(tokens[:, None], cache, positions, context)
+        return logits[:, 0], window, lengths, cache
+
+    # --- sampling
+
+    def _sample_prefill(self, prompt, lengths, sources, settings, seeds, logprobs):
+        """Run the windows' first columns, `prompt` (see `prompt_columns`), through the model;
+        draw each row's first new token (token 0)."""
+        context = self._context(sources)
+        logits, cache = self._forward_window(prompt, context)
+        logits = _logits_at(logits, lengths - 1)
+        rows = ops.shape(prompt)[0]
+        noise = ops.stack([self._noise_block(seeds[row], 0)[0] for row in range(rows)])  # (B, V)
+        seen = self._seen(prompt, lengths, settings)
+        token = sample_next_token(logits, settings, noise, seen)
+        scores = token_log_probabilities(logits, token) if logprobs else ()
+        return token, cache, context, *scores
+
+    def _seen(self, window, lengths, settings):
+        """Token counts of the windows where some row's repetition_penalty is not 1; else None (nothing to do)."""
+        penalised = ops.any(ops.not_equal(settings[:, 4], 1.0))
+        vocabulary_size = self.model.config.vocab_size
+        return ops.cond(penalised, lambda: token_counts(window, lengths, vocabulary_size),
+                        lambda: ops.zeros((ops.shape(window)[0], vocabulary_size), "float32"))
+
+    def _sample_chunk(self, window, lengths, cache, pending, context, settings, seeds, produced, active, steps,
+                      steps_kind, slide, logprobs):
+        """Draw each row's tokens produced .. produced + steps - 1 (steps <= CHUNK_SIZE)
+        -> (tokens (B, CHUNK_SIZE), state..., [log-probabilities])."""
+        noise = self._noise(seeds, produced)  # (CHUNK_SIZE, B, V)
+        batch_size = ops.shape(window)[0]
+
+        def body(step, window, lengths, cache, pending, drawn, chosen, top_ids, top_values, recompute):
+            logits, window, lengths, cache = self._advance(window, lengths, cache, pending, context, recompute, slide,
+                                                           active)
+            seen = self._seen(window, lengths, settings)
+            pending = sample_next_token(logits, settings, ops.take(noise, step, axis=0), seen)
+            drawn = _record(drawn, step, pending)
+            if logprobs:
+                scores = token_log_probabilities(logits, pending)
+                chosen, top_ids, top_values = (_record(record, step, value) for record, value in
+                                               zip((chosen, top_ids, top_values), scores))
+            return step + 1, window, lengths, cache, pending, drawn, chosen, top_ids, top_values
+
+        drawn = ops.zeros((batch_size, CHUNK_SIZE), "int32")
+        top = min(TOP_LOGPROBS, self.model.config.vocab_size)
+        records = ((ops.zeros((batch_size, CHUNK_SIZE)), ops.zeros((batch_size, CHUNK_SIZE, top), "int32"),
+                    ops.zeros((batch_size, CHUNK_SIZE, top))) if logprobs else ((), (), ()))
+        _, window, lengths, cache, pending, drawn, *scores = _loop(
+            body, steps, (window, lengths, cache, pending, drawn, *records), steps_kind)
+        produced = ops.where(active, produced + steps, produced)
+        return (drawn, window, lengths, cache, pending, produced, *(scores if logprobs else ()))
+
+    def _noise(self, seeds, produced):
+        """Each row's uniform noise in (0, 1) for its tokens produced .. produced + CHUNK_SIZE - 1: (CHUNK_SIZE, B, V).
+
+        Noise comes in blocks of CHUNK_SIZE token indices, each drawn from
+        (seed, block number), so a token's noise depends on its row's seed
+        and its index alone.
+        """
+        rows = []
+        for row in range(ops.shape(seeds)[0]):
+            block = produced[row] // CHUNK_SIZE
+            both = ops.concatenate([self._noise_block(seeds[row], block), self._noise_block(seeds[row], block + 1)])
+            # A gather, not a slice: XLA would compile a slice anew for every start.
+            rows.append(ops.take(both, produced[row] - block * CHUNK_SIZE + ops.arange(CHUNK_SIZE), axis=0))
+        return ops.stack(rows, axis=1)
+
+    def _noise_block(self, seed, block):
+        """The noise of one row's tokens block * CHUNK_SIZE onwards: (CHUNK_SIZE, V)."""
+        shape = (CHUNK_SIZE, 1, self.model.config.vocab_size)
+        return uniform_noise(self.seed_generator, seed, block, shape)[:, 0]
+
+    # --- beam search
+
+    def _beam_prefill(self, window, prompt, lengths, sources, scores, finished, end_token):
+        context = self._context(sources)
+        logits, cache = self._forward_window(prompt, context)
+        pending, _, scores, finished, (window, lengths, cache) = choose_beams(
+            _logits_at(logits, lengths - 1), scores, finished, end_token, (window, lengths, cache))
+        # The context needs no reordering: a row's beams share their source.
+        return pending, scores, finished, window, lengths, cache, context
+
+    def _beam_chunk(self, window, lengths, cache, pending, context, scores, finished, end_token, steps, steps_kind,
+                    slide):
+        """Extend every beam `steps` (<= CHUNK_SIZE) tokens -> (tokens, parents (B, CHUNK_SIZE), state...).
+
+        Column t of `parents` says which beam each beam continued at step t;
+        the caller follows them back to rebuild the sequences.
+        """
+
+        def body(step, window, lengths, cache, pending, scores, finished, drawn, parents, recompute):
+            logits, window, lengths, cache = self._advance(window, lengths, cache, pending, context, recompute, slide)
+            pending, chosen, scores, finished, (window, lengths, cache) = choose_beams(
+                logits, scores, finished, end_token, (window, lengths, cache))
+            return (step + 1, window, lengths, cache, pending, scores, finished,
+                    _record(drawn, step, pending), _record(parents, step, chosen))
+
+        empty = ops.zeros((ops.shape(window)[0], CHUNK_SIZE), "int32")
+        _, *state = _loop(body, steps, (window, lengths, cache, pending, scores, finished, empty, empty), steps_kind)
+        window, lengths, cache, pending, scores, finished, drawn, parents = state
+        return drawn, parents, window, lengths, cache, pending, scores, finished
+
+
+def _loop(body, steps, state, steps_kind):
+    """Run body(step, *state, recompute) -> (step + 1, *state) `steps` times (1 to CHUNK_SIZE)."""
+    step = ops.convert_to_tensor(0, "int32")
+    if steps_kind == RECOMPUTE_THEN_CACHED:
+        step, *state = body(step, *state, recompute=True)
+    return ops.while_loop(
+        lambda step, *_: ops.less(step, steps),
+        functools.partial(body, recompute=steps_kind == RECOMPUTE),
+        (step, *state),
+        maximum_iterations=CHUNK_SIZE,
+    )
+
+
+def _record(drawn, step, values):
+    """Write values (B, ...) into column `step` of drawn (B, N, ...); a step past the last column writes nothing."""
+    column = ops.equal(ops.arange(ops.shape(drawn)[1]), step)
+    column = ops.reshape(column, (1, -1) + (1,) * (len(ops.shape(drawn)) - 2))
+    return ops.where(column, ops.expand_dims(ops.cast(values, drawn.dtype), 1), drawn)
+
+
+def _logits_at(logits, indices):
+    """logits (B, T, V), indices (B,) -> (B, V): row b's logits at position indices[b]."""
+    # Rows of the flattened logits rather than ops.take_along_axis, which on TensorFlow
+    # transposes int64 indices, and TensorFlow logs an error for that outside XLA.
+    rows, length = ops.shape(logits)[0], ops.shape(logits)[1]
+    flat = ops.reshape(logits, (-1, ops.shape(logits)[2]))  # (B*T, V)
+    return ops.take(flat, ops.arange(rows) * length + ops.cast(indices, "int32"), axis=0)
+
+
+class _Compiled:
+    """A decode function compiled for the backend: a TensorFlow graph (with XLA
+    if `xla`), a jitted JAX function taking the model's weights as arguments,
+    or, on torch, the function itself, run eagerly. `traces` counts how often
+    the Python function ran to be compiled (on torch: how often it ran).
+    """
+
+    def __init__(self, function, model, xla=True):
+        self.traces = 0
+
+        def traced(*args):
+            self.traces += 1
+            return function(*args)
+
+        backend = keras.backend.backend()
+        if backend == "tensorflow":
+            import tensorflow as tf
+
+            # The loops are written with ops.while_loop and ops.cond, so autograph
+            # has nothing to convert; leaving it off makes tracing quicker.
+            self._call = tf.function(traced, jit_compile=xla, autograph=False)
+            tf.get_logger().addFilter(_without_retracing_warnings)
+        elif backend == "jax":
+            import jax
+
+            compile_cache.start_jax()
+            # Weights as arguments, not constants baked into the program: the
+            # program stays small and sees the weights as they are at each call.
+            variables = model.variables
+
+            def stateless(values, *args):
+                with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+                    return traced(*args)
+
+            jitted = jax.jit(stateless)
+            self._call = lambda *args: jitted([variable.value for variable in variables], *args)
+        else:
+            import torch
+
+            def without_gradients(*args):
+                # Eager torch would otherwise record every step for a backward pass that never comes.
+                with torch.no_grad():
+                    return traced(*args)
+
+            self._call = without_gradients
+
+    def __call__(self, *args):
+        return self._call(*args)
+
+
+def _without_retracing_warnings(record):
+    """Drop TensorFlow's warning that functions are traced often: these are traced once per batch size and
+    cache span, as planned, and TensorFlow counts every _Compiled function as one (they share `traced`'s code)."""
+    return "triggered tf.function retracing" not in record.getMessage()
+
+
+# One Programs (compiled functions) per model, made on first use; they hold no decoding state.
+_programs = weakref.WeakKeyDictionary()
+
+
+def programs_for(model):
+    """The model's Programs; a new model, never called, is built first (decoding random weights is allowed)."""
+    if not model.built and isinstance(model, Seq2Seq):
+        model.build()
+    elif not model.built:
+        model.build((None, model.config.block_size))
+    if model not in _programs:
+        _programs[model] = Programs(model)
+    return _programs[model]

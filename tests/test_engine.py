@@ -1,0 +1,221 @@
+"""The decode engine: its plans, and its text against a plain full-forward decoder run beside it."""
+
+import keras
+import numpy as np
+import pytest
+
+import gptlite
+from conftest import TIE, last_logits, run_python
+from gptlite.engine import CACHED, CHUNK_SIZE, RECOMPUTE, RECOMPUTE_THEN_CACHED, Engine, plan_steps
+from gptlite.sampling import SamplingConfig, sample_next_token
+
+
+def test_a_call_holds_steps_of_one_kind_up_to_where_the_window_fills():
+    # A 3-token prompt, block 16: 13 steps from the cache, then every step recomputes the window.
+    assert plan_steps([3], 16, 32, use_cache=True, slide=1) == (13, CACHED, 16)
+    assert plan_steps([16], 16, 32, use_cache=True, slide=1) == (32, RECOMPUTE, 16)
+    assert plan_steps([3], 16, 32, use_cache=False, slide=1) == (32, RECOMPUTE, 16)
+    # Moving 8 at a time: one recomputation, then 7 steps from the cache, in one call.
+    assert plan_steps([16], 16, 32, use_cache=True, slide=8) == (8, RECOMPUTE_THEN_CACHED, 16)
+    assert plan_steps([3], 16, 5, use_cache=True, slide=1) == (5, CACHED, 16)
+
+
+def test_a_call_reads_a_cache_as_long_as_its_longest_row_reaches():
+    from gptlite.engine import cache_span
+
+    assert [cache_span(slots, 256) for slots in (1, 64, 65, 128, 129, 256)] == [64, 64, 128, 128, 256, 256]
+    assert cache_span(70, 96) == 96  # never longer than the window
+    # Rows of 3 and 50 tokens, block 256: 8 steps write at 50 .. 57 (slots up to 58); 32 reach 82.
+    assert plan_steps([3, 50], 256, 8, True, 1, short_caches=True) == (8, CACHED, 64)
+    assert plan_steps([3, 50], 256, 32, True, 1, short_caches=True) == (32, CACHED, 128)
+    assert plan_steps([3, 50], 256, 32, True, 1) == (32, CACHED, 256)  # unless asked, the whole cache
+    # After a slide of 200 from a full window, 57 tokens are left: the cache is short again.
+    assert plan_steps([256], 256, 32, True, 200, short_caches=True) == (32, RECOMPUTE_THEN_CACHED, 256)
+    assert plan_steps([57], 256, 32, True, 200, short_caches=True) == (32, CACHED, 128)
+
+
+def test_a_gpt_prefill_reads_the_columns_its_longest_window_needs():
+    from gptlite.engine import PREFILL_WIDTH, prompt_columns, windows
+
+    window, lengths = windows(1024, [[1] * 5, [2] * 70])
+    assert prompt_columns(window, lengths, None).shape == (2, 128)
+    window, lengths = windows(1024, [[1] * 5])
+    assert prompt_columns(window, lengths, None).shape == (1, PREFILL_WIDTH)
+    window, lengths = windows(96, [[1] * 90])
+    assert prompt_columns(window, lengths, None).shape == (1, 96)  # never wider than the window
+    # A Seq2Seq's start tokens: one column.
+    assert prompt_columns(np.zeros((3, 21), "int32"), np.ones(3, "int32"), np.zeros((3, 21))).shape == (3, 1)
+
+
+def noise_of(model, seed, index):
+    """The uniform noise (V,) the engine draws for a row's token `index`: block index // CHUNK_SIZE of its seed,
+    made where the engine makes it (on TensorFlow, whose random algorithm may differ with XLA: a GPT's first
+    token in a plain graph, the others under XLA)."""
+    from gptlite.engine import _Compiled, programs_for
+
+    programs = programs_for(model)
+    block = _Compiled(programs._noise_block, model, xla=index > 0)(np.int32(seed), np.int32(index // CHUNK_SIZE))
+    return keras.ops.convert_to_numpy(block)[index % CHUNK_SIZE]
+
+
+def reference_tokens(model, ids, config, count):
+    """`count` tokens sampled after `ids` by a plain decoder: a whole forward pass for every token over the last
+    block_size tokens, and the sampler on the noise the engine draws for (seed, token index)."""
+    block_size, vocabulary_size = model.config.block_size, model.config.vocab_size
+    ids = list(ids)
+    tokens = []
+    for index in range(count):
+        logits = last_logits(model, [ids[-block_size:]])  # (1, V)
+        noise = noise_of(model, config.seed, index)[None]
+        token = int(keras.ops.convert_to_numpy(
+            sample_next_token(logits, config.row(vocabulary_size)[None], noise))[0])
+        tokens.append(token)
+        ids.append(token)
+    return tokens
+
+
+def engine_tokens(engine, drawn, rows, count):
+    """Step the engine until each of `rows` (engine row handles) has `count` tokens; {row: tokens}."""
+    tokens = {row: list(drawn[row].ids) for row in rows}
+    while min(len(found) for found in tokens.values()) < count:
+        for row, new in engine.step(8).items():
+            tokens.setdefault(row, []).extend(new.ids)
+    return {row: found[:count] for row, found in tokens.items() if row in rows}
+
+
+def ids_of(model, prompt):
+    return [int(i) for i in model.tokenizer.encode(prompt)]
+
+
+def test_the_engine_samples_what_a_plain_full_forward_decoder_samples(fluent_model):
+    # Across the window's end (block 16), with its recomputing steps; both sides draw the same noise.
+    config = SamplingConfig(temperature=0.9, top_k=20, seed=5)
+    engine = Engine(fluent_model)
+    prompt = ids_of(fluent_model, "the dog ran to ")
+    drawn = engine.admit([prompt], [config.row(fluent_model.config.vocab_size)], [config.seed])
+    (row,) = drawn
+    found = engine_tokens(engine, drawn, [row], 40)[row]
+    expected = reference_tokens(fluent_model, prompt, config, 40)
+    # Two computations of the same logits may break a near-tie differently: where the texts part, the two
+    # tokens' scores (scaled logit plus Gumbel noise) must be that close; past it the texts differ.
+    for index, (got, want) in enumerate(zip(found, expected)):
+        if got != want:
+            window = (prompt + found[:index])[-fluent_model.config.block_size:]
+            logits = last_logits(fluent_model, [window])[0] / config.temperature
+            scores = logits - np.log(-np.log(noise_of(fluent_model, config.seed, index)))
+            assert abs(scores[got] - scores[want]) < 1e-3, (index, found, expected)
+            break
+
+
+def test_a_row_admitted_into_a_running_batch_gets_the_text_it_gets_alone(fluent_model):
+    vocabulary_size = fluent_model.config.vocab_size
+    first, joining = SamplingConfig(temperature=1.0, seed=3), SamplingConfig(temperature=0.8, top_p=0.9, seed=8)
+    engine = Engine(fluent_model, resizable=True, short_caches=True)
+    drawn = engine.admit([ids_of(fluent_model, "a cat")], [first.row(vocabulary_size)], [first.seed])
+    (early,) = drawn
+    early_tokens = list(drawn[early].ids)
+    while len(early_tokens) < 25:  # past the window's end (block 16): cached steps, then recomputing ones
+        early_tokens += list(engine.step(8)[early].ids)
+    drawn = engine.admit([ids_of(fluent_model, "the big dog ")], [joining.row(vocabulary_size)], [joining.seed])
+    (late,) = drawn
+    assert engine.capacity == 2
+    found = engine_tokens(engine, {**drawn, early: drawn[late]}, [late], 30)[late]
+    alone = Engine(fluent_model)
+    alone_drawn = alone.admit([ids_of(fluent_model, "the big dog ")], [joining.row(vocabulary_size)], [joining.seed])
+    assert found == engine_tokens(alone, alone_drawn, list(alone_drawn), 30)[next(iter(alone_drawn))]
+    # The early row's text is its own too: the first 25 tokens alone.
+    alone = Engine(fluent_model)
+    alone_drawn = alone.admit([ids_of(fluent_model, "a cat")], [first.row(vocabulary_size)], [first.seed])
+    assert early_tokens[:25] == engine_tokens(alone, alone_drawn, list(alone_drawn), 25)[next(iter(alone_drawn))]
+    # Retiring rows frees their slots; the batch shrinks to what is left.
+    engine.retire(early)
+    engine.retire(late)
+    assert engine.rows == {} and engine.step() == {}
+
+
+def test_rows_with_mixed_settings_in_one_batch_each_match_their_own_single_row_result(fluent_model):
+    configs = [SamplingConfig(20, temperature=0.0), SamplingConfig(20, temperature=1.2, top_k=5, seed=1),
+               SamplingConfig(20, temperature=0.7, top_p=0.8, seed=2),
+               SamplingConfig(20, temperature=1.0, min_p=0.1, repetition_penalty=1.3, seed=3)]
+    prompts = ["the ", "a dog ", "ran to the ", "big "]
+    from gptlite.generation import RowsStream
+
+    together = [""] * 4
+    for step in RowsStream(fluent_model, prompts, configs):
+        together = [text + piece for text, piece in zip(together, step)]
+    for prompt, config, text in zip(prompts, configs, together):
+        assert prompt + text == gptlite.generate(fluent_model, prompt, sampling=config)
+
+
+def test_a_seeded_row_gives_the_same_text_whatever_shares_its_batch(fluent_model):
+    alone = gptlite.generate(fluent_model, "the cat", 30, temperature=1.0, seed=7)
+    from gptlite.generation import RowsStream
+
+    configs = [SamplingConfig(30, temperature=1.0, seed=7), SamplingConfig(12, temperature=0.5, seed=1),
+               SamplingConfig(30, temperature=1.0)]
+    texts = [""] * 3
+    for step in RowsStream(fluent_model, ["the cat", "a", "dog ran "], configs):
+        texts = [text + piece for text, piece in zip(texts, step)]
+    assert "the cat" + texts[0] == alone
+
+
+def test_log_probabilities_agree_with_a_full_forward_pass(fluent_model):
+    config = SamplingConfig(temperature=0.8, seed=4)
+    engine = Engine(fluent_model)
+    prompt = ids_of(fluent_model, "the cat ")
+    vocabulary_size = fluent_model.config.vocab_size
+    drawn = engine.admit([prompt], [config.row(vocabulary_size)], [config.seed], logprobs=True)
+    (row,) = drawn
+    pieces = [drawn[row]] + [engine.step(6, logprobs=True)[row] for _ in range(2)]
+    ids = list(prompt)
+    for piece in pieces:
+        for token, logprob, top_ids, top_values in zip(piece.ids, piece.logprobs, piece.top_ids, piece.top_logprobs):
+            logits = last_logits(fluent_model, [ids[-fluent_model.config.block_size:]])[0].astype("float64")
+            expected = logits - np.logaddexp.reduce(logits)
+            assert logprob == pytest.approx(expected[token], abs=1e-3)
+            np.testing.assert_allclose(top_values, np.sort(expected)[::-1][:5], atol=1e-3)
+            assert all(expected[i] >= np.sort(expected)[::-1][4] - TIE for i in top_ids)
+            ids.append(int(token))
+
+
+def test_cached_text_is_recomputed_text_as_the_cache_grows_and_is_cut(tokenizer):
+    keras.utils.set_random_seed(3)
+    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=160,
+                        tokenizer=tokenizer)
+    config = SamplingConfig(temperature=1.0, seed=1)
+    rows = [ids_of(model, "the cat"), ids_of(model, "the cat sat on the mat " * 3)]
+
+    def decode(**options):
+        engine = Engine(model, 2, **options)
+        drawn = engine.admit(rows, [config.row(model.config.vocab_size)] * 2, [1, 2])
+        return engine_tokens(engine, drawn, list(drawn), 70)
+
+    # Rows of 7 and 69 tokens (a prefill of 128 columns) share a cache as long as the longer needs: 128, then
+    # 160 slots.
+    short = decode(short_caches=True)
+    assert short == decode(use_cache=False) == decode()
+
+
+@pytest.mark.skipif(keras.backend.backend() == "torch", reason="torch compiles nothing")
+def test_a_second_process_finds_its_programs_in_the_compile_cache_and_survives_a_damaged_entry(tmp_path, tiny_model):
+    gptlite.save(tiny_model, tmp_path / "model.keras")
+    script = ("import sys, gptlite, keras; from gptlite.engine import programs_for; "
+              "m = keras.saving.load_model(sys.argv[1]); print(gptlite.generate(m, 'the', 20, seed=3)); "
+              "print('traces', sum(f.traces for f in programs_for(m)._compiled.values()))")
+    cache = tmp_path / "cache"
+    import os
+
+    environment = dict(os.environ, GPTLITE_COMPILE_CACHE=str(cache))
+    runs = []
+    for damage in (False, False, True):
+        if damage:
+            for entry in cache.rglob("*"):
+                if entry.is_file():
+                    entry.write_bytes(entry.read_bytes()[:100])
+        result = run_python("-c", script, str(tmp_path / "model.keras"), env=environment)
+        assert result.returncode == 0, result.stderr[-2000:]
+        runs.append((result.stdout, sorted(path.name for path in cache.rglob("*") if path.is_file())))
+    assert runs[0][1], "the first process left no compiled program in the cache"
+    # The second process compiled nothing new: it wrote no entry. The text is the same every time.
+    assert runs[1] == runs[0]
+    assert runs[2][0] == runs[0][0]
