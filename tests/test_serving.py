@@ -10,6 +10,7 @@ import threading
 import time
 
 import keras
+import numpy as np
 import pytest
 
 import gptlite
@@ -37,6 +38,7 @@ class Server:
     def __init__(self, app):
         import uvicorn
 
+        self.app = app
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
@@ -96,26 +98,72 @@ def test_each_choice_stops_on_its_stop_string_or_its_length(client):
     assert completion.usage.prompt_tokens == len("the ") + len("a ")
 
 
-def test_requests_that_arrive_together_are_decoded_as_one_batch(server, fluent_model, monkeypatch):
-    batches = []
-    original = serving.Worker._decode
-    monkeypatch.setattr(serving.Worker, "_decode", lambda self, batch: (batches.append(len(batch)),
-                                                                        original(self, batch))[1])
-    body = {"prompt": "the", "max_tokens": 8, "temperature": 0.0}
-    results = [None] * 4
+def test_requests_join_the_running_batch_whatever_their_settings(server, fluent_model, monkeypatch):
+    worker = server.app.state.worker
+    engine = worker.engine
+    batch_sizes = []
+    original = engine.step
+    monkeypatch.setattr(engine, "step", lambda *args, **kwargs: (batch_sizes.append(len(engine.rows)),
+                                                                 original(*args, **kwargs))[1])
+    long_answer = {}
 
-    def ask(index):
-        results[index] = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+    def ask_long():
+        long_answer["response"] = httpx.post(server.url + "/v1/completions", timeout=120, json={
+            "prompt": "the", "max_tokens": 600, "temperature": 0.0})
 
-    threads = [threading.Thread(target=ask, args=(index,)) for index in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert max(batches) > 1  # within the 50 ms window, at least two shared a batch
-    for result in results:  # each greedy, whichever rows it shared its batch with
-        assert len(result["choices"][0]["text"]) == 8
-        assert_greedy(fluent_model, "the", "the" + result["choices"][0]["text"])
+    asking = threading.Thread(target=ask_long)
+    asking.start()
+    deadline = time.monotonic() + 60
+    while not engine.rows:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    # Sent while the long one decodes, with other sampling settings: it joins the batch and ends first.
+    short = httpx.post(server.url + "/v1/completions", timeout=60, json={
+        "prompt": "a dog", "max_tokens": 5, "temperature": 0.7, "top_p": 0.9, "top_k": 5})
+    assert short.status_code == 200 and asking.is_alive()
+    asking.join(120)
+    assert max(batch_sizes) >= 2
+    text = long_answer["response"].json()["choices"][0]["text"]
+    assert len(text) == 600
+    assert_greedy(fluent_model, "the", "the" + text[:40])
+    assert engine.rows == {}  # every row retired
+
+
+def test_logprobs_and_echo_come_as_openai_gives_them(client, fluent_model):
+    from conftest import last_logits
+
+    completion = client.completions.create(model="words", prompt="the cat", max_tokens=6, temperature=0.0,
+                                           logprobs=2, echo=True)
+    choice = completion.choices[0]
+    assert choice.text.startswith("the cat") and len(choice.text) == len("the cat") + 6
+    logprobs = choice.logprobs
+    assert logprobs.tokens == list(choice.text)  # a char model: a token per character, prompt first
+    assert logprobs.token_logprobs[0] is None and logprobs.text_offset == list(range(len(choice.text)))
+    ids = [int(i) for i in fluent_model.tokenizer.encode(choice.text)]
+    for position in range(1, len(ids)):
+        logits = last_logits(fluent_model, [ids[:position][-fluent_model.config.block_size:]])[0].astype("float64")
+        expected = logits - np.logaddexp.reduce(logits)
+        assert logprobs.token_logprobs[position] == pytest.approx(expected[ids[position]], abs=1e-3)
+        assert len(logprobs.top_logprobs[position]) == 2
+        assert max(logprobs.top_logprobs[position].values()) == pytest.approx(expected.max(), abs=1e-3)
+    streamed = client.completions.create(model="words", prompt="a", max_tokens=5, temperature=0.0, logprobs=1,
+                                         stream=True)
+    tokens = [token for chunk in streamed for choice in chunk.choices if choice.logprobs
+              for token in choice.logprobs.tokens]
+    assert len(tokens) == 5
+
+
+def test_a_client_that_goes_away_frees_its_slot(server):
+    engine = server.app.state.worker.engine
+    with httpx.stream("POST", server.url + "/v1/completions", timeout=60,
+                      json={"prompt": "the", "max_tokens": 1000, "temperature": 1.0, "stream": True}) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                break  # one piece, then the client hangs up
+    deadline = time.monotonic() + 30
+    while engine.rows:
+        assert time.monotonic() < deadline, "the row of a client that went away kept decoding"
+        time.sleep(0.05)
 
 
 BAD_REQUESTS = [
@@ -139,7 +187,9 @@ BAD_REQUESTS = [
     (json.dumps({"prompt": "the", "seed": 1.5}).encode(), 400, "seed"),
     (json.dumps({"prompt": "the", "model": "gpt-4"}).encode(), 404, "model"),
     (json.dumps({"prompt": "the", "bogus": 1}).encode(), 400, "bogus"),
-    (json.dumps({"prompt": "the", "logprobs": 5}).encode(), 400, "logprobs"),
+    (json.dumps({"prompt": "the", "logprobs": 6}).encode(), 400, "logprobs"),
+    (json.dumps({"prompt": "the", "echo": 1}).encode(), 400, "echo"),
+    (json.dumps({"prompt": "the", "min_p": 2}).encode(), 400, "min_p"),
     (json.dumps({"prompt": "ZEBRA"}).encode(), 400, "prompt"),
     (b"x" * (serving.MAX_BODY_BYTES + 1), 413, None),
     # Whole numbers too large for a float, and for Python's conversion to text.
