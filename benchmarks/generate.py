@@ -1,7 +1,7 @@
 """Generation speed: tokens/s and time to first token, cached against full recomputation.
 
     python benchmarks/generate.py [--new-tokens 500 | --within-window] [--slide 1|half]
-        [--batch-sizes 1 8] [--sizes cpu big] [--methods cached short recompute] [--repeats 3]
+        [--batch-sizes 1 8] [--sizes cpu big] [--methods cached recompute] [--repeats 3]
         [--dtype float32|bfloat16] [--kv-heads 6 2]
 
 Models have random weights (speed only) and a 65-token vocabulary:
@@ -10,9 +10,7 @@ Models have random weights (speed only) and a 65-token vocabulary:
 "cached" is gptlite's generation; "recompute" is the same with
 `use_cache=False`, which runs the model on the whole window for every token
 (what nanoGPT's `generate` does) and gives the same text for the same seed
-(a note is printed if it does not). "short" is "cached" after
-`decoding.keep_caches_short(model)`, as a server decodes: each call reads a
-cache only as long as its text needs. With 500 new tokens both sizes outgrow
+(a note is printed if it does not). With 500 new tokens both sizes outgrow
 their context: with `--slide 1` every token past it needs the whole window
 recomputed, with `--slide half` one token in block_size / 2 does.
 `--within-window` generates block_size - 1 tokens from a one-token prompt
@@ -31,7 +29,6 @@ import time
 import keras
 
 import gptlite
-from gptlite import decoding
 from shapes import SIZES, random_model
 
 def timed(model, batch_size, new_tokens, seed, use_cache, slide):
@@ -59,7 +56,7 @@ def main():
     parser.add_argument("--slide", default="1", choices=["1", "half"],
                         help="how far a full window moves: 1 token, or half the block size")
     parser.add_argument("--methods", nargs="+", default=["cached", "recompute"],
-                        choices=["cached", "short", "recompute"])
+                        choices=["cached", "recompute"])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--kv-heads", type=int, nargs="+", default=[None])
     args = parser.parse_args()
@@ -77,7 +74,6 @@ def main():
             texts = {}
             for name in args.methods:
                 use_cache = name != "recompute"
-                decoding.keep_caches_short(model, name == "short")
                 cold_first, _, _ = timed(model, batch_size, new_tokens, 0, use_cache, slide)
                 runs = [timed(model, batch_size, new_tokens, i + 1, use_cache, slide) for i in range(args.repeats)]
                 texts[name] = [run[2] for run in runs]

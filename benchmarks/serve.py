@@ -8,12 +8,16 @@ context 64; `--shape wide`: 6 layers, width 384, context 256) with random
 weights and a 65-character vocabulary is saved and served; prompts are
 empty (a new text). The server runs
 as `gptlite serve` in a process of its own on a free port. The benchmark
-first sends --requests requests of --tokens new tokens from one client, one
-after another; then --clients clients each send --requests such requests,
-all at once. It reports each phase's latency (p50, p99) and aggregate new
-tokens per second, checks that every answer has its choice with
-finish_reason "length" and the tokens asked for, and counts 5xx answers
-(there must be none). Then the soak: for --soak-seconds, twice the queue
+starts twice on one compile cache folder, empty at first: it reports how
+long each start took to answer /health and to finish compiling in the
+background. On the second, once compiled, it first sends --requests
+streamed requests of --tokens new tokens from one client, one after
+another; then --clients clients each send --requests such requests, all at
+once. Requests mix temperatures (0.6 to 1.2) and top_p (0.9, 1). It reports
+each phase's latency and time to the first text (p50, p99) and aggregate
+new tokens per second, checks that every answer has the tokens asked for
+and finish_reason "length", and counts 5xx answers (there must be none).
+Then the soak: for --soak-seconds, twice the queue
 limit of clients send requests without pause; a 503 must carry Retry-After,
 every request gets an answer, and the server's resident memory (RSS, from
 /proc) after the first third and at the end is reported.
@@ -59,36 +63,61 @@ def free_port():
         return probe.getsockname()[1]
 
 
-def start_server(model, port, max_batch, max_queue):
+def start_server(model, port, max_batch, max_queue, cache):
+    """Launch `gptlite serve` with its compile cache in `cache`; (process, seconds from launch to /health,
+    seconds until its background compiling is done)."""
+    environment = dict(os.environ, GPTLITE_COMPILE_CACHE=str(cache))
+    environment.pop("TF_XLA_FLAGS", None)
+    started = time.perf_counter()
     process = subprocess.Popen(
         [sys.executable, "-m", "gptlite", "serve", str(model), "--port", str(port), "--max-batch", str(max_batch),
-         "--max-queue", str(max_queue)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+         "--max-queue", str(max_queue)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=environment)
     import httpx
 
     deadline = time.monotonic() + 600
+    ready = None
     while True:
         if process.poll() is not None:
             sys.exit(f"the server failed:\n{process.stderr.read()[-3000:]}")
         if time.monotonic() > deadline:
             sys.exit("the server did not become ready in 10 minutes")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                return process
+            health = httpx.get(f"http://127.0.0.1:{port}/health")
+            if health.status_code == 200:
+                ready = ready or time.perf_counter() - started
+                if not health.json().get("compiling"):
+                    return process, ready, time.perf_counter() - started
         except httpx.TransportError:
-            time.sleep(0.5)
+            pass
+        time.sleep(0.05)
 
 
-def complete(http, tokens):
-    """One request; (seconds, status, ok)."""
+# Each request's sampling settings, by its number: a mix, as many clients send.
+TEMPERATURES = (0.6, 0.8, 1.0, 1.2)
+TOP_PS = (0.9, 1.0)
+
+
+def complete(http, tokens, number):
+    """One streamed request; (seconds, seconds to its first text, status, ok)."""
+    body = {"prompt": PROMPT, "max_tokens": tokens, "temperature": TEMPERATURES[number % len(TEMPERATURES)],
+            "top_p": TOP_PS[number // len(TEMPERATURES) % len(TOP_PS)], "stream": True}
     started = time.perf_counter()
-    response = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": tokens, "temperature": 0.8})
+    first, text, reasons = None, "", []
+    with http.stream("POST", "/v1/completions", json=body) as response:
+        status = response.status_code
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            for choice in json.loads(line[6:]).get("choices", []):
+                if choice["text"] and first is None:
+                    first = time.perf_counter() - started
+                text += choice["text"]
+                reasons.append(choice["finish_reason"])
     seconds = time.perf_counter() - started
-    ok = False
-    if response.status_code == 200:
-        body = response.json()
-        ok = (len(body["choices"]) == 1 and body["choices"][0]["finish_reason"] == "length"
-              and body["usage"]["completion_tokens"] == tokens)
-    return seconds, response.status_code, ok
+    # A character model: one character a token.
+    ok = status == 200 and len(text) == tokens and "length" in reasons
+    return seconds, first if first is not None else seconds, status, ok
 
 
 def load_phase(url, clients, requests, tokens):
@@ -97,26 +126,29 @@ def load_phase(url, clients, requests, tokens):
     results = []
     lock = threading.Lock()
 
-    def client():
+    def client(number):
         with httpx.Client(base_url=url, timeout=600) as http:
-            for _ in range(requests):
-                result = complete(http, tokens)
+            for request in range(requests):
+                result = complete(http, tokens, number * requests + request)
                 with lock:
                     results.append(result)
 
     started = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(clients)]
+    threads = [threading.Thread(target=client, args=(number,)) for number in range(clients)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     elapsed = time.perf_counter() - started
-    latencies = sorted(seconds for seconds, _, _ in results)
+    latencies = sorted(seconds for seconds, _, _, _ in results)
+    firsts = sorted(first for _, first, _, _ in results)
+    p99 = lambda values: values[min(len(values) - 1, int(0.99 * len(values)))]
     return dict(
-        clients=clients, requests=len(results), complete=sum(ok for _, _, ok in results),
-        errors_5xx=sum(status >= 500 for _, status, _ in results),
-        p50_s=statistics.median(latencies), p99_s=latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
-        tokens_per_s=sum(ok for _, _, ok in results) * tokens / elapsed,
+        clients=clients, requests=len(results), complete=sum(ok for *_, ok in results),
+        errors_5xx=sum(status >= 500 for _, _, status, _ in results),
+        p50_s=statistics.median(latencies), p99_s=p99(latencies),
+        first_text_p50_s=statistics.median(firsts), first_text_p99_s=p99(firsts),
+        tokens_per_s=sum(ok for *_, ok in results) * tokens / elapsed,
     )
 
 
@@ -176,8 +208,13 @@ def main():
 
     with tempfile.TemporaryDirectory() as folder:
         model = args.model or make_model(args.shape, folder)
+        cache = pathlib.Path(folder) / "compile-cache"
         port = free_port()
-        server = start_server(model, port, args.max_batch, args.max_queue)
+        # A cold start (an empty compile cache), stopped once compiled; then a warm one, which is measured.
+        server, cold_ready, cold_compiled = start_server(model, port, args.max_batch, args.max_queue, cache)
+        server.send_signal(signal.SIGTERM)
+        server.wait(120)
+        server, warm_ready, warm_compiled = start_server(model, port, args.max_batch, args.max_queue, cache)
         url = f"http://127.0.0.1:{port}"
         try:
             alone = load_phase(url, 1, args.requests, args.tokens)
@@ -188,7 +225,10 @@ def main():
             server.send_signal(signal.SIGTERM)
             server.wait(120)
     report = dict(model=str(args.model or f"random weights, {args.shape} shape"), tokens=args.tokens,
-                  max_batch=args.max_batch, max_queue=args.max_queue, alone=alone, together=together,
+                  max_batch=args.max_batch, max_queue=args.max_queue,
+                  start=dict(cold_health_s=cold_ready, cold_compiled_s=cold_compiled, warm_health_s=warm_ready,
+                             warm_compiled_s=warm_compiled),
+                  alone=alone, together=together,
                   speedup=together["tokens_per_s"] / alone["tokens_per_s"],
                   p99_over_p50=together["p99_s"] / together["p50_s"], soak=soaked)
     print(json.dumps(report, indent=1))

@@ -79,9 +79,26 @@ def start_jax():
 
 
 def _versioned(target, backend):
+    """The subfolder for this backend's version on this kind of CPU: XLA's programs are machine code for the CPU
+    that compiled them, and a home folder may be shared by machines with other CPUs."""
     from importlib.metadata import version
 
-    return target / f"{backend}-{version(backend)}"
+    return target / f"{backend}-{version(backend)}-{_cpu_fingerprint()}"
+
+
+def _cpu_fingerprint():
+    """A short hash of the CPU's model and instruction-set flags."""
+    import hashlib
+    import platform
+
+    described = platform.machine() + platform.processor()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            lines = info.read().split("\n\n")[0].splitlines()
+        described += "".join(line for line in lines if line.split(":")[0].strip() in ("model name", "flags"))
+    except OSError:
+        pass
+    return hashlib.sha256(described.encode()).hexdigest()[:8]
 
 
 def tensorflow_folder():

@@ -35,7 +35,7 @@ The state, one row per slot, kept on the device between calls:
 and on the host: which slot holds which row (`rows`), and the lengths and
 counts again, from which each call is planned: which steps recompute and
 how long a cache the steps read (`short_caches`: a power of two from
-PREFILL_WIDTH up to block_size, enough for the longest active row, so that
+SHORTEST_CACHE up to block_size, enough for the longest active row, so that
 a batch of many short texts reads no empty cache; otherwise block_size).
 
 Randomness is explicit: token t of a row draws its noise from (the row's
@@ -60,8 +60,10 @@ from gptlite.sampling import (TOP_LOGPROBS, choose_beams, sample_next_token, tok
 # Tokens drawn per compiled call at most: more amortise the call's overhead, fewer stream text (and
 # admit waiting rows) sooner. A call's step count is a tensor input: any count up to this compiles once.
 CHUNK_SIZE = 32
-# The narrowest prefill of a GPT's windows, and the shortest cache a call reads.
-PREFILL_WIDTH = 64
+# The shortest cache a call reads.
+SHORTEST_CACHE = 64
+# The narrowest prefill of a GPT's windows: a short prompt costs a short pass.
+NARROWEST_PREFILL = 8
 # The kinds of steps one call runs (see plan_steps).
 CACHED, RECOMPUTE, RECOMPUTE_THEN_CACHED = "cached", "recompute", "recompute then cached"
 
@@ -292,26 +294,26 @@ def advanced_lengths(lengths, block_size, slide):
 
 
 def cache_span(slots, block_size):
-    """The cache length that holds `slots` positions: a power of two, at least PREFILL_WIDTH, at most block_size.
+    """The cache length that holds `slots` positions: a power of two, at least SHORTEST_CACHE, at most block_size.
 
     Powers of two, so that texts of every length compile each loop a few
     times at most (once per span).
     """
-    return min(block_size, max(PREFILL_WIDTH, 1 << (max(1, slots) - 1).bit_length()))
+    return min(block_size, max(SHORTEST_CACHE, 1 << (max(1, slots) - 1).bit_length()))
 
 
 def prompt_columns(window, lengths, sources):
     """The columns of the windows that the prefill reads: enough for the longest.
 
-    A GPT's: `cache_span` of the longest, so that a short prompt in a long
-    context runs through the model at its length rather than the whole
-    window's. A Seq2Seq's windows are short, most often its start token
-    alone: exactly the longest.
+    A GPT's: a power of two, at least NARROWEST_PREFILL, so that a short
+    prompt in a long context runs through the model at about its length
+    rather than the whole window's, for a few traces at most. A Seq2Seq's
+    windows are short, most often its start token alone: exactly the longest.
     """
     longest = max(1, int(np.max(lengths)))
     if sources is not None:
         return window[:, :longest]
-    return window[:, :cache_span(longest, window.shape[1])]
+    return window[:, :min(window.shape[1], max(NARROWEST_PREFILL, _power_of_two(longest)))]
 
 
 def fit_cache(cache, span):

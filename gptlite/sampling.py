@@ -98,8 +98,8 @@ def sample_next_token(logits, settings, noise, seen=None):
         penalised = ops.where(ops.greater(logits, 0), logits / penalty, logits * penalty)
         logits = ops.where(ops.logical_and(ops.greater(seen, 0), ops.not_equal(penalty, 1.0)), penalised, logits)
     scaled = logits / ops.maximum(temperature, 1e-6)  # (B, V)
-    keeps_all = ops.logical_and(ops.logical_and(ops.greater_equal(top_k, vocabulary_size), ops.greater_equal(top_p, 1.0)),
-                                ops.less_equal(min_p, 0.0))  # (B, 1)
+    keeps_all = ops.logical_and(ops.greater_equal(top_k, vocabulary_size),
+                                ops.logical_and(ops.greater_equal(top_p, 1.0), ops.less_equal(min_p, 0.0)))  # (B, 1)
 
     def filtered():
         descending = ops.flip(ops.sort(scaled, axis=-1), axis=-1)  # (B, V)

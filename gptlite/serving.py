@@ -34,7 +34,7 @@ import time
 import traceback
 import uuid
 
-from gptlite.engine import PREFILL_WIDTH, Engine, cache_span
+from gptlite.engine import NARROWEST_PREFILL, Engine
 from gptlite.errors import GPTLiteError, InputError
 from gptlite.generation import RowText, generate_target, prompt_ids, row_seeds
 from gptlite.model import Seq2Seq
@@ -278,23 +278,24 @@ class Worker:
 
     def warm_up(self):
         """Compile, on a thread of its own, the programs the worker will meet, so that requests seldom wait
-        for a compiler: each batch size it can grow to, with each prefill width and cache span, and a full
-        window's recomputing step. Requests are served meanwhile; `compiling` counts what is left."""
+        for a compiler: for each batch size it can grow to, the prefill of each width with the cached step
+        after it, and a full window's recomputing step. Requests are served meanwhile; `compiling` counts
+        what is left."""
         if self.engine is None:
             return None
         block_size = self.model.config.block_size
-        spans = sorted({cache_span(PREFILL_WIDTH << k, block_size)
-                        for k in range(max(1, block_size // PREFILL_WIDTH).bit_length())})
+        # Prompts of each prefill width (a power of two), whose rows' next steps read a cache of its span; None:
+        # full windows, recomputed.
+        widths = sorted({min(block_size, NARROWEST_PREFILL << k)
+                         for k in range(max(1, block_size // NARROWEST_PREFILL).bit_length())})
         capacities = [1 << k for k in range(_padded(self.settings.max_batch).bit_length())]
-        plans = [(capacity, span) for capacity in capacities for span in spans + [None]]
+        plans = [(capacity, width) for capacity in capacities for width in widths + [None]]
         self.compiling = len(plans)
 
         def compile_all():
-            vocabulary_size = self.model.tokenizer.vocabulary_size
-            row = SamplingConfig().row(vocabulary_size)
-            for capacity, span in plans:
-                # Rows that fill a cache of `span` slots at their next token; None: full windows, recomputed.
-                length = block_size if span is None else max(1, span - 1)
+            row = SamplingConfig().row(self.model.tokenizer.vocabulary_size)
+            for capacity, width in plans:
+                length = block_size if width is None else max(1, width - 1)
                 engine = Engine(self.model, capacity, short_caches=True)
                 engine.admit([[0] * length] * capacity, [row] * capacity, [0] * capacity)
                 engine.step(1)

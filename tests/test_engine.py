@@ -35,12 +35,14 @@ def test_a_call_reads_a_cache_as_long_as_its_longest_row_reaches():
 
 
 def test_a_gpt_prefill_reads_the_columns_its_longest_window_needs():
-    from gptlite.engine import PREFILL_WIDTH, prompt_columns, windows
+    from gptlite.engine import NARROWEST_PREFILL, prompt_columns, windows
 
     window, lengths = windows(1024, [[1] * 5, [2] * 70])
     assert prompt_columns(window, lengths, None).shape == (2, 128)
     window, lengths = windows(1024, [[1] * 5])
-    assert prompt_columns(window, lengths, None).shape == (1, PREFILL_WIDTH)
+    assert prompt_columns(window, lengths, None).shape == (1, NARROWEST_PREFILL)
+    window, lengths = windows(1024, [[1] * 20])
+    assert prompt_columns(window, lengths, None).shape == (1, 32)
     window, lengths = windows(96, [[1] * 90])
     assert prompt_columns(window, lengths, None).shape == (1, 96)  # never wider than the window
     # A Seq2Seq's start tokens: one column.

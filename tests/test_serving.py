@@ -419,6 +419,14 @@ def test_the_page_in_a_browser_streams_text_and_draws_attention(server, tmp_path
         WebDriverWait(browser, 60).until(lambda _: "tokens" in browser.find_element(By.ID, "attention_status").text)
         layers = browser.find_elements(By.CSS_SELECTOR, "#layer option")
         assert len(layers) == 2 and browser.find_element(By.ID, "attention").size["width"] > 100
+        # The rows and columns are labelled: the canvas is wider than its cells by the labels' margin.
+        cells = browser.execute_script("const n = maps.tokens.length; return n * Math.max(4, Math.floor(512 / n));")
+        assert browser.execute_script("return document.getElementById('attention').width") > cells
+        # An API key typed once is kept for the tab's session: a reload shows it again.
+        browser.execute_script("const key = document.getElementById('api_key'); key.value = 'sesame';"
+                               "key.dispatchEvent(new Event('input'));")
+        browser.refresh()
+        assert browser.find_element(By.ID, "api_key").get_attribute("value") == "sesame"
         screenshot = tmp_path / "page.png"
         browser.save_screenshot(str(screenshot))
         assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -34,13 +34,14 @@ ALLOWED = {
     "plotting": {"files"},
     "records": {"files", "pairs"},
     "run_config": {"files", "settings"},
-    "serving": {"model", "decoding", "sampling", "generation", "inspection", "saving", "settings"},
+    "serving": {"model", "engine", "sampling", "generation", "inspection", "saving", "settings"},
     "training": {"model", "data", "pairs", "saving", "checkpoints", "distribute", "plotting", "records", "files",
                  "settings", "optimizer"},
     "pipeline": {"model", "data", "pairs", "generation", "training", "checkpoints", "distribute", "settings",
                  "tokenizers", "pretrained", "records", "run_config", "evaluation"},
     # The command-line package, its modules taken together.
     "cli": {"settings", "text", "pairs", "pipeline", "generation", "inspection", "saving", "files", "model",
+            "sampling", "compile_cache",
             "pretrained", "evaluation", "run_config", "serving"},
     "__main__": {"cli"},
 }

@@ -9,7 +9,7 @@ traceback. `--debug` shows the traceback of a mistake too.
 import sys
 
 from gptlite.cli.flags import as_flags, defaults_from_run_config
-from gptlite.cli.startup import check_backend, choose_backend, start_keras
+from gptlite.cli.startup import check_backend, choose_backend, choose_compile_cache, start_keras
 from gptlite.errors import GPTLiteError, TrainingDiverged, TrainingInterrupted
 
 HELP_FLAGS = {"-h", "--help"}
@@ -21,6 +21,7 @@ def command(prog, make_parser, run):
     def main(argv=None):
         argv = sys.argv[1:] if argv is None else list(argv)
         choose_backend(prog, argv)
+        choose_compile_cache(argv)
         if not HELP_FLAGS & set(argv):  # help needs no Keras: it comes at once, with none of Keras's notices
             start_keras()
         parser = make_parser(prog)

@@ -32,6 +32,17 @@ def add_backend_flags(parser):
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
 
 
+def add_compile_cache_flags(parser):
+    """`--compile-cache DIR` and `--no-compile-cache`, for the commands that decode (see gptlite.compile_cache);
+    `startup.choose_compile_cache` applies them, before Keras starts."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--compile-cache", type=pathlib.Path, default=None, metavar="DIR",
+                       help="keep compiled programs in DIR, so that the next start loads them (default: "
+                            "GPTLITE_COMPILE_CACHE, else gptlite/compiled in the user's cache folder)")
+    group.add_argument("--no-compile-cache", dest="compile_cache", action="store_false",
+                       help="compile afresh each start and keep nothing on disk")
+
+
 def add_unknown_flag(parser, which):
     parser.add_argument("--unknown", choices=UNKNOWN_CHOICES, default="error",
                         help=f"{which}: stop with an error (the default), leave them out, or replace each with a space")

@@ -4,7 +4,7 @@ import pathlib
 
 from gptlite import settings
 from gptlite.cli.command import command, print_piece
-from gptlite.cli.flags import Parser, add_backend_flags, add_unknown_flag
+from gptlite.cli.flags import Parser, add_backend_flags, add_compile_cache_flags, add_unknown_flag
 from gptlite.errors import InputError
 
 SUMMARY = "sample text from a trained model (a seq2seq model: its target for a source), streaming it"
@@ -65,6 +65,7 @@ def make_parser(prog):
     inside.add_argument("--part", choices=settings.ATTENTION_PARTS, default=None,
                         help="with --attention, for a seq2seq model: the encoder's attention, the decoder's "
                              "self-attention, or cross-attention from target to source (the default)")
+    add_compile_cache_flags(parser)
     add_backend_flags(parser)
     return parser
 

@@ -5,7 +5,7 @@ import os
 import pathlib
 
 from gptlite.cli.command import command
-from gptlite.cli.flags import Parser, add_backend_flags
+from gptlite.cli.flags import Parser, add_backend_flags, add_compile_cache_flags
 from gptlite.errors import InputError
 from gptlite.settings import ServeSettings
 
@@ -41,6 +41,7 @@ def make_parser(prog):
     parser.add_argument("--truncate", choices=["left", "none"], default=defaults.truncate,
                         help="a prompt longer than the model's context: cut from the left as generate does (the "
                              "default), or refused (none)")
+    add_compile_cache_flags(parser)
     add_backend_flags(parser)
     return parser
 

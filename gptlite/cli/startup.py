@@ -41,6 +41,24 @@ def choose_backend(prog, argv):
     os.environ["KERAS_BACKEND"] = known.backend
 
 
+def choose_compile_cache(argv):
+    """Apply `--compile-cache DIR` or `--no-compile-cache` from argv: before Keras starts, since TensorFlow reads
+    where its compiled programs go once, at its start (see gptlite.compile_cache)."""
+    from gptlite import compile_cache
+
+    reader = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    reader.add_argument("--compile-cache", default=None)
+    reader.add_argument("--no-compile-cache", action="store_true")
+    try:
+        known, _ = reader.parse_known_args(argv)
+    except argparse.ArgumentError:
+        return  # `--compile-cache` with no folder: the command's own parser says so
+    if known.no_compile_cache:
+        compile_cache.use(None)
+    elif known.compile_cache:
+        compile_cache.use(known.compile_cache)
+
+
 def _run_config_backend(argv):
     """The backend a `--config FILE` names, if any; a file that cannot be read is reported later."""
     from gptlite import run_config

@@ -1,0 +1,94 @@
+"""A fresh process's first answer: load a model.keras, stream 10 new tokens, on a cold and a warm compile cache.
+
+    python benchmarks/first_token.py [--shape cpu|gpt2] [--rounds 3] [--tokens 10] [--code DIR]
+
+Each round runs two fresh processes on an empty compile cache folder
+(GPTLITE_COMPILE_CACHE): the first finds it empty (cold), the second finds
+what the first left (warm). Each process times `keras.saving.load_model`,
+the first streamed piece of `gptlite.stream` and the whole generation of
+--tokens tokens from "ROMEO:", and reports them; medians over the rounds.
+The model has random weights: the `cpu` preset's shape (4 layers, width
+128, context 64, 65 characters) or GPT-2 small's (12 layers, width 768,
+context 1024, 50257 tokens). `--code DIR` runs the gptlite found in DIR (a
+checkout of other code, to compare side by side).
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+CHARACTERS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+SHAPES = {"cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64),
+          "gpt2": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257)}
+
+CHILD = """
+import json, sys, time
+started = time.perf_counter()
+sys.path.insert(0, sys.argv[1])
+import keras, gptlite
+imported = time.perf_counter()
+model = keras.saving.load_model(sys.argv[2])
+loaded = time.perf_counter()
+pieces = gptlite.stream(model, "ROMEO:", int(sys.argv[3]), temperature=1.0, seed=1)
+next(pieces)
+first = time.perf_counter()
+for _ in pieces:
+    pass
+done = time.perf_counter()
+print(json.dumps(dict(import_s=imported - started, load_s=loaded - imported, first_piece_s=first - loaded,
+                      generate_s=done - loaded)))
+"""
+
+
+def make_model(shape, folder):
+    sys.path.insert(0, str(REPO))
+    import gptlite
+
+    tokenizer = gptlite.CharTokenizer(CHARACTERS)
+    settings = dict(SHAPES[shape])
+    vocabulary_size = settings.pop("vocab_size", tokenizer.vocabulary_size)
+    model = gptlite.GPT(vocab_size=vocabulary_size, tokenizer=tokenizer, **settings)
+    model.build((None, model.config.block_size))
+    path = pathlib.Path(folder) / f"{shape}.keras"
+    gptlite.save(model, path)
+    return path
+
+
+def run(code, model, tokens, cache):
+    environment = dict(os.environ, GPTLITE_COMPILE_CACHE=str(cache), TF_CPP_MIN_LOG_LEVEL="2")
+    environment.pop("TF_XLA_FLAGS", None)
+    result = subprocess.run([sys.executable, "-c", CHILD, str(code), str(model), str(tokens)], env=environment,
+                            capture_output=True, text=True, cwd=tempfile.gettempdir())
+    if result.returncode:
+        sys.exit(result.stderr[-3000:])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="cpu")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=10)
+    parser.add_argument("--code", type=pathlib.Path, default=REPO)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        model = make_model(args.shape, folder)
+        results = {"cold": [], "warm": []}
+        for round_index in range(args.rounds):
+            cache = pathlib.Path(folder) / f"cache{round_index}"
+            results["cold"].append(run(args.code, model, args.tokens, cache))
+            results["warm"].append(run(args.code, model, args.tokens, cache))
+    report = {"shape": args.shape, "tokens": args.tokens, "code": str(args.code)}
+    for kind, runs in results.items():
+        report[kind] = {name: round(statistics.median(run[name] for run in runs), 3) for name in runs[0]}
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
