@@ -3,19 +3,22 @@
 Under TensorFlow this is XLA's persistent cache, under JAX its compilation
 cache; torch decodes eagerly and compiles nothing. The folder is, in order:
 what `use(folder)` names, the environment variable GPTLITE_COMPILE_CACHE
-(`off` turns the cache off), a folder already given to TensorFlow in
-TF_XLA_FLAGS, or `gptlite/compiled` in the user's cache folder
-(XDG_CACHE_HOME, or ~/.cache). Entries go in a subfolder per backend
-and version, so that an upgrade never reads another version's programs.
+(`off` turns the cache off), a folder already given to the backend itself
+(TF_XLA_FLAGS, JAX_COMPILATION_CACHE_DIR), or `gptlite/compiled` in the
+user's cache folder (XDG_CACHE_HOME, or ~/.cache). Entries go in a
+subfolder per backend, version and kind of CPU, so that an upgrade never
+reads another version's programs, nor a machine another CPU's.
 
-TensorFlow reads its flags once, at its first operation: `import gptlite`
-sets them, so the cache holds for a process that imports gptlite before it
-runs anything with TensorFlow, as the command line does. A damaged entry
-is removed and recompiled (see `drop_damaged_entries`).
+Each backend reads where its cache is once: TensorFlow at its first
+operation, JAX at its first compile. `import gptlite` sets it, so the cache
+holds for a process that imports gptlite before it runs anything with its
+backend, as the command line does. A damaged entry is removed and
+recompiled (see `drop_damaged_entries`; JAX recompiles one itself).
 """
 
 import os
 import pathlib
+import sys
 
 ENVIRONMENT_VARIABLE = "GPTLITE_COMPILE_CACHE"
 _TF_FLAG = "--tf_xla_persistent_cache_directory="
@@ -53,27 +56,44 @@ def use(where=None, backend=None):
 
 
 def _apply(backend=None):
+    """Tell the backend where its compiled programs go, through the environment it reads at its start: TensorFlow's
+    TF_XLA_FLAGS, JAX's JAX_COMPILATION_CACHE_DIR. A folder the user gave the backend directly stands, unless
+    `use` or GPTLITE_COMPILE_CACHE names another."""
     backend = backend or os.environ.get("KERAS_BACKEND", "tensorflow")
-    if _chosen is None and ENVIRONMENT_VARIABLE not in os.environ and tensorflow_folder() is not None:
-        return  # the user's own XLA cache flag stands
+    named = _chosen is not None or ENVIRONMENT_VARIABLE in os.environ
     target = folder()
-    flags = [flag for flag in os.environ.get("TF_XLA_FLAGS", "").split() if not flag.startswith(_TF_FLAG)]
-    if backend == "tensorflow" and target is not None:
-        flags.append(_TF_FLAG + str(_versioned(target, "tensorflow")))
-    if flags:
-        os.environ["TF_XLA_FLAGS"] = " ".join(flags)
-    else:
-        os.environ.pop("TF_XLA_FLAGS", None)
+    if backend == "tensorflow":
+        if not named and tensorflow_folder() is not None:
+            return
+        flags = [flag for flag in os.environ.get("TF_XLA_FLAGS", "").split() if not flag.startswith(_TF_FLAG)]
+        if target is not None:
+            flags.append(_TF_FLAG + str(_versioned(target, "tensorflow")))
+        if flags:
+            os.environ["TF_XLA_FLAGS"] = " ".join(flags)
+        else:
+            os.environ.pop("TF_XLA_FLAGS", None)
+    elif backend == "jax":
+        if not named and "JAX_COMPILATION_CACHE_DIR" in os.environ:
+            return
+        if target is None:
+            os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+        else:
+            os.environ["JAX_COMPILATION_CACHE_DIR"] = str(_versioned(target, "jax"))
+            # JAX keeps only programs that took a second to compile unless told otherwise; ours take less.
+            os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+            os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+        if "jax" in sys.modules:  # imported already: its configuration, not the environment, decides
+            start_jax()
 
 
 def start_jax():
-    """Point JAX's compilation cache at the folder (or nowhere); called before the first program compiles."""
+    """Point JAX's compilation cache where the environment now says (JAX reads it at its import); for a JAX
+    imported before gptlite. JAX sets up its cache at its first compile: later changes do not apply."""
     import jax
 
-    target = folder()
-    jax.config.update("jax_compilation_cache_dir", None if target is None else str(_versioned(target, "jax")))
-    if target is not None:
-        # JAX keeps only programs that took a second to compile unless told otherwise; ours take less.
+    where = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    jax.config.update("jax_compilation_cache_dir", where)
+    if where is not None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 

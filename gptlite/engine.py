@@ -614,7 +614,6 @@ class _Compiled:
         elif backend == "jax":
             import jax
 
-            compile_cache.start_jax()
             # Weights as arguments, not constants baked into the program: the
             # program stays small and sees the weights as they are at each call.
             variables = model.variables

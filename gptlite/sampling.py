@@ -91,6 +91,7 @@ def sample_next_token(logits, settings, noise, seen=None):
     probability. Each filter leaves a row alone where its setting keeps
     every token, so a row's token is the same whatever rows share its batch.
     """
+    settings = ops.convert_to_tensor(settings, "float32")  # eager torch is handed NumPy arrays as they are
     temperature, top_k, top_p, min_p, penalty = (settings[:, index:index + 1] for index in range(5))  # (B, 1) each
     vocabulary_size = ops.shape(logits)[-1]
     logits = ops.cast(logits, "float32")
@@ -137,6 +138,7 @@ def token_log_probabilities(logits, tokens):
 
 def token_counts(window, lengths, vocabulary_size):
     """How often each token is in each row's window[:, :lengths]: float32 (B, V), for repetition_penalty."""
+    window, lengths = ops.convert_to_tensor(window, "int32"), ops.convert_to_tensor(lengths, "int32")
     rows, width = ops.shape(window)[0], ops.shape(window)[1]
     real = ops.cast(ops.less(ops.arange(width)[None, :], lengths[:, None]), "float32")  # (B, T)
     flat = ops.reshape(ops.arange(rows)[:, None] * vocabulary_size + window, (-1, 1))

@@ -281,8 +281,10 @@ class Worker:
         for a compiler: for each batch size it can grow to, the prefill of each width with the cached step
         after it, and a full window's recomputing step. Requests are served meanwhile; `compiling` counts
         what is left."""
-        if self.engine is None:
-            return None
+        import keras
+
+        if self.engine is None or keras.backend.backend() == "torch":
+            return None  # a Seq2Seq decodes its targets in batches of one size; torch compiles nothing
         block_size = self.model.config.block_size
         # Prompts of each prefill width (a power of two), whose rows' next steps read a cache of its span; None:
         # full windows, recomputed.
