@@ -54,8 +54,8 @@ from keras import ops
 
 from gptlite import compile_cache
 from gptlite.model import Seq2Seq
-from gptlite.sampling import (TOP_LOGPROBS, choose_beams, sample_next_token, token_counts, token_log_probabilities,
-                              uniform_noise)
+from gptlite.sampling import (TOP_LOGPROBS, choose_beams, filters, penalises, sample_next_token, token_counts,
+                              token_log_probabilities, uniform_noise)
 
 # Tokens drawn per compiled call at most: more amortise the call's overhead, fewer stream text (and
 # admit waiting rows) sooner. A call's step count is a tensor input: any count up to this compiles once.
@@ -108,6 +108,7 @@ class Engine:
         self._lengths = np.zeros(self.capacity, np.int32)  # the host's copies, to plan calls from
         self._produced = np.zeros(self.capacity, np.int32)
         self._active = np.zeros(self.capacity, bool)
+        self._settings = np.ones((self.capacity, 5), np.float32)
 
     # --- admitting rows
 
@@ -134,7 +135,7 @@ class Engine:
         pad = lambda array: np.concatenate([array, np.repeat(array[:1], padded - count, axis=0)])
         window, lengths, settings, seeds = pad(window), pad(lengths), pad(settings), pad(seeds)
         sources = None if sources is None else pad(np.asarray(sources, np.int32))
-        prefill = self.programs.prefill(logprobs)
+        prefill = self.programs.prefill(logprobs, *self._needs(settings))
         pending, cache, context, *scores = prefill(prompt_columns(window, lengths, sources), lengths, sources,
                                                    settings, seeds)
         new = dict(window=window, lengths=lengths, cache=cache, pending=pending, settings=settings, seeds=seeds,
@@ -145,9 +146,10 @@ class Engine:
         else:
             slots = self._merge(new, count)
         handles = []
-        for slot, row_length in zip(slots, lengths):
+        for slot, row_length, row_settings in zip(slots, lengths, settings):
             self.rows[self._next_handle] = slot
             self._lengths[slot], self._produced[slot], self._active[slot] = row_length, 1, True
+            self._settings[slot] = row_settings
             handles.append(self._next_handle)
             self._next_handle += 1
         tokens = keras.ops.convert_to_numpy(pending)[:count, None]
@@ -185,9 +187,15 @@ class Engine:
             setattr(self, name, keras.tree.map_structure(lambda value: ops.take(value, order, axis=0),
                                                          getattr(self, name)))
         active = np.arange(capacity) < len(kept)
-        self._lengths, self._produced, self._active = self._lengths[order], self._produced[order], active
+        self._lengths, self._produced, self._settings = self._lengths[order], self._produced[order], self._settings[order]
+        self._active = active
         self.rows = {handle: slot for slot, (handle, _) in enumerate(kept)}
         self.capacity = capacity
+
+    def _needs(self, settings):
+        """(filtering, penalised): whether some row of `settings` filters tokens, and whether some row has a
+        repetition penalty. Each is a program of its own, so that programs leave out what no row needs."""
+        return filters(settings, self.vocabulary_size), penalises(settings)
 
     def retire(self, handle):
         """Free a row's slot; a resizable batch with a quarter of its slots in use shrinks to fit them."""
@@ -211,7 +219,7 @@ class Engine:
         steps, kind, span = plan_steps(self._lengths[self._active], self.block_size, max_steps, self.use_cache,
                                        self.slide, self.short_caches)
         self.cache = fit_cache(self.cache, span)
-        loop = self.programs.loop("sample", kind, self.slide, logprobs)
+        loop = self.programs.loop("sample", kind, self.slide, logprobs, *self._needs(self._settings[self._active]))
         drawn, self.window, self.lengths, self.cache, self.pending, self.produced, *scores = loop(
             self.window, self.lengths, self.cache, self.pending, self.context, self.settings, self.seeds,
             self.produced, self._active.copy(), np.int32(steps))
@@ -387,26 +395,30 @@ class Programs:
             self._compiled[key] = _Compiled(function, self.model, xla=xla)
         return self._compiled[key]
 
-    def prefill(self, logprobs):
+    def prefill(self, logprobs=False, filtering=True, penalised=False):
         # A GPT's prefill is a plain graph on TensorFlow, quick to build, so that the first token comes
         # without waiting for a compiler; a Seq2Seq's targets come whole, so its prefill compiles too.
-        return self._get(("prefill", logprobs), functools.partial(self._sample_prefill, logprobs=logprobs),
+        needs = dict(logprobs=logprobs, filtering=filtering, penalised=penalised)
+        return self._get(("prefill", *needs.values()), functools.partial(self._sample_prefill, **needs),
                          xla=isinstance(self.model, Seq2Seq))
 
     @property
     def beam_prefill(self):
         return self._get("beam prefill", self._beam_prefill, xla=isinstance(self.model, Seq2Seq))
 
-    def loop(self, kind, steps_kind, slide, logprobs=False):
+    def loop(self, kind, steps_kind, slide, logprobs=False, filtering=True, penalised=False):
         """The compiled decode loop of `kind` ("sample" or "beam") for one kind of steps.
 
         RECOMPUTE: every step runs the whole window through the model (a full
         window first moves `slide` tokens). CACHED: every step attends over
         the cache, and no window may be full. RECOMPUTE_THEN_CACHED: the first
-        step recomputes, the others use the cache.
+        step recomputes, the others use the cache. `logprobs`: the steps also
+        give log-probabilities; `filtering`: some row keeps fewer than all
+        tokens; `penalised`: some row has a repetition penalty.
         """
-        chunk = functools.partial(self._sample_chunk, logprobs=logprobs) if kind == "sample" else self._beam_chunk
-        return self._get((kind, steps_kind, slide, logprobs),
+        needs = dict(logprobs=logprobs, filtering=filtering, penalised=penalised)
+        chunk = functools.partial(self._sample_chunk, **needs) if kind == "sample" else self._beam_chunk
+        return self._get((kind, steps_kind, slide, *needs.values()),
                          functools.partial(chunk, steps_kind=steps_kind, slide=slide))
 
     # --- the model's step
@@ -461,7 +473,7 @@ class Programs:
 
     # --- sampling
 
-    def _sample_prefill(self, prompt, lengths, sources, settings, seeds, logprobs):
+    def _sample_prefill(self, prompt, lengths, sources, settings, seeds, logprobs, filtering, penalised):
         """Run the windows' first columns, `prompt` (see `prompt_columns`), through the model;
         draw each row's first new token (token 0)."""
         context = self._context(sources)
@@ -469,20 +481,13 @@ class Programs:
         logits = _logits_at(logits, lengths - 1)
         rows = ops.shape(prompt)[0]
         noise = ops.stack([self._noise_block(seeds[row], 0)[0] for row in range(rows)])  # (B, V)
-        seen = self._seen(prompt, lengths, settings)
-        token = sample_next_token(logits, settings, noise, seen)
+        seen = token_counts(prompt, lengths, self.model.config.vocab_size) if penalised else None
+        token = sample_next_token(logits, settings, noise, seen, filtering)
         scores = token_log_probabilities(logits, token) if logprobs else ()
         return token, cache, context, *scores
 
-    def _seen(self, window, lengths, settings):
-        """Token counts of the windows where some row's repetition_penalty is not 1; else None (nothing to do)."""
-        penalised = ops.any(ops.not_equal(settings[:, 4], 1.0))
-        vocabulary_size = self.model.config.vocab_size
-        return ops.cond(penalised, lambda: token_counts(window, lengths, vocabulary_size),
-                        lambda: ops.zeros((ops.shape(window)[0], vocabulary_size), "float32"))
-
     def _sample_chunk(self, window, lengths, cache, pending, context, settings, seeds, produced, active, steps,
-                      steps_kind, slide, logprobs):
+                      steps_kind, slide, logprobs, filtering, penalised):
         """Draw each row's tokens produced .. produced + steps - 1 (steps <= CHUNK_SIZE)
         -> (tokens (B, CHUNK_SIZE), state..., [log-probabilities])."""
         noise = self._noise(seeds, produced)  # (CHUNK_SIZE, B, V)
@@ -491,8 +496,8 @@ class Programs:
         def body(step, window, lengths, cache, pending, drawn, chosen, top_ids, top_values, recompute):
             logits, window, lengths, cache = self._advance(window, lengths, cache, pending, context, recompute, slide,
                                                            active)
-            seen = self._seen(window, lengths, settings)
-            pending = sample_next_token(logits, settings, ops.take(noise, step, axis=0), seen)
+            seen = token_counts(window, lengths, self.model.config.vocab_size) if penalised else None
+            pending = sample_next_token(logits, settings, ops.take(noise, step, axis=0), seen, filtering)
             drawn = _record(drawn, step, pending)
             if logprobs:
                 scores = token_log_probabilities(logits, pending)

@@ -81,7 +81,7 @@ class SamplingConfig:
         return np.array([self.temperature, top_k, self.top_p, self.min_p, self.repetition_penalty], np.float32)
 
 
-def sample_next_token(logits, settings, noise, seen=None):
+def sample_next_token(logits, settings, noise, seen=None, filtering=True):
     """Draw one token id per row from float logits (B, V), given uniform noise (B, V) in (0, 1).
 
     `settings` (B, len(ROW_SETTINGS)): each row's as from SamplingConfig.row.
@@ -90,6 +90,8 @@ def sample_next_token(logits, settings, noise, seen=None):
     logits plus Gumbel noise, which picks each token with its softmax
     probability. Each filter leaves a row alone where its setting keeps
     every token, so a row's token is the same whatever rows share its batch.
+    `filtering=False` says that no row filters (see `filters`): the sort the
+    filters need is then left out of the program.
     """
     settings = ops.convert_to_tensor(settings, "float32")  # eager torch is handed NumPy arrays as they are
     temperature, top_k, top_p, min_p, penalty = (settings[:, index:index + 1] for index in range(5))  # (B, 1) each
@@ -118,12 +120,23 @@ def sample_next_token(logits, settings, noise, seen=None):
         kept = ops.where(ops.greater_equal(scaled, floor), scaled, -1e9)
         return ops.where(keeps_all, scaled, kept)
 
-    # The sort is skipped when every row keeps every token.
-    kept = ops.cond(ops.all(keeps_all), lambda: scaled, filtered)
+    kept = filtered() if filtering else scaled
     gumbel = -ops.log(-ops.log(noise))
     sampled = ops.argmax(kept + gumbel, axis=-1)
     greedy = ops.argmax(logits, axis=-1)  # (B,)
     return ops.cast(ops.where(ops.equal(temperature[:, 0], 0), greedy, sampled), "int32")
+
+
+def filters(settings, vocabulary_size):
+    """Whether some row of `settings` (N, len(ROW_SETTINGS)), as from SamplingConfig.row, keeps fewer than all
+    tokens: a top_k below the vocabulary, a top_p below 1 or a min_p above 0."""
+    settings = np.asarray(settings).reshape(-1, len(ROW_SETTINGS))
+    return bool(np.any(settings[:, 1] < vocabulary_size) or np.any(settings[:, 2] < 1.0) or np.any(settings[:, 3] > 0))
+
+
+def penalises(settings):
+    """Whether some row of `settings` has a repetition penalty."""
+    return bool(np.any(np.asarray(settings).reshape(-1, len(ROW_SETTINGS))[:, 4] != 1.0))
 
 
 def token_log_probabilities(logits, tokens):
