@@ -13,7 +13,8 @@ long each start took to answer /health and to finish compiling in the
 background. On the second, once compiled, it first sends --requests
 streamed requests of --tokens new tokens from one client, one after
 another; then --clients clients each send --requests such requests, all at
-once. Requests mix temperatures (0.6 to 1.2) and top_p (0.9, 1). It reports
+once; then both phases again with unstreamed requests (the whole answer
+at once). Requests mix temperatures (0.6 to 1.2) and top_p (0.9, 1). It reports
 each phase's latency and time to the first text (p50, p99) and aggregate
 new tokens per second, checks that every answer has the tokens asked for
 and finish_reason "length", and counts 5xx answers (there must be none).
@@ -63,7 +64,7 @@ def free_port():
         return probe.getsockname()[1]
 
 
-def start_server(model, port, max_batch, max_queue, cache):
+def start_server(model, port, max_batch, max_queue, cache, code=REPO):
     """Launch `gptlite serve` with its compile cache in `cache`; (process, seconds from launch to /health,
     seconds until its background compiling is done)."""
     environment = dict(os.environ, GPTLITE_COMPILE_CACHE=str(cache))
@@ -71,7 +72,7 @@ def start_server(model, port, max_batch, max_queue, cache):
     started = time.perf_counter()
     process = subprocess.Popen(
         [sys.executable, "-m", "gptlite", "serve", str(model), "--port", str(port), "--max-batch", str(max_batch),
-         "--max-queue", str(max_queue)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+         "--max-queue", str(max_queue)], cwd=code, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=environment)
     import httpx
 
@@ -98,11 +99,18 @@ TEMPERATURES = (0.6, 0.8, 1.0, 1.2)
 TOP_PS = (0.9, 1.0)
 
 
-def complete(http, tokens, number):
-    """One streamed request; (seconds, seconds to its first text, status, ok)."""
+def complete(http, tokens, number, stream=True):
+    """One request, streamed or not; (seconds, seconds to its first text, status, ok). Unstreamed, the first
+    text comes with the whole answer."""
     body = {"prompt": PROMPT, "max_tokens": tokens, "temperature": TEMPERATURES[number % len(TEMPERATURES)],
-            "top_p": TOP_PS[number // len(TEMPERATURES) % len(TOP_PS)], "stream": True}
+            "top_p": TOP_PS[number // len(TEMPERATURES) % len(TOP_PS)], "stream": stream}
     started = time.perf_counter()
+    if not stream:
+        response = http.post("/v1/completions", json=body)
+        seconds = time.perf_counter() - started
+        ok = response.status_code == 200 and response.json()["usage"]["completion_tokens"] == tokens \
+            and response.json()["choices"][0]["finish_reason"] == "length"
+        return seconds, seconds, response.status_code, ok
     first, text, reasons = None, "", []
     with http.stream("POST", "/v1/completions", json=body) as response:
         status = response.status_code
@@ -120,7 +128,7 @@ def complete(http, tokens, number):
     return seconds, first if first is not None else seconds, status, ok
 
 
-def load_phase(url, clients, requests, tokens):
+def load_phase(url, clients, requests, tokens, stream=True):
     import httpx
 
     results = []
@@ -129,7 +137,7 @@ def load_phase(url, clients, requests, tokens):
     def client(number):
         with httpx.Client(base_url=url, timeout=600) as http:
             for request in range(requests):
-                result = complete(http, tokens, number * requests + request)
+                result = complete(http, tokens, number * requests + request, stream)
                 with lock:
                     results.append(result)
 
@@ -144,7 +152,7 @@ def load_phase(url, clients, requests, tokens):
     firsts = sorted(first for _, first, _, _ in results)
     p99 = lambda values: values[min(len(values) - 1, int(0.99 * len(values)))]
     return dict(
-        clients=clients, requests=len(results), complete=sum(ok for *_, ok in results),
+        clients=clients, stream=stream, requests=len(results), complete=sum(ok for *_, ok in results),
         errors_5xx=sum(status >= 500 for _, _, status, _ in results),
         p50_s=statistics.median(latencies), p99_s=p99(latencies),
         first_text_p50_s=statistics.median(firsts), first_text_p99_s=p99(firsts),
@@ -204,6 +212,8 @@ def main():
     parser.add_argument("--max-batch", type=int, default=16)
     parser.add_argument("--max-queue", type=int, default=32)
     parser.add_argument("--soak-seconds", type=float, default=30)
+    parser.add_argument("--code", type=pathlib.Path, default=REPO,
+                        help="serve with the gptlite found in this folder (a checkout of other code, to compare)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as folder:
@@ -211,25 +221,29 @@ def main():
         cache = pathlib.Path(folder) / "compile-cache"
         port = free_port()
         # A cold start (an empty compile cache), stopped once compiled; then a warm one, which is measured.
-        server, cold_ready, cold_compiled = start_server(model, port, args.max_batch, args.max_queue, cache)
+        server, cold_ready, cold_compiled = start_server(model, port, args.max_batch, args.max_queue, cache, args.code)
         server.send_signal(signal.SIGTERM)
         server.wait(120)
-        server, warm_ready, warm_compiled = start_server(model, port, args.max_batch, args.max_queue, cache)
+        server, warm_ready, warm_compiled = start_server(model, port, args.max_batch, args.max_queue, cache, args.code)
         url = f"http://127.0.0.1:{port}"
         try:
             alone = load_phase(url, 1, args.requests, args.tokens)
             together = load_phase(url, args.clients, args.requests, args.tokens)
+            alone_whole = load_phase(url, 1, args.requests, args.tokens, stream=False)
+            together_whole = load_phase(url, args.clients, args.requests, args.tokens, stream=False)
             soaked = soak(url, server.pid, args.soak_seconds, 2 * args.max_queue, args.tokens) \
                 if args.soak_seconds else None
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(120)
-    report = dict(model=str(args.model or f"random weights, {args.shape} shape"), tokens=args.tokens,
+    report = dict(model=str(args.model or f"random weights, {args.shape} shape"), code=str(args.code), tokens=args.tokens,
                   max_batch=args.max_batch, max_queue=args.max_queue,
                   start=dict(cold_health_s=cold_ready, cold_compiled_s=cold_compiled, warm_health_s=warm_ready,
                              warm_compiled_s=warm_compiled),
                   alone=alone, together=together,
                   speedup=together["tokens_per_s"] / alone["tokens_per_s"],
+                  alone_unstreamed=alone_whole, together_unstreamed=together_whole,
+                  speedup_unstreamed=together_whole["tokens_per_s"] / alone_whole["tokens_per_s"],
                   p99_over_p50=together["p99_s"] / together["p50_s"], soak=soaked)
     print(json.dumps(report, indent=1))
 

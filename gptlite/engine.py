@@ -88,14 +88,20 @@ class Engine:
     a handful of compiled programs serve every load. `use_cache=False`
     recomputes the window for every token (the same text: it is there to
     check the cache against); `slide` is how far a full window moves.
+    Programs leave out the top-k, top-p and min-p filters where no row uses
+    them; with `mixed_settings` (rows that come and go with any settings,
+    as a server's do) one program decides at each step instead, so that no
+    row's arrival needs another compiled.
     """
 
-    def __init__(self, model, capacity=1, *, resizable=False, short_caches=False, use_cache=True, slide=1):
+    def __init__(self, model, capacity=1, *, resizable=False, short_caches=False, use_cache=True, slide=1,
+                 mixed_settings=False):
         self.model = model
         self.programs = programs_for(model)
         self.block_size = model.config.block_size
         self.vocabulary_size = model.config.vocab_size
         self.resizable, self.short_caches, self.use_cache, self.slide = resizable, short_caches, use_cache, slide
+        self.mixed_settings = mixed_settings
         self.capacity = capacity
         self.rows = {}  # row handle -> its slot
         self._next_handle = 0
@@ -136,8 +142,10 @@ class Engine:
         window, lengths, settings, seeds = pad(window), pad(lengths), pad(settings), pad(seeds)
         sources = None if sources is None else pad(np.asarray(sources, np.int32))
         prefill = self.programs.prefill(logprobs, *self._needs(settings))
-        pending, cache, context, *scores = prefill(prompt_columns(window, lengths, sources), lengths, sources,
-                                                   settings, seeds)
+        # An engine of short caches prefills at their spans too: fewer programs, for a process that decodes long.
+        narrowest = SHORTEST_CACHE if self.short_caches else NARROWEST_PREFILL
+        pending, cache, context, *scores = prefill(prompt_columns(window, lengths, sources, narrowest), lengths,
+                                                   sources, settings, seeds)
         new = dict(window=window, lengths=lengths, cache=cache, pending=pending, settings=settings, seeds=seeds,
                    produced=np.ones(padded, np.int32), context=context)
         if starting:
@@ -193,9 +201,10 @@ class Engine:
         self.capacity = capacity
 
     def _needs(self, settings):
-        """(filtering, penalised): whether some row of `settings` filters tokens, and whether some row has a
-        repetition penalty. Each is a program of its own, so that programs leave out what no row needs."""
-        return filters(settings, self.vocabulary_size), penalises(settings)
+        """(filtering, penalised): whether some row of `settings` filters tokens (None: decided in the program,
+        with mixed_settings), and whether some row has a repetition penalty. Each is a program of its own, so
+        that programs leave out what no row needs."""
+        return None if self.mixed_settings else filters(settings, self.vocabulary_size), penalises(settings)
 
     def retire(self, handle):
         """Free a row's slot; a resizable batch with a quarter of its slots in use shrinks to fit them."""
@@ -310,18 +319,18 @@ def cache_span(slots, block_size):
     return min(block_size, max(SHORTEST_CACHE, 1 << (max(1, slots) - 1).bit_length()))
 
 
-def prompt_columns(window, lengths, sources):
+def prompt_columns(window, lengths, sources, narrowest=NARROWEST_PREFILL):
     """The columns of the windows that the prefill reads: enough for the longest.
 
-    A GPT's: a power of two, at least NARROWEST_PREFILL, so that a short
-    prompt in a long context runs through the model at about its length
-    rather than the whole window's, for a few traces at most. A Seq2Seq's
-    windows are short, most often its start token alone: exactly the longest.
+    A GPT's: a power of two, at least `narrowest`, so that a short prompt in
+    a long context runs through the model at about its length rather than
+    the whole window's, for a few traces at most. A Seq2Seq's windows are
+    short, most often its start token alone: exactly the longest.
     """
     longest = max(1, int(np.max(lengths)))
     if sources is not None:
         return window[:, :longest]
-    return window[:, :min(window.shape[1], max(NARROWEST_PREFILL, _power_of_two(longest)))]
+    return window[:, :min(window.shape[1], max(narrowest, _power_of_two(longest)))]
 
 
 def fit_cache(cache, span):

@@ -91,7 +91,8 @@ def sample_next_token(logits, settings, noise, seen=None, filtering=True):
     probability. Each filter leaves a row alone where its setting keeps
     every token, so a row's token is the same whatever rows share its batch.
     `filtering=False` says that no row filters (see `filters`): the sort the
-    filters need is then left out of the program.
+    filters need is then left out of the program; None decides at each call,
+    in the program, skipping the sort where no row filters.
     """
     settings = ops.convert_to_tensor(settings, "float32")  # eager torch is handed NumPy arrays as they are
     temperature, top_k, top_p, min_p, penalty = (settings[:, index:index + 1] for index in range(5))  # (B, 1) each
@@ -120,7 +121,10 @@ def sample_next_token(logits, settings, noise, seen=None, filtering=True):
         kept = ops.where(ops.greater_equal(scaled, floor), scaled, -1e9)
         return ops.where(keeps_all, scaled, kept)
 
-    kept = filtered() if filtering else scaled
+    if filtering is None:
+        kept = ops.cond(ops.all(keeps_all), lambda: scaled, filtered)
+    else:
+        kept = filtered() if filtering else scaled
     gumbel = -ops.log(-ops.log(noise))
     sampled = ops.argmax(kept + gumbel, axis=-1)
     greedy = ops.argmax(logits, axis=-1)  # (B,)

@@ -34,7 +34,7 @@ import time
 import traceback
 import uuid
 
-from gptlite.engine import NARROWEST_PREFILL, Engine
+from gptlite.engine import SHORTEST_CACHE, Engine
 from gptlite.errors import GPTLiteError, InputError
 from gptlite.generation import RowText, generate_target, prompt_ids, row_seeds
 from gptlite.model import Seq2Seq
@@ -44,7 +44,7 @@ from gptlite.settings import ServeSettings
 # OpenAI's default max_tokens; every sampling setting left out takes SamplingConfig's default.
 DEFAULTS = dict(max_tokens=16, n=1)
 # Tokens per engine call at most: new requests join the batch between calls.
-DECODE_STEPS = 8
+DECODE_STEPS = 32
 MAX_BODY_BYTES = 1 << 20
 FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "n", "stop",
           "seed", "stream", "user", "echo", "logprobs", "presence_penalty", "frequency_penalty", "best_of",
@@ -254,7 +254,9 @@ class Worker:
         self._lock = threading.Lock()
         self._admissible = collections.deque()  # jobs taken from the queue, waiting for room in the batch
         self._choices = {}  # engine row -> _Choice
-        self.engine = None if isinstance(model, Seq2Seq) else Engine(model, resizable=True, short_caches=True)
+        self._warm_plans = collections.deque()  # (batch size, prefill width) still to compile while idle
+        self.engine = None if isinstance(model, Seq2Seq) else Engine(model, resizable=True, short_caches=True,
+                                                                     mixed_settings=True)
         self._thread = threading.Thread(target=self._run, name="gptlite-decode", daemon=True)
 
     def start(self):
@@ -277,43 +279,45 @@ class Worker:
         return future
 
     def warm_up(self):
-        """Compile, on a thread of its own, the programs the worker will meet, so that requests seldom wait
+        """Plan the programs the worker will meet, to compile while it is idle, so that requests seldom wait
         for a compiler: for each batch size it can grow to, the prefill of each width with the cached step
-        after it, and a full window's recomputing step. Requests are served meanwhile; `compiling` counts
-        what is left."""
+        after it, and a full window's recomputing step. Requests are served meanwhile (one waits for the
+        program being compiled at most); `compiling` counts what is left. On the worker's own thread, in
+        a fixed order: TensorFlow names what it traces in order, so a start that traces in the same order
+        finds its programs in the compile cache."""
         import keras
 
         if self.engine is None or keras.backend.backend() == "torch":
-            return None  # a Seq2Seq decodes its targets in batches of one size; torch compiles nothing
+            return  # a Seq2Seq decodes its targets in batches of one size; torch compiles nothing
         block_size = self.model.config.block_size
         # Prompts of each prefill width (a power of two), whose rows' next steps read a cache of its span; None:
         # full windows, recomputed.
-        widths = sorted({min(block_size, NARROWEST_PREFILL << k)
-                         for k in range(max(1, block_size // NARROWEST_PREFILL).bit_length())})
+        widths = sorted({min(block_size, SHORTEST_CACHE << k)
+                         for k in range(max(1, block_size // SHORTEST_CACHE).bit_length())})
         capacities = [1 << k for k in range(_padded(self.settings.max_batch).bit_length())]
-        plans = [(capacity, width) for capacity in capacities for width in widths + [None]]
-        self.compiling = len(plans)
+        self._warm_plans.extend((capacity, width) for capacity in capacities for width in widths + [None])
+        self.compiling = len(self._warm_plans)
 
-        def compile_all():
-            row = SamplingConfig().row(self.model.tokenizer.vocabulary_size)
-            for capacity, width in plans:
-                length = block_size if width is None else max(1, width - 1)
-                engine = Engine(self.model, capacity, short_caches=True)
-                engine.admit([[0] * length] * capacity, [row] * capacity, [0] * capacity)
-                engine.step(1)
-                self.compiling -= 1
-
-        thread = threading.Thread(target=compile_all, name="gptlite-warm-up", daemon=True)
-        thread.start()
-        return thread
+    def _warm_next(self):
+        capacity, width = self._warm_plans.popleft()
+        block_size = self.model.config.block_size
+        length = block_size if width is None else max(1, width - 1)
+        row = SamplingConfig().row(self.model.tokenizer.vocabulary_size)
+        engine = Engine(self.model, capacity, short_caches=True, mixed_settings=True)
+        engine.admit([[0] * length] * capacity, [row] * capacity, [0] * capacity)
+        engine.step(1)
+        self.compiling = len(self._warm_plans)
 
     def _run(self):
         while True:
             try:
-                self._take(block=not self._choices and not self._admissible)
+                idle = not self._choices and not self._admissible
+                self._take(block=idle and not self._warm_plans)
                 self._admit()
                 if self._choices:
                     self._step()
+                elif self._warm_plans and not self._admissible:
+                    self._warm_next()
             except Exception as error:  # the worker must live on: the requests get a 500, the server keeps serving
                 traceback.print_exc()
                 self._fail_all(f"decoding failed: {type(error).__name__}: {error}")
@@ -701,8 +705,8 @@ def serve(model_path, host="127.0.0.1", port=8000, settings=None, grace_seconds=
     settings = settings or ServeSettings()
     name = name or _model_name(model_path)
     worker = Worker(model, settings)
+    worker.warm_up()  # planned before the worker starts, so that it compiles them before it waits for requests
     app = create_app(model, name, settings, worker)
-    worker.warm_up()
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=grace_seconds)
     server = uvicorn.Server(config)
     say(f"serving {name} at http://{host}:{port}/ (API at http://{host}:{port}/v1); Ctrl-C stops", flush=True)
