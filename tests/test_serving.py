@@ -103,8 +103,13 @@ def test_requests_join_the_running_batch_whatever_their_settings(server, fluent_
     engine = worker.engine
     batch_sizes = []
     original = engine.step
-    monkeypatch.setattr(engine, "step", lambda *args, **kwargs: (batch_sizes.append(len(engine.rows)),
-                                                                 original(*args, **kwargs))[1])
+
+    def step(*args, **kwargs):
+        batch_sizes.append(len(engine.rows))
+        time.sleep(0.05)  # a slower model: the long answer takes seconds, whatever this machine's speed
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "step", step)
     long_answer = {}
 
     def ask_long():
