@@ -9,8 +9,9 @@ the first streamed piece of `gptlite.stream` and the whole generation of
 --tokens tokens from "ROMEO:", and reports them; medians over the rounds.
 The model has random weights: the `cpu` preset's shape (4 layers, width
 128, context 64, 65 characters) or GPT-2 small's (12 layers, width 768,
-context 1024, 50257 tokens). `--code DIR` runs the gptlite found in DIR (a
-checkout of other code, to compare side by side).
+context 1024, 50,257 tokens: benchmarks/gpt2_generate.py's model). `--code
+DIR` runs the gptlite found in DIR (a checkout of other code, to compare
+side by side).
 """
 
 import argparse
@@ -24,8 +25,7 @@ import tempfile
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CHARACTERS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-SHAPES = {"cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64),
-          "gpt2": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257)}
+SHAPES = {"cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64), "gpt2": None}
 
 CHILD = """
 import json, sys, time
@@ -50,11 +50,13 @@ def make_model(shape, folder):
     sys.path.insert(0, str(REPO))
     import gptlite
 
-    tokenizer = gptlite.CharTokenizer(CHARACTERS)
-    settings = dict(SHAPES[shape])
-    vocabulary_size = settings.pop("vocab_size", tokenizer.vocabulary_size)
-    model = gptlite.GPT(vocab_size=vocabulary_size, tokenizer=tokenizer, **settings)
-    model.build((None, model.config.block_size))
+    if shape == "gpt2":
+        from gpt2_generate import gpt2_sized_model
+
+        model = gpt2_sized_model()
+    else:
+        model = gptlite.GPT(vocab_size=len(CHARACTERS), tokenizer=gptlite.CharTokenizer(CHARACTERS), **SHAPES[shape])
+        model.build((None, model.config.block_size))
     path = pathlib.Path(folder) / f"{shape}.keras"
     gptlite.save(model, path)
     return path

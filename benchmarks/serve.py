@@ -70,17 +70,19 @@ def start_server(model, port, max_batch, max_queue, cache, code=REPO):
     environment = dict(os.environ, GPTLITE_COMPILE_CACHE=str(cache))
     environment.pop("TF_XLA_FLAGS", None)
     started = time.perf_counter()
+    # Its output goes to a file: a pipe that nobody reads until the end would stop a server that logs much.
+    log = tempfile.TemporaryFile("w+")
     process = subprocess.Popen(
         [sys.executable, "-m", "gptlite", "serve", str(model), "--port", str(port), "--max-batch", str(max_batch),
-         "--max-queue", str(max_queue)], cwd=code, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=environment)
+         "--max-queue", str(max_queue)], cwd=code, stdout=log, stderr=subprocess.STDOUT, text=True, env=environment)
     import httpx
 
     deadline = time.monotonic() + 600
     ready = None
     while True:
         if process.poll() is not None:
-            sys.exit(f"the server failed:\n{process.stderr.read()[-3000:]}")
+            log.seek(0)
+            sys.exit(f"the server failed:\n{log.read()[-3000:]}")
         if time.monotonic() > deadline:
             sys.exit("the server did not become ready in 10 minutes")
         try:
@@ -236,7 +238,8 @@ def main():
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(120)
-    report = dict(model=str(args.model or f"random weights, {args.shape} shape"), code=str(args.code), tokens=args.tokens,
+    report = dict(model=str(args.model or f"random weights, {args.shape} shape"), code=str(args.code),
+                  tokens=args.tokens,
                   max_batch=args.max_batch, max_queue=args.max_queue,
                   start=dict(cold_health_s=cold_ready, cold_compiled_s=cold_compiled, warm_health_s=warm_ready,
                              warm_compiled_s=warm_compiled),

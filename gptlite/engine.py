@@ -195,8 +195,8 @@ class Engine:
             setattr(self, name, keras.tree.map_structure(lambda value: ops.take(value, order, axis=0),
                                                          getattr(self, name)))
         active = np.arange(capacity) < len(kept)
-        self._lengths, self._produced, self._settings = self._lengths[order], self._produced[order], self._settings[order]
-        self._active = active
+        self._lengths, self._produced = self._lengths[order], self._produced[order]
+        self._settings, self._active = self._settings[order], active
         self.rows = {handle: slot for slot, (handle, _) in enumerate(kept)}
         self.capacity = capacity
 

@@ -303,10 +303,12 @@ class Worker:
         block_size = self.model.config.block_size
         length = block_size if width is None else max(1, width - 1)
         row = SamplingConfig().row(self.model.tokenizer.vocabulary_size)
-        engine = Engine(self.model, capacity, short_caches=True, mixed_settings=True)
-        engine.admit([[0] * length] * capacity, [row] * capacity, [0] * capacity)
-        engine.step(1)
-        self.compiling = len(self._warm_plans)
+        try:
+            engine = Engine(self.model, capacity, short_caches=True, mixed_settings=True)
+            engine.admit([[0] * length] * capacity, [row] * capacity, [0] * capacity)
+            engine.step(1)
+        finally:
+            self.compiling = len(self._warm_plans)
 
     def _run(self):
         while True:

@@ -9,7 +9,8 @@ traceback. `--debug` shows the traceback of a mistake too.
 import sys
 
 from gptlite.cli.flags import as_flags, defaults_from_run_config
-from gptlite.cli.startup import check_backend, choose_backend, choose_compile_cache, start_keras
+from gptlite.cli.startup import (check_backend, choose_backend, choose_compile_cache, hold_back_false_alarms,
+                                  start_keras)
 from gptlite.errors import GPTLiteError, TrainingDiverged, TrainingInterrupted
 
 HELP_FLAGS = {"-h", "--help"}
@@ -19,11 +20,16 @@ def command(prog, make_parser, run):
     """The `main(argv=None)` of a command whose parser `make_parser(prog)` makes and whose work `run(args)` does."""
 
     def main(argv=None):
+        # Called with no argv, the command is the process's own (a console script, `python -m`, train.py):
+        # it may rearrange the process's standard error.
+        whole_process = argv is None
         argv = sys.argv[1:] if argv is None else list(argv)
         choose_backend(prog, argv)
         choose_compile_cache(argv)
         if not HELP_FLAGS & set(argv):  # help needs no Keras: it comes at once, with none of Keras's notices
             start_keras()
+            if whole_process:
+                hold_back_false_alarms()
         parser = make_parser(prog)
         args = parser.parse_args(argv)
         try:

@@ -11,6 +11,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 
 from gptlite.errors import GPTLiteError, InputError
 
@@ -124,6 +125,52 @@ def is_start_up_notice(line):
         return False
     severity, message = native.groups()
     return "IWEF".index(severity) < least_shown or message.startswith("failed call to cuInit")
+
+
+_holding_back = False  # whether hold_back_false_alarms has rearranged this process's standard error
+
+
+def is_false_alarm(line):
+    """Whether a line of the backend's native log is XLA's refusal of its own cached program's CPU features.
+
+    XLA logs it, as an error, each time it loads a program from the compile
+    cache on a CPU whose tuning flags (such as +prefer-no-gather) it counts
+    as features the CPU lacks, although the program was compiled on this very
+    CPU; it loads the program all the same. The cache folder is per kind of
+    CPU (gptlite.compile_cache), so the warning never applies to ours.
+    """
+    native = NATIVE_LOG_LINE.fullmatch(line)
+    return bool(native) and native.group(2).startswith("Loading XLA:CPU AOT result. Target machine feature") \
+        and not os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0").strip() in ("", "0")
+
+
+def hold_back_false_alarms():
+    """From here on, drop `is_false_alarm` lines from what native code writes to standard error.
+
+    Native code writes to file descriptor 2, which becomes a pipe read by a
+    thread that passes every other line on. Python's own sys.stderr keeps
+    writing to the terminal directly, so that a command's last error line is
+    never held in the pipe when the process ends. Once a process.
+    """
+    global _holding_back
+    if _holding_back:
+        return
+    _holding_back = True
+    sys.stderr.flush()
+    terminal = os.dup(2)
+    read, write = os.pipe()
+    os.dup2(write, 2)
+    os.close(write)
+    sys.stderr = open(terminal, "w", buffering=1, encoding=sys.stderr.encoding, errors="backslashreplace",
+                      closefd=False)
+
+    def pass_on():
+        with open(read, "rb") as native:
+            for line in native:
+                if not is_false_alarm(line.decode(errors="replace").rstrip("\n")):
+                    os.write(terminal, line)
+
+    threading.Thread(target=pass_on, name="gptlite-native-log", daemon=True).start()
 
 
 def check_backend(requested):
