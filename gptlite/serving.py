@@ -17,7 +17,7 @@ sampling settings, seed, length and stop strings, and retires the rows that
 have ended, were cancelled or whose client went away. A seeded request's
 text is the one `gptlite.generate` writes for that prompt and seed, whatever
 shares its batch. Programs compile when first needed, and, after start-up,
-in the background (`Worker.warm_up`); with the on-disk compile cache
+while the worker is idle (`Worker.warm_up`); with the on-disk compile cache
 (`gptlite.compile_cache`) a second start finds them ready.
 """
 
@@ -250,7 +250,7 @@ class Worker:
         self.model, self.settings = model, settings
         self.jobs = queue.Queue()
         self.waiting = 0
-        self.compiling = 0  # programs the background warm-up has still to compile
+        self.compiling = 0  # programs still to compile while idle (see warm_up)
         self._lock = threading.Lock()
         self._admissible = collections.deque()  # jobs taken from the queue, waiting for room in the batch
         self._choices = {}  # engine row -> _Choice
@@ -696,7 +696,7 @@ async def _events(job, events, identity, model_name, created):
 
 def serve(model_path, host="127.0.0.1", port=8000, settings=None, grace_seconds=30, name=None, say=print):
     """Load the model, then serve it until SIGTERM or Ctrl-C (finishing requests in flight), compiling its programs
-    in the background meanwhile."""
+    while idle meanwhile."""
     import uvicorn
 
     from gptlite import saving
