@@ -16,6 +16,7 @@ backend, as the command line does. A damaged entry is removed and
 recompiled (see `drop_damaged_entries`; JAX recompiles one itself).
 """
 
+import json
 import os
 import pathlib
 import sys
@@ -23,6 +24,8 @@ import sys
 ENVIRONMENT_VARIABLE = "GPTLITE_COMPILE_CACHE"
 _TF_FLAG = "--tf_xla_persistent_cache_directory="
 _chosen = None  # what use() was given: a folder, or False for off; None: not called
+CHECKED = "checked.json"  # the TensorFlow entries found whole, by size and time (see drop_damaged_entries)
+_checked = False
 
 
 def default_folder():
@@ -132,17 +135,36 @@ def tensorflow_folder():
 def drop_damaged_entries():
     """Remove TensorFlow cache entries that are not whole: XLA fails, rather than recompiles, a program whose
     entry it cannot read (a write cut short, a full disk). Each entry is one protocol buffer: one that does
-    not parse to its end is damaged. Called once, before the first program compiles."""
+    not parse to its end is damaged. Once a process, before its first program compiles; an entry checked
+    before (CHECKED lists its size and time) is not read again."""
+    global _checked
     where = tensorflow_folder()
-    if where is None or not where.is_dir():
+    if _checked or where is None or not where.is_dir():
         return
+    _checked = True
+    index = where / CHECKED
+    try:
+        known = json.loads(index.read_text())
+    except (OSError, ValueError):
+        known = {}
+    seen = {}
     for entry in where.glob("*.pb"):
         try:
-            whole = _is_whole_message(entry.read_bytes())
+            stat = entry.stat()
+            mark = [stat.st_size, stat.st_mtime_ns]
+            whole = known.get(entry.name) == mark or _is_whole_message(entry.read_bytes())
         except OSError:
-            whole = False
-        if not whole:
+            continue  # gone meanwhile, or unreadable: TensorFlow will say
+        if whole:
+            seen[entry.name] = mark
+        else:
             entry.unlink(missing_ok=True)
+    try:
+        temporary = where / f"{CHECKED}.{os.getpid()}"
+        temporary.write_text(json.dumps(seen))
+        temporary.replace(index)
+    except OSError:
+        pass  # a read-only folder: check again next time
 
 
 def _is_whole_message(data):

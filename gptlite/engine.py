@@ -54,8 +54,8 @@ from keras import ops
 
 from gptlite import compile_cache
 from gptlite.model import Seq2Seq
-from gptlite.sampling import (TOP_LOGPROBS, choose_beams, filters, penalises, sample_next_token, token_counts,
-                              token_log_probabilities, uniform_noise)
+from gptlite.sampling import (TOP_LOGPROBS, choose_beams, filters, penalises, sample_next_token, samples,
+                              token_counts, token_log_probabilities, uniform_noise)
 
 # Tokens drawn per compiled call at most: more amortise the call's overhead, fewer stream text (and
 # admit waiting rows) sooner. A call's step count is a tensor input: any count up to this compiles once.
@@ -201,10 +201,13 @@ class Engine:
         self.capacity = capacity
 
     def _needs(self, settings):
-        """(filtering, penalised): whether some row of `settings` filters tokens (None: decided in the program,
-        with mixed_settings), and whether some row has a repetition penalty. Each is a program of its own, so
+        """(filtering, penalised, sampling): whether some row of `settings` filters tokens (None: decided in the
+        program, with mixed_settings), has a repetition penalty, samples rather than takes the likeliest token
+        (the noise of every row is then drawn: two random operations a row). Each is a program of its own, so
         that programs leave out what no row needs."""
-        return None if self.mixed_settings else filters(settings, self.vocabulary_size), penalises(settings)
+        if self.mixed_settings:
+            return None, penalises(settings), True
+        return filters(settings, self.vocabulary_size), penalises(settings), samples(settings)
 
     def retire(self, handle):
         """Free a row's slot; a resizable batch with a quarter of its slots in use shrinks to fit them."""
@@ -404,10 +407,10 @@ class Programs:
             self._compiled[key] = _Compiled(function, self.model, xla=xla)
         return self._compiled[key]
 
-    def prefill(self, logprobs=False, filtering=True, penalised=False):
+    def prefill(self, logprobs=False, filtering=True, penalised=False, sampling=True):
         # A GPT's prefill is a plain graph on TensorFlow, quick to build, so that the first token comes
         # without waiting for a compiler; a Seq2Seq's targets come whole, so its prefill compiles too.
-        needs = dict(logprobs=logprobs, filtering=filtering, penalised=penalised)
+        needs = dict(logprobs=logprobs, filtering=filtering, penalised=penalised, sampling=sampling)
         return self._get(("prefill", *needs.values()), functools.partial(self._sample_prefill, **needs),
                          xla=isinstance(self.model, Seq2Seq))
 
@@ -415,7 +418,7 @@ class Programs:
     def beam_prefill(self):
         return self._get("beam prefill", self._beam_prefill, xla=isinstance(self.model, Seq2Seq))
 
-    def loop(self, kind, steps_kind, slide, logprobs=False, filtering=True, penalised=False):
+    def loop(self, kind, steps_kind, slide, logprobs=False, filtering=True, penalised=False, sampling=True):
         """The compiled decode loop of `kind` ("sample" or "beam") for one kind of steps.
 
         RECOMPUTE: every step runs the whole window through the model (a full
@@ -423,9 +426,10 @@ class Programs:
         the cache, and no window may be full. RECOMPUTE_THEN_CACHED: the first
         step recomputes, the others use the cache. `logprobs`: the steps also
         give log-probabilities; `filtering`: some row keeps fewer than all
-        tokens; `penalised`: some row has a repetition penalty.
+        tokens; `penalised`: some row has a repetition penalty; `sampling`:
+        some row samples (without it, no noise is drawn).
         """
-        needs = dict(logprobs=logprobs, filtering=filtering, penalised=penalised)
+        needs = dict(logprobs=logprobs, filtering=filtering, penalised=penalised, sampling=sampling)
         chunk = functools.partial(self._sample_chunk, **needs) if kind == "sample" else self._beam_chunk
         return self._get((kind, steps_kind, slide, *needs.values()),
                          functools.partial(chunk, steps_kind=steps_kind, slide=slide))
@@ -482,31 +486,32 @@ class Programs:
 
     # --- sampling
 
-    def _sample_prefill(self, prompt, lengths, sources, settings, seeds, logprobs, filtering, penalised):
+    def _sample_prefill(self, prompt, lengths, sources, settings, seeds, logprobs, filtering, penalised, sampling):
         """Run the windows' first columns, `prompt` (see `prompt_columns`), through the model;
         draw each row's first new token (token 0)."""
         context = self._context(sources)
         logits, cache = self._forward_window(prompt, context)
         logits = _logits_at(logits, lengths - 1)
         rows = ops.shape(prompt)[0]
-        noise = ops.stack([self._noise_block(seeds[row], 0)[0] for row in range(rows)])  # (B, V)
+        noise = ops.stack([self._noise_block(seeds[row], 0)[0] for row in range(rows)]) if sampling else None  # (B, V)
         seen = token_counts(prompt, lengths, self.model.config.vocab_size) if penalised else None
         token = sample_next_token(logits, settings, noise, seen, filtering)
         scores = token_log_probabilities(logits, token) if logprobs else ()
         return token, cache, context, *scores
 
     def _sample_chunk(self, window, lengths, cache, pending, context, settings, seeds, produced, active, steps,
-                      steps_kind, slide, logprobs, filtering, penalised):
+                      steps_kind, slide, logprobs, filtering, penalised, sampling):
         """Draw each row's tokens produced .. produced + steps - 1 (steps <= CHUNK_SIZE)
         -> (tokens (B, CHUNK_SIZE), state..., [log-probabilities])."""
-        noise = self._noise(seeds, produced)  # (CHUNK_SIZE, B, V)
+        noise = self._noise(seeds, produced) if sampling else None  # (CHUNK_SIZE, B, V)
         batch_size = ops.shape(window)[0]
 
         def body(step, window, lengths, cache, pending, drawn, chosen, top_ids, top_values, recompute):
             logits, window, lengths, cache = self._advance(window, lengths, cache, pending, context, recompute, slide,
                                                            active)
             seen = token_counts(window, lengths, self.model.config.vocab_size) if penalised else None
-            pending = sample_next_token(logits, settings, ops.take(noise, step, axis=0), seen, filtering)
+            step_noise = None if noise is None else ops.take(noise, step, axis=0)
+            pending = sample_next_token(logits, settings, step_noise, seen, filtering)
             drawn = _record(drawn, step, pending)
             if logprobs:
                 scores = token_log_probabilities(logits, pending)

@@ -90,9 +90,10 @@ def sample_next_token(logits, settings, noise, seen=None, filtering=True):
     logits plus Gumbel noise, which picks each token with its softmax
     probability. Each filter leaves a row alone where its setting keeps
     every token, so a row's token is the same whatever rows share its batch.
-    `filtering=False` says that no row filters (see `filters`): the sort the
-    filters need is then left out of the program; None decides at each call,
-    in the program, skipping the sort where no row filters.
+    `noise` None says that every row is greedy (temperature 0; see
+    `samples`). `filtering=False` says that no row filters (see `filters`):
+    the sort the filters need is then left out of the program; None decides
+    at each call, in the program, skipping the sort where no row filters.
     """
     settings = ops.convert_to_tensor(settings, "float32")  # eager torch is handed NumPy arrays as they are
     temperature, top_k, top_p, min_p, penalty = (settings[:, index:index + 1] for index in range(5))  # (B, 1) each
@@ -101,6 +102,8 @@ def sample_next_token(logits, settings, noise, seen=None, filtering=True):
     if seen is not None:
         penalised = ops.where(ops.greater(logits, 0), logits / penalty, logits * penalty)
         logits = ops.where(ops.logical_and(ops.greater(seen, 0), ops.not_equal(penalty, 1.0)), penalised, logits)
+    if noise is None:  # every row takes the likeliest token (see samples)
+        return ops.cast(ops.argmax(logits, axis=-1), "int32")
     scaled = logits / ops.maximum(temperature, 1e-6)  # (B, V)
     keeps_all = ops.logical_and(ops.greater_equal(top_k, vocabulary_size),
                                 ops.logical_and(ops.greater_equal(top_p, 1.0), ops.less_equal(min_p, 0.0)))  # (B, 1)
@@ -136,6 +139,11 @@ def filters(settings, vocabulary_size):
     tokens: a top_k below the vocabulary, a top_p below 1 or a min_p above 0."""
     settings = np.asarray(settings).reshape(-1, len(ROW_SETTINGS))
     return bool(np.any(settings[:, 1] < vocabulary_size) or np.any(settings[:, 2] < 1.0) or np.any(settings[:, 3] > 0))
+
+
+def samples(settings):
+    """Whether some row of `settings` samples (a temperature above 0), and so needs noise."""
+    return bool(np.any(np.asarray(settings).reshape(-1, len(ROW_SETTINGS))[:, 0] > 0))
 
 
 def penalises(settings):
