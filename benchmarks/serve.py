@@ -101,11 +101,27 @@ TEMPERATURES = (0.6, 0.8, 1.0, 1.2)
 TOP_PS = (0.9, 1.0)
 
 
+def request_body(tokens, number, stream):
+    """Request `number`'s body: `tokens` new tokens of a new text, its temperature and top_p by turns."""
+    return {"prompt": PROMPT, "max_tokens": tokens, "temperature": TEMPERATURES[number % len(TEMPERATURES)],
+            "top_p": TOP_PS[number // len(TEMPERATURES) % len(TOP_PS)], "stream": stream}
+
+
+def in_threads(client, clients):
+    """Run client(number) on `clients` threads at once; the seconds until the last is done."""
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(number,)) for number in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - started
+
+
 def complete(http, tokens, number, stream=True):
     """One request, streamed or not; (seconds, seconds to its first text, status, ok). Unstreamed, the first
     text comes with the whole answer."""
-    body = {"prompt": PROMPT, "max_tokens": tokens, "temperature": TEMPERATURES[number % len(TEMPERATURES)],
-            "top_p": TOP_PS[number // len(TEMPERATURES) % len(TOP_PS)], "stream": stream}
+    body = request_body(tokens, number, stream)
     started = time.perf_counter()
     if not stream:
         response = http.post("/v1/completions", json=body)
@@ -143,13 +159,7 @@ def load_phase(url, clients, requests, tokens, stream=True):
                 with lock:
                     results.append(result)
 
-    started = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(number,)) for number in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - started
+    elapsed = in_threads(client, clients)
     latencies = sorted(seconds for seconds, _, _, _ in results)
     firsts = sorted(first for _, first, _, _ in results)
     p99 = lambda values: values[min(len(values) - 1, int(0.99 * len(values)))]

@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 
-from serve import TEMPERATURES, TOP_PS, make_model
+from serve import in_threads, make_model, request_body
 
 
 def main():
@@ -47,24 +47,15 @@ def main():
 
     def client(number):
         for request in range(args.requests):
-            turn = number * args.requests + request
-            body = {"prompt": "", "max_tokens": args.tokens, "temperature": TEMPERATURES[turn % len(TEMPERATURES)],
-                    "top_p": TOP_PS[turn // len(TEMPERATURES) % len(TOP_PS)]}
+            body = request_body(args.tokens, number * args.requests + request, stream=False)
             completion = serving.parse_completion(body, model, "model", settings)
             done = threading.Event()
             worker.submit(serving._Job(completion.rows, completion,
                                        lambda event: event[0] in ("done", "error", "failure") and done.set()))
             done.wait()
 
-    rates = {}
-    for clients in (1, args.clients):
-        started = time.perf_counter()
-        threads = [threading.Thread(target=client, args=(number,)) for number in range(clients)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        rates[clients] = clients * args.requests * args.tokens / (time.perf_counter() - started)
+    rates = {clients: clients * args.requests * args.tokens / in_threads(client, clients)
+             for clients in (1, args.clients)}
     print(json.dumps({"shape": args.shape, "tokens_per_s": rates, "ratio": rates[args.clients] / rates[1]}))
 
 

@@ -1,7 +1,8 @@
 """The decode engine: one object that owns the decoding state of a batch of slots.
 
     engine = Engine(model)
-    first = engine.admit([prompt_ids], [SamplingConfig(seed=1)])   # {row: Drawn}, each row's first token
+    config = SamplingConfig(seed=1)
+    first = engine.admit([prompt_ids], [config.row(vocabulary_size)], [config.seed])  # {row: Drawn}, its 1st token
     while engine.rows:
         for row, drawn in engine.step(8).items():                 # up to 8 tokens of every row
             ...                                                     # engine.retire(row) once it has ended

@@ -186,6 +186,7 @@ class _Job:
     emit: object
     cancelled: bool = False
     live: int = 0  # choices still decoding
+    rows_ids: list = None  # each choice's prompt as the model reads it
     prompt_tokens: list = None
     texts: list = None
     reasons: list = None
@@ -371,8 +372,7 @@ class Worker:
             for job in jobs:
                 self._start(job)
                 seeded = row_seeds(job.completion.sampling.seed, len(job.rows))
-                for index, prompt in enumerate(job.rows):
-                    ids = prompt_ids(tokenizer, prompt)
+                for index, (prompt, ids) in enumerate(zip(job.rows, job.rows_ids)):
                     config = job.completion.sampling.replace(seed=seeded[index])
                     choice = _Choice(job, index, tokenizer, config, len(prompt) if job.completion.echo else 0)
                     if choice.text.ended:  # max_tokens 0
@@ -399,11 +399,12 @@ class Worker:
         job.live = count
         job.texts, job.reasons, job.completion_tokens = [""] * count, [None] * count, [0] * count
         job.logprobs = [_Logprobs() if job.completion.logprobs is not None else None for _ in range(count)]
-        tokenizer = self.model.tokenizer
-        job.prompt_tokens = [len(prompt_ids(tokenizer, prompt)) for prompt in job.rows]
+        job.rows_ids = [prompt_ids(self.model.tokenizer, prompt) for prompt in job.rows]
+        job.prompt_tokens = [len(ids) for ids in job.rows_ids]
         if job.completion.echo:
-            echoed = [(prompt, _prompt_logprobs(self.model, prompt, job.completion.logprobs)
-                       if job.completion.logprobs is not None else None) for prompt in job.rows]
+            echoed = [(prompt, _prompt_logprobs(self.model, ids, job.completion.logprobs)
+                       if job.completion.logprobs is not None else None)
+                      for prompt, ids in zip(job.rows, job.rows_ids)]
             job.texts = [prompt for prompt, _ in echoed]
             job.logprobs = [logprobs for _, logprobs in echoed]
             if job.completion.stream:
@@ -485,15 +486,14 @@ class Worker:
             job.emit(("failure", message))
 
 
-def _prompt_logprobs(model, prompt, top):
-    """OpenAI's `logprobs` of an echoed prompt's tokens, from one forward pass over its last block_size tokens
-    (a token before them, or the first, has no log-probability: null)."""
+def _prompt_logprobs(model, ids, top):
+    """OpenAI's `logprobs` of an echoed prompt's token `ids` (as `prompt_ids` gives them), from one forward pass
+    over its last block_size tokens (a token before them, or the first, has no log-probability: null)."""
     import numpy as np
     from keras import ops
 
     tokenizer = model.tokenizer
     start = len(tokenizer.text_start_ids)
-    ids = prompt_ids(tokenizer, prompt)
     window = ids[-model.config.block_size:]
     logits = ops.convert_to_numpy(ops.cast(model(np.array([window], np.int32)), "float32"))[0]  # (T, V)
     log_probabilities = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
