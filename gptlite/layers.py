@@ -555,13 +555,12 @@ def _write_cache(cache, key, value, positions):
     if length == 1:
         # One token per row (each decode step): scatter just its key and value
         # instead of rewriting the cache.
-        batch_size, _, heads, _, head_size = ops.shape(cache)
-        b, kv, h, d = ops.meshgrid(
-            ops.arange(batch_size), ops.arange(2), ops.arange(heads), ops.arange(head_size), indexing="ij"
-        )  # each (B, 2, K, D)
-        slot = ops.broadcast_to(ops.reshape(positions[:, 0], (-1, 1, 1, 1)), ops.shape(b))
-        indices = ops.reshape(ops.stack([b, kv, h, slot, d], axis=-1), (-1, 5))
-        updates = ops.reshape(ops.stack([key[:, :, 0], value[:, :, 0]], axis=1), (-1,))  # (B*2*K*D,)
+        batch_size, _, heads = ops.shape(cache)[:3]
+        b, kv, h = ops.meshgrid(ops.arange(batch_size), ops.arange(2), ops.arange(heads), indexing="ij")  # (B, 2, K)
+        slot = ops.broadcast_to(ops.reshape(positions[:, 0], (-1, 1, 1)), ops.shape(b))
+        # Whole rows of D numbers: an index per (row, key or value, head), not per number.
+        indices = ops.reshape(ops.stack([b, kv, h, slot], axis=-1), (-1, 4))
+        updates = ops.reshape(ops.stack([key[:, :, 0], value[:, :, 0]], axis=1), (-1, key.shape[-1]))  # (B*2*K, D)
         return ops.scatter_update(cache, indices, updates)
     slots = ops.arange(cache_length)  # (S,)
     placement = ops.cast(ops.equal(positions[:, :, None], slots[None, None, :]), key.dtype)  # (B, T, S)
