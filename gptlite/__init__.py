@@ -49,6 +49,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "generate": "generation", "generate_target": "generation", "stream": "generation", "RowsStream": "generation",
     "SamplingConfig": "sampling", "Engine": "engine",
+    "reply": "chat", "stream_reply": "chat", "Conversation": "chat",
+    "read_conversations": "conversations", "chat_ready": "conversations",
     "evaluate": "evaluation", "Evaluation": "evaluation",
     "AttentionMaps": "inspection", "attention_maps": "inspection", "plot_attention": "inspection",
     "plot_positions": "inspection", "token_report": "inspection",

@@ -155,7 +155,8 @@ class RowsStream:
     counts whole; the model sees its last block_size tokens).
     """
 
-    def __init__(self, model, prompts, sampling=None, *, unknown="error", use_cache=True, slide=1, streaming=True):
+    def __init__(self, model, prompts, sampling=None, *, unknown="error", use_cache=True, slide=1, streaming=True,
+                 rows_ids=None):
         if not prompts:
             raise ConfigError("give at least one prompt")
         if isinstance(model, Seq2Seq):
@@ -165,7 +166,9 @@ class RowsStream:
             raise ConfigError("sampling must be one SamplingConfig or a list of one for each prompt")
         _check_slide(model, slide)
         self.configs = _with_row_seeds(configs)
-        self.rows_ids = [prompt_ids(model.tokenizer, prompt, unknown) for prompt in prompts]
+        # rows_ids: the prompts' ids where the caller has encoded them (a conversation's, say).
+        self.rows_ids = [list(ids) for ids in rows_ids] if rows_ids is not None else \
+            [prompt_ids(model.tokenizer, prompt, unknown) for prompt in prompts]
         self.prompt_tokens = [len(ids) for ids in self.rows_ids]
         self.rows = [RowText(model.tokenizer, config, streaming) for config in self.configs]
         self.engine = Engine(model, len(prompts), use_cache=use_cache, slide=slide)

@@ -22,7 +22,7 @@ import tempfile
 import keras
 import numpy as np
 
-from gptlite import data, generation, pairs, pretrained, run_config, training
+from gptlite import chat, conversations, data, generation, pairs, pretrained, run_config, training
 from gptlite.checkpoints import CHECKPOINT_STATE, CHECKPOINT_WEIGHTS, read_checkpoint
 from gptlite.distribute import check_accumulation, data_parallel, on_gpu
 from gptlite.errors import ConfigError, InputError, MissingFileError, RunExistsError
@@ -46,6 +46,7 @@ class TrainedRun:
     out_dir: pathlib.Path
     training_config: TrainingConfig  # the settings it trained with
     held_out: pairs.Pairs = None  # a Seq2Seq's held-out pairs
+    held_out_questions: list = None  # a synthetic chat task's held-out questions: [(messages, answer)]
 
     @property
     def best(self):
@@ -56,7 +57,7 @@ class TrainedRun:
 def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task=None, synthetic=None,
                   tokenizer=None, vocab_size=None, encoding="utf-8", errors="strict", init_from=None,
                   unknown="error", distribute=False, resume=False, overwrite=False, tensorboard=None, mfu=None,
-                  peak_flops=None, verbose=1):
+                  peak_flops=None, long_conversations="cut", verbose=1):
     """Train a model on the text of `sources` and write it to `out_dir`; a `TrainedRun`.
 
     sources: text files or folders of them (a folder's files in sorted path
@@ -68,6 +69,12 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
     preset: "cpu" (the default for a GPT), "gpu", "tiny" or "seq2seq".
     task: "lm" for a GPT (the default), "seq2seq" for an encoder-decoder; `synthetic`
         ("addition", "reverse" or "sort") trains a Seq2Seq on a built-in task.
+        "chat": a GPT on conversations, one JSON Lines file of them (see
+        `gptlite.conversations`), or the built-in `synthetic="arithmetic"`; the
+        loss counts the answers' tokens alone. A model without a chat template
+        gets the default one, its turn markers added to the tokenizer.
+    long_conversations: with task="chat", a conversation longer than the
+        context is cut to fit ("cut") or refused ("refuse").
     tokenizer: "char" (the default) or "bpe" (a byte-level BPE vocabulary of
         `vocab_size` tokens, learned from the text), for a new model; a
         pretrained or resumed one keeps its own.
@@ -101,7 +108,10 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
     out_dir = pathlib.Path(out_dir)
     sources = [pathlib.Path(source) for source in ([sources] if isinstance(sources, (str, pathlib.Path))
                                                    else sources)]
-    seq2seq = _is_seq2seq(task, synthetic)
+    task = _task(task, synthetic)
+    seq2seq = task == "seq2seq"
+    if long_conversations not in conversations.LONG_CONVERSATIONS:
+        raise ConfigError(f"long_conversations must be 'cut' or 'refuse', got {long_conversations!r}")
     if resume and overwrite:
         raise ConfigError("`resume=True` and `overwrite=True` contradict each other; choose one")
     if tokenizer not in (None, *TOKENIZERS):
@@ -129,6 +139,9 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
         BPETokenizer.check_vocabulary_size(vocab_size)
     if seq2seq:
         _check_seq2seq_options(sources, synthetic, tokenizer, distribute)
+    if task == "chat" and (len(sources) != 1 if not synthetic else sources):
+        raise ConfigError("a chat model trains on one JSON Lines file of conversations, or on a `synthetic` task "
+                          "(and then on no file)")
     if distribute:
         check_accumulation(training_config.grad_accum)
     peak_flops = _peak_flops(mfu, peak_flops, preset, seq2seq)
@@ -143,7 +156,7 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
 
     keras.utils.set_random_seed(training_config.seed)
     say = print if verbose else (lambda *args, **kwargs: None)
-    arguments = dict(sources=[str(source) for source in sources], task="seq2seq" if seq2seq else "lm",
+    arguments = dict(sources=[str(source) for source in sources], task=task,
                      synthetic=synthetic, preset=preset, tokenizer=tokenizer, vocab_size=vocab_size,
                      encoding=encoding, errors=errors, init_from=init_from and str(init_from), unknown=unknown,
                      distribute=distribute)
@@ -151,7 +164,11 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
         if seq2seq:
             return _train_seq2seq(sources, synthetic, encoding, errors, out_dir, checkpoint, model_settings,
                                   training_config, say, verbose, tensorboard, arguments, overwrite)
-        if sources:
+        chats = _conversations(sources, synthetic, encoding, training_config.seed) if task == "chat" else None
+        if chats is not None:  # a new tokenizer learns the messages' text (a template's markers are added after)
+            corpus = data.Corpus.from_text("".join(message["content"] for conversation in chats.conversations
+                                                   for message in conversation), chats.name)
+        elif sources:
             corpus = data.Corpus.from_files(sources, encoding, errors)
         else:
             corpus = data.Corpus.from_text(data.default_corpus(), "the Python standard library's sources")
@@ -168,28 +185,51 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
                 model = _gpt(corpus, checkpoint, model_settings, training_config, tokenizer, vocab_size, say)
             if not model.built:
                 model.build((None, model.config.block_size))
+            if chats is not None and not checkpoint:
+                had_template = model.tokenizer is not None and model.tokenizer.chat_template is not None
+                model = conversations.chat_ready(model, training_config.seed)
+                if not had_template:
+                    say("the model gets gptlite's chat template; its turn markers are new tokens: "
+                        + " ".join(conversations.templates.TURN_MARKERS))
             if training_config.lora_rank:
                 model.enable_lora(training_config.lora_rank, training_config.lora_alpha,
                                   training_config.lora_targets)
             if not checkpoint:
                 _make_folder(out_dir, overwrite)
-            train_ids, validation_ids = _encode(corpus, model.tokenizer, out_dir, bool(checkpoint), model.config,
-                                                unknown, bool(start))
-            config = model.config
-            _write_run_config(out_dir, arguments, config, training_config)
             kind = {CharTokenizer: "characters", BPETokenizer: "byte-level BPE tokens"}.get(
                 type(model.tokenizer), "the pretrained model's tokens")
-            say(f"training on {corpus.name}: {len(train_ids) + len(validation_ids):,} tokens ({kind}, "
-                f"{model.tokenizer.vocabulary_size:,} in the vocabulary); {len(train_ids):,} train / "
-                f"{len(validation_ids):,} validation\n"
+            metrics = {}
+            if chats is not None:
+                rows = conversations.pack(model.tokenizer, chats.conversations, model.config.block_size,
+                                          long_conversations)
+                train_ids, validation_ids = conversations.split(rows, seed=training_config.seed)
+                answers = int(rows.trained[:, 1:].sum())
+                data_line = (f"training on {chats.name}: {rows.conversations:,} conversations ({kind}, "
+                             f"{model.tokenizer.vocabulary_size:,} in the vocabulary) packed into {len(rows):,} "
+                             f"rows of {model.config.block_size + 1} tokens, {answers:,} of them answers' (the "
+                             f"loss counts those); {len(train_ids):,} rows train / {len(validation_ids):,} validation"
+                             + (f"; {rows.cut:,} conversations longer than the context were cut" if rows.cut else ""))
+                if chats.held_out:
+                    checked = chats.held_out[:chat.EVALUATED_QUESTIONS]
+                    metrics["exact_answers"] = lambda m: chat.exact_answers(m, checked)
+            else:
+                train_ids, validation_ids = _encode(corpus, model.tokenizer, out_dir, bool(checkpoint), model.config,
+                                                    unknown, bool(start))
+                data_line = (f"training on {corpus.name}: {len(train_ids) + len(validation_ids):,} tokens ({kind}, "
+                             f"{model.tokenizer.vocabulary_size:,} in the vocabulary); {len(train_ids):,} train / "
+                             f"{len(validation_ids):,} validation")
+            config = model.config
+            _write_run_config(out_dir, arguments, config, training_config)
+            say(data_line + "\n"
                 f"model: {config.n_layer} layers, {_heads(config)}, width {config.n_embd}, "
                 f"context {config.block_size}, {_architecture(config)}, {_parameters(model)}; "
                 f"{_backend_and_precision(training_config)}\n" + _schedule(training_config, checkpoint, replicas),
                 flush=True)
             history = training.train(model, train_ids, validation_ids, training_config, out_dir, verbose=verbose,
                                      resume=bool(checkpoint), peak_flops=peak_flops, tensorboard=tensorboard,
-                                     sample=lambda m: sample_text(m, training_config.seed))
-        return TrainedRun(model, history, out_dir, training_config)
+                                     metrics=metrics, sample=lambda m: sample_text(m, training_config.seed))
+        return TrainedRun(model, history, out_dir, training_config,
+                          held_out_questions=chats.held_out if chats is not None else None)
 
 
 def sample_text(model, seed):
@@ -245,14 +285,34 @@ def _parameters(model):
     return f"{total:,} parameters" + (f", {trainable:,} of them trained" if trainable != total else "")
 
 
-def _is_seq2seq(task, synthetic):
+def _task(task, synthetic):
+    """What the run trains: "lm", "seq2seq" or "chat", from `task` and `synthetic`, checked."""
     if task not in (None, *TASKS):
-        raise ConfigError(f"task must be 'lm' or 'seq2seq', got {task!r}")
+        raise ConfigError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+    if synthetic in conversations.CHAT_SYNTHETIC_TASKS:
+        if task not in (None, "chat"):
+            raise ConfigError(f"the synthetic {synthetic} task trains a chat model; leave out `task={task!r}`")
+        return "chat"
     if synthetic is not None and synthetic not in SYNTHETIC_TASKS:
-        raise ConfigError(f"synthetic must be one of {', '.join(SYNTHETIC_TASKS)}, got {synthetic!r}")
-    if synthetic and task == "lm":
-        raise ConfigError("a `synthetic` task trains a seq2seq model; leave out `task='lm'`")
-    return task == "seq2seq" or synthetic is not None
+        raise ConfigError(f"synthetic must be one of {', '.join(SYNTHETIC_TASKS + conversations.CHAT_SYNTHETIC_TASKS)}"
+                          f", got {synthetic!r}")
+    if synthetic and task in ("lm", "chat"):
+        raise ConfigError(f"the synthetic {synthetic} task trains a seq2seq model; leave out `task={task!r}`")
+    return "seq2seq" if synthetic else (task or "lm")
+
+
+@dataclasses.dataclass
+class _Chats:
+    conversations: list
+    held_out: list  # a synthetic task's [(messages, answer)]; empty for a file
+    name: str
+
+
+def _conversations(sources, synthetic, encoding, seed):
+    if synthetic:
+        made = conversations.synthetic(synthetic, seed)
+        return _Chats(made.conversations, made.held_out, f"the synthetic {synthetic} conversations")
+    return _Chats(conversations.read_conversations(sources[0], encoding), [], str(sources[0]))
 
 
 def _check_seq2seq_options(sources, synthetic, tokenizer, distribute):

@@ -86,6 +86,35 @@ def from_pretrained(name_or_path, block_size=None, dropout=None, dtype=None):
     return model
 
 
+def with_tokenizer(model, tokenizer, seed=0):
+    """A copy of the GPT `model` that reads `tokenizer`: the same one with tokens added after the others.
+
+    The token embedding (and an untied output projection) grows by a row
+    (column) per added token, drawn around the existing rows: their mean plus
+    normal noise of their spread per dimension, so that each new token starts
+    as an ordinary one, distinct from the others. Every other weight is copied.
+    """
+    from keras import ops
+
+    grown = tokenizer.vocabulary_size - model.config.vocab_size
+    if grown < 0:
+        raise ConfigError(f"the tokenizer has {tokenizer.vocabulary_size} tokens, fewer than the model's "
+                          f"{model.config.vocab_size}")
+    settings = {name: value for name, value in dataclasses.asdict(model.config).items() if name != "vocab_size"}
+    copy = GPT(vocab_size=tokenizer.vocabulary_size, tokenizer=tokenizer, dtype=model.dtype_policy, **settings)
+    copy.build((None, copy.config.block_size))
+    random = np.random.default_rng(seed)
+    for weight, target in zip(model.weights, copy.weights):
+        value = ops.convert_to_numpy(weight)
+        if value.shape != tuple(target.shape):
+            axis = 0 if value.shape[0] == model.config.vocab_size else -1  # the embedding's rows, or the head's
+            rows = np.moveaxis(value, axis, 0).astype(np.float32)
+            new = rows.mean(axis=0) + random.standard_normal((grown, rows.shape[1])) * rows.std(axis=0)
+            value = np.moveaxis(np.concatenate([rows, new.astype(np.float32)]), 0, axis).astype(value.dtype)
+        target.assign(value)
+    return copy
+
+
 # --- GPT-2's weights by name, to and from a gptlite GPT
 
 def gpt2_arrays(model):

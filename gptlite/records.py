@@ -8,6 +8,7 @@ import pathlib
 
 import numpy as np
 
+from gptlite.conversations import ChatRows
 from gptlite.errors import ConfigError, InputError
 from gptlite.files import atomic_path
 from gptlite.pairs import PairSet
@@ -35,13 +36,17 @@ def write_history(rows, path):
 def characters_per_token(tokenizer, validation):
     """How many characters a token of the validation data stands for, on average, or None without a tokenizer.
 
-    `validation` is a GPT's token ids or a Seq2Seq's `PairSet` (its predicted
+    `validation` is a GPT's token ids or `ChatRows` (the answers' tokens), or a Seq2Seq's `PairSet` (its predicted
     target tokens, the end token among them). The mean loss per token over
     this, in bits, is the bits per character.
     """
     if tokenizer is None:
         return None
-    if isinstance(validation, PairSet):
+    if isinstance(validation, ChatRows):  # the answers' tokens, which are the ones predicted
+        answers = validation.ids[:, 1:][validation.trained[:, 1:]]
+        predicted = len(answers)
+        characters = tokenizer.character_count(answers)
+    elif isinstance(validation, PairSet):
         targets = validation.target_ids
         predicted = int(np.count_nonzero(targets[:, 1:] != tokenizer.pad_token_id))
         characters = tokenizer.character_count(targets)

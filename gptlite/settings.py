@@ -212,8 +212,12 @@ DEFAULT_PRESET = "cpu"
 # takes to decode 99% of its held-out pairs exactly (BENCHMARKS.md).
 SYNTHETIC_MAX_ITERS = {"addition": 8000, "reverse": 1500, "sort": 6000}
 SYNTHETIC_TASKS = tuple(SYNTHETIC_MAX_ITERS)
-# What a run trains (a GPT, or an encoder-decoder), and the tokenizers a new run can fit.
-TASKS = ("lm", "seq2seq")
+# A built-in conversation task's settings over the cpu preset's: a context that holds a conversation of two
+# questions whole.
+CHAT_SYNTHETIC_SETTINGS = {"arithmetic": dict(block_size=128, max_iters=3000, eval_interval=500)}
+# What a run trains (a GPT on text, an encoder-decoder, a GPT on conversations), and the tokenizers a new
+# run can fit.
+TASKS = ("lm", "seq2seq", "chat")
 TOKENIZERS = ("char", "bpe")
 DEFAULT_BPE_VOCABULARY = 4096
 # The attention a Seq2Seq has: its encoder's, its decoder's own, and the decoder's over the source.
@@ -269,6 +273,8 @@ def dtype_policy(precision):
 def default_settings(seq2seq=False, synthetic=None):
     """A run's settings before any preset or override: the cpu preset's for a GPT,
     the seq2seq preset's for a Seq2Seq, with a synthetic task's own number of steps."""
+    if synthetic in CHAT_SYNTHETIC_SETTINGS:
+        return {**PRESETS[DEFAULT_PRESET], **CHAT_SYNTHETIC_SETTINGS[synthetic]}
     if not seq2seq:
         return PRESETS[DEFAULT_PRESET]
     return {**PRESETS["seq2seq"], **({"max_iters": SYNTHETIC_MAX_ITERS[synthetic]} if synthetic else {})}

@@ -15,6 +15,10 @@ generation code never ask which kind they hold:
     tokenizer.character_count(ids)     -> int, the characters the ids stand for (special tokens: none)
     tokenizer.text_start_ids           -> list of ids a text starts with (a pretrained model's
                                           beginning-of-text token; none for the others)
+    tokenizer.added_tokens             -> texts that are one token each wherever they appear (turn markers)
+    tokenizer.chat_template            -> the Jinja chat template it renders conversations with, or None
+    tokenizer.with_chat_tokens(markers, template) -> a copy with the markers added (new ids after the others)
+                                          and the template
     tokenizer.get_config() / from_config(config)
 
 A tokenizer is serialized into the model's config, so `model.keras` carries it.
@@ -46,7 +50,7 @@ class CharTokenizer:
     start_token_id = pad_token_id = None
     text_start_ids = []
 
-    def __init__(self, vocabulary, special_tokens=()):
+    def __init__(self, vocabulary, special_tokens=(), added_tokens=(), chat_template=None):
         if isinstance(vocabulary, (list, tuple)):
             vocabulary = "".join(vocabulary)
         if len(set(vocabulary)) != len(vocabulary) or not vocabulary:
@@ -60,7 +64,12 @@ class CharTokenizer:
         ids = {name: index for index, name in enumerate(special_tokens)}
         self.pad_token_id, self.start_token_id, self.end_token_id = (ids.get(n) for n in self.SPECIAL_TOKENS)
         self._code_points = _code_points(self.vocabulary)  # sorted, for searchsorted
-        self._characters = np.array([""] * len(special_tokens) + list(self.vocabulary))
+        self.added_tokens = _checked_added_tokens(added_tokens)
+        self.chat_template = chat_template
+        # Added tokens take the ids after the characters', and decode to their own text.
+        self._characters = np.array([""] * len(special_tokens) + list(self.vocabulary) + list(self.added_tokens),
+                                    dtype=object)
+        self._added_pattern = _added_pattern(self.added_tokens)
 
     @classmethod
     def from_text(cls, text, special_tokens=()):
@@ -78,13 +87,26 @@ class CharTokenizer:
 
     @property
     def vocabulary_size(self):
-        return len(self.special_tokens) + len(self.vocabulary)
+        return len(self.special_tokens) + len(self.vocabulary) + len(self.added_tokens)
 
     def unknown_characters(self, text):
         """The characters of `text` that have no id, sorted."""
+        if self._added_pattern is not None:
+            text = "".join(self._added_pattern.split(text)[::2])
         return sorted(set(text) - set(self.vocabulary))
 
+    def with_chat_tokens(self, markers, template):
+        added = self.added_tokens + tuple(marker for marker in markers if marker not in self.added_tokens)
+        return CharTokenizer(self.vocabulary, self.special_tokens, added, template)
+
     def encode(self, text):
+        if self._added_pattern is not None and self._added_pattern.search(text):
+            return _encode_around_added(text, self._added_pattern, self._encode_characters,
+                                        len(self.special_tokens) + len(self.vocabulary), self.added_tokens,
+                                        _smallest_id_dtype(self.vocabulary_size))
+        return self._encode_characters(text)
+
+    def _encode_characters(self, text):
         code_points = _code_points(text)
         ids = np.searchsorted(self._code_points, code_points)
         ids = np.minimum(ids, len(self._code_points) - 1)
@@ -100,6 +122,8 @@ class CharTokenizer:
         texts = list(texts)
         if not texts:
             return []
+        if self._added_pattern is not None and any(self._added_pattern.search(text) for text in texts):
+            return [self.encode(text) for text in texts]
         ends = np.cumsum([len(text) for text in texts])
         return np.split(self.encode("".join(texts)), ends[:-1])
 
@@ -111,8 +135,10 @@ class CharTokenizer:
         return self.decode(ids)
 
     def character_count(self, ids):
-        """How many characters `ids` decode to: one for each id but the special tokens'."""
-        return int(np.count_nonzero(np.asarray(ids) >= len(self.special_tokens)))
+        """How many characters `ids` decode to: one for each id but the special and added tokens'."""
+        ids = np.asarray(ids)
+        return int(np.count_nonzero((ids >= len(self.special_tokens))
+                                    & (ids < len(self.special_tokens) + len(self.vocabulary))))
 
     def pieces(self, ids):
         """Each token's text, one string per id; special tokens as their names in angle brackets."""
@@ -121,8 +147,13 @@ class CharTokenizer:
 
     def get_config(self):
         config = {"vocabulary": self.vocabulary}
-        if self.special_tokens:  # left out otherwise, as in files written before they existed
+        # Each left out when empty, as in files written before they existed.
+        if self.special_tokens:
             config["special_tokens"] = list(self.special_tokens)
+        if self.added_tokens:
+            config["added_tokens"] = list(self.added_tokens)
+        if self.chat_template is not None:
+            config["chat_template"] = self.chat_template
         return config
 
     @classmethod
@@ -147,14 +178,16 @@ class BPETokenizer:
     text_start_ids = []
     SMALLEST_VOCABULARY = 257  # the 256 bytes and the end token
 
-    def __init__(self, definition):
+    def __init__(self, definition, chat_template=None):
         from tokenizers import Tokenizer
 
         self.definition = definition
+        self.chat_template = chat_template
         self._tokenizer = Tokenizer.from_str(definition)
         self.end_token_id = self._tokenizer.token_to_id(self.END_TOKEN)
         parsed = json.loads(definition)
         self._added_tokens = [token["content"] for token in parsed.get("added_tokens", [])]
+        self.added_tokens = tuple(self._added_tokens)
         # Parts of texts met by encode_batch -> their ids; None where whole texts go to the library.
         self._known_ids = {} if _parts_encode_alone(parsed) else None
         self._characters_started = None  # per id, the characters whose first byte it holds; made when needed
@@ -193,6 +226,9 @@ class BPETokenizer:
 
     def unknown_characters(self, text):
         return []  # every text is bytes, and every byte has a token
+
+    def with_chat_tokens(self, markers, template):
+        return BPETokenizer(_with_special_tokens(self.definition, markers), template)
 
     def encode(self, text):
         ids = self._tokenizer.encode(text).ids
@@ -273,7 +309,10 @@ class BPETokenizer:
         return [self._tokenizer.decode([int(i)], skip_special_tokens=False) for i in np.ravel(ids)]
 
     def get_config(self):
-        return {"definition": self.definition}
+        config = {"definition": self.definition}
+        if self.chat_template is not None:  # left out otherwise, as in files written before it existed
+            config["chat_template"] = self.chat_template
+        return config
 
     @classmethod
     def from_config(cls, config):
@@ -328,6 +367,41 @@ def _code_points(text):
     return np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
 
 
+def _checked_added_tokens(tokens):
+    tokens = tuple(tokens)
+    if len(set(tokens)) != len(tokens) or not all(isinstance(token, str) and len(token) > 1 for token in tokens):
+        raise ConfigError(f"added tokens must be distinct texts of two characters or more, got {tokens!r}")
+    return tokens
+
+
+def _added_pattern(tokens):
+    """A pattern that splits a text around the added tokens (the longest first), keeping them; None for none."""
+    if not tokens:
+        return None
+    return re.compile("(" + "|".join(re.escape(token) for token in sorted(tokens, key=len, reverse=True)) + ")")
+
+
+def _encode_around_added(text, pattern, encode_plain, first_added_id, added_tokens, dtype):
+    """Ids of a text holding added tokens: each added token its own id, the text between encoded plainly."""
+    ids = []
+    for index, part in enumerate(pattern.split(text)):
+        if index % 2:
+            ids.append(np.asarray([first_added_id + added_tokens.index(part)]))
+        elif part:
+            ids.append(encode_plain(part))
+    return np.concatenate(ids).astype(dtype) if ids else np.zeros(0, dtype)
+
+
+def _with_special_tokens(definition, tokens):
+    """A `tokenizers` definition with `tokens` added as special tokens (those it lacks), each one token."""
+    from tokenizers import AddedToken, Tokenizer
+
+    tokenizer = Tokenizer.from_str(definition)
+    missing = [token for token in tokens if tokenizer.token_to_id(token) is None]
+    tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in missing])
+    return tokenizer.to_str()
+
+
 def _smallest_id_dtype(vocabulary_size):
     if vocabulary_size <= np.iinfo(np.uint8).max + 1:
         return np.uint8
@@ -371,6 +445,7 @@ class PretrainedTokenizer:
         self.begin_token_id = self._id_of(begin_token)
         self.end_token_id = self._id_of(end_token)
         parsed = json.loads(definition)
+        self.added_tokens = tuple(token["content"] for token in parsed.get("added_tokens", []))
         self.special_ids = sorted({token["id"] for token in parsed.get("added_tokens", []) if token.get("special")})
         # Where the tokenizer's own processing puts the beginning token before a text, so does generation.
         with_specials = self._tokenizer.encode("a", add_special_tokens=True).ids
@@ -400,6 +475,13 @@ class PretrainedTokenizer:
             if self._unknown_id in self._tokenizer.encode(character, add_special_tokens=False).ids:
                 unknown.append(character)
         return unknown
+
+    def with_chat_tokens(self, markers, template):
+        from tokenizers import Tokenizer
+
+        definition = _with_special_tokens(self.definition, markers)
+        size = max(self.vocabulary_size, Tokenizer.from_str(definition).get_vocab_size(with_added_tokens=True))
+        return PretrainedTokenizer(definition, size, self.begin_token, self.end_token, template)
 
     def encode(self, text):
         ids = self._tokenizer.encode(text, add_special_tokens=False).ids

@@ -19,6 +19,7 @@ from gptlite.distribute import mirrored, process_part
 from gptlite.errors import ConfigError, TrainingDiverged, TrainingInterrupted
 from gptlite.model import GPT, Seq2Seq
 from gptlite.optimizer import FlatAdamW
+from gptlite.conversations import IGNORED, ChatRows, ConversationBatches
 from gptlite.pairs import PairBatches, PairSet
 from gptlite.plotting import plot_losses
 from gptlite.settings import dtype_policy
@@ -84,7 +85,7 @@ def make_optimizer(model, config):
     return optimizer
 
 
-def compile_for_training(model, config):
+def compile_for_training(model, config, ignored=None):
     # Keras's "auto" leaves XLA off on CPU-only TensorFlow, yet XLA makes the
     # cpu preset's step about 1.5x faster there. Torch has no XLA; TensorFlow's
     # XLA refuses a step whose mirrored variables sit on several devices.
@@ -92,11 +93,13 @@ def compile_for_training(model, config):
     # hardly faster (~0.5 s) and the process's peak memory over 0.5 GB larger.
     xla = keras.backend.backend() == "jax" or (keras.backend.backend() == "tensorflow" and not mirrored()
                                                and not config.lora_rank)
-    # A seq2seq batch pads its targets; the padded positions do not count.
-    padding = Seq2Seq.PAD_ID if isinstance(model, Seq2Seq) else None
+    # A seq2seq batch pads its targets, and conversations leave all but the answers out (`ignored`): those
+    # positions do not count.
+    if ignored is None and isinstance(model, Seq2Seq):
+        ignored = Seq2Seq.PAD_ID
     model.compile(
         optimizer=make_optimizer(model, config),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=padding),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=ignored),
         jit_compile=xla,
     )
 
@@ -210,7 +213,9 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
           callbacks=(), metrics=None, peak_flops=None, tensorboard=None, sample=None):
     """Train `model` with `model.fit`; return the evaluation records.
 
-    A GPT trains on token ids (1-D arrays), a Seq2Seq on `pairs.PairSet`s.
+    A GPT trains on token ids (1-D arrays) or packed conversations
+    (`conversations.ChatRows`, the loss on the answers alone), a Seq2Seq on
+    `pairs.PairSet`s.
     Steps are optimizer steps: with `grad_accum` above 1, each takes that
     many batches of `batch_size`. Every `eval_interval` steps the validation
     loss is measured; the best model by validation loss is saved to
@@ -244,7 +249,7 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
     block_size = model.config.block_size
     if not model.built:
         model.build((None, block_size))
-    compile_for_training(model, config)
+    compile_for_training(model, config, IGNORED if isinstance(train_ids, ChatRows) else None)
     model.optimizer.build(model.trainable_variables)
     state = restore_checkpoint(model, out_dir) if resume else RunState()
 
@@ -302,6 +307,8 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
 def _batches(token_ids_or_pairs, block_size, batch_size, count, **kwargs):
     if isinstance(token_ids_or_pairs, PairSet):
         return PairBatches(token_ids_or_pairs, batch_size, count, **kwargs)
+    if isinstance(token_ids_or_pairs, ChatRows):
+        return ConversationBatches(token_ids_or_pairs, batch_size, count, **kwargs)
     return RandomWindows(token_ids_or_pairs, block_size, batch_size, count, **kwargs)
 
 

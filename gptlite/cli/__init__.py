@@ -1,7 +1,7 @@
 """The command line: `gptlite COMMAND` and each command on its own (`gptlite-train`, `train.py`, ...).
 
-One module per command (`train`, `generate`, `eval`, `export`, `inspect`,
-`serve`), each with its parser (`make_parser`), its work (`run`: a few
+One module per command (`train`, `generate`, `chat`, `eval`, `export`,
+`inspect`, `serve`), each with its parser (`make_parser`), its work (`run`: a few
 library calls) and its one-line `SUMMARY`; the parts they share live once:
 `startup` (the backend, Keras without its native notices), `flags` (the
 parser, shared flags, library settings written as flags) and `command`
@@ -13,12 +13,13 @@ is imported and `--help` never waits for it.
 import sys
 
 from gptlite.cli import eval as eval_command
-from gptlite.cli import export, generate, inspect, serve, train
+from gptlite.cli import chat, export, generate, inspect, serve, train
 
-COMMANDS = {"train": train, "generate": generate, "eval": eval_command, "export": export, "inspect": inspect,
-            "serve": serve}
+COMMANDS = {"train": train, "generate": generate, "chat": chat, "eval": eval_command, "export": export,
+            "inspect": inspect, "serve": serve}
 train_main = train.main
 generate_main = generate.main
+chat_main = chat.main
 eval_main = eval_command.main
 export_main = export.main
 inspect_main = inspect.main

@@ -52,11 +52,18 @@ def make_parser(prog):
     )
     parser.add_argument("--task", choices=settings.TASKS, default=None,
                         help="lm: a GPT that continues text (the default); seq2seq: an encoder-decoder that learns "
-                             "to write each line's target from its source")
-    parser.add_argument("--synthetic", choices=settings.SYNTHETIC_TASKS, default=None,
-                        help="train seq2seq on a built-in task instead of a file: addition (\"123+456\" -> \"579\"), "
-                             "reverse or sort (strings of 5 to 20 letters); steps, unless --max-iters says: "
-                             + ", ".join(f"{t} {n}" for t, n in settings.SYNTHETIC_MAX_ITERS.items()))
+                             "to write each line's target from its source; chat: a GPT that answers, trained on a "
+                             "JSON Lines file of conversations (see docs/chat.md)")
+    parser.add_argument("--synthetic", choices=settings.SYNTHETIC_TASKS + tuple(settings.CHAT_SYNTHETIC_SETTINGS),
+                        default=None,
+                        help="train on a built-in task instead of a file: seq2seq's addition (\"123+456\" -> "
+                             "\"579\"), reverse or sort (strings of 5 to 20 letters), with steps "
+                             + ", ".join(f"{t} {n}" for t, n in settings.SYNTHETIC_MAX_ITERS.items())
+                             + " unless --max-iters says; or a chat model's arithmetic (questions about adding and "
+                               "subtracting numbers, with held-out ones to answer)")
+    parser.add_argument("--long-conversations", choices=["cut", "refuse"], default="cut",
+                        help="with --task chat: a conversation longer than the context is cut to fit (the default) "
+                             "or refused")
     parser.add_argument("--tokenizer", choices=settings.TOKENIZERS, default=None,
                         help="char: one token per character (the default); bpe: byte-level byte-pair "
                              "encoding learned from the text, for large or many-language corpora")
@@ -128,7 +135,8 @@ def run(args):
         preset=args.preset, task=args.task, synthetic=args.synthetic, tokenizer=args.tokenizer,
         vocab_size=args.vocab_size, encoding=args.encoding, errors=args.errors, init_from=args.init_from,
         unknown=args.unknown, distribute=args.distribute, resume=args.resume, overwrite=args.overwrite,
-        tensorboard=args.tensorboard_dir or args.tensorboard or None, mfu=args.mfu, peak_flops=args.peak_flops)
+        tensorboard=args.tensorboard_dir or args.tensorboard or None, mfu=args.mfu, peak_flops=args.peak_flops,
+        long_conversations=args.long_conversations)
     best = trained.best
     print(
         f"\nbest validation loss {best['val_loss']:.4f} at step {best['step']}; "
@@ -136,6 +144,9 @@ def run(args):
     )
     if trained.held_out is not None:
         _show_targets(trained.model, trained.held_out)
+        return
+    if args.task == "chat" or trained.held_out_questions:
+        _show_answers(trained.model, trained.held_out_questions)
         return
     print("sample from the final model:\n")
     for piece in generation.stream(trained.model, "", seed=trained.training_config.seed, **pipeline.SAMPLING):
@@ -154,6 +165,23 @@ def _show_targets(model, held_out, count=8):
     print(f"the final model decodes {right:,} of {len(measured):,} held-out pairs exactly; a few:")
     for source, want, got in list(zip(measured.sources, measured.targets, decoded))[:count]:
         print(f"  {source!r} -> {got!r}" + ("" if got == want else f"   (expected {want!r})"))
+
+
+def _show_answers(model, questions, count=8):
+    """Print the final model's answers to a few held-out questions, and how many of them all are exact; or, for
+    conversations of a file, how to talk with it."""
+    from gptlite import chat
+    from gptlite.sampling import SamplingConfig
+
+    if not questions:
+        print("talk with it: gptlite chat MODEL.keras")
+        return
+    answered = chat.answers(model, [messages for messages, _ in questions],
+                            SamplingConfig(max_new_tokens=16, temperature=0.0))
+    right = sum(got.strip() == want for got, (_, want) in zip(answered, questions))
+    print(f"the final model answers {right:,} of {len(questions):,} held-out questions exactly; a few:")
+    for (messages, want), got in list(zip(questions, answered))[:count]:
+        print(f"  {messages[-1]['content']!r} -> {got!r}" + ("" if got.strip() == want else f"   (expected {want!r})"))
 
 
 main = command("gptlite-train", make_parser, run)

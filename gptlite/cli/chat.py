@@ -1,0 +1,71 @@
+"""`gptlite chat`: a conversation with a chat model in the terminal, its answers streaming in."""
+
+import pathlib
+import sys
+
+from gptlite.cli.command import command, print_piece
+from gptlite.cli.flags import Parser, add_backend_flags, add_compile_cache_flags
+
+SUMMARY = "talk with a chat model in the terminal (/reset starts over, Ctrl-C stops an answer, Ctrl-D leaves)"
+PROMPT = "you> "
+ANSWER = "model> "
+
+
+def make_parser(prog):
+    parser = Parser(prog=prog, description="Talk with a gptlite chat model (one trained with --task chat, or "
+                                           "imported with a chat template).")
+    parser.add_argument("model", type=pathlib.Path, nargs="?", default=pathlib.Path("out/model.keras"),
+                        help="the model file (default: out/model.keras)")
+    parser.add_argument("--system", default=None, metavar="TEXT", help="a system message to open the conversation")
+    parser.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
+                        help="the longest answer in tokens (default: 200)")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="below 1 is safer, above 1 wilder; 0 always takes the likeliest token (default: 1)")
+    parser.add_argument("--top-k", type=int, default=None, metavar="K", help="sample among the K likeliest tokens")
+    parser.add_argument("--top-p", type=float, default=None, metavar="P", help="nucleus sampling (default: 1, off)")
+    parser.add_argument("--seed", type=int, default=None, help="make the answers repeatable")
+    add_compile_cache_flags(parser)
+    add_backend_flags(parser)
+    return parser
+
+
+def run(args):
+    from gptlite import chat, saving
+    from gptlite.sampling import SamplingConfig
+
+    names = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
+    sampling = SamplingConfig(**{name: getattr(args, name) for name in names if getattr(args, name) is not None})
+    model = saving.load(args.model)
+    conversation = chat.Conversation(model, system=args.system, sampling=sampling)
+    print(f"talking with {args.model}: /reset starts over, Ctrl-C stops an answer, Ctrl-D leaves", flush=True)
+    while True:
+        try:
+            text = input(PROMPT)
+        except EOFError:
+            print()
+            return
+        except KeyboardInterrupt:  # at the prompt, Ctrl-C clears the line, as a shell does
+            print()
+            continue
+        if text.strip() == "/reset":
+            conversation.reset()
+            print("(a new conversation)", flush=True)
+            continue
+        if not text.strip():
+            continue
+        dropped = conversation.dropped
+        print_piece(ANSWER)
+        answer = conversation.ask(text)
+        try:
+            for piece in answer:
+                print_piece(piece)
+        except KeyboardInterrupt:
+            answer.close()
+            print_piece(" (stopped)")
+        print(flush=True)
+        if conversation.dropped > dropped:
+            print(f"(the conversation outgrew the model's context: its {conversation.dropped - dropped} oldest "
+                  f"messages were left out)", file=sys.stderr, flush=True)
+
+
+main = command("gptlite-chat", make_parser, run)

@@ -1,0 +1,273 @@
+"""Conversations as training data: read, rendered through a chat template, with the loss on the answers alone.
+
+    conversations = read_conversations("chats.jsonl")   # [[{"role": ..., "content": ...}, ...], ...]
+    model = chat_ready(model)                           # the default template and its tokens, if it has none
+    rows = pack(model.tokenizer, conversations, model.config.block_size)
+
+A conversations file is JSON Lines, one conversation a line, in OpenAI's
+shape: {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}]}.
+Each conversation is rendered with the model's chat template and encoded;
+the tokens of the assistant's answers (their end-of-turn marker included)
+are the ones trained, everything else is context. Conversations are packed
+whole into rows of block_size + 1 tokens, the rest of a row padded; one
+longer than that is cut to its first block_size + 1 tokens or refused, as
+`long_conversations` says.
+"""
+
+import dataclasses
+import json
+import pathlib
+
+import keras
+import numpy as np
+
+from gptlite import templates
+from gptlite.data import draw_rows
+from gptlite.errors import ConfigError, InputError, MissingFileError
+
+LONG_CONVERSATIONS = ("cut", "refuse")
+IGNORED = -1  # the target of a token that is not trained: the loss leaves it out
+
+
+def read_conversations(path, encoding="utf-8"):
+    """The conversations of a JSON Lines file, each a list of checked messages; an InputError names the
+    file and line of the first malformed one."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise MissingFileError(f"no such conversations file: {path}")
+    conversations = []
+    with open(path, encoding=encoding) as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise InputError(f"{where}: not JSON ({error.msg})") from None
+            if not isinstance(record, dict) or "messages" not in record:
+                raise InputError(f'{where}: expected an object with "messages"')
+            messages = templates.check_messages(record["messages"], where)
+            if not any(message["role"] == "assistant" for message in messages):
+                raise InputError(f"{where}: the conversation has no assistant message to learn from")
+            conversations.append(messages)
+    if not conversations:
+        raise InputError(f"{path} holds no conversations")
+    return conversations
+
+
+def chat_ready(model, seed=0):
+    """The GPT `model` if its tokenizer has a chat template; else a copy with the default template, its turn
+    markers added to the tokenizer as tokens of their own and the embedding grown by their rows."""
+    from gptlite.pretrained import with_tokenizer
+
+    tokenizer = model.tokenizer
+    if tokenizer is None:
+        raise ConfigError("the model has no tokenizer, so it cannot read conversations")
+    if templates.template_of(tokenizer) is not None:
+        return model
+    return with_tokenizer(model, tokenizer.with_chat_tokens(templates.TURN_MARKERS, templates.DEFAULT_TEMPLATE),
+                          seed)
+
+
+def encode(tokenizer, messages):
+    """A conversation's token ids (N,) and which of them are trained (N,), the assistant's."""
+    segments = _segments(tokenizer, messages)
+    ids, trained = [], []
+    start = _start_ids(tokenizer, segments[0][0] if segments else "")
+    if start:
+        ids.append(np.asarray(start, np.int64))
+        trained.append(np.zeros(len(start), bool))
+    for text, is_answer in segments:
+        if text:
+            part = np.asarray(tokenizer.encode(text), np.int64)
+            ids.append(part)
+            trained.append(np.full(len(part), is_answer))
+    return np.concatenate(ids), np.concatenate(trained)
+
+
+def prompt_ids(tokenizer, messages):
+    """The ids a model reads before its answer to `messages`: the conversation and what opens an answer."""
+    text = templates.render_for(tokenizer, messages, add_generation_prompt=True)
+    return [*_start_ids(tokenizer, text), *np.asarray(tokenizer.encode(text)).tolist()]
+
+
+def _start_ids(tokenizer, text):
+    """The beginning-of-text ids a conversation's text needs, unless its template writes them itself."""
+    begin = getattr(tokenizer, "begin_token", None)
+    return [] if begin is not None and text.startswith(begin) else list(tokenizer.text_start_ids)
+
+
+def _segments(tokenizer, messages):
+    """The rendered conversation cut into (text, is an answer) pieces, in order.
+
+    Each answer is what rendering the conversation up to it adds to the
+    rendering up to the message before with the answer's opening: its text
+    and its end-of-turn marker. A template whose rendering of a longer
+    conversation changes that of a shorter one cannot be cut so, and is refused.
+    """
+    messages = templates.check_messages(messages)
+    whole = templates.render_for(tokenizer, messages)
+    segments, done = [], 0
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        opened = templates.render_for(tokenizer, messages[:index], add_generation_prompt=True) if index else \
+            _opening_alone(tokenizer)
+        answered = templates.render_for(tokenizer, messages[:index + 1])
+        if not (answered.startswith(opened) and whole.startswith(answered) and len(opened) >= done):
+            raise InputError("the chat template renders a conversation differently from its beginning, so its "
+                             "answers cannot be told from the rest")
+        segments += [(whole[done:len(opened)], False), (whole[len(opened):len(answered)], True)]
+        done = len(answered)
+    segments.append((whole[done:], False))
+    return segments
+
+
+def _opening_alone(tokenizer):
+    # An answer with nothing before it: the template's opening of an empty conversation, if it renders one.
+    try:
+        return templates.render(templates.template_of(tokenizer), [], True, **templates.special_tokens_of(tokenizer))
+    except InputError:
+        return ""
+
+
+@dataclasses.dataclass
+class ChatRows:
+    """Packed conversations: ids (N, block_size + 1) and whether each is trained (N, block_size + 1)."""
+
+    ids: np.ndarray
+    trained: np.ndarray
+    conversations: int  # how many conversations the rows hold
+    cut: int  # how many of them were cut to fit
+
+    def __len__(self):
+        return len(self.ids)
+
+    def subset(self, rows):
+        return ChatRows(self.ids[rows], self.trained[rows], self.conversations, self.cut)
+
+
+def pack(tokenizer, conversations, block_size, long_conversations="cut"):
+    """Encode conversations and pack them whole, in order, into `ChatRows` of block_size + 1 tokens.
+
+    A conversation longer than a row is cut to its first block_size + 1
+    tokens (`long_conversations="cut"`) or refused ("refuse"), with how many.
+    """
+    if long_conversations not in LONG_CONVERSATIONS:
+        raise ConfigError(f"long_conversations must be 'cut' or 'refuse', got {long_conversations!r}")
+    width = block_size + 1
+    encoded = [encode(tokenizer, messages) for messages in conversations]
+    too_long = [number for number, (ids, _) in enumerate(encoded, 1) if len(ids) > width]
+    if too_long and long_conversations == "refuse":
+        raise InputError(f"{len(too_long)} of {len(encoded)} conversations are longer than the context of "
+                         f"{block_size} tokens (the first is number {too_long[0]}); raise `block_size`, or set "
+                         f"`long_conversations` to 'cut'")
+    rows, row = [], []
+    for ids, trained in encoded:
+        ids, trained = ids[:width], trained[:width]
+        if row and sum(len(part[0]) for part in row) + len(ids) > width:
+            rows.append(row)
+            row = []
+        row.append((ids, trained))
+    rows.append(row)
+    packed_ids = np.zeros((len(rows), width), np.int32)
+    packed_trained = np.zeros((len(rows), width), bool)
+    for index, parts in enumerate(rows):
+        ids = np.concatenate([part[0] for part in parts])
+        packed_ids[index, :len(ids)] = ids
+        packed_trained[index, :len(ids)] = np.concatenate([part[1] for part in parts])
+    return ChatRows(packed_ids, packed_trained, len(encoded), len(too_long))
+
+
+def split(rows, validation_fraction=0.1, seed=0):
+    """Train and validation rows: a `validation_fraction` of them, one at least, drawn at random."""
+    if len(rows) < 2:
+        raise InputError(f"the conversations fill {len(rows)} row of the context; at least 2 are needed, one to "
+                         f"train on and one to validate on: give more conversations or a shorter `block_size`")
+    order = np.random.default_rng(seed).permutation(len(rows))
+    held_out = max(1, int(round(len(rows) * validation_fraction)))
+    return rows.subset(np.sort(order[held_out:])), rows.subset(np.sort(order[:held_out]))
+
+
+def targets(rows):
+    """The model's inputs (N, block_size) and next-token targets (N, block_size), IGNORED where not trained."""
+    return rows.ids[:, :-1], np.where(rows.trained[:, 1:], rows.ids[:, 1:], IGNORED).astype(np.int32)
+
+
+class ConversationBatches(keras.utils.PyDataset):
+    """Batches of packed rows drawn at random, as (inputs, targets); batch `i` depends only on
+    (seed, first_index + i), as `data.RandomWindows`, sliced by `micro_batches` and `part` in the same way."""
+
+    def __init__(self, rows, batch_size, num_batches, seed=0, first_index=0, micro_batches=1, part=(0, 1),
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.inputs, self.targets = targets(rows)
+        self.batch_size = batch_size
+        self.batch_count = num_batches
+        self.seed = seed
+        self.first_index = first_index
+        self.micro_batches = micro_batches
+        self.part = part
+
+    def __len__(self):
+        return self.batch_count * self.micro_batches
+
+    def __getitem__(self, index):
+        rows = draw_rows(len(self.inputs), self.batch_size, self.seed,
+                         self.first_index * self.micro_batches + index, self.micro_batches, self.part)
+        return self.inputs[rows], self.targets[rows]
+
+
+# --- a built-in conversation task, to learn chatting on a laptop
+
+CHAT_SYNTHETIC_TASKS = ("arithmetic",)
+HELD_OUT_QUESTIONS = 300
+SYNTHETIC_CONVERSATIONS = 20_000
+_QUESTIONS = {
+    "+": ("What is {a} plus {b}?", "What's {a} + {b}?", "Add {a} and {b}.", "Compute {a} + {b}.",
+          "How much is {a} and {b} together?", "{a} + {b} = ?"),
+    "-": ("What is {a} minus {b}?", "What's {a} - {b}?", "Subtract {b} from {a}.", "Compute {a} - {b}.",
+          "How much is {a} take away {b}?", "{a} - {b} = ?"),
+}
+_SYSTEM = ("You are a calculator.", "Answer with the number alone.", "Be brief.")
+
+
+@dataclasses.dataclass
+class SyntheticChats:
+    """A built-in task's training conversations and held-out questions with their exact answers."""
+
+    conversations: list
+    held_out: list  # [(messages, answer)]
+
+
+def synthetic(task, seed=0, count=SYNTHETIC_CONVERSATIONS, held_out=HELD_OUT_QUESTIONS):
+    """"arithmetic": questions about adding or subtracting whole numbers from 0 to 99, in six phrasings
+    each, answered with the number; some conversations open with a system message, some ask twice.
+    The held-out questions' number pairs never appear in training."""
+    if task not in CHAT_SYNTHETIC_TASKS:
+        raise ConfigError(f"the synthetic conversation tasks are {', '.join(CHAT_SYNTHETIC_TASKS)}; got {task!r}")
+    random = np.random.default_rng(seed)
+    problems = [(a, op, b) for op in "+-" for a in range(100) for b in range(100) if op == "+" or a >= b]
+    order = random.permutation(len(problems))
+    held = [problems[i] for i in order[:held_out]]
+    kept = [problems[i] for i in order[held_out:]]
+
+    def question(problem):
+        a, op, b = problem
+        phrasing = _QUESTIONS[op][random.integers(len(_QUESTIONS[op]))]
+        return phrasing.format(a=a, b=b), str(a + b if op == "+" else a - b)
+
+    conversations = []
+    for _ in range(count):
+        messages = [{"role": "system", "content": _SYSTEM[random.integers(len(_SYSTEM))]}] \
+            if random.random() < 0.3 else []
+        for _ in range(1 if random.random() < 0.7 else 2):
+            asked, answer = question(kept[random.integers(len(kept))])
+            messages += [{"role": "user", "content": asked}, {"role": "assistant", "content": answer}]
+        conversations.append(messages)
+    held_out_questions = []
+    for problem in held:
+        asked, answer = question(problem)
+        held_out_questions.append(([{"role": "user", "content": asked}], answer))
+    return SyntheticChats(conversations, held_out_questions)
