@@ -75,11 +75,18 @@ class Completion:
     stream: bool
     logprobs: int = None  # how many likeliest tokens' log-probabilities come with each token; None: none
     echo: bool = False  # the prompt comes back before its completion
+    chat: bool = False  # a chat completion: its one prompt is a rendered conversation, its answers messages
+    prompts_ids: list = None  # each prompt's ids, where they are not its text's (a conversation's)
 
     @property
     def rows(self):
         """Each choice's prompt, in OpenAI's order: prompt 0's n choices first."""
         return [prompt for prompt in self.prompts for _ in range(self.n)]
+
+    def rows_ids(self, tokenizer):
+        """Each choice's prompt as the model reads it."""
+        prompts_ids = self.prompts_ids or [prompt_ids(tokenizer, prompt) for prompt in self.prompts]
+        return [list(ids) for ids in prompts_ids for _ in range(self.n)]
 
 
 def parse_completion(body, model, model_name, settings):
@@ -140,6 +147,50 @@ def parse_completion(body, model, model_name, settings):
             raise RequestError(400, f"a prompt is longer than the model's context of {model.config.block_size} "
                                     f"tokens", "prompt")
     return Completion(prompts, SamplingConfig(**sampling), n, stream, logprobs, echo)
+
+
+CHAT_FIELDS = (FIELDS - {"prompt", "echo", "suffix", "best_of"}) | {"messages", "top_logprobs",
+                                                                   "max_completion_tokens"}
+
+
+def parse_chat_completion(body, model, model_name, settings):
+    """The `Completion` a chat completions request asks for: its conversation rendered with the model's
+    chat template, its answers ending at the template's end of turn; or a `RequestError`."""
+    from gptlite import conversations, templates
+
+    if not isinstance(body, dict):
+        raise RequestError(400, "the request body must be a JSON object")
+    unknown = sorted(set(body) - CHAT_FIELDS)
+    if unknown:
+        raise RequestError(400, f"unknown field {unknown[0]!r}", unknown[0])
+    if isinstance(model, Seq2Seq) or templates.template_of(model.tokenizer) is None:
+        raise RequestError(400, "this model has no chat template: it continues text and cannot hold a "
+                                "conversation; use /v1/completions, or fine-tune it on conversations", "messages")
+    if not isinstance(body.get("logprobs", False), bool):
+        raise RequestError(400, "logprobs must be true or false", "logprobs")
+    top = _number(body, "top_logprobs", int, 0, TOP_LOGPROBS, default=None)
+    if top is not None and not body.get("logprobs"):
+        raise RequestError(400, "top_logprobs needs logprobs set to true", "top_logprobs")
+    if "max_tokens" in body and "max_completion_tokens" in body:
+        raise RequestError(400, "give max_tokens or max_completion_tokens, not both", "max_completion_tokens")
+    try:
+        messages = templates.check_messages(body.get("messages"), "messages")
+        prompt = templates.render_for(model.tokenizer, messages, add_generation_prompt=True)
+        ids = conversations.prompt_ids(model.tokenizer, messages)
+    except InputError as error:
+        raise RequestError(400, str(error), "messages") from None
+    asked = {name: value for name, value in body.items()
+             if name not in ("messages", "logprobs", "top_logprobs", "max_completion_tokens")}
+    asked["prompt"] = prompt
+    if "max_completion_tokens" in body:
+        asked["max_tokens"] = body["max_completion_tokens"]
+    if body.get("logprobs"):
+        asked["logprobs"] = top or 0
+    completion = parse_completion(asked, model, model_name, settings)
+    end = templates.turn_end(model.tokenizer)
+    stops = completion.sampling.stop + ((end,) if end is not None and end not in completion.sampling.stop else ())
+    return dataclasses.replace(completion, sampling=completion.sampling.replace(stop=stops), chat=True,
+                               prompts_ids=[ids])
 
 
 def _number(body, name, kind, low, high, default=dataclasses.MISSING):
@@ -399,7 +450,7 @@ class Worker:
         job.live = count
         job.texts, job.reasons, job.completion_tokens = [""] * count, [None] * count, [0] * count
         job.logprobs = [_Logprobs() if job.completion.logprobs is not None else None for _ in range(count)]
-        job.rows_ids = [prompt_ids(self.model.tokenizer, prompt) for prompt in job.rows]
+        job.rows_ids = job.completion.rows_ids(self.model.tokenizer)
         job.prompt_tokens = [len(ids) for ids in job.rows_ids]
         if job.completion.echo:
             echoed = [(prompt, _prompt_logprobs(self.model, ids, job.completion.logprobs)
@@ -584,7 +635,13 @@ def create_app(model, model_name, settings=None, worker=None):
 
     async def completions(request):
         check_key(request)
-        completion = parse_completion(await read_json(request), model, model_name, settings)
+        return await answer(request, parse_completion(await read_json(request), model, model_name, settings))
+
+    async def chat_completions(request):
+        check_key(request)
+        return await answer(request, parse_chat_completion(await read_json(request), model, model_name, settings))
+
+    async def answer(request, completion):
         loop = asyncio.get_running_loop()
         events = asyncio.Queue()
         job = _Job(completion.rows, completion, lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
@@ -593,9 +650,9 @@ def create_app(model, model_name, settings=None, worker=None):
         except QueueFull:
             return error_response(RequestError(503, "the server is busy; try again shortly", kind="server_busy",
                                                headers={"Retry-After": "1"}))
-        identity, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        identity, created = f"{'chatcmpl' if completion.chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
         if completion.stream:
-            return StreamingResponse(_events(job, events, identity, model_name, created),
+            return StreamingResponse(_events(job, events, identity, model_name, created, completion.chat),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         choices = [{"text": "", "index": index, "logprobs": None, "finish_reason": None}
                    for index in range(len(job.rows))]
@@ -623,9 +680,12 @@ def create_app(model, model_name, settings=None, worker=None):
             job.cancelled = True
             raise
         counted_prompts = sum(prompt_tokens[::completion.n])  # each prompt once, as OpenAI counts
+        choices = [{**choice, "finish_reason": choice["finish_reason"] or "length"} for choice in choices]
+        if completion.chat:
+            choices = [_chat_choice(choice) for choice in choices]
         return JSONResponse({
-            "id": identity, "object": "text_completion", "created": created, "model": model_name,
-            "choices": [{**choice, "finish_reason": choice["finish_reason"] or "length"} for choice in choices],
+            "id": identity, "object": "chat.completion" if completion.chat else "text_completion",
+            "created": created, "model": model_name, "choices": choices,
             "usage": {"prompt_tokens": counted_prompts, "completion_tokens": sum(completion_tokens),
                       "total_tokens": counted_prompts + sum(completion_tokens)},
         })
@@ -659,7 +719,8 @@ def create_app(model, model_name, settings=None, worker=None):
     async def page(request):
         return HTMLResponse(importlib.resources.files("gptlite").joinpath("page.html").read_text(encoding="utf-8"))
 
-    endpoints = [("/v1/completions", completions, "POST"), ("/v1/models", models, "GET"), ("/health", health, "GET"),
+    endpoints = [("/v1/completions", completions, "POST"), ("/v1/chat/completions", chat_completions, "POST"),
+                 ("/v1/models", models, "GET"), ("/health", health, "GET"),
                  ("/v1/attention", attention, "POST"), ("/", page, "GET")]
     routes = [Route(path, answered(handler), methods=[method]) for path, handler, method in endpoints]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
@@ -668,11 +729,14 @@ def create_app(model, model_name, settings=None, worker=None):
     return app
 
 
-async def _events(job, events, identity, model_name, created):
-    """The server-sent events of a streamed completion, ending with `data: [DONE]`."""
+async def _events(job, events, identity, model_name, created, chat=False):
+    """The server-sent events of a streamed completion, ending with `data: [DONE]`; a chat completion's
+    chunks carry each answer's `delta`, the first its role."""
     def chunk(choices):
-        return "data: " + json.dumps({"id": identity, "object": "text_completion", "created": created,
-                                      "model": model_name, "choices": choices}) + "\n\n"
+        return "data: " + json.dumps({"id": identity, "object": "chat.completion.chunk" if chat else "text_completion",
+                                      "created": created, "model": model_name, "choices": choices}) + "\n\n"
+
+    started = set()  # the chat choices whose role has been sent
 
     try:
         while True:
@@ -686,12 +750,40 @@ async def _events(job, events, identity, model_name, created):
             choices = [{"text": text, "index": index, "finish_reason": reason,
                         "logprobs": None if logprobs is None else dataclasses.asdict(logprobs)}
                        for index, text, reason, logprobs in event[1]]
+            if chat:
+                choices = [_chat_delta(choice, choice["index"] not in started) for choice in choices]
+                started.update(choice["index"] for choice in choices)
             if choices:
                 yield chunk(choices)
         yield "data: [DONE]\n\n"
     finally:
         # The client went away, or the stream ended: either way, stop decoding for it.
         job.cancelled = True
+
+
+def _chat_choice(choice):
+    """A completion's choice as a chat completion's: the text as the assistant's message."""
+    return {"index": choice["index"], "message": {"role": "assistant", "content": choice["text"]},
+            "logprobs": _chat_logprobs(choice["logprobs"]), "finish_reason": choice["finish_reason"]}
+
+
+def _chat_delta(choice, first):
+    delta = {"role": "assistant", "content": choice["text"]} if first else {"content": choice["text"]}
+    return {"index": choice["index"], "delta": delta, "logprobs": _chat_logprobs(choice["logprobs"]),
+            "finish_reason": choice["finish_reason"]}
+
+
+def _chat_logprobs(logprobs):
+    """Completions' `logprobs` (parallel lists) as chat completions give them: a list of tokens under "content"."""
+    if logprobs is None:
+        return None
+
+    def entry(token, logprob):
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+    return {"content": [{**entry(token, logprob), "top_logprobs": [entry(t, v) for t, v in top.items()]}
+                        for token, logprob, top in zip(logprobs["tokens"], logprobs["token_logprobs"],
+                                                       logprobs["top_logprobs"])]}
 
 
 def serve(model_path, host="127.0.0.1", port=8000, settings=None, grace_seconds=30, name=None, say=print):

@@ -92,6 +92,20 @@ def _compiled(template):
         raise InputError(f"the chat template is not valid Jinja: {error}") from None
 
 
+def parse_default(text):
+    """The messages of a text the default template rendered (the inverse of rendering them with it)."""
+    messages = []
+    rest = text
+    while rest:
+        role = next((role for role in ROLES if rest.startswith(f"<|{role}|>")), None)
+        end = rest.find(END_OF_TURN)
+        if role is None or end < 0:
+            raise InputError(f"not a conversation in the default template's form: {rest[:40]!r}")
+        messages.append({"role": role, "content": rest[len(role) + 4:end]})
+        rest = rest[end + len(END_OF_TURN):]
+    return messages
+
+
 def template_of(tokenizer):
     """The tokenizer's chat template, or None."""
     return getattr(tokenizer, "chat_template", None)

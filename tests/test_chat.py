@@ -1,0 +1,236 @@
+"""Chat: templates, conversations as training data and their loss mask, replies, the terminal chat."""
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import gptlite
+from conftest import REPO
+from gptlite import chat, conversations, templates
+from gptlite.errors import InputError
+
+# In the words of the test text, whose characters the tiny models know.
+CONVERSATION = [{"role": "system", "content": "be a cat"}, {"role": "user", "content": "the cat"},
+                {"role": "assistant", "content": "sat on a mat"}, {"role": "user", "content": "and the dog"},
+                {"role": "assistant", "content": "ran"}]
+
+
+@pytest.fixture(scope="module")
+def chat_model(tiny_model):
+    return conversations.chat_ready(tiny_model)
+
+
+def test_a_model_without_a_template_gets_the_default_one_and_its_markers_as_tokens(tiny_model, chat_model):
+    tokenizer = chat_model.tokenizer
+    assert tokenizer.chat_template == templates.DEFAULT_TEMPLATE
+    assert chat_model.config.vocab_size == tiny_model.config.vocab_size + len(templates.TURN_MARKERS)
+    ids = tokenizer.encode("<|user|>the<|end|>")
+    assert len(ids) == 5 and tokenizer.decode(ids) == "<|user|>the<|end|>"
+    assert tokenizer.character_count(ids) == 3  # the markers stand for no character of the text
+    # The old rows are kept, and each new row is its own.
+    old = tiny_model.embedding.token_embedding.embeddings.numpy()
+    new = chat_model.embedding.token_embedding.embeddings.numpy()
+    np.testing.assert_array_equal(new[:len(old)], old)
+    assert len({tuple(row) for row in new[len(old):]}) == len(templates.TURN_MARKERS)
+    assert conversations.chat_ready(chat_model) is chat_model  # it has a template now
+
+
+def test_the_default_template_round_trips(chat_model):
+    text = templates.render_for(chat_model.tokenizer, CONVERSATION)
+    ids = chat_model.tokenizer.encode(text)
+    assert templates.parse_default(chat_model.tokenizer.decode(ids)) == CONVERSATION
+
+
+def test_the_tokenizer_and_its_template_survive_saving(chat_model, tmp_path):
+    gptlite.save(chat_model, tmp_path / "chat.keras")
+    loaded = gptlite.load(tmp_path / "chat.keras")
+    assert loaded.tokenizer.chat_template == templates.DEFAULT_TEMPLATE
+    assert loaded.tokenizer.added_tokens == chat_model.tokenizer.added_tokens
+    assert conversations.prompt_ids(loaded.tokenizer, CONVERSATION[:2]) == \
+        conversations.prompt_ids(chat_model.tokenizer, CONVERSATION[:2])
+
+
+def test_rendering_matches_transformers_apply_chat_template(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["<s>", "</s>", "<unk>", "the", "cat", "sat"]
+    definition = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    definition.pre_tokenizer = pre_tokenizers.Whitespace()
+    # A Llama-2-like template: the beginning token, a system message folded into the first user turn, the
+    # end token after each answer, and a refusal of turns out of order.
+    template = (
+        "{{ bos_token }}{% for message in messages %}"
+        "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) and message['role'] != 'system' %}"
+        "{{ raise_exception('turns must alternate') }}{% endif %}"
+        "{% if message['role'] == 'system' %}<<SYS>>\n{{ message['content'] | trim }}\n<</SYS>>\n"
+        "{% elif message['role'] == 'user' %}[INST] {{ message['content'] }} [/INST]"
+        "{% else %} {{ message['content'] }} {{ eos_token }}{% endif %}\n"
+        "{% endfor %}"
+    )
+    hugging_face = transformers.PreTrainedTokenizerFast(tokenizer_object=definition, bos_token="<s>",
+                                                        eos_token="</s>", unk_token="<unk>")
+    hugging_face.chat_template = template
+    ours = gptlite.PretrainedTokenizer(definition.to_str(), begin_token="<s>", end_token="</s>",
+                                       chat_template=template)
+    for messages in ([CONVERSATION[1], CONVERSATION[2]], [{"role": "user", "content": "the cat"}]):
+        for opening in (False, True):
+            expected = hugging_face.apply_chat_template(messages, tokenize=False, add_generation_prompt=opening)
+            assert templates.render_for(ours, messages, add_generation_prompt=opening) == expected
+    with pytest.raises(InputError, match="turns must alternate"):
+        templates.render_for(ours, [CONVERSATION[1], CONVERSATION[1]])
+
+
+def test_the_loss_counts_the_answers_tokens_alone(chat_model):
+    import keras
+
+    rows = conversations.pack(chat_model.tokenizer, [CONVERSATION], chat_model.config.block_size * 4)
+    inputs, targets = conversations.targets(rows)
+    trained = rows.trained[:, 1:]
+    # The answers' tokens, their end markers among them, are the trained ones; nothing else is.
+    answers = chat_model.tokenizer.decode(rows.ids[:, 1:][trained])
+    assert answers == "sat on a mat<|end|>ran<|end|>"
+    logits = keras.ops.convert_to_numpy(_windowed_logits(chat_model, inputs))  # (1, T, V)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=conversations.IGNORED)
+
+    def value(targets):
+        return float(keras.ops.convert_to_numpy(loss(targets, logits)))
+
+    baseline = value(targets)
+    log_softmax = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - logits.max(-1, keepdims=True)
+    picked = np.take_along_axis(log_softmax, np.maximum(targets, 0)[..., None], -1)[..., 0]
+    np.testing.assert_allclose(baseline, -picked[trained].mean(), rtol=1e-4)
+    user_position = int(np.flatnonzero(~trained[0])[3])
+    answer_position = int(np.flatnonzero(trained[0])[0])
+    other = (int(rows.ids[0, answer_position + 1]) + 1) % chat_model.config.vocab_size
+    changed = rows.ids.copy()
+    changed[0, user_position + 1] = other  # a user's token as a target: not counted
+    assert value(conversations.targets(conversations.ChatRows(changed, rows.trained, 1, 0))[1]) == baseline
+    changed = rows.ids.copy()
+    changed[0, answer_position + 1] = other  # an answer's token: counted
+    assert value(conversations.targets(conversations.ChatRows(changed, rows.trained, 1, 0))[1]) != baseline
+
+
+def _windowed_logits(model, inputs):
+    """The model's logits over inputs longer than its context, a window at a time (the mask test packs one row
+    of four contexts so that the whole conversation fits)."""
+    import keras
+
+    size = model.config.block_size
+    parts = [model(inputs[:, start:start + size]) for start in range(0, inputs.shape[1], size)]
+    return keras.ops.concatenate(parts, axis=1)
+
+
+def test_long_conversations_are_cut_or_refused_with_a_count(chat_model):
+    rows = conversations.pack(chat_model.tokenizer, [CONVERSATION, CONVERSATION[:3]], 16)
+    assert rows.cut == 2 and rows.ids.shape == (2, 17)
+    with pytest.raises(InputError, match="2 of 2 conversations are longer than the context of 16 tokens"):
+        conversations.pack(chat_model.tokenizer, [CONVERSATION, CONVERSATION[:3]], 16, "refuse")
+    short = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    packed = conversations.pack(chat_model.tokenizer, [short] * 5, 16)
+    assert packed.cut == 0 and len(packed) == 3  # two of 6 tokens to a row of 17, whole
+
+
+@pytest.mark.parametrize("line, message", [
+    ("{not json", "line 2: not JSON"),
+    ('{"text": "hi"}', 'line 2: expected an object with "messages"'),
+    ('{"messages": [{"role": "robot", "content": "hi"}]}', "line 2: message 1 has role 'robot'"),
+    ('{"messages": [{"role": "user", "content": "hi"}]}', "line 2: the conversation has no assistant message"),
+    ('{"messages": [{"role": "user", "content": 3}, {"role": "assistant", "content": "a"}]}',
+     "line 2: message 1 has no text"),
+])
+def test_a_malformed_conversation_is_refused_naming_its_file_and_line(tmp_path, line, message):
+    path = tmp_path / "chats.jsonl"
+    path.write_text(json.dumps({"messages": CONVERSATION}) + "\n" + line + "\n")
+    with pytest.raises(InputError, match=f"{path}, {message}"):
+        conversations.read_conversations(path)
+
+
+def test_a_reply_ends_at_the_end_of_turn_and_a_conversation_keeps_to_the_context(chat_model):
+    text = chat.reply(chat_model, CONVERSATION[:2], max_new_tokens=12, seed=1)
+    assert templates.END_OF_TURN not in text and len(chat_model.tokenizer.encode(text)) <= 12
+    conversation = chat.Conversation(chat_model, system="be a cat", sampling=gptlite.SamplingConfig(
+        max_new_tokens=4, seed=2))
+    for question in ("the cat sat on the mat", "and the dog ran", "and a red hat"):
+        answer = "".join(conversation.ask(question))
+        assert conversation.turns[-1] == {"role": "assistant", "content": answer}
+    # The context (16 tokens) holds little: the oldest turns went, the last question and the system stayed.
+    assert conversation.dropped >= 2 and conversation.messages[0]["role"] == "system"
+    assert conversation.turns[-2]["content"] == "and a red hat"
+    conversation.reset()
+    assert conversation.messages == [{"role": "system", "content": "be a cat"}]
+
+
+def test_a_model_without_a_template_cannot_chat(tiny_model):
+    with pytest.raises(InputError, match="has no chat template"):
+        chat.reply(tiny_model, CONVERSATION[:2])
+
+
+def test_a_chat_run_trains_on_a_conversations_file_and_keeps_its_template(tmp_path, text):
+    lines = text.splitlines()
+    path = tmp_path / "chats.jsonl"
+    with open(path, "w") as file:
+        for index in range(0, 40, 2):
+            file.write(json.dumps({"messages": [{"role": "user", "content": lines[index][:12]},
+                                                {"role": "assistant", "content": lines[index + 1][:12]}]}) + "\n")
+    run = gptlite.train_on_text([path], tmp_path / "run", {"max_iters": 4, "eval_interval": 2, "eval_iters": 1},
+                                preset="tiny", task="chat", verbose=0)
+    saved = gptlite.load(tmp_path / "run" / "model.keras")
+    assert saved.tokenizer.chat_template == templates.DEFAULT_TEMPLATE
+    assert all(np.isfinite(row["val_loss"]) for row in run.history)
+    with pytest.raises(InputError, match="longer than the context"):
+        gptlite.train_on_text([path], tmp_path / "refused", {"block_size": 8}, preset="tiny", task="chat",
+                              long_conversations="refuse", verbose=0)
+    assert not (tmp_path / "refused").exists()
+
+
+@pytest.mark.slow
+def test_the_terminal_chat_streams_answers_resets_and_survives_ctrl_c(chat_model, tmp_path):
+    path = tmp_path / "chat.keras"
+    gptlite.save(chat_model, path)
+    leader, follower = pty.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "gptlite", "chat", str(path), "--max-new-tokens", "500",
+                                "--seed", "1", "--system", "be a cat"],
+                               stdin=follower, stdout=follower, stderr=follower, cwd=REPO,
+                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    os.close(follower)
+    seen = b""
+
+    def read_until(marker, timeout=120):
+        nonlocal seen
+        deadline = time.monotonic() + timeout
+        while marker not in seen:
+            assert time.monotonic() < deadline, f"waited for {marker!r}; got {seen[-500:]!r}"
+            if select.select([leader], [], [], 0.5)[0]:
+                try:
+                    seen += os.read(leader, 4096)
+                except OSError:
+                    break
+        return seen
+
+    try:
+        read_until(b"you> ")
+        os.write(leader, b"the cat\n")
+        read_until(b"model> ")
+        seen = b""
+        read_until(b"you> ")  # the answer came and the prompt is back
+        os.write(leader, b"/reset\n")
+        read_until(b"(a new conversation)")
+        os.write(leader, b"a big red hat\n")
+        read_until(b"model> ")
+        os.write(leader, b"\x03")  # Ctrl-C while it answers: the answer stops, the chat goes on
+        seen = b""
+        read_until(b"you> ")
+        os.write(leader, b"\x04")  # Ctrl-D leaves
+        assert process.wait(timeout=60) == 0
+    finally:
+        process.kill()
+        os.close(leader)
