@@ -576,9 +576,12 @@ def create_app(model, model_name, settings=None, worker=None):
     from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
     from starlette.routing import Route
 
+    from gptlite import templates
+
     settings = settings or ServeSettings()
     worker = worker or Worker(model, settings)
     started = int(time.time())
+    can_chat = not isinstance(model, Seq2Seq) and templates.template_of(model.tokenizer) is not None
 
     def error_response(error):
         return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
@@ -697,13 +700,18 @@ def create_app(model, model_name, settings=None, worker=None):
 
     async def health(request):
         return JSONResponse({"status": "ok", "model": model_name, "waiting": worker.waiting,
-                             "compiling": worker.compiling})
+                             "compiling": worker.compiling, "chat": can_chat})
 
     async def attention(request):
         from gptlite import inspection
 
         check_key(request)
         body = await read_json(request)
+        if isinstance(body, dict) and "messages" in body and can_chat:  # a conversation, as the model reads it
+            try:
+                body = {"text": templates.render_for(model.tokenizer, body["messages"])}
+            except InputError as error:
+                raise RequestError(400, str(error), "messages") from None
         text = body.get("text") if isinstance(body, dict) else None
         if not isinstance(text, str) or not text:
             raise RequestError(400, "text must be a non-empty string", "text")

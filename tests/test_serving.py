@@ -217,12 +217,73 @@ def test_every_bad_request_gets_a_4xx_saying_what_is_wrong_and_the_server_keeps_
             error = response.json()["error"]
             assert error["message"] and error["param"] == param and len(error["message"]) < 300, body[:60]
         for method, path, status in (("GET", "/v1/completions", 405), ("GET", "/no/such/path", 404),
-                                     ("POST", "/v1/chat/completions", 404)):
+                                     ("POST", "/v1/embeddings", 404)):
             response = http.request(method, path)
             assert response.status_code == status
             assert response.json()["error"]["message"] and path in response.json()["error"]["message"]
         assert http.get("/health").json()["status"] == "ok"
         assert http.post("/v1/completions", json={"prompt": "the", "max_tokens": 2}).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def chat_server(fluent_model):
+    from gptlite import conversations
+
+    running = Server(serving.create_app(conversations.chat_ready(fluent_model), "chat", serving.ServeSettings()))
+    yield running
+    running.stop()
+
+
+CHAT = [{"role": "system", "content": "be a cat"}, {"role": "user", "content": "the cat"}]
+
+
+def test_the_openai_client_chats_plain_and_streamed(chat_server):
+    from gptlite import chat
+
+    client = openai.OpenAI(base_url=chat_server.url + "/v1", api_key="unused", max_retries=0)
+    model = chat_server.app.state.worker.model
+    answer = client.chat.completions.create(model="chat", messages=CHAT, max_tokens=10, temperature=0.8, seed=3)
+    choice = answer.choices[0]
+    assert answer.object == "chat.completion" and choice.message.role == "assistant"
+    assert choice.message.content == chat.reply(model, CHAT, max_new_tokens=10, temperature=0.8, seed=3)
+    assert choice.finish_reason in ("stop", "length") and "<|end|>" not in choice.message.content
+    assert answer.usage.prompt_tokens == len(conversations_prompt(model, CHAT))
+    chunks = list(client.chat.completions.create(model="chat", messages=CHAT, max_tokens=10, temperature=0.8,
+                                                 seed=3, stream=True))
+    assert all(chunk.object == "chat.completion.chunk" for chunk in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == choice.message.content
+    assert chunks[-1].choices[0].finish_reason == choice.finish_reason
+    two = client.chat.completions.create(model="chat", messages=CHAT, max_tokens=4, n=2, logprobs=True,
+                                         top_logprobs=2, temperature=0.0)
+    assert [c.index for c in two.choices] == [0, 1] and two.choices[0].message == two.choices[1].message
+    tokens = two.choices[0].logprobs.content
+    assert "".join(token.token for token in tokens) in two.choices[0].message.content + "<|end|>"
+    assert all(len(token.top_logprobs) == 2 and token.logprob <= 0 for token in tokens)
+
+
+def conversations_prompt(model, messages):
+    from gptlite import conversations
+
+    return conversations.prompt_ids(model.tokenizer, messages)
+
+
+def test_bad_conversations_get_a_400_and_a_model_without_a_template_says_it_cannot_chat(chat_server, server):
+    with httpx.Client(base_url=chat_server.url, timeout=30) as http:
+        for body, param in (({"messages": []}, "messages"),
+                            ({"messages": [{"role": "robot", "content": "hi"}]}, "messages"),
+                            ({"messages": [{"role": "user"}]}, "messages"),
+                            ({"messages": CHAT, "prompt": "the"}, "prompt"),
+                            ({"messages": CHAT, "top_logprobs": 2}, "top_logprobs"),
+                            ({"messages": [{"role": "user", "content": "QQ"}]}, "messages"),
+                            ({"messages": CHAT, "temperature": 5}, "temperature")):
+            response = http.post("/v1/chat/completions", json=body)
+            assert response.status_code == 400, body
+            assert response.json()["error"]["param"] == param, body
+        assert http.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 2}).status_code == 200
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        response = http.post("/v1/chat/completions", json={"messages": CHAT})
+        assert response.status_code == 400 and "no chat template" in response.json()["error"]["message"]
 
 
 @ONCE
@@ -436,5 +497,51 @@ def test_the_page_in_a_browser_streams_text_and_draws_attention(server, tmp_path
         browser.save_screenshot(str(screenshot))
         assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         print(f"screenshot of the page: {screenshot}")
+    finally:
+        browser.quit()
+
+
+@pytest.mark.extras
+@ONCE
+def test_the_chat_page_in_a_browser_streams_answers_as_bubbles_and_draws_the_conversations_attention(
+        chat_server, tmp_path):
+    browser = _browser()
+    if browser is None:
+        pytest.skip("needs selenium and Debian's chromium and chromium-driver (.ci/run installs them)")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        browser.get(chat_server.url + "/")
+        # A model with a chat template opens on the chat view.
+        WebDriverWait(browser, 30).until(lambda _: browser.find_element(By.ID, "chat_view").is_displayed())
+        browser.find_element(By.ID, "system").send_keys("be a cat")
+        maximum = browser.find_element(By.ID, "max_tokens")
+        maximum.clear()
+        maximum.send_keys("60")
+        browser.execute_script("window.changes = 0; new MutationObserver(() => window.changes++)"
+                               ".observe(document.getElementById('chat_log'), {childList: true, subtree: true});")
+        for question in ("the cat", "and the dog"):
+            browser.find_element(By.ID, "chat_input").send_keys(question + Keys.ENTER)
+            WebDriverWait(browser, 60).until(
+                lambda _: browser.find_element(By.ID, "send").is_enabled()
+                and len(browser.find_elements(By.CSS_SELECTOR, ".bubble.assistant")) >= 1)
+        bubbles = browser.find_elements(By.CSS_SELECTOR, "#chat_log .bubble")
+        assert [bubble.get_attribute("class").split()[1] for bubble in bubbles] == \
+            ["system", "user", "assistant", "user", "assistant"]
+        assert bubbles[1].text == "the cat" and bubbles[3].text == "and the dog"
+        assert browser.execute_script("return window.changes") > 4  # the answers grew as they streamed
+        browser.find_element(By.ID, "show_attention").click()
+        WebDriverWait(browser, 60).until(lambda _: "tokens" in browser.find_element(By.ID, "attention_status").text)
+        tokens = browser.execute_script("return maps.tokens")
+        # The conversation as the model reads it (its last block_size tokens): each message ends with its marker.
+        assert tokens[-1] == "<|end|>"
+        screenshot = tmp_path / "chat_page.png"
+        browser.save_screenshot(str(screenshot))
+        assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        print(f"screenshot of the chat page: {screenshot}")
+        browser.find_element(By.ID, "new_chat").click()
+        assert browser.find_elements(By.CSS_SELECTOR, "#chat_log .bubble.user") == []
     finally:
         browser.quit()
