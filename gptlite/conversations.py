@@ -230,7 +230,7 @@ _QUESTIONS = {
     "-": ("What is {a} minus {b}?", "What's {a} - {b}?", "Subtract {b} from {a}.", "Compute {a} - {b}.",
           "How much is {a} take away {b}?", "{a} - {b} = ?"),
 }
-_SYSTEM = ("You are a calculator.", "Answer with the number alone.", "Be brief.")
+_SYSTEM = ("You are a calculator.", "Answer exactly.", "Be brief.")
 
 
 @dataclasses.dataclass
@@ -243,8 +243,9 @@ class SyntheticChats:
 
 def synthetic(task, seed=0, count=SYNTHETIC_CONVERSATIONS, held_out=HELD_OUT_QUESTIONS):
     """"arithmetic": questions about adding or subtracting whole numbers from 0 to 99, in six phrasings
-    each, answered with the number; some conversations open with a system message, some ask twice.
-    The held-out questions' number pairs never appear in training."""
+    each, answered with the sum written out ("12 + 34 = 46": the answer restates the question in one
+    form before it computes); some conversations open with a system message, some ask twice. The
+    held-out questions' number pairs never appear in training."""
     if task not in CHAT_SYNTHETIC_TASKS:
         raise ConfigError(f"the synthetic conversation tasks are {', '.join(CHAT_SYNTHETIC_TASKS)}; got {task!r}")
     random = np.random.default_rng(seed)
@@ -256,7 +257,7 @@ def synthetic(task, seed=0, count=SYNTHETIC_CONVERSATIONS, held_out=HELD_OUT_QUE
     def question(problem):
         a, op, b = problem
         phrasing = _QUESTIONS[op][random.integers(len(_QUESTIONS[op]))]
-        return phrasing.format(a=a, b=b), str(a + b if op == "+" else a - b)
+        return phrasing.format(a=a, b=b), f"{a} {op} {b} = {a + b if op == '+' else a - b}"
 
     conversations = []
     for _ in range(count):

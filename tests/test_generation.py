@@ -245,7 +245,10 @@ def test_slides_outside_the_window_are_refused(fluent_model, slide):
 def test_prompt_length_settings_and_seed_never_recompile(fluent_model):
     from gptlite.engine import programs_for
 
-    gptlite.generate(fluent_model, "the", 20, seed=0)  # traced for one row, if no test has yet
+    # Traced for one row, if no test has yet: with a filter, as the calls below that the check counts have,
+    # and for both prefill widths (prompts are padded to a power of two columns, here 8 or 16).
+    gptlite.generate(fluent_model, "the", 20, seed=0, top_k=5)
+    gptlite.generate(fluent_model, "the cat sat on the mat", 2, seed=0, top_k=5)
     programs = programs_for(fluent_model)
     functions = [programs.prefill(False)] + [programs.loop("sample", kind, slide=1) for kind in ("cached", "recompute")]
     traces = [f.traces for f in functions]
