@@ -223,6 +223,8 @@ class ConversationBatches(keras.utils.PyDataset):
 
 CHAT_SYNTHETIC_TASKS = ("arithmetic",)
 HELD_OUT_QUESTIONS = 300
+# The held-out questions are the task's own, whatever a run's seed: every run, and `gptlite eval`, hold out the same.
+HELD_OUT_SEED = 0
 SYNTHETIC_CONVERSATIONS = 20_000
 _QUESTIONS = {
     "+": ("What is {a} plus {b}?", "What's {a} + {b}?", "Add {a} and {b}.", "Compute {a} + {b}.",
@@ -245,11 +247,12 @@ def synthetic(task, seed=0, count=SYNTHETIC_CONVERSATIONS, held_out=HELD_OUT_QUE
     """"arithmetic": questions about adding or subtracting whole numbers from 0 to 99, in six phrasings
     each, answered with the sum written out ("12 + 34 = 46": the answer restates the question in one
     form before it computes); some conversations open with a system message, some ask twice. The
-    held-out questions' number pairs never appear in training."""
+    held-out questions are the same for every seed (`HELD_OUT_SEED`), and their number pairs never
+    appear in training; `seed` draws the training conversations."""
     if task not in CHAT_SYNTHETIC_TASKS:
         raise ConfigError(f"the synthetic conversation tasks are {', '.join(CHAT_SYNTHETIC_TASKS)}; got {task!r}")
-    random = np.random.default_rng(seed)
     problems = [(a, op, b) for op in "+-" for a in range(100) for b in range(100) if op == "+" or a >= b]
+    random = np.random.default_rng(HELD_OUT_SEED)
     order = random.permutation(len(problems))
     held = [problems[i] for i in order[:held_out]]
     kept = [problems[i] for i in order[held_out:]]
@@ -259,6 +262,11 @@ def synthetic(task, seed=0, count=SYNTHETIC_CONVERSATIONS, held_out=HELD_OUT_QUE
         phrasing = _QUESTIONS[op][random.integers(len(_QUESTIONS[op]))]
         return phrasing.format(a=a, b=b), f"{a} {op} {b} = {a + b if op == '+' else a - b}"
 
+    held_out_questions = []
+    for problem in held:
+        asked, answer = question(problem)
+        held_out_questions.append(([{"role": "user", "content": asked}], answer))
+    random = np.random.default_rng(seed)
     conversations = []
     for _ in range(count):
         messages = [{"role": "system", "content": _SYSTEM[random.integers(len(_SYSTEM))]}] \
@@ -267,8 +275,4 @@ def synthetic(task, seed=0, count=SYNTHETIC_CONVERSATIONS, held_out=HELD_OUT_QUE
             asked, answer = question(kept[random.integers(len(kept))])
             messages += [{"role": "user", "content": asked}, {"role": "assistant", "content": answer}]
         conversations.append(messages)
-    held_out_questions = []
-    for problem in held:
-        asked, answer = question(problem)
-        held_out_questions.append(([{"role": "user", "content": asked}], answer))
     return SyntheticChats(conversations, held_out_questions)

@@ -19,6 +19,13 @@ is context only, and its characters and bytes are not counted.
 A Seq2Seq's loss is that of each target token (its end token among them)
 given the source and the target's tokens before it; exact match is the
 share of sources whose target it decodes greedily, exactly.
+
+A chat model (one with a chat template) reads conversations files (JSON
+Lines, `gptlite.conversations`): its loss is over the answers' tokens, as
+training counts it, their end-of-turn markers among them, and bits per
+character over the answers' characters; exact answers is the share of
+conversations whose last answer it writes greedily, exactly (spaces around
+it aside), given the messages before it.
 """
 
 import dataclasses
@@ -29,9 +36,10 @@ import time
 import keras
 import numpy as np
 
-from gptlite import data, generation, pairs
+from gptlite import chat, conversations, data, generation, pairs, templates
 from gptlite.errors import ConfigError, InputError
 from gptlite.model import GPT, Seq2Seq
+from gptlite.sampling import SamplingConfig
 from gptlite.text import known_text
 
 # Logits held at once at most (batch x context x vocabulary), about 512 MB of float32.
@@ -100,6 +108,35 @@ class PairScore:
 
 
 @dataclasses.dataclass
+class ChatScore:
+    """What a chat model scored on one conversations file (or on several, added up)."""
+
+    name: str
+    conversations: int
+    exact: int  # conversations whose last answer it wrote exactly
+    tokens: int  # answers' tokens predicted, end-of-turn markers among them
+    characters: int  # the answers' characters
+    bytes: int  # and their UTF-8 bytes
+    nats: float
+    seconds: float
+
+    @property
+    def exact_answers(self):
+        return self.exact / self.conversations
+
+    loss = Score.loss
+    perplexity = Score.perplexity
+    bits_per_character = Score.bits_per_character
+    bits_per_byte = Score.bits_per_byte
+
+    def as_dict(self):
+        return dict(name=self.name, exact_answers=self.exact_answers, loss=self.loss, perplexity=self.perplexity,
+                    bits_per_character=self.bits_per_character, bits_per_byte=self.bits_per_byte,
+                    conversations=self.conversations, exact=self.exact, tokens=self.tokens,
+                    characters=self.characters, bytes=self.bytes, seconds=round(self.seconds, 3))
+
+
+@dataclasses.dataclass
 class Evaluation:
     """`evaluate`'s result: a `Score` (a Seq2Seq: a `PairScore`) for each source, and their total."""
 
@@ -107,21 +144,32 @@ class Evaluation:
     total: Score
 
 
-def evaluate(model, sources, encoding="utf-8", errors="strict", unknown="error", verbose=0):
+def evaluate(model, sources=(), encoding="utf-8", errors="strict", unknown="error", verbose=0, synthetic=None):
     """Score a model on `sources`, each scored on its own; an `Evaluation`.
 
-    A GPT reads text files, or folders of them; a Seq2Seq reads files of
-    source<TAB>target lines. encoding, errors: how the files are decoded;
+    A GPT reads text files, or folders of them; a chat model, conversations
+    files (.jsonl), or with `synthetic="arithmetic"` that task's held-out
+    questions instead; a Seq2Seq reads files of source<TAB>target lines. encoding, errors: how the files are decoded;
     unknown: characters a char vocabulary lacks are an error ("error"), left
     out ("skip") or spaces ("replace"). verbose=1 shows a progress bar.
     """
     if not isinstance(model, (GPT, Seq2Seq)):
         raise ConfigError(f"evaluate scores a GPT or a Seq2Seq, not a {type(model).__name__}")
     sources = [sources] if isinstance(sources, (str, pathlib.Path)) else list(sources)
+    if synthetic is not None:
+        if sources:
+            raise ConfigError("give files to score, or `synthetic`, not both")
+        questions = conversations.synthetic(synthetic).held_out
+        chats = [messages + [{"role": "assistant", "content": answer}] for messages, answer in questions]
+        return evaluate_conversations(model, [(f"held-out {synthetic} questions", chats)], verbose)
     if not sources:
-        raise ConfigError("give at least one file to evaluate on")
+        raise ConfigError("give at least one file to evaluate on, or `synthetic`")
     if isinstance(model, Seq2Seq):
         return _evaluate_pairs(model, sources, encoding, errors, unknown, verbose)
+    if templates.template_of(model.tokenizer) is not None and \
+            all(pathlib.Path(source).suffix == ".jsonl" for source in sources):
+        sets = [(str(source), conversations.read_conversations(source, encoding)) for source in sources]
+        return evaluate_conversations(model, sets, verbose)
     corpora = [data.Corpus.from_files([source], encoding, errors) for source in sources]  # every file checked first
     scorer = _Scorer(model)
     progress = keras.utils.Progbar(sum(corpus.size for corpus in corpora), unit_name="byte",
@@ -199,6 +247,56 @@ class _Scorer:
             keras.ops.sparse_categorical_crossentropy(targets, logits, from_logits=True))
         totals[0] += int(scored.sum())
         totals[1] += float(losses[scored].astype(np.float64).sum())
+
+
+def evaluate_conversations(model, named_sets, verbose=0, batch_size=32):
+    """Score a chat model on conversations: [(name, [messages, ...]), ...] -> an `Evaluation` of `ChatScore`s."""
+    tokenizer, block_size = model.tokenizer, model.config.block_size
+    progress = keras.utils.Progbar(sum(len(chats) for _, chats in named_sets), unit_name="conversation",
+                                   verbose=1 if verbose else 0)
+    scores = []
+    for name, chats in named_sets:
+        started = time.perf_counter()
+        rows = conversations.pack(tokenizer, chats, block_size)
+        inputs, targets = conversations.targets(rows)
+        tokens, nats, characters, size = 0, 0.0, 0, 0
+        for start in range(0, len(inputs), batch_size):
+            count = len(inputs[start:start + batch_size])
+            # A whole batch each time, its rows repeated: one compiled shape.
+            batch_inputs = np.resize(inputs[start:start + batch_size], (batch_size, inputs.shape[1]))
+            batch_targets = np.resize(targets[start:start + batch_size], (batch_size, targets.shape[1]))[:count]
+            logits = model.predict_on_batch(batch_inputs)[:count]
+            scored = batch_targets != conversations.IGNORED
+            losses = keras.ops.convert_to_numpy(keras.ops.sparse_categorical_crossentropy(
+                np.maximum(batch_targets, 0), logits, from_logits=True))
+            tokens += int(scored.sum())
+            nats += float(losses[scored].astype(np.float64).sum())
+            for row, mask in zip(batch_targets, scored):
+                answer = tokenizer.decode(row[mask])
+                counted = tokenizer.character_count(row[mask])
+                characters += counted
+                size += len(answer.encode("utf-8")) - (len(answer) - counted)  # markers count no bytes either
+        exact = 0
+        for start in range(0, len(chats), batch_size):
+            asked = [_last_question(messages) for messages in chats[start:start + batch_size]]
+            configs = [SamplingConfig(max_new_tokens=len(tokenizer.encode(answer)) + 4, temperature=0.0)
+                       for _, answer in asked]
+            got = chat.answers(model, [messages for messages, _ in asked], configs)
+            exact += sum(text.strip() == answer.strip() for text, (_, answer) in zip(got, asked))
+            progress.add(len(asked))
+        scores.append(ChatScore(name, len(chats), exact, tokens, characters, size, nats,
+                                time.perf_counter() - started))
+    total = ChatScore("total", *(sum(getattr(score, field) for score in scores) for field in
+                                 ("conversations", "exact", "tokens", "characters", "bytes", "nats", "seconds")))
+    return Evaluation(scores, total)
+
+
+def _last_question(messages):
+    """(the messages before a conversation's last answer, that answer)."""
+    last = max(index for index, message in enumerate(messages) if message["role"] == "assistant")
+    if not last:
+        raise InputError("a conversation whose only answer comes first has no question to answer")
+    return messages[:last], messages[last]["content"]
 
 
 def _evaluate_pairs(model, sources, encoding, errors, unknown, verbose):

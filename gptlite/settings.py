@@ -212,9 +212,10 @@ DEFAULT_PRESET = "cpu"
 # takes to decode 99% of its held-out pairs exactly (BENCHMARKS.md).
 SYNTHETIC_MAX_ITERS = {"addition": 8000, "reverse": 1500, "sort": 6000}
 SYNTHETIC_TASKS = tuple(SYNTHETIC_MAX_ITERS)
-# A built-in conversation task's settings over the cpu preset's: a context that holds a conversation of two
-# questions whole.
-CHAT_SYNTHETIC_SETTINGS = {"arithmetic": dict(block_size=128, max_iters=3000, eval_interval=500)}
+# A built-in conversation task's settings over the modern preset's (rotary positions find numbers wherever a
+# phrasing puts them: with the cpu preset's learned positions, 3% of held-out questions were answered exactly after
+# 1,500 steps, against 91%): a context that holds a conversation of two questions whole, and a larger batch.
+CHAT_SYNTHETIC_SETTINGS = {"arithmetic": dict(block_size=128, batch_size=32, max_iters=3000, eval_interval=500)}
 # What a run trains (a GPT on text, an encoder-decoder, a GPT on conversations), and the tokenizers a new
 # run can fit.
 TASKS = ("lm", "seq2seq", "chat")
@@ -274,7 +275,7 @@ def default_settings(seq2seq=False, synthetic=None):
     """A run's settings before any preset or override: the cpu preset's for a GPT,
     the seq2seq preset's for a Seq2Seq, with a synthetic task's own number of steps."""
     if synthetic in CHAT_SYNTHETIC_SETTINGS:
-        return {**PRESETS[DEFAULT_PRESET], **CHAT_SYNTHETIC_SETTINGS[synthetic]}
+        return {**PRESETS["modern"], **CHAT_SYNTHETIC_SETTINGS[synthetic]}
     if not seq2seq:
         return PRESETS[DEFAULT_PRESET]
     return {**PRESETS["seq2seq"], **({"max_iters": SYNTHETIC_MAX_ITERS[synthetic]} if synthetic else {})}

@@ -12,8 +12,9 @@ A model without a template gets `DEFAULT_TEMPLATE`, whose turn markers
 
     <|system|>Be brief.<|end|><|user|>What is 2 + 3?<|end|><|assistant|>5<|end|>
 
-An answer ends at its end-of-turn text (`turn_end`): the default template's
-"<|end|>", or a pretrained template's end-of-text token.
+An answer ends at its end-of-turn text (`turn_end`): the token the template
+writes after an answer (the default template's "<|end|>", ChatML's
+"<|im_end|>"), or else the end-of-text token.
 """
 
 import datetime
@@ -130,10 +131,22 @@ def render_for(tokenizer, messages, add_generation_prompt=False):
 
 
 def turn_end(tokenizer):
-    """The text that ends an answer: the default template's end marker where the tokenizer has it,
-    else its end-of-text token's text (None without either)."""
-    if END_OF_TURN in getattr(tokenizer, "added_tokens", ()):
-        return END_OF_TURN
+    """The text that ends an answer: the first of the tokenizer's added tokens that its template writes after an
+    answer ("<|end|>" for the default template, "<|im_end|>" for ChatML's), else its end-of-text token's text
+    (None without either)."""
+    template = template_of(tokenizer)
+    added = [token for token in getattr(tokenizer, "added_tokens", ()) if token]
+    if template is not None and added:
+        sentinel = "gptlite-answer-sentinel"
+        conversation = [{"role": "user", "content": "question"}, {"role": "assistant", "content": sentinel}]
+        try:
+            text = render(template, conversation, **special_tokens_of(tokenizer))
+        except InputError:
+            text = ""
+        after = text[text.find(sentinel) + len(sentinel):] if sentinel in text else ""
+        written = [token for token in added if token in after]
+        if written:
+            return min(written, key=after.find)
     end = getattr(tokenizer, "end_token", None)
     if end is None and getattr(tokenizer, "end_token_id", None) is not None:
         end = tokenizer.decode([tokenizer.end_token_id])

@@ -192,6 +192,25 @@ def test_a_chat_run_trains_on_a_conversations_file_and_keeps_its_template(tmp_pa
     assert not (tmp_path / "refused").exists()
 
 
+def test_a_saved_model_fine_tunes_on_conversations_with_lora_and_a_bad_file_touches_nothing(tmp_path, tiny_model):
+    gptlite.save(tiny_model, tmp_path / "base.keras")
+    before = (tmp_path / "base.keras").read_bytes()
+    path = tmp_path / "chats.jsonl"
+    path.write_text(json.dumps({"messages": CONVERSATION[1:3]}) + "\n" + json.dumps({"messages": CONVERSATION[3:]})
+                    + "\n")
+    run = gptlite.train_on_text([path], tmp_path / "run", {"max_iters": 2, "eval_interval": 2, "eval_iters": 1,
+                                                           "lora_rank": 2, "batch_size": 2},
+                                init_from=tmp_path / "base.keras", task="chat", verbose=0)
+    assert all(weight.name in ("lora_a", "lora_b") for weight in run.model.trainable_weights)
+    assert gptlite.load(tmp_path / "run" / "model.keras").tokenizer.chat_template == templates.DEFAULT_TEMPLATE
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"messages": CONVERSATION}) + "\n{oops\n")
+    with pytest.raises(InputError, match="bad.jsonl, line 2"):
+        gptlite.train_on_text([tmp_path / "bad.jsonl"], tmp_path / "run", init_from=tmp_path / "base.keras",
+                              task="chat", overwrite=True, verbose=0)
+    assert (tmp_path / "base.keras").read_bytes() == before  # the source is only read
+    assert (tmp_path / "run" / "model.keras").exists()  # the earlier run is left as it was
+
+
 @pytest.mark.slow
 def test_the_terminal_chat_streams_answers_resets_and_survives_ctrl_c(chat_model, tmp_path):
     path = tmp_path / "chat.keras"

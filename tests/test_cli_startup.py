@@ -53,3 +53,16 @@ def test_xlas_refusal_of_its_own_cached_programs_cpu_is_dropped_and_other_errors
     assert is_false_alarm(refusal) and not is_false_alarm(error) and not is_false_alarm("a line of text")
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")  # a user who asks for everything gets it
     assert not is_false_alarm(refusal)
+
+
+def test_gptlite_command_tells_the_command_whether_the_process_is_its_own(monkeypatch):
+    import sys
+
+    from gptlite import cli
+
+    seen = []
+    monkeypatch.setattr(cli.COMMANDS["eval"], "main", lambda argv, whole_process: seen.append(whole_process) or 0)
+    monkeypatch.setattr(sys, "argv", ["gptlite", "eval", "model.keras"])
+    assert cli.main() == 0  # `gptlite eval ...`: the process is the command's, so it may filter XLA's false alarms
+    assert cli.main(["eval", "model.keras"]) == 0  # called from a program: its standard error is left alone
+    assert seen == [True, False]

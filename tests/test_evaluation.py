@@ -145,3 +145,34 @@ def test_a_seq2seq_model_is_scored_on_pairs_by_exact_match_and_loss_per_target_t
         assert main(["eval", str(tmp_path / "reverser.keras"), str(tmp_path / file)]) == 2
         error = capsys.readouterr().err
         assert message in error and error.count("\n") == 1
+
+
+def test_a_chat_model_is_scored_on_its_answers_and_their_exactness(tmp_path, tiny_model, capsys, monkeypatch):
+    from gptlite import chat, conversations, evaluation
+    from gptlite.cli import main
+
+    model = conversations.chat_ready(tiny_model)
+    chats = [[{"role": "user", "content": "the cat"}, {"role": "assistant", "content": "sat"}],
+             [{"role": "user", "content": "a"}, {"role": "assistant", "content": "ran"},
+              {"role": "user", "content": "to"}, {"role": "assistant", "content": "mat"}]]  # 17 tokens: the context
+    path = tmp_path / "chats.jsonl"
+    path.write_text("".join(json.dumps({"messages": messages}) + "\n" for messages in chats))
+    asked = []
+
+    def answers(model, questions, sampling):  # the first answer right, the second wrong
+        asked.extend(questions)
+        return [" sat ", "a hat"]
+
+    monkeypatch.setattr(chat, "answers", answers)
+    score = gptlite.evaluate(model, [path]).total
+    assert isinstance(score, evaluation.ChatScore) and score.conversations == 2 and score.exact == 1
+    assert asked == [chats[0][:1], chats[1][:3]]  # each conversation up to its last answer
+    rows = conversations.pack(model.tokenizer, chats, model.config.block_size)
+    assert score.tokens == int(rows.trained[:, 1:].sum())  # the answers' tokens, their end markers among them
+    assert score.characters == len("sat") + len("ran") + len("mat") and math.isfinite(score.loss)
+    monkeypatch.undo()
+    gptlite.save(model, tmp_path / "chat.keras")
+    assert main(["eval", str(tmp_path / "chat.keras"), str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["total"]["conversations"] == 2
+    assert main(["eval", str(tmp_path / "chat.keras")]) == 2
+    assert "give at least one file to evaluate on, or --synthetic" in capsys.readouterr().err

@@ -255,3 +255,17 @@ def test_fine_tuning_a_llama_folder_with_lora_keeps_its_tokenizer_and_chat_templ
     assert saved.tokenizer.encode(TRICKY).tolist() == run.model.tokenizer.encode(TRICKY).tolist()
     text = gptlite.generate(saved, "The quick", max_new_tokens=5, temperature=0.0)
     assert text.startswith("The quick")
+
+
+def test_a_folder_with_a_chat_template_chats_with_it(folder, model):
+    from gptlite import chat, conversations
+
+    _, _, _, hf_tokenizer = folder
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "The quick brown fox?"}]
+    assert conversations.chat_ready(model) is model  # its own template: no tokens added
+    rendered = hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    # The text transformers renders, as the model reads any text: after its beginning token, where it has one.
+    assert conversations.prompt_ids(model.tokenizer, messages) == \
+        [*model.tokenizer.text_start_ids, *model.tokenizer.encode(rendered).tolist()]
+    answer = chat.reply(model, messages, max_new_tokens=6, temperature=0.0)
+    assert "<|im_end|>" not in answer  # the answer ends before the template's end of turn, if it writes one

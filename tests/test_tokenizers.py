@@ -198,3 +198,22 @@ def test_definitions_made_elsewhere_are_encoded_by_the_library_alone(bpe):
     assert other._known_ids is None
     texts = TRICKY + random_texts(200, seed=1)
     assert [list(ids) for ids in other.encode_batch(texts)] == [list(other.encode(text)) for text in texts]
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_chat_markers_are_one_token_each_wherever_they_stand_and_survive_saving(kind, bpe):
+    from gptlite import templates
+
+    plain = CharTokenizer.from_text("the cat sat <|| on a mat") if kind == "char" else bpe
+    tokenizer = plain.with_chat_tokens(templates.TURN_MARKERS, templates.DEFAULT_TEMPLATE)
+    assert tokenizer.vocabulary_size == plain.vocabulary_size + len(templates.TURN_MARKERS)
+    text = "<|user|>the cat<|end|><|assistant|><|| sat<|end|>"
+    ids = tokenizer.encode(text)
+    marker_ids = {int(tokenizer.encode(marker)[0]) for marker in templates.TURN_MARKERS}
+    assert marker_ids == set(range(plain.vocabulary_size, tokenizer.vocabulary_size))  # after the others' ids
+    assert sum(int(i) in marker_ids for i in ids) == 4 and tokenizer.decode(ids) == text
+    assert tokenizer.encode("the cat").tolist() == plain.encode("the cat").tolist()  # plain text as before
+    assert tokenizer.encode_batch([text, "the cat"])[0].tolist() == ids.tolist()
+    assert tokenizer.character_count(ids) == len("the cat<|| sat")  # markers stand for no character
+    again = type(tokenizer).from_config(json.loads(json.dumps(tokenizer.get_config())))
+    assert again.encode(text).tolist() == ids.tolist() and again.chat_template == templates.DEFAULT_TEMPLATE

@@ -35,6 +35,7 @@ def usage():
 
 def main(argv=None):
     """`gptlite COMMAND ...`: each command under one name."""
+    whole_process = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in ("-h", "--help", "help"):
         print(usage())
@@ -46,4 +47,4 @@ def main(argv=None):
         print(f"gptlite: error: unknown command {argv[0]!r}; the commands are {', '.join(COMMANDS)} "
               f"(see gptlite --help)", file=sys.stderr)
         return 2
-    return COMMANDS[argv[0]].main(argv[1:])
+    return COMMANDS[argv[0]].main(argv[1:], whole_process=whole_process)

@@ -40,7 +40,10 @@ def run(args):
     print(f"talking with {args.model}: /reset starts over, Ctrl-C stops an answer, Ctrl-D leaves", flush=True)
     while True:
         try:
-            text = input(PROMPT)
+            # The prompt written here rather than by input(), which writes it to standard error without a newline:
+            # where the command holds back native log lines, that would wait for the line's end.
+            print_piece(PROMPT)
+            text = input()
         except EOFError:
             print()
             return

@@ -12,12 +12,15 @@ SUMMARY = "measure a model on text files: loss, perplexity, bits per character a
 
 def make_parser(prog):
     parser = Parser(prog=prog, description="Measure a model on files: a GPT on text (loss per token, perplexity, bits "
-                                            "per character and per byte), a seq2seq model on source<TAB>target lines "
-                                            "(exact match and loss per target token); see docs/evaluation.md.")
+                                            "per character and per byte), a chat model on conversations (.jsonl: the "
+                                            "answers' loss and exact answers), a seq2seq model on source<TAB>target "
+                                            "lines (exact match and loss per target token); see docs/evaluation.md.")
     parser.add_argument("model", type=pathlib.Path, help="the model file (a model.keras)")
-    parser.add_argument("texts", nargs="+", type=pathlib.Path, metavar="FILE",
-                        help="text files, or folders of them (a seq2seq model: files of source<TAB>target lines), "
-                             "each scored on its own")
+    parser.add_argument("texts", nargs="*", type=pathlib.Path, metavar="FILE",
+                        help="text files, or folders of them (a chat model: conversations files, .jsonl; a seq2seq "
+                             "model: files of source<TAB>target lines), each scored on its own")
+    parser.add_argument("--synthetic", choices=["arithmetic"], default=None,
+                        help="a chat model: score the synthetic arithmetic task's 300 held-out questions instead")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     parser.add_argument("--encoding", default="utf-8", help="the files' encoding (default: utf-8)")
     parser.add_argument("--errors", choices=["strict", "replace"], default="strict",
@@ -32,12 +35,21 @@ def run(args):
 
     model = saving.load(args.model)
     result = evaluation.evaluate(model, args.texts, encoding=args.encoding, errors=args.errors,
-                                 unknown=args.unknown, verbose=0 if args.json else sys.stdout.isatty())
+                                 unknown=args.unknown, verbose=0 if args.json else sys.stdout.isatty(),
+                                 synthetic=args.synthetic)
     if args.json:
         print(json.dumps({"model": str(args.model), "sources": [score.as_dict() for score in result.sources],
                           "total": result.total.as_dict()}, indent=1))
         return
     rows = result.sources + ([result.total] if len(result.sources) > 1 else [])
+    if isinstance(result.total, evaluation.ChatScore):
+        print(f"{'conversations':<30} {'exact':>7} {'loss':>7} {'ppl':>9} {'bits/char':>9} {'chats':>9} {'tokens':>11} "
+              f"{'seconds':>8}")
+        for score in rows:
+            print(f"{score.name[-30:]:<30} {score.exact_answers:>7.1%} {score.loss:>7.4f} {score.perplexity:>9.3f} "
+                  f"{score.bits_per_character:>9.4f} {score.conversations:>9,} {score.tokens:>11,} "
+                  f"{score.seconds:>8.1f}")
+        return
     if isinstance(result.total, evaluation.PairScore):
         print(f"{'pairs file':<30} {'exact':>7} {'loss':>7} {'ppl':>9} {'bits/char':>9} {'pairs':>9} {'tokens':>11} "
               f"{'seconds':>8}")
