@@ -212,9 +212,9 @@ DEFAULT_PRESET = "cpu"
 # takes to decode 99% of its held-out pairs exactly (BENCHMARKS.md).
 SYNTHETIC_MAX_ITERS = {"addition": 8000, "reverse": 1500, "sort": 6000}
 SYNTHETIC_TASKS = tuple(SYNTHETIC_MAX_ITERS)
-# A built-in conversation task's settings over the modern preset's (rotary positions find numbers wherever a
-# phrasing puts them: with the cpu preset's learned positions, 3% of held-out questions were answered exactly after
-# 1,500 steps, against 91%): a context that holds a conversation of two questions whole, and a larger batch.
+# A built-in conversation task's settings over the modern preset's (trained as the cpu preset, 3% of held-out
+# questions were answered exactly after 1,500 steps, against 91%; BENCHMARKS.md): a context that holds a
+# conversation of two questions whole, and a larger batch.
 CHAT_SYNTHETIC_SETTINGS = {"arithmetic": dict(block_size=128, batch_size=32, max_iters=3000, eval_interval=500)}
 # What a run trains (a GPT on text, an encoder-decoder, a GPT on conversations), and the tokenizers a new
 # run can fit.
