@@ -22,7 +22,7 @@ import tempfile
 import keras
 import numpy as np
 
-from gptlite import chat, conversations, data, generation, pairs, pretrained, run_config, training
+from gptlite import chat, conversations, data, generation, pairs, pretrained, run_config, templates, training
 from gptlite.checkpoints import CHECKPOINT_STATE, CHECKPOINT_WEIGHTS, read_checkpoint
 from gptlite.distribute import check_accumulation, data_parallel, on_gpu
 from gptlite.errors import ConfigError, InputError, MissingFileError, RunExistsError
@@ -190,29 +190,19 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
                 model = conversations.chat_ready(model, training_config.seed)
                 if not had_template:
                     say("the model gets gptlite's chat template; its turn markers are new tokens: "
-                        + " ".join(conversations.templates.TURN_MARKERS))
+                        + " ".join(templates.TURN_MARKERS))
             if training_config.lora_rank:
                 model.enable_lora(training_config.lora_rank, training_config.lora_alpha,
                                   training_config.lora_targets)
-            if not checkpoint:
-                _make_folder(out_dir, overwrite)
             kind = {CharTokenizer: "characters", BPETokenizer: "byte-level BPE tokens"}.get(
                 type(model.tokenizer), "the pretrained model's tokens")
             metrics = {}
-            if chats is not None:
-                rows = conversations.pack(model.tokenizer, chats.conversations, model.config.block_size,
-                                          long_conversations)
-                train_ids, validation_ids = conversations.split(rows, seed=training_config.seed)
-                answers = int(rows.trained[:, 1:].sum())
-                data_line = (f"training on {chats.name}: {rows.conversations:,} conversations ({kind}, "
-                             f"{model.tokenizer.vocabulary_size:,} in the vocabulary) packed into {len(rows):,} "
-                             f"rows of {model.config.block_size + 1} tokens, {answers:,} of them answers' (the "
-                             f"loss counts those); {len(train_ids):,} rows train / {len(validation_ids):,} validation"
-                             + (f"; {rows.cut:,} conversations longer than the context were cut" if rows.cut else ""))
-                if chats.held_out:
-                    checked = chats.held_out[:chat.EVALUATED_QUESTIONS]
-                    metrics["exact_answers"] = lambda m: chat.exact_answers(m, checked)
-            else:
+            if chats is not None:  # packed before the folder is made: a refusal leaves an earlier run as it is
+                train_ids, validation_ids, data_line, metrics = _chat_rows(model, chats, kind, training_config,
+                                                                           long_conversations)
+            if not checkpoint:
+                _make_folder(out_dir, overwrite)
+            if chats is None:
                 train_ids, validation_ids = _encode(corpus, model.tokenizer, out_dir, bool(checkpoint), model.config,
                                                     unknown, bool(start))
                 data_line = (f"training on {corpus.name}: {len(train_ids) + len(validation_ids):,} tokens ({kind}, "
@@ -306,6 +296,23 @@ class _Chats:
     conversations: list
     held_out: list  # a synthetic task's [(messages, answer)]; empty for a file
     name: str
+
+
+def _chat_rows(model, chats, kind, training_config, long_conversations):
+    """A chat run's (train rows, validation rows, the line that says what it trains on, its metrics)."""
+    rows = conversations.pack(model.tokenizer, chats.conversations, model.config.block_size, long_conversations)
+    train_rows, validation_rows = conversations.split(rows, seed=training_config.seed)
+    answers = int(rows.trained[:, 1:].sum())
+    line = (f"training on {chats.name}: {rows.conversations:,} conversations ({kind}, "
+            f"{model.tokenizer.vocabulary_size:,} in the vocabulary) packed into {len(rows):,} rows of "
+            f"{model.config.block_size + 1} tokens, {answers:,} of them answers' (the loss counts those); "
+            f"{len(train_rows):,} rows train / {len(validation_rows):,} validation"
+            + (f"; {rows.cut:,} conversations longer than the context were cut" if rows.cut else ""))
+    metrics = {}
+    if chats.held_out:
+        checked = chats.held_out[:chat.EVALUATED_QUESTIONS]
+        metrics["exact_answers"] = lambda m: chat.exact_answers(m, checked)
+    return train_rows, validation_rows, line, metrics
 
 
 def _conversations(sources, synthetic, encoding, seed):

@@ -5,8 +5,10 @@ batching the requests that arrive together, with a page to try it at `/`.
     gptlite.serving.serve("runs/mine/model.keras", port=8000)   # what `gptlite serve` does
 
 Endpoints: `POST /v1/completions` (a prompt or a list of them; `stream: true`
-for server-sent events), `GET /v1/models`, `GET /health`, `POST
-/v1/attention` (the page's attention view) and `GET /` (the page).
+for server-sent events), `POST /v1/chat/completions` (a chat model's answer
+to a conversation, rendered with its template), `GET /v1/models`, `GET
+/health`, `POST /v1/attention` (the page's attention view) and `GET /` (the
+page, with a chat view for a chat model).
 
 One worker thread owns the model and decodes; the event loop only parses,
 queues and streams. The worker keeps one `gptlite.engine.Engine` running:
@@ -34,6 +36,7 @@ import time
 import traceback
 import uuid
 
+from gptlite import conversations, templates
 from gptlite.engine import SHORTEST_CACHE, Engine
 from gptlite.errors import GPTLiteError, InputError
 from gptlite.generation import RowText, generate_target, prompt_ids, row_seeds
@@ -156,8 +159,6 @@ CHAT_FIELDS = (FIELDS - {"prompt", "echo", "suffix", "best_of"}) | {"messages", 
 def parse_chat_completion(body, model, model_name, settings):
     """The `Completion` a chat completions request asks for: its conversation rendered with the model's
     chat template, its answers ending at the template's end of turn; or a `RequestError`."""
-    from gptlite import conversations, templates
-
     if not isinstance(body, dict):
         raise RequestError(400, "the request body must be a JSON object")
     unknown = sorted(set(body) - CHAT_FIELDS)
@@ -575,8 +576,6 @@ def create_app(model, model_name, settings=None, worker=None):
     from starlette.requests import ClientDisconnect
     from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
     from starlette.routing import Route
-
-    from gptlite import templates
 
     settings = settings or ServeSettings()
     worker = worker or Worker(model, settings)

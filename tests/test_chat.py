@@ -42,6 +42,23 @@ def test_a_model_without_a_template_gets_the_default_one_and_its_markers_as_toke
     assert conversations.chat_ready(chat_model) is chat_model  # it has a template now
 
 
+def test_a_grown_model_computes_what_it_did_on_text_without_markers(tokenizer):
+    import keras
+
+    # A BPE tokenizer and an untied output layer (GPT-2 ties it; Llama's do not): both grow.
+    bpe = gptlite.BPETokenizer.train(["the cat sat on a mat and the dog ran to a big red hat"] * 20, 300)
+    model = gptlite.GPT(vocab_size=bpe.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=16,
+                        tie_weights=False, tokenizer=bpe)
+    model.build((None, 16))
+    grown = conversations.chat_ready(model)
+    assert grown.config.vocab_size == model.config.vocab_size + len(templates.TURN_MARKERS)
+    ids = np.asarray([bpe.encode("the cat sat on a mat")], "int32")
+    before = keras.ops.convert_to_numpy(model(ids))
+    after = keras.ops.convert_to_numpy(grown(ids))
+    np.testing.assert_allclose(after[..., :model.config.vocab_size], before, rtol=1e-5, atol=1e-6)
+    assert grown.tokenizer.encode("<|assistant|>").tolist() == [model.config.vocab_size + 2]
+
+
 def test_the_default_template_round_trips(chat_model):
     text = templates.render_for(chat_model.tokenizer, CONVERSATION)
     ids = chat_model.tokenizer.encode(text)
@@ -169,9 +186,15 @@ def test_a_reply_ends_at_the_end_of_turn_and_a_conversation_keeps_to_the_context
     assert conversation.messages == [{"role": "system", "content": "be a cat"}]
 
 
-def test_a_model_without_a_template_cannot_chat(tiny_model):
+def test_a_model_without_a_template_cannot_chat(tiny_model, tmp_path, capsys):
+    from gptlite.cli import main
+
     with pytest.raises(InputError, match="has no chat template"):
         chat.reply(tiny_model, CONVERSATION[:2])
+    gptlite.save(tiny_model, tmp_path / "plain.keras")
+    assert main(["chat", str(tmp_path / "plain.keras")]) == 2
+    error = capsys.readouterr().err
+    assert "has no chat template" in error and error.count("\n") == 1
 
 
 def test_a_chat_run_trains_on_a_conversations_file_and_keeps_its_template(tmp_path, text):

@@ -41,8 +41,9 @@ ALLOWED = {
                 "conversations"},
     "training": {"model", "data", "pairs", "conversations", "saving", "checkpoints", "distribute", "plotting",
                  "records", "files", "settings", "optimizer"},
-    "pipeline": {"model", "data", "pairs", "conversations", "chat", "generation", "training", "checkpoints",
-                 "distribute", "settings", "tokenizers", "pretrained", "records", "run_config", "evaluation"},
+    "pipeline": {"model", "data", "pairs", "conversations", "templates", "chat", "generation", "training",
+                 "checkpoints", "distribute", "settings", "tokenizers", "pretrained", "records", "run_config",
+                 "evaluation"},
     # The command-line package, its modules taken together.
     "cli": {"settings", "text", "pairs", "pipeline", "generation", "chat", "inspection", "saving", "files", "model",
             "sampling", "compile_cache",
