@@ -18,11 +18,10 @@ import dataclasses
 import json
 import pathlib
 
-import keras
 import numpy as np
 
 from gptlite import templates
-from gptlite.data import draw_rows
+from gptlite.data import DrawnBatches
 from gptlite.errors import ConfigError, InputError, MissingFileError
 
 LONG_CONVERSATIONS = ("cut", "refuse")
@@ -195,27 +194,15 @@ def targets(rows):
     return rows.ids[:, :-1], np.where(rows.trained[:, 1:], rows.ids[:, 1:], IGNORED).astype(np.int32)
 
 
-class ConversationBatches(keras.utils.PyDataset):
-    """Batches of packed rows drawn at random, as (inputs, targets); batch `i` depends only on
-    (seed, first_index + i), as `data.RandomWindows`, sliced by `micro_batches` and `part` in the same way."""
+class ConversationBatches(DrawnBatches):
+    """Batches of packed rows drawn at random (as `data.DrawnBatches` says), as (inputs, targets)."""
 
-    def __init__(self, rows, batch_size, num_batches, seed=0, first_index=0, micro_batches=1, part=(0, 1),
-                 **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, rows, batch_size, num_batches, **kwargs):
         self.inputs, self.targets = targets(rows)
-        self.batch_size = batch_size
-        self.batch_count = num_batches
-        self.seed = seed
-        self.first_index = first_index
-        self.micro_batches = micro_batches
-        self.part = part
-
-    def __len__(self):
-        return self.batch_count * self.micro_batches
+        super().__init__(len(self.inputs), batch_size, num_batches, **kwargs)
 
     def __getitem__(self, index):
-        rows = draw_rows(len(self.inputs), self.batch_size, self.seed,
-                         self.first_index * self.micro_batches + index, self.micro_batches, self.part)
+        rows = self.rows(index)
         return self.inputs[rows], self.targets[rows]
 
 

@@ -249,38 +249,52 @@ def draw_rows(population, batch_size, seed, index, micro_batches=1, part=(0, 1))
     return rows[part * batch_size // parts: (part + 1) * batch_size // parts]
 
 
-class RandomWindows(keras.utils.PyDataset):
-    """Batches of random (block_size + 1)-token windows, as (inputs, next-token targets).
+class DrawnBatches(keras.utils.PyDataset):
+    """Batches of `batch_size` rows drawn at random from `population` rows (windows, pairs, packed conversations).
 
     Batch `i` depends only on (seed, first_index + i), so a run is reproducible
     and can be resumed at any step without replaying the ones before it.
     `micro_batches` and `part` slice each step's rows as `draw_rows` says;
-    there are then `num_batches * micro_batches` items.
-
-    Yields x (B, T) and y (B, T) int32, where y is x shifted left by one token.
+    there are then `num_batches * micro_batches` items. A subclass's
+    `__getitem__` makes its batch from `self.rows(index)`.
     """
 
-    def __init__(self, token_ids, block_size, batch_size, num_batches, seed=0, first_index=0, micro_batches=1,
-                 part=(0, 1), **kwargs):
+    def __init__(self, population, batch_size, num_batches, seed=0, first_index=0, micro_batches=1, part=(0, 1),
+                 **kwargs):
         super().__init__(**kwargs)
-        if len(token_ids) < block_size + 1:
-            raise InputError(f"{len(token_ids)} tokens cannot fill a window of {block_size + 1}")
-        self.token_ids = token_ids
-        self.block_size = block_size
+        self.population = population
         self.batch_size = batch_size
         self.batch_count = num_batches
         self.seed = seed
         self.first_index = first_index
         self.micro_batches = micro_batches
         self.part = part
-        self._offsets = np.arange(block_size + 1)  # (T + 1,)
 
     def __len__(self):
         return self.batch_count * self.micro_batches
 
+    def rows(self, index):
+        """Item `index`'s rows, indices into the population."""
+        return draw_rows(self.population, self.batch_size, self.seed, self.first_index * self.micro_batches + index,
+                         self.micro_batches, self.part)
+
+
+class RandomWindows(DrawnBatches):
+    """Batches of random (block_size + 1)-token windows, as (inputs, next-token targets), drawn as
+    `DrawnBatches` says.
+
+    Yields x (B, T) and y (B, T) int32, where y is x shifted left by one token.
+    """
+
+    def __init__(self, token_ids, block_size, batch_size, num_batches, **kwargs):
+        if len(token_ids) < block_size + 1:
+            raise InputError(f"{len(token_ids)} tokens cannot fill a window of {block_size + 1}")
+        super().__init__(len(token_ids) - block_size, batch_size, num_batches, **kwargs)
+        self.token_ids = token_ids
+        self.block_size = block_size
+        self._offsets = np.arange(block_size + 1)  # (T + 1,)
+
     def __getitem__(self, index):
-        starts = draw_rows(len(self.token_ids) - self.block_size, self.batch_size, self.seed,
-                           self.first_index * self.micro_batches + index, self.micro_batches, self.part)
+        starts = self.rows(index)
         windows = self.token_ids[starts[:, None] + self._offsets].astype(np.int32)  # (B, T + 1)
         return windows[:, :-1], windows[:, 1:]
-

@@ -3,10 +3,9 @@ the built-in synthetic tasks, the held-out split, encoding and batches."""
 
 import dataclasses
 
-import keras
 import numpy as np
 
-from gptlite.data import draw_rows
+from gptlite.data import DrawnBatches
 from gptlite.errors import InputError
 from gptlite.files import read_text
 from gptlite.settings import SYNTHETIC_TASKS
@@ -200,32 +199,19 @@ def encode(pairs, tokenizer, block_size, too_long="raise `block_size` or leave i
     return PairSet(source_ids, target_ids, pairs)
 
 
-class PairBatches(keras.utils.PyDataset):
-    """Batches of pairs drawn at random, as (model inputs, next-token targets).
+class PairBatches(DrawnBatches):
+    """Batches of pairs drawn at random (as `data.DrawnBatches` says), as (model inputs, next-token targets).
 
-    Batch `i` depends only on (seed, first_index + i), as `data.RandomWindows`,
-    and `micro_batches` and `part` slice each step's rows in the same way. Yields
-    {"source_ids": (B, S), "target_ids": (B, S)} and targets (B, S), int32;
+    Yields {"source_ids": (B, S), "target_ids": (B, S)} and targets (B, S), int32;
     padded target positions hold the pad id, which the loss leaves out.
     """
 
-    def __init__(self, pair_set, batch_size, num_batches, seed=0, first_index=0, micro_batches=1, part=(0, 1),
-                 **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, pair_set, batch_size, num_batches, **kwargs):
+        super().__init__(len(pair_set), batch_size, num_batches, **kwargs)
         self.pair_set = pair_set
-        self.batch_size = batch_size
-        self.batch_count = num_batches
-        self.seed = seed
-        self.first_index = first_index
-        self.micro_batches = micro_batches
-        self.part = part
-
-    def __len__(self):
-        return self.batch_count * self.micro_batches
 
     def __getitem__(self, index):
-        rows = draw_rows(len(self.pair_set), self.batch_size, self.seed,
-                         self.first_index * self.micro_batches + index, self.micro_batches, self.part)
+        rows = self.rows(index)
         targets = self.pair_set.target_ids[rows]
         inputs = {"source_ids": self.pair_set.source_ids[rows], "target_ids": targets[:, :-1]}
         return inputs, targets[:, 1:]
