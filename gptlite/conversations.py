@@ -87,7 +87,11 @@ def encode(tokenizer, messages):
 
 def prompt_ids(tokenizer, messages):
     """The ids a model reads before its answer to `messages`: the conversation and what opens an answer."""
-    text = templates.render_for(tokenizer, messages, add_generation_prompt=True)
+    return rendered_ids(tokenizer, templates.render_for(tokenizer, messages, add_generation_prompt=True))
+
+
+def rendered_ids(tokenizer, text):
+    """The ids of a conversation's rendered text, as the model reads it."""
     return [*_start_ids(tokenizer, text), *np.asarray(tokenizer.encode(text)).tolist()]
 
 

@@ -177,7 +177,7 @@ def parse_chat_completion(body, model, model_name, settings):
     try:
         messages = templates.check_messages(body.get("messages"), "messages")
         prompt = templates.render_for(model.tokenizer, messages, add_generation_prompt=True)
-        ids = conversations.prompt_ids(model.tokenizer, messages)
+        ids = conversations.rendered_ids(model.tokenizer, prompt)
     except InputError as error:
         raise RequestError(400, str(error), "messages") from None
     asked = {name: value for name, value in body.items()
