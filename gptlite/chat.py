@@ -52,12 +52,17 @@ def answers(model, conversations, sampling=None):
     return texts
 
 
-def exact_answers(model, questions, max_new_tokens=16):
-    """The fraction of `questions`, [(messages, answer)], whose greedy answer is exactly the answer (spaces
-    around it aside)."""
+def greedy_answers(model, questions, max_new_tokens=16):
+    """The greedy answers to `questions`, [(messages, answer)], and whether each is exactly the answer (spaces
+    around it aside): (texts, [bool])."""
     got = answers(model, [messages for messages, _ in questions],
                   SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0))
-    return sum(text.strip() == want.strip() for text, (_, want) in zip(got, questions)) / len(questions)
+    return got, [text.strip() == want.strip() for text, (_, want) in zip(got, questions)]
+
+
+def exact_answers(model, questions, max_new_tokens=16):
+    """The fraction of `questions`, [(messages, answer)], whose greedy answer is exact (see greedy_answers)."""
+    return sum(greedy_answers(model, questions, max_new_tokens)[1]) / len(questions)
 
 
 def stream_reply(model, messages, max_new_tokens=None, sampling=None, **settings):

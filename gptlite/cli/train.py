@@ -146,7 +146,7 @@ def run(args):
         _show_targets(trained.model, trained.held_out)
         return
     if args.task == "chat" or trained.held_out_questions:
-        _show_answers(trained.model, trained.held_out_questions)
+        _show_answers(trained.model, trained.held_out_questions, args.out / "model.keras")
         return
     print("sample from the final model:\n")
     for piece in generation.stream(trained.model, "", seed=trained.training_config.seed, **pipeline.SAMPLING):
@@ -167,21 +167,18 @@ def _show_targets(model, held_out, count=8):
         print(f"  {source!r} -> {got!r}" + ("" if got == want else f"   (expected {want!r})"))
 
 
-def _show_answers(model, questions, count=8):
+def _show_answers(model, questions, path, count=8):
     """Print the final model's answers to a few held-out questions, and how many of them all are exact; or, for
     conversations of a file, how to talk with it."""
     from gptlite import chat
-    from gptlite.sampling import SamplingConfig
 
     if not questions:
-        print("talk with it: gptlite chat MODEL.keras")
+        print(f"talk with it: gptlite chat {path}")
         return
-    answered = chat.answers(model, [messages for messages, _ in questions],
-                            SamplingConfig(max_new_tokens=16, temperature=0.0))
-    right = sum(got.strip() == want for got, (_, want) in zip(answered, questions))
-    print(f"the final model answers {right:,} of {len(questions):,} held-out questions exactly; a few:")
-    for (messages, want), got in list(zip(questions, answered))[:count]:
-        print(f"  {messages[-1]['content']!r} -> {got!r}" + ("" if got.strip() == want else f"   (expected {want!r})"))
+    answered, exact = chat.greedy_answers(model, questions)
+    print(f"the final model answers {sum(exact):,} of {len(questions):,} held-out questions exactly; a few:")
+    for (messages, want), got, right in list(zip(questions, answered, exact))[:count]:
+        print(f"  {messages[-1]['content']!r} -> {got!r}" + ("" if right else f"   (expected {want!r})"))
 
 
 main = command("gptlite-train", make_parser, run)
