@@ -78,7 +78,7 @@ def main():
     env = dict(os.environ, KERAS_BACKEND=args.backend)
 
     def run(name, round_index):
-        command = [__file__, str(args.text), "--child", name, "--preset", args.preset,
+        command = [__file__, str(args.text.resolve()), "--child", name, "--preset", args.preset,
                    "--seed", str(1337 + round_index)]
         return run_child(name, command + (["--max-iters", str(args.max_iters)] if args.max_iters else []), env)
 

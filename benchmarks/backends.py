@@ -98,7 +98,7 @@ def main():
         print(json.dumps(measure(args.text, args.steps, args.warmup)))
         return
 
-    command = [__file__, str(args.text), "--child", "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    command = [__file__, str(args.text.resolve()), "--child", "--steps", str(args.steps), "--warmup", str(args.warmup)]
     results = in_turns(args.backends, args.rounds,
                        lambda backend, _: run_child(backend, command, dict(os.environ, KERAS_BACKEND=backend)))
     figures = medians(results, MEASURES)

@@ -215,7 +215,7 @@ def main():
         env = dict(os.environ, **({} if backend == "reference" else {"KERAS_BACKEND": backend}))
         for variable, value in ISA_ENVIRONMENTS[args.isa].items():
             env[variable] = f"{env[variable]} {value}" if variable == "XLA_FLAGS" and env.get(variable) else value
-        command = [__file__, str(args.text), "--child", name, "--preset", args.preset,
+        command = [__file__, str(args.text.resolve()), "--child", name, "--preset", args.preset,
                    "--seed", str(1337 + round_index)]
         for flag, value in overrides.items():
             if value is not None:

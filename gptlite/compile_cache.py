@@ -104,9 +104,21 @@ def start_jax():
 def _versioned(target, backend):
     """The subfolder for this backend's version on this kind of CPU: XLA's programs are machine code for the CPU
     that compiled them, and a home folder may be shared by machines with other CPUs."""
-    from importlib.metadata import version
+    return target / f"{backend}-{_installed_version(backend)}-{_cpu_fingerprint()}"
 
-    return target / f"{backend}-{version(backend)}-{_cpu_fingerprint()}"
+
+def _installed_version(module):
+    """The version of the distribution that installed this top-level module, read without importing it: TensorFlow
+    comes as `tensorflow`, `tensorflow-cpu` or `tf-nightly`, among others."""
+    from importlib import metadata
+
+    names = [module, *metadata.packages_distributions().get(module, [])]
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown"
 
 
 def _cpu_fingerprint():
