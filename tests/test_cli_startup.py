@@ -55,6 +55,16 @@ def test_xlas_refusal_of_its_own_cached_programs_cpu_is_dropped_and_other_errors
     assert not is_false_alarm(refusal)
 
 
+def test_a_command_drops_start_up_notices_that_come_late_as_under_another_backend(monkeypatch):
+    from gptlite.cli.startup import is_held_back
+
+    # Under torch or JAX, TensorFlow starts when Keras seeds every library, after `start_keras`.
+    late = "I0000 00:00:1795567727.491895    5263 port.cc:153] oneDNN custom operations are on."
+    error = "E0000 00:00:1795499817.823238   23792 some_kernel.cc:12] could not allocate memory"
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    assert is_held_back(late) and not is_held_back(error) and not is_held_back("a line of text")
+
+
 def test_gptlite_command_tells_the_command_whether_the_process_is_its_own(monkeypatch):
     import sys
 
@@ -66,3 +76,15 @@ def test_gptlite_command_tells_the_command_whether_the_process_is_its_own(monkey
     assert cli.main() == 0  # `gptlite eval ...`: the process is the command's, so it may filter XLA's false alarms
     assert cli.main(["eval", "model.keras"]) == 0  # called from a program: its standard error is left alone
     assert seen == [True, False]
+
+
+def test_a_command_s_automatic_backend_applies_when_none_is_named_and_is_printed(monkeypatch, capsys):
+    from gptlite.cli import startup
+
+    monkeypatch.setenv("KERAS_BACKEND", "")
+    monkeypatch.delitem(startup.sys.modules, "keras")  # as in a new process, where Keras is not running yet
+    startup.choose_backend("gptlite-train", ["data.txt"], lambda argv: ("tensorflow", "backend: tensorflow, why"))
+    assert os.environ["KERAS_BACKEND"] == "tensorflow"
+    assert capsys.readouterr().out == "backend: tensorflow, why\n"
+    startup.choose_backend("gptlite-train", ["data.txt", "--backend", "tensorflow"],
+                           lambda argv: pytest.fail("a named backend needs no choice"))

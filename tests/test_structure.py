@@ -23,6 +23,7 @@ ALLOWED = {
     "conversations": {"data", "templates", "pretrained"},
     "sampling": {"text"},
     "compile_cache": set(),
+    "backend_choice": {"settings"},
     "engine": {"model", "sampling", "compile_cache"},
     "generation": {"model", "engine", "sampling", "text"},
     "chat": {"templates", "conversations", "generation", "sampling"},
@@ -46,7 +47,7 @@ ALLOWED = {
                  "evaluation"},
     # The command-line package, its modules taken together.
     "cli": {"settings", "text", "pairs", "pipeline", "generation", "chat", "inspection", "saving", "files", "model",
-            "sampling", "compile_cache",
+            "sampling", "compile_cache", "backend_choice",
             "pretrained", "evaluation", "run_config", "serving"},
     "__main__": {"cli"},
 }

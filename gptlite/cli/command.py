@@ -16,15 +16,16 @@ from gptlite.errors import GPTLiteError, TrainingDiverged, TrainingInterrupted
 HELP_FLAGS = {"-h", "--help"}
 
 
-def command(prog, make_parser, run):
-    """The `main(argv=None)` of a command whose parser `make_parser(prog)` makes and whose work `run(args)` does."""
+def command(prog, make_parser, run, automatic_backend=None):
+    """The `main(argv=None)` of a command whose parser `make_parser(prog)` makes and whose work `run(args)` does;
+    `automatic_backend(argv)`, where given, picks the backend when none is named (see `choose_backend`)."""
 
     def main(argv=None, whole_process=None):
         # Called with no argv, the command is the process's own (a console script, `python -m`, train.py), as it
         # is under `gptlite COMMAND`, which says so: it may rearrange the process's standard error.
         whole_process = argv is None if whole_process is None else whole_process
         argv = sys.argv[1:] if argv is None else list(argv)
-        choose_backend(prog, argv)
+        choose_backend(prog, argv, automatic_backend)
         choose_compile_cache(argv)
         if not HELP_FLAGS & set(argv):  # help needs no Keras: it comes at once, with none of Keras's notices
             start_keras()

@@ -20,10 +20,12 @@ BACKENDS = ("tensorflow", "jax", "torch")
 NATIVE_LOG_LINE = re.compile(r"([IWEF])\d{4} [\d:.]+ +\d+ \S+:\d+\] (.*)")
 
 
-def choose_backend(prog, argv):
+def choose_backend(prog, argv, automatic=None):
     """Put `--backend NAME` from argv into KERAS_BACKEND; exit with a one-line error if NAME is not installed.
 
-    Must run before Keras is imported; the command's own parser checks the flag again.
+    With no backend named, `automatic(argv)` (where the command has one) gives (backend or None, a line to print
+    or None): the backend that runs the command fastest here. Must run before Keras is imported; the command's
+    own parser checks the flag again.
     """
     reader = argparse.ArgumentParser(add_help=False, exit_on_error=False)
     reader.add_argument("--backend")
@@ -33,6 +35,10 @@ def choose_backend(prog, argv):
         return  # `--backend` with no name: the command's own parser says so
     if known.backend is None:
         known.backend = _run_config_backend(argv)
+    if known.backend is None and automatic is not None and "keras" not in sys.modules:
+        known.backend, why = automatic(argv)
+        if why:
+            print(why, flush=True)
     if known.backend not in BACKENDS or "keras" in sys.modules:
         return  # none given, a wrong name (the command's parser reports it), or too late (check_backend says so)
     if importlib.util.find_spec(known.backend) is None:
@@ -144,8 +150,15 @@ def is_false_alarm(line):
         and not os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0").strip() in ("", "0")
 
 
+def is_held_back(line):
+    """Whether `hold_back_false_alarms` drops a line that native code writes once a command runs."""
+    return is_false_alarm(line) or is_start_up_notice(line)
+
+
 def hold_back_false_alarms():
-    """From here on, drop `is_false_alarm` lines from what native code writes to standard error.
+    """From here on, drop `is_false_alarm` lines from what native code writes to standard error, and the
+    start-up notices `start_keras` holds back: under another backend, TensorFlow starts later, when Keras seeds
+    every installed library's generator (`keras.utils.set_random_seed`).
 
     Native code writes to file descriptor 2, which becomes a pipe read by a
     thread that passes every other line on. Python's own sys.stderr keeps
@@ -167,7 +180,7 @@ def hold_back_false_alarms():
     def pass_on():
         with open(read, "rb") as native:
             for line in native:
-                if not is_false_alarm(line.decode(errors="replace").rstrip("\n")):
+                if not is_held_back(line.decode(errors="replace").rstrip("\n")):
                     os.write(terminal, line)
 
     threading.Thread(target=pass_on, name="gptlite-native-log", daemon=True).start()

@@ -154,6 +154,31 @@ def run(args):
     print()
 
 
+def automatic_backend(argv):
+    """The backend for a run that names none, from the precision its flags, run file or preset ask for (see
+    gptlite.backend_choice), and a line saying so; (None, None) where they cannot be read: the parser reports
+    that."""
+    from gptlite import backend_choice, run_config
+    from gptlite.errors import GPTLiteError
+
+    reader = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    for flag in ("--precision", "--preset", "--config"):
+        reader.add_argument(flag)
+    try:
+        known, _ = reader.parse_known_args(argv)
+        written = run_config.read_run_config(known.config).arguments if known.config else {"settings": {}}
+    except (argparse.ArgumentError, GPTLiteError):
+        return None, None
+    preset = settings.PRESETS.get(known.preset or written.get("preset"), {})
+    backend, reason = backend_choice.training_backend(
+        known.precision or written["settings"].get("precision") or preset.get("precision"))
+    if reason is None:
+        return None, None
+    if backend is None:
+        return None, f"backend: tensorflow; {reason}"
+    return backend, f"backend: {backend}, {reason} (--backend chooses another)"
+
+
 def _show_targets(model, held_out, count=8):
     """Print what the final model writes for a few held-out sources, and its exact match on them all."""
     from gptlite import generation, pairs
@@ -181,4 +206,4 @@ def _show_answers(model, questions, path, count=8):
         print(f"  {messages[-1]['content']!r} -> {got!r}" + ("" if right else f"   (expected {want!r})"))
 
 
-main = command("gptlite-train", make_parser, run)
+main = command("gptlite-train", make_parser, run, automatic_backend)

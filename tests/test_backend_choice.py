@@ -1,0 +1,67 @@
+"""Which backend a training run that names none gets: torch for bf16 on a CPU with bfloat16 instructions."""
+
+import json
+
+import pytest
+
+from gptlite import backend_choice
+
+BF16_CPU = {"avx2", "avx512f", "avx512_bf16"}
+PLAIN_CPU = {"avx2", "fma"}
+
+
+def choose(precision="bf16", environment=None, cpu_flags=BF16_CPU, gpu=False, installed=("torch",)):
+    return backend_choice.training_backend(precision, environment or {}, cpu_flags, gpu, installed)
+
+
+def test_bf16_training_on_a_cpu_with_bfloat16_instructions_goes_to_torch():
+    backend, why = choose()
+    assert backend == "torch" and "avx512_bf16" in why
+    assert choose(cpu_flags={"amx_bf16", "amx_tile"})[0] == "torch"
+
+
+@pytest.mark.parametrize("case", [
+    dict(precision="fp32"),
+    dict(precision=None),  # the default precision, fp32
+    dict(precision="fp16"),
+    dict(cpu_flags=PLAIN_CPU),
+    dict(gpu=True),
+    dict(environment={"KERAS_BACKEND": "tensorflow"}),
+], ids=["fp32", "default", "fp16", "no-bf16-instructions", "a-gpu", "keras-backend-named"])
+def test_every_other_run_keeps_keras_s_default_and_is_told_nothing(case):
+    assert choose(**case) == (None, None)
+
+
+def test_without_torch_the_run_stays_on_tensorflow_and_says_what_to_install():
+    backend, why = choose(installed=())
+    assert backend is None and 'pip install "gptlite[torch]"' in why
+
+
+def test_a_keras_json_naming_another_backend_is_a_choice_and_one_naming_tensorflow_is_keras_s_own(tmp_path):
+    (tmp_path / "keras.json").write_text(json.dumps({"backend": "jax", "floatx": "float32"}))
+    assert choose(environment={"KERAS_HOME": str(tmp_path)}) == (None, None)
+    (tmp_path / "keras.json").write_text(json.dumps({"backend": "tensorflow"}))
+    assert choose(environment={"KERAS_HOME": str(tmp_path)})[0] == "torch"
+
+
+def test_a_gpu_hidden_from_the_process_does_not_count():
+    assert backend_choice.has_gpu({"CUDA_VISIBLE_DEVICES": ""}) is False
+    assert backend_choice.has_gpu({"CUDA_VISIBLE_DEVICES": "-1"}) is False
+
+
+def test_train_reads_the_precision_from_its_flags_its_run_file_and_its_preset(monkeypatch, tmp_path):
+    from gptlite.cli.train import automatic_backend
+
+    monkeypatch.delenv("KERAS_BACKEND", raising=False)
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    monkeypatch.setattr(backend_choice, "this_cpu_flags", lambda: BF16_CPU)
+    monkeypatch.setattr(backend_choice, "has_gpu", lambda environment=None: False)
+    monkeypatch.setattr(backend_choice, "_installed", lambda module: True)
+    backend, line = automatic_backend(["text.txt", "--preset", "gpu"])  # the gpu preset trains in bf16
+    assert backend == "torch" and line.startswith("backend: torch, ") and "--backend" in line
+    assert automatic_backend(["text.txt", "--preset", "gpu", "--precision", "fp32"]) == (None, None)
+    assert automatic_backend(["text.txt"]) == (None, None)
+    run_file = tmp_path / "config.toml"
+    run_file.write_text('sources = ["text.txt"]\n[settings]\nprecision = "bf16"\n')
+    assert automatic_backend(["--config", str(run_file)])[0] == "torch"
+    assert automatic_backend(["--config", str(tmp_path / "missing.toml")]) == (None, None)  # the parser says so
