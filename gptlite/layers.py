@@ -8,6 +8,7 @@ Shape letters used in comments:
     V vocabulary size.
 """
 
+import collections
 import functools
 import math
 
@@ -452,7 +453,7 @@ class Attention(keras.layers.Layer):
         output = self.output_dropout(self.output_projection(merge_heads(attended)), training=training)
         return (output, weights) if return_attention_scores else output
 
-    def call_with_cache(self, x, cache, start_positions):
+    def call_with_cache(self, x, cache, start_positions, placement=None):
         """Attend from new tokens over a key/value cache, and return the updated cache.
 
         Causal attention only. x (B, T, C) holds tokens at positions
@@ -460,15 +461,16 @@ class Attention(keras.layers.Layer):
         rotary positions) and values for positions 0..S-1, of which those
         before start_positions[b] are filled. The new keys and values are
         written at their positions; each query then sees the cache up to its
-        own position. Returns (B, T, C) and the cache.
+        own position. `placement`, from `CachePlacement.of`, is where they
+        go, computed once for every layer of a model. Returns (B, T, C) and
+        the cache.
         """
-        length = ops.shape(x)[1]
-        cache_length = ops.shape(cache)[3]
-        positions = token_positions(start_positions, length)  # (B, T)
-        query, key, value = (ops.transpose(part, (0, 2, 1, 3)) for part in self._project(x, self._angles(positions)))
-        cache = _write_cache(cache, key, value, positions)  # (B, 2, K, S, D)
-        mask = causal_mask(length, cache_length, start_positions)[:, None]  # (B, 1, T, S)
-        attended, _ = scaled_dot_product_attention(query, cache[:, 0], cache[:, 1], mask)  # (B, H, T, D)
+        if placement is None:
+            placement = CachePlacement.of(start_positions, ops.shape(x)[1], cache)
+        query, key, value = (ops.transpose(part, (0, 2, 1, 3))
+                             for part in self._project(x, self._angles(placement.positions)))
+        cache = _write_cache(cache, key, value, placement)  # (B, 2, K, S, D)
+        attended, _ = scaled_dot_product_attention(query, cache[:, 0], cache[:, 1], placement.mask)  # (B, H, T, D)
         return self.output_projection(merge_heads(attended)), cache
 
     def _project(self, x, angles):
@@ -547,26 +549,49 @@ def _fused_attention_is_faster(compute_dtype):
     return torch.cuda.is_available() or torch.backends.mps.is_available()
 
 
-def _write_cache(cache, key, value, positions):
-    """Put new keys and values (B, K, T, D) at `positions` (B, T) of the cache (B, 2, K, S, D)."""
+class CachePlacement(collections.namedtuple("CachePlacement", "positions mask indices slots")):
+    """Where one call's new tokens go in a key/value cache, the same for every layer of a model.
+
+    positions (B, T): each new token's position; mask (B, 1, T, S): True
+    where a new token may attend a cached one; for one token per row (a
+    decode step), indices (B*2*K, 4): the (row, key or value, head, slot) of
+    each row of D numbers to scatter, else None; for several, slots (B, T, S):
+    1 where a new token goes, else None.
+    """
+
+    @classmethod
+    def of(cls, start_positions, length, cache):
+        """For `length` new tokens per row, row b's from start_positions[b] (B,), in cache (B, 2, K, S, D)."""
+        cache_length = ops.shape(cache)[3]
+        positions = token_positions(start_positions, length)  # (B, T)
+        mask = ops.greater_equal(positions[..., None], ops.arange(cache_length))[:, None]  # (B, 1, T, S)
+        indices = slots = None
+        if length == 1 and cache.shape[3] != 1:
+            batch_size, _, heads = ops.shape(cache)[:3]
+            b, kv, h = ops.meshgrid(ops.arange(batch_size), ops.arange(2), ops.arange(heads), indexing="ij")
+            slot = ops.broadcast_to(ops.reshape(positions[:, 0], (-1, 1, 1)), ops.shape(b))  # (B, 2, K)
+            # Whole rows of D numbers: an index per (row, key or value, head), not per number.
+            indices = ops.reshape(ops.stack([b, kv, h, slot], axis=-1), (-1, 4))
+        elif length != cache.shape[3]:
+            slots = ops.cast(ops.equal(positions[:, :, None], ops.arange(cache_length)[None, None, :]),
+                             cache.dtype)  # (B, T, S)
+        return cls(positions, mask, indices, slots)
+
+
+def _write_cache(cache, key, value, placement):
+    """Put new keys and values (B, K, T, D) where `placement` says in the cache (B, 2, K, S, D)."""
     length, cache_length = key.shape[2], cache.shape[3]
     if length == cache_length:  # a whole window, necessarily from position 0
         return ops.stack([key, value], axis=1)
     if length == 1:
         # One token per row (each decode step): scatter just its key and value
         # instead of rewriting the cache.
-        batch_size, _, heads = ops.shape(cache)[:3]
-        b, kv, h = ops.meshgrid(ops.arange(batch_size), ops.arange(2), ops.arange(heads), indexing="ij")  # (B, 2, K)
-        slot = ops.broadcast_to(ops.reshape(positions[:, 0], (-1, 1, 1)), ops.shape(b))
-        # Whole rows of D numbers: an index per (row, key or value, head), not per number.
-        indices = ops.reshape(ops.stack([b, kv, h, slot], axis=-1), (-1, 4))
         updates = ops.reshape(ops.stack([key[:, :, 0], value[:, :, 0]], axis=1), (-1, key.shape[-1]))  # (B*2*K, D)
-        return ops.scatter_update(cache, indices, updates)
-    slots = ops.arange(cache_length)  # (S,)
-    placement = ops.cast(ops.equal(positions[:, :, None], slots[None, None, :]), key.dtype)  # (B, T, S)
-    written = ops.max(placement, axis=1)[:, None, :, None]  # (B, 1, S, 1)
+        return ops.scatter_update(cache, placement.indices, updates)
+    slots = ops.cast(placement.slots, key.dtype)  # (B, T, S)
+    written = ops.max(slots, axis=1)[:, None, :, None]  # (B, 1, S, 1)
     new_keys_and_values = ops.stack(
-        [ops.einsum("bts,bhtd->bhsd", placement, key), ops.einsum("bts,bhtd->bhsd", placement, value)], axis=1
+        [ops.einsum("bts,bhtd->bhsd", slots, key), ops.einsum("bts,bhtd->bhsd", slots, value)], axis=1
     )  # (B, 2, K, S, D)
     return cache * (1 - written[:, None]) + new_keys_and_values
 
@@ -767,13 +792,14 @@ class TransformerBlock(keras.layers.Layer):
         x = x + self.feed_forward(self.feed_forward_norm(x), training=training)
         return (x, *weights) if scores else x
 
-    def call_with_cache(self, x, cache, start_positions, cross_key_values=None, context_mask=None):
+    def call_with_cache(self, x, cache, start_positions, cross_key_values=None, context_mask=None, placement=None):
         """As `call`, for inference, attending over a key/value cache; returns (x, cache).
 
         A causal block only. With cross-attention, `cross_key_values` are the
-        context's, from `cross_attention.key_values(context)`, computed once.
+        context's, from `cross_attention.key_values(context)`, computed once;
+        so can `placement` be (see `Attention.call_with_cache`).
         """
-        attended, cache = self.attention.call_with_cache(self.attention_norm(x), cache, start_positions)
+        attended, cache = self.attention.call_with_cache(self.attention_norm(x), cache, start_positions, placement)
         x = x + attended
         if self.has_cross_attention:
             x = x + self.cross_attention.attend(self.cross_attention_norm(x), cross_key_values, context_mask)

@@ -7,7 +7,7 @@ import keras
 from keras import ops
 
 from gptlite.errors import ConfigError, InputError
-from gptlite.layers import EncoderBlock, TokenAndPositionEmbedding, TransformerBlock, make_norm, register
+from gptlite.layers import CachePlacement, EncoderBlock, TokenAndPositionEmbedding, TransformerBlock, make_norm, register
 from gptlite.settings import LORA_TARGETS, GPTConfig, lora_targets
 
 
@@ -93,11 +93,14 @@ class _Transformer(keras.Model):
     def _decode_with_cache(self, token_ids, cache, start_positions, **cross):
         """Logits (B, T, V) for tokens placed at `start_positions` (B,), and the updated cache."""
         x = self.embedding(token_ids, start_positions)  # (B, T, C)
+        # Every block's cache has one shape: where the new keys and values go is worked out once.
+        placement = CachePlacement.of(start_positions, ops.shape(token_ids)[1], cache[0])
         layer_caches = []
         for index, (block, layer_cache) in enumerate(zip(self.blocks, cache)):
             block_cross = {"cross_key_values": cross["cross_key_values"][index],
                            "context_mask": cross["context_mask"]} if cross else {}
-            x, layer_cache = block.call_with_cache(x, layer_cache, start_positions, **block_cross)
+            x, layer_cache = block.call_with_cache(x, layer_cache, start_positions, placement=placement,
+                                                   **block_cross)
             layer_caches.append(layer_cache)
         return self.embedding.logits(self.final_norm(x)), tuple(layer_caches)
 
