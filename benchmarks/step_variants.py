@@ -37,8 +37,9 @@ VARIANTS = {
                     {"XLA_FLAGS": "--xla_cpu_use_onednn=true --xla_cpu_experimental_onednn_fusion_type=dot"}),
     "xnn-dots": ("tensorflow", True, "fp32",
                  {"XLA_FLAGS": "--xla_cpu_use_xnnpack=true --xla_cpu_experimental_xnn_fusion_type=dot"}),
-    "xnn-graph": ("tensorflow", True, "fp32", {"XLA_FLAGS": "--xla_cpu_use_xnnpack=true "
-                                               "--xla_cpu_experimental_xnn_graph_fusion_mode=XNN_GRAPH_FUSION_MODE_GREEDY"}),
+    "xnn-graph": ("tensorflow", True, "fp32",
+                  {"XLA_FLAGS": "--xla_cpu_use_xnnpack=true "
+                                "--xla_cpu_experimental_xnn_graph_fusion_mode=XNN_GRAPH_FUSION_MODE_GREEDY"}),
     "one-thread-eigen": ("tensorflow", True, "fp32", {"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false"}),
     "inter-op-1": ("tensorflow", True, "fp32", {"TF_NUM_INTEROP_THREADS": "1"}),
     "bf16": ("tensorflow", True, "bf16", {}),

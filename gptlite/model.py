@@ -7,7 +7,8 @@ import keras
 from keras import ops
 
 from gptlite.errors import ConfigError, InputError
-from gptlite.layers import CachePlacement, EncoderBlock, TokenAndPositionEmbedding, TransformerBlock, make_norm, register
+from gptlite.layers import (CachePlacement, EncoderBlock, TokenAndPositionEmbedding, TransformerBlock, make_norm,
+                            register)
 from gptlite.settings import LORA_TARGETS, GPTConfig, lora_targets
 
 
