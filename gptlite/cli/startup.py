@@ -136,17 +136,26 @@ def is_start_up_notice(line):
 _holding_back = False  # whether hold_back_false_alarms has rearranged this process's standard error
 
 
-def is_false_alarm(line):
-    """Whether a line of the backend's native log is XLA's refusal of its own cached program's CPU features.
+# What TensorFlow logs as errors about the compile cache's entries that are none (see is_false_alarm).
+FALSE_ALARMS = ("Loading XLA:CPU AOT result. Target machine feature",
+                "Error parsing text-format tensorflow.XlaSerializedCacheEntry")
 
-    XLA logs it, as an error, each time it loads a program from the compile
-    cache on a CPU whose tuning flags (such as +prefer-no-gather) it counts
-    as features the CPU lacks, although the program was compiled on this very
-    CPU; it loads the program all the same. The cache folder is per kind of
-    CPU (gptlite.compile_cache), so the warning never applies to ours.
+
+def is_false_alarm(line):
+    """Whether a line of the backend's native log is an error that TensorFlow logs about a sound entry of the
+    compile cache, which it then uses:
+
+    - XLA's refusal of its own cached program's CPU features: each time it
+      loads a program on a CPU whose tuning flags (such as
+      +prefer-no-gather) it counts as features the CPU lacks, although the
+      program was compiled on this very CPU. The cache folder is per kind of
+      CPU (gptlite.compile_cache), so the warning never applies to ours.
+    - A failed text-format parse of an entry: TensorFlow reads each entry as
+      text first and then as the binary it is (ReadTextOrBinaryProto), and
+      the text parser logs its failure.
     """
     native = NATIVE_LOG_LINE.fullmatch(line)
-    return bool(native) and native.group(2).startswith("Loading XLA:CPU AOT result. Target machine feature") \
+    return bool(native) and native.group(2).startswith(FALSE_ALARMS) \
         and not os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0").strip() in ("", "0")
 
 
