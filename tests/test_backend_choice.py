@@ -65,3 +65,17 @@ def test_train_reads_the_precision_from_its_flags_its_run_file_and_its_preset(mo
     run_file.write_text('sources = ["text.txt"]\n[settings]\nprecision = "bf16"\n')
     assert automatic_backend(["--config", str(run_file)])[0] == "torch"
     assert automatic_backend(["--config", str(tmp_path / "missing.toml")]) == (None, None)  # the parser says so
+
+
+def test_a_resumed_run_keeps_the_backend_it_started_on(monkeypatch, tmp_path):
+    from gptlite import run_config
+    from gptlite.cli.train import automatic_backend
+
+    monkeypatch.delenv("KERAS_BACKEND", raising=False)
+    monkeypatch.setattr(backend_choice, "this_cpu_flags", lambda: BF16_CPU)
+    monkeypatch.setattr(backend_choice, "has_gpu", lambda environment=None: False)
+    monkeypatch.setattr(backend_choice, "_installed", lambda module: True)
+    run_config.write_run_config(tmp_path / "config.toml", {"sources": ["text.txt"], "preset": "gpu"},
+                                {"precision": "bf16"}, "tensorflow")
+    assert automatic_backend(["--preset", "gpu", "--out", str(tmp_path), "--resume"]) == ("tensorflow", None)
+    assert automatic_backend(["--out", str(tmp_path / "none"), "--resume"]) == (None, None)  # the run says so
