@@ -1,7 +1,7 @@
 """`gptlite serve` under load: many clients at once against one client alone, and a soak at the queue limit.
 
     python benchmarks/serve.py [--model runs/x/model.keras] [--clients 16] [--requests 20] [--tokens 64]
-                               [--shape cpu|wide] [--soak-seconds 30] [--max-batch 16]
+                               [--shape cpu|wide] [--soak-seconds 30] [--max-batch 16] [--batch-window-ms MS]
 
 Without --model, a model of the `cpu` preset's shape (4 layers, width 128,
 context 64; `--shape wide`: 6 layers, width 384, context 256) with random
@@ -64,7 +64,7 @@ def free_port():
         return probe.getsockname()[1]
 
 
-def start_server(model, port, max_batch, max_queue, cache, code=REPO):
+def start_server(model, port, max_batch, max_queue, cache, code=REPO, flags=()):
     """Launch `gptlite serve` with its compile cache in `cache`; (process, seconds from launch to /health,
     seconds until its background compiling is done)."""
     environment = dict(os.environ, GPTLITE_COMPILE_CACHE=str(cache))
@@ -74,7 +74,8 @@ def start_server(model, port, max_batch, max_queue, cache, code=REPO):
     log = tempfile.TemporaryFile("w+")
     process = subprocess.Popen(
         [sys.executable, "-m", "gptlite", "serve", str(model), "--port", str(port), "--max-batch", str(max_batch),
-         "--max-queue", str(max_queue)], cwd=code, stdout=log, stderr=subprocess.STDOUT, text=True, env=environment)
+         "--max-queue", str(max_queue), *flags],
+        cwd=code, stdout=log, stderr=subprocess.STDOUT, text=True, env=environment)
     import httpx
 
     deadline = time.monotonic() + 600
@@ -224,6 +225,8 @@ def main():
     parser.add_argument("--max-batch", type=int, default=16)
     parser.add_argument("--max-queue", type=int, default=32)
     parser.add_argument("--soak-seconds", type=float, default=30)
+    parser.add_argument("--batch-window-ms", type=float, default=None,
+                        help="the server's --batch-window-ms (default: the server's own)")
     parser.add_argument("--code", type=pathlib.Path, default=REPO,
                         help="serve with the gptlite found in this folder (a checkout of other code, to compare)")
     args = parser.parse_args()
@@ -232,11 +235,14 @@ def main():
         model = args.model or make_model(args.shape, folder)
         cache = pathlib.Path(folder) / "compile-cache"
         port = free_port()
+        flags = () if args.batch_window_ms is None else ("--batch-window-ms", str(args.batch_window_ms))
         # A cold start (an empty compile cache), stopped once compiled; then a warm one, which is measured.
-        server, cold_ready, cold_compiled = start_server(model, port, args.max_batch, args.max_queue, cache, args.code)
+        server, cold_ready, cold_compiled = start_server(model, port, args.max_batch, args.max_queue, cache, args.code,
+                                                         flags)
         server.send_signal(signal.SIGTERM)
         server.wait(120)
-        server, warm_ready, warm_compiled = start_server(model, port, args.max_batch, args.max_queue, cache, args.code)
+        server, warm_ready, warm_compiled = start_server(model, port, args.max_batch, args.max_queue, cache, args.code,
+                                                         flags)
         url = f"http://127.0.0.1:{port}"
         try:
             alone = load_phase(url, 1, args.requests, args.tokens)
@@ -250,7 +256,7 @@ def main():
             server.wait(120)
     report = dict(model=str(args.model or f"random weights, {args.shape} shape"), code=str(args.code),
                   tokens=args.tokens,
-                  max_batch=args.max_batch, max_queue=args.max_queue,
+                  max_batch=args.max_batch, max_queue=args.max_queue, batch_window_ms=args.batch_window_ms,
                   start=dict(cold_health_s=cold_ready, cold_compiled_s=cold_compiled, warm_health_s=warm_ready,
                              warm_compiled_s=warm_compiled),
                   alone=alone, together=together,
