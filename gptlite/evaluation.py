@@ -182,9 +182,7 @@ def evaluate(model, sources=(), encoding="utf-8", errors="strict", unknown="erro
         if tokens == 0:
             raise InputError(f"{source} has too little text to score: it needs at least two tokens")
         scores.append(Score(str(source), tokens, characters, size, nats, time.perf_counter() - started))
-    total = Score("total", *(sum(getattr(score, field) for score in scores)
-                             for field in ("tokens", "characters", "bytes", "nats", "seconds")))
-    return Evaluation(scores, total)
+    return Evaluation(scores, _added_up(Score, scores))
 
 
 class _Scorer:
@@ -242,11 +240,21 @@ class _Scorer:
         for row, (ids, scored_from) in enumerate(batch):
             inputs[row, :len(ids) - 1], targets[row, :len(ids) - 1] = ids[:-1], ids[1:]
             scored[row, scored_from - 1:len(ids) - 1] = True
-        logits = self.model.predict_on_batch(inputs)
-        losses = keras.ops.convert_to_numpy(
-            keras.ops.sparse_categorical_crossentropy(targets, logits, from_logits=True))
-        totals[0] += int(scored.sum())
-        totals[1] += float(losses[scored].astype(np.float64).sum())
+        tokens, nats = _summed_loss(targets, self.model.predict_on_batch(inputs), scored)
+        totals[0] += tokens
+        totals[1] += nats
+
+
+def _summed_loss(targets, logits, scored):
+    """(how many tokens `scored` marks, their summed cross-entropy in nats, added up in float64)."""
+    losses = keras.ops.convert_to_numpy(keras.ops.sparse_categorical_crossentropy(targets, logits, from_logits=True))
+    return int(scored.sum()), float(losses[scored].astype(np.float64).sum())
+
+
+def _added_up(kind, scores):
+    """A `kind` of score named "total": each of its counts summed over `scores`."""
+    counts = [field.name for field in dataclasses.fields(kind) if field.name != "name"]
+    return kind("total", *(sum(getattr(score, count) for score in scores) for count in counts))
 
 
 def evaluate_conversations(model, named_sets, verbose=0, batch_size=32):
@@ -267,10 +275,9 @@ def evaluate_conversations(model, named_sets, verbose=0, batch_size=32):
             batch_targets = np.resize(targets[start:start + batch_size], (batch_size, targets.shape[1]))[:count]
             logits = model.predict_on_batch(batch_inputs)[:count]
             scored = batch_targets != conversations.IGNORED
-            losses = keras.ops.convert_to_numpy(keras.ops.sparse_categorical_crossentropy(
-                np.maximum(batch_targets, 0), logits, from_logits=True))
-            tokens += int(scored.sum())
-            nats += float(losses[scored].astype(np.float64).sum())
+            batch_tokens, batch_nats = _summed_loss(np.maximum(batch_targets, 0), logits, scored)
+            tokens += batch_tokens
+            nats += batch_nats
             for row, mask in zip(batch_targets, scored):
                 answer = tokenizer.decode(row[mask])
                 counted = tokenizer.character_count(row[mask])
@@ -286,9 +293,7 @@ def evaluate_conversations(model, named_sets, verbose=0, batch_size=32):
             progress.add(len(asked))
         scores.append(ChatScore(name, len(chats), exact, tokens, characters, size, nats,
                                 time.perf_counter() - started))
-    total = ChatScore("total", *(sum(getattr(score, field) for score in scores) for field in
-                                 ("conversations", "exact", "tokens", "characters", "bytes", "nats", "seconds")))
-    return Evaluation(scores, total)
+    return Evaluation(scores, _added_up(ChatScore, scores))
 
 
 def _last_question(messages):
@@ -320,9 +325,7 @@ def _evaluate_pairs(model, sources, encoding, errors, unknown, verbose):
         characters = sum(len(target) for target in pair_set.pairs.targets)
         scores.append(PairScore(str(source), len(pair_set), exact, tokens, characters, nats,
                                 time.perf_counter() - started))
-    total = PairScore("total", *(sum(getattr(score, field) for score in scores)
-                                 for field in ("pairs", "exact", "tokens", "characters", "nats", "seconds")))
-    return Evaluation(scores, total)
+    return Evaluation(scores, _added_up(PairScore, scores))
 
 
 def exact_matches(model, held_out, progress=None):
@@ -347,10 +350,9 @@ def _target_loss(model, pair_set, progress, batch_size=64):
         target_ids = np.resize(pair_set.target_ids[rows], (batch_size, pair_set.target_ids.shape[1]))
         logits = model.predict_on_batch({"source_ids": source_ids, "target_ids": target_ids[:, :-1]})
         targets = target_ids[:, 1:]
-        losses = keras.ops.convert_to_numpy(
-            keras.ops.sparse_categorical_crossentropy(targets, logits, from_logits=True))
         scored = (targets != pad) & (np.arange(batch_size) < count)[:, None]
-        tokens += int(scored.sum())
-        nats += float(losses[scored].astype(np.float64).sum())
+        batch_tokens, batch_nats = _summed_loss(targets, logits, scored)
+        tokens += batch_tokens
+        nats += batch_nats
         progress.add(count)
     return tokens, nats
