@@ -31,7 +31,9 @@ CHILD = """
 import json, sys, time
 started = time.perf_counter()
 sys.path.insert(0, sys.argv[1])
-import keras, gptlite
+import gptlite
+gptlite.compile_cache.use(gptlite.compile_cache.default_folder())  # GPTLITE_COMPILE_CACHE's, as a command does
+import keras
 imported = time.perf_counter()
 model = keras.saving.load_model(sys.argv[2])
 loaded = time.perf_counter()

@@ -12,23 +12,23 @@
     gptlite.plot_attention(maps, "attention.png")
 
 Importing gptlite does not import Keras, so that a program (gptlite's own
-commands among them) can still choose the Keras backend after it. Once Keras
-is imported, before or after gptlite, gptlite's layers, models and tokenizers
-are registered with it, which is what lets `keras.saving.load_model` rebuild
-a saved model; every name below is loaded on first use.
+commands among them) can still choose the Keras backend after it, and it
+changes nothing in the process: no environment variable, no log level
+(`gptlite.quiet()` keeps TensorFlow's start-up notices out, as the commands
+do; `gptlite.compile_cache.use()` keeps compiled programs on disk). Once Keras
+is imported, before or after gptlite, gptlite's layers, models and
+tokenizers are registered with it, which is what lets
+`keras.saving.load_model` rebuild a saved model; every name below is loaded
+on first use.
 """
 
 import importlib
 import importlib.abc
+import importlib.machinery
 import importlib.util
-import os
 import sys
 
-# TensorFlow's C++ start-up notices would bury the progress bar; a value the
-# user has set is kept. Must happen before TensorFlow is first imported.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-from gptlite.errors import (  # noqa: E402 (plain Python: no Keras)
+from gptlite.errors import (  # plain Python: no Keras
     ConfigError,
     GPTLiteError,
     InputError,
@@ -37,15 +37,12 @@ from gptlite.errors import (  # noqa: E402 (plain Python: no Keras)
     TrainingDiverged,
     TrainingInterrupted,
 )
-from gptlite.settings import PRESETS, GPTConfig, TrainingConfig  # noqa: E402 (plain Python: no Keras)
-from gptlite import compile_cache  # noqa: E402 (plain Python: no Keras)
-
-# Before TensorFlow's first operation, which reads XLA's flags (see compile_cache).
-compile_cache._apply()
+from gptlite.settings import PRESETS, GPTConfig, TrainingConfig  # plain Python: no Keras
+from gptlite import compile_cache  # noqa: F401 (plain Python: gptlite.compile_cache.use() before Keras)
 
 __version__ = "0.1.0"
 
-# Each public name that needs Keras, and the module that defines it.
+# Each public name that is loaded on first use, and the module that defines it.
 _LAZY = {
     "generate": "generation", "generate_target": "generation", "stream": "generation", "RowsStream": "generation",
     "SamplingConfig": "sampling", "Engine": "engine",
@@ -63,6 +60,7 @@ _LAZY = {
     "load": "saving", "save": "saving",
     "BPETokenizer": "tokenizers", "CharTokenizer": "tokenizers", "PretrainedTokenizer": "tokenizers",
     "train": "training",
+    "quiet": "notices",
 }
 # The modules whose classes Keras must know to load a model.keras file.
 _REGISTERED = ("gptlite.model", "gptlite.tokenizers")
@@ -83,32 +81,55 @@ def __dir__():
     return __all__
 
 
+def _keras_ready(finished=None):
+    """Whether gptlite's classes can be registered with Keras now: Keras is running and no module of gptlite but
+    `finished` (a name whose import has just run to its end) is half-way through its own import. One of them may
+    be what imported Keras, and importing the models from inside it would meet its names not yet defined."""
+    return "keras" in sys.modules and not any(_initializing(module) for name, module in list(sys.modules.items())
+                                              if name.startswith("gptlite.") and name != finished)
+
+
 def _register_with_keras():
     for module in _REGISTERED:
         importlib.import_module(module)
 
 
-class _RegisterAfterKeras(importlib.abc.MetaPathFinder):
-    """Registers gptlite's classes as soon as Keras has been imported, whoever imports it."""
+def _initializing(module):
+    spec = getattr(module, "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
 
-    def find_spec(self, name, path, target=None):
-        if name != "keras":
+
+class _RegisterAfterKeras(importlib.abc.MetaPathFinder):
+    """Registers gptlite's classes as soon as Keras has been imported, whoever imports it: after Keras's own
+    import, or, where a module of gptlite imported it, after that module's. It then leaves the import system as
+    it found it. It finds nothing itself: the specs it returns are the usual finders', their loaders' last step
+    followed by the registration."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "keras" and not name.startswith("gptlite."):
             return None
-        sys.meta_path.remove(self)  # from here on, Keras is found as usual
-        spec = importlib.util.find_spec("keras")
-        if spec is None or spec.loader is None:
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None and name == "keras":  # installed where only another finder looks
+            sys.meta_path.remove(self)
+            try:
+                spec = importlib.util.find_spec(name)
+            finally:
+                sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         execute = spec.loader.exec_module
 
         def exec_module(module):
             execute(module)
-            _register_with_keras()
+            if self in sys.meta_path and _keras_ready(finished=name):
+                sys.meta_path.remove(self)
+                _register_with_keras()
 
         spec.loader.exec_module = exec_module
         return spec
 
 
-if "keras" in sys.modules:
+if _keras_ready():
     _register_with_keras()
 elif not any(isinstance(finder, _RegisterAfterKeras) for finder in sys.meta_path):
     sys.meta_path.insert(0, _RegisterAfterKeras())

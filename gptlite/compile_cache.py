@@ -10,9 +10,13 @@ subfolder per backend, version and kind of CPU, so that an upgrade never
 reads another version's programs, nor a machine another CPU's.
 
 Each backend reads where its cache is once: TensorFlow at its first
-operation, JAX at its first compile. `import gptlite` sets it, so the cache
-holds for a process that imports gptlite before it runs anything with its
-backend, as the command line does. A damaged entry is removed and
+operation, JAX at its first compile. Importing gptlite sets nothing: the
+commands call `use()` at their start, before Keras; a Python program that
+wants its programs kept does the same:
+
+    import gptlite
+    gptlite.compile_cache.use()          # the default folder; use(folder), or use(None) for none
+    import keras A damaged entry is removed and
 recompiled (see `drop_damaged_entries`; JAX recompiles one itself).
 """
 
@@ -23,7 +27,8 @@ import sys
 
 ENVIRONMENT_VARIABLE = "GPTLITE_COMPILE_CACHE"
 _TF_FLAG = "--tf_xla_persistent_cache_directory="
-_chosen = None  # what use() was given: a folder, or False for off; None: not called
+_chosen = None  # what use() was given: a folder, or False for off; None: not called, or the default
+_DEFAULT = object()
 CHECKED = "checked.json"  # the TensorFlow entries found whole, by size and time (see drop_damaged_entries)
 _checked = False
 
@@ -46,15 +51,16 @@ def folder():
     return _chosen if _chosen is not None else default_folder()
 
 
-def use(where=None, backend=None):
-    """Keep compiled programs in `where` (a folder), or, with None, turn the cache off.
+def use(where=_DEFAULT, backend=None):
+    """Keep compiled programs in `where` (a folder), in the default folder when it is left out (see
+    `default_folder`), or, with None, nowhere.
 
     Under TensorFlow it must come before TensorFlow's first operation; under
     JAX, at any time. `backend` defaults to Keras's, read from KERAS_BACKEND
     without importing Keras.
     """
     global _chosen
-    _chosen = False if where is None else pathlib.Path(where).expanduser()
+    _chosen = None if where is _DEFAULT else False if where is None else pathlib.Path(where).expanduser()
     _apply(backend)
 
 

@@ -31,6 +31,8 @@ import pytest
 
 import gptlite
 
+gptlite.compile_cache.use()  # the folder named above, before the backend starts
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
 

@@ -1,6 +1,9 @@
 """The package's shape: which modules may import which, and what library errors say."""
 
 import ast
+import concurrent.futures
+import json
+import os
 import subprocess
 import sys
 
@@ -23,6 +26,7 @@ ALLOWED = {
     "conversations": {"data", "templates", "pretrained"},
     "sampling": {"text"},
     "compile_cache": set(),
+    "notices": set(),
     "backend_choice": {"settings"},
     "engine": {"model", "sampling", "compile_cache"},
     "generation": {"model", "engine", "sampling", "text"},
@@ -47,7 +51,7 @@ ALLOWED = {
                  "evaluation"},
     # The command-line package, its modules taken together.
     "cli": {"settings", "text", "pairs", "pipeline", "generation", "chat", "inspection", "saving", "files", "model",
-            "sampling", "compile_cache", "backend_choice",
+            "sampling", "compile_cache", "backend_choice", "notices",
             "pretrained", "evaluation", "run_config", "serving"},
     "__main__": {"cli"},
 }
@@ -122,6 +126,46 @@ def test_importing_gptlite_leaves_the_backend_open_and_registers_its_classes_wit
             "assert keras.saving.get_registered_object('gptlite>GPT') is gptlite.GPT; print('ok')")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert result.stdout.strip() == "ok", result.stderr
+
+
+def test_importing_gptlite_changes_nothing_in_the_process():
+    code = ("import importlib.util, json, os, sys; before = dict(os.environ); import gptlite; "
+            "changed = sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k)); "
+            "print(json.dumps(changed))")
+    clean = {name: value for name, value in os.environ.items()
+             if not name.startswith(("TF_", "XLA_", "JAX_", "GPTLITE_"))}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=clean)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == []
+
+
+def test_every_public_name_and_every_module_works_as_the_first_thing_a_process_does():
+    """No import order can break a name: each module of the package, and each public name through its module,
+    is imported first in a process of its own, and Keras then knows gptlite's classes."""
+    import gptlite
+
+    names = {}  # module -> the public names loaded from it on first use
+    for name, module in gptlite._LAZY.items():
+        names.setdefault(module, []).append(name)
+    modules = sorted(".".join(path.relative_to(PACKAGE).with_suffix("").parts) for path in PACKAGE.glob("**/*.py")
+                     if path.stem not in ("__init__", "__main__"))
+    modules += ["cli"]
+
+    def first_thing(module):
+        first = (f"import gptlite; gptlite.{names[module][0]}" if module in names else f"import gptlite.{module}")
+        rest = "".join(f"; gptlite.{name}" for name in names.get(module, [])[1:])
+        check = ("; import keras; assert keras.saving.get_registered_object('gptlite>GPT') is not None, "
+                 "'Keras does not know gptlite.GPT'")
+        code = first + rest + check
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+        return None if result.returncode == 0 else f"{code}\n{result.stderr.strip().splitlines()[-1]}"
+
+    assert set(names) <= set(modules)
+    # Two at a time: most of a child's time is Keras's own import, one core each.
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        failures = [failure for failure in pool.map(first_thing, modules) if failure]
+    assert not failures, "\n".join(failures)
 
 
 def test_ci_runs_the_readmes_test_command_as_the_readme_gives_it_before_installing_anything_else():

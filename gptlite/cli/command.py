@@ -9,8 +9,7 @@ traceback. `--debug` shows the traceback of a mistake too.
 import sys
 
 from gptlite.cli.flags import as_flags, defaults_from_run_config
-from gptlite.cli.startup import (check_backend, choose_backend, choose_compile_cache, hold_back_false_alarms,
-                                  start_keras)
+from gptlite.cli.startup import check_backend, choose_backend, choose_compile_cache, hold_back_false_alarms, quiet
 from gptlite.errors import GPTLiteError, TrainingDiverged, TrainingInterrupted
 
 HELP_FLAGS = {"-h", "--help"}
@@ -28,7 +27,7 @@ def command(prog, make_parser, run, automatic_backend=None):
         choose_backend(prog, argv, automatic_backend)
         choose_compile_cache(argv)
         if not HELP_FLAGS & set(argv):  # help needs no Keras: it comes at once, with none of Keras's notices
-            start_keras()
+            quiet()
             if whole_process:
                 hold_back_false_alarms()
         parser = make_parser(prog)

@@ -8,16 +8,13 @@ at once, with no notice of the backend's.
 import argparse
 import importlib.util
 import os
-import re
 import sys
-import tempfile
 import threading
 
 from gptlite.errors import GPTLiteError, InputError
+from gptlite.notices import NATIVE_LOG_LINE, is_start_up_notice, quiet  # noqa: F401 (is_start_up_notice: the tests)
 
 BACKENDS = ("tensorflow", "jax", "torch")
-# A line in Abseil's log format, as TensorFlow's C++ code writes it: severity, date, time, thread, file:line].
-NATIVE_LOG_LINE = re.compile(r"([IWEF])\d{4} [\d:.]+ +\d+ \S+:\d+\] (.*)")
 
 
 def choose_backend(prog, argv, automatic=None):
@@ -49,8 +46,9 @@ def choose_backend(prog, argv, automatic=None):
 
 
 def choose_compile_cache(argv):
-    """Apply `--compile-cache DIR` or `--no-compile-cache` from argv: before Keras starts, since TensorFlow reads
-    where its compiled programs go once, at its start (see gptlite.compile_cache)."""
+    """Keep the command's compiled programs where `--compile-cache DIR` says, nowhere with `--no-compile-cache`,
+    or else in the default folder: before Keras starts, since TensorFlow reads where its compiled programs go
+    once, at its start (see gptlite.compile_cache)."""
     from gptlite import compile_cache
 
     reader = argparse.ArgumentParser(add_help=False, exit_on_error=False)
@@ -64,6 +62,8 @@ def choose_compile_cache(argv):
         compile_cache.use(None)
     elif known.compile_cache:
         compile_cache.use(known.compile_cache)
+    else:
+        compile_cache.use()
 
 
 def _run_config_backend(argv):
@@ -77,60 +77,6 @@ def _run_config_backend(argv):
         return known.config and run_config.read_run_config(known.config).backend
     except (argparse.ArgumentError, GPTLiteError):
         return None
-
-
-def start_keras():
-    """Import Keras and start its backend with the backend's native start-up notices held back.
-
-    Loading TensorFlow, its C++ code writes notices straight to the process's
-    standard error ("oneDNN custom operations are on", "Could not find cuda
-    drivers", and on a machine without a CUDA driver "failed call to cuInit",
-    as an error), some before TF_CPP_MIN_LOG_LEVEL applies to them; they
-    would bury a command's one-line error or its progress. Lines of that log
-    format below TF_CPP_MIN_LOG_LEVEL's severity (gptlite sets 2: errors)
-    are dropped, and so is the failed cuInit unless the level is 0;
-    everything else is written out as it came. Must run before anything
-    imports Keras.
-    """
-    if "keras" in sys.modules:
-        return
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            import keras
-
-            if keras.backend.backend() == "tensorflow":
-                import tensorflow as tf
-
-                tf.config.list_physical_devices()  # where TensorFlow looks for a GPU and logs not finding one
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            captured.seek(0)
-            shown = [line for line in captured.read().decode(errors="replace").splitlines()
-                     if not is_start_up_notice(line)]
-            if shown:
-                print("\n".join(shown), file=sys.stderr)
-
-
-def is_start_up_notice(line):
-    """Whether a line of the backend's native log is a start-up notice that `start_keras` holds back."""
-    try:
-        least_shown = int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0"))
-    except ValueError:
-        least_shown = 0
-    if least_shown <= 0:
-        return False  # asked for everything
-    if line.startswith("WARNING: All log messages before absl::InitializeLog() is called"):
-        return True
-    native = NATIVE_LOG_LINE.fullmatch(line)
-    if not native:
-        return False
-    severity, message = native.groups()
-    return "IWEF".index(severity) < least_shown or message.startswith("failed call to cuInit")
 
 
 _holding_back = False  # whether hold_back_false_alarms has rearranged this process's standard error
@@ -166,7 +112,7 @@ def is_held_back(line):
 
 def hold_back_false_alarms():
     """From here on, drop `is_false_alarm` lines from what native code writes to standard error, and the
-    start-up notices `start_keras` holds back: under another backend, TensorFlow starts later, when Keras seeds
+    start-up notices `quiet` holds back: under another backend, TensorFlow starts later, when Keras seeds
     every installed library's generator (`keras.utils.set_random_seed`).
 
     Native code writes to file descriptor 2, which becomes a pipe read by a
