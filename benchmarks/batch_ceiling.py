@@ -26,14 +26,12 @@ def wave(model, rows, tokens):
     from gptlite.engine import Engine
     from gptlite.sampling import SamplingConfig
 
-    vocabulary_size = model.tokenizer.vocabulary_size
-    settings = [SamplingConfig(temperature=TEMPERATURES[row % len(TEMPERATURES)],
-                               top_p=TOP_PS[row // len(TEMPERATURES) % len(TOP_PS)]).row(vocabulary_size)
-                for row in range(rows)]
+    configs = [SamplingConfig(temperature=TEMPERATURES[row % len(TEMPERATURES)],
+                              top_p=TOP_PS[row // len(TEMPERATURES) % len(TOP_PS)], seed=row) for row in range(rows)]
     prompt = model.tokenizer.encode("\n")
     started = time.perf_counter()
     engine = Engine(model, rows, short_caches=True, mixed_settings=True)
-    drawn = engine.admit([prompt] * rows, settings, list(range(rows)))
+    drawn = engine.admit([prompt] * rows, configs)
     made = 1
     while made < tokens:
         drawn = engine.step(min(32, tokens - made))

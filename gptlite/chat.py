@@ -31,16 +31,9 @@ def answer_rows(model, conversations, sampling=None, streaming=True):
     if tokenizer is None:
         raise ConfigError("the model has no tokenizer")
     rows_ids = [prompt_ids(tokenizer, messages) for messages in conversations]
-    end = templates.turn_end(tokenizer)
-
-    def ending_at_turn_end(config):
-        return config.replace(stop=tuple(dict.fromkeys((*config.stop, end)))) if end is not None else config
-
-    if isinstance(sampling, (list, tuple)):
-        configs = [ending_at_turn_end(config) for config in sampling]
-    else:  # one config for every row: its seed makes each row's, as generate does
-        configs = [ending_at_turn_end(sampling_config(sampling))] * len(rows_ids)
-    return RowsStream(model, [""] * len(rows_ids), configs, streaming=streaming, rows_ids=rows_ids)
+    # One config for every row: its seed makes each row's, as generate does.
+    configs = list(sampling) if isinstance(sampling, (list, tuple)) else sampling_config(sampling)
+    return RowsStream(model, [""] * len(rows_ids), configs, streaming=streaming, rows_ids=rows_ids, answers=True)
 
 
 def answers(model, conversations, sampling=None):

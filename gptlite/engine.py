@@ -1,8 +1,7 @@
 """The decode engine: one object that owns the decoding state of a batch of slots.
 
     engine = Engine(model)
-    config = SamplingConfig(seed=1)
-    first = engine.admit([prompt_ids], [config.row(vocabulary_size)], [config.seed])  # {row: Drawn}, its 1st token
+    first = engine.admit([prompt_ids], SamplingConfig(seed=1))      # {row: Drawn}, each row's first token
     while engine.rows:
         for row, drawn in engine.step(8).items():                 # up to 8 tokens of every row
             ...                                                     # engine.retire(row) once it has ended
@@ -23,18 +22,19 @@ The life of a slot:
          --retire-> free (its row of the state stays, inactive, until a
                     resize drops it or an admission reuses it)
 
-The state, one row per slot, kept on the device between calls:
+The state (`DecodeState`), one row per slot, kept on the device between calls
+and handed whole to the compiled loop, which gives it back:
 
     window (S, block_size)  each row's last tokens, left-aligned
     lengths (S,)            how many of them are real
     cache                   keys and values of window[:, :lengths], one (S, 2, K, span, D) tensor a block
     pending (S,)            the token chosen last, not yet in the window
-    settings (S, 5)         each row's sampling settings (sampling.ROW_SETTINGS)
+    settings                each row's sampling settings, a RowSettings of (S,) tensors
     seeds (S,), produced (S,)  each row's seed and how many tokens it has drawn: its noise's coordinates
     context                 what every step reads besides: a Seq2Seq's source keys, values and mask; () for a GPT
 
-and on the host: which slot holds which row (`rows`), and the lengths and
-counts again, from which each call is planned: which steps recompute and
+and on the host: which slot holds which row (`rows`), and each slot's length,
+count, activity and settings again (`HostRows`), from which each call is planned: which steps recompute and
 how long a cache the steps read (`short_caches`: a power of two from
 SHORTEST_CACHE up to block_size, enough for the longest active row, so that
 a batch of many short texts reads no empty cache; otherwise block_size).
@@ -45,6 +45,7 @@ seed alone, not on what shares its batch, when it was admitted or how its
 steps were split into calls. Sampling is the Gumbel-max trick on that noise.
 """
 
+import collections
 import dataclasses
 import functools
 import weakref
@@ -54,8 +55,7 @@ import numpy as np
 from keras import ops
 
 from gptlite import compile_cache
-from gptlite.model import Seq2Seq
-from gptlite.sampling import (TOP_LOGPROBS, choose_beams, filters, penalises, sample_next_token, samples,
+from gptlite.sampling import (TOP_LOGPROBS, RowSettings, SamplingConfig, choose_beams, sample_next_token,
                               token_counts, token_log_probabilities, uniform_noise)
 
 # Tokens drawn per compiled call at most: more amortise the call's overhead, fewer stream text (and
@@ -78,6 +78,30 @@ class Drawn:
     logprobs: np.ndarray = None
     top_ids: np.ndarray = None
     top_logprobs: np.ndarray = None
+
+
+class DecodeState(collections.namedtuple("DecodeState",
+                                         "window lengths cache pending settings seeds produced context")):
+    """The decoding state of a batch of slots, one row a slot, on the device; the compiled loop takes it and
+    gives it back whole (see the module's docstring for each part)."""
+
+    __slots__ = ()
+
+
+class HostRows(collections.namedtuple("HostRows", "lengths produced active settings")):
+    """What the host keeps of each slot to plan calls from: its window's length, how many tokens it has drawn,
+    whether it holds a row, and its settings (a RowSettings of NumPy arrays)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def empty(cls, capacity):
+        return cls(np.zeros(capacity, np.int32), np.zeros(capacity, np.int32), np.zeros(capacity, bool),
+                   RowSettings(*(np.ones(capacity, np.float32) for _ in RowSettings._fields)))
+
+    def taken(self, order):
+        """The slots `order` (an index array), in that order."""
+        return keras.tree.map_structure(lambda values: values[order], self)
 
 
 class Engine:
@@ -110,28 +134,29 @@ class Engine:
 
     def _clear(self):
         """No state: the next admission fills the batch afresh."""
-        self.window = self.lengths = self.cache = self.pending = self.settings = self.seeds = None
-        self.produced = self.context = None
-        self._lengths = np.zeros(self.capacity, np.int32)  # the host's copies, to plan calls from
-        self._produced = np.zeros(self.capacity, np.int32)
-        self._active = np.zeros(self.capacity, bool)
-        self._settings = np.ones((self.capacity, 5), np.float32)
+        self.state = None
+        self.host = HostRows.empty(self.capacity)
 
     # --- admitting rows
 
-    def admit(self, rows_ids, settings, seeds, sources=None, logprobs=False):
+    def admit(self, rows_ids, sampling, sources=None, logprobs=False):
         """Prefill new rows into free slots; {row handle: Drawn, its first token}, in the order given.
 
-        rows_ids: each row's token ids (its window is the last block_size);
-        settings (N, 5) float32, each row's `SamplingConfig.row`; seeds (N,)
-        whole numbers; sources: a Seq2Seq's source ids (N, S), or None.
+        rows_ids: each row's token ids (its window is the last block_size).
+        sampling: one SamplingConfig for every row (each row then gets a seed
+        made from its seed, see `SamplingConfig.for_rows`) or a list of one
+        per row, whose seeds are taken as they are (None: a random one).
+        sources: a Seq2Seq's source ids (N, S), or None. `logprobs`: the
+        first tokens come with their log-probabilities.
         """
         count = len(rows_ids)
         if not self.resizable and count > self.capacity - len(self.rows):
             raise ValueError(f"{count} rows do not fit in {self.capacity - len(self.rows)} free slots")
+        configs = sampling.for_rows(count) if isinstance(sampling, SamplingConfig) else \
+            [config if config.seed is not None else config.for_rows(1)[0] for config in sampling]
         window, lengths = windows(self.block_size, rows_ids)
-        settings = np.asarray(settings, np.float32).reshape(count, -1)
-        seeds = np.asarray(seeds, np.int64).astype(np.int32)
+        settings = RowSettings.of(configs, self.vocabulary_size)
+        seeds = np.array([config.seed % 2**31 for config in configs], np.int32)
         starting = not self.rows
         if starting:
             # The batch starts afresh: its free slots are padding rows, inactive.
@@ -140,25 +165,25 @@ class Engine:
         # Rows joining a running batch are prefilled in a power of two rows, so that few programs serve every count.
         padded = self.capacity if starting else _power_of_two(count)
         pad = lambda array: np.concatenate([array, np.repeat(array[:1], padded - count, axis=0)])
-        window, lengths, settings, seeds = pad(window), pad(lengths), pad(settings), pad(seeds)
+        window, lengths, settings, seeds = keras.tree.map_structure(pad, (window, lengths, settings, seeds))
         sources = None if sources is None else pad(np.asarray(sources, np.int32))
         prefill = self.programs.prefill(logprobs, *self._needs(settings))
         # An engine of short caches prefills at their spans too: fewer programs, for a process that decodes long.
         narrowest = SHORTEST_CACHE if self.short_caches else NARROWEST_PREFILL
         pending, cache, context, *scores = prefill(prompt_columns(window, lengths, sources, narrowest), lengths,
                                                    sources, settings, seeds)
-        new = dict(window=window, lengths=lengths, cache=cache, pending=pending, settings=settings, seeds=seeds,
-                   produced=np.ones(padded, np.int32), context=context)
+        new = DecodeState(window, lengths, cache, pending, settings, seeds, np.ones(padded, np.int32), context)
         if starting:
-            self._set_state(new)
+            self.state = new
             slots = list(range(count))
         else:
             slots = self._merge(new, count)
         handles = []
-        for slot, row_length, row_settings in zip(slots, lengths, settings):
+        for index, slot in enumerate(slots):
             self.rows[self._next_handle] = slot
-            self._lengths[slot], self._produced[slot], self._active[slot] = row_length, 1, True
-            self._settings[slot] = row_settings
+            self.host.lengths[slot], self.host.produced[slot], self.host.active[slot] = lengths[index], 1, True
+            for host_values, values in zip(self.host.settings, settings):
+                host_values[slot] = values[index]
             handles.append(self._next_handle)
             self._next_handle += 1
         tokens = keras.ops.convert_to_numpy(pending)[:count, None]
@@ -166,25 +191,19 @@ class Engine:
         return {handle: Drawn(tokens[index], *(value[index] for value in scores))
                 for index, handle in enumerate(handles)}
 
-    def _set_state(self, state):
-        for name, value in state.items():
-            setattr(self, name, value)
-
     def _merge(self, new, count):
-        """Place the first `count` rows of `new` (a prefill's state) into free slots; their slots."""
+        """Place the first `count` rows of `new` (a prefill's DecodeState) into free slots; their slots."""
         if self.resizable and len(self.rows) + count > self.capacity:
             self._resize(_power_of_two(len(self.rows) + count))
-        slots = [slot for slot in range(self.capacity) if not self._active[slot]][:count]
+        slots = [slot for slot in range(self.capacity) if not self.host.active[slot]][:count]
         taken = np.zeros(self.capacity, np.int32)
         taken[slots] = np.arange(count)
         placed = np.zeros(self.capacity, bool)
         placed[slots] = True
-        span = max(ops.shape(self.cache[0])[3], ops.shape(new["cache"][0])[3])
-        self.cache, new["cache"] = fit_cache(self.cache, span), fit_cache(new["cache"], span)
-        for name, value in new.items():
-            old = getattr(self, name)
-            setattr(self, name, keras.tree.map_structure(
-                lambda old, value: _where_rows(placed, ops.take(value, taken, axis=0), old), old, value))
+        span = max(ops.shape(self.state.cache[0])[3], ops.shape(new.cache[0])[3])
+        old, new = (state._replace(cache=fit_cache(state.cache, span)) for state in (self.state, new))
+        self.state = keras.tree.map_structure(
+            lambda old, value: _where_rows(placed, ops.take(value, taken, axis=0), old), old, new)
         return slots
 
     def _resize(self, capacity):
@@ -192,28 +211,24 @@ class Engine:
         kept = sorted(self.rows.items(), key=lambda item: item[1])
         order = np.zeros(capacity, np.int32)
         order[:len(kept)] = [slot for _, slot in kept]
-        for name in ("window", "lengths", "cache", "pending", "settings", "seeds", "produced", "context"):
-            setattr(self, name, keras.tree.map_structure(lambda value: ops.take(value, order, axis=0),
-                                                         getattr(self, name)))
-        active = np.arange(capacity) < len(kept)
-        self._lengths, self._produced = self._lengths[order], self._produced[order]
-        self._settings, self._active = self._settings[order], active
+        self.state = keras.tree.map_structure(lambda value: ops.take(value, order, axis=0), self.state)
+        self.host = self.host.taken(order)._replace(active=np.arange(capacity) < len(kept))
         self.rows = {handle: slot for slot, (handle, _) in enumerate(kept)}
         self.capacity = capacity
 
     def _needs(self, settings):
-        """(filtering, penalised, sampling): whether some row of `settings` filters tokens (None: decided in the
-        program, with mixed_settings), has a repetition penalty, samples rather than takes the likeliest token
-        (the noise of every row is then drawn: two random operations a row). Each is a program of its own, so
-        that programs leave out what no row needs."""
+        """(filtering, penalised, sampling): whether some row of `settings` (a RowSettings) filters tokens (None:
+        decided in the program, with mixed_settings), has a repetition penalty, samples rather than takes the
+        likeliest token (the noise of every row is then drawn: two random operations a row). Each is a program
+        of its own, so that programs leave out what no row needs."""
         if self.mixed_settings:
-            return None, penalises(settings), True
-        return filters(settings, self.vocabulary_size), penalises(settings), samples(settings)
+            return None, settings.penalises(), True
+        return settings.filters(self.vocabulary_size), settings.penalises(), settings.samples()
 
     def retire(self, handle):
         """Free a row's slot; a resizable batch with a quarter of its slots in use shrinks to fit them."""
         slot = self.rows.pop(handle)
-        self._active[slot] = False
+        self.host.active[slot] = False
         if not self.rows:
             self._clear()
         elif self.resizable and self.capacity >= 4 and len(self.rows) <= self.capacity // 4:
@@ -229,17 +244,17 @@ class Engine:
         """
         if not self.rows:
             return {}
-        steps, kind, span = plan_steps(self._lengths[self._active], self.block_size, max_steps, self.use_cache,
+        active = self.host.active
+        steps, kind, span = plan_steps(self.host.lengths[active], self.block_size, max_steps, self.use_cache,
                                        self.slide, self.short_caches)
-        self.cache = fit_cache(self.cache, span)
-        loop = self.programs.loop("sample", kind, self.slide, logprobs, *self._needs(self._settings[self._active]))
-        drawn, self.window, self.lengths, self.cache, self.pending, self.produced, *scores = loop(
-            self.window, self.lengths, self.cache, self.pending, self.context, self.settings, self.seeds,
-            self.produced, self._active.copy(), np.int32(steps))
+        state = self.state._replace(cache=fit_cache(self.state.cache, span))
+        loop = self.programs.loop("sample", kind, self.slide, logprobs, *self._needs(self.host.settings.rows(active)))
+        drawn, self.state, scores = loop(state, active.copy(), np.int32(steps))
+        lengths = self.host.lengths
         for _ in range(steps):
-            self._lengths = np.where(self._active, advanced_lengths(self._lengths, self.block_size, self.slide),
-                                     self._lengths)
-        self._produced = np.where(self._active, self._produced + steps, self._produced)
+            lengths = np.where(active, advanced_lengths(lengths, self.block_size, self.slide), lengths)
+        self.host = self.host._replace(lengths=lengths, produced=np.where(active, self.host.produced + steps,
+                                                                          self.host.produced))
         drawn = keras.ops.convert_to_numpy(drawn)[:, :steps]
         scores = [keras.ops.convert_to_numpy(value)[:, :steps] for value in scores]
         return {handle: Drawn(drawn[slot], *(value[slot] for value in scores)) for handle, slot in self.rows.items()}
@@ -265,19 +280,17 @@ class Engine:
         scores[:, 0] = 0  # the copies of a row are one beam until the first choice
         finished = np.zeros(len(window), dtype=bool)
         end_token = np.int32(-1 if end_token is None else end_token)
-        pending, scores, finished, self.window, self.lengths, self.cache, self.context = self.programs.beam_prefill(
+        pending, scores, finished, window, device_lengths, cache, context = self.programs.beam_prefill(
             window, prompt_columns(window, lengths, sources), lengths, sources, scores, finished, end_token)
-        self._lengths = lengths.copy()
         sequences = keras.ops.convert_to_numpy(pending)[:, None]  # (N * beams, produced)
         while sequences.shape[1] < max_new_tokens and not keras.ops.convert_to_numpy(finished).all():
-            steps, kind, span = plan_steps(self._lengths, self.block_size, max_new_tokens - sequences.shape[1],
+            steps, kind, span = plan_steps(lengths, self.block_size, max_new_tokens - sequences.shape[1],
                                            self.use_cache, self.slide, self.short_caches)
-            self.cache = fit_cache(self.cache, span)
-            drawn, parents, self.window, self.lengths, self.cache, pending, scores, finished = self.programs.loop(
-                "beam", kind, self.slide)(self.window, self.lengths, self.cache, pending, self.context, scores,
+            drawn, parents, window, device_lengths, cache, pending, scores, finished = self.programs.loop(
+                "beam", kind, self.slide)(window, device_lengths, fit_cache(cache, span), pending, context, scores,
                                           finished, end_token, np.int32(steps))
             for _ in range(steps):
-                self._lengths = advanced_lengths(self._lengths, self.block_size, self.slide)
+                lengths = advanced_lengths(lengths, self.block_size, self.slide)
             drawn, parents = keras.ops.convert_to_numpy(drawn), keras.ops.convert_to_numpy(parents)
             for step in range(steps):
                 sequences = np.concatenate([sequences[parents[:, step]], drawn[:, step, None]], axis=1)
@@ -413,11 +426,11 @@ class Programs:
         # without waiting for a compiler; a Seq2Seq's targets come whole, so its prefill compiles too.
         needs = dict(logprobs=logprobs, filtering=filtering, penalised=penalised, sampling=sampling)
         return self._get(("prefill", *needs.values()), functools.partial(self._sample_prefill, **needs),
-                         xla=isinstance(self.model, Seq2Seq))
+                         xla=self.model.writes_targets)
 
     @property
     def beam_prefill(self):
-        return self._get("beam prefill", self._beam_prefill, xla=isinstance(self.model, Seq2Seq))
+        return self._get("beam prefill", self._beam_prefill, xla=self.model.writes_targets)
 
     def loop(self, kind, steps_kind, slide, logprobs=False, filtering=True, penalised=False, sampling=True):
         """The compiled decode loop of `kind` ("sample" or "beam") for one kind of steps.
@@ -436,14 +449,6 @@ class Programs:
                          functools.partial(chunk, steps_kind=steps_kind, slide=slide))
 
     # --- the model's step
-
-    def _context(self, sources):
-        """What every step of a Seq2Seq reads from its sources (B, S); () for a GPT (sources None)."""
-        if sources is None:
-            return ()
-        source_mask = self.model.source_mask(sources)
-        encoded = self.model.encode(sources, source_mask)  # (B, S, C)
-        return self.model.cross_key_values(encoded), source_mask
 
     def _forward(self, tokens, cache, positions, context):
         return self.model.call_with_cache(tokens, cache, positions, *context)
@@ -490,7 +495,7 @@ class Programs:
     def _sample_prefill(self, prompt, lengths, sources, settings, seeds, logprobs, filtering, penalised, sampling):
         """Run the windows' first columns, `prompt` (see `prompt_columns`), through the model;
         draw each row's first new token (token 0)."""
-        context = self._context(sources)
+        context = self.model.decoding_context(sources)
         logits, cache = self._forward_window(prompt, context)
         logits = _logits_at(logits, lengths - 1)
         rows = ops.shape(prompt)[0]
@@ -500,19 +505,18 @@ class Programs:
         scores = token_log_probabilities(logits, token) if logprobs else ()
         return token, cache, context, *scores
 
-    def _sample_chunk(self, window, lengths, cache, pending, context, settings, seeds, produced, active, steps,
-                      steps_kind, slide, logprobs, filtering, penalised, sampling):
-        """Draw each row's tokens produced .. produced + steps - 1 (steps <= CHUNK_SIZE)
-        -> (tokens (B, CHUNK_SIZE), state..., [log-probabilities])."""
-        noise = self._noise(seeds, produced) if sampling else None  # (CHUNK_SIZE, B, V)
-        batch_size = ops.shape(window)[0]
+    def _sample_chunk(self, state, active, steps, steps_kind, slide, logprobs, filtering, penalised, sampling):
+        """Draw each active row's tokens produced .. produced + steps - 1 (steps <= CHUNK_SIZE)
+        -> (tokens (B, CHUNK_SIZE), the DecodeState after them, log-probabilities or ())."""
+        noise = self._noise(state.seeds, state.produced) if sampling else None  # (CHUNK_SIZE, B, V)
+        batch_size = ops.shape(state.window)[0]
 
         def body(step, window, lengths, cache, pending, drawn, chosen, top_ids, top_values, recompute):
-            logits, window, lengths, cache = self._advance(window, lengths, cache, pending, context, recompute, slide,
-                                                           active)
+            logits, window, lengths, cache = self._advance(window, lengths, cache, pending, state.context, recompute,
+                                                           slide, active)
             seen = token_counts(window, lengths, self.model.config.vocab_size) if penalised else None
             step_noise = None if noise is None else ops.take(noise, step, axis=0)
-            pending = sample_next_token(logits, settings, step_noise, seen, filtering)
+            pending = sample_next_token(logits, state.settings, step_noise, seen, filtering)
             drawn = _record(drawn, step, pending)
             if logprobs:
                 scores = token_log_probabilities(logits, pending)
@@ -525,9 +529,10 @@ class Programs:
         records = ((ops.zeros((batch_size, CHUNK_SIZE)), ops.zeros((batch_size, CHUNK_SIZE, top), "int32"),
                     ops.zeros((batch_size, CHUNK_SIZE, top))) if logprobs else ((), (), ()))
         _, window, lengths, cache, pending, drawn, *scores = _loop(
-            body, steps, (window, lengths, cache, pending, drawn, *records), steps_kind)
-        produced = ops.where(active, produced + steps, produced)
-        return (drawn, window, lengths, cache, pending, produced, *(scores if logprobs else ()))
+            body, steps, (state.window, state.lengths, state.cache, state.pending, drawn, *records), steps_kind)
+        produced = ops.where(active, state.produced + steps, state.produced)
+        state = state._replace(window=window, lengths=lengths, cache=cache, pending=pending, produced=produced)
+        return drawn, state, tuple(scores) if logprobs else ()
 
     def _noise(self, seeds, produced):
         """Each row's uniform noise in (0, 1) for its tokens produced .. produced + CHUNK_SIZE - 1: (CHUNK_SIZE, B, V).
@@ -552,7 +557,7 @@ class Programs:
     # --- beam search
 
     def _beam_prefill(self, window, prompt, lengths, sources, scores, finished, end_token):
-        context = self._context(sources)
+        context = self.model.decoding_context(sources)
         logits, cache = self._forward_window(prompt, context)
         pending, _, scores, finished, (window, lengths, cache) = choose_beams(
             _logits_at(logits, lengths - 1), scores, finished, end_token, (window, lengths, cache))
@@ -670,10 +675,8 @@ _programs = weakref.WeakKeyDictionary()
 
 def programs_for(model):
     """The model's Programs; a new model, never called, is built first (decoding random weights is allowed)."""
-    if not model.built and isinstance(model, Seq2Seq):
+    if not model.built:
         model.build()
-    elif not model.built:
-        model.build((None, model.config.block_size))
     if model not in _programs:
         _programs[model] = Programs(model)
     return _programs[model]

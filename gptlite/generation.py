@@ -20,11 +20,11 @@ engine's per-row windows and compiled loops.
 
 import numpy as np
 
+from gptlite.decoding import RowText, TextRows
 from gptlite.engine import CHUNK_SIZE, Engine
 from gptlite.errors import ConfigError, InputError
-from gptlite.model import Seq2Seq
 from gptlite.sampling import SamplingConfig, check_beams
-from gptlite.text import Continuation, known_text
+from gptlite.text import known_text
 
 # Sources decoded per call at most; a longer list is split into calls of
 # this many (the last padded), so that it compiles once.
@@ -105,42 +105,6 @@ def sampling_config(sampling=None, max_new_tokens=None, settings=None):
     return sampling.replace(**changes) if changes else sampling
 
 
-def row_seeds(seed, count):
-    """A seed for each of `count` rows: `seed` for the first (None: a random one), others made from it."""
-    seed = int(np.random.default_rng().integers(2**31)) if seed is None else int(seed) % 2**31
-    return [seed] + [(seed * 1_000_003 + index) % 2**31 for index in range(1, count)]
-
-
-class RowText:
-    """One row's new text, token by token: it ends before the tokenizer's end token, before its first stop
-    string, or at its max_new_tokens. `finish_reason` is then "stop" (end token or stop string) or "length";
-    `tokens` counts the tokens it took."""
-
-    def __init__(self, tokenizer, config, streaming=True):
-        self.continuation = Continuation(tokenizer, list(config.stop), streaming)
-        self.limit = config.max_new_tokens
-        self.tokens = 0
-        self.finish_reason = None if self.limit else "length"
-
-    @property
-    def ended(self):
-        return self.finish_reason is not None
-
-    def add(self, ids):
-        """The text that token ids add; ids past the row's end add nothing."""
-        text = ""
-        for token in ids:
-            if self.ended:
-                break
-            self.tokens += 1
-            text += self.continuation.add(int(token))
-            if not self.continuation.ended and self.tokens >= self.limit:
-                text += self.continuation.finish()  # which may find a stop string in the text held back
-            if self.continuation.ended:
-                self.finish_reason = "stop" if self.continuation.stopped else "length"
-        return text
-
-
 class RowsStream:
     """Several prompts continued together in one batch, each with its own sampling settings.
 
@@ -156,69 +120,43 @@ class RowsStream:
     """
 
     def __init__(self, model, prompts, sampling=None, *, unknown="error", use_cache=True, slide=1, streaming=True,
-                 rows_ids=None):
+                 rows_ids=None, answers=False):
         if not prompts:
             raise ConfigError("give at least one prompt")
-        if isinstance(model, Seq2Seq):
-            raise ConfigError("RowsStream continues a GPT's prompts; a Seq2Seq writes targets with generate_target")
-        configs = list(sampling) if isinstance(sampling, (list, tuple)) else [sampling_config(sampling)] * len(prompts)
+        if model.writes_targets:
+            raise ConfigError(f"RowsStream continues a language model's prompts; a {type(model).__name__} "
+                              f"writes targets with generate_target")
+        configs = list(sampling) if isinstance(sampling, (list, tuple)) else \
+            sampling_config(sampling).for_rows(len(prompts))
         if len(configs) != len(prompts) or not all(isinstance(config, SamplingConfig) for config in configs):
             raise ConfigError("sampling must be one SamplingConfig or a list of one for each prompt")
         _check_slide(model, slide)
-        self.configs = _with_row_seeds(configs)
+        self.configs, self.answers = configs, answers
         # rows_ids: the prompts' ids where the caller has encoded them (a conversation's, say).
         self.rows_ids = [list(ids) for ids in rows_ids] if rows_ids is not None else \
             [prompt_ids(model.tokenizer, prompt, unknown) for prompt in prompts]
         self.prompt_tokens = [len(ids) for ids in self.rows_ids]
-        self.rows = [RowText(model.tokenizer, config, streaming) for config in self.configs]
-        self.engine = Engine(model, len(prompts), use_cache=use_cache, slide=slide)
+        self.text_rows = TextRows(Engine(model, len(prompts), use_cache=use_cache, slide=slide), model.tokenizer,
+                                  streaming)
+        self.finish_reasons = [None] * len(prompts)  # each row's, once it has ended: "stop" or "length"
+        self.completion_tokens = [0] * len(prompts)
 
     def __iter__(self):
-        live = [index for index, row in enumerate(self.rows) if not row.ended]
-        if not live:
-            return
-        vocabulary_size = self.engine.vocabulary_size
-        drawn = self.engine.admit([self.rows_ids[index] for index in live],
-                                  [self.configs[index].row(vocabulary_size) for index in live],
-                                  [self.configs[index].seed for index in live])
-        handles = dict(zip(drawn, live))  # engine row -> prompt index
+        written = self.text_rows.admit(range(len(self.configs)), self.rows_ids, self.configs, answers=self.answers)
         calls = 0
-        while drawn:
-            columns = max(len(tokens.ids) for tokens in drawn.values())
-            for column in range(columns):
-                pieces = [""] * len(self.rows)
-                for handle, tokens in drawn.items():
-                    if column < len(tokens.ids):
-                        pieces[handles[handle]] = self.rows[handles[handle]].add(tokens.ids[column:column + 1])
+        while written:
+            for index, row in written.items():
+                self.finish_reasons[index], self.completion_tokens[index] = row.finish_reason, row.tokens
+            for column in range(max(len(row.pieces) for row in written.values())):
+                pieces = [""] * len(self.configs)
+                for index, row in written.items():
+                    if column < len(row.pieces):
+                        pieces[index] = row.pieces[column]
                 yield pieces
-            for handle in list(drawn):
-                if self.rows[handles[handle]].ended:
-                    self.engine.retire(handle)
-            if not self.engine.rows:
+            if not self.text_rows:
                 return
-            wanted = max(row.limit - row.tokens for row in self.rows if not row.ended)
-            drawn = self.engine.step(min(wanted, FIRST_CHUNK_SIZE if calls == 0 else CHUNK_SIZE))
+            written = self.text_rows.step(FIRST_CHUNK_SIZE if calls == 0 else CHUNK_SIZE)
             calls += 1
-
-    @property
-    def finish_reasons(self):
-        return [row.finish_reason for row in self.rows]
-
-    @property
-    def completion_tokens(self):
-        return [row.tokens for row in self.rows]
-
-
-def _with_row_seeds(configs):
-    """The configs with a seed each: rows sharing one config (one seed) get seeds made from it."""
-    seeded = []
-    shared = {}
-    for config in configs:
-        shared.setdefault(id(config), []).append(config)
-    seeds = {key: iter(row_seeds(group[0].seed, len(group))) for key, group in shared.items()}
-    for config in configs:
-        seeded.append(config.replace(seed=next(seeds[id(config)])))
-    return seeded
 
 
 def _beam_texts(model, prompts, config, unknown, use_cache, slide, num_beams):
@@ -229,11 +167,7 @@ def _beam_texts(model, prompts, config, unknown, use_cache, slide, num_beams):
     rows_ids = [prompt_ids(model.tokenizer, prompt, unknown) for prompt in prompts]
     engine = Engine(model, len(prompts), use_cache=use_cache, slide=slide)
     sequences = engine.beam_search(rows_ids, config.max_new_tokens, num_beams, model.tokenizer.end_token_id)
-    texts = []
-    for ids in sequences:
-        row = RowText(model.tokenizer, config, streaming=False)
-        texts.append(row.add(ids) + row.continuation.finish())
-    return texts
+    return [_text_of(model.tokenizer, config, ids) for ids in sequences]
 
 
 def generate_target(model, source, max_new_tokens=None, sampling=None, *, unknown="error", use_cache=True,
@@ -258,7 +192,7 @@ def iter_targets(model, sources, max_new_tokens=None, sampling=None, *, unknown=
     """As `generate_target` for a list of sources: an iterator that gives each
     target as soon as its batch of TARGET_BATCH is decoded. Everything is checked at once.
     """
-    if not isinstance(model, Seq2Seq):
+    if not model.writes_targets:
         raise ConfigError(f"generate_target needs a Seq2Seq model, not a {type(model).__name__}; "
                           f"a GPT continues a prompt with generate")
     sources = list(sources)
@@ -284,31 +218,31 @@ def iter_targets(model, sources, max_new_tokens=None, sampling=None, *, unknown=
 
 def _decode_targets(model, source_ids, config, use_cache, num_beams):
     batch_size = min(len(source_ids), TARGET_BATCH)
-    seeds = row_seeds(config.seed, len(source_ids))
+    configs = config.for_rows(len(source_ids))  # every source a seed of its own, whichever batch it is in
     start = [model.tokenizer.start_token_id]
     engine = Engine(model, batch_size, use_cache=use_cache)
-    vocabulary_size = engine.vocabulary_size
     for first in range(0, len(source_ids), batch_size):
         sources = source_ids[first:first + batch_size]
-        rows = [RowText(model.tokenizer, config, streaming=False) for _ in sources]
         if num_beams is not None:
             padded = np.concatenate([sources, np.repeat(sources[:1], batch_size - len(sources), axis=0)])
             sequences = engine.beam_search([start] * batch_size, config.max_new_tokens, num_beams,
                                            model.tokenizer.end_token_id, padded)
-            yield from [row.add(ids) + row.continuation.finish() for row, ids in zip(rows, sequences)]
+            yield from [_text_of(model.tokenizer, config, ids) for ids in sequences[:len(sources)]]
             continue
-        drawn = engine.admit([start] * len(sources), [config.row(vocabulary_size)] * len(sources),
-                             seeds[first:first + len(sources)], sources)
-        handles = list(drawn)
-        texts = [""] * len(sources)
-        while drawn:
-            for handle, tokens in drawn.items():
-                index = handles.index(handle)
-                texts[index] += rows[index].add(tokens.ids)
-                if rows[index].ended:
-                    engine.retire(handle)
-            drawn = engine.step(CHUNK_SIZE) if engine.rows else {}
-        yield from [text + row.continuation.finish() for text, row in zip(texts, rows)]
+        rows = TextRows(engine, model.tokenizer, streaming=False)
+        written = rows.admit(range(len(sources)), [start] * len(sources), configs[first:first + len(sources)],
+                             sources)
+        texts = [row.text for row in written.values()]
+        while rows:
+            for index, row in rows.step().items():
+                texts[index] += row.text
+        yield from texts
+
+
+def _text_of(tokenizer, config, ids):
+    """The text of a whole row of token ids, ended as a decoded row's is."""
+    row = RowText(tokenizer, config, streaming=False)
+    return row.add(ids) + row.continuation.finish()
 
 
 def _check_slide(model, slide):

@@ -6,6 +6,7 @@ import dataclasses
 import keras
 from keras import ops
 
+from gptlite import templates
 from gptlite.errors import ConfigError, InputError
 from gptlite.layers import (CachePlacement, EncoderBlock, TokenAndPositionEmbedding, TransformerBlock, make_norm,
                             register)
@@ -24,6 +25,9 @@ class _Transformer(keras.Model):
 
     # Whether the decoder's blocks attend over an encoder's output.
     _CROSS_ATTENTION = False
+    # What a caller asks instead of which class a model is: whether it writes a target for a source text
+    # (a Seq2Seq) rather than continuing its prompt (a GPT).
+    writes_targets = False
 
     def __init__(self, vocab_size=256, n_layer=4, n_head=4, n_embd=128, block_size=64, dropout=0.0, bias=False,
                  tie_weights=True, position="learned", attention_dropout=0.0, rope_theta=10000.0, norm="layer",
@@ -78,6 +82,17 @@ class _Transformer(keras.Model):
             block.build(hidden_shape)
         self.final_norm.build(hidden_shape)
         self.built = True
+
+    @property
+    def chats(self):
+        """Whether the model holds a conversation: a language model whose tokenizer has a chat template."""
+        return not self.writes_targets and self.tokenizer is not None and \
+            templates.template_of(self.tokenizer) is not None
+
+    def decoding_context(self, sources=None):
+        """What every decoding step reads besides its tokens and cache, passed on to `call_with_cache`: nothing
+        for a GPT; a Seq2Seq's encoded sources (B, S)."""
+        return ()
 
     def empty_cache(self, batch_size, length=None):
         """A zero key/value cache: a tuple with one (B, 2, K, length, D) tensor per decoder block.
@@ -213,6 +228,7 @@ class Seq2Seq(_Transformer):
     """
 
     _CROSS_ATTENTION = True
+    writes_targets = True
     PAD_ID = 0
 
     def __init__(self, *args, tokenizer=None, **kwargs):
@@ -279,6 +295,12 @@ class Seq2Seq(_Transformer):
             weights["decoder"].append(self_weights)
             weights["cross"].append(cross_weights)
         return {part: ops.stack(part_weights) for part, part_weights in weights.items()}
+
+    def decoding_context(self, sources=None):
+        """Each decoder block's keys and values of the encoded sources (B, S), and the sources' mask: what every
+        decoding step reads (see `call_with_cache`), computed once per source."""
+        source_mask = self.source_mask(sources)
+        return self.cross_key_values(self.encode(sources, source_mask)), source_mask
 
     def cross_key_values(self, encoded):
         """Each decoder block's keys and values of the encoder's output: computed once per source."""

@@ -6,6 +6,7 @@ decode loop. Every setting is a tensor with one value per row, so rows with
 different settings decode in one batch and changing one never recompiles.
 """
 
+import collections
 import dataclasses
 import math
 
@@ -16,8 +17,6 @@ from keras import ops
 from gptlite.errors import ConfigError
 from gptlite.text import stop_strings
 
-# A row's settings tensor holds these, in this order (see SamplingConfig.row).
-ROW_SETTINGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
 # Log-probabilities of this many likeliest tokens come with each token when asked for (OpenAI's most).
 TOP_LOGPROBS = 5
 
@@ -75,16 +74,59 @@ class SamplingConfig:
                               f"{', '.join(field.name for field in dataclasses.fields(self))}")
         return dataclasses.replace(self, **changes)
 
-    def row(self, vocabulary_size):
-        """The settings as the sampler reads them for one row: float32 (len(ROW_SETTINGS),)."""
-        top_k = vocabulary_size if self.top_k is None else min(self.top_k, vocabulary_size)
-        return np.array([self.temperature, top_k, self.top_p, self.min_p, self.repetition_penalty], np.float32)
+    def for_rows(self, count):
+        """`count` copies of this config, one for each row that shares it: the first row's seed is `seed` (None:
+        a random one), the others' are made from it, so that no two rows draw the same noise."""
+        seed = int(np.random.default_rng().integers(2**31)) if self.seed is None else int(self.seed) % 2**31
+        seeds = [seed] + [(seed * 1_000_003 + index) % 2**31 for index in range(1, count)]
+        return [dataclasses.replace(self, seed=row_seed) for row_seed in seeds]
+
+
+class RowSettings(collections.namedtuple("RowSettings", "temperature top_k top_p min_p repetition_penalty")):
+    """Each row's sampling settings as the sampler reads them: one float32 (B,) array or tensor a setting.
+
+    The one place where SamplingConfigs become numbers (`of`); a top_k of
+    None is the whole vocabulary. Host-side questions (`filters`,
+    `samples`, `penalises`) decide which program a call needs.
+    """
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, configs, vocabulary_size):
+        """The settings of SamplingConfigs, one row each."""
+        def column(values):
+            return np.array(list(values), np.float32)
+
+        return cls(column(config.temperature for config in configs),
+                   column(vocabulary_size if config.top_k is None else min(config.top_k, vocabulary_size)
+                          for config in configs),
+                   column(config.top_p for config in configs), column(config.min_p for config in configs),
+                   column(config.repetition_penalty for config in configs))
+
+    def rows(self, index):
+        """The settings of the rows `index` (an index array or mask), on the host."""
+        return RowSettings(*(np.asarray(values)[index] for values in self))
+
+    def filters(self, vocabulary_size):
+        """Whether some row keeps fewer than all tokens: a top_k below the vocabulary, a top_p below 1 or a min_p
+        above 0."""
+        return bool(np.any(np.asarray(self.top_k) < vocabulary_size) or np.any(np.asarray(self.top_p) < 1.0)
+                    or np.any(np.asarray(self.min_p) > 0))
+
+    def samples(self):
+        """Whether some row samples (a temperature above 0), and so needs noise."""
+        return bool(np.any(np.asarray(self.temperature) > 0))
+
+    def penalises(self):
+        """Whether some row has a repetition penalty."""
+        return bool(np.any(np.asarray(self.repetition_penalty) != 1.0))
 
 
 def sample_next_token(logits, settings, noise, seen=None, filtering=True):
     """Draw one token id per row from float logits (B, V), given uniform noise (B, V) in (0, 1).
 
-    `settings` (B, len(ROW_SETTINGS)): each row's as from SamplingConfig.row.
+    `settings`: each row's, a RowSettings of (B,) tensors.
     `seen` (B, V), where some row's repetition_penalty is not 1: how often
     each token is in the row's context. The draw is the arg-max of the kept
     logits plus Gumbel noise, which picks each token with its softmax
@@ -95,8 +137,9 @@ def sample_next_token(logits, settings, noise, seen=None, filtering=True):
     the sort the filters need is then left out of the program; None decides
     at each call, in the program, skipping the sort where no row filters.
     """
-    settings = ops.convert_to_tensor(settings, "float32")  # eager torch is handed NumPy arrays as they are
-    temperature, top_k, top_p, min_p, penalty = (settings[:, index:index + 1] for index in range(5))  # (B, 1) each
+    # (B, 1) each; eager torch is handed NumPy arrays as they are.
+    temperature, top_k, top_p, min_p, penalty = (ops.convert_to_tensor(values, "float32")[:, None]
+                                                 for values in settings)
     vocabulary_size = ops.shape(logits)[-1]
     logits = ops.cast(logits, "float32")
     if seen is not None:
@@ -132,23 +175,6 @@ def sample_next_token(logits, settings, noise, seen=None, filtering=True):
     sampled = ops.argmax(kept + gumbel, axis=-1)
     greedy = ops.argmax(logits, axis=-1)  # (B,)
     return ops.cast(ops.where(ops.equal(temperature[:, 0], 0), greedy, sampled), "int32")
-
-
-def filters(settings, vocabulary_size):
-    """Whether some row of `settings` (N, len(ROW_SETTINGS)), as from SamplingConfig.row, keeps fewer than all
-    tokens: a top_k below the vocabulary, a top_p below 1 or a min_p above 0."""
-    settings = np.asarray(settings).reshape(-1, len(ROW_SETTINGS))
-    return bool(np.any(settings[:, 1] < vocabulary_size) or np.any(settings[:, 2] < 1.0) or np.any(settings[:, 3] > 0))
-
-
-def samples(settings):
-    """Whether some row of `settings` samples (a temperature above 0), and so needs noise."""
-    return bool(np.any(np.asarray(settings).reshape(-1, len(ROW_SETTINGS))[:, 0] > 0))
-
-
-def penalises(settings):
-    """Whether some row of `settings` has a repetition penalty."""
-    return bool(np.any(np.asarray(settings).reshape(-1, len(ROW_SETTINGS))[:, 4] != 1.0))
 
 
 def token_log_probabilities(logits, tokens):

@@ -39,8 +39,8 @@ import uuid
 from gptlite import conversations, templates
 from gptlite.engine import SHORTEST_CACHE, Engine
 from gptlite.errors import GPTLiteError, InputError
-from gptlite.generation import RowText, generate_target, prompt_ids, row_seeds
-from gptlite.model import Seq2Seq
+from gptlite.decoding import TextRows
+from gptlite.generation import generate_target, prompt_ids
 from gptlite.sampling import TOP_LOGPROBS, SamplingConfig
 from gptlite.settings import ServeSettings
 
@@ -137,7 +137,7 @@ def parse_completion(body, model, model_name, settings):
     sampling["stop"] = tuple(stops)
     if len(prompts) * n > settings.max_batch * 4:
         raise RequestError(400, f"{len(prompts)} prompts x n={n} is more than {settings.max_batch * 4} choices", "n")
-    if isinstance(model, Seq2Seq) and (echo or logprobs is not None):
+    if model.writes_targets and (echo or logprobs is not None):
         name = "echo" if echo else "logprobs"
         raise RequestError(400, f"{name} is for a language model's completions; this model writes targets", name)
     tokenizer = model.tokenizer
@@ -164,7 +164,7 @@ def parse_chat_completion(body, model, model_name, settings):
     unknown = sorted(set(body) - CHAT_FIELDS)
     if unknown:
         raise RequestError(400, f"unknown field {unknown[0]!r}", unknown[0])
-    if isinstance(model, Seq2Seq) or templates.template_of(model.tokenizer) is None:
+    if not model.chats:
         raise RequestError(400, "this model has no chat template: it continues text and cannot hold a "
                                 "conversation; use /v1/completions, or fine-tune it on conversations", "messages")
     if not isinstance(body.get("logprobs", False), bool):
@@ -187,11 +187,8 @@ def parse_chat_completion(body, model, model_name, settings):
         asked["max_tokens"] = body["max_completion_tokens"]
     if body.get("logprobs"):
         asked["logprobs"] = top or 0
-    completion = parse_completion(asked, model, model_name, settings)
-    end = templates.turn_end(model.tokenizer)
-    stops = completion.sampling.stop + ((end,) if end is not None and end not in completion.sampling.stop else ())
-    return dataclasses.replace(completion, sampling=completion.sampling.replace(stop=stops), chat=True,
-                               prompts_ids=[ids])
+    # The answer ends at the template's end of turn too: the worker's rows see to it (decoding.TextRows).
+    return dataclasses.replace(parse_completion(asked, model, model_name, settings), chat=True, prompts_ids=[ids])
 
 
 def _number(body, name, kind, low, high, default=dataclasses.MISSING):
@@ -247,32 +244,24 @@ class _Job:
 
 
 class _Choice:
-    """One choice of a job as the engine decodes it: its text so far and its log-probabilities."""
+    """One choice of a job, the key of its row in the worker's TextRows: where its next token's text starts,
+    counted as OpenAI counts it for log-probabilities."""
 
-    def __init__(self, job, index, tokenizer, config, prompt_length):
+    def __init__(self, job, index, prompt_length):
         self.job, self.index = job, index
-        self.text = RowText(tokenizer, config, streaming=job.completion.stream)
-        self.tokenizer = tokenizer
-        self.logprobs = _Logprobs() if job.completion.logprobs is not None else None
-        self.offset = prompt_length  # where the next token's text starts, counted as OpenAI does
+        self.offset = prompt_length
 
-    def add(self, drawn):
-        """The text that the engine's tokens add, and their log-probabilities (a _Logprobs or None)."""
-        before = self.text.tokens
-        piece = self.text.add(drawn.ids)
-        if self.logprobs is None:
-            return piece, None
-        taken = self.text.tokens - before
+    def logprobs(self, tokenizer, drawn):
+        """The `_Logprobs` of the tokens a call added to the choice (a Drawn)."""
         new = _Logprobs()
         top = self.job.completion.logprobs
-        for position in range(taken):
-            token = self.tokenizer.decode([int(drawn.ids[position])])
+        for position, token_id in enumerate(drawn.ids):
+            token = tokenizer.decode([int(token_id)])
             new.add(token, float(drawn.logprobs[position]),
-                    {self.tokenizer.decode([int(i)]): float(value) for i, value in
+                    {tokenizer.decode([int(i)]): float(value) for i, value in
                      zip(drawn.top_ids[position][:top], drawn.top_logprobs[position][:top])}, self.offset)
             self.offset += len(token)
-        self.logprobs.extend(new)
-        return piece, new
+        return new
 
 
 @dataclasses.dataclass
@@ -306,10 +295,12 @@ class Worker:
         self.compiling = 0  # programs still to compile while idle (see warm_up)
         self._lock = threading.Lock()
         self._admissible = collections.deque()  # jobs taken from the queue, waiting for room in the batch
-        self._choices = {}  # engine row -> _Choice
         self._warm_plans = collections.deque()  # (batch size, prefill width) still to compile while idle
-        self.engine = None if isinstance(model, Seq2Seq) else Engine(model, resizable=True, short_caches=True,
-                                                                     mixed_settings=True)
+        # A Seq2Seq decodes each request's targets whole (see _write_targets); a language model's rows, keyed by
+        # their _Choice, join one running batch.
+        self.engine = None if model.writes_targets else Engine(model, resizable=True, short_caches=True,
+                                                               mixed_settings=True)
+        self.rows = None if self.engine is None else TextRows(self.engine, model.tokenizer)
         self._thread = threading.Thread(target=self._run, name="gptlite-decode", daemon=True)
 
     def start(self):
@@ -355,10 +346,9 @@ class Worker:
         capacity, width = self._warm_plans.popleft()
         block_size = self.model.config.block_size
         length = block_size if width is None else max(1, width - 1)
-        row = SamplingConfig().row(self.model.tokenizer.vocabulary_size)
         try:
             engine = Engine(self.model, capacity, short_caches=True, mixed_settings=True)
-            engine.admit([[0] * length] * capacity, [row] * capacity, [0] * capacity)
+            engine.admit([[0] * length] * capacity, [SamplingConfig(seed=0)] * capacity)
             engine.step(1)
         finally:
             self.compiling = len(self._warm_plans)
@@ -366,10 +356,10 @@ class Worker:
     def _run(self):
         while True:
             try:
-                idle = not self._choices and not self._admissible
+                idle = not self.rows and not self._admissible
                 self._take(block=idle and not self._warm_plans)
                 self._admit()
-                if self._choices:
+                if self.rows:
                     self._step()
                 elif self._warm_plans and not self._admissible:
                     self._warm_next()
@@ -409,8 +399,8 @@ class Worker:
     def _admit(self):
         """Prefill the admissible jobs that fit into the running batch, in the order they came."""
         jobs = []
-        room = self.settings.max_batch - len(self._choices)
-        while self._admissible and (len(self._admissible[0].rows) <= room or not self._choices and not jobs):
+        room = self.settings.max_batch - len(self.rows)
+        while self._admissible and (len(self._admissible[0].rows) <= room or not self.rows and not jobs):
             job = self._admissible.popleft()
             if job.cancelled:
                 continue
@@ -418,33 +408,23 @@ class Worker:
             jobs.append(job)
         if not jobs:
             return
-        tokenizer = self.model.tokenizer
-        rows_ids, settings, seeds, choices = [], [], [], []
+        choices, rows_ids, configs = [], [], []
         try:
             for job in jobs:
                 self._start(job)
-                seeded = row_seeds(job.completion.sampling.seed, len(job.rows))
                 for index, (prompt, ids) in enumerate(zip(job.rows, job.rows_ids)):
-                    config = job.completion.sampling.replace(seed=seeded[index])
-                    choice = _Choice(job, index, tokenizer, config, len(prompt) if job.completion.echo else 0)
-                    if choice.text.ended:  # max_tokens 0
-                        if job.completion.stream:
-                            job.emit(("pieces", [(index, "", choice.text.finish_reason, None)]))
-                        self._finish_choice(choice)
-                        continue
-                    rows_ids.append(ids)
-                    settings.append(config.row(self.engine.vocabulary_size))
-                    seeds.append(config.seed)
-                    choices.append(choice)
+                    choices.append(_Choice(job, index, len(prompt) if job.completion.echo else 0))
+                rows_ids += job.rows_ids
+                configs += job.completion.sampling.for_rows(len(job.rows))
+            written = self.rows.admit(choices, rows_ids, configs, logprobs=any(
+                job.completion.logprobs is not None for job in jobs), answers=[
+                choice.job.completion.chat for choice in choices], streaming=[
+                choice.job.completion.stream for choice in choices])
         except GPTLiteError as error:
             for job in jobs:
                 job.emit(("error", str(error)))
             return
-        if choices:
-            drawn = self.engine.admit(rows_ids, settings, seeds,
-                                      logprobs=any(choice.logprobs is not None for choice in choices))
-            self._choices.update(zip(drawn, choices))
-            self._deliver(drawn)
+        self._deliver(written)
 
     def _start(self, job):
         count = len(job.rows)
@@ -464,43 +444,35 @@ class Worker:
                                      for index, (prompt, logprobs) in enumerate(echoed)]))
 
     def _step(self):
-        for row, choice in list(self._choices.items()):
+        for choice in self.rows.keys():
             if choice.job.cancelled:
-                del self._choices[row]
-                self.engine.retire(row)
-        if not self._choices:
-            return
-        wanted = max(choice.text.limit - choice.text.tokens for choice in self._choices.values())
-        drawn = self.engine.step(min(DECODE_STEPS, wanted),
-                                 logprobs=any(choice.logprobs is not None for choice in self._choices.values()))
-        self._deliver(drawn)
+                self.rows.cancel(choice)
+        if self.rows:
+            self._deliver(self.rows.step(DECODE_STEPS, logprobs=any(
+                choice.job.completion.logprobs is not None for choice in self.rows.keys())))
 
-    def _deliver(self, drawn):
-        """Hand each choice its new text; retire the rows that have ended and close the jobs that have."""
+    def _deliver(self, written):
+        """Hand each choice its new text (`Written`, from the worker's TextRows); close the jobs that have ended."""
         streamed = {}  # job -> its choices' new pieces
         ended = []
-        for row, tokens in drawn.items():
-            choice = self._choices[row]
+        for choice, row in written.items():
             job = choice.job
-            piece, logprobs = choice.add(tokens)
-            job.texts[choice.index] += piece
+            logprobs = None if job.completion.logprobs is None else choice.logprobs(self.model.tokenizer, row.drawn)
+            job.texts[choice.index] += row.text
             if logprobs is not None:
                 job.logprobs[choice.index].extend(logprobs)
-            if job.completion.stream and (piece or choice.text.ended):
-                streamed.setdefault(job, []).append((choice.index, piece, choice.text.finish_reason, logprobs))
-            if choice.text.ended:
-                del self._choices[row]
-                self.engine.retire(row)
-                ended.append(choice)
+            if job.completion.stream and (row.text or row.finish_reason):
+                streamed.setdefault(job, []).append((choice.index, row.text, row.finish_reason, logprobs))
+            if row.finish_reason:
+                ended.append((choice, row))
         for job, pieces in streamed.items():
             job.emit(("pieces", pieces))
-        for choice in ended:
-            self._finish_choice(choice)
+        for choice, row in ended:
+            self._finish_choice(choice, row)
 
-    def _finish_choice(self, choice):
+    def _finish_choice(self, choice, row):
         job = choice.job
-        job.reasons[choice.index] = choice.text.finish_reason
-        job.completion_tokens[choice.index] = choice.text.tokens
+        job.reasons[choice.index], job.completion_tokens[choice.index] = row.finish_reason, row.tokens
         job.live -= 1
         if job.live == 0:
             if not job.completion.stream:
@@ -530,10 +502,9 @@ class Worker:
         job.emit(("done", prompt_tokens, completion_tokens))
 
     def _fail_all(self, message):
-        jobs = {id(choice.job): choice.job for choice in self._choices.values()}
-        for row in list(self._choices):
-            self.engine.retire(row)
-        self._choices.clear()
+        jobs = {id(choice.job): choice.job for choice in self.rows.keys()} if self.rows is not None else {}
+        for choice in self.rows.keys() if self.rows is not None else ():
+            self.rows.cancel(choice)
         for job in jobs.values():
             job.emit(("failure", message))
 
@@ -580,7 +551,7 @@ def create_app(model, model_name, settings=None, worker=None):
     settings = settings or ServeSettings()
     worker = worker or Worker(model, settings)
     started = int(time.time())
-    can_chat = not isinstance(model, Seq2Seq) and templates.template_of(model.tokenizer) is not None
+    can_chat = model.chats
 
     def error_response(error):
         return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
@@ -714,7 +685,7 @@ def create_app(model, model_name, settings=None, worker=None):
         text = body.get("text") if isinstance(body, dict) else None
         if not isinstance(text, str) or not text:
             raise RequestError(400, "text must be a non-empty string", "text")
-        if isinstance(model, Seq2Seq):
+        if model.writes_targets:
             raise RequestError(400, "the attention view draws a language model's self-attention")
         if model.tokenizer.unknown_characters(text):
             raise RequestError(400, "the text has characters the model never saw", "text")

@@ -7,7 +7,7 @@ import pytest
 import gptlite
 from conftest import TIE, last_logits, run_python
 from gptlite.engine import CACHED, CHUNK_SIZE, RECOMPUTE, RECOMPUTE_THEN_CACHED, Engine, plan_steps
-from gptlite.sampling import SamplingConfig, sample_next_token
+from gptlite.sampling import RowSettings, SamplingConfig, sample_next_token
 
 
 def test_a_call_holds_steps_of_one_kind_up_to_where_the_window_fills():
@@ -70,7 +70,7 @@ def reference_tokens(model, ids, config, count):
         logits = last_logits(model, [ids[-block_size:]])  # (1, V)
         noise = noise_of(model, config.seed, index)[None]
         token = int(keras.ops.convert_to_numpy(
-            sample_next_token(logits, config.row(vocabulary_size)[None], noise))[0])
+            sample_next_token(logits, RowSettings.of([config], vocabulary_size), noise))[0])
         tokens.append(token)
         ids.append(token)
     return tokens
@@ -94,7 +94,7 @@ def test_the_engine_samples_what_a_plain_full_forward_decoder_samples(fluent_mod
     config = SamplingConfig(temperature=0.9, top_k=20, seed=5)
     engine = Engine(fluent_model)
     prompt = ids_of(fluent_model, "the dog ran to ")
-    drawn = engine.admit([prompt], [config.row(fluent_model.config.vocab_size)], [config.seed])
+    drawn = engine.admit([prompt], [config])
     (row,) = drawn
     found = engine_tokens(engine, drawn, [row], 40)[row]
     expected = reference_tokens(fluent_model, prompt, config, 40)
@@ -110,24 +110,23 @@ def test_the_engine_samples_what_a_plain_full_forward_decoder_samples(fluent_mod
 
 
 def test_a_row_admitted_into_a_running_batch_gets_the_text_it_gets_alone(fluent_model):
-    vocabulary_size = fluent_model.config.vocab_size
     first, joining = SamplingConfig(temperature=1.0, seed=3), SamplingConfig(temperature=0.8, top_p=0.9, seed=8)
     engine = Engine(fluent_model, resizable=True, short_caches=True)
-    drawn = engine.admit([ids_of(fluent_model, "a cat")], [first.row(vocabulary_size)], [first.seed])
+    drawn = engine.admit([ids_of(fluent_model, "a cat")], [first])
     (early,) = drawn
     early_tokens = list(drawn[early].ids)
     while len(early_tokens) < 25:  # past the window's end (block 16): cached steps, then recomputing ones
         early_tokens += list(engine.step(8)[early].ids)
-    drawn = engine.admit([ids_of(fluent_model, "the big dog ")], [joining.row(vocabulary_size)], [joining.seed])
+    drawn = engine.admit([ids_of(fluent_model, "the big dog ")], [joining])
     (late,) = drawn
     assert engine.capacity == 2
     found = engine_tokens(engine, {**drawn, early: drawn[late]}, [late], 30)[late]
     alone = Engine(fluent_model)
-    alone_drawn = alone.admit([ids_of(fluent_model, "the big dog ")], [joining.row(vocabulary_size)], [joining.seed])
+    alone_drawn = alone.admit([ids_of(fluent_model, "the big dog ")], [joining])
     assert found == engine_tokens(alone, alone_drawn, list(alone_drawn), 30)[next(iter(alone_drawn))]
     # The early row's text is its own too: the first 25 tokens alone.
     alone = Engine(fluent_model)
-    alone_drawn = alone.admit([ids_of(fluent_model, "a cat")], [first.row(vocabulary_size)], [first.seed])
+    alone_drawn = alone.admit([ids_of(fluent_model, "a cat")], [first])
     assert early_tokens[:25] == engine_tokens(alone, alone_drawn, list(alone_drawn), 25)[next(iter(alone_drawn))]
     # Retiring rows frees their slots; the batch shrinks to what is left.
     engine.retire(early)
@@ -165,8 +164,7 @@ def test_log_probabilities_agree_with_a_full_forward_pass(fluent_model):
     config = SamplingConfig(temperature=0.8, seed=4)
     engine = Engine(fluent_model)
     prompt = ids_of(fluent_model, "the cat ")
-    vocabulary_size = fluent_model.config.vocab_size
-    drawn = engine.admit([prompt], [config.row(vocabulary_size)], [config.seed], logprobs=True)
+    drawn = engine.admit([prompt], [config], logprobs=True)
     (row,) = drawn
     pieces = [drawn[row]] + [engine.step(6, logprobs=True)[row] for _ in range(2)]
     ids = list(prompt)
@@ -189,7 +187,7 @@ def test_cached_text_is_recomputed_text_as_the_cache_grows_and_is_cut(tokenizer)
 
     def decode(**options):
         engine = Engine(model, 2, **options)
-        drawn = engine.admit(rows, [config.row(model.config.vocab_size)] * 2, [1, 2])
+        drawn = engine.admit(rows, [config.replace(seed=1), config.replace(seed=2)])
         return engine_tokens(engine, drawn, list(drawn), 70)
 
     # Rows of 7 and 69 tokens (a prefill of 128 columns) share a cache as long as the longer needs: 128, then
@@ -201,7 +199,7 @@ def test_cached_text_is_recomputed_text_as_the_cache_grows_and_is_cut(tokenizer)
 @pytest.mark.skipif(keras.backend.backend() == "torch", reason="torch compiles nothing")
 def test_a_second_process_finds_its_programs_in_the_compile_cache_and_survives_a_damaged_entry(tmp_path, tiny_model):
     gptlite.save(tiny_model, tmp_path / "model.keras")
-    script = ("import sys, gptlite, keras; from gptlite.engine import programs_for; "
+    script = ("import sys, gptlite; gptlite.compile_cache.use(); import keras; from gptlite.engine import programs_for; "
               "m = keras.saving.load_model(sys.argv[1]); print(gptlite.generate(m, 'the', 20, seed=3)); "
               "print('traces', sum(f.traces for f in programs_for(m)._compiled.values()))")
     cache = tmp_path / "cache"

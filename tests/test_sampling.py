@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import gptlite
-from gptlite.sampling import SamplingConfig, sample_next_token, token_counts
+from gptlite.sampling import RowSettings, SamplingConfig, sample_next_token, token_counts
 
 PROBABILITIES = np.array([0.5, 0.3, 0.15, 0.05], dtype="float32")
 
@@ -12,8 +12,8 @@ def draw(rows=2000, seen=None, **settings):
     """The sampler's tokens for `rows` rows of the same four-token distribution, each with its own noise."""
     logits = np.log(np.array([PROBABILITIES] * rows))
     noise = np.random.default_rng(0).random(logits.shape).astype("float32")
-    row = SamplingConfig(**settings).row(4)
-    return keras.ops.convert_to_numpy(sample_next_token(logits, np.tile(row, (rows, 1)), noise, seen))
+    settings = RowSettings.of([SamplingConfig(**settings)] * rows, 4)
+    return keras.ops.convert_to_numpy(sample_next_token(logits, settings, noise, seen))
 
 
 def test_sampler_filters_without_a_model():
@@ -41,10 +41,10 @@ def test_a_repetition_penalty_makes_seen_tokens_rarer():
 def test_rows_with_different_settings_are_each_sampled_by_their_own():
     logits = np.log(np.array([PROBABILITIES] * 3))
     noise = np.random.default_rng(1).random(logits.shape).astype("float32")
-    rows = np.stack([SamplingConfig(temperature=0).row(4), SamplingConfig(top_k=1).row(4), SamplingConfig().row(4)])
-    together = keras.ops.convert_to_numpy(sample_next_token(logits, rows, noise))
-    alone = [int(keras.ops.convert_to_numpy(sample_next_token(logits[i:i + 1], rows[i:i + 1], noise[i:i + 1]))[0])
-             for i in range(3)]
+    configs = [SamplingConfig(temperature=0), SamplingConfig(top_k=1), SamplingConfig()]
+    together = keras.ops.convert_to_numpy(sample_next_token(logits, RowSettings.of(configs, 4), noise))
+    alone = [int(keras.ops.convert_to_numpy(sample_next_token(logits[i:i + 1], RowSettings.of(configs[i:i + 1], 4),
+                                                                noise[i:i + 1]))[0]) for i in range(3)]
     assert list(together) == alone and together[0] == 0 and together[1] == 0
 
 
