@@ -36,9 +36,9 @@ import time
 import keras
 import numpy as np
 
-from gptlite import chat, conversations, data, generation, pairs, templates
+from gptlite import chat, conversations, data, generation, pairs
 from gptlite.errors import ConfigError, InputError
-from gptlite.model import GPT, Seq2Seq
+from gptlite.model import is_model
 from gptlite.sampling import SamplingConfig
 from gptlite.text import known_text
 
@@ -153,7 +153,7 @@ def evaluate(model, sources=(), encoding="utf-8", errors="strict", unknown="erro
     unknown: characters a char vocabulary lacks are an error ("error"), left
     out ("skip") or spaces ("replace"). verbose=1 shows a progress bar.
     """
-    if not isinstance(model, (GPT, Seq2Seq)):
+    if not is_model(model):
         raise ConfigError(f"evaluate scores a GPT or a Seq2Seq, not a {type(model).__name__}")
     sources = [sources] if isinstance(sources, (str, pathlib.Path)) else list(sources)
     if synthetic is not None:
@@ -164,10 +164,9 @@ def evaluate(model, sources=(), encoding="utf-8", errors="strict", unknown="erro
         return evaluate_conversations(model, [(f"held-out {synthetic} questions", chats)], verbose)
     if not sources:
         raise ConfigError("give at least one file to evaluate on, or `synthetic`")
-    if isinstance(model, Seq2Seq):
+    if model.writes_targets:
         return _evaluate_pairs(model, sources, encoding, errors, unknown, verbose)
-    if templates.template_of(model.tokenizer) is not None and \
-            all(pathlib.Path(source).suffix == ".jsonl" for source in sources):
+    if model.chats and all(pathlib.Path(source).suffix == ".jsonl" for source in sources):
         sets = [(str(source), conversations.read_conversations(source, encoding)) for source in sources]
         return evaluate_conversations(model, sets, verbose)
     corpora = [data.Corpus.from_files([source], encoding, errors) for source in sources]  # every file checked first

@@ -17,7 +17,7 @@ from keras import ops
 from gptlite import generation, positions
 from gptlite.errors import ConfigError, InputError
 from gptlite.files import atomic_path
-from gptlite.model import GPT, Seq2Seq
+from gptlite.model import is_model
 from gptlite.settings import ATTENTION_PARTS
 from gptlite.text import known_text
 
@@ -73,7 +73,7 @@ def attention_maps(model, text, part=None, target=None, unknown="error"):
 
     Returns an `AttentionMaps`: weights (layers, heads, T, S) and tokens.
     """
-    if isinstance(model, Seq2Seq):
+    if model.writes_targets:
         return _seq2seq_maps(model, text, part or "cross", target, unknown)[0]
     _check_gpt(model, part, target)
     token_ids = _prompt_window(model, text, unknown)
@@ -95,7 +95,7 @@ def token_report(model, text, top=5, target=None, unknown="error"):
     """
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise ConfigError(f"top must be a whole number of at least 1, got {top!r}")
-    if isinstance(model, Seq2Seq):
+    if model.writes_targets:
         maps, inputs = _seq2seq_maps(model, text, "cross", target, unknown)
         logits = _quietly(model, inputs)
     else:
@@ -226,7 +226,7 @@ def plot_positions(model, path=None):
 
 
 def _check_gpt(model, part, target):
-    if not isinstance(model, GPT):
+    if not is_model(model):
         raise ConfigError(f"expected a gptlite GPT or Seq2Seq model, got {type(model).__name__}")
     if part not in (None, "decoder"):
         raise ConfigError(f"a GPT has only causal self-attention (part 'decoder'), not {part!r}")

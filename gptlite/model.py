@@ -17,6 +17,12 @@ from gptlite.settings import LORA_TARGETS, GPTConfig, lora_targets
 FORMAT_VERSION = 1
 
 
+def is_model(value):
+    """Whether `value` is a gptlite model (a GPT or a Seq2Seq). What kind it is, callers ask the model itself
+    (`writes_targets`, `chats`), never its class."""
+    return isinstance(value, _Transformer)
+
+
 class _Transformer(keras.Model):
     """What GPT and Seq2Seq share: the config, the tokenizer, the embedding
     (which is also the output layer), the decoder's blocks and final norm,

@@ -27,7 +27,7 @@ import numpy as np
 from gptlite import llama, saving
 from gptlite.errors import ConfigError, InputError, MissingFileError
 from gptlite.files import atomic_directory, read_json
-from gptlite.model import GPT
+from gptlite.model import GPT, is_model
 from gptlite.tokenizers import BPETokenizer, CharTokenizer, PretrainedTokenizer
 
 # The activations Hugging Face names for the tanh approximation of GELU, which gptlite uses.
@@ -49,12 +49,12 @@ def from_pretrained(name_or_path, block_size=None, dropout=None, dtype=None):
     dropout: the dropout to train with (default: a gptlite model's own, 0 for GPT-2).
     dtype: the Keras dtype policy to build it with (default: Keras's, float32).
     """
-    source = name_or_path if isinstance(name_or_path, GPT) else None
+    source = name_or_path if is_model(name_or_path) else None
     path = pathlib.Path(name_or_path) if source is None else None
     if path is not None and (path.is_file() or path.suffix == ".keras"):
         source = saving.load(path)
-        if not isinstance(source, GPT):
-            raise ConfigError(f"{path} holds a {type(source).__name__}; only a GPT can be fine-tuned")
+    if source is not None and source.writes_targets:
+        raise ConfigError(f"{path or 'the model'} holds a {type(source).__name__}; only a GPT can be fine-tuned")
     if source is not None:
         settings = {name: value for name, value in dataclasses.asdict(source.config).items() if name != "vocab_size"}
         tokenizer = source.tokenizer
@@ -367,7 +367,7 @@ def export_hugging_face(model, directory):
     """
     from safetensors.numpy import save_file
 
-    if not isinstance(model, GPT):
+    if model.writes_targets:
         raise ConfigError(f"only a GPT has a Hugging Face form here, not a {type(model).__name__}")
     config = model.config
 
@@ -421,7 +421,7 @@ def _not_gpt2(config):
 
 
 def _check_exportable(model):
-    if not isinstance(model, GPT):
+    if model.writes_targets:
         raise ConfigError(f"only a GPT has GPT-2's form, not a {type(model).__name__}")
     problems = _not_gpt2(model.config)
     if problems:

@@ -7,7 +7,7 @@ import keras
 
 from gptlite.errors import ConfigError, InputError, MissingFileError
 from gptlite.files import atomic_directory, atomic_path
-from gptlite.model import GPT, Seq2Seq
+from gptlite.model import is_model
 
 
 def save(model, path):
@@ -50,7 +50,7 @@ def load(path):
         model = keras.saving.load_model(path, compile=False)
     except Exception as error:  # Keras raises many types for a damaged file.
         raise InputError(f"cannot load {path}: {str(error).splitlines()[0]}") from error
-    if not isinstance(model, (GPT, Seq2Seq)) or model.tokenizer is None:
+    if not is_model(model) or model.tokenizer is None:
         raise InputError(f"{path} holds a {type(model).__name__}, not a gptlite model")
     return model
 
@@ -69,7 +69,7 @@ def export_saved_model(model, directory):
     import tensorflow as tf
 
     check_export_backend()
-    if not isinstance(model, GPT):
+    if model.writes_targets:
         raise ConfigError(f"only a GPT exports as a SavedModel for now, not a {type(model).__name__}")
     options = {}
     if keras.backend.backend() == "jax":

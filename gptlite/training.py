@@ -17,7 +17,6 @@ from gptlite.checkpoints import RunState, restore_checkpoint, save_checkpoint
 from gptlite.data import RandomWindows
 from gptlite.distribute import mirrored, process_part
 from gptlite.errors import ConfigError, TrainingDiverged, TrainingInterrupted
-from gptlite.model import GPT, Seq2Seq
 from gptlite.optimizer import FlatAdamW
 from gptlite.conversations import IGNORED, ChatRows, ConversationBatches
 from gptlite.pairs import PairBatches, PairSet
@@ -95,8 +94,8 @@ def compile_for_training(model, config, ignored=None):
                                                and not config.lora_rank)
     # A seq2seq batch pads its targets, and conversations leave all but the answers out (`ignored`): those
     # positions do not count.
-    if ignored is None and isinstance(model, Seq2Seq):
-        ignored = Seq2Seq.PAD_ID
+    if ignored is None and model.writes_targets:
+        ignored = model.PAD_ID
     model.compile(
         optimizer=make_optimizer(model, config),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=ignored),
@@ -244,7 +243,7 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
     if (config.precision == "fp16" and keras.backend.backend() == "jax"
             and all(device.startswith("cpu") for device in keras.distribution.list_devices())):
         raise ConfigError("fp16 under jax needs a GPU: XLA's CPU matmuls have no float16; set `precision` to bf16")
-    if peak_flops is not None and not (isinstance(model, GPT) and peak_flops > 0):
+    if peak_flops is not None and not (not model.writes_targets and peak_flops > 0):
         raise ConfigError("`peak_flops` must be positive, and MFU is estimated for a GPT only")
     block_size = model.config.block_size
     if not model.built:

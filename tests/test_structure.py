@@ -35,7 +35,7 @@ ALLOWED = {
     "saving": {"model", "files"},
     "llama": {"layers", "files", "tokenizers", "settings"},
     "pretrained": {"model", "llama", "saving", "files", "tokenizers"},
-    "evaluation": {"model", "data", "pairs", "generation", "text", "chat", "conversations", "templates", "sampling"},
+    "evaluation": {"model", "data", "pairs", "generation", "text", "chat", "conversations", "sampling"},
     "inspection": {"model", "positions", "generation", "files", "text", "settings"},
     "checkpoints": {"files"},
     "distribute": set(),

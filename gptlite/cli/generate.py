@@ -72,7 +72,6 @@ def make_parser(prog):
 
 def run(args):
     from gptlite import generation, saving
-    from gptlite.model import Seq2Seq
 
     drawing = [name for name in ("layer", "head", "part") if getattr(args, name) is not None]
     if drawing and args.attention is None:
@@ -89,7 +88,7 @@ def run(args):
     # Checked before the model loads, so that a bad flag fails at once.
     config = sampling_config(args)
     model = saving.load(args.model)
-    if isinstance(model, Seq2Seq):
+    if model.writes_targets:
         _generate_targets(args, model)
         return
     if args.source is not None or args.source_file is not None:
@@ -150,11 +149,10 @@ def _generate_targets(args, model):
 
 def _draw_attention(args):
     from gptlite import generation, inspection, saving
-    from gptlite.model import Seq2Seq
     from gptlite.text import known_text
 
     model = saving.load(args.model)
-    if isinstance(model, Seq2Seq):
+    if model.writes_targets:
         if args.prompt is not None or args.source is None:
             raise InputError(f"{args.model} is a seq2seq model: `attention` draws its attention for `source` TEXT")
         text, target = args.source, generation.generate_target(model, args.source, unknown=args.unknown)

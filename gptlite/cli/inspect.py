@@ -37,7 +37,6 @@ def make_parser(prog):
 
 def run(args):
     from gptlite import inspection, saving
-    from gptlite.model import Seq2Seq
 
     if args.top < 1:
         raise InputError(f"`top` must be at least 1, got {args.top}")
@@ -47,10 +46,10 @@ def run(args):
     if args.target is not None and args.source is None:
         raise InputError("`target` goes with `source`")
     model = saving.load(args.model)
-    text = args.source if isinstance(model, Seq2Seq) else args.prompt
-    if isinstance(model, Seq2Seq) and args.prompt is not None:
+    text = args.source if model.writes_targets else args.prompt
+    if model.writes_targets and args.prompt is not None:
         raise InputError(f"{args.model} is a seq2seq model: give it `source` TEXT, not `prompt`")
-    if not isinstance(model, Seq2Seq) and args.source is not None:
+    if not model.writes_targets and args.source is not None:
         raise InputError(f"{args.model} is a language model: give it `prompt` TEXT, not `source`")
     messages = sys.stderr if args.json else sys.stdout
     if args.positions is not None:
