@@ -50,7 +50,7 @@ def main():
             body = request_body(args.tokens, number * args.requests + request, stream=False)
             completion = serving.parse_completion(body, model, "model", settings)
             done = threading.Event()
-            worker.submit(serving._Job(completion.rows, completion,
+            worker.submit(serving.worker.Job(completion.rows, completion,
                                        lambda event: event[0] in ("done", "error", "failure") and done.set()))
             done.wait()
 

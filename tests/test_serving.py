@@ -291,7 +291,7 @@ def test_a_failure_inside_the_server_is_a_500_in_openais_shape_and_the_connectio
     def broken(*args, **kwargs):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(serving, "parse_completion", broken)
+    monkeypatch.setattr(serving.app, "parse_completion", broken)  # where the app finds it
     with httpx.Client(base_url=server.url, timeout=30) as http:
         response = http.post("/v1/completions", json={"prompt": "the", "max_tokens": 2})
         assert response.status_code == 500 and response.json()["error"]["type"] == "server_error"

@@ -1,0 +1,290 @@
+"""The HTTP application around the worker (`create_app`), and `serve`, what `gptlite serve` runs."""
+
+import asyncio
+import dataclasses
+import importlib.resources
+import json
+import signal
+import threading
+import time
+import traceback
+import uuid
+
+from gptlite import templates
+from gptlite.errors import InputError
+from gptlite.serving.parsing import MAX_BODY_BYTES, RequestError, parse_chat_completion, parse_completion
+from gptlite.serving.worker import QueueFull, Worker, Job
+from gptlite.settings import ServeSettings
+
+def create_app(model, model_name, settings=None, worker=None):
+    """The Starlette application that serves `model` under `model_name`, its worker thread started."""
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.requests import ClientDisconnect
+    from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    settings = settings or ServeSettings()
+    worker = worker or Worker(model, settings)
+    started = int(time.time())
+    can_chat = model.chats
+
+    def error_response(error):
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    def answered(handler):
+        """`handler`, its refusals (a `RequestError`) answered in OpenAI's error body, and a failure of its own
+        with a 500 in that body rather than a dropped connection: the client reads what went wrong, and its
+        connection stays usable."""
+        async def guarded(request):
+            try:
+                return await handler(request)
+            except RequestError as error:
+                return error_response(error)
+            except Exception:
+                traceback.print_exc()
+                return error_response(RequestError(500, "the server failed to answer this request; the error is in "
+                                                         "its log", kind="server_error"))
+        return guarded
+
+    async def http_error(request, error):
+        """Starlette's own refusals (an unknown path, a wrong method) in OpenAI's error body."""
+        messages = {404: f"no such endpoint: {request.method} {request.url.path} (the API is /v1/completions and "
+                         f"/v1/models)",
+                    405: f"{request.url.path} does not take {request.method}"}
+        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        message = messages.get(error.status_code, error.detail)
+        return error_response(RequestError(error.status_code, message, kind=kind, headers=error.headers))
+
+    def check_key(request):
+        if settings.api_key is None:
+            return
+        if request.headers.get("authorization", "") != f"Bearer {settings.api_key}":
+            raise RequestError(401, "a valid API key is needed: Authorization: Bearer <key>",
+                               kind="authentication_error")
+
+    async def read_json(request):
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+            raise RequestError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
+        body = b""
+        try:
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > MAX_BODY_BYTES:
+                    raise RequestError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
+        except ClientDisconnect:
+            raise RequestError(400, "the client went away before sending its request") from None
+        try:
+            return json.loads(body)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise RequestError(400, f"the request body is not valid JSON: {error}") from None
+        except RecursionError:
+            raise RequestError(400, "the request body is JSON nested too deeply") from None
+
+    async def completions(request):
+        check_key(request)
+        return await answer(request, parse_completion(await read_json(request), model, model_name, settings))
+
+    async def chat_completions(request):
+        check_key(request)
+        return await answer(request, parse_chat_completion(await read_json(request), model, model_name, settings))
+
+    async def answer(request, completion):
+        loop = asyncio.get_running_loop()
+        events = asyncio.Queue()
+        job = Job(completion.rows, completion, lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
+        try:
+            worker.submit(job)
+        except QueueFull:
+            return error_response(RequestError(503, "the server is busy; try again shortly", kind="server_busy",
+                                               headers={"Retry-After": "1"}))
+        identity, created = f"{'chatcmpl' if completion.chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
+        if completion.stream:
+            return StreamingResponse(_events(job, events, identity, model_name, created, completion.chat),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        choices = [{"text": "", "index": index, "logprobs": None, "finish_reason": None}
+                   for index in range(len(job.rows))]
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(events.get(), timeout=1.0)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():  # nobody is waiting for the text any more
+                        job.cancelled = True
+                        return JSONResponse({}, status_code=499)
+                    continue
+                if event[0] == "pieces":
+                    for index, text, reason, logprobs in event[1]:
+                        choices[index].update(text=choices[index]["text"] + text, finish_reason=reason,
+                                              logprobs=None if logprobs is None else dataclasses.asdict(logprobs))
+                elif event[0] == "done":
+                    prompt_tokens, completion_tokens = event[1], event[2]
+                    break
+                else:
+                    status = 400 if event[0] == "error" else 500
+                    return error_response(RequestError(status, event[1], kind="invalid_request_error" if status == 400
+                                                       else "server_error"))
+        except asyncio.CancelledError:
+            job.cancelled = True
+            raise
+        counted_prompts = sum(prompt_tokens[::completion.n])  # each prompt once, as OpenAI counts
+        choices = [{**choice, "finish_reason": choice["finish_reason"] or "length"} for choice in choices]
+        if completion.chat:
+            choices = [_chat_choice(choice) for choice in choices]
+        return JSONResponse({
+            "id": identity, "object": "chat.completion" if completion.chat else "text_completion",
+            "created": created, "model": model_name, "choices": choices,
+            "usage": {"prompt_tokens": counted_prompts, "completion_tokens": sum(completion_tokens),
+                      "total_tokens": counted_prompts + sum(completion_tokens)},
+        })
+
+    async def models(request):
+        check_key(request)
+        return JSONResponse({"object": "list", "data": [{"id": model_name, "object": "model", "created": started,
+                                                         "owned_by": "gptlite"}]})
+
+    async def health(request):
+        return JSONResponse({"status": "ok", "model": model_name, "waiting": worker.waiting,
+                             "compiling": worker.compiling, "chat": can_chat})
+
+    async def attention(request):
+        from gptlite import inspection
+
+        check_key(request)
+        body = await read_json(request)
+        if isinstance(body, dict) and "messages" in body and can_chat:  # a conversation, as the model reads it
+            try:
+                body = {"text": templates.render_for(model.tokenizer, body["messages"])}
+            except InputError as error:
+                raise RequestError(400, str(error), "messages") from None
+        text = body.get("text") if isinstance(body, dict) else None
+        if not isinstance(text, str) or not text:
+            raise RequestError(400, "text must be a non-empty string", "text")
+        if model.writes_targets:
+            raise RequestError(400, "the attention view draws a language model's self-attention")
+        if model.tokenizer.unknown_characters(text):
+            raise RequestError(400, "the text has characters the model never saw", "text")
+        maps = await asyncio.wrap_future(worker.call(lambda m: inspection.attention_maps(m, text)))
+        weights = maps.weights
+        return JSONResponse({"tokens": list(maps.tokens), "layers": int(weights.shape[0]),
+                             "heads": int(weights.shape[1]), "weights": weights.round(4).tolist()})
+
+    async def page(request):
+        return HTMLResponse(importlib.resources.files("gptlite").joinpath("page.html").read_text(encoding="utf-8"))
+
+    endpoints = [("/v1/completions", completions, "POST"), ("/v1/chat/completions", chat_completions, "POST"),
+                 ("/v1/models", models, "GET"), ("/health", health, "GET"),
+                 ("/v1/attention", attention, "POST"), ("/", page, "GET")]
+    routes = [Route(path, answered(handler), methods=[method]) for path, handler, method in endpoints]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    app.state.worker = worker
+    worker.start()
+    return app
+
+
+async def _events(job, events, identity, model_name, created, chat=False):
+    """The server-sent events of a streamed completion, ending with `data: [DONE]`; a chat completion's
+    chunks carry each answer's `delta`, the first its role."""
+    def chunk(choices):
+        return "data: " + json.dumps({"id": identity, "object": "chat.completion.chunk" if chat else "text_completion",
+                                      "created": created, "model": model_name, "choices": choices}) + "\n\n"
+
+    started = set()  # the chat choices whose role has been sent
+
+    try:
+        while True:
+            event = await events.get()
+            if event[0] in ("error", "failure"):
+                kind = "invalid_request_error" if event[0] == "error" else "server_error"
+                yield "data: " + json.dumps({"error": {"message": event[1], "type": kind}}) + "\n\n"
+                break
+            if event[0] == "done":
+                break
+            choices = [{"text": text, "index": index, "finish_reason": reason,
+                        "logprobs": None if logprobs is None else dataclasses.asdict(logprobs)}
+                       for index, text, reason, logprobs in event[1]]
+            if chat:
+                choices = [_chat_delta(choice, choice["index"] not in started) for choice in choices]
+                started.update(choice["index"] for choice in choices)
+            if choices:
+                yield chunk(choices)
+        yield "data: [DONE]\n\n"
+    finally:
+        # The client went away, or the stream ended: either way, stop decoding for it.
+        job.cancelled = True
+
+
+def _chat_choice(choice):
+    """A completion's choice as a chat completion's: the text as the assistant's message."""
+    return {"index": choice["index"], "message": {"role": "assistant", "content": choice["text"]},
+            "logprobs": _chat_logprobs(choice["logprobs"]), "finish_reason": choice["finish_reason"]}
+
+
+def _chat_delta(choice, first):
+    delta = {"role": "assistant", "content": choice["text"]} if first else {"content": choice["text"]}
+    return {"index": choice["index"], "delta": delta, "logprobs": _chat_logprobs(choice["logprobs"]),
+            "finish_reason": choice["finish_reason"]}
+
+
+def _chat_logprobs(logprobs):
+    """Completions' `logprobs` (parallel lists) as chat completions give them: a list of tokens under "content"."""
+    if logprobs is None:
+        return None
+
+    def entry(token, logprob):
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+    return {"content": [{**entry(token, logprob), "top_logprobs": [entry(t, v) for t, v in top.items()]}
+                        for token, logprob, top in zip(logprobs["tokens"], logprobs["token_logprobs"],
+                                                       logprobs["top_logprobs"])]}
+
+
+def serve(model_path, host="127.0.0.1", port=8000, settings=None, grace_seconds=30, name=None, say=print):
+    """Load the model, then serve it until SIGTERM or Ctrl-C (finishing requests in flight), compiling its programs
+    while idle meanwhile."""
+    import uvicorn
+
+    from gptlite import saving
+
+    _check_address(host, port)
+    say(f"loading {model_path} ...", flush=True)
+    model = saving.load(model_path)
+    settings = settings or ServeSettings()
+    name = name or _model_name(model_path)
+    worker = Worker(model, settings)
+    worker.warm_up()  # planned before the worker starts, so that it compiles them before it waits for requests
+    app = create_app(model, name, settings, worker)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=grace_seconds)
+    server = uvicorn.Server(config)
+    say(f"serving {name} at http://{host}:{port}/ (API at http://{host}:{port}/v1); Ctrl-C stops", flush=True)
+    # uvicorn stops on SIGTERM or SIGINT once the requests in flight are answered, then raises the
+    # signal again for the handler it found: a stop asked for and done is then no failure.
+    handled = (signal.SIGINT, signal.SIGTERM)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = {number: signal.signal(number, lambda *_: None) for number in handled} if main_thread else {}
+    try:
+        server.run()
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    say("stopped", flush=True)
+
+
+def _check_address(host, port):
+    """Refuse an address that cannot be listened on before the model loads, rather than after."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as error:
+        raise InputError(f"cannot listen at {host}:{port}: {error.strerror or error}") from None
+
+
+def _model_name(model_path):
+    import pathlib
+
+    path = pathlib.Path(model_path)
+    return path.parent.name if path.name == "model.keras" and path.parent.name else path.stem

@@ -1,0 +1,181 @@
+"""A request's body, checked: what a completions or chat completions request asks for (`Completion`), or an
+OpenAI-style refusal (`RequestError`)."""
+
+import dataclasses
+import json
+import math
+
+from gptlite import conversations, templates
+from gptlite.errors import InputError
+from gptlite.generation import prompt_ids
+from gptlite.sampling import TOP_LOGPROBS, SamplingConfig
+
+# OpenAI's default max_tokens; every sampling setting left out takes SamplingConfig's default.
+DEFAULTS = dict(max_tokens=16, n=1)
+MAX_BODY_BYTES = 1 << 20
+FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "n", "stop",
+          "seed", "stream", "user", "echo", "logprobs", "presence_penalty", "frequency_penalty", "best_of",
+          "logit_bias", "suffix", "stream_options"}
+# Fields of OpenAI's request that are accepted only at the value that changes nothing.
+NEUTRAL = {"presence_penalty": (0, None), "frequency_penalty": (0, None), "best_of": (1, None), "logit_bias": (None,),
+           "suffix": (None,)}
+
+
+class RequestError(Exception):
+    """A request the server refuses: its HTTP status and an OpenAI-style error body."""
+
+    def __init__(self, status, message, param=None, kind="invalid_request_error", headers=None):
+        super().__init__(message)
+        self.status, self.param, self.kind, self.headers = status, param, kind, headers or {}
+
+    def body(self):
+        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": None}}
+
+
+@dataclasses.dataclass
+class Completion:
+    """A checked completions request: `prompts`, each wanting `n` choices sampled by `sampling`."""
+
+    prompts: list
+    sampling: object  # a SamplingConfig: max_new_tokens is the request's max_tokens
+    n: int
+    stream: bool
+    logprobs: int = None  # how many likeliest tokens' log-probabilities come with each token; None: none
+    echo: bool = False  # the prompt comes back before its completion
+    chat: bool = False  # a chat completion: its one prompt is a rendered conversation, its answers messages
+    prompts_ids: list = None  # each prompt's ids, where they are not its text's (a conversation's)
+
+    @property
+    def rows(self):
+        """Each choice's prompt, in OpenAI's order: prompt 0's n choices first."""
+        return [prompt for prompt in self.prompts for _ in range(self.n)]
+
+    def rows_ids(self, tokenizer):
+        """Each choice's prompt as the model reads it."""
+        prompts_ids = self.prompts_ids or [prompt_ids(tokenizer, prompt) for prompt in self.prompts]
+        return [list(ids) for ids in prompts_ids for _ in range(self.n)]
+
+
+def parse_completion(body, model, model_name, settings):
+    """The `Completion` a request body asks for, or a `RequestError` (400, 404) saying what is wrong."""
+    if not isinstance(body, dict):
+        raise RequestError(400, "the request body must be a JSON object")
+    unknown = sorted(set(body) - FIELDS)
+    if unknown:
+        raise RequestError(400, f"unknown field {unknown[0]!r}", unknown[0])
+    for name, allowed in NEUTRAL.items():
+        if name in body and body[name] not in allowed:
+            raise RequestError(400, f"{name} is not supported (leave it out)", name)
+    if body.get("model") not in (None, model_name):
+        raise RequestError(404, f"the model {body['model']!r} does not exist; this server has {model_name!r}", "model",
+                           kind="not_found_error")
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        prompts = prompt
+    else:
+        raise RequestError(400, "prompt must be a string or a non-empty list of strings", "prompt")
+    max_tokens = _number(body, "max_tokens", int, 0, settings.max_tokens_limit)
+    sampling = {"max_new_tokens": max_tokens}
+    for name, low, high in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0), ("min_p", 0.0, 1.0),
+                            ("repetition_penalty", 0.01, 100.0)):
+        value = _number(body, name, float, low, high, default=None)
+        if value is not None:
+            sampling[name] = value
+    if sampling.get("top_p") == 0:
+        raise RequestError(400, "top_p must be above 0", "top_p")
+    sampling["top_k"] = _number(body, "top_k", int, 1, 2**31 - 1, default=None)  # above the vocabulary: every token
+    n = _number(body, "n", int, 1, settings.max_n)
+    sampling["seed"] = _number(body, "seed", int, -2**63, 2**63 - 1, default=None)
+    logprobs = _number(body, "logprobs", int, 0, TOP_LOGPROBS, default=None)
+    echo = body.get("echo") or False
+    stream = body.get("stream", False)
+    for name, value in (("stream", stream), ("echo", echo)):
+        if not isinstance(value, bool):
+            raise RequestError(400, f"{name} must be true or false", name)
+    stops = body.get("stop")
+    stops = [] if stops is None else [stops] if isinstance(stops, str) else stops
+    if not (isinstance(stops, list) and len(stops) <= 4 and all(isinstance(s, str) and s for s in stops)):
+        raise RequestError(400, "stop must be a non-empty string or a list of up to 4 of them", "stop")
+    sampling["stop"] = tuple(stops)
+    if len(prompts) * n > settings.max_batch * 4:
+        raise RequestError(400, f"{len(prompts)} prompts x n={n} is more than {settings.max_batch * 4} choices", "n")
+    if model.writes_targets and (echo or logprobs is not None):
+        name = "echo" if echo else "logprobs"
+        raise RequestError(400, f"{name} is for a language model's completions; this model writes targets", name)
+    tokenizer = model.tokenizer
+    for prompt_text in prompts:
+        unknown_characters = tokenizer.unknown_characters(prompt_text)
+        if unknown_characters:
+            raise RequestError(400, f"the prompt has characters the model never saw: {''.join(unknown_characters)!r}",
+                               "prompt")
+        if settings.truncate == "none" and len(tokenizer.encode(prompt_text)) > model.config.block_size:
+            raise RequestError(400, f"a prompt is longer than the model's context of {model.config.block_size} "
+                                    f"tokens", "prompt")
+    return Completion(prompts, SamplingConfig(**sampling), n, stream, logprobs, echo)
+
+
+CHAT_FIELDS = (FIELDS - {"prompt", "echo", "suffix", "best_of"}) | {"messages", "top_logprobs",
+                                                                   "max_completion_tokens"}
+
+
+def parse_chat_completion(body, model, model_name, settings):
+    """The `Completion` a chat completions request asks for: its conversation rendered with the model's
+    chat template, its answers ending at the template's end of turn; or a `RequestError`."""
+    if not isinstance(body, dict):
+        raise RequestError(400, "the request body must be a JSON object")
+    unknown = sorted(set(body) - CHAT_FIELDS)
+    if unknown:
+        raise RequestError(400, f"unknown field {unknown[0]!r}", unknown[0])
+    if not model.chats:
+        raise RequestError(400, "this model has no chat template: it continues text and cannot hold a "
+                                "conversation; use /v1/completions, or fine-tune it on conversations", "messages")
+    if not isinstance(body.get("logprobs", False), bool):
+        raise RequestError(400, "logprobs must be true or false", "logprobs")
+    top = _number(body, "top_logprobs", int, 0, TOP_LOGPROBS, default=None)
+    if top is not None and not body.get("logprobs"):
+        raise RequestError(400, "top_logprobs needs logprobs set to true", "top_logprobs")
+    if "max_tokens" in body and "max_completion_tokens" in body:
+        raise RequestError(400, "give max_tokens or max_completion_tokens, not both", "max_completion_tokens")
+    try:
+        messages = templates.check_messages(body.get("messages"), "messages")
+        prompt = templates.render_for(model.tokenizer, messages, add_generation_prompt=True)
+        ids = conversations.rendered_ids(model.tokenizer, prompt)
+    except InputError as error:
+        raise RequestError(400, str(error), "messages") from None
+    asked = {name: value for name, value in body.items()
+             if name not in ("messages", "logprobs", "top_logprobs", "max_completion_tokens")}
+    asked["prompt"] = prompt
+    if "max_completion_tokens" in body:
+        asked["max_tokens"] = body["max_completion_tokens"]
+    if body.get("logprobs"):
+        asked["logprobs"] = top or 0
+    # The answer ends at the template's end of turn too: the worker's rows see to it (decoding.TextRows).
+    return dataclasses.replace(parse_completion(asked, model, model_name, settings), chat=True, prompts_ids=[ids])
+
+
+def _number(body, name, kind, low, high, default=dataclasses.MISSING):
+    value = body.get(name, DEFAULTS.get(name) if default is dataclasses.MISSING else default)
+    if value is None and default is None:
+        return None
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int and is_number and not isinstance(value, int):
+        is_number = float(value).is_integer()
+    try:
+        in_range = is_number and math.isfinite(value) and low <= value <= high
+    except OverflowError:  # a whole number too large for a float
+        in_range = False
+    if not in_range:
+        description = "a whole number" if kind is int else "a number"
+        raise RequestError(400, f"{name} must be {description} from {low} to {high}, got {_shown(value)}", name)
+    return kind(value)
+
+
+def _shown(value, limit=40):
+    """A request's value as an error message quotes it: a long one cut short."""
+    try:
+        text = json.dumps(value)
+    except ValueError:  # a whole number with more digits than Python converts to text
+        return "a number too large"
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -1,0 +1,342 @@
+"""The one thread that owns the model: it decodes the queued requests in one running batch, between its calls
+admitting those that have arrived and retiring those that have ended (continuous batching)."""
+
+import collections
+import dataclasses
+import queue
+import threading
+import time
+import traceback
+
+from gptlite.decoding import TextRows
+from gptlite.engine import SHORTEST_CACHE, Engine
+from gptlite.errors import GPTLiteError
+from gptlite.generation import generate_target
+from gptlite.sampling import SamplingConfig
+from gptlite.serving.parsing import Completion
+
+# Tokens per engine call at most: new requests join the batch between calls.
+DECODE_STEPS = 32
+
+
+class QueueFull(Exception):
+    pass
+
+
+@dataclasses.dataclass(eq=False)
+class Job:
+    """A request waiting for, or being decoded by, the worker; `emit` hands each event to the event loop.
+
+    Events: ("pieces", [(choice index, text, finish reason or None, logprobs or None), ...]) as the
+    choices grow (a request that does not stream gets one, whole, at the end), then ("done", prompt
+    tokens, completion tokens) for each choice; or ("error", message), ("failure", message).
+    """
+
+    rows: list  # each choice's prompt
+    completion: Completion
+    emit: object
+    cancelled: bool = False
+    live: int = 0  # choices still decoding
+    rows_ids: list = None  # each choice's prompt as the model reads it
+    prompt_tokens: list = None
+    texts: list = None
+    reasons: list = None
+    logprobs: list = None
+    completion_tokens: list = None
+
+
+class _Choice:
+    """One choice of a job, the key of its row in the worker's TextRows: where its next token's text starts,
+    counted as OpenAI counts it for log-probabilities."""
+
+    def __init__(self, job, index, prompt_length):
+        self.job, self.index = job, index
+        self.offset = prompt_length
+
+    def logprobs(self, tokenizer, drawn):
+        """The `_Logprobs` of the tokens a call added to the choice (a Drawn)."""
+        new = _Logprobs()
+        top = self.job.completion.logprobs
+        for position, token_id in enumerate(drawn.ids):
+            token = tokenizer.decode([int(token_id)])
+            new.add(token, float(drawn.logprobs[position]),
+                    {tokenizer.decode([int(i)]): float(value) for i, value in
+                     zip(drawn.top_ids[position][:top], drawn.top_logprobs[position][:top])}, self.offset)
+            self.offset += len(token)
+        return new
+
+
+@dataclasses.dataclass
+class _Logprobs:
+    """OpenAI's `logprobs` of a choice: each token, its log-probability, the likeliest tokens', where it starts."""
+
+    tokens: list = dataclasses.field(default_factory=list)
+    token_logprobs: list = dataclasses.field(default_factory=list)
+    top_logprobs: list = dataclasses.field(default_factory=list)
+    text_offset: list = dataclasses.field(default_factory=list)
+
+    def add(self, token, logprob, top, offset):
+        self.tokens.append(token)
+        self.token_logprobs.append(logprob)
+        self.top_logprobs.append(top)
+        self.text_offset.append(offset)
+
+    def extend(self, other):
+        for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+            getattr(self, name).extend(getattr(other, name))
+
+
+class Worker:
+    """The one thread that owns the model: it runs the decode engine over the queued jobs (continuous
+    batching), and answers attention requests between its calls."""
+
+    def __init__(self, model, settings):
+        self.model, self.settings = model, settings
+        self.jobs = queue.Queue()
+        self.waiting = 0
+        self.compiling = 0  # programs still to compile while idle (see warm_up)
+        self._lock = threading.Lock()
+        self._admissible = collections.deque()  # jobs taken from the queue, waiting for room in the batch
+        self._warm_plans = collections.deque()  # (batch size, prefill width) still to compile while idle
+        # A Seq2Seq decodes each request's targets whole (see _write_targets); a language model's rows, keyed by
+        # their _Choice, join one running batch.
+        self.engine = None if model.writes_targets else Engine(model, resizable=True, short_caches=True,
+                                                               mixed_settings=True)
+        self.rows = None if self.engine is None else TextRows(self.engine, model.tokenizer)
+        self._thread = threading.Thread(target=self._run, name="gptlite-decode", daemon=True)
+
+    def start(self):
+        if not self._thread.is_alive():
+            self._thread.start()
+
+    def submit(self, job):
+        with self._lock:
+            if self.waiting >= self.settings.max_queue:
+                raise QueueFull
+            self.waiting += 1
+        self.jobs.put(job)
+
+    def call(self, function):
+        """Run `function(model)` on the worker thread; a concurrent.futures.Future of its result."""
+        import concurrent.futures
+
+        future = concurrent.futures.Future()
+        self.jobs.put((function, future))
+        return future
+
+    def warm_up(self):
+        """Plan the programs the worker will meet, to compile while it is idle, so that requests seldom wait
+        for a compiler: for each batch size it can grow to, the prefill of each width with the cached step
+        after it, and a full window's recomputing step. Requests are served meanwhile (one waits for the
+        program being compiled at most); `compiling` counts what is left. On the worker's own thread, in
+        a fixed order: TensorFlow names what it traces in order, so a start that traces in the same order
+        finds its programs in the compile cache."""
+        import keras
+
+        if self.engine is None or keras.backend.backend() == "torch":
+            return  # a Seq2Seq decodes its targets in batches of one size; torch compiles nothing
+        block_size = self.model.config.block_size
+        # Prompts of each prefill width (a power of two), whose rows' next steps read a cache of its span; None:
+        # full windows, recomputed.
+        widths = sorted({min(block_size, SHORTEST_CACHE << k)
+                         for k in range(max(1, block_size // SHORTEST_CACHE).bit_length())})
+        capacities = [1 << k for k in range(_padded(self.settings.max_batch).bit_length())]
+        self._warm_plans.extend((capacity, width) for capacity in capacities for width in widths + [None])
+        self.compiling = len(self._warm_plans)
+
+    def _warm_next(self):
+        capacity, width = self._warm_plans.popleft()
+        block_size = self.model.config.block_size
+        length = block_size if width is None else max(1, width - 1)
+        try:
+            engine = Engine(self.model, capacity, short_caches=True, mixed_settings=True)
+            engine.admit([[0] * length] * capacity, [SamplingConfig(seed=0)] * capacity)
+            engine.step(1)
+        finally:
+            self.compiling = len(self._warm_plans)
+
+    def _run(self):
+        while True:
+            try:
+                idle = not self.rows and not self._admissible
+                self._take(block=idle and not self._warm_plans)
+                self._admit()
+                if self.rows:
+                    self._step()
+                elif self._warm_plans and not self._admissible:
+                    self._warm_next()
+            except Exception as error:  # the worker must live on: the requests get a 500, the server keeps serving
+                traceback.print_exc()
+                self._fail_all(f"decoding failed: {type(error).__name__}: {error}")
+
+    def _take(self, block):
+        """Move queued jobs to the admissible ones, running calls and a Seq2Seq's jobs at once. An idle worker
+        waits for the first job, then `batch_window_ms` for others to prefill with it."""
+        deadline = None
+        while True:
+            try:
+                if block and deadline is None:
+                    item = self.jobs.get()
+                    deadline = time.monotonic() + self.settings.batch_window_ms / 1000
+                elif deadline is not None:
+                    item = self.jobs.get(timeout=max(0.0, deadline - time.monotonic()))
+                else:
+                    item = self.jobs.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, tuple):
+                function, future = item
+                try:
+                    future.set_result(function(self.model))
+                except Exception as error:  # handed to the waiting request
+                    future.set_exception(error)
+                continue
+            with self._lock:
+                self.waiting -= 1
+            if self.engine is None:
+                self._write_targets(item)
+            else:
+                self._admissible.append(item)
+
+    def _admit(self):
+        """Prefill the admissible jobs that fit into the running batch, in the order they came."""
+        jobs = []
+        room = self.settings.max_batch - len(self.rows)
+        while self._admissible and (len(self._admissible[0].rows) <= room or not self.rows and not jobs):
+            job = self._admissible.popleft()
+            if job.cancelled:
+                continue
+            room -= len(job.rows)
+            jobs.append(job)
+        if not jobs:
+            return
+        choices, rows_ids, configs = [], [], []
+        try:
+            for job in jobs:
+                self._start(job)
+                for index, (prompt, ids) in enumerate(zip(job.rows, job.rows_ids)):
+                    choices.append(_Choice(job, index, len(prompt) if job.completion.echo else 0))
+                rows_ids += job.rows_ids
+                configs += job.completion.sampling.for_rows(len(job.rows))
+            written = self.rows.admit(choices, rows_ids, configs, logprobs=any(
+                job.completion.logprobs is not None for job in jobs), answers=[
+                choice.job.completion.chat for choice in choices], streaming=[
+                choice.job.completion.stream for choice in choices])
+        except GPTLiteError as error:
+            for job in jobs:
+                job.emit(("error", str(error)))
+            return
+        self._deliver(written)
+
+    def _start(self, job):
+        count = len(job.rows)
+        job.live = count
+        job.texts, job.reasons, job.completion_tokens = [""] * count, [None] * count, [0] * count
+        job.logprobs = [_Logprobs() if job.completion.logprobs is not None else None for _ in range(count)]
+        job.rows_ids = job.completion.rows_ids(self.model.tokenizer)
+        job.prompt_tokens = [len(ids) for ids in job.rows_ids]
+        if job.completion.echo:
+            echoed = [(prompt, _prompt_logprobs(self.model, ids, job.completion.logprobs)
+                       if job.completion.logprobs is not None else None)
+                      for prompt, ids in zip(job.rows, job.rows_ids)]
+            job.texts = [prompt for prompt, _ in echoed]
+            job.logprobs = [logprobs for _, logprobs in echoed]
+            if job.completion.stream:
+                job.emit(("pieces", [(index, prompt, None, logprobs)
+                                     for index, (prompt, logprobs) in enumerate(echoed)]))
+
+    def _step(self):
+        for choice in self.rows.keys():
+            if choice.job.cancelled:
+                self.rows.cancel(choice)
+        if self.rows:
+            self._deliver(self.rows.step(DECODE_STEPS, logprobs=any(
+                choice.job.completion.logprobs is not None for choice in self.rows.keys())))
+
+    def _deliver(self, written):
+        """Hand each choice its new text (`Written`, from the worker's TextRows); close the jobs that have ended."""
+        streamed = {}  # job -> its choices' new pieces
+        ended = []
+        for choice, row in written.items():
+            job = choice.job
+            logprobs = None if job.completion.logprobs is None else choice.logprobs(self.model.tokenizer, row.drawn)
+            job.texts[choice.index] += row.text
+            if logprobs is not None:
+                job.logprobs[choice.index].extend(logprobs)
+            if job.completion.stream and (row.text or row.finish_reason):
+                streamed.setdefault(job, []).append((choice.index, row.text, row.finish_reason, logprobs))
+            if row.finish_reason:
+                ended.append((choice, row))
+        for job, pieces in streamed.items():
+            job.emit(("pieces", pieces))
+        for choice, row in ended:
+            self._finish_choice(choice, row)
+
+    def _finish_choice(self, choice, row):
+        job = choice.job
+        job.reasons[choice.index], job.completion_tokens[choice.index] = row.finish_reason, row.tokens
+        job.live -= 1
+        if job.live == 0:
+            if not job.completion.stream:
+                job.emit(("pieces", [(index, text, reason, logprobs) for index, (text, reason, logprobs) in
+                                     enumerate(zip(job.texts, job.reasons, job.logprobs))]))
+            job.emit(("done", job.prompt_tokens, job.completion_tokens))
+
+    def _write_targets(self, job):
+        """A Seq2Seq reads each prompt as a source; its targets come whole."""
+        if job.cancelled:
+            return
+        tokenizer = self.model.tokenizer
+        config = job.completion.sampling
+        config = config.replace(max_new_tokens=min(config.max_new_tokens, self.model.config.block_size - 1))
+        try:
+            targets = generate_target(self.model, job.rows, sampling=config)
+        except GPTLiteError as error:
+            job.emit(("error", str(error)))
+            return
+        # A target as long as allowed was cut there; a shorter one ended with the end token or a stop string.
+        lengths = [len(ids) for ids in tokenizer.encode_batch(targets)]
+        reasons = ["length" if length >= config.max_new_tokens else "stop" for length in lengths]
+        job.emit(("pieces", [(index, target, reason, None)
+                             for index, (target, reason) in enumerate(zip(targets, reasons))]))
+        prompt_tokens = [len(ids) for ids in tokenizer.encode_batch(job.rows)]
+        completion_tokens = [length + (reason == "stop") for length, reason in zip(lengths, reasons)]
+        job.emit(("done", prompt_tokens, completion_tokens))
+
+    def _fail_all(self, message):
+        jobs = {id(choice.job): choice.job for choice in self.rows.keys()} if self.rows is not None else {}
+        for choice in self.rows.keys() if self.rows is not None else ():
+            self.rows.cancel(choice)
+        for job in jobs.values():
+            job.emit(("failure", message))
+
+
+def _prompt_logprobs(model, ids, top):
+    """OpenAI's `logprobs` of an echoed prompt's token `ids` (as `prompt_ids` gives them), from one forward pass
+    over its last block_size tokens (a token before them, or the first, has no log-probability: null)."""
+    import numpy as np
+    from keras import ops
+
+    tokenizer = model.tokenizer
+    start = len(tokenizer.text_start_ids)
+    window = ids[-model.config.block_size:]
+    logits = ops.convert_to_numpy(ops.cast(model(np.array([window], np.int32)), "float32"))[0]  # (T, V)
+    log_probabilities = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+    first = len(ids) - len(window)  # the index in ids of window[0]
+    result, offset = _Logprobs(), 0
+    for index in range(start, len(ids)):
+        token = tokenizer.decode([ids[index]])
+        before = index - first - 1  # the window position whose logits predict this token
+        if before < 0:
+            result.add(token, None, None, offset)
+        else:
+            ranked = np.argsort(-log_probabilities[before])[:top]
+            result.add(token, float(log_probabilities[before, ids[index]]),
+                       {tokenizer.decode([int(i)]): float(log_probabilities[before, i]) for i in ranked}, offset)
+        offset += len(token)
+    return result
+
+
+def _padded(rows):
+    """The batch size that `rows` rows are decoded in: the next power of two."""
+    return 1 << (rows - 1).bit_length()
