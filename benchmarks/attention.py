@@ -17,16 +17,17 @@ import keras
 import numpy as np
 
 import gptlite
-from gptlite import data, layers, training
+from gptlite import data, training
+from gptlite.attention import Attention
 from gptlite.settings import PRECISIONS, PRESETS, dtype_policy, split_settings
 
 
-class StepByStepAttention(layers.Attention):
+class StepByStepAttention(Attention):
     def call(self, x, context=None, context_mask=None, training=None, return_attention_scores=False):
         return super().call(x, training=training, return_attention_scores=True)[0]
 
 
-class FusedAttention(layers.Attention):
+class FusedAttention(Attention):
     def call(self, x, context=None, context_mask=None, training=None, return_attention_scores=False):
         length = keras.ops.shape(x)[1]
         qkv = keras.ops.reshape(self.qkv_projection(x), (-1, length, 3, self.num_heads, self.head_size))

@@ -8,8 +8,9 @@ from keras import ops
 
 from gptlite import templates
 from gptlite.errors import ConfigError, InputError
-from gptlite.layers import (CachePlacement, EncoderBlock, TokenAndPositionEmbedding, TransformerBlock, make_norm,
-                            register)
+from gptlite.attention import CachePlacement
+from gptlite.blocks import EncoderBlock, TransformerBlock
+from gptlite.layers import TokenAndPositionEmbedding, make_norm, register
 from gptlite.settings import LORA_TARGETS, GPTConfig, lora_targets
 
 

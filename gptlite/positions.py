@@ -9,7 +9,7 @@
   apart the two tokens are.
 
 The first two are tables that `layers.TokenAndPositionEmbedding` holds; the
-third is applied by `layers.Attention` with `rotate`.
+third is applied by `attention.Attention` with `rotate`.
 """
 
 import numpy as np

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import gptlite
-from gptlite import inspection, layers
+from gptlite import inspection
+from gptlite.attention import merge_heads
 from gptlite.errors import ConfigError, InputError
 from gptlite.positions import sinusoidal_position_encoding
 
@@ -45,7 +46,7 @@ def test_maps_are_the_weights_the_attention_layer_uses(tiny_model, gpt_maps):
     normed = block.attention_norm(tiny_model.embedding(ids))
     _, _, values = block.attention._project(normed, None)  # (1, T, H, D)
     values = keras.ops.transpose(values, (0, 2, 1, 3))  # (1, H, T, D)
-    attended = layers.merge_heads(keras.ops.matmul(gpt_maps.weights[0][None], values))
+    attended = merge_heads(keras.ops.matmul(gpt_maps.weights[0][None], values))
     rebuilt = block.attention.output_projection(attended)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(rebuilt),
                                keras.ops.convert_to_numpy(block.attention(normed)), atol=1e-5)

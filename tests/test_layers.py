@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from gptlite import layers, positions
+from gptlite.attention import Attention, causal_mask, scaled_dot_product_attention
+from gptlite.blocks import EncoderBlock, TransformerBlock
 
 
 def numpy_softmax(x):
@@ -26,7 +28,7 @@ def numpy_causal_attention(q, k, v):
 def test_causal_self_attention_matches_numpy_reference(batch, length, width, heads):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(batch, length, width)).astype("float32")
-    attention = layers.Attention(heads, use_bias=True)
+    attention = Attention(heads, use_bias=True)
     attention.build(x.shape)
     for weight in attention.weights:  # random biases too, so they are checked
         weight.assign(rng.normal(scale=0.3, size=weight.shape).astype("float32"))
@@ -54,7 +56,7 @@ def test_attention_over_a_padded_context_matches_numpy_reference():
     x = rng.normal(size=(batch, length, width)).astype("float32")
     context = rng.normal(size=(batch, context_length, width)).astype("float32")
     context_mask = np.array([[True, True, True, False, False], [True, True, True, True, True]])
-    attention = layers.Attention(heads, causal=False, cross=True, use_bias=True)
+    attention = Attention(heads, causal=False, cross=True, use_bias=True)
     attention.build(x.shape)
     for weight in attention.weights:
         weight.assign(rng.normal(scale=0.3, size=weight.shape).astype("float32"))
@@ -81,7 +83,7 @@ def test_attention_over_a_padded_context_matches_numpy_reference():
 def test_encoder_block_sees_later_positions_and_ignores_padding():
     keras.utils.set_random_seed(2)
     rng = np.random.default_rng(2)
-    block = layers.EncoderBlock(2)
+    block = EncoderBlock(2)
     x = rng.normal(size=(1, 6, 8)).astype("float32")
     block.build(x.shape)
     mask = np.array([[True, True, True, True, False, False]])
@@ -100,7 +102,7 @@ def test_encoder_block_sees_later_positions_and_ignores_padding():
     np.testing.assert_allclose(after[0, :4], before[0, :4], atol=1e-6)
 
 
-class UnfusedAttention(layers.Attention):
+class UnfusedAttention(Attention):
     """Always the step-by-step attention, for comparison with the fused one."""
 
     def call(self, x, context=None, context_mask=None, training=None, return_attention_scores=False):
@@ -131,7 +133,7 @@ def test_fused_attention_trains_exactly_like_the_step_by_step_one(tokenizer):
 def test_scaled_dot_product_attention_with_mask_matches_numpy():
     rng = np.random.default_rng(1)
     q, k, v = (rng.normal(size=(2, 3, 6, 4)).astype("float32") for _ in range(3))
-    output, weights = layers.scaled_dot_product_attention(q, k, v, layers.causal_mask(6, 6))
+    output, weights = scaled_dot_product_attention(q, k, v, causal_mask(6, 6))
     expected, expected_weights = numpy_causal_attention(q, k, v)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(output), expected, atol=1e-5)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(weights), expected_weights, atol=1e-6)
@@ -143,18 +145,18 @@ def test_attention_over_a_single_key_gives_it_all_the_weight_without_a_warning()
     k, v = (rng.normal(size=(2, 3, 1, 5)).astype("float32") for _ in range(2))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # Keras warns of a softmax over one element
-        output, weights = layers.scaled_dot_product_attention(q, k, v, layers.causal_mask(4, 1, query_offset=3))
+        output, weights = scaled_dot_product_attention(q, k, v, causal_mask(4, 1, query_offset=3))
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(weights), np.ones((2, 3, 4, 1)))
     np.testing.assert_allclose(keras.ops.convert_to_numpy(output), np.broadcast_to(v, (2, 3, 4, 5)), atol=1e-6)
 
 
 def test_causal_mask_with_offset_lets_late_queries_see_earlier_keys():
-    mask = keras.ops.convert_to_numpy(layers.causal_mask(2, 5, query_offset=3))
+    mask = keras.ops.convert_to_numpy(causal_mask(2, 5, query_offset=3))
     np.testing.assert_array_equal(mask, [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
 
 
 def test_head_count_must_divide_width():
-    attention = layers.Attention(3)
+    attention = Attention(3)
     with pytest.raises(ValueError, match=r"width \(16\).*heads \(3\)"):
         attention.build((None, 4, 16))
 
@@ -192,20 +194,20 @@ def test_untied_embedding_has_its_own_output_matrix():
 LAYER_CASES = [
     (layers.TokenAndPositionEmbedding, dict(vocabulary_size=11, sequence_length=8, embedding_dim=4,
                                             position="sinusoidal", tie_weights=False), (2, 5), "int32"),
-    (layers.Attention, dict(num_heads=2, dropout=0.1, use_bias=False, attention_dropout=0.05), (2, 5, 8), "float32"),
-    (layers.Attention, dict(num_heads=4, num_kv_heads=2, use_bias=False, qkv_bias=True, rotary=True,
+    (Attention, dict(num_heads=2, dropout=0.1, use_bias=False, attention_dropout=0.05), (2, 5, 8), "float32"),
+    (Attention, dict(num_heads=4, num_kv_heads=2, use_bias=False, qkv_bias=True, rotary=True,
                             rope_theta=500.0, qk_norm=True, norm_epsilon=1e-6), (2, 5, 16), "float32"),
     (layers.FeedForward, dict(dropout=0.2, use_bias=True), (2, 5, 8), "float32"),
     (layers.FeedForward, dict(use_bias=False, mlp="swiglu", hidden_size=12), (2, 5, 8), "float32"),
-    (layers.TransformerBlock,
+    (TransformerBlock,
      dict(num_heads=4, dropout=0.1, use_bias=False, norm_epsilon=1e-6, attention_dropout=0.1),
      (2, 5, 8), "float32"),
-    (layers.TransformerBlock,
+    (TransformerBlock,
      dict(num_heads=4, num_kv_heads=1, norm="rms", mlp="swiglu", mlp_hidden_size=24, rotary=True, qk_norm=True),
      (2, 5, 16), "float32"),
-    (layers.Attention, dict(num_heads=2, causal=False, cross=True, dropout=0.1, use_bias=False,
+    (Attention, dict(num_heads=2, causal=False, cross=True, dropout=0.1, use_bias=False,
                             attention_dropout=0.05), (2, 5, 8), "float32"),
-    (layers.EncoderBlock, dict(num_heads=2, dropout=0.1, use_bias=True, norm_epsilon=1e-6), (2, 5, 8),
+    (EncoderBlock, dict(num_heads=2, dropout=0.1, use_bias=True, norm_epsilon=1e-6), (2, 5, 8),
      "float32"),
     (layers.Linear, dict(units=3, use_bias=False), (2, 5, 8), "float32"),
     (layers.RMSNorm, dict(epsilon=1e-6), (2, 5, 8), "float32"),
@@ -252,7 +254,7 @@ def test_grouped_query_attention_matches_numpy_with_each_key_value_head_shared_b
     rng = np.random.default_rng(4)
     batch, length, width, heads = 2, 6, 16, 4
     x = rng.normal(size=(batch, length, width)).astype("float32")
-    attention = layers.Attention(heads, kv_heads, use_bias=True)
+    attention = Attention(heads, kv_heads, use_bias=True)
     attention.build(x.shape)
     _random_weights(attention, rng)
     assert attention.qkv_projection.kernel.shape == (width, (heads + 2 * kv_heads) * width // heads)
@@ -359,7 +361,7 @@ def test_linear_with_adapters_computes_the_merged_kernel_and_saves_it_merged():
 @pytest.mark.parametrize("kv_heads", [4, 2])
 def test_attention_dropout_drops_weights_in_training_only_and_returns_them_before_dropout(kv_heads):
     x = np.random.default_rng(9).normal(size=(2, 6, 16)).astype("float32")
-    attention = layers.Attention(4, kv_heads, attention_dropout=0.5)
+    attention = Attention(4, kv_heads, attention_dropout=0.5)
     attention.build(x.shape)
     inference, weights = attention(x, return_attention_scores=True)
     trained, trained_weights = attention(x, training=True, return_attention_scores=True)
