@@ -53,7 +53,7 @@ def noise_of(model, seed, index):
     """The uniform noise (V,) the engine draws for a row's token `index`: block index // CHUNK_SIZE of its seed,
     made where the engine makes it (on TensorFlow, whose random algorithm may differ with XLA: a GPT's first
     token in a plain graph, the others under XLA)."""
-    from gptlite.engine import _Compiled, programs_for
+    from gptlite.programs import _Compiled, programs_for
 
     programs = programs_for(model)
     block = _Compiled(programs._noise_block, model, xla=index > 0)(np.int32(seed), np.int32(index // CHUNK_SIZE))
@@ -199,7 +199,7 @@ def test_cached_text_is_recomputed_text_as_the_cache_grows_and_is_cut(tokenizer)
 @pytest.mark.skipif(keras.backend.backend() == "torch", reason="torch compiles nothing")
 def test_a_second_process_finds_its_programs_in_the_compile_cache_and_survives_a_damaged_entry(tmp_path, tiny_model):
     gptlite.save(tiny_model, tmp_path / "model.keras")
-    script = ("import sys, gptlite; gptlite.compile_cache.use(); import keras; from gptlite.engine import programs_for; "
+    script = ("import sys, gptlite; gptlite.compile_cache.use(); import keras; from gptlite.programs import programs_for; "
               "m = keras.saving.load_model(sys.argv[1]); print(gptlite.generate(m, 'the', 20, seed=3)); "
               "print('traces', sum(f.traces for f in programs_for(m)._compiled.values()))")
     cache = tmp_path / "cache"

@@ -243,7 +243,7 @@ def test_slides_outside_the_window_are_refused(fluent_model, slide):
 
 @pytest.mark.skipif(keras.backend.backend() == "torch", reason="torch runs the decode functions eagerly")
 def test_prompt_length_settings_and_seed_never_recompile(fluent_model):
-    from gptlite.engine import programs_for
+    from gptlite.programs import programs_for
 
     # Traced for one row, if no test has yet: with a filter, as the calls below that the check counts have,
     # and for both prefill widths (prompts are padded to a power of two columns, here 8 or 16).
