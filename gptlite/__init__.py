@@ -54,7 +54,7 @@ _LAZY = {
     "Attention": "attention", "EncoderBlock": "blocks", "TransformerBlock": "blocks",
     "FeedForward": "layers", "Linear": "layers", "RMSNorm": "layers", "TokenAndPositionEmbedding": "layers",
     "GPT": "model", "Seq2Seq": "model",
-    "TrainedRun": "pipeline", "train_on_text": "pipeline",
+    "TrainedRun": "training_run", "train_on_text": "training_run",
     "RunConfig": "run_config", "read_run_config": "run_config",
     "from_pretrained": "pretrained", "export_hugging_face": "pretrained", "export_kerashub": "pretrained",
     "load": "saving", "save": "saving",

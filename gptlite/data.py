@@ -12,7 +12,7 @@ import numpy as np
 
 from gptlite.errors import InputError, MissingFileError
 from gptlite.files import atomic_path, not_decodable
-from gptlite.text import known_text
+from gptlite.tokenizers import known_text
 
 VALIDATION_FRACTION = 0.1
 DEFAULT_CORPUS_CHARACTERS = 2_000_000
@@ -163,7 +163,7 @@ def encode_corpus(corpus, tokenizer, folder, show_progress=False, unknown="error
     """The corpus's token ids as a read-only memory map, encoded once and cached in `folder`.
 
     Characters the tokenizer lacks are an `InputError`, or with `unknown`
-    "skip" or "replace" are left out or made spaces (`text.known_text`).
+    "skip" or "replace" are left out or made spaces (`tokenizers.known_text`).
 
     The cache file's name holds a hash of the text and the tokenizer, so a
     changed file or tokenizer encodes anew; older caches there are removed.

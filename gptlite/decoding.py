@@ -21,7 +21,7 @@ import numpy as np
 from gptlite import templates
 from gptlite.engine import CHUNK_SIZE, Drawn
 from gptlite.sampling import SamplingConfig
-from gptlite.text import Continuation
+from gptlite.continuation import Continuation
 
 
 class RowText:

@@ -40,7 +40,7 @@ from gptlite import chat, conversations, data, generation, pairs
 from gptlite.errors import ConfigError, InputError
 from gptlite.model import is_model
 from gptlite.sampling import SamplingConfig
-from gptlite.text import known_text
+from gptlite.tokenizers import known_text
 
 # Logits held at once at most (batch x context x vocabulary), about 512 MB of float32.
 MAX_LOGITS = 2**27

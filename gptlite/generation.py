@@ -24,7 +24,7 @@ from gptlite.decoding import RowText, TextRows
 from gptlite.engine import CHUNK_SIZE, Engine
 from gptlite.errors import ConfigError, InputError
 from gptlite.sampling import SamplingConfig, check_beams
-from gptlite.text import known_text
+from gptlite.tokenizers import known_text
 
 # Sources decoded per call at most; a longer list is split into calls of
 # this many (the last padded), so that it compiles once.

@@ -19,7 +19,7 @@ from gptlite.errors import ConfigError, InputError
 from gptlite.files import atomic_path
 from gptlite.model import is_model
 from gptlite.settings import ATTENTION_PARTS
-from gptlite.text import known_text
+from gptlite.tokenizers import known_text
 
 # "decoder": a GPT's blocks, or a Seq2Seq decoder's self-attention.
 PART_TITLES = {"decoder": "causal self-attention", "encoder": "encoder self-attention",

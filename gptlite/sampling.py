@@ -15,7 +15,7 @@ import numpy as np
 from keras import ops
 
 from gptlite.errors import ConfigError
-from gptlite.text import stop_strings
+from gptlite.continuation import stop_strings
 
 # Log-probabilities of this many likeliest tokens come with each token when asked for (OpenAI's most).
 TOP_LOGPROBS = 5

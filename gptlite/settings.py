@@ -220,6 +220,8 @@ CHAT_SYNTHETIC_SETTINGS = {"arithmetic": dict(block_size=128, batch_size=32, max
 # run can fit.
 TASKS = ("lm", "seq2seq", "chat")
 TOKENIZERS = ("char", "bpe")
+# What becomes of characters a vocabulary lacks: an error, left out, or spaces (tokenizers.known_text).
+UNKNOWN_CHOICES = ("error", "skip", "replace")
 DEFAULT_BPE_VOCABULARY = 4096
 # The attention a Seq2Seq has: its encoder's, its decoder's own, and the decoder's over the source.
 ATTENTION_PARTS = ("encoder", "decoder", "cross")

@@ -32,6 +32,26 @@ import keras
 import numpy as np
 
 from gptlite.errors import ConfigError, InputError
+from gptlite.settings import UNKNOWN_CHOICES
+
+
+def known_text(tokenizer, text, unknown, what):
+    """`text` with the characters the tokenizer lacks refused ("error"), left out ("skip") or spaces ("replace").
+
+    `what` names the text in the error ("prompt", "source").
+    """
+    if unknown not in UNKNOWN_CHOICES:
+        raise ConfigError(f"unknown must be 'error', 'skip' or 'replace', got {unknown!r}")
+    missing = tokenizer.unknown_characters(text)
+    if missing and unknown == "error":
+        raise InputError(
+            f"the {what} has characters the model never saw in training: {''.join(missing)!r} "
+            f"(`unknown='skip'` or `unknown='replace'` lets it run anyway)"
+        )
+    if missing:
+        replacement = " " if unknown == "replace" and not tokenizer.unknown_characters(" ") else ""
+        text = "".join(replacement if c in missing else c for c in text)
+    return text
 
 
 @keras.saving.register_keras_serializable(package="gptlite")

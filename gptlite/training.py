@@ -12,7 +12,7 @@ import time
 
 import keras
 
-from gptlite import records, saving
+from gptlite import history, saving
 from gptlite.checkpoints import RunState, restore_checkpoint, save_checkpoint
 from gptlite.data import RandomWindows
 from gptlite.distribute import mirrored, process_part
@@ -262,10 +262,10 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
         | {config.max_iters}
     )
     evaluation = _Evaluation(model, validation_batches, metrics or {}, out_dir,
-                             records.characters_per_token(model.tokenizer, validation_ids),
+                             history.characters_per_token(model.tokenizer, validation_ids),
                              peak_flops and model.training_flops_per_token() / peak_flops,
-                             tensorboard and records.TensorBoardLog(tensorboard), sample)
-    throughput = records.Throughput(config.batch_size * block_size)
+                             tensorboard and history.TensorBoardLog(tensorboard), sample)
+    throughput = history.Throughput(config.batch_size * block_size)
     progress = _Progress(state.step, config.max_iters, verbose)
     started = time.perf_counter()
     elapsed_before = state.rows[-1]["elapsed_s"] if state.rows else 0.0
@@ -321,7 +321,7 @@ class _Evaluation:
     out_dir: pathlib.Path
     characters_per_token: float  # None without a tokenizer
     utilisation_per_token: float  # MFU per token per second; None when not measured
-    tensorboard: records.TensorBoardLog
+    tensorboard: history.TensorBoardLog
     sample: object  # a function of the model that returns text, for TensorBoard
 
     def run(self, state, elapsed, tokens_per_s):
@@ -343,7 +343,7 @@ class _Evaluation:
         if improved:
             state.best_val_loss = val_loss
             saving.save(model, self.out_dir / "model.keras")
-        records.write_history(state.rows, self.out_dir / "history.csv")
+        history.write_history(state.rows, self.out_dir / "history.csv")
         plot_losses(state.rows, self.out_dir / "loss.png")
         if self.tensorboard:
             self.tensorboard.write(row, self.sample and self.sample(model), self.metrics)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import gptlite
-from gptlite.tokenizers import BPETokenizer, CharTokenizer
+from gptlite.tokenizers import BPETokenizer, CharTokenizer, known_text
 from conftest import make_text, run_python
 
 
@@ -217,3 +217,13 @@ def test_chat_markers_are_one_token_each_wherever_they_stand_and_survive_saving(
     assert tokenizer.character_count(ids) == len("the cat<|| sat")  # markers stand for no character
     again = type(tokenizer).from_config(json.loads(json.dumps(tokenizer.get_config())))
     assert again.encode(text).tolist() == ids.tolist() and again.chat_template == templates.DEFAULT_TEMPLATE
+
+
+def test_unknown_characters_are_refused_skipped_or_replaced():
+    tokenizer = CharTokenizer.from_text("abc ")
+    with pytest.raises(gptlite.InputError, match="'xy'"):
+        known_text(tokenizer, "axyb", "error", "prompt")
+    assert known_text(tokenizer, "axyb", "skip", "prompt") == "ab"
+    assert known_text(tokenizer, "axyb", "replace", "prompt") == "a  b"
+    with pytest.raises(gptlite.ConfigError, match="unknown"):
+        known_text(tokenizer, "ab", "ignore", "prompt")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import gptlite
-from gptlite import checkpoints, data, distribute, evaluation, pipeline, training
+from gptlite import checkpoints, data, distribute, evaluation, training, training_run
 from gptlite.settings import dtype_policy
 from conftest import REPO
 
@@ -332,7 +332,7 @@ def test_tensorboard_without_its_package_says_how_to_install_it(monkeypatch, tmp
     monkeypatch.setattr(records.importlib.util, "find_spec",
                         lambda name, *args: None if name == "tensorboard" else real_find_spec(name, *args))
     with pytest.raises(gptlite.ConfigError, match=r"pip install \"gptlite\[tensorboard\]\""):
-        pipeline.train_on_text([], tmp_path / "run", preset="tiny", tensorboard=True, verbose=0)
+        training_run.train_on_text([], tmp_path / "run", preset="tiny", tensorboard=True, verbose=0)
     assert not (tmp_path / "run").exists()
 
 

@@ -10,7 +10,7 @@ import pathlib
 import re
 
 from gptlite.cli.startup import BACKENDS
-from gptlite.text import UNKNOWN_CHOICES
+from gptlite.settings import UNKNOWN_CHOICES
 
 # Library arguments that a command spells otherwise.
 FLAG_ALIASES = {"out_dir": "out", "sources": "texts"}

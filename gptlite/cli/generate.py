@@ -149,7 +149,7 @@ def _generate_targets(args, model):
 
 def _draw_attention(args):
     from gptlite import generation, inspection, saving
-    from gptlite.text import known_text
+    from gptlite.tokenizers import known_text
 
     model = saving.load(args.model)
     if model.writes_targets:

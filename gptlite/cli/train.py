@@ -128,9 +128,9 @@ def make_parser(prog):
 
 
 def run(args):
-    from gptlite import generation, pipeline
+    from gptlite import generation, training_run
 
-    trained = pipeline.train_on_text(
+    trained = training_run.train_on_text(
         args.texts, args.out, {name: getattr(args, name) for name in settings.SETTING_NAMES},
         preset=args.preset, task=args.task, synthetic=args.synthetic, tokenizer=args.tokenizer,
         vocab_size=args.vocab_size, encoding=args.encoding, errors=args.errors, init_from=args.init_from,
@@ -149,7 +149,7 @@ def run(args):
         _show_answers(trained.model, trained.held_out_questions, args.out / "model.keras")
         return
     print("sample from the final model:\n")
-    for piece in generation.stream(trained.model, "", seed=trained.training_config.seed, **pipeline.SAMPLING):
+    for piece in generation.stream(trained.model, "", seed=trained.training_config.seed, **training_run.SAMPLING):
         print_piece(piece)
     print()
 

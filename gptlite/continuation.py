@@ -1,29 +1,8 @@
-"""Text on either side of the tokenizer: characters a vocabulary lacks, token ids
-turned back into whole characters, and stop strings."""
+"""A row's continuation as text: token ids turned back into whole characters
+(`TextBuilder`), stop strings, and the text a row may show so far
+(`Continuation`)."""
 
-from gptlite.errors import ConfigError, InputError
-
-UNKNOWN_CHOICES = ("error", "skip", "replace")
-
-
-def known_text(tokenizer, text, unknown, what):
-    """`text` with the characters the tokenizer lacks refused ("error"), left out ("skip") or spaces ("replace").
-
-    `what` names the text in the error ("prompt", "source").
-    """
-    if unknown not in UNKNOWN_CHOICES:
-        raise ConfigError(f"unknown must be 'error', 'skip' or 'replace', got {unknown!r}")
-    missing = tokenizer.unknown_characters(text)
-    if missing and unknown == "error":
-        raise InputError(
-            f"the {what} has characters the model never saw in training: {''.join(missing)!r} "
-            f"(`unknown='skip'` or `unknown='replace'` lets it run anyway)"
-        )
-    if missing:
-        replacement = " " if unknown == "replace" and not tokenizer.unknown_characters(" ") else ""
-        text = "".join(replacement if c in missing else c for c in text)
-    return text
-
+from gptlite.errors import ConfigError
 
 class TextBuilder:
     """One row's text, built token by token.

@@ -28,7 +28,7 @@ from gptlite.distribute import check_accumulation, data_parallel, on_gpu
 from gptlite.errors import ConfigError, InputError, MissingFileError, RunExistsError
 from gptlite.evaluation import exact_matches
 from gptlite.model import GPT, Seq2Seq
-from gptlite.records import DEFAULT_PEAK_FLOPS, check_tensorboard
+from gptlite.history import DEFAULT_PEAK_FLOPS, check_tensorboard
 from gptlite.settings import (DEFAULT_BPE_VOCABULARY, SYNTHETIC_TASKS, TASKS, TOKENIZERS, GPTConfig, TrainingConfig,
                               dtype_policy, resolve_settings, split_settings)
 from gptlite.tokenizers import BPETokenizer, CharTokenizer

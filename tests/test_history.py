@@ -3,14 +3,14 @@ import math
 
 import pytest
 
-from gptlite import records
+from gptlite import history
 
 
 def test_history_keeps_every_column_and_leaves_older_rows_cells_empty(tmp_path):
     # A run resumed from an older checkpoint: its first row lacks the columns added since.
     rows = [dict(step=10, train_loss=2.0, val_loss=2.1, elapsed_s=1.0),
             dict(step=20, train_loss=1.5, val_loss=1.6, val_bits_per_char=2.3, tokens_per_s=900.0, elapsed_s=2.0)]
-    records.write_history(rows, tmp_path / "history.csv")
+    history.write_history(rows, tmp_path / "history.csv")
     with open(tmp_path / "history.csv") as file:
         reader = csv.DictReader(file)
         written = list(reader)
@@ -19,7 +19,7 @@ def test_history_keeps_every_column_and_leaves_older_rows_cells_empty(tmp_path):
 
 
 def test_throughput_leaves_out_the_first_batch_a_process_trains():
-    throughput = records.Throughput(tokens_per_batch=100)
+    throughput = history.Throughput(tokens_per_batch=100)
     # 5 batches from 0 s to 6 s, the first (the compile) ending at 2 s: 4 batches in 4 s.
     throughput.add(5, started=0.0, first_batch_ended=2.0, ended=6.0)
     assert throughput.take() == pytest.approx(100.0)

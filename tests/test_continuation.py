@@ -1,7 +1,4 @@
-import pytest
-
-import gptlite
-from gptlite.text import Continuation, TextBuilder, known_text
+from gptlite.continuation import Continuation, TextBuilder
 from gptlite.tokenizers import CharTokenizer
 
 
@@ -27,13 +24,3 @@ def test_tokens_that_split_a_character_wait_for_the_rest():
     builder = TextBuilder(bpe)
     pieces = [builder.add(token) for token in ids] + [builder.finish()]
     assert "".join(pieces) == "a 🙂 é" and "\ufffd" not in "".join(pieces)
-
-
-def test_unknown_characters_are_refused_skipped_or_replaced():
-    tokenizer = CharTokenizer.from_text("abc ")
-    with pytest.raises(gptlite.InputError, match="'xy'"):
-        known_text(tokenizer, "axyb", "error", "prompt")
-    assert known_text(tokenizer, "axyb", "skip", "prompt") == "ab"
-    assert known_text(tokenizer, "axyb", "replace", "prompt") == "a  b"
-    with pytest.raises(gptlite.ConfigError, match="unknown"):
-        known_text(tokenizer, "ab", "ignore", "prompt")
