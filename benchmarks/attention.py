@@ -30,9 +30,9 @@ class StepByStepAttention(Attention):
 class FusedAttention(Attention):
     def call(self, x, context=None, context_mask=None, training=None, return_attention_scores=False):
         length = keras.ops.shape(x)[1]
-        qkv = keras.ops.reshape(self.qkv_projection(x), (-1, length, 3, self.num_heads, self.head_size))
+        qkv = keras.ops.reshape(self.qkv_projection(x), (-1, length, 3, self.n_head, self.head_size))
         attended = keras.ops.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], is_causal=True)
-        merged = keras.ops.reshape(attended, (-1, length, self.num_heads * self.head_size))
+        merged = keras.ops.reshape(attended, (-1, length, self.n_head * self.head_size))
         return self.output_dropout(self.output_projection(merged), training=training)
 
 

@@ -21,6 +21,7 @@ from keras import ops
 from gptlite import positions as position_kinds
 from gptlite.layers import Linear, RMSNorm, register
 from gptlite.positions import token_positions
+from gptlite.settings import GPTConfig
 
 
 def causal_mask(query_length, key_length, query_offset=0):
@@ -97,8 +98,8 @@ class Attention(keras.layers.Layer):
       (`key_values`) and attended from any number of queries (`attend`).
 
     Args:
-        num_heads: H; the width must divide by it, unless head_dim is given.
-        num_kv_heads: K, heads of keys and values (None: H). Fewer than H is
+        n_head: H; the width must divide by it, unless head_dim is given.
+        n_kv_head: K, heads of keys and values (None: H). Fewer than H is
             grouped-query attention (1: multi-query): G = H / K query heads
             share each key/value head, and a key/value cache holds K heads.
         causal: as above.
@@ -126,16 +127,16 @@ class Attention(keras.layers.Layer):
     attention weights (B, H, T, S) before dropout.
     """
 
-    def __init__(self, num_heads, num_kv_heads=None, causal=True, cross=False, dropout=0.0, attention_dropout=0.0,
-                 use_bias=True, qkv_bias=None, rotary=False, rope_theta=position_kinds.DEFAULT_ROPE_THETA,
-                 qk_norm=False, norm_epsilon=1e-5, head_dim=None, **kwargs):
+    def __init__(self, n_head, n_kv_head=None, causal=True, cross=False, dropout=0.0, attention_dropout=0.0,
+                 use_bias=True, qkv_bias=None, rotary=False, rope_theta=GPTConfig.rope_theta,
+                 qk_norm=False, norm_epsilon=GPTConfig.norm_epsilon, head_dim=None, **kwargs):
         super().__init__(**kwargs)
         if causal and cross:
             raise ValueError("cross-attention is not causal")
-        self.num_heads = num_heads
-        self.num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if num_heads % self.num_kv_heads != 0:
-            raise ValueError(f"the heads ({num_heads}) must divide by the key/value heads ({self.num_kv_heads})")
+        self.n_head = n_head
+        self.n_kv_head = n_head if n_kv_head is None else n_kv_head
+        if n_head % self.n_kv_head != 0:
+            raise ValueError(f"the heads ({n_head}) must divide by the key/value heads ({self.n_kv_head})")
         self.causal = causal
         self.cross = cross
         self.dropout = dropout
@@ -150,12 +151,12 @@ class Attention(keras.layers.Layer):
 
     def build(self, input_shape):
         width = input_shape[-1]
-        if width % self.num_heads != 0 and self.head_dim is None:
-            raise ValueError(f"the width ({width}) must be divisible by the number of heads ({self.num_heads})")
-        self.head_size = self.head_dim or width // self.num_heads
+        if width % self.n_head != 0 and self.head_dim is None:
+            raise ValueError(f"the width ({width}) must be divisible by the number of heads ({self.n_head})")
+        self.head_size = self.head_dim or width // self.n_head
         if self.rotary and self.head_size % 2:
             raise ValueError(f"rotary positions turn pairs of dimensions; the head size ({self.head_size}) is odd")
-        heads, kv_heads, size = self.num_heads, self.num_kv_heads, self.head_size
+        heads, kv_heads, size = self.n_head, self.n_kv_head, self.head_size
 
         def linear(units, use_bias, name, input_width=width):
             layer = Linear(units, use_bias=use_bias, dtype=self.dtype_policy, name=name)
@@ -193,12 +194,12 @@ class Attention(keras.layers.Layer):
             # The backend's fused attention (torch's scaled_dot_product_attention,
             # flash where it can; under XLA the same ops as below), on heads
             # that need no transposing.
-            if self.num_kv_heads != self.num_heads and keras.backend.backend() != "jax":
+            if self.n_kv_head != self.n_head and keras.backend.backend() != "jax":
                 # JAX's takes fewer key/value heads as they are; the others' repeat them, or, for one, cannot.
-                groups = self.num_heads // self.num_kv_heads
+                groups = self.n_head // self.n_kv_head
                 key, value = ops.repeat(key, groups, axis=2), ops.repeat(value, groups, axis=2)
             attended = ops.dot_product_attention(query, key, value, is_causal=True)  # (B, T, H, D)
-            merged = self.output_projection(ops.reshape(attended, (-1, length, self.num_heads * self.head_size)))
+            merged = self.output_projection(ops.reshape(attended, (-1, length, self.n_head * self.head_size)))
             return self.output_dropout(merged, training=training)
         query, key, value = (ops.transpose(part, (0, 2, 1, 3)) for part in (query, key, value))  # (B, H|K, T, D)
         mask = causal_mask(length, length)  # (T, T), broadcast over B and H
@@ -229,11 +230,11 @@ class Attention(keras.layers.Layer):
     def _project(self, x, angles):
         """Causal attention's queries (B, T, H, D), keys and values (B, T, K, D) of x, normed and rotated."""
         length = ops.shape(x)[1]
-        qkv = ops.reshape(self.qkv_projection(x), (-1, length, self.num_heads + 2 * self.num_kv_heads,
+        qkv = ops.reshape(self.qkv_projection(x), (-1, length, self.n_head + 2 * self.n_kv_head,
                                                    self.head_size))
         # Split rather than indexed three times: without XLA, TensorFlow's gradient of each index writes
         # a zero tensor of the whole (B, T, H + 2K, D); a split's gradient is one concatenation.
-        query, key, value = ops.split(qkv, [self.num_heads, self.num_heads + self.num_kv_heads], axis=2)
+        query, key, value = ops.split(qkv, [self.n_head, self.n_head + self.n_kv_head], axis=2)
         return (*self._normed_and_rotated(query, key, angles), value)
 
     def _angles(self, positions):
@@ -250,7 +251,7 @@ class Attention(keras.layers.Layer):
     def key_values(self, context):
         """The context's keys and values, (B, 2, K, S, D): computed once, attended from any number of queries."""
         length = ops.shape(context)[1]
-        key_value = ops.reshape(self.key_value_projection(context), (-1, length, 2 * self.num_kv_heads,
+        key_value = ops.reshape(self.key_value_projection(context), (-1, length, 2 * self.n_kv_head,
                                                                       self.head_size))
         key, value = ops.split(key_value, 2, axis=2)  # each (B, S, K, D)
         if self.qk_norm:
@@ -262,7 +263,7 @@ class Attention(keras.layers.Layer):
     def attend(self, x, key_values, context_mask=None, training=None, return_attention_scores=False):
         """As `call`, over keys and values from `key_values`, for attention that is not causal."""
         length = ops.shape(x)[1]
-        query = ops.reshape(self.query_projection(x), (-1, length, self.num_heads, self.head_size))  # (B, T, H, D)
+        query = ops.reshape(self.query_projection(x), (-1, length, self.n_head, self.head_size))  # (B, T, H, D)
         if self.qk_norm:
             query = self.query_norm(query)
         if self.rotary:
@@ -280,7 +281,7 @@ class Attention(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, causal=self.causal,
+        config.update(n_head=self.n_head, n_kv_head=self.n_kv_head, causal=self.causal,
                       cross=self.cross, dropout=self.dropout, attention_dropout=self.attention_dropout_rate,
                       use_bias=self.use_bias, qkv_bias=self.qkv_bias, rotary=self.rotary,
                       rope_theta=self.rope_theta, qk_norm=self.qk_norm, norm_epsilon=self.norm_epsilon,

@@ -11,10 +11,9 @@ Shape letters used in comments:
 
 import keras
 
-from gptlite import positions as position_kinds
 from gptlite.attention import Attention
 from gptlite.layers import FeedForward, make_norm, register
-from gptlite.settings import NORMS
+from gptlite.settings import NORMS, GPTConfig
 
 
 @register
@@ -26,7 +25,7 @@ class TransformerBlock(keras.layers.Layer):
     which lets deep stacks train without a careful learning-rate warm-up.
 
     Args:
-        num_heads, num_kv_heads, dropout, attention_dropout, use_bias,
+        n_head, n_kv_head, dropout, attention_dropout, use_bias,
             qkv_bias, rope_theta, qk_norm, head_dim: as for `Attention`.
         norm_epsilon: for the norms.
         causal: self-attention sees only earlier positions; False sees every
@@ -46,15 +45,15 @@ class TransformerBlock(keras.layers.Layer):
     too, (B, H, T, S).
     """
 
-    def __init__(self, num_heads, num_kv_heads=None, dropout=0.0, use_bias=True, norm_epsilon=1e-5,
+    def __init__(self, n_head, n_kv_head=None, dropout=0.0, use_bias=True, norm_epsilon=GPTConfig.norm_epsilon,
                  attention_dropout=0.0, causal=True, cross_attention=False, norm="layer", mlp="gelu",
-                 mlp_hidden_size=None, qkv_bias=None, rotary=False, rope_theta=position_kinds.DEFAULT_ROPE_THETA,
+                 mlp_hidden_size=None, qkv_bias=None, rotary=False, rope_theta=GPTConfig.rope_theta,
                  qk_norm=False, head_dim=None, **kwargs):
         super().__init__(**kwargs)
         if norm not in NORMS:
             raise ValueError(f"norm must be one of {', '.join(NORMS)}, got {norm!r}")
-        self.num_heads = num_heads
-        self.num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        self.n_head = n_head
+        self.n_kv_head = n_head if n_kv_head is None else n_kv_head
         self.dropout = dropout
         self.use_bias = use_bias
         self.norm_epsilon = norm_epsilon
@@ -77,7 +76,7 @@ class TransformerBlock(keras.layers.Layer):
             return layer
 
         def attention(name, causal, cross=False):
-            layer = Attention(self.num_heads, self.num_kv_heads, causal=causal, cross=cross, dropout=self.dropout,
+            layer = Attention(self.n_head, self.n_kv_head, causal=causal, cross=cross, dropout=self.dropout,
                               attention_dropout=self.attention_dropout, use_bias=self.use_bias,
                               qkv_bias=self.qkv_bias, rotary=self.rotary, rope_theta=self.rope_theta,
                               qk_norm=self.qk_norm, norm_epsilon=self.norm_epsilon, head_dim=self.head_dim,
@@ -140,7 +139,7 @@ class TransformerBlock(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(
-            num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, dropout=self.dropout, use_bias=self.use_bias,
+            n_head=self.n_head, n_kv_head=self.n_kv_head, dropout=self.dropout, use_bias=self.use_bias,
             norm_epsilon=self.norm_epsilon, attention_dropout=self.attention_dropout, causal=self.causal,
             cross_attention=self.has_cross_attention, norm=self.norm, mlp=self.mlp,
             mlp_hidden_size=self.mlp_hidden_size, qkv_bias=self.qkv_bias, rotary=self.rotary,
@@ -157,8 +156,8 @@ class EncoderBlock(TransformerBlock):
     Call: x (B, S, C), padding_mask (B, S) True at real positions -> (B, S, C).
     """
 
-    def __init__(self, num_heads, num_kv_heads=None, **kwargs):
-        super().__init__(num_heads, num_kv_heads, **kwargs, causal=False, cross_attention=False)
+    def __init__(self, n_head, n_kv_head=None, **kwargs):
+        super().__init__(n_head, n_kv_head, **kwargs, causal=False, cross_attention=False)
 
     def get_config(self):
         config = super().get_config()

@@ -17,7 +17,7 @@ from keras import ops
 
 from gptlite import positions as position_kinds
 from gptlite.positions import token_positions
-from gptlite.settings import MLPS, POSITIONS
+from gptlite.settings import MLPS, POSITIONS, GPTConfig
 
 register = keras.saving.register_keras_serializable(package="gptlite")
 
@@ -139,7 +139,7 @@ class RMSNorm(keras.layers.Layer):
     cheaper, and what Llama-family models use. (..., C) -> (..., C).
     """
 
-    def __init__(self, epsilon=1e-5, **kwargs):
+    def __init__(self, epsilon=GPTConfig.norm_epsilon, **kwargs):
         super().__init__(**kwargs)
         self.epsilon = epsilon
 

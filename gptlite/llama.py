@@ -60,7 +60,7 @@ def settings_from_config(config, folder):
         n_layer=config["num_hidden_layers"], n_head=heads, n_embd=width,
         n_kv_head=config.get("num_key_value_heads") or heads,
         block_size=config.get("max_position_embeddings", 32768 if qwen else 2048),
-        position="rotary", rope_theta=float(config.get("rope_theta", rope.get("rope_theta", 10000.0))),
+        position="rotary", rope_theta=float(config.get("rope_theta", rope.get("rope_theta", GPTConfig.rope_theta))),
         norm="rms", norm_epsilon=float(config.get("rms_norm_eps", 1e-6)), mlp="swiglu",
         mlp_hidden_size=config["intermediate_size"], tie_weights=bool(config.get("tie_word_embeddings", False)),
         bias=model_type == "llama" and bool(attention_bias), qkv_bias=True if qwen else None,

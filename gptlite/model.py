@@ -36,18 +36,13 @@ class _Transformer(keras.Model):
     # (a Seq2Seq) rather than continuing its prompt (a GPT).
     writes_targets = False
 
-    def __init__(self, vocab_size=256, n_layer=4, n_head=4, n_embd=128, block_size=64, dropout=0.0, bias=False,
-                 tie_weights=True, position="learned", attention_dropout=0.0, rope_theta=10000.0, norm="layer",
-                 norm_epsilon=1e-5, mlp="gelu", mlp_hidden_size=None, n_kv_head=None, qk_norm=False, qkv_bias=None,
-                 head_dim=None, tokenizer=None, **kwargs):
+    def __init__(self, *, tokenizer=None, **kwargs):
+        # The shape's settings are GPTConfig's fields, with its defaults; the rest are Keras's (name, dtype, ...).
+        config = GPTConfig(**{field.name: kwargs.pop(field.name) for field in dataclasses.fields(GPTConfig)
+                              if field.name in kwargs})
         super().__init__(**kwargs)
-        self.config = GPTConfig(
-            vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size,
-            dropout=dropout, bias=bias, tie_weights=tie_weights, position=position,
-            attention_dropout=attention_dropout, rope_theta=rope_theta, norm=norm, norm_epsilon=norm_epsilon,
-            mlp=mlp, mlp_hidden_size=mlp_hidden_size, n_kv_head=n_kv_head, qk_norm=qk_norm, qkv_bias=qkv_bias,
-            head_dim=head_dim,
-        )
+        self.config = config
+        vocab_size, block_size, n_embd = config.vocab_size, config.block_size, config.n_embd
         if tokenizer is not None and tokenizer.vocabulary_size != vocab_size:
             raise ConfigError(
                 f"the tokenizer has {tokenizer.vocabulary_size} tokens but vocab_size is {vocab_size}"
@@ -57,14 +52,14 @@ class _Transformer(keras.Model):
             vocab_size,
             block_size,
             n_embd,
-            position=position,
-            tie_weights=tie_weights,
+            position=config.position,
+            tie_weights=config.tie_weights,
             dtype=self.dtype_policy,
             name="embedding",
         )
-        self.embedding_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.embedding_dropout = keras.layers.Dropout(config.dropout, dtype=self.dtype_policy)
         self.blocks = [self._block(TransformerBlock, f"block_{i}", cross_attention=self._CROSS_ATTENTION)
-                       for i in range(n_layer)]
+                       for i in range(config.n_layer)]
         self.final_norm = self._norm("final_norm")
 
     def _norm(self, name):
@@ -238,8 +233,8 @@ class Seq2Seq(_Transformer):
     writes_targets = True
     PAD_ID = 0
 
-    def __init__(self, *args, tokenizer=None, **kwargs):
-        super().__init__(*args, tokenizer=tokenizer, **kwargs)
+    def __init__(self, *, tokenizer=None, **kwargs):
+        super().__init__(tokenizer=tokenizer, **kwargs)
         if tokenizer is not None and (tokenizer.pad_token_id != self.PAD_ID or tokenizer.start_token_id is None
                                       or tokenizer.end_token_id is None):
             raise ConfigError("a Seq2Seq model needs a tokenizer with pad (id 0), start and end tokens, such as "

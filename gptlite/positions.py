@@ -15,7 +15,7 @@ third is applied by `attention.Attention` with `rotate`.
 import numpy as np
 from keras import ops
 
-DEFAULT_ROPE_THETA = 10000.0
+from gptlite.settings import GPTConfig
 
 
 def token_positions(start_positions, length):
@@ -37,7 +37,7 @@ def sinusoidal_position_encoding(length, width):
     return encoding.astype(np.float32)
 
 
-def rotary_angles(positions, head_size, theta=DEFAULT_ROPE_THETA):
+def rotary_angles(positions, head_size, theta=GPTConfig.rope_theta):
     """The rotation angles (..., D/2) of positions (...): position p turns pair i by p / theta^(2i/D).
 
     The first pairs turn fast and tell near positions apart; the last turn
@@ -60,7 +60,7 @@ def rotate(x, angles):
     return ops.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
 
 
-def rotary_table(length, head_size, theta=DEFAULT_ROPE_THETA):
+def rotary_table(length, head_size, theta=GPTConfig.rope_theta):
     """What rotary positions do to one head, as a (length, D) array: cos then sin of each pair's angle.
 
     A drawing of it shows the fast pairs cycling and the slow ones barely
