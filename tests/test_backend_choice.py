@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+import gptlite
 from gptlite import backend_choice
 
 BF16_CPU = {"avx2", "avx512f", "avx512_bf16"}
@@ -49,8 +50,15 @@ def test_a_gpu_hidden_from_the_process_does_not_count():
     assert backend_choice.has_gpu({"CUDA_VISIBLE_DEVICES": "-1"}) is False
 
 
+def automatic_backend(argv):
+    """What train.py's automatic choice picks for its flags, parsed as the command parses them."""
+    from gptlite.cli import train
+    from gptlite.cli.flags import parse
+
+    return train.automatic_backend(parse(train.make_parser("gptlite-train"), argv))
+
+
 def test_train_reads_the_precision_from_its_flags_its_run_file_and_its_preset(monkeypatch, tmp_path):
-    from gptlite.cli.train import automatic_backend
 
     monkeypatch.delenv("KERAS_BACKEND", raising=False)
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))
@@ -64,12 +72,12 @@ def test_train_reads_the_precision_from_its_flags_its_run_file_and_its_preset(mo
     run_file = tmp_path / "config.toml"
     run_file.write_text('sources = ["text.txt"]\n[settings]\nprecision = "bf16"\n')
     assert automatic_backend(["--config", str(run_file)])[0] == "torch"
-    assert automatic_backend(["--config", str(tmp_path / "missing.toml")]) == (None, None)  # the parser says so
+    with pytest.raises(gptlite.GPTLiteError):  # the command says so, in one line, before choosing
+        automatic_backend(["--config", str(tmp_path / "missing.toml")])
 
 
 def test_a_resumed_run_keeps_the_backend_it_started_on(monkeypatch, tmp_path):
     from gptlite import run_config
-    from gptlite.cli.train import automatic_backend
 
     monkeypatch.delenv("KERAS_BACKEND", raising=False)
     monkeypatch.setattr(backend_choice, "this_cpu_flags", lambda: BF16_CPU)

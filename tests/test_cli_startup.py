@@ -15,7 +15,7 @@ def test_a_backend_that_is_not_installed_is_named_with_its_install_command(monke
     monkeypatch.setattr(startup.importlib.util, "find_spec", lambda name: None)
     monkeypatch.delitem(startup.sys.modules, "keras")  # as in a new process, where Keras is not running yet
     with pytest.raises(SystemExit) as exit_info:
-        startup.choose_backend("gptlite-train", ["data.txt", "--backend", "jax"])
+        startup.choose_backend("gptlite-train", "jax")
     assert str(exit_info.value) == ("gptlite-train: error: --backend jax needs jax installed "
                                     "(pip install \"gptlite[jax]\", or pip install -e \".[jax]\" in a checkout)")
     assert os.environ["KERAS_BACKEND"] == keras.backend.backend()
@@ -87,8 +87,7 @@ def test_a_command_s_automatic_backend_applies_when_none_is_named_and_is_printed
 
     monkeypatch.setenv("KERAS_BACKEND", "")
     monkeypatch.delitem(startup.sys.modules, "keras")  # as in a new process, where Keras is not running yet
-    startup.choose_backend("gptlite-train", ["data.txt"], lambda argv: ("tensorflow", "backend: tensorflow, why"))
+    startup.choose_backend("gptlite-train", None, lambda: ("tensorflow", "backend: tensorflow, why"))
     assert os.environ["KERAS_BACKEND"] == "tensorflow"
     assert capsys.readouterr().out == "backend: tensorflow, why\n"
-    startup.choose_backend("gptlite-train", ["data.txt", "--backend", "tensorflow"],
-                           lambda argv: pytest.fail("a named backend needs no choice"))
+    startup.choose_backend("gptlite-train", "tensorflow", lambda: pytest.fail("a named backend needs no choice"))

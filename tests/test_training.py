@@ -326,10 +326,10 @@ def test_tensorboard_holds_each_evaluation_and_its_curve_carries_on_after_resume
 
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the message is the same on every backend")
 def test_tensorboard_without_its_package_says_how_to_install_it(monkeypatch, tmp_path):
-    from gptlite import records
+    from gptlite import history
 
-    real_find_spec = records.importlib.util.find_spec
-    monkeypatch.setattr(records.importlib.util, "find_spec",
+    real_find_spec = history.importlib.util.find_spec
+    monkeypatch.setattr(history.importlib.util, "find_spec",
                         lambda name, *args: None if name == "tensorboard" else real_find_spec(name, *args))
     with pytest.raises(gptlite.ConfigError, match=r"pip install \"gptlite\[tensorboard\]\""):
         training_run.train_on_text([], tmp_path / "run", preset="tiny", tensorboard=True, verbose=0)

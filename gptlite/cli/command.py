@@ -8,33 +8,35 @@ traceback. `--debug` shows the traceback of a mistake too.
 
 import sys
 
-from gptlite.cli.flags import as_flags, defaults_from_run_config
+from gptlite.cli.flags import as_flags, parse
 from gptlite.cli.startup import check_backend, choose_backend, choose_compile_cache, hold_back_false_alarms, quiet
 from gptlite.errors import GPTLiteError, TrainingDiverged, TrainingInterrupted
-
-HELP_FLAGS = {"-h", "--help"}
 
 
 def command(prog, make_parser, run, automatic_backend=None):
     """The `main(argv=None)` of a command whose parser `make_parser(prog)` makes and whose work `run(args)` does;
-    `automatic_backend(argv)`, where given, picks the backend when none is named (see `choose_backend`)."""
+    `automatic_backend(args)`, where given, picks the backend when none is named (see `choose_backend`).
+
+    argv is parsed once, and the run file it names read once, before Keras starts: `--help` and a mistake in
+    the flags answer at once, and the backend and the compile cache are known before the backend starts."""
 
     def main(argv=None, whole_process=None):
         # Called with no argv, the command is the process's own (a console script, `python -m`, train.py), as it
         # is under `gptlite COMMAND`, which says so: it may rearrange the process's standard error.
         whole_process = argv is None if whole_process is None else whole_process
         argv = sys.argv[1:] if argv is None else list(argv)
-        choose_backend(prog, argv, automatic_backend)
-        choose_compile_cache(argv)
-        if not HELP_FLAGS & set(argv):  # help needs no Keras: it comes at once, with none of Keras's notices
-            quiet()
-            if whole_process:
-                hold_back_false_alarms()
         parser = make_parser(prog)
-        args = parser.parse_args(argv)
         try:
-            if getattr(args, "config", None) is not None:
-                args = defaults_from_run_config(parser, argv, args.config)
+            args = parse(parser, argv)
+        except GPTLiteError as error:  # the run file
+            print(f"{prog}: error: {as_flags(str(error), parser)}", file=sys.stderr)
+            return 2
+        choose_backend(prog, args.backend, automatic_backend and (lambda: automatic_backend(args)))
+        choose_compile_cache(args)
+        quiet()
+        if whole_process:
+            hold_back_false_alarms()
+        try:
             check_backend(args.backend)
             run(args)
         except TrainingInterrupted as stop:

@@ -52,17 +52,47 @@ def add_model_argument(parser):
     parser.add_argument("model", type=pathlib.Path, metavar="MODEL", help="the model file (a model.keras)")
 
 
-def defaults_from_run_config(parser, argv, path):
-    """argv parsed again with a run file's values as the defaults: a flag given wins over the file."""
+def parse(parser, argv):
+    """argv, parsed once: the namespace, where each option the command line leaves out takes the run file's value
+    (`--config FILE`, read once) or else its default. A flag given wins over the file. `--help` and a mistake in
+    argv exit here, before anything starts; a run file that cannot be read raises a GPTLiteError."""
+    actions = [action for action in parser._actions if action.dest not in (argparse.SUPPRESS, "help")]
+    saved = [(action, action.default) for action in actions]
+    # What argparse leaves where argv gives nothing: a mark, or None for a flag that adds to what it finds.
+    unset = {action: None if isinstance(action, _ADDING) else _UNSET for action in actions}
+    for action in actions:
+        action.default = unset[action]
+    try:
+        args = parser.parse_args(argv)
+    finally:
+        for action, default in saved:
+            action.default = default
+    written = _run_file_values(args.config) if getattr(args, "config", None) not in (None, _UNSET) else {}
+    for action, default in saved:
+        if getattr(args, action.dest) is unset[action]:
+            if default is None and not action.option_strings and action.nargs == argparse.ZERO_OR_MORE:
+                default = []  # as argparse gives a positional of any number that is left out
+            value = written.get(action.dest, default)
+            # As argparse does with a default: text is read by the flag's own type.
+            setattr(args, action.dest, action.type(value) if isinstance(value, str) and callable(action.type)
+                    else value)
+    return args
+
+
+_UNSET = object()
+_ADDING = (argparse._AppendAction, argparse._AppendConstAction, argparse._CountAction, argparse._ExtendAction)
+
+
+def _run_file_values(path):
+    """A run file's values, by the flags' names."""
     from gptlite import run_config
 
     config = run_config.read_run_config(path)
-    defaults = {FLAG_ALIASES.get(name, name): value for name, value in config.arguments.items() if name != "settings"}
-    defaults.update(config.arguments["settings"])
+    values = {FLAG_ALIASES.get(name, name): value for name, value in config.arguments.items() if name != "settings"}
+    values.update(config.arguments["settings"])
     if config.backend is not None:
-        defaults["backend"] = config.backend
-    parser.set_defaults(**defaults)
-    return parser.parse_args(argv)
+        values["backend"] = config.backend
+    return values
 
 
 def as_flags(message, parser):

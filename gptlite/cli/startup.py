@@ -5,78 +5,50 @@ it at module level, and neither does any command's parser: `--help` answers
 at once, with no notice of the backend's.
 """
 
-import argparse
 import importlib.util
 import os
 import sys
 import threading
 
-from gptlite.errors import GPTLiteError, InputError
+from gptlite.errors import InputError
 from gptlite.notices import NATIVE_LOG_LINE, is_start_up_notice, quiet  # noqa: F401 (quiet: the commands; is_start_up_notice: the tests)
 
 BACKENDS = ("tensorflow", "jax", "torch")
 
 
-def choose_backend(prog, argv, automatic=None):
-    """Put `--backend NAME` from argv into KERAS_BACKEND; exit with a one-line error if NAME is not installed.
+def choose_backend(prog, backend, automatic=None):
+    """Put `backend` (the command's `--backend`, or its run file's) into KERAS_BACKEND; exit with a one-line error
+    if it is not installed.
 
-    With no backend named, `automatic(argv)` (where the command has one) gives (backend or None, a line to print
-    or None): the backend that runs the command fastest here. Must run before Keras is imported; the command's
-    own parser checks the flag again.
+    With no backend named, `automatic()` (where the command has one) gives (backend or None, a line to print or
+    None): the backend that runs the command fastest here. Must run before Keras is imported.
     """
-    reader = argparse.ArgumentParser(add_help=False, exit_on_error=False)
-    reader.add_argument("--backend")
-    try:
-        known, _ = reader.parse_known_args(argv)
-    except argparse.ArgumentError:
-        return  # `--backend` with no name: the command's own parser says so
-    if known.backend is None:
-        known.backend = _run_config_backend(argv)
-    if known.backend is None and automatic is not None and "keras" not in sys.modules:
-        known.backend, why = automatic(argv)
+    if backend is None and automatic is not None and "keras" not in sys.modules:
+        backend, why = automatic()
         if why:
             print(why, flush=True)
-    if known.backend not in BACKENDS or "keras" in sys.modules:
-        return  # none given, a wrong name (the command's parser reports it), or too late (check_backend says so)
-    if importlib.util.find_spec(known.backend) is None:
-        extra = "" if known.backend == "tensorflow" else f"[{known.backend}]"
-        sys.exit(f"{prog}: error: --backend {known.backend} needs {known.backend} installed "
+    if backend not in BACKENDS or "keras" in sys.modules:
+        return  # none given, or too late (check_backend says so)
+    if importlib.util.find_spec(backend) is None:
+        extra = "" if backend == "tensorflow" else f"[{backend}]"
+        sys.exit(f"{prog}: error: --backend {backend} needs {backend} installed "
                  f"(pip install \"gptlite{extra}\", or pip install -e \".{extra}\" in a checkout)")
-    os.environ["KERAS_BACKEND"] = known.backend
+    os.environ["KERAS_BACKEND"] = backend
 
 
-def choose_compile_cache(argv):
-    """Keep the command's compiled programs where `--compile-cache DIR` says, nowhere with `--no-compile-cache`,
-    or else in the default folder: before Keras starts, since TensorFlow reads where its compiled programs go
-    once, at its start (see gptlite.compile_cache)."""
+def choose_compile_cache(args):
+    """Keep the command's compiled programs where `--compile-cache DIR` says, nowhere with `--no-compile-cache`
+    (args.compile_cache False), or else in the default folder: before Keras starts, since TensorFlow reads where
+    its compiled programs go once, at its start (see gptlite.compile_cache)."""
     from gptlite import compile_cache
 
-    reader = argparse.ArgumentParser(add_help=False, exit_on_error=False)
-    reader.add_argument("--compile-cache", default=None)
-    reader.add_argument("--no-compile-cache", action="store_true")
-    try:
-        known, _ = reader.parse_known_args(argv)
-    except argparse.ArgumentError:
-        return  # `--compile-cache` with no folder: the command's own parser says so
-    if known.no_compile_cache:
+    chosen = getattr(args, "compile_cache", None)
+    if chosen is False:
         compile_cache.use(None)
-    elif known.compile_cache:
-        compile_cache.use(known.compile_cache)
+    elif chosen:
+        compile_cache.use(chosen)
     else:
         compile_cache.use()
-
-
-def _run_config_backend(argv):
-    """The backend a `--config FILE` names, if any; a file that cannot be read is reported later."""
-    from gptlite import run_config
-
-    reader = argparse.ArgumentParser(add_help=False, exit_on_error=False)
-    reader.add_argument("--config")
-    try:
-        known, _ = reader.parse_known_args(argv)
-        return known.config and run_config.read_run_config(known.config).backend
-    except (argparse.ArgumentError, GPTLiteError):
-        return None
 
 
 _holding_back = False  # whether hold_back_false_alarms has rearranged this process's standard error

@@ -154,28 +154,20 @@ def run(args):
     print()
 
 
-def automatic_backend(argv):
+def automatic_backend(args):
     """The backend for a run that names none, and a line saying so: a resumed run's own, from its run file; else
-    from the precision the flags, run file or preset ask for (see gptlite.backend_choice). (None, None) where they
-    cannot be read: the parser reports that."""
+    from the precision the flags, run file or preset ask for (see gptlite.backend_choice). (None, None) where the
+    resumed run's file cannot be read: the run reports that."""
     from gptlite import backend_choice, run_config
     from gptlite.errors import GPTLiteError
 
-    reader = argparse.ArgumentParser(add_help=False, exit_on_error=False)
-    for flag in ("--precision", "--preset", "--config"):
-        reader.add_argument(flag)
-    reader.add_argument("--out", default="out")
-    reader.add_argument("--resume", action="store_true")
-    try:
-        known, _ = reader.parse_known_args(argv)
-        if known.resume:
-            return run_config.read_run_config(pathlib.Path(known.out) / run_config.FILE_NAME).backend, None
-        written = run_config.read_run_config(known.config).arguments if known.config else {"settings": {}}
-    except (argparse.ArgumentError, GPTLiteError):
-        return None, None
-    preset = settings.PRESETS.get(known.preset or written.get("preset"), {})
-    backend, reason = backend_choice.training_backend(
-        known.precision or written["settings"].get("precision") or preset.get("precision"))
+    if args.resume:
+        try:
+            return run_config.read_run_config(pathlib.Path(args.out) / run_config.FILE_NAME).backend, None
+        except GPTLiteError:
+            return None, None
+    preset = settings.PRESETS.get(args.preset, {})
+    backend, reason = backend_choice.training_backend(args.precision or preset.get("precision"))
     if reason is None:
         return None, None
     if backend is None:
