@@ -114,9 +114,11 @@ class RowsStream:
     it, see `generate`). Iterating gives, for each new position, a list of
     each row's new text ("" for a row that has ended); decoding ends when
     every row has ended, or when the caller stops iterating.
-    `rows[i].finish_reason` then says why row i ended; `prompt_tokens[i]` and
-    `rows[i].tokens` count its tokens (a prompt longer than the context
-    counts whole; the model sees its last block_size tokens).
+    `finish_reasons[i]` then says why row i ended; `prompt_tokens[i]` and
+    `completion_tokens[i]` count its tokens (a prompt longer than the context
+    counts whole; the model sees its last block_size tokens). With
+    `answers`, each row is a chat answer: it ends at the template's end of
+    turn too.
     """
 
     def __init__(self, model, prompts, sampling=None, *, unknown="error", use_cache=True, slide=1, streaming=True,
