@@ -2,12 +2,7 @@
 positions and QK-norm as the model asks), the attention function, the causal mask, and where a decoding
 step's keys and values go in the cache (`CachePlacement`).
 
-Shape letters used in comments:
-    B batch, T sequence length (queries), S sequence length (keys),
-    C model width (n_embd), H query heads, K key/value heads (H for full
-    multi-head attention, fewer for grouped-query attention), G = H / K query
-    heads per key/value head, D head size (C / H), F feed-forward width,
-    V vocabulary size.
+Shape letters in comments are those of `gptlite.layers`.
 """
 
 import collections

@@ -1,12 +1,7 @@
 """The transformer blocks: a pre-norm decoder block (self-attention, optional cross-attention, feed-forward)
 and the encoder's block, what GPT and Seq2Seq stack.
 
-Shape letters used in comments:
-    B batch, T sequence length (queries), S sequence length (keys),
-    C model width (n_embd), H query heads, K key/value heads (H for full
-    multi-head attention, fewer for grouped-query attention), G = H / K query
-    heads per key/value head, D head size (C / H), F feed-forward width,
-    V vocabulary size.
+Shape letters in comments are those of `gptlite.layers`.
 """
 
 import keras
