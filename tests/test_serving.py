@@ -351,8 +351,10 @@ def test_a_full_queue_answers_503_with_retry_after(fluent_model):
         running.stop()
 
 
-def test_a_seq2seq_model_answers_the_same_endpoint_reading_prompts_as_sources(reverser):
+def test_a_seq2seq_model_answers_the_same_endpoint_reading_prompts_as_sources(reverser, monkeypatch):
     running = Server(serving.create_app(reverser, "reverser", serving.ServeSettings(truncate="none")))
+    failures = []  # what the worker caught on the way: it must be nothing
+    monkeypatch.setattr(running.app.state.worker, "_fail_all", failures.append)
     try:
         client = openai.OpenAI(base_url=running.url + "/v1", api_key="unused", max_retries=0)
         completion = client.completions.create(model="reverser", prompt=["abc", "dea"], max_tokens=10,
@@ -370,6 +372,7 @@ def test_a_seq2seq_model_answers_the_same_endpoint_reading_prompts_as_sources(re
         # truncate="none": a source longer than the model reads is refused, not cut.
         too_long = httpx.post(running.url + "/v1/completions", json={"prompt": "abcde" * 4})
         assert too_long.status_code == 400 and "longer than the model's context" in too_long.json()["error"]["message"]
+        assert failures == []
     finally:
         running.stop()
 

@@ -200,6 +200,8 @@ class Worker:
 
     def _admit(self):
         """Prefill the admissible jobs that fit into the running batch, in the order they came."""
+        if not self._admissible:  # always so for a Seq2Seq, whose jobs are written whole as they come
+            return
         jobs = []
         room = self.settings.max_batch - len(self.rows)
         while self._admissible and (len(self._admissible[0].rows) <= room or not self.rows and not jobs):
