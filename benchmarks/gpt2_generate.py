@@ -22,7 +22,7 @@ import keras
 import numpy as np
 
 import gptlite
-from gptlite import pretrained
+from gptlite import gpt2, pretrained
 
 from children import time_calls
 
@@ -40,7 +40,7 @@ def gpt2_sized_tokenizer():
     vocabulary[merged] = len(alphabet)
     vocabulary.update({f"<unused{index}>": index for index in range(len(alphabet) + 1, VOCABULARY_SIZE - 1)})
     vocabulary[gptlite.BPETokenizer.END_TOKEN] = VOCABULARY_SIZE - 1
-    return pretrained.bpe_tokenizer(vocabulary, [(alphabet[0], alphabet[1])])
+    return gpt2.bpe_tokenizer(vocabulary, [(alphabet[0], alphabet[1])])
 
 
 def gpt2_sized_model():
@@ -76,7 +76,7 @@ def main():
     with tempfile.TemporaryDirectory() as folder:
         folder = pathlib.Path(folder)
         pretrained.export_hugging_face(model, folder / "hf")
-        pretrained.export_kerashub(model, folder / "hub")
+        gpt2.export_kerashub(model, folder / "hub")
         hf_model = transformers.GPT2LMHeadModel.from_pretrained(folder / "hf").eval()
         hub_model = keras_hub.models.GPT2CausalLM.from_preset(str(folder / "hub"), preprocessor=None)
     hub_model.compile(sampler="greedy", jit_compile=True)

@@ -56,7 +56,7 @@ _LAZY = {
     "GPT": "model", "Seq2Seq": "model",
     "TrainedRun": "training_run", "train_on_text": "training_run",
     "RunConfig": "run_config", "read_run_config": "run_config",
-    "from_pretrained": "pretrained", "export_hugging_face": "pretrained", "export_kerashub": "pretrained",
+    "from_pretrained": "pretrained", "export_hugging_face": "pretrained", "export_kerashub": "gpt2",
     "load": "saving", "save": "saving",
     "BPETokenizer": "tokenizers", "CharTokenizer": "tokenizers", "PretrainedTokenizer": "tokenizers",
     "train": "training",

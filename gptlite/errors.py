@@ -35,3 +35,10 @@ class TrainingInterrupted(GPTLiteError):
     def __init__(self, message, signal_number):
         super().__init__(message)
         self.signal_number = signal_number
+
+
+def first_line(error, limit=200):
+    """An exception's message as one line, cut at a word if long."""
+    lines = str(error).strip().splitlines() or [type(error).__name__]
+    line = lines[0]
+    return line if len(line) <= limit else line[:limit].rsplit(" ", 1)[0] + " ..."

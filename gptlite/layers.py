@@ -13,6 +13,7 @@ Shape letters used in comments:
 import math
 
 import keras
+import numpy as np
 from keras import ops
 
 from gptlite import positions as position_kinds
@@ -352,3 +353,11 @@ class FeedForward(keras.layers.Layer):
         config = super().get_config()
         config.update(dropout=self.dropout, use_bias=self.use_bias, mlp=self.mlp, hidden_size=self.hidden_size)
         return config
+
+
+def weight_array(layer, attribute):
+    """A layer's weight (`getattr(layer, attribute)`) as a float32 numpy array; a `Linear`'s kernel with its
+    LoRA adapters, if any, merged in."""
+    if isinstance(layer, Linear) and attribute == "kernel":
+        return np.asarray(ops.convert_to_numpy(layer.merged_kernel()), np.float32)
+    return np.asarray(ops.convert_to_numpy(getattr(layer, attribute)), np.float32)

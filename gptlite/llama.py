@@ -18,7 +18,7 @@ import numpy as np
 
 from gptlite.errors import ConfigError, InputError, MissingFileError
 from gptlite.files import atomic_directory, read_json
-from gptlite.layers import Linear
+from gptlite.layers import weight_array
 from gptlite.settings import GPTConfig
 from gptlite.tokenizers import PretrainedTokenizer
 
@@ -128,16 +128,6 @@ def _places(model):
         places[f"{prefix}input_layernorm.weight"] = (block.attention_norm, "gamma", None, False)
         places[f"{prefix}post_attention_layernorm.weight"] = (block.feed_forward_norm, "gamma", None, False)
     return places
-
-
-def weight_array(layer, attribute):
-    """A layer's weight (`getattr(layer, attribute)`) as a float32 numpy array; a `Linear`'s kernel with its
-    LoRA adapters, if any, merged in."""
-    from keras import ops
-
-    if isinstance(layer, Linear) and attribute == "kernel":
-        return np.asarray(ops.convert_to_numpy(layer.merged_kernel()), np.float32)
-    return np.asarray(ops.convert_to_numpy(getattr(layer, attribute)), np.float32)
 
 
 def hugging_face_arrays(model):

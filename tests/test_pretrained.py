@@ -13,7 +13,7 @@ import pytest
 
 import gptlite
 from conftest import make_text
-from gptlite import pretrained
+from gptlite import gpt2
 
 # Unicode, runs of spaces, tabs, newlines, contractions, an emoji (4 UTF-8 bytes) and the end token.
 TRICKY = "  Héllo\n\n  wörld 😀 it's  the cat's\that<|endoftext|>Ünïcödé — “quoted”  \n"
@@ -43,7 +43,7 @@ def hugging_face_folder(tmp_path_factory, bpe):
                                      initializer_range=0.3)
     reference = transformers.GPT2LMHeadModel(config).eval()
     reference.save_pretrained(folder)
-    vocabulary, merges = pretrained.vocabulary_and_merges(bpe)
+    vocabulary, merges = gpt2.vocabulary_and_merges(bpe)
     (folder / "vocab.json").write_text(json.dumps(vocabulary), encoding="utf-8")
     (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
     return folder, reference
@@ -94,7 +94,7 @@ def test_greedy_text_is_transformers_greedy_text(hugging_face_folder, from_huggi
 
 def test_a_kerashub_preset_gives_its_logits_and_token_ids(tmp_path, bpe):
     keras_hub = pytest.importorskip("keras_hub")
-    vocabulary, merges = pretrained.vocabulary_and_merges(bpe)
+    vocabulary, merges = gpt2.vocabulary_and_merges(bpe)
     keras.utils.set_random_seed(0)
     backbone = keras_hub.models.GPT2Backbone(vocabulary_size=bpe.vocabulary_size, num_layers=2, num_heads=2,
                                              hidden_dim=32, intermediate_dim=128, max_sequence_length=48)

@@ -37,7 +37,8 @@ ALLOWED = {
     "chat": {"templates", "conversations", "generation", "sampling"},
     "saving": {"model", "files"},
     "llama": {"layers", "files", "tokenizers", "settings"},
-    "pretrained": {"model", "llama", "saving", "files", "tokenizers"},
+    "gpt2": {"layers", "files", "tokenizers"},
+    "pretrained": {"model", "gpt2", "llama", "saving", "files", "tokenizers"},
     "evaluation": {"model", "data", "pairs", "generation", "tokenizers", "chat", "conversations", "sampling"},
     "inspection": {"model", "positions", "generation", "files", "tokenizers", "settings"},
     "checkpoints": {"files"},
@@ -56,7 +57,7 @@ ALLOWED = {
     # The command-line package, its modules taken together.
     "cli": {"settings", "tokenizers", "pairs", "training_run", "generation", "chat", "inspection", "saving", "files", "model",
             "sampling", "compile_cache", "backend_choice", "notices",
-            "pretrained", "evaluation", "run_config", "serving"},
+            "pretrained", "gpt2", "evaluation", "run_config", "serving"},
     "__main__": {"cli"},
 }
 

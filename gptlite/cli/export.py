@@ -26,7 +26,7 @@ def make_parser(prog):
 
 
 def run(args):
-    from gptlite import pretrained, saving
+    from gptlite import gpt2, pretrained, saving
 
     # Checked before the model loads, so that the mistake shows at once (export checks again).
     if args.format == "saved_model":
@@ -40,7 +40,7 @@ def run(args):
         print(f"wrote {args.out}, a {architecture}: load it with transformers.AutoModelForCausalLM.from_pretrained "
               f"and AutoTokenizer.from_pretrained")
     elif args.format == "kerashub":
-        pretrained.export_kerashub(model, args.out)
+        gpt2.export_kerashub(model, args.out)
         print(f"wrote {args.out}: load it with keras_hub.models.GPT2CausalLM.from_preset")
     else:
         saving.export_saved_model(model, args.out)
