@@ -216,14 +216,15 @@ class Worker:
         try:
             for job in jobs:
                 self._start(job)
-                for index, (prompt, ids) in enumerate(zip(job.rows, job.rows_ids)):
-                    choices.append(_Choice(job, index, len(prompt) if job.completion.echo else 0))
+                choices += [_Choice(job, index, len(prompt) if job.completion.echo else 0)
+                            for index, prompt in enumerate(job.rows)]
                 rows_ids += job.rows_ids
-                configs += job.completion.sampling.for_rows(len(job.rows))
-            written = self.rows.admit(choices, rows_ids, configs, logprobs=any(
-                job.completion.logprobs is not None for job in jobs), answers=[
-                choice.job.completion.chat for choice in choices], streaming=[
-                choice.job.completion.stream for choice in choices])
+                configs += job.completion.sampling.for_rows(len(job.rows))  # a request's n choices: n seeds
+            asked = [choice.job.completion for choice in choices]
+            written = self.rows.admit(choices, rows_ids, configs,
+                                      logprobs=any(completion.logprobs is not None for completion in asked),
+                                      answers=[completion.chat for completion in asked],
+                                      streaming=[completion.stream for completion in asked])
         except GPTLiteError as error:
             for job in jobs:
                 job.emit(("error", str(error)))
