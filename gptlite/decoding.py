@@ -131,6 +131,14 @@ class TextRows:
             return {}
         return self._written(self.engine.step(min(max_steps, self.wanted()), logprobs))
 
+    def finish(self, written):
+        """Decode every row to its end, from what `admit` gave (`written`): {key: its whole text}."""
+        texts = {key: row.text for key, row in written.items()}
+        while self._rows:
+            for key, row in self.step().items():
+                texts[key] += row.text
+        return texts
+
     def cancel(self, key):
         """Stop decoding a row; its text ends where it is."""
         handle = self._handles.pop(key)

@@ -84,10 +84,11 @@ def generate(model, prompt="", max_new_tokens=None, sampling=None, *, unknown="e
     if num_beams is not None:
         pieces = _beam_texts(model, prompts, config, unknown, use_cache, slide, num_beams)
     else:
-        rows = RowsStream(model, prompts, config, unknown=unknown, use_cache=use_cache, slide=slide, streaming=False)
-        pieces = [""] * len(prompts)
-        for step in rows:
-            pieces = [text + piece for text, piece in zip(pieces, step)]
+        configs, rows_ids = _rows(model, prompts, config, unknown, slide)
+        rows = TextRows(Engine(model, len(prompts), use_cache=use_cache, slide=slide), model.tokenizer,
+                        streaming=False)
+        written = rows.finish(rows.admit(range(len(prompts)), rows_ids, configs))
+        pieces = [written[index] for index in range(len(prompts))]
     texts = [prompt_text + text for prompt_text, text in zip(prompts, pieces)]
     return texts[0] if isinstance(prompt, str) else texts
 
@@ -123,20 +124,8 @@ class RowsStream:
 
     def __init__(self, model, prompts, sampling=None, *, unknown="error", use_cache=True, slide=1, streaming=True,
                  rows_ids=None, answers=False):
-        if not prompts:
-            raise ConfigError("give at least one prompt")
-        if model.writes_targets:
-            raise ConfigError(f"RowsStream continues a language model's prompts; a {type(model).__name__} "
-                              f"writes targets with generate_target")
-        configs = list(sampling) if isinstance(sampling, (list, tuple)) else \
-            sampling_config(sampling).for_rows(len(prompts))
-        if len(configs) != len(prompts) or not all(isinstance(config, SamplingConfig) for config in configs):
-            raise ConfigError("sampling must be one SamplingConfig or a list of one for each prompt")
-        _check_slide(model, slide)
-        self.configs, self.answers = configs, answers
-        # rows_ids: the prompts' ids where the caller has encoded them (a conversation's, say).
-        self.rows_ids = [list(ids) for ids in rows_ids] if rows_ids is not None else \
-            [prompt_ids(model.tokenizer, prompt, unknown) for prompt in prompts]
+        self.configs, self.rows_ids = _rows(model, prompts, sampling, unknown, slide, rows_ids)
+        self.answers = answers
         self.prompt_tokens = [len(ids) for ids in self.rows_ids]
         self.text_rows = TextRows(Engine(model, len(prompts), use_cache=use_cache, slide=slide), model.tokenizer,
                                   streaming)
@@ -159,6 +148,24 @@ class RowsStream:
                 return
             written = self.text_rows.step(FIRST_CHUNK_SIZE if calls == 0 else CHUNK_SIZE)
             calls += 1
+
+
+def _rows(model, prompts, sampling, unknown, slide, rows_ids=None):
+    """Prompts to continue, checked: (each row's SamplingConfig, each row's token ids). `sampling` is one config
+    for every row (each row then seeded from its seed) or a list of one each; `rows_ids`, the prompts' ids where
+    the caller has encoded them (a conversation's, say)."""
+    if not prompts:
+        raise ConfigError("give at least one prompt")
+    if model.writes_targets:
+        raise ConfigError(f"a {type(model).__name__} writes targets with generate_target; it continues no prompt")
+    configs = list(sampling) if isinstance(sampling, (list, tuple)) else \
+        sampling_config(sampling).for_rows(len(prompts))
+    if len(configs) != len(prompts) or not all(isinstance(config, SamplingConfig) for config in configs):
+        raise ConfigError("sampling must be one SamplingConfig or a list of one for each prompt")
+    _check_slide(model, slide)
+    if rows_ids is not None:
+        return configs, [list(ids) for ids in rows_ids]
+    return configs, [prompt_ids(model.tokenizer, prompt, unknown) for prompt in prompts]
 
 
 def _beam_texts(model, prompts, config, unknown, use_cache, slide, num_beams):
@@ -232,13 +239,9 @@ def _decode_targets(model, source_ids, config, use_cache, num_beams):
             yield from [_text_of(model.tokenizer, config, ids) for ids in sequences[:len(sources)]]
             continue
         rows = TextRows(engine, model.tokenizer, streaming=False)
-        written = rows.admit(range(len(sources)), [start] * len(sources), configs[first:first + len(sources)],
-                             sources)
-        texts = [row.text for row in written.values()]
-        while rows:
-            for index, row in rows.step().items():
-                texts[index] += row.text
-        yield from texts
+        texts = rows.finish(rows.admit(range(len(sources)), [start] * len(sources),
+                                       configs[first:first + len(sources)], sources))
+        yield from (texts[index] for index in range(len(sources)))
 
 
 def _text_of(tokenizer, config, ids):

@@ -199,7 +199,8 @@ def test_cached_text_is_recomputed_text_as_the_cache_grows_and_is_cut(tokenizer)
 @pytest.mark.skipif(keras.backend.backend() == "torch", reason="torch compiles nothing")
 def test_a_second_process_finds_its_programs_in_the_compile_cache_and_survives_a_damaged_entry(tmp_path, tiny_model):
     gptlite.save(tiny_model, tmp_path / "model.keras")
-    script = ("import sys, gptlite; gptlite.compile_cache.use(); import keras; from gptlite.programs import programs_for; "
+    script = ("import sys, gptlite; gptlite.compile_cache.use(); import keras; "
+              "from gptlite.programs import programs_for; "
               "m = keras.saving.load_model(sys.argv[1]); print(gptlite.generate(m, 'the', 20, seed=3)); "
               "print('traces', sum(f.traces for f in programs_for(m)._compiled.values()))")
     cache = tmp_path / "cache"

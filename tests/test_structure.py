@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
 
 PACKAGE = REPO / "gptlite"
@@ -55,8 +57,8 @@ ALLOWED = {
                  "checkpoints", "distribute", "settings", "tokenizers", "pretrained", "history", "run_config",
                  "evaluation"},
     # The command-line package, its modules taken together.
-    "cli": {"settings", "tokenizers", "pairs", "training_run", "generation", "chat", "inspection", "saving", "files", "model",
-            "sampling", "compile_cache", "backend_choice", "notices",
+    "cli": {"settings", "tokenizers", "pairs", "training_run", "generation", "chat", "inspection", "saving", "files",
+            "model", "sampling", "compile_cache", "backend_choice", "notices",
             "pretrained", "gpt2", "evaluation", "run_config", "serving"},
     "__main__": {"cli"},
 }
@@ -144,6 +146,9 @@ def test_importing_gptlite_changes_nothing_in_the_process():
     assert json.loads(result.stdout) == []
 
 
+@pytest.mark.skipif(os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
+                    reason="the order of gptlite's own imports is the same on every backend: run once, in the "
+                           "tensorflow suite")
 def test_every_public_name_and_every_module_works_as_the_first_thing_a_process_does():
     """No import order can break a name: each module of the package, and each public name through its module,
     is imported first in a process of its own, and Keras then knows gptlite's classes."""
@@ -159,7 +164,10 @@ def test_every_public_name_and_every_module_works_as_the_first_thing_a_process_d
     def first_thing(module):
         first = (f"import gptlite; gptlite.{names[module][0]}" if module in names else f"import gptlite.{module}")
         rest = "".join(f"; gptlite.{name}" for name in names.get(module, [])[1:])
-        check = ("; import keras; assert keras.saving.get_registered_object('gptlite>GPT') is not None, "
+        # Where the import started Keras, Keras knows gptlite's classes by now. (Keras imported after a module
+        # that did not start it is the case of test_importing_gptlite_leaves_the_backend_open_and_...)
+        check = ("; import sys; assert 'keras' not in sys.modules or "
+                 "sys.modules['keras'].saving.get_registered_object('gptlite>GPT') is not None, "
                  "'Keras does not know gptlite.GPT'")
         code = first + rest + check
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,

@@ -11,7 +11,7 @@ import sys
 import threading
 
 from gptlite.errors import InputError
-from gptlite.notices import NATIVE_LOG_LINE, is_start_up_notice, quiet  # noqa: F401 (quiet: the commands; is_start_up_notice: the tests)
+from gptlite.notices import NATIVE_LOG_LINE, is_start_up_notice
 
 BACKENDS = ("tensorflow", "jax", "torch")
 
