@@ -20,7 +20,7 @@ import numpy as np
 
 from gptlite import templates
 from gptlite.engine import CHUNK_SIZE, Drawn
-from gptlite.sampling import SamplingConfig
+from gptlite.sampling import row_configs
 from gptlite.continuation import Continuation
 
 
@@ -107,7 +107,7 @@ class TextRows:
         it comes. Each of these two is one value for every row or a list of one each. A row of max_new_tokens 0
         ends at once, without decoding."""
         keys = list(keys)
-        configs = sampling.for_rows(len(keys)) if isinstance(sampling, SamplingConfig) else list(sampling)
+        configs = row_configs(sampling, len(keys))
         answers, streaming = (values if isinstance(values, (list, tuple)) else [values] * len(keys)
                               for values in (answers, self.streaming if streaming is None else streaming))
         configs = [ending_at_turn_end(self.tokenizer, config) if answer else config

@@ -53,7 +53,7 @@ import numpy as np
 from keras import ops
 
 from gptlite.programs import CACHED, CHUNK_SIZE, RECOMPUTE, RECOMPUTE_THEN_CACHED, programs_for
-from gptlite.sampling import RowSettings, SamplingConfig
+from gptlite.sampling import RowSettings, row_configs
 
 # The shortest cache a call reads.
 SHORTEST_CACHE = 64
@@ -144,8 +144,7 @@ class Engine:
         count = len(rows_ids)
         if not self.resizable and count > self.capacity - len(self.rows):
             raise ValueError(f"{count} rows do not fit in {self.capacity - len(self.rows)} free slots")
-        configs = sampling.for_rows(count) if isinstance(sampling, SamplingConfig) else \
-            [config if config.seed is not None else config.for_rows(1)[0] for config in sampling]
+        configs = row_configs(sampling, count)
         window, lengths = windows(self.block_size, rows_ids)
         settings = RowSettings.of(configs, self.vocabulary_size)
         seeds = np.array([config.seed % 2**31 for config in configs], np.int32)

@@ -82,6 +82,15 @@ class SamplingConfig:
         return [dataclasses.replace(self, seed=row_seed) for row_seed in seeds]
 
 
+def row_configs(sampling, count):
+    """Each of `count` rows' SamplingConfig, seeded: `sampling` is one config for every row (each row's seed made
+    from its seed, see `SamplingConfig.for_rows`) or a list of one each, whose seeds are kept (None: a random
+    one)."""
+    if isinstance(sampling, SamplingConfig):
+        return sampling.for_rows(count)
+    return [config if config.seed is not None else config.for_rows(1)[0] for config in sampling]
+
+
 class RowSettings(collections.namedtuple("RowSettings", "temperature top_k top_p min_p repetition_penalty")):
     """Each row's sampling settings as the sampler reads them: one float32 (B,) array or tensor a setting.
 

@@ -307,10 +307,10 @@ class Worker:
         job.emit(("done", prompt_tokens, completion_tokens))
 
     def _fail_all(self, message):
-        jobs = {id(choice.job): choice.job for choice in self.rows.keys()} if self.rows is not None else {}
-        for choice in self.rows.keys() if self.rows is not None else ():
+        choices = self.rows.keys() if self.rows is not None else []
+        for choice in choices:
             self.rows.cancel(choice)
-        for job in jobs.values():
+        for job in {id(choice.job): choice.job for choice in choices}.values():
             job.emit(("failure", message))
 
 
