@@ -14,7 +14,7 @@ import ml_dtypes
 from keras import ops
 
 from gptlite import positions as position_kinds
-from gptlite.layers import Linear, RMSNorm, register
+from gptlite.layers import Linear, RMSNorm, register, settings_by_their_names
 from gptlite.positions import token_positions
 from gptlite.settings import GPTConfig
 
@@ -104,10 +104,12 @@ class Attention(keras.layers.Layer):
         attention_dropout: rate for the attention weights. Above zero,
             training computes the weights step by step instead of with the
             backend's fused (flash) attention, to drop some out.
-        use_bias: whether the projections have biases.
+        bias: whether the projections have biases.
         qkv_bias: whether the query, key and value projections do (None:
-            use_bias); Qwen2 has them there only.
-        rotary: rotate queries and keys by their positions (`positions.rotate`).
+            bias); Qwen2 has them there only.
+        position: the model's kind of positions (`GPTConfig.position`):
+            "rotary" rotates queries and keys by their positions here
+            (`positions.rotate`); the others are the embedding's business.
         rope_theta: the rotary base: the slowest pair turns once in about
             2 pi theta positions.
         qk_norm: RMS-normalise each head's query and key, with learned scales,
@@ -123,7 +125,7 @@ class Attention(keras.layers.Layer):
     """
 
     def __init__(self, n_head, n_kv_head=None, causal=True, cross=False, dropout=0.0, attention_dropout=0.0,
-                 use_bias=True, qkv_bias=None, rotary=False, rope_theta=GPTConfig.rope_theta,
+                 bias=True, qkv_bias=None, position=GPTConfig.position, rope_theta=GPTConfig.rope_theta,
                  qk_norm=False, norm_epsilon=GPTConfig.norm_epsilon, head_dim=None, **kwargs):
         super().__init__(**kwargs)
         if causal and cross:
@@ -136,9 +138,10 @@ class Attention(keras.layers.Layer):
         self.cross = cross
         self.dropout = dropout
         self.attention_dropout_rate = attention_dropout
-        self.use_bias = use_bias
-        self.qkv_bias = use_bias if qkv_bias is None else qkv_bias
-        self.rotary = rotary and not cross
+        self.bias = bias
+        self.qkv_bias = bias if qkv_bias is None else qkv_bias
+        self.position = position
+        self.rotary = position == "rotary" and not cross
         self.rope_theta = rope_theta
         self.qk_norm = qk_norm
         self.norm_epsilon = norm_epsilon
@@ -153,8 +156,8 @@ class Attention(keras.layers.Layer):
             raise ValueError(f"rotary positions turn pairs of dimensions; the head size ({self.head_size}) is odd")
         heads, kv_heads, size = self.n_head, self.n_kv_head, self.head_size
 
-        def linear(units, use_bias, name, input_width=width):
-            layer = Linear(units, use_bias=use_bias, dtype=self.dtype_policy, name=name)
+        def linear(units, bias, name, input_width=width):
+            layer = Linear(units, use_bias=bias, dtype=self.dtype_policy, name=name)
             layer.build((None, input_width))
             return layer
 
@@ -163,7 +166,7 @@ class Attention(keras.layers.Layer):
         else:
             self.query_projection = linear(heads * size, self.qkv_bias, "query_projection")
             self.key_value_projection = linear(2 * kv_heads * size, self.qkv_bias, "key_value_projection")
-        self.output_projection = linear(width, self.use_bias, "output_projection", heads * size)
+        self.output_projection = linear(width, self.bias, "output_projection", heads * size)
         if self.qk_norm:
             self.query_norm = RMSNorm(self.norm_epsilon, dtype=self.dtype_policy, name="query_norm")
             self.key_norm = RMSNorm(self.norm_epsilon, dtype=self.dtype_policy, name="key_norm")
@@ -278,10 +281,14 @@ class Attention(keras.layers.Layer):
         config = super().get_config()
         config.update(n_head=self.n_head, n_kv_head=self.n_kv_head, causal=self.causal,
                       cross=self.cross, dropout=self.dropout, attention_dropout=self.attention_dropout_rate,
-                      use_bias=self.use_bias, qkv_bias=self.qkv_bias, rotary=self.rotary,
+                      bias=self.bias, qkv_bias=self.qkv_bias, position=self.position,
                       rope_theta=self.rope_theta, qk_norm=self.qk_norm, norm_epsilon=self.norm_epsilon,
                       head_dim=self.head_dim)
         return config
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**settings_by_their_names(config))
 
 
 @functools.cache

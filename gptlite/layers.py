@@ -52,7 +52,8 @@ class Linear(keras.layers.Layer):
 
     Args:
         units: the output width.
-        use_bias: whether it adds a bias b.
+        use_bias: whether it adds a bias b. (Keras's Dense's name: `bias` is
+            the weight; the layers above take GPTConfig's `bias`.)
 
     Call: x (..., in) -> (..., units).
     """
@@ -161,11 +162,22 @@ class RMSNorm(keras.layers.Layer):
         return config
 
 
-def make_norm(kind, epsilon, use_bias, dtype, name):
-    """A LayerNorm ("layer"; with a shift where use_bias) or an RMSNorm ("rms")."""
+def settings_by_their_names(config):
+    """A saved layer's config with the settings' names of layers saved before they took GPTConfig's:
+    `use_bias` is `bias`, `rotary=True` is `position="rotary"`."""
+    config = dict(config)
+    if "use_bias" in config:
+        config["bias"] = config.pop("use_bias")
+    if "rotary" in config:
+        config["position"] = "rotary" if config.pop("rotary") else "learned"
+    return config
+
+
+def make_norm(kind, epsilon, bias, dtype, name):
+    """A LayerNorm ("layer"; with a shift where bias) or an RMSNorm ("rms")."""
     if kind == "rms":
         return RMSNorm(epsilon, dtype=dtype, name=name)
-    return keras.layers.LayerNormalization(epsilon=epsilon, center=use_bias, dtype=dtype, name=name)
+    return keras.layers.LayerNormalization(epsilon=epsilon, center=bias, dtype=dtype, name=name)
 
 
 @register
@@ -308,27 +320,27 @@ class FeedForward(keras.layers.Layer):
 
     Args:
         dropout: rate for the output.
-        use_bias: whether the projections have biases.
+        bias: whether the projections have biases.
         mlp: "gelu" or "swiglu".
         hidden_size: F (None: `feed_forward_width`'s default for the width).
     """
 
-    def __init__(self, dropout=0.0, use_bias=True, mlp="gelu", hidden_size=None, **kwargs):
+    def __init__(self, dropout=0.0, bias=True, mlp="gelu", hidden_size=None, **kwargs):
         super().__init__(**kwargs)
         if mlp not in MLPS:
             raise ValueError(f"mlp must be one of {', '.join(MLPS)}, got {mlp!r}")
         self.dropout = dropout
-        self.use_bias = use_bias
+        self.bias = bias
         self.mlp = mlp
         self.hidden_size = hidden_size
 
     def build(self, input_shape):
         width = input_shape[-1]
         hidden = self.hidden_size or feed_forward_width(width, self.mlp)
-        self.expand = Linear(hidden * (2 if self.mlp == "swiglu" else 1), use_bias=self.use_bias,
+        self.expand = Linear(hidden * (2 if self.mlp == "swiglu" else 1), use_bias=self.bias,
                              dtype=self.dtype_policy, name="expand")
         self.expand.build(input_shape)
-        self.contract = Linear(width, use_bias=self.use_bias, dtype=self.dtype_policy, name="contract")
+        self.contract = Linear(width, use_bias=self.bias, dtype=self.dtype_policy, name="contract")
         self.contract.build((*input_shape[:-1], hidden))
         self.output_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
@@ -351,8 +363,12 @@ class FeedForward(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(dropout=self.dropout, use_bias=self.use_bias, mlp=self.mlp, hidden_size=self.hidden_size)
+        config.update(dropout=self.dropout, bias=self.bias, mlp=self.mlp, hidden_size=self.hidden_size)
         return config
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**settings_by_their_names(config))
 
 
 def weight_array(layer, attribute):

@@ -67,10 +67,10 @@ class _Transformer(keras.Model):
 
     def _block(self, kind, name, **kwargs):
         config = self.config
-        return kind(config.n_head, config.kv_heads, dropout=config.dropout, use_bias=config.bias,
+        return kind(config.n_head, config.kv_heads, dropout=config.dropout, bias=config.bias,
                     norm_epsilon=config.norm_epsilon, attention_dropout=config.attention_dropout, norm=config.norm,
                     mlp=config.mlp, mlp_hidden_size=config.mlp_hidden_size, qkv_bias=config.qkv_bias,
-                    rotary=config.position == "rotary", rope_theta=config.rope_theta, qk_norm=config.qk_norm,
+                    position=config.position, rope_theta=config.rope_theta, qk_norm=config.qk_norm,
                     head_dim=config.head_dim, dtype=self.dtype_policy, name=name, **kwargs)
 
     @classmethod

@@ -28,7 +28,7 @@ def numpy_causal_attention(q, k, v):
 def test_causal_self_attention_matches_numpy_reference(batch, length, width, heads):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(batch, length, width)).astype("float32")
-    attention = Attention(heads, use_bias=True)
+    attention = Attention(heads, bias=True)
     attention.build(x.shape)
     for weight in attention.weights:  # random biases too, so they are checked
         weight.assign(rng.normal(scale=0.3, size=weight.shape).astype("float32"))
@@ -56,7 +56,7 @@ def test_attention_over_a_padded_context_matches_numpy_reference():
     x = rng.normal(size=(batch, length, width)).astype("float32")
     context = rng.normal(size=(batch, context_length, width)).astype("float32")
     context_mask = np.array([[True, True, True, False, False], [True, True, True, True, True]])
-    attention = Attention(heads, causal=False, cross=True, use_bias=True)
+    attention = Attention(heads, causal=False, cross=True, bias=True)
     attention.build(x.shape)
     for weight in attention.weights:
         weight.assign(rng.normal(scale=0.3, size=weight.shape).astype("float32"))
@@ -194,20 +194,20 @@ def test_untied_embedding_has_its_own_output_matrix():
 LAYER_CASES = [
     (layers.TokenAndPositionEmbedding, dict(vocabulary_size=11, sequence_length=8, embedding_dim=4,
                                             position="sinusoidal", tie_weights=False), (2, 5), "int32"),
-    (Attention, dict(n_head=2, dropout=0.1, use_bias=False, attention_dropout=0.05), (2, 5, 8), "float32"),
-    (Attention, dict(n_head=4, n_kv_head=2, use_bias=False, qkv_bias=True, rotary=True,
+    (Attention, dict(n_head=2, dropout=0.1, bias=False, attention_dropout=0.05), (2, 5, 8), "float32"),
+    (Attention, dict(n_head=4, n_kv_head=2, bias=False, qkv_bias=True, position="rotary",
                             rope_theta=500.0, qk_norm=True, norm_epsilon=1e-6), (2, 5, 16), "float32"),
-    (layers.FeedForward, dict(dropout=0.2, use_bias=True), (2, 5, 8), "float32"),
-    (layers.FeedForward, dict(use_bias=False, mlp="swiglu", hidden_size=12), (2, 5, 8), "float32"),
+    (layers.FeedForward, dict(dropout=0.2, bias=True), (2, 5, 8), "float32"),
+    (layers.FeedForward, dict(bias=False, mlp="swiglu", hidden_size=12), (2, 5, 8), "float32"),
     (TransformerBlock,
-     dict(n_head=4, dropout=0.1, use_bias=False, norm_epsilon=1e-6, attention_dropout=0.1),
+     dict(n_head=4, dropout=0.1, bias=False, norm_epsilon=1e-6, attention_dropout=0.1),
      (2, 5, 8), "float32"),
     (TransformerBlock,
-     dict(n_head=4, n_kv_head=1, norm="rms", mlp="swiglu", mlp_hidden_size=24, rotary=True, qk_norm=True),
+     dict(n_head=4, n_kv_head=1, norm="rms", mlp="swiglu", mlp_hidden_size=24, position="rotary", qk_norm=True),
      (2, 5, 16), "float32"),
-    (Attention, dict(n_head=2, causal=False, cross=True, dropout=0.1, use_bias=False,
+    (Attention, dict(n_head=2, causal=False, cross=True, dropout=0.1, bias=False,
                             attention_dropout=0.05), (2, 5, 8), "float32"),
-    (EncoderBlock, dict(n_head=2, dropout=0.1, use_bias=True, norm_epsilon=1e-6), (2, 5, 8),
+    (EncoderBlock, dict(n_head=2, dropout=0.1, bias=True, norm_epsilon=1e-6), (2, 5, 8),
      "float32"),
     (layers.Linear, dict(units=3, use_bias=False), (2, 5, 8), "float32"),
     (layers.RMSNorm, dict(epsilon=1e-6), (2, 5, 8), "float32"),
@@ -232,6 +232,14 @@ def test_layer_config_round_trip_gives_same_layer(cls, kwargs, shape, dtype):
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(layer(x)), keras.ops.convert_to_numpy(clone(x)))
 
 
+@pytest.mark.parametrize("cls", [Attention, TransformerBlock, EncoderBlock])
+def test_a_layer_saved_under_the_earlier_setting_names_loads_with_the_same_settings(cls):
+    config = cls(n_head=4, bias=False, position="rotary", name="current").get_config()
+    earlier = {key: value for key, value in config.items() if key not in ("bias", "position")}
+    earlier.update(use_bias=False, rotary=True)  # how layers named them before they took GPTConfig's names
+    assert cls.from_config(earlier).get_config() == config
+
+
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="only TensorFlow's gradient is recomputed")
 def test_gelu_recomputing_its_gradient_gives_the_same_values_and_gradient():
     import tensorflow as tf
@@ -254,7 +262,7 @@ def test_grouped_query_attention_matches_numpy_with_each_key_value_head_shared_b
     rng = np.random.default_rng(4)
     batch, length, width, heads = 2, 6, 16, 4
     x = rng.normal(size=(batch, length, width)).astype("float32")
-    attention = Attention(heads, kv_heads, use_bias=True)
+    attention = Attention(heads, kv_heads, bias=True)
     attention.build(x.shape)
     _random_weights(attention, rng)
     assert attention.qkv_projection.kernel.shape == (width, (heads + 2 * kv_heads) * width // heads)
@@ -315,7 +323,7 @@ def test_rms_norm_matches_numpy():
 def test_swiglu_feed_forward_matches_numpy():
     rng = np.random.default_rng(7)
     x = rng.normal(size=(2, 3, 8)).astype("float32")
-    feed_forward = layers.FeedForward(use_bias=False, mlp="swiglu", hidden_size=12)
+    feed_forward = layers.FeedForward(bias=False, mlp="swiglu", hidden_size=12)
     feed_forward.build(x.shape)
     _random_weights(feed_forward, rng)
     expand, contract = feed_forward.expand.kernel.numpy(), feed_forward.contract.kernel.numpy()
