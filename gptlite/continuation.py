@@ -38,9 +38,12 @@ class TextBuilder:
 
 def stop_strings(stop):
     """`stop` (a string, a list of them, or None) as a checked list."""
-    stops = [stop] if isinstance(stop, str) else list(stop or ())
+    try:
+        stops = [stop] if isinstance(stop, str) else list(stop or ())
+    except TypeError:  # not a collection: a number, say
+        stops = [stop]
     if any(not isinstance(s, str) or not s for s in stops):
-        raise ConfigError(f"stop strings must be non-empty text, got {stop!r}")
+        raise ConfigError(f"stop strings must be non-empty text, got {stop!r}", "stop")
     return stops
 
 

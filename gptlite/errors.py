@@ -10,7 +10,11 @@ class GPTLiteError(Exception):
 
 
 class ConfigError(GPTLiteError, ValueError):
-    """A hyperparameter or option has a value that cannot work."""
+    """A hyperparameter or option has a value that cannot work; `setting` names it, where one does."""
+
+    def __init__(self, message, setting=None):
+        super().__init__(message)
+        self.setting = setting
 
 
 class InputError(GPTLiteError, ValueError):

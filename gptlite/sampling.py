@@ -48,22 +48,22 @@ class SamplingConfig:
     def __post_init__(self):
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, (int, np.integer)) \
                 or self.max_new_tokens < 0:
-            raise ConfigError(f"max_new_tokens must be zero or a positive whole number, got {self.max_new_tokens!r}")
-        if not (_is_number(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ConfigError(f"temperature must be 0 (greedy) or positive, got {self.temperature!r}")
+            raise ConfigError(f"max_new_tokens must be zero or a positive whole number, got {self.max_new_tokens!r}",
+                              "max_new_tokens")
+        if not (_is_finite_number(self.temperature) and self.temperature >= 0):
+            raise ConfigError(f"temperature must be 0 (greedy) or positive, got {self.temperature!r}", "temperature")
         if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer))
                                        or self.top_k < 1):
-            raise ConfigError(f"top_k must be a whole number of at least 1, got {self.top_k!r}")
+            raise ConfigError(f"top_k must be a whole number of at least 1, got {self.top_k!r}", "top_k")
         if not (_is_number(self.top_p) and 0 < self.top_p <= 1):
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}", "top_p")
         if not (_is_number(self.min_p) and 0 <= self.min_p <= 1):
-            raise ConfigError(f"min_p must be in [0, 1], got {self.min_p!r}")
-        if not (_is_number(self.repetition_penalty) and math.isfinite(self.repetition_penalty)
-                and self.repetition_penalty > 0):
+            raise ConfigError(f"min_p must be in [0, 1], got {self.min_p!r}", "min_p")
+        if not (_is_finite_number(self.repetition_penalty) and self.repetition_penalty > 0):
             raise ConfigError(f"repetition_penalty must be a positive number (1 is none), got "
-                              f"{self.repetition_penalty!r}")
+                              f"{self.repetition_penalty!r}", "repetition_penalty")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))):
-            raise ConfigError(f"seed must be a whole number or None, got {self.seed!r}")
+            raise ConfigError(f"seed must be a whole number or None, got {self.seed!r}", "seed")
         object.__setattr__(self, "stop", tuple(stop_strings(self.stop)))
 
     def replace(self, **changes):
@@ -251,6 +251,13 @@ def choose_beams(logits, scores, finished, end_token, state):
 
 def _is_number(value):
     return isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
+
+
+def _is_finite_number(value):
+    try:
+        return _is_number(value) and math.isfinite(value)
+    except OverflowError:  # a whole number too large for a float
+        return False
 
 
 def check_beams(num_beams, vocabulary_size):

@@ -59,10 +59,12 @@ def test_token_counts_count_each_rows_real_tokens():
     (dict(top_k=0), "top_k"), (dict(top_k=2.5), "top_k"), (dict(top_p=0), "top_p"), (dict(top_p=1.5), "top_p"),
     (dict(min_p=-0.1), "min_p"), (dict(repetition_penalty=0), "repetition_penalty"),
     (dict(max_new_tokens=-1), "max_new_tokens"), (dict(seed="x"), "seed"), (dict(stop=[""]), "stop"),
+    (dict(stop=7), "stop"), (dict(temperature=-10**400), "temperature"),
 ])
 def test_a_bad_sampling_setting_is_refused_by_name(settings, name):
-    with pytest.raises(gptlite.ConfigError, match=name):
+    with pytest.raises(gptlite.ConfigError, match=name) as refused:
         SamplingConfig(**settings)
+    assert refused.value.setting == name
 
 
 def test_a_config_is_one_frozen_value_whose_copies_are_checked():

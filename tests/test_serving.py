@@ -202,6 +202,11 @@ BAD_REQUESTS = [
       for name in ("max_tokens", "seed", "top_k", "n", "temperature")],
     (b'{"prompt": "the", "seed": 1%s}' % (b"0" * 5000), 400, None),
     (b'{"prompt": "the", "max_tokens": 1e999}', 400, "max_tokens"),
+    (b'{"prompt": "the", "temperature": -1%s}' % (b"0" * 400), 400, "temperature"),
+    (b'{"prompt": "the", "temperature": NaN}', 400, "temperature"),
+    (json.dumps({"prompt": "the", "temperature": 2.5}).encode(), 400, "temperature"),
+    (json.dumps({"prompt": "the", "stop": ["a", "b", "c", "d", "e"]}).encode(), 400, "stop"),
+    (json.dumps({"prompt": "the", "top_k": 2.5}).encode(), 400, "top_k"),
     # JSON nested far deeper than Python's recursion, well under the size limit.
     (b"[" * 100_000 + b"]" * 100_000, 400, None),
 ]

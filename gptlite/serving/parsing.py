@@ -6,7 +6,7 @@ import json
 import math
 
 from gptlite import conversations, templates
-from gptlite.errors import InputError
+from gptlite.errors import ConfigError, InputError, first_line
 from gptlite.generation import prompt_ids
 from gptlite.sampling import TOP_LOGPROBS, SamplingConfig
 
@@ -76,29 +76,14 @@ def parse_completion(body, model, model_name, settings):
         prompts = prompt
     else:
         raise RequestError(400, "prompt must be a string or a non-empty list of strings", "prompt")
-    max_tokens = _number(body, "max_tokens", int, 0, settings.max_tokens_limit)
-    sampling = {"max_new_tokens": max_tokens}
-    for name, low, high in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0), ("min_p", 0.0, 1.0),
-                            ("repetition_penalty", 0.01, 100.0)):
-        value = _number(body, name, float, low, high, default=None)
-        if value is not None:
-            sampling[name] = value
-    if sampling.get("top_p") == 0:
-        raise RequestError(400, "top_p must be above 0", "top_p")
-    sampling["top_k"] = _number(body, "top_k", int, 1, 2**31 - 1, default=None)  # above the vocabulary: every token
+    sampling = _sampling(body, settings)
     n = _number(body, "n", int, 1, settings.max_n)
-    sampling["seed"] = _number(body, "seed", int, -2**63, 2**63 - 1, default=None)
     logprobs = _number(body, "logprobs", int, 0, TOP_LOGPROBS, default=None)
     echo = body.get("echo") or False
     stream = body.get("stream", False)
     for name, value in (("stream", stream), ("echo", echo)):
         if not isinstance(value, bool):
             raise RequestError(400, f"{name} must be true or false", name)
-    stops = body.get("stop")
-    stops = [] if stops is None else [stops] if isinstance(stops, str) else stops
-    if not (isinstance(stops, list) and len(stops) <= 4 and all(isinstance(s, str) and s for s in stops)):
-        raise RequestError(400, "stop must be a non-empty string or a list of up to 4 of them", "stop")
-    sampling["stop"] = tuple(stops)
     if len(prompts) * n > settings.max_batch * 4:
         raise RequestError(400, f"{len(prompts)} prompts x n={n} is more than {settings.max_batch * 4} choices", "n")
     if model.writes_targets and (echo or logprobs is not None):
@@ -113,7 +98,40 @@ def parse_completion(body, model, model_name, settings):
         if settings.truncate == "none" and len(tokenizer.encode(prompt_text)) > model.config.block_size:
             raise RequestError(400, f"a prompt is longer than the model's context of {model.config.block_size} "
                                     f"tokens", "prompt")
-    return Completion(prompts, SamplingConfig(**sampling), n, stream, logprobs, echo)
+    return Completion(prompts, sampling, n, stream, logprobs, echo)
+
+
+# The API's limits where they are narrower than the library's: OpenAI's for temperature, stop and seed, the
+# server's for max_tokens; top_k and the penalty as the sampler's tensors hold them. (low or None, high).
+API_LIMITS = {"temperature": (None, 2.0), "repetition_penalty": (None, 100.0), "top_k": (None, 2**31 - 1),
+              "seed": (-2**63, 2**63 - 1)}
+SAMPLING_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "top_k", "seed", "stop")
+WHOLE_FIELDS = ("top_k", "seed")
+
+
+def _sampling(body, settings):
+    """The request's SamplingConfig, which checks its settings' kinds and ranges; here, only the API's own
+    limits, and JSON's one kind of number: a whole float (16.0) counts as a whole number."""
+    max_tokens = _number(body, "max_tokens", int, 0, settings.max_tokens_limit)
+    asked = {name: body[name] for name in SAMPLING_FIELDS if body.get(name) is not None}
+    for name in WHOLE_FIELDS:
+        if isinstance(asked.get(name), float) and asked[name].is_integer():
+            asked[name] = int(asked[name])
+    for name, (low, high) in API_LIMITS.items():
+        value = asked.get(name)
+        if _is_number(value) and (value > high or low is not None and value < low):
+            limits = f"at most {high}" if low is None else f"from {low} to {high}"
+            raise RequestError(400, f"{name} must be {limits}, got {_shown(value)}", name)
+    if isinstance(asked.get("stop"), list) and len(asked["stop"]) > 4:
+        raise RequestError(400, f"stop takes up to 4 strings, got {len(asked['stop'])}", "stop")
+    try:
+        return SamplingConfig(max_new_tokens=max_tokens, **asked)
+    except ConfigError as error:
+        raise RequestError(400, first_line(error), error.setting) from None
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 CHAT_FIELDS = (FIELDS - {"prompt", "echo", "suffix", "best_of"}) | {"messages", "top_logprobs",
@@ -159,7 +177,7 @@ def _number(body, name, kind, low, high, default=dataclasses.MISSING):
     value = body.get(name, DEFAULTS.get(name) if default is dataclasses.MISSING else default)
     if value is None and default is None:
         return None
-    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    is_number = _is_number(value)
     if kind is int and is_number and not isinstance(value, int):
         is_number = float(value).is_integer()
     try:
