@@ -57,6 +57,7 @@ _LAZY = {
     "TrainedRun": "training_run", "train_on_text": "training_run",
     "RunConfig": "run_config", "read_run_config": "run_config",
     "from_pretrained": "pretrained", "export_hugging_face": "pretrained", "export_kerashub": "gpt2",
+    "export_gguf": "gguf_export",
     "load": "saving", "save": "saving",
     "BPETokenizer": "tokenizers", "CharTokenizer": "tokenizers", "PretrainedTokenizer": "tokenizers",
     "train": "training",

@@ -223,6 +223,9 @@ TOKENIZERS = ("char", "bpe")
 # What becomes of characters a vocabulary lacks: an error, left out, or spaces (tokenizers.known_text).
 UNKNOWN_CHOICES = ("error", "skip", "replace")
 DEFAULT_BPE_VOCABULARY = 4096
+# How a GGUF file stores the weight matrices (gptlite.gguf_export): float32, float16, or llama.cpp's 8-bit
+# blocks of 32 weights with a 16-bit scale each.
+GGUF_OUTTYPES = ("f32", "f16", "q8_0")
 # The attention a Seq2Seq has: its encoder's, its decoder's own, and the decoder's over the source.
 ATTENTION_PARTS = ("encoder", "decoder", "cross")
 # Settings a resumed run cannot change: they decide the weights' shapes and meaning.

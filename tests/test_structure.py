@@ -41,6 +41,7 @@ ALLOWED = {
     "llama": {"layers", "files", "tokenizers", "settings"},
     "gpt2": {"layers", "files", "tokenizers"},
     "pretrained": {"model", "gpt2", "llama", "saving", "files", "tokenizers"},
+    "gguf_export": {"llama", "layers", "files", "tokenizers", "settings", "templates"},
     "evaluation": {"model", "data", "pairs", "generation", "tokenizers", "chat", "conversations", "sampling"},
     "inspection": {"model", "positions", "generation", "files", "tokenizers", "settings"},
     "checkpoints": {"files"},
@@ -59,7 +60,7 @@ ALLOWED = {
     # The command-line package, its modules taken together.
     "cli": {"settings", "tokenizers", "pairs", "training_run", "generation", "chat", "inspection", "saving", "files",
             "model", "sampling", "compile_cache", "backend_choice", "notices",
-            "pretrained", "gpt2", "evaluation", "run_config", "serving"},
+            "pretrained", "gpt2", "gguf_export", "evaluation", "run_config", "serving"},
     "__main__": {"cli"},
 }
 

@@ -1,0 +1,319 @@
+"""GGUF: a GPT as one file that llama.cpp runs, and with it Ollama, LM Studio and the programs built on them.
+
+Written with `gguf`, llama.cpp's own library for the format. llama.cpp knows
+an architecture by name and lays its tensors out its own way:
+- GPT-2's layout (learned or sinusoidal positions, LayerNorm, GELU) is its
+  `gpt2`: query, key and value fused as gptlite fuses them, every bias
+  present (zeros where the model has none), the position table (a
+  sinusoidal one written as the fixed table it is) as `position_embd`;
+- the Llama family (rotary positions, RMSNorm, SwiGLU) is `llama`, `qwen2`
+  (biases on query, key and value) or `qwen3` (QK-norm), with query, key and
+  value apart, by way of `llama.hugging_face_arrays`. llama.cpp's `llama`
+  turns a head's adjacent dimensions (2i, 2i + 1) together where gptlite
+  turns i with i + D/2, so its query and key rows are reordered to match;
+  `qwen2` and `qwen3` turn as gptlite does.
+Matrices are written (out, in), as llama.cpp reads them; gptlite keeps (in, out).
+
+The tokenizer travels in the file, so that llama.cpp gives the same ids:
+- a character vocabulary as llama.cpp's `rwkv` tokenizer, which takes the
+  longest token matching the text's bytes: with one token per character,
+  each character's own id. It has no beginning or end-of-text token, as a
+  character model has none. A character the model never saw has no token:
+  llama.cpp gives an invalid id (-1) for it, which llama.cpp then refuses;
+- byte-level BPE (gptlite's own, GPT-2's, SmolLM2's, Qwen's) as `gpt2`, with
+  its merges and the pre-tokenizer llama.cpp knows by name.
+A chat model's template goes in as `tokenizer.chat_template`, its turn
+markers as control tokens, its end of turn as the end-of-text token, so
+llama.cpp's chat completion stops where `gptlite chat` does.
+
+    gptlite.export_gguf(model, "mine.gguf", outtype="q8_0")
+"""
+
+import json
+import pathlib
+
+import numpy as np
+
+from gptlite import llama
+from gptlite.errors import ConfigError, RunExistsError
+from gptlite.files import atomic_path
+from gptlite.layers import weight_array
+from gptlite.settings import GGUF_OUTTYPES
+from gptlite.tokenizers import BPETokenizer, CharTokenizer, PretrainedTokenizer
+
+# settings.GGUF_OUTTYPES; norms and biases stay f32 in each, as llama.cpp's own converter keeps them.
+OUTTYPES = GGUF_OUTTYPES
+DEFAULT_OUTTYPE = "f16"
+# Byte-level pre-tokenizers by the regular expression that splits text before merging: llama.cpp's name for each.
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+               r"\s+(?!\S)|\s+")
+
+
+def export_gguf(model, path, outtype=DEFAULT_OUTTYPE):
+    """Write a GPT as one GGUF file at `path` that llama.cpp loads and runs; an existing `path` is refused.
+
+    outtype: "f32", "f16" (the default, as llama.cpp's converter) or "q8_0".
+    A model llama.cpp cannot run (a Seq2Seq, a setting with no counterpart
+    there) is a ConfigError naming what is missing; LoRA adapters are merged
+    into the weights written. The file appears whole or not at all.
+    """
+    import gguf
+
+    if outtype not in OUTTYPES:
+        raise ConfigError(f"outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
+    if model.writes_targets:
+        raise ConfigError(f"llama.cpp runs decoder-only models; a {type(model).__name__} writes targets "
+                          f"from sources, which it cannot run")
+    architecture = architecture_of(model.config)
+    tensors = _gpt2_tensors(model) if architecture == "gpt2" else _llama_tensors(model, architecture)
+    tokenizer = _tokenizer_fields(model.tokenizer, model.config.vocab_size)
+    path = pathlib.Path(path)
+    if path.exists():
+        raise RunExistsError(f"{path} already exists; choose another `path`")
+    with atomic_path(path) as temporary:
+        writer = gguf.GGUFWriter(str(temporary), architecture)
+        writer.add_name(path.name.removesuffix(".gguf") or "gptlite")
+        writer.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+                              "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[outtype])
+        _add_shape(writer, architecture, model.config)
+        _add_tokenizer(writer, tokenizer)
+        for name, array in tensors:
+            data, kind = _encoded(gguf, array, outtype)
+            writer.add_tensor(name, data, raw_dtype=kind)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+
+
+def architecture_of(config):
+    """llama.cpp's architecture for a GPT's settings: "gpt2", "llama", "qwen2" or "qwen3"; a ConfigError naming
+    what neither GPT-2's nor the Llama family's layout can hold."""
+    if config.position != "rotary":
+        missing = [reason for failed, reason in [
+            (config.norm != "layer", "RMSNorm with table positions"),
+            (config.mlp != "gelu", "a SwiGLU feed-forward with table positions"),
+            (config.qk_norm, "QK-norm with table positions"),
+            (config.head_dim not in (None, config.n_embd // config.n_head),
+             f"heads {config.head_dim} wide with table positions"),
+        ] if failed]
+        if missing:
+            raise ConfigError(f"llama.cpp has no architecture for {'; '.join(missing)} (its gpt2 takes LayerNorm, "
+                              f"GELU and heads of n_embd / n_head; rotary models go as llama, qwen2 or qwen3)")
+        return "gpt2"
+    try:
+        return llama.family_of(config)
+    except ConfigError as error:
+        raise ConfigError(f"llama.cpp has no architecture for this model: {error}") from None
+
+
+def _gpt2_tensors(model):
+    """(GGUF name, float32 array) for llama.cpp's gpt2: every bias present, matrices (out, in)."""
+    import gguf
+
+    names = gguf.TENSOR_NAMES
+    kinds = gguf.MODEL_TENSOR
+    embedding = model.embedding
+    tensors = [(names[kinds.TOKEN_EMBD] + ".weight", weight_array(embedding.token_embedding, "embeddings")),  # (V, C)
+               (names[kinds.POS_EMBD] + ".weight", weight_array(embedding, "position_embeddings"))]  # (T, C)
+    for index, block in enumerate(model.blocks):
+        parts = [(kinds.ATTN_NORM, block.attention_norm), (kinds.ATTN_QKV, block.attention.qkv_projection),
+                 (kinds.ATTN_OUT, block.attention.output_projection), (kinds.FFN_NORM, block.feed_forward_norm),
+                 (kinds.FFN_UP, block.feed_forward.expand), (kinds.FFN_DOWN, block.feed_forward.contract)]
+        for kind, layer in parts:
+            tensors += _weight_and_bias(names[kind].format(bid=index), layer)
+    tensors += _weight_and_bias(names[kinds.OUTPUT_NORM], model.final_norm)
+    if not model.config.tie_weights:
+        tensors.append((names[kinds.OUTPUT] + ".weight",
+                        weight_array(embedding.token_embedding, "reverse_embeddings").T))  # (V, C)
+    return tensors
+
+
+def _weight_and_bias(name, layer):
+    """A LayerNorm's scale and shift, or a projection's (out, in) matrix and bias; zeros for a missing one."""
+    if hasattr(layer, "gamma"):
+        weight = weight_array(layer, "gamma")
+        bias = weight_array(layer, "beta") if getattr(layer, "beta", None) is not None else np.zeros_like(weight)
+    else:
+        weight = weight_array(layer, "kernel").T
+        bias = weight_array(layer, "bias") if layer.bias is not None else np.zeros(weight.shape[0], np.float32)
+    return [(name + ".weight", np.ascontiguousarray(weight)), (name + ".bias", bias)]
+
+
+# A Llama-family folder's tensor names (llama.hugging_face_arrays) -> llama.cpp's tensor kinds.
+_LLAMA_PARTS = {"self_attn.q_proj": "ATTN_Q", "self_attn.k_proj": "ATTN_K", "self_attn.v_proj": "ATTN_V",
+                "self_attn.o_proj": "ATTN_OUT", "self_attn.q_norm": "ATTN_Q_NORM", "self_attn.k_norm": "ATTN_K_NORM",
+                "mlp.gate_proj": "FFN_GATE", "mlp.up_proj": "FFN_UP", "mlp.down_proj": "FFN_DOWN",
+                "input_layernorm": "ATTN_NORM", "post_attention_layernorm": "FFN_NORM"}
+_LLAMA_WHOLE = {"model.embed_tokens": "TOKEN_EMBD", "model.norm": "OUTPUT_NORM", "lm_head": "OUTPUT"}
+
+
+def _llama_tensors(model, architecture):
+    """(GGUF name, float32 array) for llama.cpp's llama, qwen2 or qwen3."""
+    import gguf
+
+    config = model.config
+    tensors = []
+    for name, array in llama.hugging_face_arrays(model).items():
+        stem, suffix = name.rsplit(".", 1)
+        if stem in _LLAMA_WHOLE:
+            gguf_name = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR[_LLAMA_WHOLE[stem]]]
+        else:
+            _, _, index, part = stem.split(".", 3)  # model.layers.N.part
+            gguf_name = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR[_LLAMA_PARTS[part]]].format(bid=int(index))
+            if architecture == "llama" and part in ("self_attn.q_proj", "self_attn.k_proj"):
+                array = _pairs_adjacent(array, config.n_head if part == "self_attn.q_proj" else config.kv_heads)
+        tensors.append((f"{gguf_name}.{suffix}", np.ascontiguousarray(array)))
+    return tensors
+
+
+def _pairs_adjacent(rows, heads):
+    """Query or key rows (H D, ...) of heads that pair dimension i with i + D/2, reordered so that each pair is
+    two adjacent rows (2i, 2i + 1), as llama.cpp's `llama` rotates them."""
+    halves = rows.reshape(heads, 2, rows.shape[0] // heads // 2, *rows.shape[1:])  # (H, 2, D/2, ...)
+    return halves.swapaxes(1, 2).reshape(rows.shape)
+
+
+def _add_shape(writer, architecture, config):
+    hidden = _feed_forward_width(config)
+    writer.add_context_length(config.block_size)
+    writer.add_embedding_length(config.n_embd)
+    writer.add_block_count(config.n_layer)
+    writer.add_feed_forward_length(hidden)
+    writer.add_head_count(config.n_head)
+    writer.add_head_count_kv(config.kv_heads)
+    writer.add_vocab_size(config.vocab_size)
+    if architecture == "gpt2":
+        writer.add_layer_norm_eps(config.norm_epsilon)
+        return
+    writer.add_layer_norm_rms_eps(config.norm_epsilon)
+    writer.add_rope_dimension_count(config.head_size)
+    writer.add_rope_freq_base(config.rope_theta)
+    writer.add_key_length(config.head_size)
+    writer.add_value_length(config.head_size)
+
+
+def _feed_forward_width(config):
+    from gptlite.layers import feed_forward_width
+
+    return config.mlp_hidden_size or feed_forward_width(config.n_embd, config.mlp)
+
+
+def _encoded(gguf, array, outtype):
+    """An array as the file holds it, and its GGUF type: matrices in `outtype` (q8_0 only where rows are whole
+    blocks of 32, else f16, as llama.cpp's converter does), vectors in f32."""
+    kinds = gguf.GGMLQuantizationType
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    if array.ndim < 2 or outtype == "f32":
+        return array, kinds.F32
+    if outtype == "q8_0" and array.shape[-1] % gguf.GGML_QUANT_SIZES[kinds.Q8_0][0] == 0:
+        return gguf.quants.quantize(array, kinds.Q8_0), kinds.Q8_0
+    return array.astype(np.float16), kinds.F16
+
+
+# --- the tokenizer
+
+def _tokenizer_fields(tokenizer, vocabulary_size):
+    """What the file says of the tokenizer: a dict of its model, pre-tokenizer, tokens, types, merges, special
+    ids, whether a text starts with the beginning token, and the chat template."""
+    from gguf import TokenType
+    from gptlite import templates
+
+    if isinstance(tokenizer, CharTokenizer):
+        fields = _char_fields(tokenizer, TokenType)
+    elif isinstance(tokenizer, BPETokenizer):
+        fields = _byte_level_fields(json.loads(tokenizer.definition), TokenType)
+        fields.update(end=tokenizer.end_token_id, begin=tokenizer.end_token_id, add_begin=False)
+    elif isinstance(tokenizer, PretrainedTokenizer):
+        fields = _byte_level_fields(json.loads(tokenizer.definition), TokenType)
+        fields.update(end=tokenizer.end_token_id, begin=tokenizer.begin_token_id,
+                      add_begin=bool(tokenizer.text_start_ids))
+    else:
+        raise ConfigError(f"a {type(tokenizer).__name__} has no GGUF form here")
+    tokens, types = fields["tokens"], fields["types"]
+    # Ids past the tokenizer's own (Qwen pads its embedding) get placeholder tokens that nothing encodes to.
+    for index in range(len(tokens), vocabulary_size):
+        tokens.append(f"[PAD{index}]")
+        types.append(TokenType.UNUSED)
+    fields["chat_template"] = templates.template_of(tokenizer)
+    if fields["chat_template"] is not None:
+        # The answer's end is the end of text for llama.cpp: its chat completion stops there.
+        end_of_turn = templates.turn_end(tokenizer)
+        fields["end"] = tokens.index(_rwkv_escaped(end_of_turn) if fields["model"] == "rwkv" else end_of_turn)
+    return fields
+
+
+def _char_fields(tokenizer, TokenType):
+    """A character vocabulary as llama.cpp's `rwkv` tokenizer: the special tokens' names, each character, then the
+    added tokens (a chat model's turn markers), each at gptlite's id."""
+    specials = [f"<{name}>" for name in tokenizer.special_tokens]
+    tokens = specials + [_rwkv_escaped(character) for character in tokenizer.vocabulary] + \
+        [_rwkv_escaped(token) for token in tokenizer.added_tokens]
+    types = [TokenType.CONTROL] * len(specials) + [TokenType.NORMAL] * len(tokenizer.vocabulary) + \
+        [TokenType.CONTROL] * len(tokenizer.added_tokens)
+    return dict(model="rwkv", pre=None, tokens=tokens, types=types, merges=None, begin=None,
+                end=tokenizer.end_token_id, add_begin=False)
+
+
+def _rwkv_escaped(text):
+    # llama.cpp reads an rwkv token's text with backslash escapes (\n, \t, \xhh); text without backslashes is
+    # taken as it is, so only the backslash itself needs escaping.
+    return text.replace("\\", "\\\\")
+
+
+def _byte_level_fields(definition, TokenType):
+    """A byte-level BPE tokenizer.json as llama.cpp's `gpt2` tokenizer, with llama.cpp's name for its splitting."""
+    model = definition.get("model", {})
+    if model.get("type") != "BPE" or model.get("byte_fallback") or '"ByteLevel"' not in json.dumps(
+            definition.get("pre_tokenizer")):
+        raise ConfigError("only byte-level BPE tokenizers (GPT-2's, SmolLM2's, Qwen's, gptlite's own) and character "
+                          "vocabularies have a GGUF form here; this model's tokenizer is "
+                          f"{'SentencePiece-style BPE with byte fallback' if model.get('byte_fallback') else 'another'}")
+    vocabulary = dict(model["vocab"])
+    special = {}
+    for token in definition.get("added_tokens", []):
+        vocabulary[token["content"]] = token["id"]
+        special[token["id"]] = token.get("special", True)
+    size = max(vocabulary.values()) + 1
+    tokens = [f"[PAD{index}]" for index in range(size)]
+    types = [TokenType.UNUSED] * size
+    for token, index in vocabulary.items():
+        tokens[index] = token
+        types[index] = (TokenType.CONTROL if special[index] else TokenType.USER_DEFINED) if index in special \
+            else TokenType.NORMAL
+    merges = [" ".join(merge) if isinstance(merge, list) else merge for merge in model.get("merges", [])]
+    return dict(model="gpt2", pre=_pre_tokenizer_name(definition.get("pre_tokenizer")), tokens=tokens,
+                types=types, merges=merges)
+
+
+def _pre_tokenizer_name(pre_tokenizer):
+    """llama.cpp's name for a byte-level tokenizer's splitting: GPT-2's, SmolLM2's (digits apart first) or
+    Qwen2's; another is a ConfigError, since llama.cpp would split text otherwise than the model learned."""
+    steps = pre_tokenizer.get("pretokenizers", [pre_tokenizer]) if pre_tokenizer else []
+    kinds = [step.get("type") for step in steps]
+    if kinds == ["ByteLevel"] and steps[0].get("use_regex", True):
+        return "gpt2"
+    if kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits"):
+        return "smollm"
+    if kinds == ["Split", "ByteLevel"] and steps[0].get("pattern", {}).get("Regex") == QWEN2_SPLIT:
+        return "qwen2"
+    raise ConfigError(f"llama.cpp knows no name for this tokenizer's splitting ({' then '.join(map(str, kinds))}); "
+                      f"GPT-2's, SmolLM2's and Qwen2's are written")
+
+
+def _add_tokenizer(writer, fields):
+    writer.add_tokenizer_model(fields["model"])
+    if fields["pre"] is not None:
+        writer.add_tokenizer_pre(fields["pre"])
+    writer.add_token_list(fields["tokens"])
+    writer.add_token_types([int(kind) for kind in fields["types"]])
+    if fields["merges"] is not None:
+        writer.add_token_merges(fields["merges"])
+    if fields["begin"] is not None:
+        writer.add_bos_token_id(fields["begin"])
+    if fields["end"] is not None:
+        writer.add_eos_token_id(fields["end"])
+    writer.add_add_bos_token(fields["add_begin"])
+    writer.add_add_eos_token(False)
+    if fields["chat_template"] is not None:
+        writer.add_chat_template(fields["chat_template"])

@@ -1,0 +1,238 @@
+"""GGUF export: one file that llama.cpp runs.
+
+Where llama-cpp-python is installed (the `llama` extra: it builds llama.cpp from source), llama.cpp itself
+loads each file, and its token ids, logits and greedy tokens are compared with gptlite's, both computed here.
+Without it those tests are skipped; .ci/run installs it and runs them (-m extras). The models are tiny,
+trained here for a few seconds so that their next tokens are not ties.
+"""
+
+import itertools
+import os
+
+import keras
+import numpy as np
+import pytest
+
+import gptlite
+from conftest import make_text, run_python
+from gptlite import templates
+
+# Unicode, runs of spaces, tabs and newlines, quotes and an apostrophe.
+TRICKY = "  Héllo\n\n  wörld — “quoted”\tit's  the cat's hat \\ back  \n\nend"
+TEXT = make_text(3000) + (TRICKY + "\n") * 20
+# llama.cpp computes in float32 in another order than the backend does (and its attention and norms its own
+# way): next-token logits agree to a few 1e-6 of their scale here; a tenth of a thousandth is far from that
+# and far below the gaps between a trained model's choices.
+LOGIT_TOLERANCE = 1e-4
+NEW_TOKENS = 50
+
+
+def _train(model, tokenizer, steps=96, seed=0):
+    """A few seconds of training on TEXT, so that greedy choices have margins."""
+    length = model.config.block_size + 1
+    ids = tokenizer.encode(TEXT).astype("int32")
+    starts = np.random.default_rng(seed).integers(0, len(ids) - length, size=steps * 32)
+    windows = ids[starts[:, None] + np.arange(length)]
+    model.compile(optimizer=keras.optimizers.Adam(3e-3),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(windows[:, :-1], windows[:, 1:], batch_size=32, epochs=1, verbose=0)
+    return model
+
+
+def _byte_level_tokenizer():
+    """Qwen's kind: byte-level BPE with Qwen2's splitting, the end of text and chat markers as special tokens."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from gptlite.gguf_export import QWEN2_SPLIT
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator([TEXT], trainer)
+    return gptlite.PretrainedTokenizer(tokenizer.to_str(), end_token="<|endoftext|>")
+
+
+SHAPE = dict(n_layer=2, n_head=4, n_embd=64, block_size=64)
+# Each kind of model llama.cpp runs: its settings and tokenizer, and the architecture it is written as.
+KINDS = {
+    "char": (dict(), "char", "gpt2"),
+    "bpe": (dict(bias=True, tie_weights=False, position="sinusoidal"), "bpe", "gpt2"),
+    "modern": (dict(position="rotary", norm="rms", mlp="swiglu", n_kv_head=2, qk_norm=True), "char", "qwen3"),
+    "llama": (dict(position="rotary", norm="rms", mlp="swiglu", n_kv_head=1, tie_weights=False, rope_theta=500.0),
+              "char", "llama"),
+    "qwen2": (dict(position="rotary", norm="rms", mlp="swiglu", n_kv_head=2, qkv_bias=True), "qwen", "qwen2"),
+}
+
+
+def _tokenizer(kind):
+    if kind == "char":
+        return gptlite.CharTokenizer.from_text(TEXT)
+    if kind == "bpe":
+        return gptlite.BPETokenizer.train([TEXT], 360)
+    return _byte_level_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def models():
+    """kind -> a trained model, built the first time a test asks for it."""
+    built = {}
+
+    def get(kind):
+        if kind not in built:
+            settings, tokenizer_kind, _ = KINDS[kind]
+            tokenizer = _tokenizer(tokenizer_kind)
+            keras.utils.set_random_seed(0)
+            model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, tokenizer=tokenizer, **SHAPE, **settings)
+            model.build((None, SHAPE["block_size"]))
+            built[kind] = _train(model, tokenizer)
+        return built[kind]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def exported(models, tmp_path_factory):
+    """(kind, outtype) -> the GGUF file of that model."""
+    folder = tmp_path_factory.mktemp("gguf")
+    written = {}
+
+    def get(kind, outtype="f32"):
+        if (kind, outtype) not in written:
+            path = folder / f"{kind}-{outtype}.gguf"
+            gptlite.export_gguf(models(kind), path, outtype)
+            written[kind, outtype] = path
+        return written[kind, outtype]
+
+    return get
+
+
+def _llama(path, context):
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (the `llama` extra) checks the files")
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("llama.cpp reads the same file whichever backend wrote it: checked once, under TensorFlow")
+    # Float32 keys and values, as gptlite keeps them; llama.cpp's default f16 cache would round them.
+    return llama_cpp.Llama(model_path=str(path), n_ctx=context, n_batch=context, logits_all=True, verbose=False,
+                           n_threads=2, seed=0, type_k=0, type_v=0, flash_attn=False)
+
+
+def _logits(model, ids):
+    """gptlite's next-token logits after each of `ids` (one window), (T, V)."""
+    return np.asarray(model.predict_on_batch(np.asarray([ids], "int32")))[0]
+
+
+def _llama_logits(llm, ids):
+    llm.reset()
+    llm.eval(list(ids))
+    return np.asarray(llm.scores[:len(ids)], np.float32)
+
+
+# --- the file itself: written with or without llama.cpp at hand
+
+
+@pytest.mark.parametrize("kind", ["char", "modern"])
+def test_the_file_holds_the_settings_and_the_weights_as_gptlite_has_them(kind, models, exported):
+    import gguf
+
+    reader = gguf.GGUFReader(exported(kind))
+    architecture = KINDS[kind][2]
+    fields = reader.fields
+    assert bytes(fields["general.architecture"].parts[-1]).decode() == architecture
+    assert int(fields[f"{architecture}.block_count"].parts[-1][0]) == SHAPE["n_layer"]
+    assert int(fields[f"{architecture}.context_length"].parts[-1][0]) == SHAPE["block_size"]
+    tensors = {tensor.name: tensor for tensor in reader.tensors}
+    embeddings = keras.ops.convert_to_numpy(models(kind).embedding.token_embedding.embeddings)
+    np.testing.assert_array_equal(np.asarray(tensors["token_embd.weight"].data), embeddings)
+    assert len(fields["tokenizer.ggml.tokens"].data) == models(kind).config.vocab_size
+
+
+def test_f16_and_q8_0_files_are_half_and_about_a_quarter_of_f32(exported):
+    sizes = {outtype: os.path.getsize(exported("char", outtype)) for outtype in ("f32", "f16", "q8_0")}
+    assert sizes["f16"] <= 0.52 * sizes["f32"] and sizes["q8_0"] <= 0.30 * sizes["f32"], sizes
+
+
+def test_what_llama_cpp_cannot_run_is_refused_in_one_line_and_an_existing_file_is_kept(tmp_path, models,
+                                                                                         tiny_seq2seq):
+    path = tmp_path / "out.gguf"
+    with pytest.raises(gptlite.ConfigError, match="decoder-only"):
+        gptlite.export_gguf(tiny_seq2seq, path)
+    tokenizer = gptlite.CharTokenizer.from_text("abc ")
+    odd = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=32, block_size=8,
+                      norm="rms", tokenizer=tokenizer)
+    odd.build((None, 8))
+    with pytest.raises(gptlite.ConfigError, match="RMSNorm with table positions") as refused:
+        gptlite.export_gguf(odd, path)
+    assert "\n" not in str(refused.value)
+    with pytest.raises(gptlite.ConfigError, match="outtype"):
+        gptlite.export_gguf(models("char"), path, outtype="q4_0")
+    assert not path.exists()
+    path.write_text("an earlier file")
+    with pytest.raises(gptlite.RunExistsError, match="already exists"):
+        gptlite.export_gguf(models("char"), path)
+    assert path.read_text() == "an earlier file"
+
+
+def test_the_export_command_writes_gguf_and_refuses_outtype_elsewhere(tmp_path, models):
+    model_path = tmp_path / "model.keras"
+    models("char").save(model_path)
+    written = run_python("-m", "gptlite", "export", "--model", str(model_path), "--format", "gguf",
+                         "--outtype", "q8_0", "--out", str(tmp_path / "mine.gguf"))
+    assert written.returncode == 0, written.stderr
+    assert "llama-cli -m" in written.stdout and (tmp_path / "mine.gguf").stat().st_size > 0
+    refused = run_python("-m", "gptlite", "export", "--model", str(model_path), "--format", "hf",
+                         "--outtype", "f16", "--out", str(tmp_path / "folder"))
+    assert refused.returncode == 2 and "--outtype is for --format gguf" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and not (tmp_path / "folder").exists()
+
+
+# --- llama.cpp runs the files
+
+
+@pytest.mark.extras
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_llama_cpp_tokenizes_as_gptlite(kind, models, exported):
+    model = models(kind)
+    llm = _llama(exported(kind), model.config.block_size)
+    for text in (TRICKY, TEXT[:300], " ", "\n\n\n", "cat's   hat"):
+        expected = model.tokenizer.encode(text).tolist()
+        assert llm.tokenize(text.encode(), add_bos=False, special=False) == expected, text
+        assert llm.detokenize(expected).decode() == text
+
+
+@pytest.mark.extras
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_f32_logits_equal_gptlites_and_llama_cpps_greedy_tokens_are_gptlites(kind, models, exported):
+    model = models(kind)
+    context = model.config.block_size
+    llm = _llama(exported(kind), context)
+    prompt = model.tokenizer.encode(TRICKY).tolist()[:context - NEW_TOKENS]
+    expected = _logits(model, prompt)
+    got = _llama_logits(llm, prompt)
+    scale = np.abs(expected).max()
+    np.testing.assert_allclose(got, expected, rtol=0, atol=LOGIT_TOLERANCE * scale)
+
+    ids = prompt + list(itertools.islice(llm.generate(prompt, temp=0.0, top_k=1, reset=True), NEW_TOKENS))
+    assert len(ids) == len(prompt) + NEW_TOKENS
+    # Each of llama.cpp's tokens is gptlite's likeliest after the tokens before it, up to LOGIT_TOLERANCE.
+    logits = _logits(model, ids[:-1])
+    for position in range(len(prompt), len(ids)):
+        row = logits[position - 1]
+        assert row[ids[position]] >= row.max() - LOGIT_TOLERANCE * scale, position
+
+
+@pytest.mark.extras
+@pytest.mark.parametrize("outtype", ["f16", "q8_0"])
+def test_f16_and_q8_0_agree_with_gptlite_on_the_next_token_almost_everywhere(outtype, models, exported):
+    model = models("char")
+    context = model.config.block_size
+    llm = _llama(exported("char", outtype), context)
+    agree = total = 0
+    text_ids = model.tokenizer.encode(make_text(400, seed=5)).tolist()  # text the model did not train on
+    for start in range(0, len(text_ids) - context, context):
+        window = text_ids[start:start + context]
+        agree += int((_llama_logits(llm, window).argmax(-1) == _logits(model, window).argmax(-1)).sum())
+        total += context
+    assert agree >= 0.95 * total, f"{agree} of {total}"
