@@ -78,7 +78,7 @@ def export_gguf(model, path, outtype=DEFAULT_OUTTYPE):
         _add_shape(writer, architecture, model.config)
         _add_tokenizer(writer, tokenizer)
         for name, array in tensors:
-            data, kind = _encoded(gguf, array, outtype)
+            data, kind = _encoded(gguf, array, outtype if not name.startswith("position_embd") else "f32")
             writer.add_tensor(name, data, raw_dtype=kind)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
@@ -201,7 +201,8 @@ def _feed_forward_width(config):
 
 def _encoded(gguf, array, outtype):
     """An array as the file holds it, and its GGUF type: matrices in `outtype` (q8_0 only where rows are whole
-    blocks of 32, else f16, as llama.cpp's converter does), vectors in f32."""
+    blocks of 32, else f16), vectors in f32. The position table stays f32 too: llama.cpp's converter keeps it
+    so, and llama.cpp's gpt2 reads it only so (a q8_0 table crashes it)."""
     kinds = gguf.GGMLQuantizationType
     array = np.ascontiguousarray(array, dtype=np.float32)
     if array.ndim < 2 or outtype == "f32":
@@ -292,7 +293,7 @@ def _pre_tokenizer_name(pre_tokenizer):
     steps = pre_tokenizer.get("pretokenizers", [pre_tokenizer]) if pre_tokenizer else []
     kinds = [step.get("type") for step in steps]
     if kinds == ["ByteLevel"] and steps[0].get("use_regex", True):
-        return "gpt2"
+        return "gpt-2"
     if kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits"):
         return "smollm"
     if kinds == ["Split", "ByteLevel"] and steps[0].get("pattern", {}).get("Regex") == QWEN2_SPLIT:

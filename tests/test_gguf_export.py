@@ -20,10 +20,12 @@ from gptlite import templates
 # Unicode, runs of spaces, tabs and newlines, quotes and an apostrophe.
 TRICKY = "  Héllo\n\n  wörld — “quoted”\tit's  the cat's hat \\ back  \n\nend"
 TEXT = make_text(3000) + (TRICKY + "\n") * 20
-# llama.cpp computes in float32 in another order than the backend does (and its attention and norms its own
-# way): next-token logits agree to a few 1e-6 of their scale here; a tenth of a thousandth is far from that
-# and far below the gaps between a trained model's choices.
-LOGIT_TOLERANCE = 1e-4
+# llama.cpp computes in float32 in another order than the backend does: a Llama-family model's next-token
+# logits agree to about 1e-6 of their scale here, and a tenth of a thousandth is far from that and far below
+# the gaps between a trained model's choices. Its `gpt2` looks GELU up in a table of float16 values, by its
+# input rounded to float16 (ggml-cpu's GGML_GELU_FP16): each feed-forward unit is off by up to about 1e-3 of
+# itself, which leaves the logits within about 2e-4 of their scale here; 1e-3 allows for other weights.
+LOGIT_TOLERANCE = {"gpt2": 1e-3, "llama": 1e-4, "qwen2": 1e-4, "qwen3": 1e-4}
 NEW_TOKENS = 50
 
 
@@ -110,10 +112,23 @@ def exported(models, tmp_path_factory):
     return get
 
 
-def _llama(path, context):
+def _llama(path, context, repack=True):
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (the `llama` extra) checks the files")
     if keras.backend.backend() != "tensorflow":
         pytest.skip("llama.cpp reads the same file whichever backend wrote it: checked once, under TensorFlow")
+    if not repack:
+        # llama.cpp 0.3.36 (llama-cpp-python's build) crashes multiplying these small q8_0 matrices on machine D
+        # (AMX) when it repacks the weights for its CPU kernels; `llama-cli --no-repack` is the same switch.
+        defaults = llama_cpp.llama_cpp.llama_model_default_params
+
+        def without_repacking():
+            params = defaults()
+            params.use_extra_bufts = False
+            return params
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(llama_cpp.llama.llama_cpp, "llama_model_default_params", without_repacking)
+            return _llama(path, context)
     # Float32 keys and values, as gptlite keeps them; llama.cpp's default f16 cache would round them.
     return llama_cpp.Llama(model_path=str(path), n_ctx=context, n_batch=context, logits_all=True, verbose=False,
                            n_threads=2, seed=0, type_k=0, type_v=0, flash_attn=False)
@@ -149,8 +164,16 @@ def test_the_file_holds_the_settings_and_the_weights_as_gptlite_has_them(kind, m
     assert len(fields["tokenizer.ggml.tokens"].data) == models(kind).config.vocab_size
 
 
-def test_f16_and_q8_0_files_are_half_and_about_a_quarter_of_f32(exported):
-    sizes = {outtype: os.path.getsize(exported("char", outtype)) for outtype in ("f32", "f16", "q8_0")}
+def test_f16_and_q8_0_files_are_half_and_about_a_quarter_of_f32(tmp_path):
+    # Wide enough that the matrices are most of the file, as in any model worth running (a cpu preset's too).
+    tokenizer = gptlite.CharTokenizer.from_text(TEXT)
+    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=2, n_head=4, n_embd=256, block_size=64,
+                        tokenizer=tokenizer)
+    model.build((None, 64))
+    sizes = {}
+    for outtype in ("f32", "f16", "q8_0"):
+        gptlite.export_gguf(model, tmp_path / f"{outtype}.gguf", outtype)
+        sizes[outtype] = os.path.getsize(tmp_path / f"{outtype}.gguf")
     assert sizes["f16"] <= 0.52 * sizes["f32"] and sizes["q8_0"] <= 0.30 * sizes["f32"], sizes
 
 
@@ -184,7 +207,7 @@ def test_the_export_command_writes_gguf_and_refuses_outtype_elsewhere(tmp_path, 
     assert "llama-cli -m" in written.stdout and (tmp_path / "mine.gguf").stat().st_size > 0
     refused = run_python("-m", "gptlite", "export", "--model", str(model_path), "--format", "hf",
                          "--outtype", "f16", "--out", str(tmp_path / "folder"))
-    assert refused.returncode == 2 and "--outtype is for --format gguf" in refused.stderr
+    assert refused.returncode == 2 and "--outtype is for --format gguf" in refused.stderr, refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1 and not (tmp_path / "folder").exists()
 
 
@@ -211,16 +234,16 @@ def test_f32_logits_equal_gptlites_and_llama_cpps_greedy_tokens_are_gptlites(kin
     prompt = model.tokenizer.encode(TRICKY).tolist()[:context - NEW_TOKENS]
     expected = _logits(model, prompt)
     got = _llama_logits(llm, prompt)
-    scale = np.abs(expected).max()
-    np.testing.assert_allclose(got, expected, rtol=0, atol=LOGIT_TOLERANCE * scale)
+    tolerance = LOGIT_TOLERANCE[KINDS[kind][2]] * np.abs(expected).max()
+    np.testing.assert_allclose(got, expected, rtol=0, atol=tolerance)
 
     ids = prompt + list(itertools.islice(llm.generate(prompt, temp=0.0, top_k=1, reset=True), NEW_TOKENS))
     assert len(ids) == len(prompt) + NEW_TOKENS
-    # Each of llama.cpp's tokens is gptlite's likeliest after the tokens before it, up to LOGIT_TOLERANCE.
+    # Each of llama.cpp's tokens is gptlite's likeliest after the tokens before it, up to the tolerance.
     logits = _logits(model, ids[:-1])
     for position in range(len(prompt), len(ids)):
         row = logits[position - 1]
-        assert row[ids[position]] >= row.max() - LOGIT_TOLERANCE * scale, position
+        assert row[ids[position]] >= row.max() - tolerance, position
 
 
 @pytest.mark.extras
@@ -228,7 +251,7 @@ def test_f32_logits_equal_gptlites_and_llama_cpps_greedy_tokens_are_gptlites(kin
 def test_f16_and_q8_0_agree_with_gptlite_on_the_next_token_almost_everywhere(outtype, models, exported):
     model = models("char")
     context = model.config.block_size
-    llm = _llama(exported("char", outtype), context)
+    llm = _llama(exported("char", outtype), context, repack=outtype != "q8_0")
     agree = total = 0
     text_ids = model.tokenizer.encode(make_text(400, seed=5)).tolist()  # text the model did not train on
     for start in range(0, len(text_ids) - context, context):

@@ -37,7 +37,7 @@ def run(args):
     if args.format == "saved_model":
         saving.check_export_backend()
     if args.outtype is not None and args.format != "gguf":
-        raise ConfigError("--outtype is for --format gguf")
+        raise ConfigError("`outtype` is for `format=gguf`: how a GGUF file stores its matrices")
     if args.out.exists():
         raise RunExistsError(f"{args.out} already exists; choose another `out`")
     model = saving.load(args.model)
