@@ -15,7 +15,6 @@ import pytest
 
 import gptlite
 from conftest import make_text, run_python
-from gptlite import templates
 
 # Unicode, runs of spaces, tabs and newlines, quotes and an apostrophe.
 TRICKY = "  Héllo\n\n  wörld — “quoted”\tit's  the cat's hat \\ back  \n\nend"
