@@ -21,7 +21,8 @@ The tokenizer travels in the file, so that llama.cpp gives the same ids:
   character model has none. A character the model never saw has no token:
   llama.cpp gives an invalid id (-1) for it, which llama.cpp then refuses;
 - byte-level BPE (gptlite's own, GPT-2's, SmolLM2's, Qwen's) as `gpt2`, with
-  its merges and the pre-tokenizer llama.cpp knows by name.
+  its merges and the pre-tokenizer llama.cpp knows by name;
+- SentencePiece-style BPE with byte fallback (Llama's, TinyLlama's) as `llama`.
 A chat model's template goes in as `tokenizer.chat_template`, its turn
 markers as control tokens, its end of turn as the end-of-text token, so
 llama.cpp's chat completion stops where `gptlite chat` does.
@@ -31,6 +32,7 @@ llama.cpp's chat completion stops where `gptlite chat` does.
 
 import json
 import pathlib
+import re
 
 import numpy as np
 
@@ -226,7 +228,9 @@ def _tokenizer_fields(tokenizer, vocabulary_size):
         fields = _byte_level_fields(json.loads(tokenizer.definition), TokenType)
         fields.update(end=tokenizer.end_token_id, begin=tokenizer.end_token_id, add_begin=False)
     elif isinstance(tokenizer, PretrainedTokenizer):
-        fields = _byte_level_fields(json.loads(tokenizer.definition), TokenType)
+        definition = json.loads(tokenizer.definition)
+        byte_fallback = definition.get("model", {}).get("byte_fallback")
+        fields = (_sentencepiece_fields if byte_fallback else _byte_level_fields)(definition, TokenType)
         fields.update(end=tokenizer.end_token_id, begin=tokenizer.begin_token_id,
                       add_begin=bool(tokenizer.text_start_ids))
     else:
@@ -265,12 +269,41 @@ def _rwkv_escaped(text):
 def _byte_level_fields(definition, TokenType):
     """A byte-level BPE tokenizer.json as llama.cpp's `gpt2` tokenizer, with llama.cpp's name for its splitting."""
     model = definition.get("model", {})
-    if model.get("type") != "BPE" or model.get("byte_fallback") or '"ByteLevel"' not in json.dumps(
-            definition.get("pre_tokenizer")):
-        raise ConfigError("only byte-level BPE tokenizers (GPT-2's, SmolLM2's, Qwen's, gptlite's own) and character "
-                          "vocabularies have a GGUF form here; this model's tokenizer is "
-                          f"{'SentencePiece-style BPE with byte fallback' if model.get('byte_fallback') else 'another'}")
-    vocabulary = dict(model["vocab"])
+    if model.get("type") != "BPE" or '"ByteLevel"' not in json.dumps(definition.get("pre_tokenizer")):
+        raise ConfigError("byte-level BPE (GPT-2's, SmolLM2's, Qwen's, gptlite's own), SentencePiece-style BPE with "
+                          "byte fallback (Llama's) and character vocabularies have a GGUF form here; this model's "
+                          f"tokenizer is a {model.get('type')} of another kind")
+    tokens, types = _vocabulary(definition, TokenType)
+    return dict(model="gpt2", pre=_pre_tokenizer_name(definition.get("pre_tokenizer")), tokens=tokens,
+                types=types, merges=_merges(model))
+
+
+def _sentencepiece_fields(definition, TokenType):
+    """A SentencePiece-style BPE tokenizer.json (Llama's, TinyLlama's: "▁" for spaces, <0xXX> tokens for the
+    bytes of characters it lacks) as llama.cpp's `llama` tokenizer. llama.cpp merges the adjacent pair whose
+    joined text is the token of highest score: a token's score is minus the rank of the merge that makes it,
+    so it merges in the order of the tokenizer's merges."""
+    model = definition["model"]
+    if model.get("type") != "BPE" or "Prepend" not in json.dumps(definition.get("normalizer")):
+        raise ConfigError("this SentencePiece-style tokenizer puts \"▁\" before a text otherwise than llama.cpp's "
+                          "llama tokenizer does (a normalizer that prepends it), so it has no GGUF form here")
+    tokens, types = _vocabulary(definition, TokenType)
+    unknown = model.get("unk_token")
+    for index, token in enumerate(tokens):
+        if re.fullmatch(r"<0x[0-9A-F]{2}>", token) and types[index] in (TokenType.NORMAL, TokenType.CONTROL):
+            types[index] = TokenType.BYTE
+        elif token == unknown:
+            types[index] = TokenType.UNKNOWN
+    ranks = {"".join(merge.split(" ", 1)): rank for rank, merge in enumerate(_merges(model))}
+    scores = [-float(ranks.get(token, len(ranks) + index)) for index, token in enumerate(tokens)]
+    return dict(model="llama", pre=None, tokens=tokens, types=types, merges=None, scores=scores, space_prefix=True,
+                unknown=tokens.index(unknown) if unknown in tokens else None)
+
+
+def _vocabulary(definition, TokenType):
+    """A tokenizer.json's tokens by id, and their kinds: added tokens are control tokens, or user-defined ones
+    where not special; ids with no token are unused placeholders."""
+    vocabulary = dict(definition["model"]["vocab"])
     special = {}
     for token in definition.get("added_tokens", []):
         vocabulary[token["content"]] = token["id"]
@@ -282,9 +315,11 @@ def _byte_level_fields(definition, TokenType):
         tokens[index] = token
         types[index] = (TokenType.CONTROL if special[index] else TokenType.USER_DEFINED) if index in special \
             else TokenType.NORMAL
-    merges = [" ".join(merge) if isinstance(merge, list) else merge for merge in model.get("merges", [])]
-    return dict(model="gpt2", pre=_pre_tokenizer_name(definition.get("pre_tokenizer")), tokens=tokens,
-                types=types, merges=merges)
+    return tokens, types
+
+
+def _merges(model):
+    return [" ".join(merge) if isinstance(merge, list) else merge for merge in model.get("merges", [])]
 
 
 def _pre_tokenizer_name(pre_tokenizer):
@@ -308,6 +343,12 @@ def _add_tokenizer(writer, fields):
         writer.add_tokenizer_pre(fields["pre"])
     writer.add_token_list(fields["tokens"])
     writer.add_token_types([int(kind) for kind in fields["types"]])
+    if fields.get("scores") is not None:
+        writer.add_token_scores(fields["scores"])
+    if fields.get("space_prefix") is not None:
+        writer.add_add_space_prefix(fields["space_prefix"])
+    if fields.get("unknown") is not None:
+        writer.add_unk_token_id(fields["unknown"])
     if fields["merges"] is not None:
         writer.add_token_merges(fields["merges"])
     if fields["begin"] is not None:

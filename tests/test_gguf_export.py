@@ -15,6 +15,7 @@ import pytest
 
 import gptlite
 from conftest import make_text, run_python
+from test_llama import sentencepiece_tokenizer
 from gptlite import templates
 
 # Unicode, runs of spaces, tabs and newlines, quotes and an apostrophe.
@@ -67,6 +68,9 @@ KINDS = {
     "llama": (dict(position="rotary", norm="rms", mlp="swiglu", n_kv_head=1, tie_weights=False, rope_theta=500.0),
               "char", "llama"),
     "qwen2": (dict(position="rotary", norm="rms", mlp="swiglu", n_kv_head=2, qkv_bias=True), "qwen", "qwen2"),
+    # TinyLlama's kind: grouped-query, untied, SentencePiece-style BPE with byte fallback and a beginning token.
+    "tinyllama": (dict(position="rotary", norm="rms", mlp="swiglu", n_kv_head=2, tie_weights=False),
+                  "sentencepiece", "llama"),
     # GPT-2's layout with trained LoRA adapters beside its weights, which the file holds merged.
     "lora": (dict(), "char", "gpt2"),
     # Conversations in the default template, its turn markers added tokens.
@@ -92,6 +96,9 @@ def _tokenizer(kind):
                                                                              templates.DEFAULT_TEMPLATE)
     if kind == "bpe":
         return gptlite.BPETokenizer.train([TEXT], 360)
+    if kind == "sentencepiece":
+        tokenizer, begin, end = sentencepiece_tokenizer()
+        return gptlite.PretrainedTokenizer(tokenizer.to_str(), begin_token=begin, end_token=end)
     return _byte_level_tokenizer()
 
 
@@ -244,7 +251,11 @@ def test_llama_cpp_tokenizes_as_gptlite(kind, models, exported):
     for text in (TRICKY, TEXT[:300], " ", "\n\n\n", "cat's   hat"):
         expected = model.tokenizer.encode(text).tolist()
         assert llm.tokenize(text.encode(), add_bos=False, special=False) == expected, text
-        assert llm.detokenize(expected).decode() == text
+        decoded = llm.detokenize(expected).decode()
+        if KINDS[kind][1] == "sentencepiece":
+            # SentencePiece puts "▁" before a text; llama-cpp-python's detokenize keeps the space it stands for.
+            decoded = decoded.removeprefix(" ")
+        assert decoded == text
 
 
 @pytest.mark.extras
