@@ -30,16 +30,17 @@ GPT2_SMALL = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024)
 VOCABULARY_SIZE = 50257
 
 
-def gpt2_sized_tokenizer():
-    """A byte-level tokenizer with GPT-2's 50,257 ids: the 256 bytes, one merge, placeholders, the end token."""
+def gpt2_sized_tokenizer(vocabulary_size=VOCABULARY_SIZE):
+    """A byte-level tokenizer with GPT-2's 50,257 ids (or `vocabulary_size`): the 256 bytes, one merge,
+    placeholders, the end token."""
     from tokenizers import pre_tokenizers
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocabulary = {symbol: index for index, symbol in enumerate(alphabet)}
     merged = alphabet[0] + alphabet[1]  # one merge, which KerasHub's tokenizer needs
     vocabulary[merged] = len(alphabet)
-    vocabulary.update({f"<unused{index}>": index for index in range(len(alphabet) + 1, VOCABULARY_SIZE - 1)})
-    vocabulary[gptlite.BPETokenizer.END_TOKEN] = VOCABULARY_SIZE - 1
+    vocabulary.update({f"<unused{index}>": index for index in range(len(alphabet) + 1, vocabulary_size - 1)})
+    vocabulary[gptlite.BPETokenizer.END_TOKEN] = vocabulary_size - 1
     return gpt2.bpe_tokenizer(vocabulary, [(alphabet[0], alphabet[1])])
 
 

@@ -315,3 +315,25 @@ def test_llama_cpps_chat_completion_renders_as_gptlite_answers_greedily_and_stop
         tolerance = LOGIT_TOLERANCE["llama"] * np.abs(logits).max()
         for position in range(len(prompt_ids), len(ids)):
             assert logits[position - 1][ids[position]] >= logits[position - 1].max() - tolerance, (position, choice)
+
+
+@pytest.mark.extras
+def test_q8_0_weights_are_byte_for_byte_llama_cpps_own_quantization_of_the_f32_file(exported, tmp_path):
+    import ctypes
+
+    import gguf
+
+    _llama(exported("char"), 8)  # skips without llama.cpp, or under another backend
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = int(gguf.LlamaFileType.MOSTLY_Q8_0)
+    theirs = tmp_path / "theirs.gguf"
+    assert llama_cpp.llama_model_quantize(str(exported("char")).encode(), str(theirs).encode(),
+                                          ctypes.byref(params)) == 0
+    ours = {tensor.name: tensor for tensor in gguf.GGUFReader(exported("char", "q8_0")).tensors}
+    quantized = {tensor.name: tensor for tensor in gguf.GGUFReader(theirs).tensors}
+    assert set(ours) == set(quantized)
+    for name, tensor in quantized.items():
+        assert ours[name].tensor_type == tensor.tensor_type, name
+        np.testing.assert_array_equal(np.asarray(ours[name].data), np.asarray(tensor.data), err_msg=name)
