@@ -11,7 +11,8 @@ llama.cpp's `llama`). Each writes --new-tokens greedily at batch 1 after a
 short prompt, within the context window (the cpu shape's 64 tokens hold 59
 new ones). gptlite runs `gptlite.generate`; llama.cpp runs the f32, f16 and
 q8_0 files through llama-cpp-python on 2 threads, each in a process of its
-own (one that crashes is reported so). "cold" is the first call (gptlite's
+own; one that crashes is reported so, and run again without llama.cpp's
+weight repacking (`llama-cli --no-repack`). "cold" is the first call (gptlite's
 compiling, llama.cpp's loading included); the rate is the median of
 --repeats calls after it.
 """
@@ -57,12 +58,29 @@ def model_of(shape):
     return model
 
 
-def llama_cpp_rate(path, prompt_ids, new_tokens, repeats):
-    """(cold seconds, median seconds) of llama.cpp writing `new_tokens` greedily, in this process."""
+def open_llama_cpp(path, context, repack=True):
+    """llama-cpp-python's Llama on 2 threads; `repack=False` keeps the weights as the file has them, as
+    `llama-cli --no-repack` does (on machine D, llama.cpp 0.3.36 crashes on q8_0 weights it repacks)."""
     import llama_cpp
 
+    defaults = llama_cpp.llama_cpp.llama_model_default_params
+
+    def params():
+        chosen = defaults()
+        chosen.use_extra_bufts = repack
+        return chosen
+
+    llama_cpp.llama.llama_cpp.llama_model_default_params = params
+    try:
+        return llama_cpp.Llama(model_path=str(path), n_ctx=context, n_threads=2, verbose=False)
+    finally:
+        llama_cpp.llama.llama_cpp.llama_model_default_params = defaults
+
+
+def llama_cpp_rate(path, prompt_ids, new_tokens, repeats, repack=True):
+    """(cold seconds, median seconds) of llama.cpp writing `new_tokens` greedily, in this process."""
     start = time.perf_counter()
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=len(prompt_ids) + new_tokens, n_threads=2, verbose=False)
+    llm = open_llama_cpp(path, len(prompt_ids) + new_tokens, repack)
 
     def run():
         return list(itertools.islice(llm.generate(prompt_ids, temp=0.0, top_k=1, reset=True), new_tokens))
@@ -78,11 +96,11 @@ def main():
     parser.add_argument("--shapes", nargs="+", default=["cpu", "gpt2", "smollm2"], choices=["cpu", *SHAPES])
     parser.add_argument("--new-tokens", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--child", nargs=3, metavar=("FILE", "PROMPT_IDS", "NEW"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=4, metavar=("FILE", "PROMPT_IDS", "NEW", "REPACK"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        path, prompt_ids, new = args.child
-        print(json.dumps(llama_cpp_rate(path, json.loads(prompt_ids), int(new), args.repeats)))
+        path, prompt_ids, new, repack = args.child
+        print(json.dumps(llama_cpp_rate(path, json.loads(prompt_ids), int(new), args.repeats, repack == "repack")))
         return
 
     rows = []
@@ -100,14 +118,17 @@ def main():
             for outtype in OUTTYPES:
                 path = pathlib.Path(folder) / f"{shape}-{outtype}.gguf"
                 gptlite.export_gguf(model, path, outtype)
-                child = subprocess.run([sys.executable, __file__, "--repeats", str(args.repeats), "--child",
-                                        str(path), json.dumps(prompt_ids), str(new)],
-                                       capture_output=True, text=True, cwd=pathlib.Path(__file__).parent)
-                if child.returncode:
-                    rows.append((shape, "llama.cpp", outtype, None, None, path.stat().st_size))
-                    continue
-                cold, seconds = json.loads(child.stdout.strip().splitlines()[-1])
-                rows.append((shape, "llama.cpp", outtype, new / seconds, cold, path.stat().st_size))
+                for repack in ("repack", "no-repack"):
+                    child = subprocess.run([sys.executable, __file__, "--repeats", str(args.repeats), "--child",
+                                            str(path), json.dumps(prompt_ids), str(new), repack],
+                                           capture_output=True, text=True, cwd=pathlib.Path(__file__).parent)
+                    weights = outtype if repack == "repack" else f"{outtype}, no repack"
+                    if child.returncode:
+                        rows.append((shape, "llama.cpp", weights, None, None, path.stat().st_size))
+                        continue  # crashed: the same file without repacking next
+                    cold, seconds = json.loads(child.stdout.strip().splitlines()[-1])
+                    rows.append((shape, "llama.cpp", weights, new / seconds, cold, path.stat().st_size))
+                    break
         print(f"{shape}: {new} new tokens after a {len(prompt_ids)}-token prompt", flush=True)
 
     print("| shape | engine | weights | tokens/s (median) | cold, s | file, MiB |")

@@ -19,7 +19,7 @@ from test_llama import sentencepiece_tokenizer
 from gptlite import templates
 
 # Unicode, runs of spaces, tabs and newlines, quotes and an apostrophe.
-TRICKY = "  Héllo\n\n  wörld — “quoted”\tit's  the cat's hat \\ back  \n\nend"
+TRICKY = "  Héllo\n\n  wörld — “quoted”\tit's  the cat's hat \\ back in 2024, 3.14  \n\nend"
 TEXT = make_text(3000) + (TRICKY + "\n") * 20
 # llama.cpp computes in float32 in another order than the backend does: a Llama-family model's next-token
 # logits agree to about 1e-6 of their scale here, and a tenth of a thousandth is far from that and far below
@@ -42,16 +42,21 @@ def _train(model, tokenizer, steps=96, seed=0, text=TEXT):
     return model
 
 
-def _byte_level_tokenizer():
-    """Qwen's kind: byte-level BPE with Qwen2's splitting, the end of text and chat markers as special tokens."""
+def _byte_level_tokenizer(splitting):
+    """Qwen's kind (Qwen2's splitting) or SmolLM2's (each digit apart, then GPT-2's splitting): byte-level BPE, the
+    end of text a special token."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from gptlite.gguf_export import QWEN2_SPLIT
 
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    if splitting == "qwen2":
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                           pre_tokenizers.ByteLevel(add_prefix_space=False)])
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
@@ -67,7 +72,9 @@ KINDS = {
     "modern": (dict(position="rotary", norm="rms", mlp="swiglu", n_kv_head=2, qk_norm=True), "char", "qwen3"),
     "llama": (dict(position="rotary", norm="rms", mlp="swiglu", n_kv_head=1, tie_weights=False, rope_theta=500.0),
               "char", "llama"),
-    "qwen2": (dict(position="rotary", norm="rms", mlp="swiglu", n_kv_head=2, qkv_bias=True), "qwen", "qwen2"),
+    "qwen2": (dict(position="rotary", norm="rms", mlp="swiglu", n_kv_head=2, qkv_bias=True), "qwen2", "qwen2"),
+    # SmolLM2's kind: grouped-query, tied, byte-level BPE that splits digits apart.
+    "smollm2": (dict(position="rotary", norm="rms", mlp="swiglu", n_kv_head=2), "smollm", "llama"),
     # TinyLlama's kind: grouped-query, untied, SentencePiece-style BPE with byte fallback and a beginning token.
     "tinyllama": (dict(position="rotary", norm="rms", mlp="swiglu", n_kv_head=2, tie_weights=False),
                   "sentencepiece", "llama"),
@@ -99,7 +106,7 @@ def _tokenizer(kind):
     if kind == "sentencepiece":
         tokenizer, begin, end = sentencepiece_tokenizer()
         return gptlite.PretrainedTokenizer(tokenizer.to_str(), begin_token=begin, end_token=end)
-    return _byte_level_tokenizer()
+    return _byte_level_tokenizer(kind)
 
 
 @pytest.fixture(scope="module")
