@@ -43,10 +43,11 @@ from gptlite.layers import weight_array
 from gptlite.settings import GGUF_OUTTYPES
 from gptlite.tokenizers import BPETokenizer, CharTokenizer, PretrainedTokenizer
 
-# settings.GGUF_OUTTYPES; norms and biases stay f32 in each, as llama.cpp's own converter keeps them.
+# How the matrices are stored (settings.GGUF_OUTTYPES); norms and biases stay f32 in each, as llama.cpp's own
+# converter keeps them.
 OUTTYPES = GGUF_OUTTYPES
 DEFAULT_OUTTYPE = "f16"
-# Byte-level pre-tokenizers by the regular expression that splits text before merging: llama.cpp's name for each.
+# How Qwen2's tokenizer splits text before merging (its tokenizer.json's Split pattern): llama.cpp's "qwen2".
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
                r"\s+(?!\S)|\s+")
 
