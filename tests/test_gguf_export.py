@@ -6,6 +6,7 @@ Without it those tests are skipped; .ci/run installs it and runs them (-m extras
 trained here for a few seconds so that their next tokens are not ties.
 """
 
+import importlib.util
 import itertools
 import os
 
@@ -116,12 +117,9 @@ def models():
 
     def get(kind):
         if kind not in built:
-            settings, tokenizer_kind, _ = KINDS[kind]
-            tokenizer = _tokenizer(tokenizer_kind)
-            keras.utils.set_random_seed(0)
-            model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, tokenizer=tokenizer, **SHAPE, **settings)
-            model.build((None, SHAPE["block_size"]))
-            text = _conversations() if tokenizer_kind == "chat" else TEXT
+            model = _untrained(kind)
+            tokenizer = model.tokenizer
+            text = _conversations() if KINDS[kind][1] == "chat" else TEXT
             _train(model, tokenizer, text=text)
             if kind == "lora":
                 model.enable_lora(4)
@@ -130,6 +128,16 @@ def models():
         return built[kind]
 
     return get
+
+
+def _untrained(kind):
+    """A model of that kind with its first weights: enough for what the file holds, and quick under any backend."""
+    settings, tokenizer_kind, _ = KINDS[kind]
+    tokenizer = _tokenizer(tokenizer_kind)
+    keras.utils.set_random_seed(0)
+    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, tokenizer=tokenizer, **SHAPE, **settings)
+    model.build((None, SHAPE["block_size"]))
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -148,10 +156,23 @@ def exported(models, tmp_path_factory):
     return get
 
 
+def in_llama_cpp(test):
+    """A test that runs the files in llama.cpp: where llama-cpp-python is installed, under TensorFlow. Decided
+    before any model is trained for it."""
+    marks = [pytest.mark.extras,
+             pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                                reason="llama-cpp-python (the `llama` extra) checks the files"),
+             pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                                reason="llama.cpp reads the same file whichever backend wrote it: checked once, "
+                                       "under TensorFlow")]
+    for mark in marks:
+        test = mark(test)
+    return test
+
+
 def _llama(path, context, repack=True):
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (the `llama` extra) checks the files")
-    if keras.backend.backend() != "tensorflow":
-        pytest.skip("llama.cpp reads the same file whichever backend wrote it: checked once, under TensorFlow")
+    import llama_cpp
+
     if not repack:
         # llama.cpp 0.3.36 (llama-cpp-python's build) crashes multiplying these small q8_0 matrices on machine D
         # (AMX) when it repacks the weights for its CPU kernels; `llama-cli --no-repack` is the same switch.
@@ -185,19 +206,21 @@ def _llama_logits(llm, ids):
 
 
 @pytest.mark.parametrize("kind", ["char", "modern"])
-def test_the_file_holds_the_settings_and_the_weights_as_gptlite_has_them(kind, models, exported):
+def test_the_file_holds_the_settings_and_the_weights_as_gptlite_has_them(kind, tmp_path):
     import gguf
 
-    reader = gguf.GGUFReader(exported(kind))
+    model = _untrained(kind)
+    gptlite.export_gguf(model, tmp_path / "model.gguf", "f32")
+    reader = gguf.GGUFReader(tmp_path / "model.gguf")
     architecture = KINDS[kind][2]
     fields = reader.fields
     assert bytes(fields["general.architecture"].parts[-1]).decode() == architecture
     assert int(fields[f"{architecture}.block_count"].parts[-1][0]) == SHAPE["n_layer"]
     assert int(fields[f"{architecture}.context_length"].parts[-1][0]) == SHAPE["block_size"]
     tensors = {tensor.name: tensor for tensor in reader.tensors}
-    embeddings = keras.ops.convert_to_numpy(models(kind).embedding.token_embedding.embeddings)
+    embeddings = keras.ops.convert_to_numpy(model.embedding.token_embedding.embeddings)
     np.testing.assert_array_equal(np.asarray(tensors["token_embd.weight"].data), embeddings)
-    assert len(fields["tokenizer.ggml.tokens"].data) == models(kind).config.vocab_size
+    assert len(fields["tokenizer.ggml.tokens"].data) == model.config.vocab_size
 
 
 def test_f16_and_q8_0_files_are_half_and_about_a_quarter_of_f32(tmp_path):
@@ -213,9 +236,9 @@ def test_f16_and_q8_0_files_are_half_and_about_a_quarter_of_f32(tmp_path):
     assert sizes["f16"] <= 0.52 * sizes["f32"] and sizes["q8_0"] <= 0.30 * sizes["f32"], sizes
 
 
-def test_what_llama_cpp_cannot_run_is_refused_in_one_line_and_an_existing_file_is_kept(tmp_path, models,
-                                                                                         tiny_seq2seq):
+def test_what_llama_cpp_cannot_run_is_refused_in_one_line_and_an_existing_file_is_kept(tmp_path, tiny_seq2seq):
     path = tmp_path / "out.gguf"
+    model = _untrained("char")
     with pytest.raises(gptlite.ConfigError, match="decoder-only"):
         gptlite.export_gguf(tiny_seq2seq, path)
     tokenizer = gptlite.CharTokenizer.from_text("abc ")
@@ -226,17 +249,17 @@ def test_what_llama_cpp_cannot_run_is_refused_in_one_line_and_an_existing_file_i
         gptlite.export_gguf(odd, path)
     assert "\n" not in str(refused.value)
     with pytest.raises(gptlite.ConfigError, match="outtype"):
-        gptlite.export_gguf(models("char"), path, outtype="q4_0")
+        gptlite.export_gguf(model, path, outtype="q4_0")
     assert not path.exists()
     path.write_text("an earlier file")
     with pytest.raises(gptlite.RunExistsError, match="already exists"):
-        gptlite.export_gguf(models("char"), path)
+        gptlite.export_gguf(model, path)
     assert path.read_text() == "an earlier file"
 
 
-def test_the_export_command_writes_gguf_and_refuses_outtype_elsewhere(tmp_path, models):
+def test_the_export_command_writes_gguf_and_refuses_outtype_elsewhere(tmp_path):
     model_path = tmp_path / "model.keras"
-    models("char").save(model_path)
+    _untrained("char").save(model_path)
     written = run_python("-m", "gptlite", "export", "--model", str(model_path), "--format", "gguf",
                          "--outtype", "q8_0", "--out", str(tmp_path / "mine.gguf"))
     assert written.returncode == 0, written.stderr
@@ -250,7 +273,7 @@ def test_the_export_command_writes_gguf_and_refuses_outtype_elsewhere(tmp_path, 
 # --- llama.cpp runs the files
 
 
-@pytest.mark.extras
+@in_llama_cpp
 @pytest.mark.parametrize("kind", [kind for kind in KINDS if kind != "chat"])
 def test_llama_cpp_tokenizes_as_gptlite(kind, models, exported):
     model = models(kind)
@@ -265,7 +288,7 @@ def test_llama_cpp_tokenizes_as_gptlite(kind, models, exported):
         assert decoded == text
 
 
-@pytest.mark.extras
+@in_llama_cpp
 @pytest.mark.parametrize("kind", [kind for kind in KINDS if kind != "chat"])
 def test_f32_logits_equal_gptlites_and_llama_cpps_greedy_tokens_are_gptlites(kind, models, exported):
     model = models(kind)
@@ -286,7 +309,7 @@ def test_f32_logits_equal_gptlites_and_llama_cpps_greedy_tokens_are_gptlites(kin
         assert row[ids[position]] >= row.max() - tolerance, position
 
 
-@pytest.mark.extras
+@in_llama_cpp
 @pytest.mark.parametrize("outtype", ["f16", "q8_0"])
 def test_f16_and_q8_0_agree_with_gptlite_on_the_next_token_almost_everywhere(outtype, models, exported):
     model = models("char")
@@ -301,7 +324,7 @@ def test_f16_and_q8_0_agree_with_gptlite_on_the_next_token_almost_everywhere(out
     assert agree >= 0.95 * total, f"{agree} of {total}"
 
 
-@pytest.mark.extras
+@in_llama_cpp
 def test_llama_cpps_chat_completion_renders_as_gptlite_answers_greedily_and_stops_at_the_end_of_the_turn(
         models, exported):
     model = models("chat")
@@ -324,13 +347,12 @@ def test_llama_cpps_chat_completion_renders_as_gptlite_answers_greedily_and_stop
             assert logits[position - 1][ids[position]] >= logits[position - 1].max() - tolerance, (position, choice)
 
 
-@pytest.mark.extras
+@in_llama_cpp
 def test_q8_0_weights_are_byte_for_byte_llama_cpps_own_quantization_of_the_f32_file(exported, tmp_path):
     import ctypes
 
     import gguf
 
-    _llama(exported("char"), 8)  # skips without llama.cpp, or under another backend
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
