@@ -206,6 +206,7 @@ BAD_REQUESTS = [
     (b'{"prompt": "the", "temperature": NaN}', 400, "temperature"),
     (json.dumps({"prompt": "the", "temperature": 2.5}).encode(), 400, "temperature"),
     (json.dumps({"prompt": "the", "stop": ["a", "b", "c", "d", "e"]}).encode(), 400, "stop"),
+    (json.dumps({"prompt": "the", "stop": {"a": 1}}).encode(), 400, "stop"),
     (json.dumps({"prompt": "the", "top_k": 2.5}).encode(), 400, "top_k"),
     # JSON nested far deeper than Python's recursion, well under the size limit.
     (b"[" * 100_000 + b"]" * 100_000, 400, None),

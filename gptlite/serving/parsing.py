@@ -122,8 +122,9 @@ def _sampling(body, settings):
         if _is_number(value) and (value > high or low is not None and value < low):
             limits = f"at most {high}" if low is None else f"from {low} to {high}"
             raise RequestError(400, f"{name} must be {limits}, got {_shown(value)}", name)
-    if isinstance(asked.get("stop"), list) and len(asked["stop"]) > 4:
-        raise RequestError(400, f"stop takes up to 4 strings, got {len(asked['stop'])}", "stop")
+    stop = asked.get("stop", "")
+    if not (isinstance(stop, str) or isinstance(stop, list) and len(stop) <= 4):
+        raise RequestError(400, "stop must be a string or a list of up to 4 strings", "stop")
     try:
         return SamplingConfig(max_new_tokens=max_tokens, **asked)
     except ConfigError as error:
