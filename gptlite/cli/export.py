@@ -18,7 +18,8 @@ def make_parser(prog):
                         help="the model file (default: out/model.keras)")
     parser.add_argument("--format", choices=["saved_model", "hf", "kerashub", "gguf"], default="saved_model",
                         help="saved_model: a TensorFlow SavedModel, token ids in, next-token logits out (the "
-                             "default); gguf: one GGUF file that llama.cpp, Ollama and LM Studio run; hf: a Hugging Face folder, GPT-2 for GPT-2's layout, Llama, Qwen2 or Qwen3 "
+                             "default); gguf: one GGUF file that llama.cpp, Ollama and LM Studio run; hf: a Hugging "
+                             "Face folder, GPT-2 for GPT-2's layout, Llama, Qwen2 or Qwen3 "
                              "for a Llama-family one (transformers' AutoModelForCausalLM and AutoTokenizer load it); "
                              "kerashub: a KerasHub GPT-2 preset (GPT2CausalLM.from_preset)")
     parser.add_argument("--out", type=pathlib.Path, required=True,
