@@ -17,6 +17,7 @@ import pytest
 import gptlite
 from conftest import make_text, run_python
 from test_llama import sentencepiece_tokenizer
+from test_pretrained import bpe, hugging_face_folder  # noqa: F401 (fixtures: a tiny GPT-2 saved by transformers)
 from gptlite import templates
 
 # Unicode, runs of spaces, tabs and newlines, quotes and an apostrophe.
@@ -366,3 +367,17 @@ def test_q8_0_weights_are_byte_for_byte_llama_cpps_own_quantization_of_the_f32_f
     for name, tensor in quantized.items():
         assert ours[name].tensor_type == tensor.tensor_type, name
         np.testing.assert_array_equal(np.asarray(ours[name].data), np.asarray(tensor.data), err_msg=name)
+
+
+@in_llama_cpp
+def test_a_gpt2_imported_from_a_hugging_face_folder_runs_in_llama_cpp_as_in_gptlite(hugging_face_folder, tmp_path):
+    model = gptlite.from_pretrained(hugging_face_folder[0])
+    path = tmp_path / "gpt2.gguf"
+    gptlite.export_gguf(model, path, "f32")
+    llm = _llama(path, model.config.block_size)
+    ids = model.tokenizer.encode(TRICKY).tolist()
+    assert llm.tokenize(TRICKY.encode(), add_bos=False, special=False) == ids
+    window = ids[:model.config.block_size]
+    expected = _logits(model, window)
+    np.testing.assert_allclose(_llama_logits(llm, window), expected, rtol=0,
+                               atol=LOGIT_TOLERANCE["gpt2"] * np.abs(expected).max())
