@@ -36,7 +36,7 @@ import re
 
 import numpy as np
 
-from gptlite import llama
+from gptlite import gpt2, llama
 from gptlite.errors import ConfigError, RunExistsError
 from gptlite.files import atomic_path
 from gptlite.layers import weight_array
@@ -78,7 +78,7 @@ def export_gguf(model, path, outtype=DEFAULT_OUTTYPE):
         writer.add_name(path.name.removesuffix(".gguf") or "gptlite")
         writer.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
                               "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[outtype])
-        _add_shape(writer, architecture, model.config)
+        _add_shape(writer, architecture, model)
         _add_tokenizer(writer, tokenizer)
         for name, array in tensors:
             data, kind = _encoded(gguf, array, outtype if not name.startswith("position_embd") else "f32")
@@ -110,37 +110,28 @@ def architecture_of(config):
         raise ConfigError(f"llama.cpp has no architecture for this model: {error}") from None
 
 
+# GPT-2's names (gpt2.layout_arrays) -> llama.cpp's tensor kinds; GPT-2 keeps these four matrices (in, out).
+_GPT2_PARTS = {"wte": "TOKEN_EMBD", "wpe": "POS_EMBD", "ln_f": "OUTPUT_NORM", "ln_1": "ATTN_NORM",
+               "attn.c_attn": "ATTN_QKV", "attn.c_proj": "ATTN_OUT", "ln_2": "FFN_NORM", "mlp.c_fc": "FFN_UP",
+               "mlp.c_proj": "FFN_DOWN"}
+_GPT2_IN_OUT = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
 def _gpt2_tensors(model):
     """(GGUF name, float32 array) for llama.cpp's gpt2: every bias present, matrices (out, in)."""
     import gguf
 
-    names = gguf.TENSOR_NAMES
-    kinds = gguf.MODEL_TENSOR
-    embedding = model.embedding
-    tensors = [(names[kinds.TOKEN_EMBD] + ".weight", weight_array(embedding.token_embedding, "embeddings")),  # (V, C)
-               (names[kinds.POS_EMBD] + ".weight", weight_array(embedding, "position_embeddings"))]  # (T, C)
-    for index, block in enumerate(model.blocks):
-        parts = [(kinds.ATTN_NORM, block.attention_norm), (kinds.ATTN_QKV, block.attention.qkv_projection),
-                 (kinds.ATTN_OUT, block.attention.output_projection), (kinds.FFN_NORM, block.feed_forward_norm),
-                 (kinds.FFN_UP, block.feed_forward.expand), (kinds.FFN_DOWN, block.feed_forward.contract)]
-        for kind, layer in parts:
-            tensors += _weight_and_bias(names[kind].format(bid=index), layer)
-    tensors += _weight_and_bias(names[kinds.OUTPUT_NORM], model.final_norm)
-    if not model.config.tie_weights:
-        tensors.append((names[kinds.OUTPUT] + ".weight",
-                        weight_array(embedding.token_embedding, "reverse_embeddings").T))  # (V, C)
+    tensors = []
+    for name, array in gpt2.layout_arrays(model).items():
+        stem, suffix = name.rsplit(".", 1)
+        index, part = stem.split(".", 2)[1:] if stem.startswith("h.") else (None, stem)
+        gguf_name = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR[_GPT2_PARTS[part]]].format(bid=index)
+        tensors.append((f"{gguf_name}.{suffix}", np.ascontiguousarray(array.T if name.endswith(_GPT2_IN_OUT)
+                                                                      else array)))
+    if not model.config.tie_weights:  # GPT-2 has no name for an output head of its own
+        tensors.append((gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.OUTPUT] + ".weight",
+                        weight_array(model.embedding.token_embedding, "reverse_embeddings").T))  # (V, C)
     return tensors
-
-
-def _weight_and_bias(name, layer):
-    """A LayerNorm's scale and shift, or a projection's (out, in) matrix and bias; zeros for a missing one."""
-    if hasattr(layer, "gamma"):
-        weight = weight_array(layer, "gamma")
-        bias = weight_array(layer, "beta") if getattr(layer, "beta", None) is not None else np.zeros_like(weight)
-    else:
-        weight = weight_array(layer, "kernel").T
-        bias = weight_array(layer, "bias") if layer.bias is not None else np.zeros(weight.shape[0], np.float32)
-    return [(name + ".weight", np.ascontiguousarray(weight)), (name + ".bias", bias)]
 
 
 # A Llama-family folder's tensor names (llama.hugging_face_arrays) -> llama.cpp's tensor kinds.
@@ -177,12 +168,12 @@ def _pairs_adjacent(rows, heads):
     return halves.swapaxes(1, 2).reshape(rows.shape)
 
 
-def _add_shape(writer, architecture, config):
-    hidden = _feed_forward_width(config)
+def _add_shape(writer, architecture, model):
+    config = model.config
     writer.add_context_length(config.block_size)
     writer.add_embedding_length(config.n_embd)
     writer.add_block_count(config.n_layer)
-    writer.add_feed_forward_length(hidden)
+    writer.add_feed_forward_length(model.blocks[0].feed_forward.contract.kernel.shape[0])  # as built
     writer.add_head_count(config.n_head)
     writer.add_head_count_kv(config.kv_heads)
     writer.add_vocab_size(config.vocab_size)
@@ -194,12 +185,6 @@ def _add_shape(writer, architecture, config):
     writer.add_rope_freq_base(config.rope_theta)
     writer.add_key_length(config.head_size)
     writer.add_value_length(config.head_size)
-
-
-def _feed_forward_width(config):
-    from gptlite.layers import feed_forward_width
-
-    return config.mlp_hidden_size or feed_forward_width(config.n_embd, config.mlp)
 
 
 def _encoded(gguf, array, outtype):

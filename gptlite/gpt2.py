@@ -77,6 +77,13 @@ def gpt2_arrays(model):
     adapters, where enabled, come merged into their kernels.
     """
     _check_exportable(model)
+    return layout_arrays(model)
+
+
+def layout_arrays(model):
+    """Any GPT with GPT-2's kind of block (LayerNorm, fused query/key/value, GELU) by GPT-2's names, float32,
+    unchecked: zero biases where it has none, its position table (learned or sinusoidal) as wpe, LoRA merged.
+    `gpt2_arrays` first checks that GPT-2's own layout holds the model; GGUF's gpt2 holds more."""
     arrays = {}
     for name, (layer, attribute) in _gpt2_names(model).items():
         weight = getattr(layer, attribute)

@@ -41,7 +41,7 @@ ALLOWED = {
     "llama": {"layers", "files", "tokenizers", "settings"},
     "gpt2": {"layers", "files", "tokenizers"},
     "pretrained": {"model", "gpt2", "llama", "saving", "files", "tokenizers"},
-    "gguf_export": {"llama", "layers", "files", "tokenizers", "settings", "templates"},
+    "gguf_export": {"gpt2", "llama", "layers", "files", "tokenizers", "settings", "templates"},
     "evaluation": {"model", "data", "pairs", "generation", "tokenizers", "chat", "conversations", "sampling"},
     "inspection": {"model", "positions", "generation", "files", "tokenizers", "settings"},
     "checkpoints": {"files"},
