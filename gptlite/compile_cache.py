@@ -16,8 +16,10 @@ wants its programs kept does the same:
 
     import gptlite
     gptlite.compile_cache.use()          # the default folder; use(folder), or use(None) for none
-    import keras A damaged entry is removed and
-recompiled (see `drop_damaged_entries`; JAX recompiles one itself).
+    import keras
+
+A damaged entry is removed and recompiled (see `drop_damaged_entries`; JAX
+recompiles one itself).
 """
 
 import json

@@ -1,9 +1,12 @@
 """Chat: templates, conversations as training data and their loss mask, replies, the terminal chat."""
 
+import io
 import json
 import os
+import pathlib
 import pty
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -234,23 +237,42 @@ def test_a_saved_model_fine_tunes_on_conversations_with_lora_and_a_bad_file_touc
     assert (tmp_path / "run" / "model.keras").exists()  # the earlier run is left as it was
 
 
+# Runs a command, as a terminal does, as the leader of a session whose controlling terminal is the pty on its standard
+# input, so that Ctrl-C written to the pty reaches it as SIGINT; and with SIGINT's default action even where the
+# tests run with SIGINT ignored (as a background job they do).
+IN_A_TERMINAL = ("import os, signal, sys; os.close(os.open(os.ttyname(0), os.O_RDWR)); "
+                 "signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+
+
+def process_state(pid):
+    """What a process is doing, from /proc: its state letter, CPU seconds and threads (for a test's failure)."""
+    try:
+        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError as error:
+        return f"no state ({error})"
+    ticks = os.sysconf("SC_CLK_TCK")
+    return f"state {fields[0]}, {(int(fields[11]) + int(fields[12])) / ticks:.1f} CPU s, {fields[17]} threads"
+
+
 @pytest.mark.slow
 def test_the_terminal_chat_streams_answers_resets_and_survives_ctrl_c(chat_model, tmp_path):
     path = tmp_path / "chat.keras"
     gptlite.save(chat_model, path)
     leader, follower = pty.openpty()
-    process = subprocess.Popen([sys.executable, "-m", "gptlite", "chat", str(path), "--max-new-tokens", "500",
-                                "--seed", "1", "--system", "be a cat"],
-                               stdin=follower, stdout=follower, stderr=follower, cwd=REPO,
+    process = subprocess.Popen([sys.executable, "-c", IN_A_TERMINAL, "-m", "gptlite", "chat", str(path),
+                                "--max-new-tokens", "500", "--seed", "1", "--system", "be a cat"],
+                               stdin=follower, stdout=follower, stderr=follower, cwd=REPO, start_new_session=True,
                                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     os.close(follower)
     seen = b""
 
-    def read_until(marker, timeout=120):
+    def read_until(marker, after=b"", timeout=120):
+        """Read until `marker` shows, after the first `after` where one is given."""
         nonlocal seen
         deadline = time.monotonic() + timeout
-        while marker not in seen:
-            assert time.monotonic() < deadline, f"waited for {marker!r}; got {seen[-500:]!r}"
+        while after not in seen or marker not in seen[seen.index(after) + len(after):]:
+            assert time.monotonic() < deadline, \
+                f"waited for {marker!r}; got {seen[-500:]!r}; the chat: {process_state(process.pid)}"
             if select.select([leader], [], [], 0.5)[0]:
                 try:
                     seen += os.read(leader, 4096)
@@ -268,7 +290,14 @@ def test_the_terminal_chat_streams_answers_resets_and_survives_ctrl_c(chat_model
         read_until(b"(a new conversation)")
         os.write(leader, b"a big red hat\n")
         read_until(b"model> ")
-        os.write(leader, b"\x03")  # Ctrl-C while it answers: the answer stops, the chat goes on
+        os.write(leader, b"\x03")  # Ctrl-C while it answers, or just after: the chat goes on
+        seen = b""
+        # The terminal echoes ^C after sending SIGINT, so a prompt written after the echo comes once the chat has
+        # had the signal: the next line typed is not taken for one typed before Ctrl-C, which Ctrl-C clears.
+        read_until(b"you> ", after=b"^C")
+        assert process.poll() is None, seen
+        os.write(leader, b"the dog\n")
+        read_until(b"model> ")
         seen = b""
         read_until(b"you> ")
         os.write(leader, b"\x04")  # Ctrl-D leaves
@@ -276,3 +305,56 @@ def test_the_terminal_chat_streams_answers_resets_and_survives_ctrl_c(chat_model
     finally:
         process.kill()
         os.close(leader)
+
+
+@pytest.fixture
+def sigint_as_in_a_terminal():
+    """SIGINT raising KeyboardInterrupt, as Python sets it up in a terminal (a background job's tests ignore it)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def chat_in_process(model_path, lines, monkeypatch, interrupts_at_first_piece):
+    """Run `gptlite chat` here on `lines` of input, sending this process `interrupts_at_first_piece` SIGINTs as the
+    first piece of an answer shows, as a user's Ctrl-C; what it printed after each prompt but the last."""
+    from gptlite.cli import chat as terminal_chat
+
+    written = []
+    answering = [False]
+
+    def print_piece(text):
+        written.append(text)
+        if text == terminal_chat.ANSWER:
+            answering[0] = True
+        elif answering[0] and text:
+            answering[0] = False
+            for _ in range(interrupts_at_first_piece.pop(0) if interrupts_at_first_piece else 0):
+                os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(terminal_chat, "print_piece", print_piece)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("".join(line + "\n" for line in lines)))
+    args = terminal_chat.make_parser("gptlite-chat").parse_args([str(model_path), "--seed", "3"])
+    terminal_chat.run(args)
+    return "".join(written).split(terminal_chat.PROMPT)[1:-1]
+
+
+def test_ctrl_c_stops_an_answer_at_its_next_piece_and_the_conversation_goes_on(chat_model, tmp_path, monkeypatch,
+                                                                               capsys, sigint_as_in_a_terminal):
+    gptlite.save(chat_model, tmp_path / "chat.keras")
+    questions = ["the cat", "a big red hat", "the dog ran", "sat on a mat", "and the sun"]
+    answers = chat_in_process(tmp_path / "chat.keras", questions, monkeypatch, [1])
+    stopped = [answer for answer in answers if answer.endswith(" (stopped)")]
+    # The first answer that writes anything stops after its first piece (an answer may end before it writes any).
+    assert len(stopped) == 1 and len(stopped[0]) > len("model>  (stopped)"), answers
+    assert len(answers) == len(questions) and all(answer.startswith("model> ") for answer in answers)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C at the prompt is as before
+
+
+def test_a_second_ctrl_c_during_an_answer_leaves_the_chat(chat_model, tmp_path, monkeypatch, capsys,
+                                                           sigint_as_in_a_terminal):
+    gptlite.save(chat_model, tmp_path / "chat.keras")
+    with pytest.raises(KeyboardInterrupt):
+        chat_in_process(tmp_path / "chat.keras", ["the cat", "a big red hat", "the dog ran", "sat on a mat"],
+                        monkeypatch, [2])
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

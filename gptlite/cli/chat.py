@@ -1,6 +1,8 @@
 """`gptlite chat`: a conversation with a chat model in the terminal, its answers streaming in."""
 
+import contextlib
 import pathlib
+import signal
 import sys
 
 from gptlite.cli.command import command, print_piece
@@ -56,19 +58,49 @@ def run(args):
             continue
         if not text.strip():
             continue
-        dropped = conversation.dropped
-        print_piece(ANSWER)
-        answer = conversation.ask(text)
-        try:
+        with interrupts_noted() as interrupts:
+            dropped = conversation.dropped
+            print_piece(ANSWER)
+            answer = conversation.ask(text)
             for piece in answer:
                 print_piece(piece)
-        except KeyboardInterrupt:
-            answer.close()
-            print_piece(" (stopped)")
-        print(flush=True)
-        if conversation.dropped > dropped:
-            print(f"(the conversation outgrew the model's context: its {conversation.dropped - dropped} oldest "
-                  f"messages were left out)", file=sys.stderr, flush=True)
+                if interrupts:  # Ctrl-C: the answer stops here, and joins the history as far as it came
+                    answer.close()
+                    print_piece(" (stopped)")
+                    break
+            print(flush=True)
+            if conversation.dropped > dropped:
+                print(f"(the conversation outgrew the model's context: its {conversation.dropped - dropped} "
+                      f"oldest messages were left out)", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def interrupts_noted():
+    """Within, a first Ctrl-C (SIGINT) is noted in the list this gives rather than raised as KeyboardInterrupt;
+    a second one raises it, for a user who will not wait.
+
+    An answer stops at its next piece. A KeyboardInterrupt would be raised
+    wherever the main thread happens to be, and inside the backend's own
+    Python code (a compile, a dispatch) it can leave the backend's locks
+    held: the process then hangs or crashes instead of asking again. A
+    SIGINT the process was started to ignore, or that another handler
+    owns, is left as it is.
+    """
+    noted = []
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield noted
+        return
+
+    def note(number, frame):
+        if noted:
+            raise KeyboardInterrupt
+        noted.append(number)
+
+    previous = signal.signal(signal.SIGINT, note)
+    try:
+        yield noted
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 main = command("gptlite-chat", make_parser, run)

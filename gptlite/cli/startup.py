@@ -90,7 +90,7 @@ def hold_back_false_alarms():
     Native code writes to file descriptor 2, which becomes a pipe read by a
     thread that passes every other line on. Python's own sys.stderr keeps
     writing to the terminal directly, so that a command's last error line is
-    never held in the pipe when the process ends. Once a process.
+    never held in the pipe when the process ends. A second call does nothing.
     """
     global _holding_back
     if _holding_back:
