@@ -40,9 +40,9 @@ SHORTEST_CACHE up to block_size, enough for the longest active row, so that
 a batch of many short texts reads no empty cache; otherwise block_size).
 
 Randomness is explicit: token t of a row draws its noise from (the row's
-seed, t), in blocks of CHUNK_SIZE tokens, so a row's text depends on its
-seed alone, not on what shares its batch, when it was admitted or how its
-steps were split into calls. Sampling is the Gumbel-max trick on that noise.
+seed, t) (`sampling.uniform_noise`), so a row's text depends on its seed
+alone, not on what shares its batch, when it was admitted or how its steps
+were split into calls. Sampling is the Gumbel-max trick on that noise.
 """
 
 import collections

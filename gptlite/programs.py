@@ -37,13 +37,17 @@ class Programs:
         self._model = weakref.ref(model)
         if keras.backend.backend() == "tensorflow":
             compile_cache.drop_damaged_entries()
-        # Never advanced: its state is swapped for each block's (seed, block number) (see uniform_noise).
-        self.seed_generator = keras.random.SeedGenerator(0)
         self._compiled = {}
 
     @property
     def model(self):
         return self._model()
+
+    @property
+    def traces(self):
+        """How often its programs' Python functions have run to be compiled, in all (on torch, which compiles
+        nothing, how often they ran): what a warm-up is meant to leave nothing for."""
+        return sum(program.traces for program in self._compiled.values())
 
     def _get(self, key, function, xla=True):
         if key not in self._compiled:
@@ -127,8 +131,8 @@ class Programs:
         context = self.model.decoding_context(sources)
         logits, cache = self._forward_window(prompt, context)
         logits = _logits_at(logits, lengths - 1)
-        rows = ops.shape(prompt)[0]
-        noise = ops.stack([self._noise_block(seeds[row], 0)[0] for row in range(rows)]) if sampling else None  # (B, V)
+        vocabulary_size = self.model.config.vocab_size
+        noise = uniform_noise(seeds, ops.zeros_like(seeds), vocabulary_size) if sampling else None  # (B, V)
         seen = token_counts(prompt, lengths, self.model.config.vocab_size) if penalised else None
         token = sample_next_token(logits, settings, noise, seen, filtering)
         scores = token_log_probabilities(logits, token) if logprobs else ()
@@ -165,23 +169,10 @@ class Programs:
 
     def _noise(self, seeds, produced):
         """Each row's uniform noise in (0, 1) for its tokens produced .. produced + CHUNK_SIZE - 1: (CHUNK_SIZE, B, V).
-
-        Noise comes in blocks of CHUNK_SIZE token indices, each drawn from
-        (seed, block number), so a token's noise depends on its row's seed
-        and its index alone.
-        """
-        rows = []
-        for row in range(ops.shape(seeds)[0]):
-            block = produced[row] // CHUNK_SIZE
-            both = ops.concatenate([self._noise_block(seeds[row], block), self._noise_block(seeds[row], block + 1)])
-            # A gather, not a slice: XLA would compile a slice anew for every start.
-            rows.append(ops.take(both, produced[row] - block * CHUNK_SIZE + ops.arange(CHUNK_SIZE), axis=0))
-        return ops.stack(rows, axis=1)
-
-    def _noise_block(self, seed, block):
-        """The noise of one row's tokens block * CHUNK_SIZE onwards: (CHUNK_SIZE, V)."""
-        shape = (CHUNK_SIZE, 1, self.model.config.vocab_size)
-        return uniform_noise(self.seed_generator, seed, block, shape)[:, 0]
+        A token's noise depends on its row's seed and its index alone."""
+        produced, seeds = (ops.expand_dims(ops.convert_to_tensor(values, "int32"), 0) for values in (produced, seeds))
+        indices = produced + ops.expand_dims(ops.arange(CHUNK_SIZE, dtype="int32"), 1)  # (CHUNK_SIZE, B)
+        return uniform_noise(seeds, indices, self.model.config.vocab_size)
 
     # --- beam search
 

@@ -6,8 +6,8 @@ import pytest
 
 import gptlite
 from conftest import TIE, last_logits, run_python
-from gptlite.engine import CACHED, CHUNK_SIZE, RECOMPUTE, RECOMPUTE_THEN_CACHED, Engine, plan_steps
-from gptlite.sampling import RowSettings, SamplingConfig, sample_next_token
+from gptlite.engine import CACHED, RECOMPUTE, RECOMPUTE_THEN_CACHED, Engine, plan_steps
+from gptlite.sampling import RowSettings, SamplingConfig, sample_next_token, uniform_noise
 
 
 def test_a_call_holds_steps_of_one_kind_up_to_where_the_window_fills():
@@ -50,14 +50,9 @@ def test_a_gpt_prefill_reads_the_columns_its_longest_window_needs():
 
 
 def noise_of(model, seed, index):
-    """The uniform noise (V,) the engine draws for a row's token `index`: block index // CHUNK_SIZE of its seed,
-    made where the engine makes it (on TensorFlow, whose random algorithm may differ with XLA: a GPT's first
-    token in a plain graph, the others under XLA)."""
-    from gptlite.programs import _Compiled, programs_for
-
-    programs = programs_for(model)
-    block = _Compiled(programs._noise_block, model, xla=index > 0)(np.int32(seed), np.int32(index // CHUNK_SIZE))
-    return keras.ops.convert_to_numpy(block)[index % CHUNK_SIZE]
+    """The uniform noise (V,) the engine draws for a row's token `index`."""
+    noise = uniform_noise(np.int32(seed % 2**31), np.int32(index), model.config.vocab_size)
+    return keras.ops.convert_to_numpy(noise)
 
 
 def reference_tokens(model, ids, config, count):

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import gptlite
-from gptlite.sampling import RowSettings, SamplingConfig, sample_next_token, token_counts
+from gptlite.sampling import RowSettings, SamplingConfig, sample_next_token, token_counts, uniform_noise
 
 PROBABILITIES = np.array([0.5, 0.3, 0.15, 0.05], dtype="float32")
 
@@ -28,6 +28,34 @@ def test_sampler_filters_without_a_model():
     assert set(draw(min_p=0.5)) == {0, 1}
     counts = np.bincount(draw(), minlength=4) / 2000
     np.testing.assert_allclose(counts, PROBABILITIES, atol=0.04)
+
+
+def lowbias32(x):
+    """The integer hash the noise is documented to be, in NumPy's uint32."""
+    x = x.astype(np.uint32)
+    x ^= x >> 16
+    x *= np.uint32(0x7FEB352D)
+    x ^= x >> 15
+    x *= np.uint32(0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def test_the_noise_is_a_hash_of_seed_index_and_token_the_same_on_every_backend():
+    seeds = np.array([[0], [1], [2**31 - 1]], "int32")  # (3, 1), broadcast against 4 token indices
+    indices = np.array([0, 1, 31, 10**6], "int32")
+    noise = keras.ops.convert_to_numpy(uniform_noise(seeds, indices, 1000))  # (3, 4, 1000)
+    key = lowbias32(lowbias32(seeds.astype(np.uint32)) ^ indices.astype(np.uint32))
+    bits = lowbias32(key[..., None] ^ (np.arange(1000, dtype=np.uint32) * np.uint32(0x9E3779B9)))
+    np.testing.assert_array_equal(noise, ((bits >> 8).astype("float32") + 0.5) / 2**24)
+    assert noise.shape == (3, 4, 1000) and noise.min() > 0 and noise.max() < 1
+    assert len(np.unique(noise)) > 0.99 * noise.size  # no two (seed, index) pairs share their noise
+    assert abs(noise.mean() - 0.5) < 0.01 and abs((noise < 0.1).mean() - 0.1) < 0.01
+    # Gumbel-max on it samples each token at its probability.
+    logits = np.log(np.array([PROBABILITIES] * 4000))
+    noise = keras.ops.convert_to_numpy(uniform_noise(np.arange(4000, dtype="int32"), np.int32(7), 4))
+    settings = RowSettings.of([SamplingConfig()] * 4000, 4)
+    counts = np.bincount(keras.ops.convert_to_numpy(sample_next_token(logits, settings, noise)), minlength=4)
+    np.testing.assert_allclose(counts / 4000, PROBABILITIES, atol=0.03)
 
 
 def test_a_repetition_penalty_makes_seen_tokens_rarer():

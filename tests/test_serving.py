@@ -231,6 +231,49 @@ def test_every_bad_request_gets_a_4xx_saying_what_is_wrong_and_the_server_keeps_
         assert http.post("/v1/completions", json={"prompt": "the", "max_tokens": 2}).status_code == 200
 
 
+def test_health_says_ready_once_requests_need_no_program_built(fluent_model):
+    from gptlite.programs import programs_for
+
+    settings = serving.ServeSettings(max_batch=4, batch_window_ms=50)
+    worker = serving.Worker(fluent_model, settings)
+    worker.warm_up()
+    compiles = keras.backend.backend() != "torch"
+    # Nothing built yet: warming, with the count of what is left (torch compiles nothing: ready at once).
+    assert worker.status()["status"] == ("warming" if compiles else "ok")
+    assert worker.status()["compiling"] == worker.status()["programs"] == (6 if compiles else 0)  # 3 sizes, 2 kinds
+    running = Server(serving.create_app(fluent_model, "words", settings, worker))
+    try:
+        with httpx.Client(base_url=running.url, timeout=120) as http:
+            deadline = time.monotonic() + 240
+            while (health := http.get("/health")).status_code != 200:
+                assert health.status_code == 503 and health.json()["status"] == "warming"
+                assert 0 < health.json()["compiling"] <= health.json()["programs"]
+                assert time.monotonic() < deadline, "the server never became ready"
+                time.sleep(0.05)
+            assert health.json()["status"] == "ok" and health.json()["compiling"] == 0
+            traces = programs_for(fluent_model).traces
+            # Requests of every batch size up to the largest, sampled, greedy and filtered, some past the window.
+            bodies = [{"prompt": "the cat", "max_tokens": 30, "temperature": 0.7, "top_p": 0.9, "stream": True},
+                      {"prompt": "a", "max_tokens": 5, "temperature": 0.0, "n": 2},
+                      {"prompt": "the dog ran to", "max_tokens": 12, "top_k": 3, "seed": 1},
+                      {"prompt": "", "max_tokens": 3, "min_p": 0.1}]
+            answers = [None] * len(bodies)
+
+            def ask(index):
+                answers[index] = http.post("/v1/completions", json=bodies[index])
+
+            threads = [threading.Thread(target=ask, args=(index,)) for index in range(len(bodies))]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert [answer.status_code for answer in answers] == [200] * len(bodies)
+            if compiles:
+                assert programs_for(fluent_model).traces == traces  # served by the programs built before ready
+    finally:
+        running.stop()
+
+
 @pytest.fixture(scope="module")
 def chat_server(fluent_model):
     from gptlite import conversations
@@ -419,7 +462,8 @@ def test_a_real_process_serves_the_client_and_on_sigterm_finishes_the_request_in
                 if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
                     break
             except httpx.TransportError:
-                time.sleep(0.2)
+                pass
+            time.sleep(0.2)
         # The official client against the real process, plain and streamed.
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         plain = client.completions.create(model="words", prompt="the", max_tokens=10, temperature=0.0)

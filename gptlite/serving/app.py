@@ -145,8 +145,9 @@ def create_app(model, model_name, settings=None, worker=None):
                                                          "owned_by": "gptlite"}]})
 
     async def health(request):
-        return JSONResponse({"status": "ok", "model": model_name, "waiting": worker.waiting,
-                             "compiling": worker.compiling, "chat": can_chat})
+        # 503 while warming, as a load balancer's probe expects of a server not ready for traffic yet.
+        return JSONResponse({**worker.status(), "model": model_name, "chat": can_chat},
+                            status_code=200 if worker.ready else 503)
 
     async def attention(request):
         from gptlite import inspection
@@ -253,11 +254,18 @@ def serve(model_path, host="127.0.0.1", port=8000, settings=None, grace_seconds=
     settings = settings or ServeSettings()
     name = name or _model_name(model_path)
     worker = Worker(model, settings)
-    worker.warm_up()  # planned before the worker starts, so that it compiles them before it waits for requests
+    say(f"serving {name} at http://{host}:{port}/ (API at http://{host}:{port}/v1); Ctrl-C stops", flush=True)
+    warming = time.monotonic()
+    # Planned before the worker starts, so that it builds them before it waits for requests.
+    worker.warm_up(on_ready=lambda: say(f"ready: {worker.planned} decoding programs built in "
+                                        f"{time.monotonic() - warming:.1f} s" if worker.planned else "ready",
+                                        flush=True))
+    if not worker.ready:
+        say(f"warming up: building {worker.planned} decoding programs; /health says ready once they are built "
+            f"(requests are served meanwhile)", flush=True)
     app = create_app(model, name, settings, worker)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=grace_seconds)
     server = uvicorn.Server(config)
-    say(f"serving {name} at http://{host}:{port}/ (API at http://{host}:{port}/v1); Ctrl-C stops", flush=True)
     # uvicorn stops on SIGTERM or SIGINT once the requests in flight are answered, then raises the
     # signal again for the handler it found: a stop asked for and done is then no failure.
     handled = (signal.SIGINT, signal.SIGTERM)

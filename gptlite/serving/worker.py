@@ -94,7 +94,9 @@ class Worker:
         self.model, self.settings = model, settings
         self.jobs = queue.Queue()
         self.waiting = 0
-        self.compiling = 0  # programs still to compile while idle (see warm_up)
+        self.compiling = 0  # warm-up plans still to compile (see warm_up)
+        self.planned = 0  # warm-up plans in all
+        self._on_ready = None
         self._lock = threading.Lock()
         self._admissible = collections.deque()  # jobs taken from the queue, waiting for room in the batch
         self._warm_plans = collections.deque()  # (batch size, prefill width) still to compile while idle
@@ -124,17 +126,25 @@ class Worker:
         self.jobs.put((function, future))
         return future
 
-    def warm_up(self):
-        """Plan the programs the worker will meet, to compile while it is idle, so that requests seldom wait
-        for a compiler: for each batch size it can grow to, the prefill of each width with the cached step
-        after it, and a full window's recomputing step. Requests are served meanwhile (one waits for the
-        program being compiled at most); `compiling` counts what is left. On the worker's own thread, in
-        a fixed order: TensorFlow names what it traces in order, so a start that traces in the same order
-        finds its programs in the compile cache."""
+    def warm_up(self, on_ready=None):
+        """Plan the programs the worker will meet, to compile before it says it is ready (`ready`): for each
+        batch size it can grow to, the prefill of each width with the cached step after it, and a full
+        window's recomputing step. `on_ready()` is called on the worker's thread once they are built.
+
+        Requests that come meanwhile are served between two plans (one
+        waits for the plan being compiled at most, then for its own
+        programs). On the worker's own thread, in a fixed order: TensorFlow
+        names what it traces in order, so a start that traces in the same
+        order finds its programs in the compile cache. Programs that only
+        some requests need (log-probabilities, a repetition penalty) compile
+        when first asked for.
+        """
         import keras
 
+        self._on_ready = on_ready
         if self.engine is None or keras.backend.backend() == "torch":
-            return  # a Seq2Seq decodes its targets in batches of one size; torch compiles nothing
+            self._ready()  # a Seq2Seq decodes its targets in batches of one size; torch compiles nothing
+            return
         block_size = self.model.config.block_size
         # Prompts of each prefill width (a power of two), whose rows' next steps read a cache of its span; None:
         # full windows, recomputed.
@@ -142,7 +152,22 @@ class Worker:
                          for k in range(max(1, block_size // SHORTEST_CACHE).bit_length())})
         capacities = [1 << k for k in range(_padded(self.settings.max_batch).bit_length())]
         self._warm_plans.extend((capacity, width) for capacity in capacities for width in widths + [None])
-        self.compiling = len(self._warm_plans)
+        self.planned = self.compiling = len(self._warm_plans)
+
+    @property
+    def ready(self):
+        """Whether every planned program is built: from then on, requests are answered at full speed."""
+        return self.compiling == 0
+
+    def status(self):
+        """What `/health` says of the worker."""
+        return {"status": "ok" if self.ready else "warming", "waiting": self.waiting, "compiling": self.compiling,
+                "programs": self.planned}
+
+    def _ready(self):
+        if self._on_ready is not None:
+            self._on_ready()
+            self._on_ready = None
 
     def _warm_next(self):
         capacity, width = self._warm_plans.popleft()
@@ -154,6 +179,8 @@ class Worker:
             engine.step(1)
         finally:
             self.compiling = len(self._warm_plans)
+            if not self._warm_plans:
+                self._ready()
 
     def _run(self):
         while True:
