@@ -9,8 +9,8 @@ weights and a 65-character vocabulary is saved and served; prompts are
 empty (a new text). The server runs
 as `gptlite serve` in a process of its own on a free port. The benchmark
 starts twice on one compile cache folder, empty at first: it reports how
-long each start took to answer /health and to finish compiling in the
-background. On the second, once compiled, it first sends --requests
+long each start took to answer /health and to say it is ready (its
+warm-up's programs built). On the second, once ready, it first sends --requests
 streamed requests of --tokens new tokens from one client, one after
 another; then --clients clients each send --requests such requests, all at
 once; then both phases again with unstreamed requests (the whole answer
@@ -65,8 +65,8 @@ def free_port():
 
 
 def start_server(model, port, max_batch, max_queue, cache, code=REPO, flags=()):
-    """Launch `gptlite serve` with its compile cache in `cache`; (process, seconds from launch to /health,
-    seconds until its background compiling is done)."""
+    """Launch `gptlite serve` with its compile cache in `cache`; (process, seconds from launch to /health's first
+    answer, seconds until it says it is ready, its warm-up done)."""
     environment = dict(os.environ, GPTLITE_COMPILE_CACHE=str(cache))
     environment.pop("TF_XLA_FLAGS", None)
     started = time.perf_counter()
@@ -88,10 +88,9 @@ def start_server(model, port, max_batch, max_queue, cache, code=REPO, flags=()):
             sys.exit("the server did not become ready in 10 minutes")
         try:
             health = httpx.get(f"http://127.0.0.1:{port}/health")
-            if health.status_code == 200:
-                ready = ready or time.perf_counter() - started
-                if not health.json().get("compiling"):
-                    return process, ready, time.perf_counter() - started
+            ready = ready or time.perf_counter() - started  # it answers (503 while it warms up)
+            if health.status_code == 200 and not health.json().get("compiling"):
+                return process, ready, time.perf_counter() - started
         except httpx.TransportError:
             pass
         time.sleep(0.05)

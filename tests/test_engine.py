@@ -197,7 +197,7 @@ def test_a_second_process_finds_its_programs_in_the_compile_cache_and_survives_a
     script = ("import sys, gptlite; gptlite.compile_cache.use(); import keras; "
               "from gptlite.programs import programs_for; "
               "m = keras.saving.load_model(sys.argv[1]); print(gptlite.generate(m, 'the', 20, seed=3)); "
-              "print('traces', sum(f.traces for f in programs_for(m)._compiled.values()))")
+              "print('traces', programs_for(m).traces)")
     cache = tmp_path / "cache"
     import os
 
@@ -216,3 +216,13 @@ def test_a_second_process_finds_its_programs_in_the_compile_cache_and_survives_a
     # The second process compiled nothing new: it wrote no entry. The text is the same every time.
     assert runs[1] == runs[0]
     assert runs[2][0] == runs[0][0]
+    # A model of another shape finds none of these programs: it compiles its own, beside them.
+    keras.utils.set_random_seed(0)
+    other = gptlite.GPT(vocab_size=tiny_model.config.vocab_size, n_layer=1, n_head=2, n_embd=8, block_size=16,
+                        tokenizer=tiny_model.tokenizer)
+    other.build((None, 16))
+    gptlite.save(other, tmp_path / "other.keras")
+    result = run_python("-c", script, str(tmp_path / "other.keras"), env=environment)
+    assert result.returncode == 0, result.stderr[-2000:]
+    entries = {path.name for path in cache.rglob("*") if path.is_file() and path.name != "checked.json"}
+    assert entries > set(runs[2][1])

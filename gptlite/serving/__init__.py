@@ -18,9 +18,9 @@ nobody waits for somebody else's long answer), each row with its own
 sampling settings, seed, length and stop strings, and retires the rows that
 have ended, were cancelled or whose client went away. A seeded request's
 text is the one `gptlite.generate` writes for that prompt and seed, whatever
-shares its batch. Programs compile when first needed, and, after start-up,
-while the worker is idle (`Worker.warm_up`); with the on-disk compile cache
-(`gptlite.compile_cache`) a second start finds them ready.
+shares its batch. The programs requests need are built before `/health`
+says ready (`Worker.warm_up`); with the on-disk compile cache
+(`gptlite.compile_cache`) a second start finds them compiled.
 
 The package's rooms: `parsing` checks a request's body and says what it
 asks for (a `Completion`) or why not (a `RequestError`); `worker` owns the

@@ -1,0 +1,179 @@
+"""`gptlite serve` from the moment it says it is ready: is it at full speed then?
+
+    python benchmarks/serve_ready.py [--shape cpu|wide] [--clients 16] [--requests 8] [--tokens 64]
+                                     [--late 5 60] [--code DIR]
+
+A model of --shape with random weights (see benchmarks/serve.py) is served
+by `gptlite serve` in a process of its own, started anew for each
+measurement, once on an empty compile cache folder (cold) and once on the
+folder a first start filled (warm). Each start reports when /health first
+answered (any status) and when it first said ready (200). The moment it is
+ready:
+
+- first: one streamed completion of --tokens new tokens (seconds to its
+  first text and to its end), then an 8-token one alone;
+- interleaved: an 8-token request sent 0.2 s into a 1,000-token one (with
+  the same settings), its time as a share of the long one's; again --late
+  seconds after ready (default 5 and 60, the cold start's 0 s alone). Between
+  them the idle server's CPU use (CPU seconds per second, from /proc);
+- clients: --clients clients at once, each sending --requests streamed
+  requests of --tokens tokens one after another, temperature and top_p
+  mixed as in benchmarks/serve.py: p50 and p99 of the time to the first
+  text, errors, and the aggregate tokens per second, beside the decode
+  engine's own ceiling for that many rows (benchmarks/batch_ceiling.py's
+  wave, in this process, after the servers): their ratio.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from serve import REPO, complete, free_port, load_phase, make_model
+
+INTERLEAVED_LONG = 1000
+INTERLEAVED_SHORT = 8
+
+
+def launch(model, cache, code, max_batch):
+    """Start `gptlite serve`; (process, port, seconds to /health's first answer, seconds to its first 200)."""
+    import httpx
+
+    port = free_port()
+    environment = dict(os.environ, GPTLITE_COMPILE_CACHE=str(cache))
+    environment.pop("TF_XLA_FLAGS", None)
+    log = tempfile.TemporaryFile("w+")
+    started = time.perf_counter()
+    process = subprocess.Popen([sys.executable, "-m", "gptlite", "serve", str(model), "--port", str(port),
+                                "--max-batch", str(max_batch)], cwd=code, stdout=log, stderr=subprocess.STDOUT,
+                               text=True, env=environment)
+    answered = None
+    deadline = time.monotonic() + 900
+    # One connection, asked every 50 ms: a probe that costs the server's cores nothing to speak of.
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                log.seek(0)
+                sys.exit(f"the server failed:\n{log.read()[-3000:]}")
+            try:
+                status = http.get("/health").status_code
+                answered = answered or time.perf_counter() - started
+                if status == 200:
+                    return process, port, answered, time.perf_counter() - started
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+    sys.exit("the server was not ready in 15 minutes")
+
+
+def stop(process):
+    process.send_signal(signal.SIGTERM)
+    process.wait(120)
+
+
+def cpu_seconds(pid):
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def one(url, tokens, number=0):
+    import httpx
+
+    with httpx.Client(base_url=url, timeout=600) as http:
+        seconds, first, status, ok = complete(http, tokens, number)
+    if not ok:
+        sys.exit(f"a request of {tokens} tokens was not answered whole (status {status})")
+    return seconds, first
+
+
+def interleaved(url):
+    """An 8-token request 0.2 s into a 1,000-token one: (short s, long s, ratio)."""
+    long = {}
+    thread = threading.Thread(target=lambda: long.setdefault("seconds", one(url, INTERLEAVED_LONG)[0]))
+    thread.start()
+    time.sleep(0.2)
+    short = one(url, INTERLEAVED_SHORT)[0]
+    thread.join()
+    return dict(short_s=short, long_s=long["seconds"], ratio=short / long["seconds"])
+
+
+def measure(kind, model, cache, args):
+    process, port, answered, ready = launch(model, cache, args.code, args.max_batch)
+    url = f"http://127.0.0.1:{port}"
+    result = dict(health_answered_s=answered, ready_s=ready)
+    try:
+        if kind == "first":
+            seconds, first = one(url, args.tokens)
+            result.update(first_text_s=first, completion_s=seconds, short_alone_s=one(url, INTERLEAVED_SHORT)[0])
+        elif kind == "interleaved":
+            at_ready = time.perf_counter()
+            result["after_0_s"] = interleaved(url)
+            idle_from, idle_cpu = None, None
+            for late in args.late:
+                if idle_from is None:
+                    time.sleep(1)  # the requests' last chunks
+                    idle_from, idle_cpu = time.perf_counter(), cpu_seconds(process.pid)
+                time.sleep(max(0.0, at_ready + late - time.perf_counter()))
+                if idle_from is not None:
+                    result.setdefault("idle_cpu_per_s", (cpu_seconds(process.pid) - idle_cpu)
+                                      / (time.perf_counter() - idle_from))
+                result[f"after_{late:g}_s"] = interleaved(url)
+        else:
+            result.update(load_phase(url, args.clients, args.requests, args.tokens))
+    finally:
+        stop(process)
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=["cpu", "wide"], default="cpu")
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--max-batch", type=int, default=16)
+    parser.add_argument("--late", type=float, nargs="*", default=[5, 60],
+                        help="seconds after ready to send the interleaved requests again (warm start)")
+    parser.add_argument("--code", type=pathlib.Path, default=REPO,
+                        help="serve with the gptlite found in this folder (a checkout of other code, to compare)")
+    args = parser.parse_args()
+
+    report = dict(shape=args.shape, code=str(args.code), tokens=args.tokens, clients=args.clients,
+                  requests=args.requests)
+    with tempfile.TemporaryDirectory() as folder:
+        model = make_model(args.shape, folder)
+        warm_cache = pathlib.Path(folder) / "warm"
+        launch_and_stop = launch(model, warm_cache, args.code, args.max_batch)[0]
+        stop(launch_and_stop)  # the warm starts' cache, filled
+        for kind in ("first", "interleaved", "clients"):
+            cold_cache = pathlib.Path(tempfile.mkdtemp(dir=folder))
+            late = args.late
+            if kind == "interleaved":
+                args.late = []
+            report[f"{kind}_cold"] = measure(kind, model, cold_cache, args)
+            args.late = late
+            report[f"{kind}_warm"] = measure(kind, model, warm_cache, args)
+            print(json.dumps({key: report[key] for key in (f"{kind}_cold", f"{kind}_warm")}), flush=True)
+
+        import keras
+
+        from batch_ceiling import wave
+
+        engine_model = keras.saving.load_model(model)
+        wave(engine_model, args.clients, args.tokens)  # compiles
+        seconds = statistics.median(wave(engine_model, args.clients, args.tokens) for _ in range(5))
+    report["ceiling_tokens_per_s"] = args.clients * args.tokens / seconds
+    report["served_over_ceiling"] = report["clients_warm"]["tokens_per_s"] / report["ceiling_tokens_per_s"]
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    main()
