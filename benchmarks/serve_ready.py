@@ -14,8 +14,10 @@ ready:
   first text and to its end), then an 8-token one alone;
 - interleaved: an 8-token request sent 0.2 s into a 1,000-token one (with
   the same settings), its time as a share of the long one's; again --late
-  seconds after ready (default 5 and 60, the cold start's 0 s alone). Between
-  them the idle server's CPU use (CPU seconds per second, from /proc);
+  seconds after ready (default 5 and 60, or as soon after as the earlier
+  ones let; the cold start's 0 s alone). Between them, from 1 s after the
+  first pair for 3 s, the idle server's CPU use (CPU seconds per second,
+  from /proc);
 - clients: --clients clients at once, each sending --requests streamed
   requests of --tokens tokens one after another, temperature and top_p
   mixed as in benchmarks/serve.py: p50 and p99 of the time to the first
@@ -40,6 +42,7 @@ from serve import REPO, complete, free_port, load_phase, make_model
 
 INTERLEAVED_LONG = 1000
 INTERLEAVED_SHORT = 8
+IDLE_SECONDS = 3
 
 
 def launch(model, cache, code, max_batch):
@@ -115,16 +118,15 @@ def measure(kind, model, cache, args):
         elif kind == "interleaved":
             at_ready = time.perf_counter()
             result["after_0_s"] = interleaved(url)
-            idle_from, idle_cpu = None, None
+            if args.late:
+                time.sleep(1)  # the requests' last chunks
+                idle_cpu, idle_from = cpu_seconds(process.pid), time.perf_counter()
+                time.sleep(IDLE_SECONDS)
+                result["idle_cpu_per_s"] = (cpu_seconds(process.pid) - idle_cpu) / (time.perf_counter() - idle_from)
             for late in args.late:
-                if idle_from is None:
-                    time.sleep(1)  # the requests' last chunks
-                    idle_from, idle_cpu = time.perf_counter(), cpu_seconds(process.pid)
                 time.sleep(max(0.0, at_ready + late - time.perf_counter()))
-                if idle_from is not None:
-                    result.setdefault("idle_cpu_per_s", (cpu_seconds(process.pid) - idle_cpu)
-                                      / (time.perf_counter() - idle_from))
-                result[f"after_{late:g}_s"] = interleaved(url)
+                sent = time.perf_counter() - at_ready
+                result[f"after_{late:g}_s"] = {**interleaved(url), "sent_after_ready_s": sent}
         else:
             result.update(load_phase(url, args.clients, args.requests, args.tokens))
     finally:

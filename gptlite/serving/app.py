@@ -146,8 +146,9 @@ def create_app(model, model_name, settings=None, worker=None):
 
     async def health(request):
         # 503 while warming, as a load balancer's probe expects of a server not ready for traffic yet.
-        return JSONResponse({**worker.status(), "model": model_name, "chat": can_chat},
-                            status_code=200 if worker.ready else 503)
+        status = worker.status()
+        return JSONResponse({**status, "model": model_name, "chat": can_chat},
+                            status_code=200 if status["status"] == "ok" else 503)
 
     async def attention(request):
         from gptlite import inspection

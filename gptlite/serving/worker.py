@@ -99,7 +99,7 @@ class Worker:
         self._on_ready = None
         self._lock = threading.Lock()
         self._admissible = collections.deque()  # jobs taken from the queue, waiting for room in the batch
-        self._warm_plans = collections.deque()  # (batch size, prefill width) still to compile while idle
+        self._warm_plans = collections.deque()  # (batch size, prefill width) still to build before ready
         # A Seq2Seq decodes each request's targets whole (see _write_targets); a language model's rows, keyed by
         # their _Choice, join one running batch.
         self.engine = None if model.writes_targets else Engine(model, resizable=True, short_caches=True,
@@ -161,7 +161,8 @@ class Worker:
 
     def status(self):
         """What `/health` says of the worker."""
-        return {"status": "ok" if self.ready else "warming", "waiting": self.waiting, "compiling": self.compiling,
+        compiling = self.compiling  # read once: the worker's thread counts it down meanwhile
+        return {"status": "warming" if compiling else "ok", "waiting": self.waiting, "compiling": compiling,
                 "programs": self.planned}
 
     def _ready(self):
