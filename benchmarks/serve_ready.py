@@ -1,7 +1,7 @@
 """`gptlite serve` from the moment it says it is ready: is it at full speed then?
 
     python benchmarks/serve_ready.py [--shape cpu|wide] [--clients 16] [--requests 8] [--tokens 64]
-                                     [--late 5 60] [--code DIR]
+                                     [--late 5 60] [--measure first interleaved clients] [--code DIR]
 
 A model of --shape with random weights (see benchmarks/serve.py) is served
 by `gptlite serve` in a process of its own, started anew for each
@@ -143,6 +143,8 @@ def main():
     parser.add_argument("--max-batch", type=int, default=16)
     parser.add_argument("--late", type=float, nargs="*", default=[5, 60],
                         help="seconds after ready to send the interleaved requests again (warm start)")
+    parser.add_argument("--measure", nargs="*", choices=["first", "interleaved", "clients"],
+                        default=["first", "interleaved", "clients"], help="which measurements (default: all)")
     parser.add_argument("--code", type=pathlib.Path, default=REPO,
                         help="serve with the gptlite found in this folder (a checkout of other code, to compare)")
     args = parser.parse_args()
@@ -154,7 +156,7 @@ def main():
         warm_cache = pathlib.Path(folder) / "warm"
         launch_and_stop = launch(model, warm_cache, args.code, args.max_batch)[0]
         stop(launch_and_stop)  # the warm starts' cache, filled
-        for kind in ("first", "interleaved", "clients"):
+        for kind in args.measure:
             cold_cache = pathlib.Path(tempfile.mkdtemp(dir=folder))
             late = args.late
             if kind == "interleaved":
@@ -164,15 +166,16 @@ def main():
             report[f"{kind}_warm"] = measure(kind, model, warm_cache, args)
             print(json.dumps({key: report[key] for key in (f"{kind}_cold", f"{kind}_warm")}), flush=True)
 
-        import keras
+        if "clients" in args.measure:
+            import keras
 
-        from batch_ceiling import wave
+            from batch_ceiling import wave
 
-        engine_model = keras.saving.load_model(model)
-        wave(engine_model, args.clients, args.tokens)  # compiles
-        seconds = statistics.median(wave(engine_model, args.clients, args.tokens) for _ in range(5))
-    report["ceiling_tokens_per_s"] = args.clients * args.tokens / seconds
-    report["served_over_ceiling"] = report["clients_warm"]["tokens_per_s"] / report["ceiling_tokens_per_s"]
+            engine_model = keras.saving.load_model(model)
+            wave(engine_model, args.clients, args.tokens)  # compiles
+            seconds = statistics.median(wave(engine_model, args.clients, args.tokens) for _ in range(5))
+            report["ceiling_tokens_per_s"] = args.clients * args.tokens / seconds
+            report["served_over_ceiling"] = report["clients_warm"]["tokens_per_s"] / report["ceiling_tokens_per_s"]
     print(json.dumps(report, indent=1))
 
 

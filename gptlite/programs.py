@@ -254,16 +254,7 @@ class _Compiled:
 
             # The loops are written with ops.while_loop and ops.cond, so autograph
             # has nothing to convert; leaving it off makes tracing quicker.
-            graph = functools.partial(tf.function, traced, jit_compile=xla, autograph=False, reduce_retracing=True)
-            graphs = {}  # one a shape of the arguments' rows (see _row_shapes)
-
-            def call(*args):
-                key = _row_shapes(args)
-                if key not in graphs:
-                    graphs[key] = graph()
-                return graphs[key](*args)
-
-            self._call = call
+            self._call = tf.function(traced, jit_compile=xla, autograph=False)
             tf.get_logger().addFilter(_without_retracing_warnings)
         elif backend == "jax":
             import jax
@@ -290,18 +281,6 @@ class _Compiled:
 
     def __call__(self, *args):
         return self._call(*args)
-
-
-def _row_shapes(args):
-    """The shapes of the arguments but their first, batch, dimension.
-
-    A TensorFlow graph per shape of rows, which relaxes the batch dimension
-    once it has seen two sizes (`reduce_retracing`): a batch of any size
-    then traces nothing more, and XLA compiles the graph for each size it
-    meets without tracing it again. Only the batch: the model reads other
-    dimensions while it is traced (a cache's length, a prompt's width).
-    """
-    return tuple(tuple(leaf.shape[1:]) for leaf in keras.tree.flatten(args) if hasattr(leaf, "shape"))
 
 
 def _without_retracing_warnings(record):
