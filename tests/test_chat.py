@@ -241,7 +241,8 @@ def test_a_saved_model_fine_tunes_on_conversations_with_lora_and_a_bad_file_touc
 # input, so that Ctrl-C written to the pty reaches it as SIGINT; and with SIGINT's default action even where the
 # tests run with SIGINT ignored (as a background job they do).
 IN_A_TERMINAL = ("import os, signal, sys; os.close(os.open(os.ttyname(0), os.O_RDWR)); "
-                 "signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+                 "signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                 "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
 
 
 def process_state(pid):
