@@ -32,48 +32,24 @@ import os
 import pathlib
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
-from serve import REPO, complete, free_port, load_phase, make_model
+from serve import REPO, complete, free_port, load_phase, make_model, start_server
 
 INTERLEAVED_LONG = 1000
 INTERLEAVED_SHORT = 8
 IDLE_SECONDS = 3
+MAX_QUEUE = 64  # gptlite serve's own default
 
 
 def launch(model, cache, code, max_batch):
     """Start `gptlite serve`; (process, port, seconds to /health's first answer, seconds to its first 200)."""
-    import httpx
-
     port = free_port()
-    environment = dict(os.environ, GPTLITE_COMPILE_CACHE=str(cache))
-    environment.pop("TF_XLA_FLAGS", None)
-    log = tempfile.TemporaryFile("w+")
-    started = time.perf_counter()
-    process = subprocess.Popen([sys.executable, "-m", "gptlite", "serve", str(model), "--port", str(port),
-                                "--max-batch", str(max_batch)], cwd=code, stdout=log, stderr=subprocess.STDOUT,
-                               text=True, env=environment)
-    answered = None
-    deadline = time.monotonic() + 900
-    # One connection, asked every 50 ms: a probe that costs the server's cores nothing to speak of.
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                log.seek(0)
-                sys.exit(f"the server failed:\n{log.read()[-3000:]}")
-            try:
-                status = http.get("/health").status_code
-                answered = answered or time.perf_counter() - started
-                if status == 200:
-                    return process, port, answered, time.perf_counter() - started
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-    sys.exit("the server was not ready in 15 minutes")
+    process, answered, ready = start_server(model, port, max_batch, MAX_QUEUE, cache, code)
+    return process, port, answered, ready
 
 
 def stop(process):
