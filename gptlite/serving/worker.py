@@ -129,7 +129,8 @@ class Worker:
     def warm_up(self, on_ready=None):
         """Plan the programs the worker will meet, to compile before it says it is ready (`ready`): for each
         batch size it can grow to, the prefill of each width with the cached step after it, and a full
-        window's recomputing step. `on_ready()` is called on the worker's thread once they are built.
+        window's recomputing step. `on_ready()` is called on the worker's thread once they are built (at once,
+        here, where there is nothing to build).
 
         Requests that come meanwhile are served between two plans (one
         waits for the plan being compiled at most, then for its own
