@@ -152,6 +152,20 @@ def tensorflow_folder():
     return None
 
 
+def programs_folder(backend):
+    """Where gptlite keeps its traced decoding programs (see `gptlite.compiled`) for `backend`, beside the
+    backend's own compiled ones; None when the cache is off. Torch keeps none."""
+    if backend == "tensorflow":
+        where = tensorflow_folder()
+    elif backend == "jax":
+        import jax
+
+        where = jax.config.jax_compilation_cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    else:
+        return None
+    return None if not where else pathlib.Path(where) / "gptlite-programs"
+
+
 def drop_damaged_entries():
     """Remove TensorFlow cache entries that are not whole: XLA fails, rather than recompiles, a program whose
     entry it cannot read (a write cut short, a full disk). Each entry is one protocol buffer: one that does

@@ -15,6 +15,7 @@ import keras
 from keras import ops
 
 from gptlite import compile_cache
+from gptlite.compiled import Compiled
 from gptlite.sampling import (TOP_LOGPROBS, choose_beams, sample_next_token, token_counts, token_log_probabilities,
                               uniform_noise)
 
@@ -49,9 +50,14 @@ class Programs:
         nothing, how often they ran): what a warm-up is meant to leave nothing for."""
         return sum(program.traces for program in self._compiled.values())
 
+    @property
+    def loads(self):
+        """How many of its programs came from the compile cache's folder rather than being traced."""
+        return sum(program.loads for program in self._compiled.values())
+
     def _get(self, key, function, xla=True):
         if key not in self._compiled:
-            self._compiled[key] = _Compiled(function, self.model, xla=xla)
+            self._compiled[key] = Compiled(key, function, self.model, xla=xla)
         return self._compiled[key]
 
     def prefill(self, logprobs=False, filtering=True, penalised=False, sampling=True):
@@ -232,61 +238,6 @@ def _logits_at(logits, indices):
     rows, length = ops.shape(logits)[0], ops.shape(logits)[1]
     flat = ops.reshape(logits, (-1, ops.shape(logits)[2]))  # (B*T, V)
     return ops.take(flat, ops.arange(rows) * length + ops.cast(indices, "int32"), axis=0)
-
-
-class _Compiled:
-    """A decode function compiled for the backend: a TensorFlow graph (with XLA
-    if `xla`), a jitted JAX function taking the model's weights as arguments,
-    or, on torch, the function itself, run eagerly. `traces` counts how often
-    the Python function ran to be compiled (on torch: how often it ran).
-    """
-
-    def __init__(self, function, model, xla=True):
-        self.traces = 0
-
-        def traced(*args):
-            self.traces += 1
-            return function(*args)
-
-        backend = keras.backend.backend()
-        if backend == "tensorflow":
-            import tensorflow as tf
-
-            # The loops are written with ops.while_loop and ops.cond, so autograph
-            # has nothing to convert; leaving it off makes tracing quicker.
-            self._call = tf.function(traced, jit_compile=xla, autograph=False)
-            tf.get_logger().addFilter(_without_retracing_warnings)
-        elif backend == "jax":
-            import jax
-
-            # Weights as arguments, not constants baked into the program: the
-            # program stays small and sees the weights as they are at each call.
-            variables = model.variables
-
-            def stateless(values, *args):
-                with keras.StatelessScope(state_mapping=list(zip(variables, values))):
-                    return traced(*args)
-
-            jitted = jax.jit(stateless)
-            self._call = lambda *args: jitted([variable.value for variable in variables], *args)
-        else:
-            import torch
-
-            def without_gradients(*args):
-                # Eager torch would otherwise record every step for a backward pass that never comes.
-                with torch.no_grad():
-                    return traced(*args)
-
-            self._call = without_gradients
-
-    def __call__(self, *args):
-        return self._call(*args)
-
-
-def _without_retracing_warnings(record):
-    """Drop TensorFlow's warning that functions are traced often: these are traced once per batch size and
-    cache span, as planned, and TensorFlow counts every _Compiled function as one (they share `traced`'s code)."""
-    return "triggered tf.function retracing" not in record.getMessage()
 
 
 # One Programs (compiled functions) per model, made on first use; they hold no decoding state.

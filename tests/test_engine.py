@@ -192,12 +192,12 @@ def test_cached_text_is_recomputed_text_as_the_cache_grows_and_is_cut(tokenizer)
 
 
 @pytest.mark.skipif(keras.backend.backend() == "torch", reason="torch compiles nothing")
-def test_a_second_process_finds_its_programs_in_the_compile_cache_and_survives_a_damaged_entry(tmp_path, tiny_model):
+def test_a_second_process_traces_nothing_on_a_warm_cache_and_survives_a_damaged_entry(tmp_path, tiny_model):
     gptlite.save(tiny_model, tmp_path / "model.keras")
     script = ("import sys, gptlite; gptlite.compile_cache.use(); import keras; "
               "from gptlite.programs import programs_for; "
               "m = keras.saving.load_model(sys.argv[1]); print(gptlite.generate(m, 'the', 20, seed=3)); "
-              "print('traces', programs_for(m).traces)")
+              "p = programs_for(m); print('traced', p.traces, 'loaded', p.loads)")
     cache = tmp_path / "cache"
     import os
 
@@ -210,13 +210,17 @@ def test_a_second_process_finds_its_programs_in_the_compile_cache_and_survives_a
                     entry.write_bytes(entry.read_bytes()[:100])
         result = run_python("-c", script, str(tmp_path / "model.keras"), env=environment)
         assert result.returncode == 0, result.stderr[-2000:]
+        text, counts = result.stdout.rsplit("traced", 1)
+        traced, loaded = (int(word) for word in counts.split()[::2])
         entries = [path.name for path in cache.rglob("*") if path.is_file() and path.name != "checked.json"]
-        runs.append((result.stdout, sorted(entries)))
-    assert runs[0][1], "the first process left no compiled program in the cache"
-    # The second process compiled nothing new: it wrote no entry. The text is the same every time.
-    assert runs[1] == runs[0]
-    assert runs[2][0] == runs[0][0]
-    # A model of another shape finds none of these programs: it compiles its own, beside them.
+        runs.append((text, traced, loaded, sorted(entries)))
+    first, warm, damaged = runs
+    assert first[1] > 0 and first[2] == 0 and any(name.endswith(".program") for name in first[3])
+    # The second process traced nothing: it loaded every program, and compiled nothing new (no new entry).
+    assert warm == (first[0], 0, first[1], first[3])
+    # Every entry cut short: each is traced and compiled again, and writes the same text.
+    assert damaged[:3] == (first[0], first[1], 0)
+    # A model of another shape finds none of these programs: it traces and compiles its own, beside them.
     keras.utils.set_random_seed(0)
     other = gptlite.GPT(vocab_size=tiny_model.config.vocab_size, n_layer=1, n_head=2, n_embd=8, block_size=16,
                         tokenizer=tiny_model.tokenizer)
@@ -224,5 +228,6 @@ def test_a_second_process_finds_its_programs_in_the_compile_cache_and_survives_a
     gptlite.save(other, tmp_path / "other.keras")
     result = run_python("-c", script, str(tmp_path / "other.keras"), env=environment)
     assert result.returncode == 0, result.stderr[-2000:]
+    assert "traced 0 " not in result.stdout
     entries = {path.name for path in cache.rglob("*") if path.is_file() and path.name != "checked.json"}
-    assert entries > set(runs[2][1])
+    assert entries > set(damaged[3])

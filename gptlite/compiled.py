@@ -1,0 +1,335 @@
+"""One decode function compiled for the backend: traced once per shape of its inputs, kept on disk, and loaded,
+not traced again, by every later process that decodes a model of the same architecture.
+
+    compiled = Compiled("sample", function, model, xla=True)
+    outputs = compiled(*args)     # args: arrays or tensors, None, and tuples, lists or namedtuples of them
+
+The first call with inputs of a new shape runs `function` to trace it (`traces` counts these), turns the
+traced program into bytes and loads it back from them; with a compile cache folder
+(`compile_cache.programs_folder`) the bytes are written there, and a later process with inputs of the same
+shape reads them instead of tracing. Under TensorFlow a program is a GraphDef whose functions keep their
+compile settings (XLA or not); under JAX it is `jax.export`'s serialized StableHLO. The backend's own compile
+cache (`gptlite.compile_cache`) then finds the machine code for it, so that a warm start neither traces nor
+compiles. torch decodes eagerly: nothing is traced or kept, and `traces` counts the runs.
+
+The weights are not in the program: a TensorFlow program reads the model's variables through their handles, a
+JAX program takes their values, at every call. So one program serves every model of its architecture,
+trained or not. An entry's name is a hash of all that a program depends on: the model's layers, their
+settings and its weights' shapes; the program's kind and the shapes of its inputs; gptlite's own code;
+Keras's and the backend's versions (the folder names the backend's version and the CPU). An entry that does
+not read back whole (its checksum) is removed and traced again.
+"""
+
+import functools
+import hashlib
+import importlib
+import json
+import os
+import pathlib
+import tempfile
+import weakref
+
+import keras
+import numpy as np
+
+from gptlite import compile_cache
+
+_MAGIC = b"gptlite program 1\n"
+# The programs loaded in this process, by entry name: models of one architecture share them.
+_loaded = {}
+
+
+class Compiled:
+    """A decode function compiled for the backend (see the module's docstring).
+
+    `name` says which program it is (with the model, it names the entry on
+    disk); `xla`: TensorFlow compiles it with XLA (otherwise it runs as a
+    graph). `traces` counts how often `function` ran to be traced (on torch:
+    how often it ran); `loads`, how many of its programs came from disk.
+    """
+
+    def __init__(self, name, function, model, xla=True):
+        self.name, self.function, self.xla = name, function, xla
+        self.backend = keras.backend.backend()
+        self._model = weakref.ref(model)
+        self.traces = self.loads = 0
+        self._programs = {}  # the shapes of the inputs -> _Program
+
+    def __call__(self, *args):
+        if self.backend == "torch":
+            import torch
+
+            self.traces += 1
+            with torch.no_grad():  # eager torch would otherwise record every step for a backward pass
+                return self.function(*args)
+        layout = _layout(args)
+        inputs = [_array(leaf) for leaf in _leaves(args)]
+        shapes = tuple((tuple(int(size) for size in value.shape), keras.backend.standardize_dtype(value.dtype))
+                       for value in inputs)
+        program = self._programs.get((json.dumps(layout), shapes))
+        if program is None:
+            program = self._programs[(json.dumps(layout), shapes)] = self._program(layout, shapes)
+        return program(self._model(), inputs)
+
+    def _program(self, layout, shapes):
+        model = self._model()
+        entry = _entry_name(self.name, self.xla, model, layout, shapes)
+        if entry in _loaded:
+            return _loaded[entry]
+        where = compile_cache.programs_folder(self.backend)
+        path = None if where is None else where / f"{entry}.program"
+        program = _read(path, self.backend)
+        if program is not None:
+            self.loads += 1
+        else:
+            header, payload = self._trace(model, layout, shapes)
+            program = _load(self.backend, header, payload)
+            _write(path, header, payload)
+        _loaded[entry] = program
+        return program
+
+    def _trace(self, model, layout, shapes):
+        """Trace the function for inputs of `layout` and `shapes` -> (header, payload): the program as bytes."""
+        described = {}
+
+        def flat(*inputs):
+            self.traces += 1
+            outputs = self.function(*_filled(layout, iter(inputs)))
+            described["outputs"] = _layout(outputs)
+            return _leaves(outputs)
+
+        if self.backend == "tensorflow":
+            header, payload = _trace_tensorflow(flat, model, shapes, self.xla)
+        else:
+            header, payload = _trace_jax(flat, model, shapes)
+        header["outputs_layout"] = described["outputs"]
+        return header, payload
+
+
+# --- the nested inputs and outputs, as a flat list of arrays and a layout
+
+
+def _layout(structure):
+    """A JSON description of a nested structure: its containers, None as None and each array as 0."""
+    if structure is None:
+        return None
+    if isinstance(structure, tuple) and hasattr(structure, "_fields"):
+        kind = type(structure)
+        return {"namedtuple": f"{kind.__module__}:{kind.__qualname__}", "items": [_layout(x) for x in structure]}
+    if isinstance(structure, (tuple, list)):
+        return {type(structure).__name__: [_layout(item) for item in structure]}
+    return 0
+
+
+def _leaves(structure):
+    """The arrays of a nested structure, in the order _layout and _filled take them (None is none)."""
+    if structure is None:
+        return []
+    if isinstance(structure, (tuple, list)):
+        return [leaf for item in structure for leaf in _leaves(item)]
+    return [structure]
+
+
+def _filled(layout, leaves):
+    """The structure `layout` describes, with the arrays of the iterator `leaves` in its places."""
+    if layout is None:
+        return None
+    if layout == 0:
+        return next(leaves)
+    if "namedtuple" in layout:
+        module, name = layout["namedtuple"].split(":")
+        if module.split(".")[0] != "gptlite":
+            raise ValueError(f"a program's layout names {module}, not a gptlite module")
+        return getattr(importlib.import_module(module), name)(*(_filled(item, leaves) for item in layout["items"]))
+    (kind, items), = layout.items()
+    filled = [_filled(item, leaves) for item in items]
+    return tuple(filled) if kind == "tuple" else filled
+
+
+def _array(value):
+    return np.asarray(value) if isinstance(value, (int, float, bool, np.generic)) else value
+
+
+# --- an entry's name
+
+
+def _entry_name(name, xla, model, layout, shapes):
+    described = {"program": repr(name), "xla": xla, "model": _architecture(model), "inputs": layout,
+                 "shapes": shapes, "code": _code_fingerprint(), "keras": keras.__version__,
+                 "backend": keras.backend.backend()}
+    return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _architecture(model):
+    """What the model's programs depend on besides gptlite's code: each layer's kind and settings (LoRA's rank
+    and alpha among them) and each weight's shape and dtype, in order; not the weights' values."""
+    layers = []
+    for layer in model._flatten_layers(include_self=True):
+        settings = {key: value for key, value in vars(layer).items()
+                    if not key.startswith("_") and key != "name" and isinstance(value, (bool, int, float, str))}
+        layers.append([type(layer).__module__, type(layer).__qualname__, settings, layer.dtype_policy.name])
+    config = getattr(model, "config", None)
+    weights = [[list(variable.shape), variable.dtype] for variable in model.variables]
+    return [layers, None if config is None else repr(config), weights]
+
+
+@functools.cache
+def _code_fingerprint():
+    """A hash of gptlite's own source: a program traced by other code is another program."""
+    package = pathlib.Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+# --- the entry's file: a magic line, a header line (JSON) and the program's bytes
+
+
+def _read(path, backend):
+    """The program written at `path`, loaded; None where there is none. A damaged one is removed."""
+    if path is None:
+        return None
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    try:
+        if not data.startswith(_MAGIC):
+            raise ValueError("not a program")
+        header_line, payload = data[len(_MAGIC):].split(b"\n", 1)
+        header = json.loads(header_line)
+        if hashlib.sha256(payload).hexdigest() != header["sha256"]:
+            raise ValueError("its checksum does not match")
+        return _load(backend, header, payload)
+    except Exception:  # damaged, cut short, or written by other code: traced again, and written anew
+        path.unlink(missing_ok=True)
+        return None
+
+
+def _write(path, header, payload):
+    """Write the entry whole or not at all (a temporary file renamed); a folder that cannot be written is left."""
+    if path is None:
+        return
+    header = dict(header, sha256=hashlib.sha256(payload).hexdigest())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name, suffix=".partial", delete=False) as file:
+            file.write(_MAGIC + json.dumps(header).encode() + b"\n" + bytes(payload))
+        os.replace(file.name, path)
+    except OSError:
+        pass
+
+
+def _load(backend, header, payload):
+    return _load_tensorflow(header, payload) if backend == "tensorflow" else _load_jax(header, payload)
+
+
+# --- TensorFlow
+
+
+def _trace_tensorflow(flat, model, shapes, xla):
+    """A GraphDef that calls the traced function (XLA's or a graph's, as the function's own attributes say),
+    its inputs: the arrays, then the model's variables it reads, by their index."""
+    import tensorflow as tf
+
+    specs = [tf.TensorSpec(shape, dtype) for shape, dtype in shapes]
+    traced = tf.function(flat, jit_compile=xla, autograph=False).get_concrete_function(*specs)
+    # The traced function called from a graph of its own: the graph holds only the call, and the function
+    # (with its XLA attribute) goes into the GraphDef's library, which loads quickly.
+    caller = tf.function(lambda *inputs: traced(*inputs), autograph=False).get_concrete_function(*specs)
+    index = {id(variable.value.handle): position for position, variable in enumerate(model.variables)}
+    captured = caller.captured_inputs
+    unknown = [tensor for tensor in captured if id(tensor) not in index]
+    if unknown:
+        raise ValueError(f"a decode program reads {len(unknown)} tensors that are not the model's weights")
+    graph_def = caller.graph.as_graph_def()
+    _rename_functions(graph_def)
+    names = [tensor.name for tensor in caller.inputs]
+    header = {"inputs": names, "outputs": [tensor.name for tensor in caller.outputs],
+              "variables": [index[id(tensor)] for tensor in captured]}
+    return header, graph_def.SerializeToString()
+
+
+def _rename_functions(graph_def):
+    """Name the GraphDef's functions by a hash of their definitions: TensorFlow names a traced function by a
+    count of this process's traces, so a name may mean another function in another process, where loading it
+    would clash with one of that process's own."""
+    digest = hashlib.sha256(graph_def.SerializeToString(deterministic=True)).hexdigest()[:16]
+    renamed = {function.signature.name: f"gptlite_{digest}_{number}"
+               for number, function in enumerate(graph_def.library.function)}
+
+    def rename_in(nodes):
+        for node in nodes:
+            node.op = renamed.get(node.op, node.op)
+            for value in node.attr.values():
+                if value.HasField("func"):
+                    value.func.name = renamed.get(value.func.name, value.func.name)
+                for function in value.list.func:
+                    function.name = renamed.get(function.name, function.name)
+
+    rename_in(graph_def.node)
+    for function in graph_def.library.function:
+        function.signature.name = renamed[function.signature.name]
+        rename_in(function.node_def)
+    for gradient in graph_def.library.gradient:
+        gradient.function_name = renamed.get(gradient.function_name, gradient.function_name)
+        gradient.gradient_func = renamed.get(gradient.gradient_func, gradient.gradient_func)
+
+
+class _TensorFlowProgram:
+    def __init__(self, function, variables, outputs_layout):
+        import tensorflow as tf
+
+        self.function, self.variables, self.outputs_layout = function, variables, outputs_layout
+        self._tensor = tf.convert_to_tensor
+
+    def __call__(self, model, inputs):
+        weights = model.variables
+        outputs = self.function(*map(self._tensor, inputs),
+                                *(weights[index].value.handle for index in self.variables))
+        return _filled(self.outputs_layout, iter(outputs))
+
+
+def _load_tensorflow(header, payload):
+    import tensorflow as tf
+
+    graph_def = tf.compat.v1.GraphDef.FromString(bytes(payload))
+    wrapped = tf.compat.v1.wrap_function(lambda: tf.graph_util.import_graph_def(graph_def, name=""), [])
+    function = wrapped.prune(header["inputs"], header["outputs"])
+    return _TensorFlowProgram(function, header["variables"], header["outputs_layout"])
+
+
+# --- JAX
+
+
+def _trace_jax(flat, model, shapes):
+    """jax.export's serialized program of the function, the model's weights its first argument."""
+    import jax
+
+    variables = model.variables
+
+    def stateless(values, *inputs):
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+            return flat(*inputs)
+
+    weight_specs = [jax.ShapeDtypeStruct(variable.shape, variable.dtype) for variable in variables]
+    specs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in shapes]
+    exported = jax.export.export(jax.jit(stateless))(weight_specs, *specs)
+    return {}, bytes(exported.serialize())
+
+
+class _JaxProgram:
+    def __init__(self, function, outputs_layout):
+        self.function, self.outputs_layout = function, outputs_layout
+
+    def __call__(self, model, inputs):
+        outputs = self.function([variable.value for variable in model.variables], *inputs)
+        return _filled(self.outputs_layout, iter(outputs))
+
+
+def _load_jax(header, payload):
+    import jax
+
+    exported = jax.export.deserialize(bytearray(payload))
+    return _JaxProgram(jax.jit(exported.call), header["outputs_layout"])
