@@ -27,6 +27,7 @@ import json
 import os
 import pathlib
 import tempfile
+import threading
 import weakref
 
 import keras
@@ -53,7 +54,13 @@ class Compiled:
         self.backend = keras.backend.backend()
         self._model = weakref.ref(model)
         self.traces = self.loads = 0
-        self._programs = {}  # the shapes of the inputs -> _Program
+        self._programs = {}  # (layout, shapes) of the inputs -> a program
+        self._preparing = {}  # (layout, shapes) -> the thread that runs the program once (see prepare)
+
+    @property
+    def built(self):
+        """How many programs it holds, one for each shape of inputs it has met (traced, loaded or shared)."""
+        return len(self._programs)
 
     def __call__(self, *args):
         if self.backend == "torch":
@@ -62,14 +69,44 @@ class Compiled:
             self.traces += 1
             with torch.no_grad():  # eager torch would otherwise record every step for a backward pass
                 return self.function(*args)
+        key, program, inputs = self._find(args)
+        preparing = self._preparing.pop(key, None)
+        if preparing is not None:
+            preparing.join()
+        return program(self._model(), inputs)
+
+    def prepare(self, *args):
+        """Make the program for inputs like `args` ready without waiting for it: trace or load it here, then
+        run it once on `args` on a thread of its own, so that the backend compiles it (or loads its machine
+        code) meanwhile; the first call with such inputs waits for that run. Nothing, where it is ready."""
+        if self.backend == "torch":
+            return
+        known = len(self._programs)
+        key, program, inputs = self._find(args)
+        if len(self._programs) == known:
+            return
+        model = self._model()
+
+        def run():
+            try:
+                program(model, inputs)
+            except Exception:  # the call this prepares meets the same error, and raises it
+                pass
+
+        # Not a daemon: a process that ends meanwhile waits for it rather than leaving the backend mid-compile.
+        self._preparing[key] = threading.Thread(target=run, name=f"gptlite-prepare-{self.name}")
+        self._preparing[key].start()
+
+    def _find(self, args):
+        """(key, program, flat inputs) for `args`: the program made (traced or loaded) if it is new."""
         layout = _layout(args)
         inputs = [_array(leaf) for leaf in _leaves(args)]
         shapes = tuple((tuple(int(size) for size in value.shape), keras.backend.standardize_dtype(value.dtype))
                        for value in inputs)
-        program = self._programs.get((json.dumps(layout), shapes))
-        if program is None:
-            program = self._programs[(json.dumps(layout), shapes)] = self._program(layout, shapes)
-        return program(self._model(), inputs)
+        key = (json.dumps(layout), shapes)
+        if key not in self._programs:
+            self._programs[key] = self._program(layout, shapes)
+        return key, self._programs[key], inputs
 
     def _program(self, layout, shapes):
         model = self._model()

@@ -100,12 +100,14 @@ class TextRows:
         """The most tokens any row still decoding may take."""
         return max((text.limit - text.tokens for _, text in self._rows.values()), default=0)
 
-    def admit(self, keys, rows_ids, sampling, sources=None, logprobs=False, answers=False, streaming=None):
+    def admit(self, keys, rows_ids, sampling, sources=None, logprobs=False, answers=False, streaming=None,
+              next_steps=None):
         """Prefill rows: their keys, token ids and SamplingConfigs (one for every row, each row then seeded from
         it, or one each), a Seq2Seq's sources (N, S) or None. With `answers`, a row is a chat answer that ends
         at the template's end of turn; `streaming` (None: this TextRows's) says whether its text is wanted as
         it comes. Each of these two is one value for every row or a list of one each. A row of max_new_tokens 0
-        ends at once, without decoding."""
+        ends at once, without decoding. `next_steps`: the caller's next call is `step(next_steps, logprobs)`,
+        whose program is then built while the prefill runs (see `Engine.admit`)."""
         keys = list(keys)
         configs = row_configs(sampling, len(keys))
         answers, streaming = (values if isinstance(values, (list, tuple)) else [values] * len(keys)
@@ -117,8 +119,12 @@ class TextRows:
                    for key, text in zip(keys, texts) if text.ended}
         live = [index for index, text in enumerate(texts) if not text.ended]
         if live:
+            # The prefill draws one token a row: the step after it draws at most what the rows want beyond it.
+            if next_steps is not None:
+                next_steps = min(next_steps, max(texts[index].limit for index in live) - 1)
             drawn = self.engine.admit([rows_ids[index] for index in live], [configs[index] for index in live],
-                                      None if sources is None else np.asarray(sources)[live], logprobs)
+                                      None if sources is None else np.asarray(sources)[live], logprobs,
+                                      next_steps=next_steps)
             for handle, index in zip(drawn, live):
                 self._rows[handle] = (keys[index], texts[index])
                 self._handles[keys[index]] = handle

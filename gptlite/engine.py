@@ -131,7 +131,7 @@ class Engine:
 
     # --- admitting rows
 
-    def admit(self, rows_ids, sampling, sources=None, logprobs=False):
+    def admit(self, rows_ids, sampling, sources=None, logprobs=False, next_steps=None):
         """Prefill new rows into free slots; {row handle: Drawn, its first token}, in the order given.
 
         rows_ids: each row's token ids (its window is the last block_size).
@@ -139,7 +139,10 @@ class Engine:
         made from its seed, see `SamplingConfig.for_rows`) or a list of one
         per row, whose seeds are taken as they are (None: a random one).
         sources: a Seq2Seq's source ids (N, S), or None. `logprobs`: the
-        first tokens come with their log-probabilities.
+        first tokens come with their log-probabilities. `next_steps`: the
+        caller's next call is `step(next_steps, logprobs)`; where the batch
+        starts afresh, that step's program is then built while the prefill
+        runs (its compile overlaps the prefill's, see `Compiled.prepare`).
         """
         count = len(rows_ids)
         if not self.resizable and count > self.capacity - len(self.rows):
@@ -158,6 +161,8 @@ class Engine:
         pad = lambda array: np.concatenate([array, np.repeat(array[:1], padded - count, axis=0)])
         window, lengths, settings, seeds = keras.tree.map_structure(pad, (window, lengths, settings, seeds))
         sources = None if sources is None else pad(np.asarray(sources, np.int32))
+        if starting and next_steps and sources is None:
+            self._prepare_step(window, lengths, settings, seeds, count, next_steps, logprobs)
         prefill = self.programs.prefill(logprobs, *self._needs(settings))
         # An engine of short caches prefills at their spans too: fewer programs, for a process that decodes long.
         narrowest = SHORTEST_CACHE if self.short_caches else NARROWEST_PREFILL
@@ -181,6 +186,17 @@ class Engine:
         scores = [keras.ops.convert_to_numpy(value)[:count, None] for value in scores] or [[None] * count] * 3
         return {handle: Drawn(tokens[index], *(value[index] for value in scores))
                 for index, handle in enumerate(handles)}
+
+    def _prepare_step(self, window, lengths, settings, seeds, count, max_steps, logprobs):
+        """Prepare the program of the first `step(max_steps, logprobs)` after the prefill of a fresh batch: the
+        state it will be given, as step() will make it, with a zero cache and zero pending tokens."""
+        active = np.arange(len(window)) < count
+        steps, kind, span = plan_steps(lengths[active], self.block_size, max_steps, self.use_cache, self.slide,
+                                       self.short_caches)
+        state = DecodeState(window, lengths, self.model.empty_cache(len(window), span),
+                            np.zeros(len(window), np.int32), settings, seeds, np.ones(len(window), np.int32), ())
+        loop = self.programs.loop("sample", kind, self.slide, logprobs, *self._needs(settings.rows(active)))
+        loop.prepare(state, active, np.int32(steps))
 
     def _merge(self, new, count):
         """Place the first `count` rows of `new` (a prefill's DecodeState) into free slots; their slots."""

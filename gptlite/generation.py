@@ -87,7 +87,7 @@ def generate(model, prompt="", max_new_tokens=None, sampling=None, *, unknown="e
         configs, rows_ids = _rows(model, prompts, config, unknown, slide)
         rows = TextRows(Engine(model, len(prompts), use_cache=use_cache, slide=slide), model.tokenizer,
                         streaming=False)
-        written = rows.finish(rows.admit(range(len(prompts)), rows_ids, configs))
+        written = rows.finish(rows.admit(range(len(prompts)), rows_ids, configs, next_steps=CHUNK_SIZE))
         pieces = [written[index] for index in range(len(prompts))]
     texts = [prompt_text + text for prompt_text, text in zip(prompts, pieces)]
     return texts[0] if isinstance(prompt, str) else texts
@@ -133,7 +133,8 @@ class RowsStream:
         self.completion_tokens = [0] * len(prompts)
 
     def __iter__(self):
-        written = self.text_rows.admit(range(len(self.configs)), self.rows_ids, self.configs, answers=self.answers)
+        written = self.text_rows.admit(range(len(self.configs)), self.rows_ids, self.configs, answers=self.answers,
+                                       next_steps=FIRST_CHUNK_SIZE)
         calls = 0
         while written:
             for index, row in written.items():

@@ -251,15 +251,46 @@ def test_prompt_length_settings_and_seed_never_recompile(fluent_model):
     gptlite.generate(fluent_model, "the cat sat on the mat", 2, seed=0, top_k=5)
     programs = programs_for(fluent_model)
     functions = [programs.prefill(False)] + [programs.loop("sample", kind, slide=1) for kind in ("cached", "recompute")]
-    traces = [f.traces for f in functions]
-    assert min(traces) >= 1
+    # Built: traced here, loaded from the compile cache, or shared with another model of this architecture.
+    counts = [(f.built, f.traces) for f in functions]
+    assert min(built for built, _ in counts) >= 1
     for prompt, temperature, top_k, top_p, seed, new_tokens in [
         ("the", 1.0, None, 1.0, 1, 50), ("a dog ran to the big red hat and", 0.5, 3, 0.9, 2, 7),
         ("t", 0.0, 10, 0.5, 3, 90),
     ]:
         gptlite.generate(fluent_model, prompt, new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                          seed=seed)
-    assert [f.traces for f in functions] == traces
+    assert [(f.built, f.traces) for f in functions] == counts
+
+
+@pytest.mark.skipif(keras.backend.backend() == "torch", reason="torch decodes eagerly: there is nothing to prepare")
+def test_the_first_step_s_program_is_prepared_while_the_prefill_runs_and_no_other(tokenizer, monkeypatch):
+    from gptlite.compiled import Compiled
+
+    def shapes(args):
+        described = lambda leaf: None if leaf is None else (tuple(leaf.shape), keras.backend.standardize_dtype(leaf.dtype))
+        return repr(keras.tree.map_structure(described, args))
+
+    prepared, called = [], []
+    prepare, call = Compiled.prepare, Compiled.__call__
+    monkeypatch.setattr(Compiled, "prepare", lambda self, *args: (prepared.append((self.name, shapes(args))),
+                                                                    prepare(self, *args))[1])
+    monkeypatch.setattr(Compiled, "__call__", lambda self, *args: (called.append((self.name, shapes(args))),
+                                                                     call(self, *args))[1])
+    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=8, block_size=16,
+                        tokenizer=tokenizer)
+    for decode in (lambda: gptlite.generate(model, "the", 10, seed=1),
+                   lambda: "".join(gptlite.stream(model, "the cat", 30, seed=1, top_k=3)),
+                   lambda: gptlite.generate(model, ["a", "the cat sat"], 5, seed=1, temperature=0)):
+        prepared.clear(), called.clear()
+        decode()
+        # One program prepared, the first step's, before the prefill ran; the step after the prefill called it.
+        assert len(prepared) == 1 and prepared[0][0][0] == "sample"
+        assert [name[0] for name, _ in called[:2]] == ["prefill", "sample"] and called[1] == prepared[0]
+    # Nothing to prepare where no step follows the prefill.
+    prepared.clear()
+    gptlite.generate(model, "the", 1, seed=1)
+    assert prepared == []
 
 
 def test_a_model_that_generated_can_still_be_freed(tokenizer):
