@@ -1,4 +1,8 @@
-"""Checkpoints: a run's weights, optimizer state and progress, saved so that it can resume exactly."""
+"""Checkpoints: a run's weights, optimizer state and progress, saved so that it can resume exactly.
+
+A checkpoint is a snapshot of one step, copied off the device at that step
+and written on a `file_writer.FileWriter`'s thread while training goes on.
+"""
 
 import dataclasses
 import json
@@ -10,13 +14,17 @@ import keras
 import numpy as np
 
 from gptlite.errors import InputError
-from gptlite.files import atomic_path
 
-CHECKPOINT_WEIGHTS = "checkpoint.weights.h5"
-# The raw kernels and LoRA matrices of layers with adapters, which the weights file holds only merged.
-CHECKPOINT_ADAPTERS = "checkpoint.adapters.npz"
-CHECKPOINT_STATE = "checkpoint.json"
-CHECKPOINT_FORMAT = 1
+# One file: every variable of the model and of its optimizer as it is (adapters and frozen kernels apart,
+# dropout's random state included), in their order, and the run's document (step, settings, history), all
+# copied at one step; a NumPy archive.
+CHECKPOINT = "checkpoint.npz"
+CHECKPOINT_FORMAT = 2
+# What checkpoints of format 1 held: the document, Keras's weights file (LoRA layers merged) and the adapters.
+FORMAT_1_STATE = "checkpoint.json"
+FORMAT_1_WEIGHTS = "checkpoint.weights.h5"
+FORMAT_1_ADAPTERS = "checkpoint.adapters.npz"
+CHECKPOINT_FILES = (CHECKPOINT, FORMAT_1_STATE, FORMAT_1_WEIGHTS, FORMAT_1_ADAPTERS)
 
 
 @dataclasses.dataclass
@@ -42,62 +50,120 @@ def _adapter_variables(model):
             for variable in (layer.kernel, layer.lora_a, layer.lora_b)]
 
 
-def save_checkpoint(model, state, config, out_dir):
-    """Weights with optimizer state, then the run's state; each file replaced atomically."""
-    with atomic_path(out_dir / CHECKPOINT_WEIGHTS) as temporary:
-        model.save_weights(temporary)
-    adapters = _adapter_variables(model)
-    if adapters:
-        with atomic_path(out_dir / CHECKPOINT_ADAPTERS) as temporary, open(temporary, "wb") as file:
-            np.savez(file, *(keras.ops.convert_to_numpy(variable) for variable in adapters))
-    document = dict(
+def save_checkpoint(model, state, config, out_dir, writer):
+    """Take a checkpoint of the run at this step and hand it to `writer` (a `file_writer.FileWriter`).
+
+    Every variable of the model and its optimizer is copied off the device
+    now, and the run's document serialized now, so that training may go on
+    while the writer writes them, as one file. A checkpoint waits for the
+    one before it to be on disk.
+    """
+    arrays = {}
+    for prefix, variables in (("model", model.variables), ("optimizer", model.optimizer.variables)):
+        for index, variable in enumerate(variables):
+            # A copy: torch's NumPy view, or a buffer JAX may reuse, would change as training goes on.
+            arrays[f"{prefix}_{index}"] = _portable(np.array(keras.ops.convert_to_numpy(variable), copy=True))
+    arrays["dtypes"] = np.array([str(variable.dtype) for variable in (*model.variables,
+                                                                      *model.optimizer.variables)])
+    arrays["document"] = np.array(json.dumps(dict(
         format=CHECKPOINT_FORMAT,
         step=state.step,
         model_class=type(model).__name__,
         model_config=model.get_config(),
         training_config=dataclasses.asdict(config),
         run_state=dataclasses.asdict(state),
-        seed_states=[keras.ops.convert_to_numpy(v).tolist() for v in _seed_states(model)],
-    )
-    with atomic_path(out_dir / CHECKPOINT_STATE) as temporary:
-        temporary.write_text(json.dumps(document, indent=1))
+    ), indent=1))
+
+    def write(temporary):
+        with open(temporary, "wb") as file:
+            np.savez(file, **arrays)
+
+    writer.write(pathlib.Path(out_dir) / CHECKPOINT, write, after_the_last=True)
+
+
+def _portable(array):
+    """An array NumPy's archive keeps as it is: a dtype NumPy does not know (bfloat16) goes as its bits."""
+    return array if array.dtype.isbuiltin else array.view(f"u{array.dtype.itemsize}")
 
 
 def read_checkpoint(out_dir):
     """The checkpoint document in `out_dir`, or a `GPTLiteError` saying why there is none."""
-    path = pathlib.Path(out_dir) / CHECKPOINT_STATE
-    if not path.exists() or not (path.parent / CHECKPOINT_WEIGHTS).exists():
+    out_dir = pathlib.Path(out_dir)
+    if (out_dir / CHECKPOINT).exists():
+        try:
+            with np.load(out_dir / CHECKPOINT) as saved:
+                return json.loads(str(saved["document"]))
+        except (OSError, ValueError, KeyError) as error:
+            raise InputError(f"cannot read the checkpoint {out_dir / CHECKPOINT}: {error}") from None
+    path = out_dir / FORMAT_1_STATE
+    if not path.exists():
         raise InputError(f"no checkpoint to resume in {out_dir}; start without `resume=True`")
     try:
         document = json.loads(path.read_text())
     except (OSError, ValueError) as error:
         raise InputError(f"cannot read the checkpoint {path}: {error}") from None
-    if document.get("format") != CHECKPOINT_FORMAT:
+    if document.get("format") != 1:
         raise InputError(f"{path} was written by another version of gptlite (format "
-                         f"{document.get('format')}, this one reads {CHECKPOINT_FORMAT})")
+                         f"{document.get('format')}, this one reads 1 to {CHECKPOINT_FORMAT})")
+    if not (out_dir / FORMAT_1_WEIGHTS).exists():
+        raise InputError(f"no checkpoint to resume in {out_dir}; start without `resume=True`")
     return document
 
 
 def restore_checkpoint(model, out_dir):
+    """Give the model and its (built) optimizer the checkpoint's variables; the run's state to go on from."""
+    out_dir = pathlib.Path(out_dir)
     document = read_checkpoint(out_dir)
+    if document.get("format") == CHECKPOINT_FORMAT:
+        _restore_variables(model, out_dir)
+        return RunState(**document["run_state"])
+    if document.get("format") != 1:
+        raise InputError(f"{out_dir / CHECKPOINT} was written by another version of gptlite (format "
+                         f"{document.get('format')}, this one reads 1 to {CHECKPOINT_FORMAT})")
+    _restore_format_1(model, out_dir, document)
+    state = RunState(**document["run_state"])
+    # Format 1's weights may be one checkpoint newer than its document if a kill fell between the two
+    # writes: trust the optimizer's own step count.
+    state.step = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+    state.rows = [row for row in state.rows if row["step"] <= state.step]
+    return state
+
+
+def _restore_variables(model, out_dir):
+    misfit = InputError(f"the model or optimizer state in the checkpoint in {out_dir} does not fit this run's "
+                        f"(written by another version of gptlite?); start a new run without `resume=True`")
+    try:
+        with np.load(out_dir / CHECKPOINT) as saved:
+            variables = (*model.variables, *model.optimizer.variables)
+            names = [f"model_{index}" for index in range(len(model.variables))] + \
+                    [f"optimizer_{index}" for index in range(len(model.optimizer.variables))]
+            if set(saved.files) != {*names, "dtypes", "document"}:
+                raise misfit
+            dtypes = saved["dtypes"]
+            values = [saved[name] for name in names]
+    except (OSError, ValueError, KeyError) as error:
+        raise InputError(f"cannot read the checkpoint {out_dir / CHECKPOINT}: {error}") from None
+    for variable, value, dtype in zip(variables, values, dtypes):
+        if tuple(value.shape) != tuple(variable.shape):
+            raise misfit
+        variable.assign(value.view(str(dtype)) if value.dtype != np.dtype(str(dtype)) else value)
+
+
+def _restore_format_1(model, out_dir, document):
+    """A checkpoint of format 1: Keras's weights file with the optimizer's state, the adapters beside it, and
+    dropout's random state in the document."""
     with warnings.catch_warnings():
         # Keras only warns when the saved optimizer state does not fit, and
         # leaves the optimizer as it was: checked below.
         warnings.filterwarnings("ignore", message="Skipping variable loading for optimizer")
-        model.load_weights(pathlib.Path(out_dir) / CHECKPOINT_WEIGHTS)
+        model.load_weights(out_dir / FORMAT_1_WEIGHTS)
     if int(keras.ops.convert_to_numpy(model.optimizer.iterations)) < document["step"]:
         raise InputError(f"the optimizer state in the checkpoint in {out_dir} does not fit this run's optimizer "
                          f"(written by another version of gptlite?); start a new run without `resume=True`")
     adapters = _adapter_variables(model)
     if adapters:
-        with np.load(pathlib.Path(out_dir) / CHECKPOINT_ADAPTERS) as saved:
+        with np.load(out_dir / FORMAT_1_ADAPTERS) as saved:
             for index, variable in enumerate(adapters):
                 variable.assign(saved[f"arr_{index}"])
     for variable, value in zip(_seed_states(model), document["seed_states"]):
         variable.assign(np.asarray(value, dtype=variable.dtype))
-    state = RunState(**document["run_state"])
-    # The weights may be one checkpoint newer than the state if a kill fell
-    # between the two writes: trust the optimizer's own step count.
-    state.step = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
-    state.rows = [row for row in state.rows if row["step"] <= state.step]
-    return state

@@ -13,11 +13,13 @@ from gptlite.errors import InputError, MissingFileError, RunExistsError
 
 
 @contextlib.contextmanager
-def atomic_path(path):
+def atomic_path(path, sync=True):
     """Yield a temporary path beside `path`; on success it replaces `path` in one rename.
 
     A crash part-way leaves the earlier file untouched, never a half-written one.
-    The temporary name keeps the final suffixes (".weights.h5"), since Keras checks them.
+    With `sync`, the file is on disk before the rename, so that a power cut
+    cannot leave it empty either. The temporary name keeps the final
+    suffixes (".weights.h5"), since Keras checks them.
     """
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -28,8 +30,9 @@ def atomic_path(path):
     os.chmod(temporary, 0o666 & ~_current_umask())  # mkstemp makes it owner-only
     try:
         yield pathlib.Path(temporary)
-        with open(temporary, "rb") as written:
-            os.fsync(written.fileno())
+        if sync:
+            with open(temporary, "rb") as written:
+                os.fsync(written.fileno())
         os.replace(temporary, path)
     finally:
         if os.path.exists(temporary):

@@ -10,7 +10,6 @@ import numpy as np
 
 from gptlite.conversations import ChatRows
 from gptlite.errors import ConfigError, InputError
-from gptlite.files import atomic_path
 from gptlite.pairs import PairSet
 
 # nanoGPT's peak for its MFU figure: an A100's bfloat16 matmuls, in FLOPs per second.
@@ -20,17 +19,17 @@ COUNTING_CHUNK = 1 << 22
 
 
 def write_history(rows, path):
-    """The evaluation `rows` as CSV, columns in order of first appearance.
+    """The evaluation `rows` as CSV at `path` (written as it is: a run writes it through its FileWriter, whole
+    or not at all), columns in order of first appearance.
 
     A run resumed from an older checkpoint has early rows without the columns
     added since: their cells are left empty.
     """
     columns = list(dict.fromkeys(name for row in rows for name in row))
-    with atomic_path(path) as temporary:
-        with open(temporary, "w", newline="") as file:
-            writer = csv.DictWriter(file, fieldnames=columns, restval="")
-            writer.writeheader()
-            writer.writerows(rows)
+    with open(path, "w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=columns, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def characters_per_token(tokenizer, validation):

@@ -3,11 +3,9 @@
 No pyplot: drawing changes neither matplotlib's backend nor a notebook's figures.
 """
 
-from gptlite.files import atomic_path
-
-
 def plot_losses(rows, path):
-    """Train and validation loss of the evaluation `rows` against step, written to `path` (PNG)."""
+    """Train and validation loss of the evaluation `rows` against step, written to `path` (PNG) as it is (a run
+    writes it through its FileWriter, whole or not at all)."""
     from matplotlib.figure import Figure
 
     steps = [row["step"] for row in rows]
@@ -20,5 +18,4 @@ def plot_losses(rows, path):
     axes.grid(alpha=0.3)
     axes.legend()
     figure.tight_layout()
-    with atomic_path(path) as temporary:
-        figure.savefig(temporary, format="png")
+    figure.savefig(path, format="png")

@@ -4,19 +4,27 @@ import pathlib
 import zipfile
 
 import keras
+import numpy as np
 
 from gptlite.errors import ConfigError, InputError, MissingFileError
 from gptlite.files import atomic_directory, atomic_path
 from gptlite.model import is_model
 
 
-def save(model, path):
-    """Save a GPT or Seq2Seq (weights, shape and tokenizer; no optimizer state) to a `.keras` file."""
+def save(model, path, writer=None):
+    """Save a GPT or Seq2Seq (weights, shape and tokenizer; no optimizer state) to a `.keras` file.
+
+    With `writer` (a `file_writer.FileWriter`), the file is written on the
+    writer's thread from a copy of the model made now; training may go on.
+    """
     # A fresh, uncompiled copy: the file then holds what generation needs and
     # loads without rebuilding an optimizer.
     inference_copy = type(model).from_config(model.get_config())
     inference_copy.build((None, model.config.block_size))
     copy_weights(model, inference_copy)
+    if writer is not None:
+        writer.write(path, inference_copy.save)
+        return
     with atomic_path(path) as temporary:
         inference_copy.save(temporary)
 
@@ -25,13 +33,15 @@ def copy_weights(source, target):
     """Give `target`, a model of the same config, `source`'s weights, layer by layer as a saved file holds them.
 
     A Dense layer with LoRA adapters (`enable_lora`) gives its kernel with the
-    adapters merged in, so `target` needs none.
+    adapters merged in, so `target` needs none. The values are copied: a
+    JAX training step may reuse the buffers of `source`'s weights.
     """
     # Both models are built from one config: their layers come in the same order.
     for source_layer, target_layer in zip(source._flatten_layers(), target._flatten_layers()):
         store = {}
         source_layer.save_own_variables(store)
-        target_layer.load_own_variables(store)
+        target_layer.load_own_variables({key: np.array(keras.ops.convert_to_numpy(value), copy=True)
+                                         for key, value in store.items()})
 
 
 def load(path):

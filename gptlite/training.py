@@ -2,6 +2,7 @@
 evaluations and checkpoints, stopping on request, and the evaluation records."""
 
 import contextlib
+import copy
 import dataclasses
 import math
 import pathlib
@@ -17,6 +18,7 @@ from gptlite.checkpoints import RunState, restore_checkpoint, save_checkpoint
 from gptlite.data import RandomWindows
 from gptlite.distribute import mirrored, process_part
 from gptlite.errors import ConfigError, TrainingDiverged, TrainingInterrupted
+from gptlite.file_writer import FileWriter
 from gptlite.optimizer import FlatAdamW
 from gptlite.conversations import IGNORED, ChatRows, ConversationBatches
 from gptlite.pairs import PairBatches, PairSet
@@ -208,6 +210,55 @@ class _Progress:
             print(("\r\033[K" if self.live else "") + line, flush=True)
 
 
+# Said once, where a checkpoint must wait for the one before it.
+SLOW_DISK = ("the disk is slower than the checkpoints: each waits for the one before it to be written "
+             "(a larger `checkpoint_interval` avoids the wait)")
+
+
+class RunTime:
+    """Where a run's wall-clock time goes, in seconds, added up over the run (and over its resumptions):
+
+    steps       training steps, their first left out
+    startup     from `train` being called to the first step's end: building, compiling, the first step
+    evaluation  measuring the validation loss, keeping the best model and the history (handing the files over)
+    checkpoints copying the model's and optimizer's state off the device
+    disk        waiting for files still being written: a checkpoint for the one before it, the run's end for all
+    sampling    the text samples TensorBoard shows
+    """
+
+    PARTS = ("steps", "startup", "evaluation", "checkpoints", "disk", "sampling")
+
+    def __init__(self, row=None):
+        # What earlier processes of the run spent (from the last history row), and this one.
+        self.before = {part: (row or {}).get(f"{part}_s", 0.0) for part in self.PARTS}
+        self.seconds = dict.fromkeys(self.PARTS, 0.0)
+
+    def add(self, part, seconds):
+        self.seconds[part] += seconds
+
+    @contextlib.contextmanager
+    def counting(self, part, writer=None):
+        """Time the block as `part`, less the parts counted inside it: the time it waited for `writer` is
+        `disk`, a sample's `sampling`."""
+        started, counted = time.perf_counter(), sum(self.seconds.values())
+        waited = writer.waited_s if writer else 0.0
+        try:
+            yield
+        finally:
+            self.add("disk", (writer.waited_s if writer else 0.0) - waited)
+            self.add(part, time.perf_counter() - started - (sum(self.seconds.values()) - counted))
+
+    def columns(self):
+        """The history's columns, over the whole run: `steps_s`, `startup_s`, ..."""
+        return {f"{part}_s": round(self.before[part] + seconds, 2) for part, seconds in self.seconds.items()}
+
+    def summary(self):
+        """This process's parts in one line: each one's seconds and share."""
+        total = sum(self.seconds.values()) or 1.0
+        return ", ".join(f"{part} {seconds:.1f} s ({seconds / total:.0%})" for part, seconds in self.seconds.items()
+                         if seconds >= 0.05 or part == "steps")
+
+
 def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=False, stop_request=None,
           callbacks=(), metrics=None, peak_flops=None, tensorboard=None, sample=None):
     """Train `model` with `model.fit`; return the evaluation records.
@@ -220,10 +271,16 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
     loss is measured; the best model by validation loss is saved to
     `out_dir/model.keras`, with `history.csv` and `loss.png` beside it. Each
     evaluation also records the validation loss in bits per character and
-    the tokens trained per second since the last. Every `checkpoint_interval`
-    steps, and when a stop is requested (Ctrl-C, SIGTERM), a checkpoint is
-    written from which `resume=True` continues exactly. The model in memory
-    ends with the last step's weights.
+    the tokens trained per second since the last (the steps' own speed), the
+    tokens per second of the whole run so far (its wall-clock time) and where
+    that time went (`RunTime`). Every `checkpoint_interval` steps, and when a
+    stop is requested (Ctrl-C, SIGTERM), a checkpoint is written from which
+    `resume=True` continues exactly. The model in memory ends with the last
+    step's weights.
+
+    Files are written on a thread of their own (`file_writer.FileWriter`)
+    from copies taken at their step, so that the steps go on while the disk
+    writes them; the run waits for every write before it returns or stops.
 
     metrics: a name for each function of the model that returns a fraction
         (a Seq2Seq's exact match, say): each evaluation records and shows it.
@@ -234,6 +291,7 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
         as a text sample if given.
     callbacks: more Keras callbacks, given to every `fit` call.
     """
+    called = time.perf_counter()
     out_dir = pathlib.Path(out_dir)
     if model.dtype_policy.name != dtype_policy(config.precision):
         raise ConfigError(
@@ -267,18 +325,30 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
                              tensorboard and history.TensorBoardLog(tensorboard), sample)
     throughput = history.Throughput(config.batch_size * block_size)
     progress = _Progress(state.step, config.max_iters, verbose)
-    started = time.perf_counter()
+    started = called
     elapsed_before = state.rows[-1]["elapsed_s"] if state.rows else 0.0
+    run_time = RunTime(state.rows[-1] if state.rows else None)
+    first_step, first_fit = state.step, True
     with contextlib.ExitStack() as stack:
         stop_request = stop_request or stack.enter_context(StopRequest())
         if evaluation.tensorboard:
             stack.callback(evaluation.tensorboard.close)
+        # Closed (every write waited for) before the run returns or stops, whatever stops it.
+        writer = stack.enter_context(FileWriter(on_slow_disk=lambda: progress.say(SLOW_DISK)))
+        evaluation.writer = writer
         for boundary in (b for b in boundaries if b > state.step):
             watcher = _StepWatcher(stop_request, progress, config.seed, state.step, config.grad_accum)
             batches = _batches(train_ids, block_size, config.batch_size, boundary - state.step, seed=config.seed,
                                first_index=state.step, micro_batches=config.grad_accum, part=part)
             fit_started = time.perf_counter()
             model.fit(batches, epochs=1, shuffle=False, callbacks=[watcher, *callbacks], verbose=0)
+            fit_ended = watcher.last_batch_ended or time.perf_counter()
+            if first_fit and watcher.first_batch_ended is not None:
+                run_time.add("startup", watcher.first_batch_ended - started)
+                run_time.add("steps", fit_ended - watcher.first_batch_ended)
+                first_fit = False
+            else:
+                run_time.add("steps", fit_ended - fit_started)
             throughput.add(watcher.batches, fit_started, watcher.first_batch_ended, watcher.last_batch_ended)
             state.step += watcher.steps
             if not math.isfinite(watcher.mean_loss):
@@ -289,17 +359,29 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
             state.loss_sum += watcher.mean_loss * watcher.steps
             state.loss_steps += watcher.steps
             if state.step % config.eval_interval == 0 or state.step == config.max_iters:
-                elapsed = elapsed_before + time.perf_counter() - started
-                progress.say(evaluation.run(state, elapsed, throughput.take()))
+                elapsed = time.perf_counter() - started
+                tokens = (state.step - first_step) * config.grad_accum * config.batch_size * block_size
+                with run_time.counting("evaluation", writer):
+                    line = evaluation.run(state, elapsed_before + elapsed, throughput.take(), tokens / elapsed,
+                                          run_time)
+                progress.say(line)
             checkpoint_due = state.step % config.checkpoint_interval == 0 or state.step == config.max_iters
             if checkpoint_due or stop_request.requested:
-                save_checkpoint(model, state, config, out_dir)
+                with run_time.counting("checkpoints", writer):
+                    save_checkpoint(model, state, config, out_dir, writer)
             if stop_request.requested and state.step < config.max_iters:
                 raise TrainingInterrupted(
                     f"training stopped at step {state.step} of {config.max_iters}; checkpoint saved in "
                     f"{out_dir}; continue it with `resume=True`",
                     stop_request.signal_number,
                 )
+        with run_time.counting("disk", writer):
+            writer.close()  # the run's end waits for every file
+    elapsed = time.perf_counter() - started
+    tokens = (state.step - first_step) * config.grad_accum * config.batch_size * block_size
+    if tokens:
+        progress.say(f"trained {state.step - first_step:,} steps in {elapsed:.0f} s: {tokens / elapsed:,.0f} "
+                     f"tokens/s over the whole run ({run_time.summary()})")
     return state.rows
 
 
@@ -323,8 +405,9 @@ class _Evaluation:
     utilisation_per_token: float  # MFU per token per second; None when not measured
     tensorboard: history.TensorBoardLog
     sample: object  # a function of the model that returns text, for TensorBoard
+    writer: FileWriter = None  # writes the model, the history and the plot
 
-    def run(self, state, elapsed, tokens_per_s):
+    def run(self, state, elapsed, tokens_per_s, run_tokens_per_s, run_time):
         """Measure, record, keep the best model; return a line to show."""
         model = self.model
         val_loss = float(model.evaluate(self.validation_batches, verbose=0))
@@ -336,22 +419,30 @@ class _Evaluation:
         if self.utilisation_per_token:
             row["mfu"] = tokens_per_s * self.utilisation_per_token
         row["elapsed_s"] = round(elapsed, 2)
+        row["run_tokens_per_s"] = run_tokens_per_s
         row.update({name: measure(model) for name, measure in self.metrics.items()})
+        row.update(run_time.columns())
         state.rows.append(row)
         state.loss_sum, state.loss_steps = 0.0, 0
         improved = val_loss < state.best_val_loss
         if improved:
             state.best_val_loss = val_loss
-            saving.save(model, self.out_dir / "model.keras")
-        history.write_history(state.rows, self.out_dir / "history.csv")
-        plot_losses(state.rows, self.out_dir / "loss.png")
+            saving.save(model, self.out_dir / "model.keras", self.writer)
+        rows = copy.deepcopy(state.rows)  # as they are now: the writer's thread reads them later
+        # Both follow from the checkpoint's own record: renamed into place whole, not synced.
+        self.writer.write(self.out_dir / "history.csv", lambda path: history.write_history(rows, path), sync=False)
+        self.writer.write(self.out_dir / "loss.png", lambda path: plot_losses(rows, path), sync=False)
         if self.tensorboard:
-            self.tensorboard.write(row, self.sample and self.sample(model), self.metrics)
+            sampling_started = time.perf_counter()
+            text = self.sample and self.sample(model)
+            run_time.add("sampling", time.perf_counter() - sampling_started)
+            self.tensorboard.write(row, text, self.metrics)
         return (
             f"step {row['step']}: train loss {row['train_loss']:.4f}, val loss {val_loss:.4f}"
             + (f", {row['val_bits_per_char']:.3f} bits/char" if "val_bits_per_char" in row else "")
             + "".join(f", {name.replace('_', ' ')} {row[name]:.1%}" for name in self.metrics)
             + (f"{' (best so far, saved)' if improved else ''}  [{row['elapsed_s']:.0f} s"
                + (f", {tokens_per_s:,.0f} tokens/s" if math.isfinite(tokens_per_s) else "")
+               + f", whole run {run_tokens_per_s:,.0f} tokens/s"
                + (f", MFU {row['mfu']:.1%}" if "mfu" in row and math.isfinite(row["mfu"]) else "") + "]")
         )

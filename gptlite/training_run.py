@@ -23,7 +23,7 @@ import keras
 import numpy as np
 
 from gptlite import chat, conversations, data, generation, pairs, pretrained, run_config, templates, training
-from gptlite.checkpoints import CHECKPOINT_STATE, CHECKPOINT_WEIGHTS, read_checkpoint
+from gptlite.checkpoints import CHECKPOINT, CHECKPOINT_FILES, FORMAT_1_STATE, read_checkpoint
 from gptlite.distribute import check_accumulation, data_parallel, on_gpu
 from gptlite.errors import ConfigError, InputError, MissingFileError, RunExistsError
 from gptlite.evaluation import exact_matches
@@ -340,7 +340,7 @@ def _check_folder(out_dir, overwrite):
     """
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"`out_dir` {out_dir} is a file, not a folder")
-    existing = [out_dir / name for name in ("model.keras", CHECKPOINT_STATE) if (out_dir / name).exists()]
+    existing = [out_dir / name for name in ("model.keras", CHECKPOINT, FORMAT_1_STATE) if (out_dir / name).exists()]
     if existing and not overwrite:
         raise RunExistsError(f"{existing[0]} already exists; set `resume=True` to continue that run, "
                              f"`overwrite=True` to replace it, or choose another `out_dir`")
@@ -360,7 +360,7 @@ def _make_folder(out_dir, overwrite):
         raise InputError(f"cannot write to `out_dir` {out_dir}: {error.strerror}") from None
     if overwrite:
         # The replaced run's checkpoint must not be resumed into the new one.
-        for name in (CHECKPOINT_STATE, CHECKPOINT_WEIGHTS):
+        for name in CHECKPOINT_FILES:
             (out_dir / name).unlink(missing_ok=True)
 
 
@@ -371,7 +371,7 @@ def _removed_if_refused(out_dir):
     try:
         yield
     except (ConfigError, InputError, MissingFileError, RunExistsError):
-        trained = any((out_dir / name).exists() for name in ("model.keras", CHECKPOINT_STATE))
+        trained = any((out_dir / name).exists() for name in ("model.keras", CHECKPOINT, FORMAT_1_STATE))
         if not existed and out_dir.is_dir() and not trained:
             shutil.rmtree(out_dir, ignore_errors=True)
         raise

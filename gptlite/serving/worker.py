@@ -134,11 +134,10 @@ class Worker:
 
         Requests that come meanwhile are served between two plans (one
         waits for the plan being compiled at most, then for its own
-        programs). On the worker's own thread, in a fixed order: TensorFlow
-        names what it traces in order, so a start that traces in the same
-        order finds its programs in the compile cache. Programs that only
-        some requests need (log-probabilities, a repetition penalty) compile
-        when first asked for.
+        programs). On a warm compile cache each plan's programs are loaded,
+        not traced or compiled (see `gptlite.compiled`). Programs that only
+        some requests need (log-probabilities, a repetition penalty) are
+        built when first asked for.
         """
         import keras
 
