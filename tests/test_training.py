@@ -1,10 +1,14 @@
 import csv
 import dataclasses
+import errno
+import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 
 import keras
 import numpy as np
@@ -201,6 +205,151 @@ def test_interrupted_and_resumed_run_matches_an_uninterrupted_one(tmp_path, toke
     for got, want in zip(resumed, uninterrupted):
         assert got["val_loss"] == pytest.approx(want["val_loss"], abs=1e-4)
         assert got["train_loss"] == pytest.approx(want["train_loss"], abs=1e-4)
+
+
+class HeldDisk:
+    """A disk whose first fsync waits until the test lets it go (the later ones pass), `holding` it from then.
+
+    It is let go once `release_after` steps ran after the hold began, or at once when the run waits for its
+    writes (it must, before a checkpoint whose last one is still held, and at its end). `steps` counts the
+    training steps (a Keras callback); `steps_when_held` and `steps_when_released`, those before each.
+    """
+
+    WAIT = 120
+
+    def __init__(self, monkeypatch, release_after=None):
+        self.held, self.released, self.holding = threading.Event(), threading.Event(), False
+        self.steps, self.steps_when_held, self.steps_when_released = 0, None, None
+        self.release_after = release_after
+        fsync, wait_for = os.fsync, training.FileWriter._wait_for
+
+        def slow_fsync(descriptor):
+            if self.holding and not self.released.is_set():
+                self.steps_when_held = self.steps
+                self.held.set()
+                assert self.released.wait(self.WAIT), "the disk was never released"
+            fsync(descriptor)
+
+        def waiting(writer, writes):
+            self.release()
+            wait_for(writer, writes)
+
+        monkeypatch.setattr(os, "fsync", slow_fsync)
+        monkeypatch.setattr(training.FileWriter, "_wait_for", waiting)
+        disk = self
+
+        class Steps(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                disk.steps += 1
+                held = disk.steps_when_held
+                if disk.release_after is not None and held is not None and disk.steps >= held + disk.release_after:
+                    disk.release()
+
+        self.callback = Steps()
+
+    def release(self):
+        if not self.released.is_set():
+            self.steps_when_released = self.steps
+            self.released.set()
+
+
+def run_with(tokenizer, text, out, callbacks=(), stop_request=None, resume=False, checkpoint_interval=20):
+    keras.utils.set_random_seed(5)
+    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=16,
+                        dropout=0.1, tokenizer=tokenizer)
+    model.build((None, 16))
+    train_ids, validation_ids = data.split(tokenizer.encode(text))
+    config = gptlite.TrainingConfig(batch_size=8, max_iters=60, lr=3e-3, min_lr=3e-4, warmup_iters=5,
+                                    eval_interval=20, eval_iters=2, checkpoint_interval=checkpoint_interval, seed=5)
+    if callable(stop_request):
+        stop_request = stop_request(model)
+    rows = training.train(model, train_ids, validation_ids, config, out, verbose=0, resume=resume,
+                          stop_request=stop_request, callbacks=list(callbacks))
+    return model, rows
+
+
+def test_steps_go_on_while_a_checkpoint_is_written_and_it_holds_its_own_step(tmp_path, tokenizer, text,
+                                                                             uninterrupted, monkeypatch):
+    # From the first write on (step 20's best model, then its checkpoint), the disk syncs nothing for 10 steps.
+    disk = HeldDisk(monkeypatch, release_after=10)
+    disk.holding = True
+    kept = tmp_path / "at step 20"
+    kept.mkdir()
+    replace = os.replace
+
+    def keeping_the_first_checkpoint(source, target):
+        replace(source, target)
+        if str(target).endswith(checkpoints.CHECKPOINT) and not (kept / checkpoints.CHECKPOINT).exists():
+            shutil.copy(target, kept / checkpoints.CHECKPOINT)
+
+    monkeypatch.setattr(os, "replace", keeping_the_first_checkpoint)
+    run_with(tokenizer, text, tmp_path / "run", callbacks=[disk.callback])
+    # Step 20's files were handed over at step 20 and were still not all on disk after more steps had run.
+    assert disk.steps_when_released > 20 and disk.steps == 60
+    # The checkpoint written after them holds step 20 as it was: resumed, the run ends as an uninterrupted one.
+    assert checkpoints.read_checkpoint(kept)["step"] == 20
+    monkeypatch.setattr(os, "replace", replace)
+    _, resumed = small_run(tokenizer, text, kept, resume=True)
+    assert [row["step"] for row in resumed] == [20, 40, 60]
+    for got, want in zip(resumed, uninterrupted):
+        assert got["val_loss"] == pytest.approx(want["val_loss"], abs=1e-4)
+        assert got["train_loss"] == pytest.approx(want["train_loss"], abs=1e-4)
+
+
+def test_a_stop_during_a_write_waits_for_it_and_leaves_every_file_whole(tmp_path, tokenizer, text, monkeypatch):
+    # The disk is let go only once the run waits for its writes (step 25's checkpoint for step 20's, then the
+    # run's end for all): a run that did not wait would end before any file of step 25 were on disk.
+    disk = HeldDisk(monkeypatch)
+    disk.holding = True
+    with pytest.raises(gptlite.TrainingInterrupted, match="stopped at step 25 of 60"):
+        run_with(tokenizer, text, tmp_path, callbacks=[disk.callback], stop_request=lambda m: StopAtStep(m, 25))
+    assert disk.steps_when_released == 25
+    assert checkpoints.read_checkpoint(tmp_path)["step"] == 25
+    assert gptlite.load(tmp_path / "model.keras").config.n_embd == 16
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(".")]  # no temporary file left
+
+
+def test_a_failed_write_stops_the_run_and_leaves_the_last_good_checkpoint(tmp_path, tokenizer, text, monkeypatch):
+    fsync, replace = os.fsync, os.replace
+    full = threading.Event()
+
+    def full_after_the_first_checkpoint(source, target):
+        replace(source, target)
+        if str(target).endswith(checkpoints.CHECKPOINT):
+            full.set()
+
+    def full_disk(descriptor):
+        if full.is_set():
+            raise OSError(errno.ENOSPC, "No space left on device")
+        fsync(descriptor)
+
+    monkeypatch.setattr(os, "replace", full_after_the_first_checkpoint)
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(gptlite.GPTLiteError, match="^cannot write .*: No space left on device$") as raised:
+        run_with(tokenizer, text, tmp_path)
+    assert "\n" not in str(raised.value)
+    assert checkpoints.read_checkpoint(tmp_path)["step"] == 20
+    assert gptlite.load(tmp_path / "model.keras").config.n_embd == 16
+
+
+def test_a_checkpoint_of_the_earlier_format_still_resumes(tmp_path, tokenizer, text, uninterrupted):
+    """Format 1, as earlier versions wrote it: Keras's weights file with the optimizer state, and a document."""
+    keras.utils.set_random_seed(5)
+    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=16,
+                        dropout=0.1, tokenizer=tokenizer)
+    model.build((None, 16))
+    with pytest.raises(gptlite.TrainingInterrupted):
+        small_run(tokenizer, text, tmp_path, stop_request=StopAtStep(model, 27), model=model)
+    document = checkpoints.read_checkpoint(tmp_path)
+    model.save_weights(tmp_path / checkpoints.FORMAT_1_WEIGHTS)
+    document.update(format=1, seed_states=[keras.ops.convert_to_numpy(variable).tolist()
+                                           for variable in checkpoints._seed_states(model)])
+    (tmp_path / checkpoints.FORMAT_1_STATE).write_text(json.dumps(document))
+    (tmp_path / checkpoints.CHECKPOINT).unlink()
+    _, resumed = small_run(tokenizer, text, tmp_path, resume=True)
+    assert [row["step"] for row in resumed] == [20, 40, 60]
+    for got, want in zip(resumed, uninterrupted):
+        assert got["val_loss"] == pytest.approx(want["val_loss"], abs=1e-4)
 
 
 def test_resume_without_a_checkpoint_is_refused(tmp_path):
