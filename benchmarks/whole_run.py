@@ -17,10 +17,14 @@ state go to ckpt.pt with `torch.save`, which syncs nothing.
 
 Reported, medians over the rounds: each run's wall time (the training call;
 for the reference its loop), the steps' own time (gptlite: its history's
-tokens per second; the reference: the median step), and the steady state:
-the wall time of the longest run less the shortest's, over their difference
-in steps, as a multiple of the bare step. gptlite's run also reports where
-its time went (the history's last `*_s` columns, where the code has them).
+tokens per second; the reference: the median step), and two steady states,
+each as a multiple of the bare step: the wall time of the longest run less
+the shortest's, over their difference in steps ("whole"), and, within the
+longest run, the time from its first evaluation to its last but one over
+the steps between ("mid-run": the evaluations, checkpoints and writes in
+between count, the start and the end's wait for the disk do not). gptlite's
+run also reports where its time went (the history's last `*_s` columns,
+where the code has them).
 """
 
 import argparse
@@ -56,7 +60,8 @@ rows, config = run.history, run.training_config
 tokens = config.batch_size * run.model.config.block_size * config.grad_accum
 step_s = statistics.median(tokens / row["tokens_per_s"] for row in rows)
 parts = {name: value for name, value in rows[-1].items() if name.endswith("_s") and name != "elapsed_s"}
-print(json.dumps(dict(wall_s=wall, step_s=step_s, parts=parts)))
+evaluations = {row["step"]: row["elapsed_s"] for row in rows}
+print(json.dumps(dict(wall_s=wall, step_s=step_s, parts=parts, evaluations=evaluations)))
 """
 
 REFERENCE = """
@@ -76,12 +81,13 @@ ids = np.array([index[c] for c in characters], dtype=np.uint16)
 cut = int(len(ids) * 0.9)
 started = time.perf_counter()
 trainer = ReferenceTrainer(ids[:cut], ids[cut:], len(vocabulary), settings)
-step_times = []
+step_times, evaluations = [], {}
 for iteration in range(1, steps + 1):
     began = time.perf_counter()
     trainer.step()
     step_times.append(time.perf_counter() - began)
     if iteration % settings["eval_interval"] == 0 or iteration == steps:
+        evaluations[iteration] = time.perf_counter() - started
         # nanoGPT's estimate_loss: both splits; then always_save_checkpoint.
         trainer.validation_loss(settings["eval_iters"])
         saved_ids, trainer.validation_ids = trainer.validation_ids, trainer.train_ids
@@ -90,7 +96,7 @@ for iteration in range(1, steps + 1):
         torch.save({"model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
                     "iter_num": iteration}, os.path.join(out, "ckpt.pt"))
 wall = time.perf_counter() - started
-print(json.dumps(dict(wall_s=wall, step_s=statistics.median(step_times[1:]), parts={})))
+print(json.dumps(dict(wall_s=wall, step_s=statistics.median(step_times[1:]), parts={}, evaluations=evaluations)))
 """
 
 
@@ -133,10 +139,20 @@ def main():
     for name, by_steps in results.items():
         wall = {steps: statistics.median(result["wall_s"] for result in runs) for steps, runs in by_steps.items()}
         step_s = statistics.median(result["step_s"] for runs in by_steps.values() for result in runs)
-        steady = (wall[longest] - wall[shortest]) / (longest - shortest)
-        report[name] = {"wall_s": wall, "step_ms": round(step_s * 1000, 2), "steady_ms": round(steady * 1000, 2),
-                        "steady_over_step": round(steady / step_s, 3),
-                        "parts_of_longest": by_steps[longest][-1]["parts"]}
+        report[name] = {"wall_s": wall, "step_ms": round(step_s * 1000, 2)}
+        if longest > shortest:
+            steady = (wall[longest] - wall[shortest]) / (longest - shortest)
+            report[name].update(whole_steady_ms=round(steady * 1000, 2), whole_over_step=round(steady / step_s, 3))
+        mid = []
+        for result in by_steps[longest]:
+            marks = sorted((int(float(step)), seconds) for step, seconds in result["evaluations"].items())
+            if len(marks) >= 3:
+                (first, began), (last, ended) = marks[0], marks[-2]
+                mid.append((ended - began) / (last - first))
+        if mid:
+            report[name].update(mid_run_ms=round(statistics.median(mid) * 1000, 2),
+                                mid_run_over_step=round(statistics.median(mid) / step_s, 3))
+        report[name]["parts_of_longest"] = by_steps[longest][-1]["parts"]
     print(json.dumps(report, indent=1))
 
 

@@ -50,14 +50,9 @@ def _adapter_variables(model):
             for variable in (layer.kernel, layer.lora_a, layer.lora_b)]
 
 
-def save_checkpoint(model, state, config, out_dir, writer):
-    """Take a checkpoint of the run at this step and hand it to `writer` (a `file_writer.FileWriter`).
-
-    Every variable of the model and its optimizer is copied off the device
-    now, and the run's document serialized now, so that training may go on
-    while the writer writes them, as one file. A checkpoint waits for the
-    one before it to be on disk.
-    """
+def snapshot(model):
+    """Every variable of the model and its optimizer, copied off the device now: what a checkpoint holds of
+    this step while training goes on."""
     arrays = {}
     for prefix, variables in (("model", model.variables), ("optimizer", model.optimizer.variables)):
         for index, variable in enumerate(variables):
@@ -65,20 +60,26 @@ def save_checkpoint(model, state, config, out_dir, writer):
             arrays[f"{prefix}_{index}"] = _portable(np.array(keras.ops.convert_to_numpy(variable), copy=True))
     arrays["dtypes"] = np.array([str(variable.dtype) for variable in (*model.variables,
                                                                       *model.optimizer.variables)])
-    arrays["document"] = np.array(json.dumps(dict(
+    return arrays
+
+
+def save_checkpoint(model, arrays, state, config, out_dir, writer, on_written=None):
+    """Hand a checkpoint to `writer` (a `file_writer.FileWriter`): `arrays` (the `snapshot` of its step) and
+    the run's document, serialized now from `state` (a RunState as of that step), as one file."""
+    document = json.dumps(dict(
         format=CHECKPOINT_FORMAT,
         step=state.step,
         model_class=type(model).__name__,
         model_config=model.get_config(),
         training_config=dataclasses.asdict(config),
         run_state=dataclasses.asdict(state),
-    ), indent=1))
+    ), indent=1)
 
     def write(temporary):
         with open(temporary, "wb") as file:
-            np.savez(file, **arrays)
+            np.savez(file, document=np.array(document), **arrays)
 
-    writer.write(pathlib.Path(out_dir) / CHECKPOINT, write, after_the_last=True)
+    writer.write(pathlib.Path(out_dir) / CHECKPOINT, write, on_written=on_written)
 
 
 def _portable(array):

@@ -17,16 +17,21 @@ def save(model, path, writer=None):
     With `writer` (a `file_writer.FileWriter`), the file is written on the
     writer's thread from a copy of the model made now; training may go on.
     """
-    # A fresh, uncompiled copy: the file then holds what generation needs and
-    # loads without rebuilding an optimizer.
-    inference_copy = type(model).from_config(model.get_config())
-    inference_copy.build((None, model.config.block_size))
-    copy_weights(model, inference_copy)
+    copy = inference_copy(model)
     if writer is not None:
-        writer.write(path, inference_copy.save)
+        writer.write(path, copy.save)
         return
     with atomic_path(path) as temporary:
-        inference_copy.save(temporary)
+        copy.save(temporary)
+
+
+def inference_copy(model):
+    """A fresh, uncompiled model of the same config with `model`'s weights (LoRA adapters merged): what a
+    saved file holds, and loads without rebuilding an optimizer."""
+    copy = type(model).from_config(model.get_config())
+    copy.build((None, model.config.block_size))
+    copy_weights(model, copy)
+    return copy
 
 
 def copy_weights(source, target):

@@ -14,7 +14,8 @@ import time
 import keras
 
 from gptlite import history, saving
-from gptlite.checkpoints import RunState, restore_checkpoint, save_checkpoint
+from gptlite.background import Jobs
+from gptlite.checkpoints import RunState, restore_checkpoint, save_checkpoint, snapshot
 from gptlite.data import RandomWindows
 from gptlite.distribute import mirrored, process_part
 from gptlite.errors import ConfigError, TrainingDiverged, TrainingInterrupted
@@ -216,17 +217,18 @@ SLOW_DISK = ("the disk is slower than the checkpoints: each waits for the one be
 
 
 class RunTime:
-    """Where a run's wall-clock time goes, in seconds, added up over the run (and over its resumptions):
+    """Where a run's wall-clock time goes on the training thread, in seconds, added up over the run (and over
+    its resumptions):
 
     steps       training steps, their first left out
     startup     from `train` being called to the first step's end: building, compiling, the first step
-    evaluation  measuring the validation loss, keeping the best model and the history (handing the files over)
+    evaluation  copying the weights for an evaluation, and waiting for the one before where it is not done
+                (the evaluations themselves run beside the steps: `_Evaluations`)
     checkpoints copying the model's and optimizer's state off the device
-    disk        waiting for files still being written: a checkpoint for the one before it, the run's end for all
-    sampling    the text samples TensorBoard shows
+    disk        waiting for files: a checkpoint for the one before it, the run's end for all
     """
 
-    PARTS = ("steps", "startup", "evaluation", "checkpoints", "disk", "sampling")
+    PARTS = ("steps", "startup", "evaluation", "checkpoints", "disk")
 
     def __init__(self, row=None):
         # What earlier processes of the run spent (from the last history row), and this one.
@@ -237,16 +239,15 @@ class RunTime:
         self.seconds[part] += seconds
 
     @contextlib.contextmanager
-    def counting(self, part, writer=None):
-        """Time the block as `part`, less the parts counted inside it: the time it waited for `writer` is
-        `disk`, a sample's `sampling`."""
-        started, counted = time.perf_counter(), sum(self.seconds.values())
-        waited = writer.waited_s if writer else 0.0
+    def counting(self, part, disk_waits=lambda: 0.0):
+        """Time the block as `part`, less what it waited for the disk (`disk_waits()`, a running total)."""
+        started, waited = time.perf_counter(), disk_waits()
         try:
             yield
         finally:
-            self.add("disk", (writer.waited_s if writer else 0.0) - waited)
-            self.add(part, time.perf_counter() - started - (sum(self.seconds.values()) - counted))
+            waited = disk_waits() - waited
+            self.add("disk", waited)
+            self.add(part, time.perf_counter() - started - waited)
 
     def columns(self):
         """The history's columns, over the whole run: `steps_s`, `startup_s`, ..."""
@@ -319,10 +320,6 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
         | {s for s in range(config.checkpoint_interval, config.max_iters, config.checkpoint_interval)}
         | {config.max_iters}
     )
-    evaluation = _Evaluation(model, validation_batches, metrics or {}, out_dir,
-                             history.characters_per_token(model.tokenizer, validation_ids),
-                             peak_flops and model.training_flops_per_token() / peak_flops,
-                             tensorboard and history.TensorBoardLog(tensorboard), sample)
     throughput = history.Throughput(config.batch_size * block_size)
     progress = _Progress(state.step, config.max_iters, verbose)
     started = called
@@ -331,18 +328,22 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
     first_step, first_fit = state.step, True
     with contextlib.ExitStack() as stack:
         stop_request = stop_request or stack.enter_context(StopRequest())
-        if evaluation.tensorboard:
-            stack.callback(evaluation.tensorboard.close)
-        # Closed (every write waited for) before the run returns or stops, whatever stops it.
-        writer = stack.enter_context(FileWriter(on_slow_disk=lambda: progress.say(SLOW_DISK)))
-        evaluation.writer = writer
+        # Closed before the run returns or stops, whatever stops it: first the evaluations (which hand their
+        # files to the writer), then the writer (every file on disk).
+        writer = stack.enter_context(FileWriter())
+        evaluations = stack.enter_context(_Evaluations(
+            model, validation_batches, metrics or {}, out_dir, history.characters_per_token(model.tokenizer,
+                                                                                            validation_ids),
+            peak_flops and model.training_flops_per_token() / peak_flops,
+            tensorboard and history.TensorBoardLog(tensorboard), sample, writer, progress.say))
+        disk_waits = lambda: writer.waited_s + evaluations.disk_waited_s
         for boundary in (b for b in boundaries if b > state.step):
             watcher = _StepWatcher(stop_request, progress, config.seed, state.step, config.grad_accum)
             batches = _batches(train_ids, block_size, config.batch_size, boundary - state.step, seed=config.seed,
                                first_index=state.step, micro_batches=config.grad_accum, part=part)
             fit_started = time.perf_counter()
             model.fit(batches, epochs=1, shuffle=False, callbacks=[watcher, *callbacks], verbose=0)
-            fit_ended = watcher.last_batch_ended or time.perf_counter()
+            fit_ended = time.perf_counter()
             if first_fit and watcher.first_batch_ended is not None:
                 run_time.add("startup", watcher.first_batch_ended - started)
                 run_time.add("steps", fit_ended - watcher.first_batch_ended)
@@ -361,21 +362,22 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
             if state.step % config.eval_interval == 0 or state.step == config.max_iters:
                 elapsed = time.perf_counter() - started
                 tokens = (state.step - first_step) * config.grad_accum * config.batch_size * block_size
-                with run_time.counting("evaluation", writer):
-                    line = evaluation.run(state, elapsed_before + elapsed, throughput.take(), tokens / elapsed,
-                                          run_time)
-                progress.say(line)
+                with run_time.counting("evaluation", disk_waits):
+                    evaluations.evaluate(state, elapsed_before + elapsed, throughput.take(), tokens / elapsed,
+                                         run_time)
             checkpoint_due = state.step % config.checkpoint_interval == 0 or state.step == config.max_iters
             if checkpoint_due or stop_request.requested:
-                with run_time.counting("checkpoints", writer):
-                    save_checkpoint(model, state, config, out_dir, writer)
+                with run_time.counting("checkpoints", disk_waits):
+                    evaluations.checkpoint(state, config, out_dir)
             if stop_request.requested and state.step < config.max_iters:
                 raise TrainingInterrupted(
                     f"training stopped at step {state.step} of {config.max_iters}; checkpoint saved in "
                     f"{out_dir}; continue it with `resume=True`",
                     stop_request.signal_number,
                 )
-        with run_time.counting("disk", writer):
+        with run_time.counting("evaluation", disk_waits):
+            evaluations.close()
+        with run_time.counting("disk", disk_waits):
             writer.close()  # the run's end waits for every file
     elapsed = time.perf_counter() - started
     tokens = (state.step - first_step) * config.grad_accum * config.batch_size * block_size
@@ -393,51 +395,91 @@ def _batches(token_ids_or_pairs, block_size, batch_size, count, **kwargs):
     return RandomWindows(token_ids_or_pairs, block_size, batch_size, count, **kwargs)
 
 
-@dataclasses.dataclass
-class _Evaluation:
-    """What each evaluation measures, and where it goes."""
+class _Evaluations:
+    """A run's evaluations and its checkpoints' documents, done in order on a thread of their own
+    (`background.Jobs`), so that the steps go on meanwhile.
 
-    model: keras.Model
-    validation_batches: object
-    metrics: dict
-    out_dir: pathlib.Path
-    characters_per_token: float  # None without a tokenizer
-    utilisation_per_token: float  # MFU per token per second; None when not measured
-    tensorboard: history.TensorBoardLog
-    sample: object  # a function of the model that returns text, for TensorBoard
-    writer: FileWriter = None  # writes the model, the history and the plot
+    An evaluation measures a copy of the model taken at its step (`shadow`,
+    built once; the weights are copied in at each evaluation, once the one
+    before is done): the validation loss and the metrics. It then records
+    the row, keeps the best model (a copy handed to the writer), hands the
+    history and the plot to the writer, writes TensorBoard's record, and
+    says its line. A checkpoint's variables are copied at its own step, on
+    the training thread; its document names the evaluations before it, so
+    it is written after them, from the same queue, and it waits for the
+    checkpoint before it to be on disk (said once, where the disk is slower
+    than the checkpoints). Where evaluations cannot run beside the steps
+    (`_evaluations_beside_the_steps`), all of it is done at once, on the
+    training thread; the files are still written on the writer's.
+    """
 
-    def run(self, state, elapsed, tokens_per_s, run_tokens_per_s, run_time):
-        """Measure, record, keep the best model; return a line to show."""
-        model = self.model
-        val_loss = float(model.evaluate(self.validation_batches, verbose=0))
-        row = dict(step=state.step, train_loss=state.loss_sum / state.loss_steps, val_loss=val_loss)
+    def __init__(self, model, validation_batches, metrics, out_dir, characters_per_token, utilisation_per_token,
+                 tensorboard, sample, writer, say):
+        self.model, self.validation_batches, self.metrics, self.out_dir = model, validation_batches, metrics, out_dir
+        self.characters_per_token = characters_per_token  # None without a tokenizer
+        self.utilisation_per_token = utilisation_per_token  # MFU per token per second; None when not measured
+        self.tensorboard, self.sample = tensorboard, sample  # sample: a function of a model returning text
+        self.writer, self.say = writer, say
+        self.disk_waited_s = 0.0
+        self.shadow = saving.inference_copy(model)
+        self.shadow.compile(loss=model.loss, jit_compile=model.jit_compile)
+        self._checkpoint_on_disk = None
+        self._told = False
+        self._jobs = Jobs("gptlite-evaluation", background=_evaluations_beside_the_steps())
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, trace):
+        try:
+            self.close()
+        except Exception:
+            if kind is None:
+                raise  # otherwise the run's own error goes on
+        finally:
+            if self.tensorboard:
+                self.tensorboard.close()
+
+    def close(self):
+        """Wait for every evaluation and checkpoint document; raise a failed one's error."""
+        self._jobs.close()
+
+    def evaluate(self, state, elapsed, tokens_per_s, run_tokens_per_s, run_time):
+        """At an evaluation step, on the training thread: the step's own figures now, the rest on the thread."""
+        self._jobs.wait()  # the copy is free once the evaluation before is done
+        saving.copy_weights(self.model, self.shadow)
+        row = dict(step=state.step, train_loss=state.loss_sum / state.loss_steps,
+                   learning_rate=float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)),
+                   tokens_per_s=tokens_per_s, elapsed_s=round(elapsed, 2), run_tokens_per_s=run_tokens_per_s,
+                   **run_time.columns())
+        state.loss_sum, state.loss_steps = 0.0, 0
+        self._jobs.submit(lambda: self._evaluate(state, row))
+
+    def _evaluate(self, state, figures):
+        """Measure the copy, record the row, keep the best model, hand the files over, say the line."""
+        shadow = self.shadow
+        val_loss = float(shadow.evaluate(self.validation_batches, verbose=0))
+        row = dict(step=figures["step"], train_loss=figures["train_loss"], val_loss=val_loss)
         if self.characters_per_token:
             row["val_bits_per_char"] = val_loss / math.log(2) / self.characters_per_token
-        row["learning_rate"] = float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
-        row["tokens_per_s"] = tokens_per_s
+        row.update(learning_rate=figures["learning_rate"], tokens_per_s=figures["tokens_per_s"])
         if self.utilisation_per_token:
-            row["mfu"] = tokens_per_s * self.utilisation_per_token
-        row["elapsed_s"] = round(elapsed, 2)
-        row["run_tokens_per_s"] = run_tokens_per_s
-        row.update({name: measure(model) for name, measure in self.metrics.items()})
-        row.update(run_time.columns())
+            row["mfu"] = figures["tokens_per_s"] * self.utilisation_per_token
+        row.update({name: value for name, value in figures.items() if name not in row})
+        row.update({name: measure(shadow) for name, measure in self.metrics.items()})
         state.rows.append(row)
-        state.loss_sum, state.loss_steps = 0.0, 0
         improved = val_loss < state.best_val_loss
         if improved:
             state.best_val_loss = val_loss
-            saving.save(model, self.out_dir / "model.keras", self.writer)
+            saving.save(shadow, self.out_dir / "model.keras", self.writer)
         rows = copy.deepcopy(state.rows)  # as they are now: the writer's thread reads them later
         # Both follow from the checkpoint's own record: renamed into place whole, not synced.
         self.writer.write(self.out_dir / "history.csv", lambda path: history.write_history(rows, path), sync=False)
         self.writer.write(self.out_dir / "loss.png", lambda path: plot_losses(rows, path), sync=False)
         if self.tensorboard:
-            sampling_started = time.perf_counter()
-            text = self.sample and self.sample(model)
-            run_time.add("sampling", time.perf_counter() - sampling_started)
-            self.tensorboard.write(row, text, self.metrics)
-        return (
+            self.tensorboard.write(row, self.sample and self.sample(shadow), self.metrics)
+        tokens_per_s, run_tokens_per_s = row["tokens_per_s"], row["run_tokens_per_s"]
+        self.say(
             f"step {row['step']}: train loss {row['train_loss']:.4f}, val loss {val_loss:.4f}"
             + (f", {row['val_bits_per_char']:.3f} bits/char" if "val_bits_per_char" in row else "")
             + "".join(f", {name.replace('_', ' ')} {row[name]:.1%}" for name in self.metrics)
@@ -446,3 +488,45 @@ class _Evaluation:
                + f", whole run {run_tokens_per_s:,.0f} tokens/s"
                + (f", MFU {row['mfu']:.1%}" if "mfu" in row and math.isfinite(row["mfu"]) else "") + "]")
         )
+
+    def checkpoint(self, state, config, out_dir):
+        """At a checkpoint step, on the training thread: wait for the checkpoint before to be on disk, copy the
+        variables now, and leave the document and the writing to the thread."""
+        before = self._checkpoint_on_disk
+        if before is not None and not before.is_set():
+            if not self._told:
+                self._told = True
+                self.say(SLOW_DISK)
+            started = time.perf_counter()
+            while not before.wait(0.5):
+                # A failure before it (an evaluation's, or a write's) means it will never be written.
+                self._jobs.raise_failure()
+                self.writer.raise_failure()
+            self.disk_waited_s += time.perf_counter() - started
+        arrays = snapshot(self.model)
+        on_disk = self._checkpoint_on_disk = threading.Event()
+        as_of = dict(step=state.step, loss_sum=state.loss_sum, loss_steps=state.loss_steps)
+
+        def write():
+            # The rows and the best loss of every evaluation before it, the rest as of its step.
+            document = dataclasses.replace(state, rows=list(state.rows), **as_of)
+            save_checkpoint(self.model, arrays, document, config, out_dir, self.writer, on_written=on_disk.set)
+
+        self._jobs.submit(write)
+
+
+def _evaluations_beside_the_steps():
+    """Whether evaluations may run on a thread beside the steps and leave the run as it would be without them.
+
+    Not under a TensorFlow strategy or a Keras distribution, whose scope a
+    thread does not inherit; not on torch, whose one global generator gives
+    both the training's dropout masks and the evaluation's data loader their
+    random numbers, so that an evaluation beside the steps would change the
+    masks, and the losses, of the same seed.
+    """
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return not tf.distribute.has_strategy()
+    return backend == "jax" and keras.distribution.distribution() is None

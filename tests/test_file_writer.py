@@ -37,19 +37,19 @@ def test_a_write_returns_at_once_and_the_file_appears_whole_once_synced(tmp_path
     assert sorted(os.listdir(tmp_path)) == ["a.txt"]  # no temporary file left
 
 
-def test_a_write_after_the_last_of_its_file_waits_for_it_and_says_so_once(tmp_path, held_fsync):
+def test_on_written_comes_once_each_write_is_over_written_dropped_or_failed(tmp_path, held_fsync):
     release, entered = held_fsync
-    said = []
-    writer = FileWriter(on_slow_disk=lambda: said.append("slow"))
-    writer.write(tmp_path / "c.npz", lambda path: path.write_text("1"), after_the_last=True)
+    over = []
+    writer = FileWriter()
+    writer.write(tmp_path / "c.npz", lambda path: path.write_text("1"), on_written=lambda: over.append(1))
     assert entered.wait(WAIT)
-    threading.Timer(0.2, release.set).start()  # the disk catches up meanwhile; the wait is for the event
-    writer.write(tmp_path / "c.npz", lambda path: path.write_text("2"), after_the_last=True)
-    assert said == ["slow"] and writer.waited_s > 0
-    writer.write(tmp_path / "c.npz", lambda path: path.write_text("3"), after_the_last=True)
+    writer.write(tmp_path / "c.npz", lambda path: path.write_text("2"), on_written=lambda: over.append(2))
+    writer.write(tmp_path / "c.npz", lambda path: path.write_text("3"), on_written=lambda: over.append(3))
+    assert over == []  # the first is held; the others wait behind it
+    release.set()
     writer.close()
-    assert said == ["slow"]
-    assert (tmp_path / "c.npz").read_text() == "3" and writer.written == 3
+    assert over == [1, 2, 3] and (tmp_path / "c.npz").read_text() == "3"
+    assert writer.written == 2  # the second was dropped for the third, which came before it started
 
 
 def test_a_write_not_yet_started_is_dropped_for_a_newer_one_of_its_file(tmp_path, held_fsync):

@@ -1,9 +1,11 @@
 import csv
 import dataclasses
 import errno
+import io
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -165,6 +167,10 @@ class StopAtStep:
         return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)) >= self.step
 
 
+# The history's columns of time, which differ from run to run.
+TIMINGS = ("elapsed_s", "tokens_per_s", "run_tokens_per_s", *(f"{part}_s" for part in training.RunTime.PARTS))
+
+
 def small_run(tokenizer, text, out, stop_request=None, resume=False, model=None):
     if model is None:
         keras.utils.set_random_seed(5)
@@ -184,8 +190,7 @@ def uninterrupted(tmp_path_factory, tokenizer, text):
 
 def test_same_seed_gives_identical_loss_history(tmp_path, tokenizer, text, uninterrupted):
     _, again = small_run(tokenizer, text, tmp_path)
-    timings = ("elapsed_s", "tokens_per_s", "run_tokens_per_s", *(f"{part}_s" for part in training.RunTime.PARTS))
-    without_time = lambda rows: [{k: v for k, v in row.items() if k not in timings} for row in rows]
+    without_time = lambda rows: [{k: v for k, v in row.items() if k not in TIMINGS} for row in rows]
     assert without_time(again) == without_time(uninterrupted)
 
 
@@ -211,32 +216,37 @@ class HeldDisk:
     """A disk whose first fsync waits until the test lets it go (the later ones pass), `holding` it from then.
 
     It is let go once `release_after` steps ran after the hold began, or at once when the run waits for its
-    writes (it must, before a checkpoint whose last one is still held, and at its end). `steps` counts the
-    training steps (a Keras callback); `steps_when_held` and `steps_when_released`, those before each.
+    writes: where it says that a checkpoint waits for the one before (it must), and when it closes its writer
+    at its end. `steps` counts the training steps (a Keras callback); `steps_when_held` and
+    `steps_when_released`, those before each; `said`, what the run printed (it must train with verbose=1).
     """
 
     WAIT = 120
 
     def __init__(self, monkeypatch, release_after=None):
-        self.held, self.released, self.holding = threading.Event(), threading.Event(), False
+        self.released, self.holding = threading.Event(), False
         self.steps, self.steps_when_held, self.steps_when_released = 0, None, None
         self.release_after = release_after
-        fsync, wait_for = os.fsync, training.FileWriter._wait_for
+        self.said = []
+        fsync, close = os.fsync, training.FileWriter.close
+        disk = self
 
         def slow_fsync(descriptor):
             if self.holding and not self.released.is_set():
                 self.steps_when_held = self.steps
-                self.held.set()
                 assert self.released.wait(self.WAIT), "the disk was never released"
             fsync(descriptor)
 
-        def waiting(writer, writes):
+        def closing(writer):
             self.release()
-            wait_for(writer, writes)
+            close(writer)
 
-        monkeypatch.setattr(os, "fsync", slow_fsync)
-        monkeypatch.setattr(training.FileWriter, "_wait_for", waiting)
-        disk = self
+        class Output(io.StringIO):
+            def write(self, text):
+                disk.said.append(text)
+                if training.SLOW_DISK in text:
+                    disk.release()
+                return len(text)
 
         class Steps(keras.callbacks.Callback):
             def on_train_batch_end(self, batch, logs=None):
@@ -245,6 +255,9 @@ class HeldDisk:
                 if disk.release_after is not None and held is not None and disk.steps >= held + disk.release_after:
                     disk.release()
 
+        monkeypatch.setattr(os, "fsync", slow_fsync)
+        monkeypatch.setattr(training.FileWriter, "close", closing)
+        monkeypatch.setattr(sys, "stdout", Output())
         self.callback = Steps()
 
     def release(self):
@@ -263,7 +276,7 @@ def run_with(tokenizer, text, out, callbacks=(), stop_request=None, resume=False
                                     eval_interval=20, eval_iters=2, checkpoint_interval=checkpoint_interval, seed=5)
     if callable(stop_request):
         stop_request = stop_request(model)
-    rows = training.train(model, train_ids, validation_ids, config, out, verbose=0, resume=resume,
+    rows = training.train(model, train_ids, validation_ids, config, out, verbose=1, resume=resume,
                           stop_request=stop_request, callbacks=list(callbacks))
     return model, rows
 
@@ -304,6 +317,7 @@ def test_a_stop_during_a_write_waits_for_it_and_leaves_every_file_whole(tmp_path
     with pytest.raises(gptlite.TrainingInterrupted, match="stopped at step 25 of 60"):
         run_with(tokenizer, text, tmp_path, callbacks=[disk.callback], stop_request=lambda m: StopAtStep(m, 25))
     assert disk.steps_when_released == 25
+    assert sum(training.SLOW_DISK in text for text in disk.said) == 1
     assert checkpoints.read_checkpoint(tmp_path)["step"] == 25
     assert gptlite.load(tmp_path / "model.keras").config.n_embd == 16
     assert not [name for name in os.listdir(tmp_path) if name.startswith(".")]  # no temporary file left
@@ -443,10 +457,16 @@ def test_tensorboard_holds_each_evaluation_and_its_curve_carries_on_after_resume
     config = gptlite.TrainingConfig(batch_size=8, max_iters=20, lr=3e-3, min_lr=3e-4, warmup_iters=2,
                                     eval_interval=5, eval_iters=1, checkpoint_interval=10, seed=2)
     events = tmp_path / "events"
-    sample = lambda trained: f"a sample at step {int(keras.ops.convert_to_numpy(trained.optimizer.iterations))}"
+    # A "sample" that says which weights wrote it: the sum of the token embedding's.
+    embedding_sum = lambda values: float(np.sum(keras.ops.convert_to_numpy(values), dtype="float64"))
+    sample = lambda trained: f"embedding sum {embedding_sum(trained.embedding.token_embedding.embeddings):.6f}"
     with pytest.raises(gptlite.TrainingInterrupted):
         training.train(model, train_ids, validation_ids, config, tmp_path, verbose=0, tensorboard=events,
                        sample=sample, stop_request=StopAtStep(model, 10), peak_flops=1e12)
+    index = next(index for index, variable in enumerate(model.variables)
+                 if variable.path.endswith("token_embedding/embeddings"))
+    with np.load(tmp_path / checkpoints.CHECKPOINT) as saved:
+        at_step_10 = embedding_sum(saved[f"model_{index}"])
     resumed = gptlite.GPT.from_config(model.get_config())
     rows = training.train(resumed, train_ids, validation_ids, config, tmp_path, verbose=0, resume=True,
                           tensorboard=events, sample=sample, peak_flops=1e12)
@@ -470,7 +490,8 @@ def test_tensorboard_holds_each_evaluation_and_its_curve_carries_on_after_resume
     texts = sorted((event.step, tf.make_ndarray(event.tensor_proto).item().decode())
                    for event in written.Tensors("sample"))
     assert [step for step, _ in texts] == [5, 10, 15, 20]
-    assert "a sample at step 15" in texts[2][1]
+    # The sample of step 10 came from the weights of step 10, which the checkpoint of step 10 holds.
+    assert float(re.search(r"embedding sum (\S+)", texts[1][1]).group(1)) == pytest.approx(at_step_10, abs=1e-5)
 
 
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the message is the same on every backend")
@@ -520,8 +541,7 @@ def start_training(text_file, out, *flags, **environment):
 def read_history(out):
     """history.csv without the timings, which differ from run to run."""
     with open(out / "history.csv") as file:
-        return [{k: float(v) for k, v in row.items() if k not in ("elapsed_s", "tokens_per_s")}
-                for row in csv.DictReader(file)]
+        return [{k: float(v) for k, v in row.items() if k not in TIMINGS} for row in csv.DictReader(file)]
 
 
 @pytest.fixture(scope="module")
