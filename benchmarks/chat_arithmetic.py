@@ -37,7 +37,7 @@ def main():
     sys.path.insert(0, str(REPO))
     import httpx
 
-    from gptlite import conversations
+    from gptlite import chat_tasks
 
     with tempfile.TemporaryDirectory() as folder:
         out = args.out or pathlib.Path(folder) / "arithmetic"
@@ -50,7 +50,7 @@ def main():
         process, ready_s, compiled_s = start_server(out / "model.keras", port, 8, 64, pathlib.Path(folder) / "cache")
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         try:
-            questions = conversations.synthetic("arithmetic").held_out  # the same for every run
+            questions = chat_tasks.synthetic("arithmetic").held_out  # the same for every run
             right = [0]
 
             def ask(number):

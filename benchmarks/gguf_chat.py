@@ -29,10 +29,10 @@ def main():
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     import gptlite
-    from gptlite import chat, conversations
+    from gptlite import chat, chat_tasks
 
     model = gptlite.load(args.model)
-    questions = conversations.synthetic("arithmetic").held_out
+    questions = chat_tasks.synthetic("arithmetic").held_out
     started = time.perf_counter()
     ours, exact = chat.greedy_answers(model, questions)
     print("| answered by | exact | llama.cpp's text is gptlite's | seconds |\n|---|---:|---:|---:|")

@@ -23,6 +23,8 @@ from gptlite.sampling import SamplingConfig
 ANSWER_SHARE = 4
 # Held-out questions a training run answers at each evaluation (all of them at its end).
 EVALUATED_QUESTIONS = 100
+# Questions `greedy_answers` decodes in one batch.
+ANSWERED_TOGETHER = 256
 
 
 def answer_rows(model, conversations, sampling=None, streaming=True):
@@ -45,15 +47,21 @@ def answers(model, conversations, sampling=None):
     return texts
 
 
-def greedy_answers(model, questions, max_new_tokens=16):
+def greedy_answers(model, questions, max_new_tokens=None):
     """The greedy answers to `questions`, [(messages, answer)], and whether each is exactly the answer (spaces
-    around it aside): (texts, [bool])."""
-    got = answers(model, [messages for messages, _ in questions],
-                  SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0))
+    around it aside): (texts, [bool]). An answer may take `max_new_tokens` tokens (None: as many as the longest
+    expected answer and its end of turn); questions are answered ANSWERED_TOGETHER at a time."""
+    if max_new_tokens is None:
+        max_new_tokens = 1 + max(len(model.tokenizer.encode(answer)) for _, answer in questions)
+    got = []
+    for start in range(0, len(questions), ANSWERED_TOGETHER):
+        part = questions[start:start + ANSWERED_TOGETHER]
+        got += answers(model, [messages for messages, _ in part],
+                       SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0))
     return got, [text.strip() == want.strip() for text, (_, want) in zip(got, questions)]
 
 
-def exact_answers(model, questions, max_new_tokens=16):
+def exact_answers(model, questions, max_new_tokens=None):
     """The fraction of `questions`, [(messages, answer)], whose greedy answer is exact (see greedy_answers)."""
     return sum(greedy_answers(model, questions, max_new_tokens)[1]) / len(questions)
 

@@ -210,60 +210,28 @@ class ConversationBatches(DrawnBatches):
         return self.inputs[rows], self.targets[rows]
 
 
-# --- a built-in conversation task, to learn chatting on a laptop
-
-CHAT_SYNTHETIC_TASKS = ("arithmetic",)
-HELD_OUT_QUESTIONS = 300
-# The held-out questions are the task's own, whatever a run's seed: every run, and `gptlite eval`, hold out the same.
-HELD_OUT_SEED = 0
-SYNTHETIC_CONVERSATIONS = 20_000
-_QUESTIONS = {
-    "+": ("What is {a} plus {b}?", "What's {a} + {b}?", "Add {a} and {b}.", "Compute {a} + {b}.",
-          "How much is {a} and {b} together?", "{a} + {b} = ?"),
-    "-": ("What is {a} minus {b}?", "What's {a} - {b}?", "Subtract {b} from {a}.", "Compute {a} - {b}.",
-          "How much is {a} take away {b}?", "{a} - {b} = ?"),
-}
-_SYSTEM = ("You are a calculator.", "Answer exactly.", "Be brief.")
+def hold_out(conversations, fraction=0.1, seed=0):
+    """(train, held out): a `fraction` of the conversations, one at least, drawn at random; the rest in order."""
+    if len(conversations) < 2:
+        raise InputError(f"there is {len(conversations)} conversation: at least 2 are needed, one to train on and "
+                         f"one to hold out (or give `val_file`)")
+    order = np.random.default_rng(seed).permutation(len(conversations))
+    count = max(1, int(round(len(conversations) * fraction)))
+    held = set(order[:count].tolist())
+    return ([c for i, c in enumerate(conversations) if i not in held],
+            [c for i, c in enumerate(conversations) if i in held])
 
 
-@dataclasses.dataclass
-class SyntheticChats:
-    """A built-in task's training conversations and held-out questions with their exact answers."""
+def last_answers(conversations):
+    """Each conversation's question and answer to check: the messages before its last answer, and that answer."""
+    questions = []
+    for messages in conversations:
+        last = max(index for index, message in enumerate(messages) if message["role"] == "assistant")
+        questions.append((messages[:last], messages[last]["content"]))
+    return questions
 
-    conversations: list
-    held_out: list  # [(messages, answer)]
 
-
-def synthetic(task, seed=0, count=SYNTHETIC_CONVERSATIONS, held_out=HELD_OUT_QUESTIONS):
-    """"arithmetic": questions about adding or subtracting whole numbers from 0 to 99, in six phrasings
-    each, answered with the sum written out ("12 + 34 = 46": the answer restates the question in one
-    form before it computes); some conversations open with a system message, some ask twice. The
-    held-out questions are the same for every seed (`HELD_OUT_SEED`), and their number pairs never
-    appear in training; `seed` draws the training conversations."""
-    if task not in CHAT_SYNTHETIC_TASKS:
-        raise ConfigError(f"the synthetic conversation tasks are {', '.join(CHAT_SYNTHETIC_TASKS)}; got {task!r}")
-    problems = [(a, op, b) for op in "+-" for a in range(100) for b in range(100) if op == "+" or a >= b]
-    random = np.random.default_rng(HELD_OUT_SEED)
-    order = random.permutation(len(problems))
-    held = [problems[i] for i in order[:held_out]]
-    kept = [problems[i] for i in order[held_out:]]
-
-    def question(problem):
-        a, op, b = problem
-        phrasing = _QUESTIONS[op][random.integers(len(_QUESTIONS[op]))]
-        return phrasing.format(a=a, b=b), f"{a} {op} {b} = {a + b if op == '+' else a - b}"
-
-    held_out_questions = []
-    for problem in held:
-        asked, answer = question(problem)
-        held_out_questions.append(([{"role": "user", "content": asked}], answer))
-    random = np.random.default_rng(seed)
-    conversations = []
-    for _ in range(count):
-        messages = [{"role": "system", "content": _SYSTEM[random.integers(len(_SYSTEM))]}] \
-            if random.random() < 0.3 else []
-        for _ in range(1 if random.random() < 0.7 else 2):
-            asked, answer = question(kept[random.integers(len(kept))])
-            messages += [{"role": "user", "content": asked}, {"role": "assistant", "content": answer}]
-        conversations.append(messages)
-    return SyntheticChats(conversations, held_out_questions)
+def default_template_lengths(conversations):
+    """Each conversation's length in tokens as a new character model reads it: its characters, and two tokens a
+    message for the default template's turn markers (a BPE model reads fewer)."""
+    return [sum(len(message["content"]) + 2 for message in messages) for messages in conversations]

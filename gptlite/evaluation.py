@@ -36,7 +36,7 @@ import time
 import keras
 import numpy as np
 
-from gptlite import chat, conversations, data, generation, pairs
+from gptlite import chat, chat_tasks, conversations, data, generation, pairs
 from gptlite.errors import ConfigError, InputError
 from gptlite.model import is_model
 from gptlite.sampling import SamplingConfig
@@ -159,7 +159,7 @@ def evaluate(model, sources=(), encoding="utf-8", errors="strict", unknown="erro
     if synthetic is not None:
         if sources:
             raise ConfigError("give files to score, or `synthetic`, not both")
-        questions = conversations.synthetic(synthetic).held_out
+        questions = chat_tasks.synthetic(synthetic).held_out
         chats = [messages + [{"role": "assistant", "content": answer}] for messages, answer in questions]
         return evaluate_conversations(model, [(f"held-out {synthetic} questions", chats)], verbose)
     if not sources:

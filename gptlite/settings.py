@@ -8,6 +8,7 @@ before it chooses the Keras backend.
 """
 
 import dataclasses
+import math
 
 from gptlite.errors import ConfigError
 
@@ -212,10 +213,19 @@ DEFAULT_PRESET = "cpu"
 # takes to decode 99% of its held-out pairs exactly (BENCHMARKS.md).
 SYNTHETIC_MAX_ITERS = {"addition": 8000, "reverse": 1500, "sort": 6000}
 SYNTHETIC_TASKS = tuple(SYNTHETIC_MAX_ITERS)
-# A built-in conversation task's settings over the modern preset's (trained as the cpu preset, 3% of held-out
-# questions were answered exactly after 1,500 steps, against 91%; BENCHMARKS.md): a context that holds a
-# conversation of two questions whole, and a larger batch.
-CHAT_SYNTHETIC_SETTINGS = {"arithmetic": dict(block_size=128, batch_size=32, max_iters=3000, eval_interval=500)}
+# The built-in conversation tasks (gptlite.chat_tasks).
+CHAT_SYNTHETIC_TASKS = ("arithmetic", "direct", "recall", "copy", "backwards")
+# A chat run from scratch that names no preset is sized from its conversations (`chat_settings`): the modern
+# preset's model (trained as the cpu preset, the arithmetic task answered 3% of held-out questions exactly
+# after 1,500 steps, against 91%; BENCHMARKS.md) with a larger batch; the shortest of CHAT_CONTEXTS that holds
+# CHAT_COVERED of the conversations whole; CHAT_EPOCHS passes over the packed rows, at least CHAT_MIN_STEPS
+# steps and at most CHAT_MAX_TOKENS tokens (about 15 minutes on 2 cores).
+CHAT_BASE = dict(batch_size=32, eval_interval=500, checkpoint_interval=500)
+CHAT_CONTEXTS = (64, 128, 256)
+CHAT_COVERED = 0.99
+CHAT_EPOCHS = 10
+CHAT_MIN_STEPS = 1000
+CHAT_MAX_TOKENS = 3000 * 32 * 128
 # What a run trains (a GPT on text, an encoder-decoder, a GPT on conversations), and the tokenizers a new
 # run can fit.
 TASKS = ("lm", "seq2seq", "chat")
@@ -276,11 +286,43 @@ def dtype_policy(precision):
     return PRECISIONS[precision]
 
 
+def chat_settings(lengths):
+    """The settings a chat run from scratch starts from, sized from its conversations' `lengths` in tokens, and a
+    line that says what was chosen and why (see CHAT_BASE and the constants beside it)."""
+    lengths = sorted(int(length) for length in lengths)
+    if not lengths:
+        raise ConfigError("there are no conversations to size a chat run from")
+    covered = lengths[max(0, math.ceil(CHAT_COVERED * len(lengths)) - 1)]  # CHAT_COVERED of them are this long
+    block_size = next((context for context in CHAT_CONTEXTS if context + 1 >= covered), CHAT_CONTEXTS[-1])
+    rows = packed_rows(lengths, block_size)
+    batch_size = CHAT_BASE["batch_size"]
+    most = max(CHAT_MIN_STEPS, CHAT_MAX_TOKENS // (batch_size * block_size))
+    steps = min(most, max(CHAT_MIN_STEPS, -(-CHAT_EPOCHS * rows // batch_size // 100) * 100))
+    chosen = {**PRESETS["modern"], **CHAT_BASE, "block_size": block_size, "max_iters": steps}
+    whole = sum(length <= block_size + 1 for length in lengths) / len(lengths)
+    line = (f"chat settings sized from {len(lengths):,} conversations: context {block_size} ({whole:.0%} fit whole; "
+            f"{CHAT_COVERED:.0%} are at most {covered} tokens), {steps:,} steps of {batch_size} rows "
+            f"({steps * batch_size / rows:.1f} passes over {rows:,} packed rows"
+            + ("; the most that trains in about 15 minutes on 2 cores" if steps == most else "")
+            + "), the modern preset's model; a setting given overrides these")
+    return chosen, line
+
+
+def packed_rows(lengths, block_size):
+    """How many rows of block_size + 1 tokens conversations of `lengths` pack into, whole and in order (each
+    cut to a row), as `conversations.pack` packs them."""
+    rows, filled, width = 0, 0, block_size + 1
+    for length in lengths:
+        length = min(length, width)
+        if rows == 0 or filled + length > width:
+            rows, filled = rows + 1, 0
+        filled += length
+    return rows
+
+
 def default_settings(seq2seq=False, synthetic=None):
     """A run's settings before any preset or override: the cpu preset's for a GPT,
     the seq2seq preset's for a Seq2Seq, with a synthetic task's own number of steps."""
-    if synthetic in CHAT_SYNTHETIC_SETTINGS:
-        return {**PRESETS["modern"], **CHAT_SYNTHETIC_SETTINGS[synthetic]}
     if not seq2seq:
         return PRESETS[DEFAULT_PRESET]
     return {**PRESETS["seq2seq"], **({"max_iters": SYNTHETIC_MAX_ITERS[synthetic]} if synthetic else {})}
@@ -298,8 +340,12 @@ def split_settings(settings):
     return model, training
 
 
-def resolve_settings(preset=None, overrides=None, checkpoint=None, seq2seq=False, synthetic=None, pretrained=None):
+def resolve_settings(preset=None, overrides=None, checkpoint=None, seq2seq=False, synthetic=None, pretrained=None,
+                     chat=None):
     """A run's settings as one flat dict: the defaults, then the preset's values, then `overrides`.
+
+    A chat run from scratch without a preset gives `chat`, its defaults sized
+    from its conversations (`chat_settings`), in place of the defaults.
 
     Resuming from `checkpoint` (a checkpoint document), the checkpoint's
     settings come first, and an override may change how the run trains
@@ -319,7 +365,8 @@ def resolve_settings(preset=None, overrides=None, checkpoint=None, seq2seq=False
     if checkpoint is None and pretrained is not None:
         return _fitted_warmup(_fine_tuning_settings(pretrained, preset, overrides), overrides)
     if checkpoint is None:
-        return _fitted_warmup({**default_settings(seq2seq, synthetic), **requested}, overrides)
+        defaults = chat if chat is not None and preset is None else default_settings(seq2seq, synthetic)
+        return _fitted_warmup({**defaults, **requested}, overrides)
     # A checkpoint written before a setting existed has that setting's default.
     saved = {name: checkpoint["model_config"].get(name, getattr(GPTConfig, name)) for name in MODEL_SHAPE_SETTINGS}
     # The optimizer state saved with float16 has a loss scale that the others lack.

@@ -22,7 +22,8 @@ import tempfile
 import keras
 import numpy as np
 
-from gptlite import chat, conversations, data, generation, pairs, pretrained, run_config, templates, training
+from gptlite import (chat, chat_tasks, conversations, data, generation, pairs, pretrained, run_config, templates,
+                     training)
 from gptlite.checkpoints import CHECKPOINT, CHECKPOINT_FILES, FORMAT_1_STATE, read_checkpoint
 from gptlite.distribute import check_accumulation, data_parallel, on_gpu
 from gptlite.errors import ConfigError, InputError, MissingFileError, RunExistsError
@@ -30,7 +31,7 @@ from gptlite.evaluation import exact_matches
 from gptlite.model import GPT, Seq2Seq
 from gptlite.history import DEFAULT_PEAK_FLOPS, check_tensorboard
 from gptlite.settings import (DEFAULT_BPE_VOCABULARY, SYNTHETIC_TASKS, TASKS, TOKENIZERS, GPTConfig, TrainingConfig,
-                              dtype_policy, resolve_settings, split_settings)
+                              chat_settings, dtype_policy, resolve_settings, split_settings)
 from gptlite.tokenizers import BPETokenizer, CharTokenizer
 
 # How a run samples its model, at each TensorBoard evaluation and at its end.
@@ -46,7 +47,9 @@ class TrainedRun:
     out_dir: pathlib.Path
     training_config: TrainingConfig  # the settings it trained with
     held_out: pairs.Pairs = None  # a Seq2Seq's held-out pairs
-    held_out_questions: list = None  # a synthetic chat task's held-out questions: [(messages, answer)]
+    # A chat run's held-out questions: a synthetic task's own, or the last answers of the conversations held out
+    # of (or given beside) the training file: [(messages, answer)].
+    held_out_questions: list = None
 
     @property
     def best(self):
@@ -57,7 +60,7 @@ class TrainedRun:
 def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task=None, synthetic=None,
                   tokenizer=None, vocab_size=None, encoding="utf-8", errors="strict", init_from=None,
                   unknown="error", distribute=False, resume=False, overwrite=False, tensorboard=None, mfu=None,
-                  peak_flops=None, long_conversations="cut", verbose=1):
+                  peak_flops=None, long_conversations="cut", val_file=None, verbose=1):
     """Train a model on the text of `sources` and write it to `out_dir`; a `TrainedRun`.
 
     sources: text files or folders of them (a folder's files in sorted path
@@ -70,11 +73,20 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
     task: "lm" for a GPT (the default), "seq2seq" for an encoder-decoder; `synthetic`
         ("addition", "reverse" or "sort") trains a Seq2Seq on a built-in task.
         "chat": a GPT on conversations, one JSON Lines file of them (see
-        `gptlite.conversations`), or the built-in `synthetic="arithmetic"`; the
-        loss counts the answers' tokens alone. A model without a chat template
-        gets the default one, its turn markers added to the tokenizer.
+        `gptlite.conversations`), or a built-in task (`synthetic`: one of
+        `gptlite.chat_tasks`); the loss counts the answers' tokens alone. A
+        model without a chat template gets the default one, its turn markers
+        added to the tokenizer. A new chat model without a `preset` is sized
+        from its conversations (`settings.chat_settings`: the context from
+        their lengths, the steps from how many rows they fill), and says so.
+        A tenth of a file's conversations is held out (or `val_file`'s
+        conversations are used instead): the validation loss is theirs, and
+        each evaluation, like the end of `train.py`, reports how many of their
+        last answers the model writes exactly, greedy (`exact_answers`).
     long_conversations: with task="chat", a conversation longer than the
         context is cut to fit ("cut") or refused ("refuse").
+    val_file: with task="chat", a JSON Lines file of conversations to hold out
+        instead of a tenth of the training file's.
     tokenizer: "char" (the default) or "bpe" (a byte-level BPE vocabulary of
         `vocab_size` tokens, learned from the text), for a new model; a
         pretrained or resumed one keeps its own.
@@ -122,8 +134,17 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
         raise ConfigError(f"the run in {out_dir} trains a {saved_task} model; resume it with `task='{saved_task}'`")
     # A resumed run's weights are in its checkpoint: what it started from is not read again.
     start = _pretrained(init_from, out_dir, seq2seq, tokenizer, vocab_size) if init_from and not checkpoint else None
+    chats = chat_defaults = None
+    if task == "chat":
+        # The seed draws a synthetic task's conversations: the run's, as the settings will resolve it.
+        seed = next((value for value in ((settings or {}).get("seed"), checkpoint and checkpoint["training_config"].get(
+            "seed")) if value is not None), TrainingConfig.seed)
+        chats = _conversations(sources, synthetic, encoding, seed, val_file)
+        if preset is None and not (checkpoint or start):
+            chat_defaults = chat_settings(conversations.default_template_lengths(chats.conversations))
     model_settings, training_settings = split_settings(
-        resolve_settings(preset, settings, checkpoint, seq2seq, synthetic, start and start.config))
+        resolve_settings(preset, settings, checkpoint, seq2seq, synthetic, start and start.config,
+                         chat=chat_defaults and chat_defaults[0]))
     training_config = TrainingConfig(**training_settings)
     GPTConfig(**model_settings)  # fail on a bad shape before reading any text
     if checkpoint and checkpoint["step"] >= training_config.max_iters:
@@ -142,6 +163,9 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
     if task == "chat" and (len(sources) != 1 if not synthetic else sources):
         raise ConfigError("a chat model trains on one JSON Lines file of conversations, or on a `synthetic` task "
                           "(and then on no file)")
+    if val_file is not None and (task != "chat" or synthetic):
+        raise ConfigError("`val_file` holds conversations to validate a chat run on: it goes with task='chat' and "
+                          "a file of conversations")
     if distribute:
         check_accumulation(training_config.grad_accum)
     peak_flops = _peak_flops(mfu, peak_flops, preset, seq2seq)
@@ -164,7 +188,8 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
         if seq2seq:
             return _train_seq2seq(sources, synthetic, encoding, errors, out_dir, checkpoint, model_settings,
                                   training_config, say, verbose, tensorboard, arguments, overwrite)
-        chats = _conversations(sources, synthetic, encoding, training_config.seed) if task == "chat" else None
+        if chat_defaults:
+            say(chat_defaults[1])
         if chats is not None:  # a new tokenizer learns the messages' text (a template's markers are added after)
             corpus = data.Corpus.from_text("".join(message["content"] for conversation in chats.conversations
                                                    for message in conversation), chats.name)
@@ -279,12 +304,12 @@ def _task(task, synthetic):
     """What the run trains: "lm", "seq2seq" or "chat", from `task` and `synthetic`, checked."""
     if task not in (None, *TASKS):
         raise ConfigError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
-    if synthetic in conversations.CHAT_SYNTHETIC_TASKS:
+    if synthetic in chat_tasks.CHAT_SYNTHETIC_TASKS:
         if task not in (None, "chat"):
             raise ConfigError(f"the synthetic {synthetic} task trains a chat model; leave out `task={task!r}`")
         return "chat"
     if synthetic is not None and synthetic not in SYNTHETIC_TASKS:
-        raise ConfigError(f"synthetic must be one of {', '.join(SYNTHETIC_TASKS + conversations.CHAT_SYNTHETIC_TASKS)}"
+        raise ConfigError(f"synthetic must be one of {', '.join(SYNTHETIC_TASKS + chat_tasks.CHAT_SYNTHETIC_TASKS)}"
                           f", got {synthetic!r}")
     if synthetic and task in ("lm", "chat"):
         raise ConfigError(f"the synthetic {synthetic} task trains a seq2seq model; leave out `task={task!r}`")
@@ -293,21 +318,31 @@ def _task(task, synthetic):
 
 @dataclasses.dataclass
 class _Chats:
-    conversations: list
-    held_out: list  # a synthetic task's [(messages, answer)]; empty for a file
+    conversations: list  # the ones to train on
+    held_out: list  # questions to check the answers of: [(messages, answer)]
     name: str
+    validation: list = None  # a file's conversations held out, whose loss validates; a synthetic task has none
 
 
 def _chat_rows(model, chats, kind, training_config, long_conversations):
     """A chat run's (train rows, validation rows, the line that says what it trains on, its metrics)."""
-    rows = conversations.pack(model.tokenizer, chats.conversations, model.config.block_size, long_conversations)
-    train_rows, validation_rows = conversations.split(rows, seed=training_config.seed)
-    answers = int(rows.trained[:, 1:].sum())
+    tokenizer, block_size = model.tokenizer, model.config.block_size
+    if chats.validation is None:  # a synthetic task: its validation rows come from its training conversations
+        rows = conversations.pack(tokenizer, chats.conversations, block_size, long_conversations)
+        train_rows, validation_rows = conversations.split(rows, seed=training_config.seed)
+        packed = f"packed into {len(rows):,} rows"
+    else:
+        train_rows, validation_rows = (conversations.pack(tokenizer, chosen, block_size, long_conversations)
+                                       for chosen in (chats.conversations, chats.validation))
+        rows = train_rows
+        packed = f"and {len(chats.validation):,} held out, packed into {len(train_rows) + len(validation_rows):,} rows"
+    answers = int(train_rows.trained[:, 1:].sum())
+    cut = train_rows.cut + (validation_rows.cut if chats.validation is not None else 0)
     line = (f"training on {chats.name}: {rows.conversations:,} conversations ({kind}, "
-            f"{model.tokenizer.vocabulary_size:,} in the vocabulary) packed into {len(rows):,} rows of "
-            f"{model.config.block_size + 1} tokens, {answers:,} of them answers' (the loss counts those); "
+            f"{tokenizer.vocabulary_size:,} in the vocabulary) {packed} of {block_size + 1} tokens, "
+            f"{answers:,} of the training tokens answers' (the loss counts those); "
             f"{len(train_rows):,} rows train / {len(validation_rows):,} validation"
-            + (f"; {rows.cut:,} conversations longer than the context were cut" if rows.cut else ""))
+            + (f"; {cut:,} conversations longer than the context were cut" if cut else ""))
     metrics = {}
     if chats.held_out:
         checked = chats.held_out[:chat.EVALUATED_QUESTIONS]
@@ -315,11 +350,17 @@ def _chat_rows(model, chats, kind, training_config, long_conversations):
     return train_rows, validation_rows, line, metrics
 
 
-def _conversations(sources, synthetic, encoding, seed):
+def _conversations(sources, synthetic, encoding, seed, val_file=None):
+    """A chat run's conversations: a synthetic task's, or a file's with a tenth held out (or `val_file`'s)."""
     if synthetic:
-        made = conversations.synthetic(synthetic, seed)
+        made = chat_tasks.synthetic(synthetic, seed)
         return _Chats(made.conversations, made.held_out, f"the synthetic {synthetic} conversations")
-    return _Chats(conversations.read_conversations(sources[0], encoding), [], str(sources[0]))
+    read = conversations.read_conversations(sources[0], encoding)
+    if val_file is not None:
+        train, validation = read, conversations.read_conversations(val_file, encoding)
+    else:
+        train, validation = conversations.hold_out(read, seed=seed)
+    return _Chats(train, conversations.last_answers(validation), str(sources[0]), validation)
 
 
 def _check_seq2seq_options(sources, synthetic, tokenizer, distribute):

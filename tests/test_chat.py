@@ -5,6 +5,7 @@ import json
 import os
 import pathlib
 import pty
+import re
 import select
 import signal
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 
 import gptlite
 from conftest import REPO
-from gptlite import chat, conversations, templates
+from gptlite import chat, conversations, settings, templates
 from gptlite.errors import InputError
 
 # In the words of the test text, whose characters the tiny models know.
@@ -216,6 +217,41 @@ def test_a_chat_run_trains_on_a_conversations_file_and_keeps_its_template(tmp_pa
         gptlite.train_on_text([path], tmp_path / "refused", {"block_size": 8}, preset="tiny", task="chat",
                               long_conversations="refuse", verbose=0)
     assert not (tmp_path / "refused").exists()
+
+
+def test_the_sizing_counts_the_tokens_and_rows_that_packing_makes(chat_model):
+    chats = [CONVERSATION[1:3], CONVERSATION, CONVERSATION[3:], CONVERSATION[:2]] * 5
+    lengths = conversations.default_template_lengths(chats)
+    assert lengths == [len(conversations.encode(chat_model.tokenizer, messages)[0]) for messages in chats]
+    for block_size in (16, 64):
+        rows = conversations.pack(chat_model.tokenizer, chats, block_size)
+        assert len(rows) == settings.packed_rows(lengths, block_size)
+
+
+def test_a_chat_run_on_a_file_is_sized_from_it_and_reports_its_held_out_answers(tmp_path, text, capsys):
+    from gptlite.cli.train import main
+
+    lines = text.splitlines()
+    path = tmp_path / "chats.jsonl"
+    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": lines[index][:20]},
+                                                     {"role": "assistant", "content": lines[index + 1][:6]}]}) + "\n"
+                            for index in range(0, 80, 2)))
+    small = ["--n-layer", "1", "--n-head", "2", "--n-kv-head", "1", "--n-embd", "16", "--batch-size", "4",
+             "--max-iters", "4", "--eval-interval", "2", "--eval-iters", "1"]
+    assert main([str(path), "--task", "chat", *small, "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    # 36 of the 40 conversations train (a tenth is held out), each of at most 32 tokens: the shortest context.
+    assert "chat settings sized from 36 conversations: context 64 (100% fit whole" in out
+    assert re.search(r"the final model answers \d+ of 4 held-out questions exactly \(\d+%, greedy\); a few:", out)
+    assert f"talk with it: gptlite chat {tmp_path / 'run' / 'model.keras'}" in out
+    history = (tmp_path / "run" / "history.csv").read_text()
+    assert "exact_answers" in history.splitlines()[0]
+    # Another file to validate on: its conversations are the held-out ones, and all of the first file trains.
+    (tmp_path / "val.jsonl").write_text(path.read_text().split("\n", 3)[-1])
+    assert main([str(path), "--task", "chat", "--preset", "tiny", "--max-iters", "2", "--eval-interval", "2",
+                 "--eval-iters", "1", "--val-file", str(tmp_path / "val.jsonl"), "--out", str(tmp_path / "val")]) == 0
+    out = capsys.readouterr().out
+    assert "40 conversations" in out and "37 held out" in out and "of 37 held-out questions" in out
 
 
 def test_a_saved_model_fine_tunes_on_conversations_with_lora_and_a_bad_file_touches_nothing(tmp_path, tiny_model):

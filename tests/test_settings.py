@@ -1,8 +1,9 @@
 import pytest
 
 import gptlite
-from gptlite.settings import (PRESETS, SYNTHETIC_MAX_ITERS, SYNTHETIC_TASKS, default_settings, resolve_settings,
-                              split_settings)
+from gptlite import settings
+from gptlite.settings import (PRESETS, SYNTHETIC_MAX_ITERS, SYNTHETIC_TASKS, chat_settings, default_settings,
+                              resolve_settings, split_settings)
 
 
 def test_every_preset_is_a_valid_model_and_schedule():
@@ -63,3 +64,32 @@ def test_a_presets_warm_up_fits_a_short_run_and_a_given_one_is_kept():
     assert resolve_settings(overrides={"max_iters": 40, "warmup_iters": 20})["warmup_iters"] == 20
     with pytest.raises(gptlite.ConfigError, match="warmup_iters"):
         gptlite.TrainingConfig(**split_settings(resolve_settings(overrides={"max_iters": 40, "warmup_iters": 40}))[1])
+
+
+def test_a_chat_run_is_sized_from_its_conversations():
+    # A small file of short conversations: the shortest context, the fewest steps.
+    short, line = chat_settings([30] * 500)
+    assert short == {**PRESETS["modern"], **settings.CHAT_BASE, "block_size": 64, "max_iters": settings.CHAT_MIN_STEPS}
+    assert "context 64 (100% fit whole" in line and "1,000 steps of 32 rows" in line
+    # Longer conversations: the shortest context that holds 99% of them whole; one longer than any is cut.
+    assert chat_settings([100] * 990 + [2000] * 10)[0]["block_size"] == 128
+    assert chat_settings([100] * 980 + [2000] * 20)[0]["block_size"] == 256
+    long, line = chat_settings([400] * 100)
+    assert long["block_size"] == 256 and "0% fit whole" in line
+    # Steps: ten passes over the packed rows (conversations of 30 tokens fill a 65-token row 2 at a time),
+    # rounded up to a hundred...
+    middle, line = chat_settings([30] * 30_000)
+    assert settings.packed_rows([30] * 30_000, 64) == 15_000 and settings.CHAT_EPOCHS == 10
+    assert middle["max_iters"] == 4_700 and "4,700 steps of 32 rows (10.0 passes over 15,000 packed rows)" in line
+    # ... up to about 15 minutes' worth of tokens on 2 cores.
+    large, line = chat_settings([60] * 1_000_000)
+    assert large["max_iters"] == settings.CHAT_MAX_TOKENS // (32 * 64) and "about 15 minutes" in line
+    with pytest.raises(gptlite.ConfigError, match="no conversations"):
+        chat_settings([])
+
+
+def test_a_preset_or_an_override_wins_over_the_chat_sizing():
+    chosen, _ = chat_settings([30] * 500)
+    assert resolve_settings(chat=chosen) == chosen
+    assert resolve_settings(overrides={"max_iters": 77}, chat=chosen)["max_iters"] == 77
+    assert resolve_settings("cpu", chat=chosen) == PRESETS["cpu"]

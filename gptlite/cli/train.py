@@ -54,13 +54,18 @@ def make_parser(prog):
                         help="lm: a GPT that continues text (the default); seq2seq: an encoder-decoder that learns "
                              "to write each line's target from its source; chat: a GPT that answers, trained on a "
                              "JSON Lines file of conversations (see docs/chat.md)")
-    parser.add_argument("--synthetic", choices=settings.SYNTHETIC_TASKS + tuple(settings.CHAT_SYNTHETIC_SETTINGS),
+    parser.add_argument("--synthetic", choices=settings.SYNTHETIC_TASKS + settings.CHAT_SYNTHETIC_TASKS,
                         default=None,
                         help="train on a built-in task instead of a file: seq2seq's addition (\"123+456\" -> "
                              "\"579\"), reverse or sort (strings of 5 to 20 letters), with steps "
                              + ", ".join(f"{t} {n}" for t, n in settings.SYNTHETIC_MAX_ITERS.items())
-                             + " unless --max-iters says; or a chat model's arithmetic (questions about adding and "
-                               "subtracting numbers, with held-out ones to answer)")
+                             + " unless --max-iters says; or a chat model's task, with held-out questions to answer: "
+                               "arithmetic (sums answered with the sum restated), direct (answered with the result "
+                               "alone), recall (a code given early, asked for later), copy or backwards (a made-up "
+                               "word written back, or reversed)")
+    parser.add_argument("--val-file", type=pathlib.Path, default=None, metavar="FILE",
+                        help="with --task chat: a JSON Lines file of conversations to validate on and whose last "
+                             "answers are checked, instead of a held-out tenth of the training file's")
     parser.add_argument("--long-conversations", choices=["cut", "refuse"], default="cut",
                         help="with --task chat: a conversation longer than the context is cut to fit (the default) "
                              "or refused")
@@ -136,7 +141,7 @@ def run(args):
         vocab_size=args.vocab_size, encoding=args.encoding, errors=args.errors, init_from=args.init_from,
         unknown=args.unknown, distribute=args.distribute, resume=args.resume, overwrite=args.overwrite,
         tensorboard=args.tensorboard_dir or args.tensorboard or None, mfu=args.mfu, peak_flops=args.peak_flops,
-        long_conversations=args.long_conversations)
+        long_conversations=args.long_conversations, val_file=args.val_file)
     best = trained.best
     print(
         f"\nbest validation loss {best['val_loss']:.4f} at step {best['step']}; "
@@ -189,17 +194,17 @@ def _show_targets(model, held_out, count=8):
 
 
 def _show_answers(model, questions, path, count=8):
-    """Print the final model's answers to a few held-out questions, and how many of them all are exact; or, for
-    conversations of a file, how to talk with it."""
+    """Print how many held-out questions the final model answers exactly (greedy), and a few of its answers;
+    then how to talk with it."""
     from gptlite import chat
 
-    if not questions:
-        print(f"talk with it: gptlite chat {path}")
-        return
-    answered, exact = chat.greedy_answers(model, questions)
-    print(f"the final model answers {sum(exact):,} of {len(questions):,} held-out questions exactly; a few:")
-    for (messages, want), got, right in list(zip(questions, answered, exact))[:count]:
-        print(f"  {messages[-1]['content']!r} -> {got!r}" + ("" if right else f"   (expected {want!r})"))
+    if questions:
+        answered, exact = chat.greedy_answers(model, questions)
+        print(f"the final model answers {sum(exact):,} of {len(questions):,} held-out questions exactly "
+              f"({sum(exact) / len(questions):.0%}, greedy); a few:")
+        for (messages, want), got, right in list(zip(questions, answered, exact))[:count]:
+            print(f"  {messages[-1]['content']!r} -> {got!r}" + ("" if right else f"   (expected {want!r})"))
+    print(f"talk with it: gptlite chat {path}")
 
 
 main = command("gptlite-train", make_parser, run, automatic_backend)
