@@ -148,7 +148,7 @@ def evaluate(model, sources=(), encoding="utf-8", errors="strict", unknown="erro
     """Score a model on `sources`, each scored on its own; an `Evaluation`.
 
     A GPT reads text files, or folders of them; a chat model, conversations
-    files (.jsonl), or with `synthetic="arithmetic"` that task's held-out
+    files (.jsonl), or with `synthetic` (a `chat_tasks` task) that task's held-out
     questions instead; a Seq2Seq reads files of source<TAB>target lines. encoding, errors: how the files are decoded;
     unknown: characters a char vocabulary lacks are an error ("error"), left
     out ("skip") or spaces ("replace"). verbose=1 shows a progress bar.

@@ -76,11 +76,11 @@ def test_a_chat_run_is_sized_from_its_conversations():
     assert chat_settings([100] * 980 + [2000] * 20)[0]["block_size"] == 256
     long, line = chat_settings([400] * 100)
     assert long["block_size"] == 256 and "0% fit whole" in line
-    # Steps: ten passes over the packed rows (conversations of 30 tokens fill a 65-token row 2 at a time),
+    # Steps: twenty passes over the packed rows (conversations of 30 tokens fill a 65-token row 2 at a time),
     # rounded up to a hundred...
-    middle, line = chat_settings([30] * 30_000)
-    assert settings.packed_rows([30] * 30_000, 64) == 15_000 and settings.CHAT_EPOCHS == 10
-    assert middle["max_iters"] == 4_700 and "4,700 steps of 32 rows (10.0 passes over 15,000 packed rows)" in line
+    middle, line = chat_settings([30] * 10_000)
+    assert settings.packed_rows([30] * 10_000, 64) == 5_000 and settings.CHAT_EPOCHS == 20
+    assert middle["max_iters"] == 3_200 and "3,200 steps of 32 rows (20.5 passes over 5,000 packed rows)" in line
     # ... up to about 15 minutes' worth of tokens on 2 cores.
     large, line = chat_settings([60] * 1_000_000)
     assert large["max_iters"] == settings.CHAT_MAX_TOKENS // (32 * 64) and "about 15 minutes" in line

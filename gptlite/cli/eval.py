@@ -4,6 +4,7 @@ import json
 import pathlib
 import sys
 
+from gptlite import settings
 from gptlite.cli.command import command
 from gptlite.cli.flags import Parser, add_backend_flags, add_unknown_flag
 
@@ -19,8 +20,8 @@ def make_parser(prog):
     parser.add_argument("texts", nargs="*", type=pathlib.Path, metavar="FILE",
                         help="text files, or folders of them (a chat model: conversations files, .jsonl; a seq2seq "
                              "model: files of source<TAB>target lines), each scored on its own")
-    parser.add_argument("--synthetic", choices=["arithmetic"], default=None,
-                        help="a chat model: score the synthetic arithmetic task's 300 held-out questions instead")
+    parser.add_argument("--synthetic", choices=settings.CHAT_SYNTHETIC_TASKS, default=None,
+                        help="a chat model: score a synthetic chat task's 300 held-out questions instead")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     parser.add_argument("--encoding", default="utf-8", help="the files' encoding (default: utf-8)")
     parser.add_argument("--errors", choices=["strict", "replace"], default="strict",

@@ -1,0 +1,88 @@
+"""The synthetic chat tasks, each learned from scratch with `--task chat`'s defaults: training time and exact
+answers to its held-out questions through the server.
+
+    python benchmarks/chat_tasks.py [--tasks arithmetic direct recall copy backwards] [--out runs/tasks]
+                                    [--init-from MODEL] [-- TRAIN FLAGS ...]
+
+For each task, `python -m gptlite train --synthetic TASK` trains a new model
+with no other flag but those after `--` (so: the settings sized from the
+task's conversations), or fine-tunes MODEL with `--init-from` (LoRA where the
+flags after `--` say `--lora-rank`); the wall time of the whole command is
+reported, with the settings it chose. Then `gptlite serve` serves the model
+in a process of its own and, once it says it is ready, each of the task's
+300 held-out questions is asked through /v1/chat/completions with greedy
+decoding (temperature 0), eight at a time: the answers exactly right (spaces
+around them aside) are counted.
+"""
+
+import argparse
+import json
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+from serve import free_port, in_threads, start_server
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def main():
+    arguments = sys.argv[1:]
+    extra = arguments[arguments.index("--") + 1:] if "--" in arguments else []
+    arguments = arguments[:arguments.index("--")] if "--" in arguments else arguments
+    sys.path.insert(0, str(REPO))
+    from gptlite import chat_tasks
+    from gptlite.settings import CHAT_SYNTHETIC_TASKS
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", nargs="+", choices=CHAT_SYNTHETIC_TASKS, default=list(CHAT_SYNTHETIC_TASKS))
+    parser.add_argument("--out", type=pathlib.Path, default=None)
+    parser.add_argument("--init-from", default=None)
+    args = parser.parse_args(arguments)
+    import httpx
+
+    report = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for task in args.tasks:
+            out = (args.out or pathlib.Path(folder)) / task
+            command = [sys.executable, "-m", "gptlite", "train", "--synthetic", task, "--out", str(out),
+                       "--overwrite", *(["--init-from", args.init_from] if args.init_from else []), *extra]
+            started = time.perf_counter()
+            result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+            trained_s = time.perf_counter() - started
+            if result.returncode:
+                sys.exit(result.stdout[-2000:] + result.stderr[-3000:])
+            chosen = next((line for line in result.stdout.splitlines() if line.startswith("chat settings")), None)
+            final = re.search(r"answers ([\d,]+) of ([\d,]+) held-out", result.stdout)
+            port = free_port()
+            process, ready_s, _ = start_server(out / "model.keras", port, 8, 64, pathlib.Path(folder) / "cache")
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            try:
+                questions = chat_tasks.synthetic(task).held_out  # the same for every run
+                right = [0]
+
+                def ask(number):
+                    with httpx.Client(timeout=120) as http:
+                        for messages, answer in questions[number::8]:
+                            response = http.post(url, json={"messages": messages, "temperature": 0,
+                                                            "max_tokens": 24})
+                            response.raise_for_status()
+                            right[0] += response.json()["choices"][0]["message"]["content"].strip() == answer
+
+                in_threads(ask, 8)
+            finally:
+                process.terminate()
+                process.wait(timeout=60)
+            report[task] = {"trained_s": round(trained_s, 1), "chosen": chosen,
+                            "exact_through_server": f"{right[0]} of {len(questions)}",
+                            "exact_share": round(right[0] / len(questions), 4),
+                            "train_py_said": final and final.group(0)}
+            print(json.dumps({task: report[task]}), flush=True)
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
