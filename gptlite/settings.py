@@ -219,14 +219,15 @@ CHAT_SYNTHETIC_TASKS = ("arithmetic", "direct", "recall", "copy", "backwards")
 # preset's model (trained as the cpu preset, the arithmetic task answered 3% of held-out questions exactly
 # after 1,500 steps, against 91%; BENCHMARKS.md) with a larger batch; the shortest of CHAT_CONTEXTS that holds
 # CHAT_COVERED of the conversations whole; CHAT_EPOCHS passes over the packed rows, at least CHAT_MIN_STEPS
-# steps and at most CHAT_MAX_TOKENS tokens (about 14 minutes on 2 cores; BENCHMARKS.md, "Chat tasks": with 10
-# passes, the direct task answered 59% of its held-out questions exactly after 2,200 steps).
+# steps and at most CHAT_MAX_TOKENS tokens (about 12 minutes on 2 cores). BENCHMARKS.md, "Chat tasks": with ten
+# passes the direct task answered 59% of its held-out questions exactly after 2,200 steps; with twenty, 91% by
+# step 2,000 of 4,000.
 CHAT_BASE = dict(batch_size=32, eval_interval=500, checkpoint_interval=500)
 CHAT_CONTEXTS = (64, 128, 256)
 CHAT_COVERED = 0.99
 CHAT_EPOCHS = 20
 CHAT_MIN_STEPS = 1000
-CHAT_MAX_TOKENS = 4000 * 32 * 128
+CHAT_MAX_TOKENS = 3000 * 32 * 128
 # What a run trains (a GPT on text, an encoder-decoder, a GPT on conversations), and the tokenizers a new
 # run can fit.
 TASKS = ("lm", "seq2seq", "chat")
@@ -304,7 +305,7 @@ def chat_settings(lengths):
     line = (f"chat settings sized from {len(lengths):,} conversations: context {block_size} ({whole:.0%} fit whole; "
             f"{CHAT_COVERED:.0%} are at most {covered} tokens), {steps:,} steps of {batch_size} rows "
             f"({steps * batch_size / rows:.1f} passes over {rows:,} packed rows"
-            + ("; the most that trains in about 15 minutes on 2 cores" if steps == most else "")
+            + ("; the most that trains in about 12 minutes on 2 cores" if steps == most else "")
             + "), the modern preset's model; a setting given overrides these")
     return chosen, line
 

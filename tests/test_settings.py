@@ -81,9 +81,9 @@ def test_a_chat_run_is_sized_from_its_conversations():
     middle, line = chat_settings([30] * 10_000)
     assert settings.packed_rows([30] * 10_000, 64) == 5_000 and settings.CHAT_EPOCHS == 20
     assert middle["max_iters"] == 3_200 and "3,200 steps of 32 rows (20.5 passes over 5,000 packed rows)" in line
-    # ... up to about 15 minutes' worth of tokens on 2 cores.
+    # ... up to about 12 minutes' worth of tokens on 2 cores.
     large, line = chat_settings([60] * 1_000_000)
-    assert large["max_iters"] == settings.CHAT_MAX_TOKENS // (32 * 64) and "about 15 minutes" in line
+    assert large["max_iters"] == settings.CHAT_MAX_TOKENS // (32 * 64) and "about 12 minutes" in line
     with pytest.raises(gptlite.ConfigError, match="no conversations"):
         chat_settings([])
 
