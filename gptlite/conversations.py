@@ -188,9 +188,16 @@ def split(rows, validation_fraction=0.1, seed=0):
     if len(rows) < 2:
         raise InputError(f"the conversations fill {len(rows)} row of the context; at least 2 are needed, one to "
                          f"train on and one to validate on: give more conversations or a shorter `block_size`")
-    order = np.random.default_rng(seed).permutation(len(rows))
-    held_out = max(1, int(round(len(rows) * validation_fraction)))
-    return rows.subset(np.sort(order[held_out:])), rows.subset(np.sort(order[:held_out]))
+    kept, held = _drawn(len(rows), validation_fraction, seed)
+    return rows.subset(kept), rows.subset(held)
+
+
+def _drawn(count, fraction, seed):
+    """(kept, held): the indices of `count` items, `fraction` of them (one at least) drawn at random, each in
+    order."""
+    order = np.random.default_rng(seed).permutation(count)
+    held = max(1, int(round(count * fraction)))
+    return np.sort(order[held:]), np.sort(order[:held])
 
 
 def targets(rows):
@@ -215,11 +222,8 @@ def hold_out(conversations, fraction=0.1, seed=0):
     if len(conversations) < 2:
         raise InputError(f"there is {len(conversations)} conversation: at least 2 are needed, one to train on and "
                          f"one to hold out (or give `val_file`)")
-    order = np.random.default_rng(seed).permutation(len(conversations))
-    count = max(1, int(round(len(conversations) * fraction)))
-    held = set(order[:count].tolist())
-    return ([c for i, c in enumerate(conversations) if i not in held],
-            [c for i, c in enumerate(conversations) if i in held])
+    kept, held = _drawn(len(conversations), fraction, seed)
+    return [conversations[index] for index in kept], [conversations[index] for index in held]
 
 
 def last_answers(conversations):
