@@ -51,6 +51,12 @@ class Programs:
         return sum(program.traces for program in self._compiled.values())
 
     @property
+    def built(self):
+        """How many programs it holds: traced here, loaded from the compile cache's folder, or shared with another
+        model of the same architecture in this process."""
+        return sum(program.built for program in self._compiled.values())
+
+    @property
     def loads(self):
         """How many of its programs came from the compile cache's folder rather than being traced."""
         return sum(program.loads for program in self._compiled.values())

@@ -1,0 +1,32 @@
+import keras
+import pytest
+
+import gptlite
+from conftest import assert_greedy
+from gptlite.programs import programs_for
+
+pytestmark = pytest.mark.skipif(keras.backend.backend() == "torch", reason="torch decodes eagerly: no programs")
+
+
+def _model(tokenizer, seed, **settings):
+    keras.utils.set_random_seed(seed)
+    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=8, block_size=16,
+                        tokenizer=tokenizer, **settings)
+    model.build((None, 16))
+    return model
+
+
+def test_models_of_one_architecture_share_their_programs_and_another_setting_has_its_own(tokenizer):
+    first = _model(tokenizer, 0, norm_epsilon=2e-5)
+    gptlite.generate(first, "the", 5, temperature=0)
+    # Other weights, the same architecture: the programs this process made for the first are used as they are.
+    same = _model(tokenizer, 1, norm_epsilon=2e-5)
+    text = gptlite.generate(same, "the", 5, temperature=0)
+    programs = programs_for(same)
+    assert programs.built > 0 and programs.traces == 0 and programs.loads == 0
+    # They read the model's own weights at each call: its greedy text is its own.
+    assert_greedy(same, "the", text)
+    # Another setting of the same shapes: programs of its own, traced here or found on disk.
+    other = _model(tokenizer, 0, norm_epsilon=3e-3)
+    gptlite.generate(other, "the", 5, seed=1)
+    assert programs_for(other).traces + programs_for(other).loads > 0
