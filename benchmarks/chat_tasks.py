@@ -2,13 +2,21 @@
 answers to its held-out questions through the server.
 
     python benchmarks/chat_tasks.py [--tasks arithmetic direct recall copy backwards] [--out runs/tasks]
-                                    [--init-from MODEL] [-- TRAIN FLAGS ...]
+                                    [--init-from MODEL | --pretrain STEPS [--pretrain-tokenizer bpe]]
+                                    [-- TRAIN FLAGS ...]
 
 For each task, `python -m gptlite train --synthetic TASK` trains a new model
 with no other flag but those after `--` (so: the settings sized from the
 task's conversations), or fine-tunes MODEL with `--init-from` (LoRA where the
 flags after `--` say `--lora-rank`); the wall time of the whole command is
-reported, with the settings it chose. Then `gptlite serve` serves the model
+reported (its output is kept in the task's folder, `train.log`), with the
+settings it chose and the share of held-out questions
+answered exactly at each evaluation (its history). `--pretrain STEPS`
+first trains the base to fine-tune: a GPT of the chat defaults' shape (the
+`modern` preset, context 128) trained for STEPS steps on Tiny Shakespeare
+(`../shared/data/tinyshakespeare.txt`), one character a token unless
+`--pretrain-tokenizer bpe` (the digit tasks need it: the play has no digits
+but 3); its time is reported apart. Then `gptlite serve` serves the model
 in a process of its own and, once it says it is ready, each of the task's
 300 held-out questions is asked through /v1/chat/completions with greedy
 decoding (temperature 0), eight at a time: the answers exactly right (spaces
@@ -16,6 +24,7 @@ around them aside) are counted.
 """
 
 import argparse
+import csv
 import json
 import pathlib
 import re
@@ -41,11 +50,30 @@ def main():
     parser.add_argument("--tasks", nargs="+", choices=CHAT_SYNTHETIC_TASKS, default=list(CHAT_SYNTHETIC_TASKS))
     parser.add_argument("--out", type=pathlib.Path, default=None)
     parser.add_argument("--init-from", default=None)
+    parser.add_argument("--pretrain", type=int, default=None, metavar="STEPS")
+    parser.add_argument("--pretrain-tokenizer", choices=("char", "bpe"), default="char")
     args = parser.parse_args(arguments)
+    if args.pretrain and args.init_from:
+        parser.error("--pretrain trains the model to start from: leave out --init-from")
     import httpx
 
     report = {}
     with tempfile.TemporaryDirectory() as folder:
+        if args.pretrain:
+            base = (args.out or pathlib.Path(folder)) / "pretrained"
+            text = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
+            command = [sys.executable, "-m", "gptlite", "train", str(text), "--preset", "modern", "--block-size",
+                       "128", "--max-iters", str(args.pretrain), "--tokenizer", args.pretrain_tokenizer,
+                       "--out", str(base), "--overwrite"]
+            started = time.perf_counter()
+            result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+            if result.returncode:
+                sys.exit(result.stdout[-2000:] + result.stderr[-3000:])
+            report["pretrained"] = {"trained_s": round(time.perf_counter() - started, 1),
+                                    "command": " ".join(command[1:]),
+                                    "last_line": result.stdout.strip().splitlines()[-1]}
+            print(json.dumps(report), flush=True)
+            args.init_from = str(base / "model.keras")
         for task in args.tasks:
             out = (args.out or pathlib.Path(folder)) / task
             command = [sys.executable, "-m", "gptlite", "train", "--synthetic", task, "--out", str(out),
@@ -55,6 +83,7 @@ def main():
             trained_s = time.perf_counter() - started
             if result.returncode:
                 sys.exit(result.stdout[-2000:] + result.stderr[-3000:])
+            (out / "train.log").write_text(result.stdout)  # what the command said, kept beside its model
             chosen = next((line for line in result.stdout.splitlines() if line.startswith("chat settings")), None)
             final = re.search(r"answers ([\d,]+) of ([\d,]+) held-out", result.stdout)
             port = free_port()
@@ -79,9 +108,17 @@ def main():
             report[task] = {"trained_s": round(trained_s, 1), "chosen": chosen,
                             "exact_through_server": f"{right[0]} of {len(questions)}",
                             "exact_share": round(right[0] / len(questions), 4),
-                            "train_py_said": final and final.group(0)}
+                            "train_py_said": final and final.group(0),
+                            "exact_by_step": _exact_by_step(out / "history.csv")}
             print(json.dumps({task: report[task]}), flush=True)
     print(json.dumps(report, indent=1))
+
+
+def _exact_by_step(path):
+    """{step: the share of held-out questions exact at that evaluation}, from a run's history."""
+    with open(path, newline="") as file:
+        return {int(row["step"]): float(row["exact_answers"]) for row in csv.DictReader(file)
+                if row.get("exact_answers")}
 
 
 if __name__ == "__main__":

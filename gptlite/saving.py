@@ -11,15 +11,16 @@ from gptlite.files import atomic_directory, atomic_path
 from gptlite.model import is_model
 
 
-def save(model, path, writer=None):
+def save(model, path, writer=None, sync=True):
     """Save a GPT or Seq2Seq (weights, shape and tokenizer; no optimizer state) to a `.keras` file.
 
     With `writer` (a `file_writer.FileWriter`), the file is written on the
-    writer's thread from a copy of the model made now; training may go on.
+    writer's thread from a copy of the model made now, synced as `sync` says
+    (`FileWriter.write`); training may go on.
     """
     copy = inference_copy(model)
     if writer is not None:
-        writer.write(path, copy.save)
+        writer.write(path, copy.save, sync=sync)
         return
     with atomic_path(path) as temporary:
         copy.save(temporary)

@@ -471,7 +471,9 @@ class _Evaluations:
         improved = val_loss < state.best_val_loss
         if improved:
             state.best_val_loss = val_loss
-            saving.save(shadow, self.out_dir / "model.keras", self.writer)
+            # Renamed into place whole at once, synced when the run ends: the run's synced record is its
+            # checkpoint, and a disk that syncs slowly then syncs once an interval, not twice.
+            saving.save(shadow, self.out_dir / "model.keras", self.writer, sync="at close")
         rows = copy.deepcopy(state.rows)  # as they are now: the writer's thread reads them later
         # Both follow from the checkpoint's own record: renamed into place whole, not synced.
         self.writer.write(self.out_dir / "history.csv", lambda path: history.write_history(rows, path), sync=False)

@@ -92,3 +92,26 @@ def test_the_caller_s_own_error_goes_on_and_the_write_in_flight_still_finishes(t
             release.set()
             raise KeyError("the caller's")
     assert (tmp_path / "model.keras").read_text() == "whole"
+
+
+def test_a_file_synced_at_close_is_renamed_whole_at_once_and_its_last_version_synced_when_the_writer_closes(
+        tmp_path, monkeypatch):
+    synced = []  # the contents of each file as it was synced
+    fsync = os.fsync
+
+    def recorded_fsync(descriptor):
+        synced.append(os.readlink(f"/proc/self/fd/{descriptor}") if os.path.exists("/proc/self/fd") else "")
+        fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", recorded_fsync)
+    writer = FileWriter()
+    for number in range(3):
+        writer.write(tmp_path / "model.keras", lambda path, n=number: path.write_text(str(n)), sync="at close")
+        writer.wait()
+        assert (tmp_path / "model.keras").read_text() == str(number)
+    assert synced == []  # three versions, renamed into place, none synced yet
+    writer.close()
+    assert len(synced) == 1 and (tmp_path / "model.keras").read_text() == "2"
+    assert synced[0] in ("", str(tmp_path / "model.keras"))  # the file itself, not a temporary one
+    with FileWriter() as other, pytest.raises(ValueError, match="sync is True, False or"):
+        other.write(tmp_path / "x", lambda path: None, sync="later")
