@@ -284,7 +284,7 @@ def _trace_tensorflow(flat, model, shapes, xla):
     _rename_functions(graph_def)
     names = [tensor.name for tensor in caller.inputs]
     header = {"inputs": names, "outputs": [tensor.name for tensor in caller.outputs],
-              "variables": [index[id(tensor)] for tensor in captured]}
+              "variables": [index[id(tensor)] for tensor in captured], "xla": xla}
     return header, graph_def.SerializeToString()
 
 
@@ -334,6 +334,13 @@ def _load_tensorflow(header, payload):
     graph_def = tf.compat.v1.GraphDef.FromString(bytes(payload))
     wrapped = tf.compat.v1.wrap_function(lambda: tf.graph_util.import_graph_def(graph_def, name=""), [])
     function = wrapped.prune(header["inputs"], header["outputs"])
+    if header["xla"]:
+        # Called from the imported graph, the XLA function runs op by op: 2.5 times slower at a batch of 8
+        # (BENCHMARKS.md). A jit_compile function around the call has XLA compile it whole; tracing it traces one
+        # call, not the model. Its name is this process's, so XLA's cache does not find what another process
+        # compiled for it: a warm start compiles again (see the notes in BENCHMARKS.md).
+        pruned = function
+        function = tf.function(lambda *inputs: pruned(*inputs), jit_compile=True, autograph=False)
     return _TensorFlowProgram(function, header["variables"], header["outputs_layout"])
 
 
