@@ -284,7 +284,7 @@ def _trace_tensorflow(flat, model, shapes, xla):
     _rename_functions(graph_def)
     names = [tensor.name for tensor in caller.inputs]
     header = {"inputs": names, "outputs": [tensor.name for tensor in caller.outputs],
-              "variables": [index[id(tensor)] for tensor in captured], "xla": xla}
+              "variables": [index[id(tensor)] for tensor in captured]}
     return header, graph_def.SerializeToString()
 
 
@@ -329,18 +329,45 @@ class _TensorFlowProgram:
 
 
 def _load_tensorflow(header, payload):
+    """The program of a GraphDef: its traced function, run by its own name (a hash of it) as an eager operation,
+    as TensorFlow runs a tf.function. Run from the imported graph instead, the XLA function would run op by op
+    (2.5 times slower at a batch of 8); a jit_compile function around that call would be compiled under a name
+    of this process's, under which XLA's cache cannot find what an earlier process compiled."""
     import tensorflow as tf
+    from tensorflow.python.eager import context, execute  # what tf.function's own call runs
 
     graph_def = tf.compat.v1.GraphDef.FromString(bytes(payload))
-    wrapped = tf.compat.v1.wrap_function(lambda: tf.graph_util.import_graph_def(graph_def, name=""), [])
-    function = wrapped.prune(header["inputs"], header["outputs"])
-    if header["xla"]:
-        # Called from the imported graph, the XLA function runs op by op: 2.5 times slower at a batch of 8
-        # (BENCHMARKS.md). A jit_compile function around the call has XLA compile it whole; tracing it traces one
-        # call, not the model. Its name is this process's, so XLA's cache does not find what another process
-        # compiled for it: a warm start compiles again (see the notes in BENCHMARKS.md).
-        pruned = function
-        function = tf.function(lambda *inputs: pruned(*inputs), jit_compile=True, autograph=False)
+    eager = context.context()
+    for function_def in graph_def.library.function:
+        if not eager.has_function(function_def.signature.name):
+            eager.add_function_def(function_def)
+    calls = [node for node in graph_def.node if node.op in ("StatefulPartitionedCall", "PartitionedCall")]
+    if len(calls) != 1:
+        raise ValueError(f"a program's graph calls {len(calls)} functions, not one")
+    call, = calls
+    nodes = {node.name: node for node in graph_def.node}
+    # The call's arguments are the caller's inputs (the arrays, then the weights) in an order of its own.
+    position = {name.split(":")[0]: index for index, name in enumerate(header["inputs"])}
+    order = [position[name.split(":")[0]] for name in call.input if not name.startswith("^")]
+
+    def output_of_call(name):
+        """Which output of the call a caller's output is (through the identities between them)."""
+        node, source = nodes[name.split(":")[0]], name
+        while node.op == "Identity":
+            source = node.input[0]
+            node = nodes[source.split(":")[0]]
+        if node.name != call.name:
+            raise ValueError("a program's output does not come from its function")
+        return int(source.split(":")[1]) if ":" in source else 0
+
+    outputs = [output_of_call(name) for name in header["outputs"]]
+    name, count = call.attr["f"].func.name, len(call.attr["Tout"].list.type)
+
+    def function(*arguments):
+        results = execute.execute(name, num_outputs=count, inputs=[arguments[index] for index in order], attrs=(),
+                                  ctx=eager)
+        return [results[index] for index in outputs]
+
     return _TensorFlowProgram(function, header["variables"], header["outputs_layout"])
 
 
