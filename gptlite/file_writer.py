@@ -14,10 +14,11 @@ it: a temporary file beside it, synced (unless `sync=False`), then renamed
 over the old one. With `sync="at close"` it is renamed unsynced, and its
 last version is synced once, when the writer closes: for a file rewritten
 often whose every version need not cost the disk a sync (a run's best
-model, whose run is resumed from its synced checkpoint). Writes run one at a time, in the order given
-(`background.Jobs`); a write not yet started is dropped when a newer one of
-the same file comes, since only the newest matters. `on_written()` is called
-once a write is over: written, dropped or failed.
+model, whose run is resumed from its synced checkpoint). Writes run one at
+a time, in the order given (`background.Jobs`); a write not yet started is
+dropped when a newer one of the same file comes, since only the newest
+matters. `on_written()` is called once a write is over: written, dropped or
+failed.
 
 A write that fails (a full disk) makes the next `write`, `wait` or `close`
 raise a `WriteError` naming the file, and the writes after it are not made;
