@@ -99,13 +99,14 @@ class Compiled:
 
     def _find(self, args):
         """(key, program, flat inputs) for `args`: the program made (traced or loaded) if it is new."""
-        layout = _layout(args)
-        inputs = [_array(leaf) for leaf in _leaves(args)]
-        shapes = tuple((tuple(int(size) for size in value.shape), keras.backend.standardize_dtype(value.dtype))
-                       for value in inputs)
-        key = (json.dumps(layout), shapes)
+        inputs = []
+        # Every call passes here: the key is quick to make (the containers' types, each array's shape and
+        # dtype as they come); the layout and standard shapes that name a program are made for new keys only.
+        key = (_structure(args, inputs), tuple((tuple(value.shape), str(value.dtype)) for value in inputs))
         if key not in self._programs:
-            self._programs[key] = self._program(layout, shapes)
+            shapes = tuple((tuple(int(size) for size in value.shape), keras.backend.standardize_dtype(value.dtype))
+                           for value in inputs)
+            self._programs[key] = self._program(_layout(args), shapes)
         return key, self._programs[key], inputs
 
     def _program(self, layout, shapes):
@@ -155,6 +156,16 @@ def _layout(structure):
         return {"namedtuple": f"{kind.__module__}:{kind.__qualname__}", "items": [_layout(x) for x in structure]}
     if isinstance(structure, (tuple, list)):
         return {type(structure).__name__: [_layout(item) for item in structure]}
+    return 0
+
+
+def _structure(structure, leaves):
+    """A hashable description of a nested structure's containers; its arrays are appended to `leaves`."""
+    if structure is None:
+        return None
+    if isinstance(structure, (tuple, list)):
+        return type(structure), tuple(_structure(item, leaves) for item in structure)
+    leaves.append(_array(structure))
     return 0
 
 

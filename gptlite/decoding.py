@@ -132,10 +132,12 @@ class TextRows:
         return {key: written[key] for key in keys}
 
     def step(self, max_steps=CHUNK_SIZE, logprobs=False):
-        """Draw up to `max_steps` tokens of every row (no more than the most any row still wants)."""
+        """Draw up to `max_steps` tokens of every row, no more than it still wants: a row that has them waits
+        while the others go on."""
         if not self._rows:
             return {}
-        return self._written(self.engine.step(min(max_steps, self.wanted()), logprobs))
+        limits = {handle: text.limit - text.tokens for handle, (_, text) in self._rows.items()}
+        return self._written(self.engine.step(min(max_steps, self.wanted()), logprobs, limits))
 
     def finish(self, written):
         """Decode every row to its end, from what `admit` gave (`written`): {key: its whole text}."""

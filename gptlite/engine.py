@@ -196,7 +196,7 @@ class Engine:
         state = DecodeState(window, lengths, self.model.empty_cache(len(window), span),
                             np.zeros(len(window), np.int32), settings, seeds, np.ones(len(window), np.int32), ())
         loop = self.programs.loop("sample", kind, self.slide, logprobs, *self._needs(settings.rows(active)))
-        loop.prepare(state, active, np.int32(steps))
+        loop.prepare(state, np.where(active, max_steps, 0).astype(np.int32), np.int32(steps))
 
     def _merge(self, new, count):
         """Place the first `count` rows of `new` (a prefill's DecodeState) into free slots; their slots."""
@@ -209,8 +209,7 @@ class Engine:
         placed[slots] = True
         span = max(ops.shape(self.state.cache[0])[3], ops.shape(new.cache[0])[3])
         old, new = (state._replace(cache=fit_cache(state.cache, span)) for state in (self.state, new))
-        self.state = keras.tree.map_structure(
-            lambda old, value: _where_rows(placed, ops.take(value, taken, axis=0), old), old, new)
+        self.state = self.programs.placed(old, new, taken, placed)
         return slots
 
     def _resize(self, capacity):
@@ -243,28 +242,44 @@ class Engine:
 
     # --- stepping
 
-    def step(self, max_steps=CHUNK_SIZE, logprobs=False):
+    def step(self, max_steps=CHUNK_SIZE, logprobs=False, limits=None):
         """Draw up to `max_steps` (<= CHUNK_SIZE) tokens for every active row in one call; {row handle: Drawn}.
 
         A call holds steps of one kind: it may draw fewer tokens than asked,
         where the window of some row fills (or, with a wide slide, has moved).
+        `limits`: {row handle: the most tokens it draws in this call}, for rows
+        about to end: a row that has drawn them waits, as it is, while the
+        others go on, and its full window no longer splits their calls.
         """
         if not self.rows:
             return {}
+        limits = self._limits(max_steps, limits)  # (S,): 0 for a free slot
+        if not limits.any():
+            return {handle: Drawn(np.zeros(0, np.int32)) for handle in self.rows}
         active = self.host.active
         steps, kind, span = plan_steps(self.host.lengths[active], self.block_size, max_steps, self.use_cache,
-                                       self.slide, self.short_caches)
+                                       self.slide, self.short_caches, limits[active])
         state = self.state._replace(cache=fit_cache(self.state.cache, span))
         loop = self.programs.loop("sample", kind, self.slide, logprobs, *self._needs(self.host.settings.rows(active)))
-        drawn, self.state, scores = loop(state, active.copy(), np.int32(steps))
+        drawn, self.state, scores = loop(state, limits, np.int32(steps))
         lengths = self.host.lengths
-        for _ in range(steps):
-            lengths = np.where(active, advanced_lengths(lengths, self.block_size, self.slide), lengths)
-        self.host = self.host._replace(lengths=lengths, produced=np.where(active, self.host.produced + steps,
-                                                                          self.host.produced))
-        drawn = keras.ops.convert_to_numpy(drawn)[:, :steps]
-        scores = [keras.ops.convert_to_numpy(value)[:, :steps] for value in scores]
-        return {handle: Drawn(drawn[slot], *(value[slot] for value in scores)) for handle, slot in self.rows.items()}
+        for step in range(steps):
+            lengths = np.where(step < limits, advanced_lengths(lengths, self.block_size, self.slide), lengths)
+        taken = np.minimum(steps, limits)  # (S,)
+        self.host = self.host._replace(lengths=lengths, produced=self.host.produced + taken)
+        drawn = keras.ops.convert_to_numpy(drawn)
+        scores = [keras.ops.convert_to_numpy(value) for value in scores]
+        return {handle: Drawn(drawn[slot, :taken[slot]], *(value[slot, :taken[slot]] for value in scores))
+                for handle, slot in self.rows.items()}
+
+    def _limits(self, max_steps, limits):
+        """Each slot's most tokens in a call: max_steps for an active row (or its limit, if lower), 0 for a free
+        slot."""
+        slots = np.where(self.host.active, max_steps, 0).astype(np.int32)
+        for handle, limit in (limits or {}).items():
+            slot = self.rows[handle]
+            slots[slot] = min(slots[slot], max(0, int(limit)))
+        return slots
 
     # --- beam search
 
@@ -303,12 +318,6 @@ class Engine:
                 sequences = np.concatenate([sequences[parents[:, step]], drawn[:, step, None]], axis=1)
         self._clear()
         return sequences[::beams]  # beams come sorted by score: the first of each row is the best
-
-
-def _where_rows(rows, chosen, kept):
-    """Rows of `chosen` where rows (S,) is true, else of `kept`."""
-    mask = ops.reshape(ops.convert_to_tensor(rows), (-1,) + (1,) * (len(ops.shape(kept)) - 1))
-    return ops.where(mask, chosen, kept)
 
 
 def _power_of_two(count):
@@ -371,22 +380,28 @@ def fit_cache(cache, span):
     return cache
 
 
-def plan_steps(lengths, block_size, max_steps, use_cache, slide, short_caches=False):
+def plan_steps(lengths, block_size, max_steps, use_cache, slide, short_caches=False, limits=None):
     """The next call for rows of window `lengths`: (steps, steps kind, cache span).
 
     Which steps find a full window, and so must recompute it, follows from
     the window lengths alone: a window grows by one token a step until it is
     full, then moves back by `slide`. A call holds up to `max_steps` steps
     of one kind, but one recomputing step may lead cached ones
-    (RECOMPUTE_THEN_CACHED). Its cache has block_size slots, unless
-    `short_caches`: a cached step writes at the longest window's length, so
-    a call of cached steps then has `cache_span` of its last step's length
-    + 1 slots; a recomputing one, block_size.
+    (RECOMPUTE_THEN_CACHED). `limits`: each row's most steps (None: no
+    limit); a row past its limit waits, and its window decides nothing. Its
+    cache has block_size slots, unless `short_caches`: a cached step writes
+    at the longest window's length, so a call of cached steps then has
+    `cache_span` of its last step's length + 1 slots (a waiting row's
+    included: its cache is kept); a recomputing one, block_size.
     """
     lengths = np.asarray(lengths)
+    limits = np.full(len(lengths), max_steps) if limits is None else np.asarray(limits)
     steps, kind, slots = 0, None, 0
     while steps < max_steps:
-        full = lengths >= block_size
+        going = limits > steps
+        if len(lengths) and not going.any():
+            break
+        full = (lengths >= block_size) & going
         step_kind = RECOMPUTE if full.any() or not use_cache else CACHED
         if kind is None:
             kind = step_kind
@@ -395,6 +410,6 @@ def plan_steps(lengths, block_size, max_steps, use_cache, slide, short_caches=Fa
         elif step_kind != kind and not (kind == RECOMPUTE_THEN_CACHED and step_kind == CACHED):
             break
         slots = max(slots, block_size if step_kind == RECOMPUTE else int(lengths.max(initial=0)) + 1)
-        lengths = advanced_lengths(lengths, block_size, slide)
+        lengths = np.where(going, advanced_lengths(lengths, block_size, slide), lengths)
         steps += 1
     return steps, kind, cache_span(slots, block_size) if short_caches else block_size

@@ -93,6 +93,12 @@ class Programs:
         return self._get((kind, steps_kind, slide, *needs.values()),
                          functools.partial(chunk, steps_kind=steps_kind, slide=slide))
 
+    @property
+    def placed(self):
+        """The program that places a prefill's rows into a running batch's free slots (see `Engine.admit`): one
+        call, rather than a few eager operations for each part of the state."""
+        return self._get("placed rows", _placed_rows, xla=False)
+
     # --- the model's step
 
     def _forward(self, tokens, cache, positions, context):
@@ -110,7 +116,11 @@ class Programs:
         A full window first moves `slide` tokens: the new token joins its last
         block_size - slide tokens, left-aligned. Moving shifts every token's
         position, so then the window must be recomputed (`recompute`). An
-        inactive row (a free slot) keeps its window and writes its cache at 0.
+        inactive row (a free slot, or a row that has drawn its tokens of the
+        call) keeps its window and length; a cached step writes its cache at
+        the slot after its window (the last, for a full window), which it does
+        not read: it overwrites that slot when it goes on (a full window, by
+        recomputing).
         """
         block_size = self.model.config.block_size
         batch_size = ops.shape(window)[0]
@@ -126,7 +136,7 @@ class Programs:
             window, positions, lengths = moved, lengths, grown
         else:
             window = ops.where(active[:, None], moved, window)
-            positions = ops.where(active, lengths, 0)
+            positions = ops.where(active, lengths, ops.minimum(lengths, ops.shape(cache[0])[3] - 1))
             lengths = ops.where(active, grown, lengths)
 
         if recompute:
@@ -150,18 +160,22 @@ class Programs:
         scores = token_log_probabilities(logits, token) if logprobs else ()
         return token, cache, context, *scores
 
-    def _sample_chunk(self, state, active, steps, steps_kind, slide, logprobs, filtering, penalised, sampling):
-        """Draw each active row's tokens produced .. produced + steps - 1 (steps <= CHUNK_SIZE)
-        -> (tokens (B, CHUNK_SIZE), the DecodeState after them, log-probabilities or ())."""
+    def _sample_chunk(self, state, limits, steps, steps_kind, slide, logprobs, filtering, penalised, sampling):
+        """Draw `steps` (<= CHUNK_SIZE) tokens of each row, the first min(steps, limits) of them for row b (its
+        tokens produced ..; limits (B,): 0 for a free slot) -> (tokens (B, CHUNK_SIZE), the DecodeState after
+        them, log-probabilities or ()). A row past its limit waits, its state kept, while the others go on."""
         noise = self._noise(state.seeds, state.produced) if sampling else None  # (CHUNK_SIZE, B, V)
         batch_size = ops.shape(state.window)[0]
 
         def body(step, window, lengths, cache, pending, drawn, chosen, top_ids, top_values, recompute):
+            active = ops.less(step, limits)  # (B,)
             logits, window, lengths, cache = self._advance(window, lengths, cache, pending, state.context, recompute,
                                                            slide, active)
             seen = token_counts(window, lengths, self.model.config.vocab_size) if penalised else None
             step_noise = None if noise is None else ops.take(noise, step, axis=0)
-            pending = sample_next_token(logits, state.settings, step_noise, seen, filtering)
+            # A waiting row keeps the token it chose last, which its window has not taken yet.
+            pending = ops.where(active, sample_next_token(logits, state.settings, step_noise, seen, filtering),
+                                pending)
             drawn = _record(drawn, step, pending)
             if logprobs:
                 scores = token_log_probabilities(logits, pending)
@@ -175,7 +189,7 @@ class Programs:
                     ops.zeros((batch_size, CHUNK_SIZE, top))) if logprobs else ((), (), ()))
         _, window, lengths, cache, pending, drawn, *scores = _loop(
             body, steps, (state.window, state.lengths, state.cache, state.pending, drawn, *records), steps_kind)
-        produced = ops.where(active, state.produced + steps, state.produced)
+        produced = ops.add(state.produced, ops.minimum(steps, limits))
         state = state._replace(window=window, lengths=lengths, cache=cache, pending=pending, produced=produced)
         return drawn, state, tuple(scores) if logprobs else ()
 
@@ -215,6 +229,17 @@ class Programs:
         _, *state = _loop(body, steps, (window, lengths, cache, pending, scores, finished, empty, empty), steps_kind)
         window, lengths, cache, pending, scores, finished, drawn, parents = state
         return drawn, parents, window, lengths, cache, pending, scores, finished
+
+
+def _placed_rows(state, new, taken, placed):
+    """`state` with its row s replaced by row taken[s] of `new` where placed[s] (both DecodeStates, their
+    caches of one span; taken and placed (S,))."""
+
+    def place(kept, value):
+        mask = ops.reshape(placed, (-1,) + (1,) * (len(ops.shape(kept)) - 1))
+        return ops.where(mask, ops.take(value, taken, axis=0), kept)
+
+    return keras.tree.map_structure(place, state, new)
 
 
 def _loop(body, steps, state, steps_kind):

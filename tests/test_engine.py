@@ -20,6 +20,18 @@ def test_a_call_holds_steps_of_one_kind_up_to_where_the_window_fills():
     assert plan_steps([3], 16, 5, use_cache=True, slide=1) == (5, CACHED, 16)
 
 
+def test_a_row_past_its_limit_decides_nothing_of_the_call():
+    # A full window that has drawn its tokens (limit 0) no longer makes the others recompute.
+    assert plan_steps([3, 16], 16, 8, True, 1, limits=[8, 0]) == (8, CACHED, 16)
+    # One that fills at its second step and stops there: the call goes on from the cache.
+    assert plan_steps([3, 14], 16, 8, True, 1, limits=[8, 2]) == (8, CACHED, 16)
+    assert plan_steps([3, 14], 16, 8, True, 1, limits=[8, 3]) == (2, CACHED, 16)
+    # Every row at its limit: the call ends there.
+    assert plan_steps([3, 5], 16, 8, True, 1, limits=[2, 3]) == (3, CACHED, 16)
+    # A waiting row's cache is kept: the short cache still holds its window.
+    assert plan_steps([3, 70], 256, 8, True, 1, short_caches=True, limits=[8, 0]) == (8, CACHED, 128)
+
+
 def test_a_call_reads_a_cache_as_long_as_its_longest_row_reaches():
     from gptlite.engine import cache_span
 
@@ -127,6 +139,31 @@ def test_a_row_admitted_into_a_running_batch_gets_the_text_it_gets_alone(fluent_
     engine.retire(early)
     engine.retire(late)
     assert engine.rows == {} and engine.step() == {}
+
+
+def test_a_row_that_waits_past_its_limit_goes_on_with_the_text_it_gets_without_one(fluent_model):
+    configs = [SamplingConfig(temperature=1.0, seed=3), SamplingConfig(temperature=0.8, top_p=0.9, seed=8)]
+    prompts = [ids_of(fluent_model, "the big dog "), ids_of(fluent_model, "a")]
+
+    def decode(limits_by_call, count):
+        """Each row's tokens, the calls' limits ({row index: limit}) first, then none until `count` each."""
+        engine = Engine(fluent_model, 2)
+        drawn = engine.admit(prompts, configs)
+        rows = list(drawn)
+        tokens = [list(drawn[row].ids) for row in rows]
+        calls = iter(limits_by_call)
+        while min(map(len, tokens)) < count:
+            limits = next(calls, {})
+            for row, new in engine.step(8, limits={rows[index]: limit for index, limit in limits.items()}).items():
+                assert len(new.ids) <= limits.get(rows.index(row), 8)
+                tokens[rows.index(row)] += list(new.ids)
+        return tokens
+
+    # Block 16: the second row waits, its window short, while the first fills its own (cached steps); then the
+    # first waits, full, while the second fills; then the second waits while the first recomputes.
+    waited = decode([{1: 0}, {0: 0}, {0: 0}, {1: 0}, {1: 0}], 30)
+    plain = decode([], 40)
+    assert [tokens[:30] for tokens in waited] == [tokens[:30] for tokens in plain]
 
 
 def test_rows_with_mixed_settings_in_one_batch_each_match_their_own_single_row_result(fluent_model):

@@ -128,9 +128,9 @@ class Worker:
 
     def warm_up(self, on_ready=None):
         """Plan the programs the worker will meet, to compile before it says it is ready (`ready`): for each
-        batch size it can grow to, the prefill of each width with the cached step after it, and a full
-        window's recomputing step. `on_ready()` is called on the worker's thread once they are built (at once,
-        here, where there is nothing to build).
+        batch size it can grow to, the prefill of each width with the cached step after it and the rows
+        that join a running batch, and a full window's recomputing step. `on_ready()` is called on the
+        worker's thread once they are built (at once, here, where there is nothing to build).
 
         Requests that come meanwhile are served between two plans (one
         waits for the plan being compiled at most, then for its own
@@ -176,7 +176,13 @@ class Worker:
         length = block_size if width is None else max(1, width - 1)
         try:
             engine = Engine(self.model, capacity, short_caches=True, mixed_settings=True)
-            engine.admit([[0] * length] * capacity, [SamplingConfig(seed=0)] * capacity)
+            # One row starts the batch, then rows join it as a running batch's do, in every power of two that
+            # fits (1, 2, .. capacity / 2), so that placing them into its free slots is built too.
+            engine.admit([[0] * length], [SamplingConfig(seed=0)])
+            joining = 1
+            while len(engine.rows) + joining <= capacity:
+                engine.admit([[0] * length] * joining, [SamplingConfig(seed=0)] * joining)
+                joining *= 2
             engine.step(1)
         finally:
             self.compiling = len(self._warm_plans)
