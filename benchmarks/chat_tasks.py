@@ -65,11 +65,8 @@ def main():
             command = [sys.executable, "-m", "gptlite", "train", str(text), "--preset", "modern", "--block-size",
                        "128", "--max-iters", str(args.pretrain), "--tokenizer", args.pretrain_tokenizer,
                        "--out", str(base), "--overwrite"]
-            started = time.perf_counter()
-            result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-            if result.returncode:
-                sys.exit(result.stdout[-2000:] + result.stderr[-3000:])
-            report["pretrained"] = {"trained_s": round(time.perf_counter() - started, 1),
+            result, trained_s = _train(command)
+            report["pretrained"] = {"trained_s": round(trained_s, 1),
                                     "command": " ".join(command[1:]),
                                     "last_line": result.stdout.strip().splitlines()[-1]}
             print(json.dumps(report), flush=True)
@@ -78,11 +75,7 @@ def main():
             out = (args.out or pathlib.Path(folder)) / task
             command = [sys.executable, "-m", "gptlite", "train", "--synthetic", task, "--out", str(out),
                        "--overwrite", *(["--init-from", args.init_from] if args.init_from else []), *extra]
-            started = time.perf_counter()
-            result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-            trained_s = time.perf_counter() - started
-            if result.returncode:
-                sys.exit(result.stdout[-2000:] + result.stderr[-3000:])
+            result, trained_s = _train(command)
             (out / "train.log").write_text(result.stdout)  # what the command said, kept beside its model
             chosen = next((line for line in result.stdout.splitlines() if line.startswith("chat settings")), None)
             final = re.search(r"answers ([\d,]+) of ([\d,]+) held-out", result.stdout)
@@ -112,6 +105,16 @@ def main():
                             "exact_by_step": _exact_by_step(out / "history.csv")}
             print(json.dumps({task: report[task]}), flush=True)
     print(json.dumps(report, indent=1))
+
+
+def _train(command):
+    """Run a training command; (its completed process, its wall time in seconds). A failed one ends the
+    benchmark with its output's end."""
+    started = time.perf_counter()
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    if result.returncode:
+        sys.exit(result.stdout[-2000:] + result.stderr[-3000:])
+    return result, time.perf_counter() - started
 
 
 def _exact_by_step(path):

@@ -27,13 +27,12 @@ callers spent in `wait` and `close`.
 """
 
 import dataclasses
-import os
 import threading
 import time
 
 from gptlite.background import Jobs
 from gptlite.errors import GPTLiteError
-from gptlite.files import atomic_path
+from gptlite.files import atomic_path, sync_file
 
 
 class WriteError(GPTLiteError, OSError):
@@ -127,8 +126,7 @@ class FileWriter:
 def _sync(path):
     """Sync a file written before (its last version); nothing where there is none."""
     try:
-        with open(path, "rb") as written:
-            os.fsync(written.fileno())
+        sync_file(path)
     except FileNotFoundError:
         return
     except OSError as error:

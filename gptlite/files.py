@@ -31,12 +31,17 @@ def atomic_path(path, sync=True):
     try:
         yield pathlib.Path(temporary)
         if sync:
-            with open(temporary, "rb") as written:
-                os.fsync(written.fileno())
+            sync_file(temporary)
         os.replace(temporary, path)
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)
+
+
+def sync_file(path):
+    """Have the file at `path` on disk (its contents: what a rename after it points to)."""
+    with open(path, "rb") as written:
+        os.fsync(written.fileno())
 
 
 @contextlib.contextmanager

@@ -131,18 +131,23 @@ class _Transformer(keras.Model):
         its last, down) gains two small matrices A (in, rank) and B (rank, out),
         B starting at zero, and computes x W + (alpha / rank) (x A) B
         (`layers.Linear.enable_lora`); its kernel W is frozen, as is every
-        other weight. A saved model holds the merged kernels and no adapters.
-        The model must be built; compile it after.
+        other weight, unless `targets` names "embedding": the token embedding
+        (and an untied output head) then trains whole. A saved model holds the
+        merged kernels and no adapters. The model must be built; compile it
+        after.
         """
         targets = lora_targets(",".join(targets) if isinstance(targets, (list, tuple)) else targets)
         if not self.built:
             raise ConfigError("build the model before enabling LoRA")
         for weight in self.trainable_weights:
             weight.trainable = False
+        if "embedding" in targets:
+            for weight in self.embedding.token_embedding.weights:
+                weight.trainable = True
         for block in self.blocks:
             projections = block.projections()
             for name in targets:
-                for layer in projections[name]:
+                for layer in projections.get(name, ()):
                     layer.enable_lora(rank, alpha)
 
     def get_config(self):

@@ -135,15 +135,19 @@ class TrainingConfig:
 # The projections LoRA may adapt in each block: the fused query/key/value
 # projection, the attention's output projection, and the feed-forward's two.
 LORA_TARGETS = ("qkv", "attention_output", "expand", "contract")
+# Besides them, LoRA may train whole: the token embedding (and an untied output head), whose rows of tokens a
+# base never met (digits in a base trained on a play, new turn markers) adapters cannot move.
+LORA_WHOLE = ("embedding",)
 
 
 def lora_targets(value):
-    """The projections named by a `lora_targets` setting ("qkv,expand"), checked: a tuple of LORA_TARGETS."""
+    """The parts named by a `lora_targets` setting ("qkv,expand"), checked: a tuple of LORA_TARGETS and
+    LORA_WHOLE names."""
     names = tuple(name.strip() for name in str(value).split(",") if name.strip())
-    unknown = [name for name in names if name not in LORA_TARGETS]
+    unknown = [name for name in names if name not in LORA_TARGETS + LORA_WHOLE]
     if unknown or not names or not isinstance(value, str):
-        raise ConfigError(f"lora_targets must name projections from {', '.join(LORA_TARGETS)}, separated by "
-                          f"commas; got {value!r}")
+        raise ConfigError(f"lora_targets must name projections from {', '.join(LORA_TARGETS)} or "
+                          f"{', '.join(LORA_WHOLE)}, separated by commas; got {value!r}")
     return names
 
 

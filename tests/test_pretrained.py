@@ -360,6 +360,24 @@ def test_lora_trains_only_the_adapters_and_saves_merged_weights(tmp_path, base_m
     np.testing.assert_allclose(_logits(merged, ids), _logits(model, ids), atol=1e-5)
 
 
+def test_lora_may_train_the_token_embedding_whole_beside_the_adapters(tmp_path, base_model_file):
+    (tmp_path / "new.txt").write_text(make_text(3000, seed=10))
+    source = gptlite.load(base_model_file)
+    settings = {**FINE_TUNE, "max_iters": 10, "lora_rank": 2, "lora_targets": "contract,embedding"}
+    run = gptlite.train_on_text([tmp_path / "new.txt"], tmp_path / "lora", settings, init_from=base_model_file,
+                                verbose=0)
+    model = run.model
+    table = model.embedding.token_embedding.embeddings
+    assert sorted(w.name for w in model.trainable_weights) == sorted(["embeddings"] + ["lora_a", "lora_b"] * 2)
+    assert not np.allclose(keras.ops.convert_to_numpy(table),
+                           keras.ops.convert_to_numpy(source.embedding.token_embedding.embeddings))
+    _assert_same(model.blocks[0].attention.qkv_projection.kernel, source.blocks[0].attention.qkv_projection.kernel)
+    _assert_same(model.embedding.position_embeddings, source.embedding.position_embeddings)
+    with pytest.raises(gptlite.ConfigError, match="lora_targets must name"):
+        gptlite.train_on_text([tmp_path / "new.txt"], tmp_path / "bad", {**settings, "lora_targets": "embeddings"},
+                              init_from=base_model_file, verbose=0)
+
+
 def test_a_resumed_lora_run_keeps_its_adapters_apart(tmp_path, base_model_file):
     (tmp_path / "new.txt").write_text(make_text(3000, seed=9))
     settings = {**FINE_TUNE, "lora_rank": 2}
