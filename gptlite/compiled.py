@@ -53,6 +53,9 @@ class Compiled:
         self.name, self.function, self.xla = name, function, xla
         self.backend = keras.backend.backend()
         self._model = weakref.ref(model)
+        # What its programs read at each call; a model that gains variables (LoRA's adapters) gets new Programs,
+        # and so new Compiled functions (see `programs.programs_for`).
+        self._variables = model.variables
         self.traces = self.loads = 0
         self._programs = {}  # (layout, shapes) of the inputs -> a program
         self._preparing = {}  # (layout, shapes) -> the thread that runs the program once (see prepare)
@@ -73,7 +76,7 @@ class Compiled:
         preparing = self._preparing.pop(key, None)
         if preparing is not None:
             preparing.join()
-        return program(self._model(), inputs)
+        return program(self._variables, inputs)
 
     def prepare(self, *args):
         """Make the program for inputs like `args` ready without waiting for it: trace or load it here, then
@@ -85,11 +88,11 @@ class Compiled:
         key, program, inputs = self._find(args)
         if len(self._programs) == known:
             return
-        model = self._model()
+        variables = self._variables
 
         def run():
             try:
-                program(model, inputs)
+                program(variables, inputs)
             except Exception:  # the call this prepares meets the same error, and raises it
                 pass
 
@@ -102,7 +105,7 @@ class Compiled:
         inputs = []
         # Every call passes here: the key is quick to make (the containers' types, each array's shape and
         # dtype as they come); the layout and standard shapes that name a program are made for new keys only.
-        key = (_structure(args, inputs), tuple((tuple(value.shape), str(value.dtype)) for value in inputs))
+        key = (_structure(args, inputs), tuple((tuple(value.shape), value.dtype) for value in inputs))
         if key not in self._programs:
             shapes = tuple((tuple(int(size) for size in value.shape), keras.backend.standardize_dtype(value.dtype))
                            for value in inputs)
@@ -332,8 +335,7 @@ class _TensorFlowProgram:
         self.function, self.variables, self.outputs_layout = function, variables, outputs_layout
         self._tensor = tf.convert_to_tensor
 
-    def __call__(self, model, inputs):
-        weights = model.variables
+    def __call__(self, weights, inputs):
         outputs = self.function(*map(self._tensor, inputs),
                                 *(weights[index].value.handle for index in self.variables))
         return _filled(self.outputs_layout, iter(outputs))
@@ -405,8 +407,8 @@ class _JaxProgram:
     def __init__(self, function, outputs_layout):
         self.function, self.outputs_layout = function, outputs_layout
 
-    def __call__(self, model, inputs):
-        outputs = self.function([variable.value for variable in model.variables], *inputs)
+    def __call__(self, weights, inputs):
+        outputs = self.function([variable.value for variable in weights], *inputs)
         return _filled(self.outputs_layout, iter(outputs))
 
 

@@ -36,6 +36,7 @@ class Programs:
     def __init__(self, model):
         # Weakly, so that the model's entry in _programs can go when the model does.
         self._model = weakref.ref(model)
+        self.variables = model.variables  # the weights its programs read, in order
         if keras.backend.backend() == "tensorflow":
             compile_cache.drop_damaged_entries()
         self._compiled = {}
@@ -276,9 +277,10 @@ _programs = weakref.WeakKeyDictionary()
 
 
 def programs_for(model):
-    """The model's Programs; a new model, never called, is built first (decoding random weights is allowed)."""
+    """The model's Programs; a new model, never called, is built first (decoding random weights is allowed).
+    A model that has gained variables since (LoRA's adapters) gets new ones: its programs read them all."""
     if not model.built:
         model.build()
-    if model not in _programs:
+    if model not in _programs or len(_programs[model].variables) != len(model.variables):
         _programs[model] = Programs(model)
     return _programs[model]

@@ -30,3 +30,18 @@ def test_models_of_one_architecture_share_their_programs_and_another_setting_has
     other = _model(tokenizer, 0, norm_epsilon=3e-3)
     gptlite.generate(other, "the", 5, seed=1)
     assert programs_for(other).traces + programs_for(other).loads > 0
+
+
+def test_a_model_that_gains_adapters_after_decoding_decodes_with_them(tokenizer):
+    import numpy as np
+
+    model = _model(tokenizer, 2)
+    gptlite.generate(model, "the", 5, temperature=0)
+    model.enable_lora(2, targets="qkv,contract")
+    for layer in model._flatten_layers():
+        if getattr(layer, "lora_enabled", False):  # adapters that change the logits: B starts at zero
+            layer.lora_b.assign(np.random.default_rng(0).normal(0, 0.5, layer.lora_b.shape).astype("float32"))
+    text = gptlite.generate(model, "the", 5, temperature=0)
+    # Greedy by the model as it is now, adapters and all: its programs read its new weights.
+    assert_greedy(model, "the", text)
+    assert programs_for(model).variables == model.variables
