@@ -276,9 +276,10 @@ def test_a_saved_model_fine_tunes_on_conversations_with_lora_and_a_bad_file_touc
 # Runs a command, as a terminal does, as the leader of a session whose controlling terminal is the pty on its standard
 # input, so that Ctrl-C written to the pty reaches it as SIGINT; and with SIGINT's default action even where the
 # tests run with SIGINT ignored (as a background job they do).
+# Python's fault handler is on in it: a chat that hangs is sent SIGABRT, and writes every thread's stack.
 IN_A_TERMINAL = ("import os, signal, sys; os.close(os.open(os.ttyname(0), os.O_RDWR)); "
                  "signal.signal(signal.SIGINT, signal.SIG_DFL); "
-                 "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+                 "os.execv(sys.executable, [sys.executable, '-X', 'faulthandler', *sys.argv[1:]])")
 
 
 def process_state(pid):
@@ -308,8 +309,17 @@ def test_the_terminal_chat_streams_answers_resets_and_survives_ctrl_c(chat_model
         nonlocal seen
         deadline = time.monotonic() + timeout
         while after not in seen or marker not in seen[seen.index(after) + len(after):]:
-            assert time.monotonic() < deadline, \
-                f"waited for {marker!r}; got {seen[-500:]!r}; the chat: {process_state(process.pid)}"
+            if time.monotonic() > deadline:
+                state = process_state(process.pid)
+                process.send_signal(signal.SIGABRT)  # its threads' stacks, to tell where it waits
+                stacks = b""
+                while select.select([leader], [], [], 5)[0]:
+                    try:
+                        stacks += os.read(leader, 65536)
+                    except OSError:
+                        break
+                raise AssertionError(f"waited for {marker!r}; got {seen[-500:]!r}; the chat: {state}; its stacks:\n"
+                                     f"{stacks.decode(errors='replace')[:6000]}")
             if select.select([leader], [], [], 0.5)[0]:
                 try:
                     seen += os.read(leader, 4096)
