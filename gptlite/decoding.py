@@ -96,10 +96,6 @@ class TextRows:
         """The keys of the rows still decoding, as a list."""
         return [key for key, _ in self._rows.values()]
 
-    def wanted(self):
-        """The most tokens any row still decoding may take."""
-        return max((text.limit - text.tokens for _, text in self._rows.values()), default=0)
-
     def admit(self, keys, rows_ids, sampling, sources=None, logprobs=False, answers=False, streaming=None,
               next_steps=None):
         """Prefill rows: their keys, token ids and SamplingConfigs (one for every row, each row then seeded from
@@ -137,7 +133,7 @@ class TextRows:
         if not self._rows:
             return {}
         limits = {handle: text.limit - text.tokens for handle, (_, text) in self._rows.items()}
-        return self._written(self.engine.step(min(max_steps, self.wanted()), logprobs, limits))
+        return self._written(self.engine.step(min(max_steps, max(limits.values())), logprobs, limits))
 
     def finish(self, written):
         """Decode every row to its end, from what `admit` gave (`written`): {key: its whole text}."""
