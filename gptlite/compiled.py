@@ -174,11 +174,9 @@ def _structure(structure, leaves):
 
 def _leaves(structure):
     """The arrays of a nested structure, in the order _layout and _filled take them (None is none)."""
-    if structure is None:
-        return []
-    if isinstance(structure, (tuple, list)):
-        return [leaf for item in structure for leaf in _leaves(item)]
-    return [structure]
+    leaves = []
+    _structure(structure, leaves)
+    return leaves
 
 
 def _filled(layout, leaves):

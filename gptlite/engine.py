@@ -196,7 +196,7 @@ class Engine:
         state = DecodeState(window, lengths, self.model.empty_cache(len(window), span),
                             np.zeros(len(window), np.int32), settings, seeds, np.ones(len(window), np.int32), ())
         loop = self.programs.loop("sample", kind, self.slide, logprobs, *self._needs(settings.rows(active)))
-        loop.prepare(state, np.where(active, max_steps, 0).astype(np.int32), np.int32(steps))
+        loop.prepare(state, _active_limits(active, max_steps), np.int32(steps))
 
     def _merge(self, new, count):
         """Place the first `count` rows of `new` (a prefill's DecodeState) into free slots; their slots."""
@@ -275,7 +275,7 @@ class Engine:
     def _limits(self, max_steps, limits):
         """Each slot's most tokens in a call: max_steps for an active row (or its limit, if lower), 0 for a free
         slot."""
-        slots = np.where(self.host.active, max_steps, 0).astype(np.int32)
+        slots = _active_limits(self.host.active, max_steps)
         for handle, limit in (limits or {}).items():
             slot = self.rows[handle]
             slots[slot] = min(slots[slot], max(0, int(limit)))
@@ -322,6 +322,11 @@ class Engine:
 
 def _power_of_two(count):
     return 1 << (max(1, count) - 1).bit_length()
+
+
+def _active_limits(active, max_steps):
+    """(S,) int32: max_steps for each active slot of the boolean `active`, 0 for a free one."""
+    return np.where(active, max_steps, 0).astype(np.int32)
 
 
 # --- planning on the host
