@@ -31,7 +31,7 @@ from gptlite.evaluation import exact_matches
 from gptlite.model import GPT, Seq2Seq
 from gptlite.history import DEFAULT_PEAK_FLOPS, check_tensorboard
 from gptlite.settings import (DEFAULT_BPE_VOCABULARY, SYNTHETIC_TASKS, TASKS, TOKENIZERS, GPTConfig, TrainingConfig,
-                              chat_settings, dtype_policy, resolve_settings, split_settings)
+                              chat_settings, dtype_policy, lora_targets, resolve_settings, split_settings)
 from gptlite.tokenizers import BPETokenizer, CharTokenizer
 
 # How a run samples its model, at each TensorBoard evaluation and at its end.
@@ -214,8 +214,14 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
                 had_template = model.tokenizer is not None and model.tokenizer.chat_template is not None
                 model = conversations.chat_ready(model, training_config.seed)
                 if not had_template:
+                    frozen = training_config.lora_rank and "embedding" not in lora_targets(training_config.lora_targets)
                     say("the model gets gptlite's chat template; its turn markers are new tokens: "
-                        + " ".join(templates.TURN_MARKERS))
+                        + " ".join(templates.TURN_MARKERS)
+                        # BENCHMARKS.md, "Chat tasks": a small base's adapters learned nothing of a task in 750 steps
+                        # with the embedding frozen (the markers' rows as made, digits it never read), and learned
+                        # with it trained.
+                        + ("\nLoRA leaves the embedding frozen, the new markers' rows too: add embedding to "
+                           "lora_targets to train it whole beside the adapters" if frozen else ""))
             if training_config.lora_rank:
                 model.enable_lora(training_config.lora_rank, training_config.lora_alpha,
                                   training_config.lora_targets)

@@ -254,16 +254,23 @@ def test_a_chat_run_on_a_file_is_sized_from_it_and_reports_its_held_out_answers(
     assert "40 conversations" in out and "37 held out" in out and "of 37 held-out questions" in out
 
 
-def test_a_saved_model_fine_tunes_on_conversations_with_lora_and_a_bad_file_touches_nothing(tmp_path, tiny_model):
+def test_a_saved_model_fine_tunes_on_conversations_with_lora_and_a_bad_file_touches_nothing(tmp_path, tiny_model,
+                                                                                             capsys):
     gptlite.save(tiny_model, tmp_path / "base.keras")
     before = (tmp_path / "base.keras").read_bytes()
     path = tmp_path / "chats.jsonl"
     path.write_text(json.dumps({"messages": CONVERSATION[1:3]}) + "\n" + json.dumps({"messages": CONVERSATION[3:]})
                     + "\n")
-    run = gptlite.train_on_text([path], tmp_path / "run", {"max_iters": 2, "eval_interval": 2, "eval_iters": 1,
-                                                           "lora_rank": 2, "batch_size": 2},
-                                init_from=tmp_path / "base.keras", task="chat", verbose=0)
+    settings = {"max_iters": 2, "eval_interval": 2, "eval_iters": 1, "lora_rank": 2, "batch_size": 2}
+    run = gptlite.train_on_text([path], tmp_path / "run", settings, init_from=tmp_path / "base.keras", task="chat")
     assert all(weight.name in ("lora_a", "lora_b") for weight in run.model.trainable_weights)
+    # The new turn markers' rows would stay as made: the run says how to train them.
+    assert "add embedding to lora_targets" in capsys.readouterr().out
+    run = gptlite.train_on_text([path], tmp_path / "whole", {**settings, "lora_targets": "qkv,embedding"},
+                                init_from=tmp_path / "base.keras", task="chat")
+    assert "lora_targets" not in capsys.readouterr().out
+    assert {id(weight) for weight in run.model.embedding.token_embedding.weights} <= {
+        id(weight) for weight in run.model.trainable_weights}
     assert gptlite.load(tmp_path / "run" / "model.keras").tokenizer.chat_template == templates.DEFAULT_TEMPLATE
     (tmp_path / "bad.jsonl").write_text(json.dumps({"messages": CONVERSATION}) + "\n{oops\n")
     with pytest.raises(InputError, match="bad.jsonl, line 2"):
