@@ -32,17 +32,16 @@ def main():
     import gptlite
 
     random = np.random.default_rng(0)
+    # The same words for every model, so that their figures compare.
+    words = [" " + "".join(random.choice(list("abcdefghijklmnopqrstuvwxyz"), args.letters)) for _ in range(args.rows)]
     for path in args.models:
         model = gptlite.load(path)
         first, second = [], []
-        for _ in range(args.rows):
-            word = " " + "".join(random.choice(list("abcdefghijklmnopqrstuvwxyz"), args.letters))
+        for word in words:
             copy = model.tokenizer.encode(word)  # a word after a space is split the same wherever it stands
             ids = np.asarray([*copy, *copy], np.int32)[None]
-            logits = keras.ops.convert_to_numpy(model(ids))[0, :-1].astype(np.float64)
-            top = logits.max(-1, keepdims=True)
-            log_probs = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
-            losses = -log_probs[np.arange(len(logits)), ids[0, 1:]]  # losses[i]: of token i + 1
+            log_probs = keras.ops.convert_to_numpy(keras.ops.log_softmax(model(ids)[0, :-1], axis=-1))
+            losses = -log_probs[np.arange(len(log_probs)), ids[0, 1:]]  # losses[i]: of token i + 1
             first.append(losses[:len(copy) - 1].mean())  # the first copy's tokens but its first
             second.append(losses[len(copy):].mean())  # the second copy's but its first (which follows anything)
         print(f"{path}: first copy {np.mean(first):.2f}, second copy {np.mean(second):.2f} nats per token "
