@@ -221,17 +221,19 @@ SYNTHETIC_TASKS = tuple(SYNTHETIC_MAX_ITERS)
 CHAT_SYNTHETIC_TASKS = ("arithmetic", "direct", "recall", "copy", "backwards")
 # A chat run from scratch that names no preset is sized from its conversations (`chat_settings`): the modern
 # preset's model (trained as the cpu preset, the arithmetic task answered 3% of held-out questions exactly
-# after 1,500 steps, against 91%; BENCHMARKS.md) with a larger batch; the shortest of CHAT_CONTEXTS that holds
+# after 1,500 steps, against 91%; BENCHMARKS.md) with small batches; the shortest of CHAT_CONTEXTS that holds
 # CHAT_COVERED of the conversations whole; CHAT_EPOCHS passes over the packed rows, at least CHAT_MIN_STEPS
-# steps and at most CHAT_MAX_TOKENS tokens (about 12 minutes on 2 cores). BENCHMARKS.md, "Chat tasks": with ten
-# passes the direct task answered 59% of its held-out questions exactly after 2,200 steps; with twenty, 91% by
-# step 2,000 of 4,000.
-CHAT_BASE = dict(batch_size=32, eval_interval=500, checkpoint_interval=500)
+# steps and at most CHAT_MAX_TOKENS tokens (about 12 minutes on 2 cores), evaluated and saved about
+# CHAT_EVALUATIONS times. Small batches, since the same tokens in more steps learn the tasks sooner: with
+# batches of 32, three seeds answered 98%, 80% and 65% of the direct task's held-out questions exactly; with
+# batches of 8 and the same tokens, 100%, 90% and 93% (BENCHMARKS.md, "Chat tasks with batches of 8").
+CHAT_BATCH_SIZE = 8
 CHAT_CONTEXTS = (64, 128, 256)
 CHAT_COVERED = 0.99
 CHAT_EPOCHS = 20
 CHAT_MIN_STEPS = 1000
 CHAT_MAX_TOKENS = 3000 * 32 * 128
+CHAT_EVALUATIONS = 10
 # What a run trains (a GPT on text, an encoder-decoder, a GPT on conversations), and the tokenizers a new
 # run can fit.
 TASKS = ("lm", "seq2seq", "chat")
@@ -294,17 +296,19 @@ def dtype_policy(precision):
 
 def chat_settings(lengths):
     """The settings a chat run from scratch starts from, sized from its conversations' `lengths` in tokens, and a
-    line that says what was chosen and why (see CHAT_BASE and the constants beside it)."""
+    line that says what was chosen and why (see CHAT_BATCH_SIZE and the constants beside it)."""
     lengths = sorted(int(length) for length in lengths)
     if not lengths:
         raise ConfigError("there are no conversations to size a chat run from")
     covered = lengths[max(0, math.ceil(CHAT_COVERED * len(lengths)) - 1)]  # CHAT_COVERED of them are this long
     block_size = next((context for context in CHAT_CONTEXTS if context + 1 >= covered), CHAT_CONTEXTS[-1])
     rows = packed_rows(lengths, block_size)
-    batch_size = CHAT_BASE["batch_size"]
+    batch_size = CHAT_BATCH_SIZE
     most = max(CHAT_MIN_STEPS, CHAT_MAX_TOKENS // (batch_size * block_size))
     steps = min(most, max(CHAT_MIN_STEPS, -(-CHAT_EPOCHS * rows // batch_size // 100) * 100))
-    chosen = {**PRESETS["modern"], **CHAT_BASE, "block_size": block_size, "max_iters": steps}
+    interval = max(100, steps // CHAT_EVALUATIONS // 100 * 100)
+    chosen = {**PRESETS["modern"], "batch_size": batch_size, "block_size": block_size, "max_iters": steps,
+              "eval_interval": interval, "checkpoint_interval": interval}
     whole = sum(length <= block_size + 1 for length in lengths) / len(lengths)
     line = (f"chat settings sized from {len(lengths):,} conversations: context {block_size} ({whole:.0%} fit whole; "
             f"{CHAT_COVERED:.0%} are at most {covered} tokens), {steps:,} steps of {batch_size} rows "

@@ -69,8 +69,9 @@ def test_a_presets_warm_up_fits_a_short_run_and_a_given_one_is_kept():
 def test_a_chat_run_is_sized_from_its_conversations():
     # A small file of short conversations: the shortest context, the fewest steps.
     short, line = chat_settings([30] * 500)
-    assert short == {**PRESETS["modern"], **settings.CHAT_BASE, "block_size": 64, "max_iters": settings.CHAT_MIN_STEPS}
-    assert "context 64 (100% fit whole" in line and "1,000 steps of 32 rows" in line
+    assert short == {**PRESETS["modern"], "batch_size": settings.CHAT_BATCH_SIZE, "block_size": 64,
+                     "max_iters": settings.CHAT_MIN_STEPS, "eval_interval": 100, "checkpoint_interval": 100}
+    assert "context 64 (100% fit whole" in line and "1,000 steps of 8 rows" in line
     # Longer conversations: the shortest context that holds 99% of them whole; one longer than any is cut.
     assert chat_settings([100] * 990 + [2000] * 10)[0]["block_size"] == 128
     assert chat_settings([100] * 980 + [2000] * 20)[0]["block_size"] == 256
@@ -80,10 +81,11 @@ def test_a_chat_run_is_sized_from_its_conversations():
     # rounded up to a hundred...
     middle, line = chat_settings([30] * 10_000)
     assert settings.packed_rows([30] * 10_000, 64) == 5_000 and settings.CHAT_EPOCHS == 20
-    assert middle["max_iters"] == 3_200 and "3,200 steps of 32 rows (20.5 passes over 5,000 packed rows)" in line
-    # ... up to about 12 minutes' worth of tokens on 2 cores.
+    assert middle["max_iters"] == 12_500 and "12,500 steps of 8 rows (20.0 passes over 5,000 packed rows)" in line
+    # ... up to about 12 minutes' worth of tokens on 2 cores, evaluated and saved about ten times a run.
     large, line = chat_settings([60] * 1_000_000)
-    assert large["max_iters"] == settings.CHAT_MAX_TOKENS // (32 * 64) and "about 12 minutes" in line
+    assert large["max_iters"] == settings.CHAT_MAX_TOKENS // (8 * 64) and "about 12 minutes" in line
+    assert large["eval_interval"] == large["checkpoint_interval"] == large["max_iters"] // 1000 * 100
     with pytest.raises(gptlite.ConfigError, match="no conversations"):
         chat_settings([])
 
