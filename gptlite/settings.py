@@ -224,9 +224,10 @@ CHAT_SYNTHETIC_TASKS = ("arithmetic", "direct", "recall", "copy", "backwards")
 # after 1,500 steps, against 91%; BENCHMARKS.md) with small batches; the shortest of CHAT_CONTEXTS that holds
 # CHAT_COVERED of the conversations whole; CHAT_EPOCHS passes over the packed rows, at least CHAT_MIN_STEPS
 # steps and at most CHAT_MAX_TOKENS tokens (about 12 minutes on 2 cores), evaluated and saved about
-# CHAT_EVALUATIONS times. Small batches, since the same tokens in more steps learn the tasks sooner: with
-# batches of 32, three seeds answered 98%, 80% and 65% of the direct task's held-out questions exactly; with
-# batches of 8 and the same tokens, 100%, 90% and 93% (BENCHMARKS.md, "Chat tasks with batches of 8").
+# CHAT_EVALUATIONS times, the validation loss over CHAT_VALIDATION_ROWS rows (as many as 20 batches of 32
+# gave). Small batches, since the same tokens in more steps learn the tasks sooner: with batches of 32, three
+# seeds answered 98%, 80% and 65% of the direct task's held-out questions exactly; with batches of 8 and the
+# same tokens, 100%, 90% and 93% (BENCHMARKS.md, "Chat tasks with batches of 8").
 CHAT_BATCH_SIZE = 8
 CHAT_CONTEXTS = (64, 128, 256)
 CHAT_COVERED = 0.99
@@ -234,6 +235,7 @@ CHAT_EPOCHS = 20
 CHAT_MIN_STEPS = 1000
 CHAT_MAX_TOKENS = 3000 * 32 * 128
 CHAT_EVALUATIONS = 10
+CHAT_VALIDATION_ROWS = 640
 # What a run trains (a GPT on text, an encoder-decoder, a GPT on conversations), and the tokenizers a new
 # run can fit.
 TASKS = ("lm", "seq2seq", "chat")
@@ -308,7 +310,8 @@ def chat_settings(lengths):
     steps = min(most, max(CHAT_MIN_STEPS, -(-CHAT_EPOCHS * rows // batch_size // 100) * 100))
     interval = max(100, steps // CHAT_EVALUATIONS // 100 * 100)
     chosen = {**PRESETS["modern"], "batch_size": batch_size, "block_size": block_size, "max_iters": steps,
-              "eval_interval": interval, "checkpoint_interval": interval}
+              "eval_interval": interval, "checkpoint_interval": interval,
+              "eval_iters": CHAT_VALIDATION_ROWS // batch_size}
     whole = sum(length <= block_size + 1 for length in lengths) / len(lengths)
     line = (f"chat settings sized from {len(lengths):,} conversations: context {block_size} ({whole:.0%} fit whole; "
             f"{CHAT_COVERED:.0%} are at most {covered} tokens), {steps:,} steps of {batch_size} rows "

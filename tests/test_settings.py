@@ -70,7 +70,8 @@ def test_a_chat_run_is_sized_from_its_conversations():
     # A small file of short conversations: the shortest context, the fewest steps.
     short, line = chat_settings([30] * 500)
     assert short == {**PRESETS["modern"], "batch_size": settings.CHAT_BATCH_SIZE, "block_size": 64,
-                     "max_iters": settings.CHAT_MIN_STEPS, "eval_interval": 100, "checkpoint_interval": 100}
+                     "max_iters": settings.CHAT_MIN_STEPS, "eval_interval": 100, "checkpoint_interval": 100,
+                     "eval_iters": 80}
     assert "context 64 (100% fit whole" in line and "1,000 steps of 8 rows" in line
     # Longer conversations: the shortest context that holds 99% of them whole; one longer than any is cut.
     assert chat_settings([100] * 990 + [2000] * 10)[0]["block_size"] == 128
