@@ -8,7 +8,10 @@ biases, tied embedding, N(0, 0.02) weights with the residual projections
 scaled by 1/sqrt(2 * n_layer)), the same AdamW (decay on matrices only,
 betas 0.9 and beta2, clipping at norm 1.0), warm-up then cosine schedule and
 random-window batches; run eagerly (nanoGPT's CPU setting, `--compile=False`).
-`precision="bf16"` wraps the forward pass in `torch.autocast("cpu", bfloat16)`.
+`precision="bf16"` wraps the forward pass in `torch.autocast(device, bfloat16)`.
+On a CUDA device, `compile=True` runs it as nanoGPT's GPU configuration does:
+`torch.compile`d, TF32 matmuls, the fused AdamW, batches copied from pinned
+memory without waiting.
 """
 
 import math
@@ -74,7 +77,8 @@ class ReferenceGPT(nn.Module):
 
     def forward(self, token_ids, targets=None):
         length = token_ids.shape[1]
-        x = self.token_embedding(token_ids) + self.position_embedding(torch.arange(length))  # (B, T, C)
+        positions = torch.arange(length, device=token_ids.device)
+        x = self.token_embedding(token_ids) + self.position_embedding(positions)  # (B, T, C)
         x = self.dropout(x)
         for block in self.blocks:
             x = block(x)
@@ -87,30 +91,40 @@ class ReferenceGPT(nn.Module):
 class ReferenceTrainer:
     """One training run: `step()` does one optimizer step, `validation_loss()` evaluates."""
 
-    def __init__(self, train_ids, validation_ids, vocab_size, settings, precision="fp32", seed=1337):
+    def __init__(self, train_ids, validation_ids, vocab_size, settings, precision="fp32", seed=1337,
+                 device="cpu", compile=False):
         torch.manual_seed(seed)
         self.settings = settings
         self.train_ids, self.validation_ids = train_ids, validation_ids
         self.rng = np.random.default_rng(seed)
+        self.device = torch.device(device)
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
         self.model = ReferenceGPT(vocab_size, settings["n_layer"], settings["n_head"], settings["n_embd"],
-                                  settings["block_size"], settings["dropout"])
+                                  settings["block_size"], settings["dropout"]).to(self.device)
         matrices = [p for p in self.model.parameters() if p.dim() >= 2]
         vectors = [p for p in self.model.parameters() if p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
             [{"params": matrices, "weight_decay": settings["weight_decay"]}, {"params": vectors, "weight_decay": 0.0}],
-            lr=settings["lr"], betas=(0.9, settings["beta2"]),
+            lr=settings["lr"], betas=(0.9, settings["beta2"]), fused=cuda,
         )
+        # The module that runs; self.model keeps the parameters (and what parameter_count reads).
+        self.forward = torch.compile(self.model) if compile else self.model
         self.precision = precision
         self.iteration = 0
 
     def _autocast(self):
-        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.precision == "bf16")
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
 
     def _batch(self, ids):
         length, batch_size = self.settings["block_size"], self.settings["batch_size"]
         starts = self.rng.integers(0, len(ids) - length, batch_size)
-        windows = np.stack([ids[s: s + length + 1] for s in starts]).astype(np.int64)
-        return torch.from_numpy(windows[:, :-1].copy()), torch.from_numpy(windows[:, 1:].copy())
+        windows = torch.from_numpy(np.stack([ids[s: s + length + 1] for s in starts]).astype(np.int64))
+        if self.device.type == "cuda":
+            windows = windows.pin_memory().to(self.device, non_blocking=True)
+        return windows[:, :-1], windows[:, 1:]
 
     def _learning_rate(self):
         s, i = self.settings, self.iteration
@@ -120,28 +134,31 @@ class ReferenceTrainer:
         return s["min_lr"] + 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))) * (s["lr"] - s["min_lr"])
 
     def step(self):
+        """One optimizer step; its loss as a 0-d tensor (reading it waits for the device)."""
         self.model.train()
         for group in self.optimizer.param_groups:
             group["lr"] = self._learning_rate()
         inputs, targets = self._batch(self.train_ids)
         with self._autocast():
-            loss = self.model(inputs, targets)
+            loss = self.forward(inputs, targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.iteration += 1
-        return loss.item()
+        return loss.detach()
 
     @torch.no_grad()
-    def validation_loss(self, batches):
+    def validation_loss(self, batches, ids=None):
+        """The mean loss over `batches` random windows of `ids` (the validation split unless given)."""
         self.model.eval()
+        ids = self.validation_ids if ids is None else ids
         losses = []
         for _ in range(batches):
-            inputs, targets = self._batch(self.validation_ids)
+            inputs, targets = self._batch(ids)
             with self._autocast():
-                losses.append(self.model(inputs, targets).item())
-        return float(np.mean(losses))
+                losses.append(self.forward(inputs, targets))
+        return torch.stack(losses).mean().item()
 
     def parameter_count(self):
         # Counted as nanoGPT reports it: without the position table.
