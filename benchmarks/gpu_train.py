@@ -1,7 +1,7 @@
 """The `gpu` preset beside nanoGPT's loop on one CUDA GPU: whole runs, steady steps and losses.
 
-    python benchmarks/gpu_train.py [TEXT] [--runs reference gptlite gptlite-attention-dropout] [--max-iters N] [--eval-interval N]
-        [--reference-eval-iters 200]
+    python benchmarks/gpu_train.py [TEXT] [--runs reference gptlite gptlite-attention-dropout]
+        [--max-iters 5000] [--eval-interval 250] [--reference-eval-iters 200]
 
 Each run is a process of its own, timed from its launch to its exit:
 - reference: `torch_reference.py`'s nanoGPT model and loop as nanoGPT's GPU
@@ -15,8 +15,8 @@ Each run is a process of its own, timed from its launch to its exit:
   makes its recipe nanoGPT's exactly (the preset leaves attention dropout
   off so that attention runs fused).
 Every line a run prints is shown as it comes, with the seconds since its
-launch. Reports for each: wall seconds, launch to exit; the median milliseconds of a
-training step between evaluations (the first interval, which compiles, left
+launch. Reports for each: wall seconds, launch to exit; the median
+milliseconds of a training step between evaluations (the first interval, which compiles, left
 out; each interval ends with a device sync); tokens a second at that median;
 the best and the last validation loss.
 """
