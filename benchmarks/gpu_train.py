@@ -80,7 +80,8 @@ def reference_child(text_path, max_iters, eval_interval, eval_iters, out_dir):
 
 
 def interval_rows(history_path):
-    """gptlite's history.csv as the reference's rows: each evaluation's step, losses, and the steps' seconds since the last."""
+    """gptlite's history.csv as the reference's rows: each evaluation's step and losses, and the seconds of the
+    steps since the evaluation before."""
     rows, last = [], 0.0
     with open(history_path, newline="") as file:
         for row in csv.DictReader(file):
@@ -162,7 +163,8 @@ def main():
     first = results[0]
     print(f"\n`gpu` preset's shape, batch {settings['batch_size']}, context {settings['block_size']}, "
           f"{args.max_iters} steps; ratios to {first['run']}\n")
-    print("| run | wall s, launch to exit | ms/step | tokens/s | best val loss (step) | last val loss | last train loss |")
+    print("| run | wall s, launch to exit | ms/step | tokens/s | best val loss (step) | last val loss "
+          "| last train loss |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for result in results:
         ratio = "" if result is first else f" ({result['wall_s'] / first['wall_s']:.2f}x)"
