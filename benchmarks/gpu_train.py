@@ -41,20 +41,15 @@ REFERENCE_LOG_INTERVAL = 10
 
 
 def reference_child(text_path, max_iters, eval_interval, eval_iters, out_dir):
-    import numpy as np
     import torch
 
     from gptlite.settings import PRESETS
-    from torch_reference import ReferenceTrainer
+    from torch_reference import ReferenceTrainer, character_splits
 
     settings = {**PRESETS["gpu"], "max_iters": max_iters, "eval_interval": eval_interval}
-    text = pathlib.Path(text_path).read_text(encoding="utf-8")
-    vocabulary = sorted(set(text))
-    index = {c: i for i, c in enumerate(vocabulary)}
-    ids = np.array([index[c] for c in text], dtype=np.uint16)
-    cut = int(len(ids) * 0.9)
+    train_ids, validation_ids, vocabulary_size = character_splits(pathlib.Path(text_path).read_text(encoding="utf-8"))
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    trainer = ReferenceTrainer(ids[:cut], ids[cut:], len(vocabulary), settings, "bf16", device=device,
+    trainer = ReferenceTrainer(train_ids, validation_ids, vocabulary_size, settings, "bf16", device=device,
                                compile=device == "cuda")
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     rows, best = [], float("inf")

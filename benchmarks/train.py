@@ -104,19 +104,14 @@ def _timed(function, *args):
 
 
 def run_reference(text_path, settings, precision, seed):
-    import numpy as np
     import torch
 
-    from torch_reference import ReferenceTrainer
+    from torch_reference import ReferenceTrainer, character_splits
 
-    text = text_path.read_text(encoding="utf-8")
-    vocabulary = sorted(set(text))
-    index = {c: i for i, c in enumerate(vocabulary)}
-    ids = np.array([index[c] for c in text], dtype=np.uint16)
-    cut = int(len(ids) * 0.9)
+    train_ids, validation_ids, vocabulary_size = character_splits(text_path.read_text(encoding="utf-8"))
     # nanoGPT's own learning rate for Tiny Shakespeare, whatever gptlite's preset uses.
     settings = {**settings, "lr": REFERENCE_LR}
-    trainer = ReferenceTrainer(ids[:cut], ids[cut:], len(vocabulary), settings, precision, seed)
+    trainer = ReferenceTrainer(train_ids, validation_ids, vocabulary_size, settings, precision, seed)
     step_times = []
     for _ in range(settings["max_iters"]):
         start = time.perf_counter()

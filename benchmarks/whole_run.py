@@ -69,18 +69,13 @@ import json, os, statistics, sys, time
 here, text, out, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 sys.path.insert(0, here)
 sys.path.insert(0, os.path.dirname(here))
-import numpy as np
 import torch
-from torch_reference import ReferenceTrainer
+from torch_reference import ReferenceTrainer, character_splits
 from gptlite.settings import PRESETS
 settings = {**PRESETS["cpu"], "max_iters": steps, "lr": 1e-3}
-characters = open(text, encoding="utf-8").read()
-vocabulary = sorted(set(characters))
-index = {c: i for i, c in enumerate(vocabulary)}
-ids = np.array([index[c] for c in characters], dtype=np.uint16)
-cut = int(len(ids) * 0.9)
+train_ids, validation_ids, vocabulary_size = character_splits(open(text, encoding="utf-8").read())
 started = time.perf_counter()
-trainer = ReferenceTrainer(ids[:cut], ids[cut:], len(vocabulary), settings)
+trainer = ReferenceTrainer(train_ids, validation_ids, vocabulary_size, settings)
 step_times, evaluations = [], {}
 for iteration in range(1, steps + 1):
     began = time.perf_counter()
