@@ -353,7 +353,7 @@ class FeedForward(keras.layers.Layer):
             gate, up = ops.split(self.expand(x), 2, axis=-1)  # each (B, T, F)
             hidden = ops.silu(gate) * up
         else:
-            # A LoRA step runs without XLA on TensorFlow (training.compile_for_training).
+            # A large model's LoRA step runs without XLA on TensorFlow (training.compile_for_training).
             adapted = self.expand.lora_enabled or self.contract.lora_enabled
             hidden = gelu(self.expand(x), recompute_gradient=adapted)  # (B, T, F)
         return self.output_dropout(self.contract(hidden), training=training)  # (B, T, C)

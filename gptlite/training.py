@@ -27,6 +27,10 @@ from gptlite.plotting import plot_losses
 from gptlite.settings import dtype_policy
 
 
+# The largest model (adapters included) whose LoRA step runs under XLA on TensorFlow (compile_for_training).
+LORA_XLA_MAX_PARAMETERS = 10_000_000
+
+
 def learning_rate_schedule(config):
     """Linear warm-up to `lr`, then cosine decay to `min_lr` at `max_iters`, counted in optimizer steps."""
     schedule = keras.optimizers.schedules.CosineDecay(
@@ -91,10 +95,13 @@ def compile_for_training(model, config, ignored=None):
     # Keras's "auto" leaves XLA off on CPU-only TensorFlow, yet XLA makes the
     # cpu preset's step about 1.5x faster there. Torch has no XLA; TensorFlow's
     # XLA refuses a step whose mirrored variables sit on several devices.
-    # LoRA goes without it on TensorFlow: on GPT-2 small XLA's step was
-    # hardly faster (~0.5 s) and the process's peak memory over 0.5 GB larger.
+    # LoRA on TensorFlow uses it on small models only: up to 6M parameters,
+    # XLA's fusing of many small operations made its step 1.4-1.7x faster for
+    # 0.3-0.4 GB more memory; from 13M up (GPT-2 small too) it was at most 1.1x
+    # faster and held 0.25-0.7 GB more, where LoRA is chosen to save memory.
+    small = model.count_params() <= LORA_XLA_MAX_PARAMETERS
     xla = keras.backend.backend() == "jax" or (keras.backend.backend() == "tensorflow" and not mirrored()
-                                               and not config.lora_rank)
+                                               and (not config.lora_rank or small))
     # A seq2seq batch pads its targets, and conversations leave all but the answers out (`ignored`): those
     # positions do not count.
     if ignored is None and model.writes_targets:

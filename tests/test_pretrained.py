@@ -360,6 +360,25 @@ def test_lora_trains_only_the_adapters_and_saves_merged_weights(tmp_path, base_m
     np.testing.assert_allclose(_logits(merged, ids), _logits(model, ids), atol=1e-5)
 
 
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="only TensorFlow's LoRA step may go without XLA")
+def test_a_small_models_lora_step_runs_under_xla_and_trains_as_without(tmp_path, base_model_file, monkeypatch):
+    from gptlite import training
+
+    (tmp_path / "new.txt").write_text(make_text(3000, seed=11))
+    settings = {**FINE_TUNE, "max_iters": 10, "eval_interval": 5, "lora_rank": 2,
+                "lora_targets": "qkv,attention_output,expand,contract,embedding"}
+    small = gptlite.train_on_text([tmp_path / "new.txt"], tmp_path / "xla", settings, init_from=base_model_file,
+                                  verbose=0)
+    monkeypatch.setattr(training, "LORA_XLA_MAX_PARAMETERS", 0)  # as a large model's step runs
+    large = gptlite.train_on_text([tmp_path / "new.txt"], tmp_path / "plain", settings, init_from=base_model_file,
+                                  verbose=0)
+    assert small.model.jit_compile and not large.model.jit_compile
+    # The same steps, up to the order in which XLA adds things up.
+    for fused, plain in zip(small.history, large.history):
+        np.testing.assert_allclose([fused["train_loss"], fused["val_loss"]], [plain["train_loss"], plain["val_loss"]],
+                                   rtol=1e-3)
+
+
 def test_lora_may_train_the_token_embedding_whole_beside_the_adapters(tmp_path, base_model_file):
     (tmp_path / "new.txt").write_text(make_text(3000, seed=10))
     source = gptlite.load(base_model_file)
