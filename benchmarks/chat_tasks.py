@@ -2,7 +2,8 @@
 answers to its held-out questions through the server.
 
     python benchmarks/chat_tasks.py [--tasks arithmetic direct recall copy backwards] [--out runs/tasks]
-                                    [--init-from MODEL | --pretrain STEPS [--pretrain-tokenizer bpe]]
+                                    [--init-from MODEL | --pretrain STEPS [--pretrain-tokenizer bpe]
+                                                          [--pretrain-dropout X]]
                                     [-- TRAIN FLAGS ...]
 
 For each task, `python -m gptlite train --synthetic TASK` trains a new model
@@ -16,11 +17,12 @@ first trains the base to fine-tune: a GPT of the chat defaults' shape (the
 `modern` preset, context 128) trained for STEPS steps on Tiny Shakespeare
 (`../shared/data/tinyshakespeare.txt`), one character a token unless
 `--pretrain-tokenizer bpe` (the digit tasks need it: the play has no digits
-but 3); its time is reported apart. Then `gptlite serve` serves the model
-in a process of its own and, once it says it is ready, each of the task's
-300 held-out questions is asked through /v1/chat/completions with greedy
-decoding (temperature 0), eight at a time: the answers exactly right (spaces
-around them aside) are counted.
+but 3), with dropout X (`--pretrain-dropout`, default 0); the model kept is
+the one of its best validation loss. Its time is reported apart. Then
+`gptlite serve` serves the model in a process of its own and, once it says
+it is ready, each of the task's 300 held-out questions is asked through
+/v1/chat/completions with greedy decoding (temperature 0), eight at a time:
+the answers exactly right (spaces around them aside) are counted.
 """
 
 import argparse
@@ -52,6 +54,7 @@ def main():
     parser.add_argument("--init-from", default=None)
     parser.add_argument("--pretrain", type=int, default=None, metavar="STEPS")
     parser.add_argument("--pretrain-tokenizer", choices=("char", "bpe"), default="char")
+    parser.add_argument("--pretrain-dropout", type=float, default=0.0, metavar="X")
     args = parser.parse_args(arguments)
     if args.pretrain and args.init_from:
         parser.error("--pretrain trains the model to start from: leave out --init-from")
@@ -64,7 +67,7 @@ def main():
             text = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
             command = [sys.executable, "-m", "gptlite", "train", str(text), "--preset", "modern", "--block-size",
                        "128", "--max-iters", str(args.pretrain), "--tokenizer", args.pretrain_tokenizer,
-                       "--out", str(base), "--overwrite"]
+                       "--dropout", str(args.pretrain_dropout), "--out", str(base), "--overwrite"]
             result, trained_s = _train(command)
             report["pretrained"] = {"trained_s": round(trained_s, 1),
                                     "command": " ".join(command[1:]),

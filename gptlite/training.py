@@ -28,7 +28,7 @@ from gptlite.settings import dtype_policy
 
 
 # The largest model (adapters included) whose LoRA step runs under XLA on TensorFlow (compile_for_training).
-LORA_XLA_MAX_PARAMETERS = 10_000_000
+LORA_XLA_MAX_PARAMETERS = 4_000_000
 
 
 def learning_rate_schedule(config):
@@ -95,10 +95,10 @@ def compile_for_training(model, config, ignored=None):
     # Keras's "auto" leaves XLA off on CPU-only TensorFlow, yet XLA makes the
     # cpu preset's step about 1.5x faster there. Torch has no XLA; TensorFlow's
     # XLA refuses a step whose mirrored variables sit on several devices.
-    # LoRA on TensorFlow uses it on small models only: up to 6M parameters,
-    # XLA's fusing of many small operations made its step 1.4-1.7x faster for
-    # 0.3-0.4 GB more memory; from 13M up (GPT-2 small too) it was at most 1.1x
-    # faster and held 0.25-0.7 GB more, where LoRA is chosen to save memory.
+    # LoRA on TensorFlow uses it on small models only: at 1.5M parameters
+    # XLA's fusing of many small operations made its step 1.57x faster for
+    # 0.3 GB more memory; at 6M and 13M only 1.1x faster for 0.3-0.4 GB more,
+    # and on GPT-2 small no faster for 0.6 GB more (benchmarks/lora_xla.py).
     small = model.count_params() <= LORA_XLA_MAX_PARAMETERS
     xla = keras.backend.backend() == "jax" or (keras.backend.backend() == "tensorflow" and not mirrored()
                                                and (not config.lora_rank or small))
