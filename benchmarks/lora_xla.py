@@ -26,13 +26,14 @@ import statistics
 import sys
 
 from children import in_turns, run_child, time_training
+from finetune import GPT2_SMALL
 
 MODERN = dict(position="rotary", norm="rms", mlp="swiglu", n_kv_head=2, qk_norm=True, bias=False)
 SHAPES = {  # name: (model settings, batch size, rank, targets)
     "small": (dict(n_layer=4, n_head=4, n_embd=128, vocab_size=4100, block_size=128, **MODERN), 8, 32, True),
     "wide": (dict(n_layer=6, n_head=4, n_embd=256, vocab_size=4100, block_size=128, **MODERN), 8, 32, True),
     "gpu": (dict(n_layer=6, n_head=6, n_embd=384, vocab_size=4100, block_size=256, bias=False), 8, 16, True),
-    "gpt2": (dict(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, block_size=256, bias=True), 1, 8, False),
+    "gpt2": (dict(GPT2_SMALL, block_size=256, bias=True), 1, 8, False),
 }
 STEPS = {"small": 100, "wide": 40, "gpu": 30, "gpt2": 6}
 WARMUP_STEPS = 2

@@ -88,7 +88,6 @@ class ReferenceGPT(nn.Module):
         return functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-
 def character_splits(text):
     """A text as nanoGPT's character-level data preparation reads it: one id per character, numbered in sorted
     order, the first 90% to train on and the rest to validate. (train ids, validation ids, vocabulary size)."""
@@ -97,6 +96,7 @@ def character_splits(text):
     ids = np.array([index[c] for c in text], dtype=np.uint16)
     cut = int(len(ids) * 0.9)
     return ids[:cut], ids[cut:], len(vocabulary)
+
 
 class ReferenceTrainer:
     """One training run: `step()` does one optimizer step, `validation_loss()` evaluates."""

@@ -99,9 +99,9 @@ def compile_for_training(model, config, ignored=None):
     # XLA's fusing of many small operations made its step 1.57x faster for
     # 0.3 GB more memory; at 6M and 13M only 1.1x faster for 0.3-0.4 GB more,
     # and on GPT-2 small no faster for 0.6 GB more (benchmarks/lora_xla.py).
-    small = model.count_params() <= LORA_XLA_MAX_PARAMETERS
-    xla = keras.backend.backend() == "jax" or (keras.backend.backend() == "tensorflow" and not mirrored()
-                                               and (not config.lora_rank or small))
+    xla = keras.backend.backend() == "jax" or (
+        keras.backend.backend() == "tensorflow" and not mirrored()
+        and (not config.lora_rank or model.count_params() <= LORA_XLA_MAX_PARAMETERS))
     # A seq2seq batch pads its targets, and conversations leave all but the answers out (`ignored`): those
     # positions do not count.
     if ignored is None and model.writes_targets:
