@@ -10,7 +10,7 @@ from gptlite import templates
 from gptlite.errors import ConfigError, InputError
 from gptlite.attention import CachePlacement
 from gptlite.blocks import EncoderBlock, TransformerBlock
-from gptlite.layers import TokenAndPositionEmbedding, make_norm, register
+from gptlite.layers import RMSNorm, TokenAndPositionEmbedding, make_norm, register
 from gptlite.settings import LORA_TARGETS, GPTConfig, lora_targets
 
 
@@ -132,7 +132,8 @@ class _Transformer(keras.Model):
         B starting at zero, and computes x W + (alpha / rank) (x A) B
         (`layers.Linear.enable_lora`); its kernel W is frozen, as is every
         other weight, unless `targets` names "embedding": the token embedding
-        (and an untied output head) then trains whole. A saved model holds the
+        (and an untied output head) then trains whole; "norms" trains every
+        norm's scale (and shift) whole. A saved model holds the
         merged kernels and no adapters. The model must be built; compile it
         after.
         """
@@ -144,6 +145,11 @@ class _Transformer(keras.Model):
         if "embedding" in targets:
             for weight in self.embedding.token_embedding.weights:
                 weight.trainable = True
+        if "norms" in targets:
+            for layer in self._flatten_layers():
+                if isinstance(layer, (RMSNorm, keras.layers.LayerNormalization)):
+                    for weight in layer.weights:
+                        weight.trainable = True
         for block in self.blocks:
             projections = block.projections()
             for name in targets:

@@ -136,8 +136,9 @@ class TrainingConfig:
 # projection, the attention's output projection, and the feed-forward's two.
 LORA_TARGETS = ("qkv", "attention_output", "expand", "contract")
 # Besides them, LoRA may train whole: the token embedding (and an untied output head), whose rows of tokens a
-# base never met (digits in a base trained on a play, new turn markers) adapters cannot move.
-LORA_WHOLE = ("embedding",)
+# base never met (digits in a base trained on a play, new turn markers) adapters cannot move; and every norm's
+# scale (and shift), a few thousand weights that let attention sharpen where the base's never did.
+LORA_WHOLE = ("embedding", "norms")
 
 
 def lora_targets(value):

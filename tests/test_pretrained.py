@@ -397,6 +397,25 @@ def test_lora_may_train_the_token_embedding_whole_beside_the_adapters(tmp_path, 
                               init_from=base_model_file, verbose=0)
 
 
+def test_lora_may_train_every_norm_whole_beside_the_adapters(tmp_path, base_model_file):
+    (tmp_path / "new.txt").write_text(make_text(3000, seed=12))
+    source = gptlite.load(base_model_file)
+    settings = {**FINE_TUNE, "max_iters": 10, "lora_rank": 2, "lora_targets": "contract,norms"}
+    model = gptlite.train_on_text([tmp_path / "new.txt"], tmp_path / "lora", settings, init_from=base_model_file,
+                                  verbose=0).model
+    norms = [weight.path for weight in model.weights if "norm" in weight.path]
+    adapters = [weight.path for weight in model.trainable_weights if weight.name.startswith("lora_")]
+    assert len(norms) >= 2 * len(model.blocks) + 1  # two in each block and the final one, at least
+    assert sorted(weight.path for weight in model.trainable_weights) == sorted(norms + adapters)
+    assert not np.allclose(keras.ops.convert_to_numpy(model.final_norm.weights[0]),
+                           keras.ops.convert_to_numpy(source.final_norm.weights[0]))
+    _assert_same(model.embedding.token_embedding.embeddings, source.embedding.token_embedding.embeddings)
+    _assert_same(model.blocks[0].attention.qkv_projection.kernel, source.blocks[0].attention.qkv_projection.kernel)
+    # The saved model keeps the trained norms, as it keeps the merged kernels.
+    saved = gptlite.load(tmp_path / "lora" / "model.keras")
+    _assert_same(saved.final_norm.weights[0], model.final_norm.weights[0])
+
+
 def test_a_resumed_lora_run_keeps_its_adapters_apart(tmp_path, base_model_file):
     (tmp_path / "new.txt").write_text(make_text(3000, seed=9))
     settings = {**FINE_TUNE, "lora_rank": 2}

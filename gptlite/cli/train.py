@@ -20,7 +20,7 @@ SETTING_HELP = {
     "lora_alpha": "the adapters' scale is X / --lora-rank (default: the rank, a scale of 1)",
     "lora_targets": f"which projections of each block get adapters, comma-separated from "
                     f"{','.join(settings.LORA_TARGETS)} (default: all); 'embedding' also trains the token "
-                    f"embedding whole",
+                    f"embedding whole, 'norms' every norm's scale (and shift)",
     "warmup_iters": "steps of linear learning-rate warm-up (presets: 100, or 5 for tiny; unless given, at most a "
                     "fifth of --max-iters)",
     "position": "learned (a trained table, GPT-2's; the default), sinusoidal (a fixed table) or rotary (RoPE: "
