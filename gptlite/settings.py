@@ -137,7 +137,8 @@ class TrainingConfig:
 LORA_TARGETS = ("qkv", "attention_output", "expand", "contract")
 # Besides them, LoRA may train whole: the token embedding (and an untied output head), whose rows of tokens a
 # base never met (digits in a base trained on a play, new turn markers) adapters cannot move; and every norm's
-# scale (and shift), a few thousand weights that let attention sharpen where the base's never did.
+# scale (and shift), a small share of the weights, without which a small base's adapters learned a chat task late with
+# some seeds (BENCHMARKS.md, "Direct answers from a pretrained base with the norms trained too").
 LORA_WHOLE = ("embedding", "norms")
 
 
