@@ -174,10 +174,14 @@ def settings_by_their_names(config):
 
 
 def make_norm(kind, epsilon, bias, dtype, name):
-    """A LayerNorm ("layer"; with a shift where bias) or an RMSNorm ("rms")."""
+    """A LayerNorm ("layer"; with a shift where bias) or an RMSNorm ("rms"): one of NORM_LAYERS."""
     if kind == "rms":
         return RMSNorm(epsilon, dtype=dtype, name=name)
     return keras.layers.LayerNormalization(epsilon=epsilon, center=bias, dtype=dtype, name=name)
+
+
+# Every kind of norm a model holds: make_norm's two (QK-norm's are RMSNorms too).
+NORM_LAYERS = (RMSNorm, keras.layers.LayerNormalization)
 
 
 @register

@@ -10,7 +10,7 @@ from gptlite import templates
 from gptlite.errors import ConfigError, InputError
 from gptlite.attention import CachePlacement
 from gptlite.blocks import EncoderBlock, TransformerBlock
-from gptlite.layers import RMSNorm, TokenAndPositionEmbedding, make_norm, register
+from gptlite.layers import NORM_LAYERS, TokenAndPositionEmbedding, make_norm, register
 from gptlite.settings import LORA_TARGETS, GPTConfig, lora_targets
 
 
@@ -147,7 +147,7 @@ class _Transformer(keras.Model):
                 weight.trainable = True
         if "norms" in targets:
             for layer in self._flatten_layers():
-                if isinstance(layer, (RMSNorm, keras.layers.LayerNormalization)):
+                if isinstance(layer, NORM_LAYERS):
                     for weight in layer.weights:
                         weight.trainable = True
         for block in self.blocks:
