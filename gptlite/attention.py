@@ -34,6 +34,21 @@ def causal_mask(query_length, key_length, query_offset=0):
     return ops.greater_equal(query_positions[..., None], ops.arange(key_length))  # (T, S) or (B, T, S)
 
 
+def packed_mask(positions):
+    """Boolean mask (B, 1, T, T) for rows that pack several texts, True where query t may attend key s: s is t
+    or before it, in the same text.
+
+    positions (B, T): each token's position in its own text, 0 at the
+    text's first token. Within a text they rise by one a token, and a new
+    text starts again from 0, so keys s <= t share query t's text exactly
+    when their positions are t - s apart.
+    """
+    steps = ops.arange(ops.shape(positions)[1])
+    apart = positions[:, :, None] - positions[:, None, :]  # (B, T, S)
+    same_text = ops.equal(apart, ops.cast(steps[:, None] - steps[None, :], apart.dtype))
+    return ops.logical_and(same_text, ops.greater_equal(steps[:, None], steps[None, :]))[:, None]
+
+
 def scaled_dot_product_attention(query, key, value, mask=None, weights_dropout=None):
     """softmax(Q K^T / sqrt(D) + mask) V, and the attention weights.
 
@@ -120,8 +135,11 @@ class Attention(keras.layers.Layer):
 
     Call: x (B, T, C); context (B, S, C) for cross-attention; context_mask
     (B, S), True at the context's real (not padding) positions, all by
-    default -> (B, T, C); with `return_attention_scores=True`, also the
-    attention weights (B, H, T, S) before dropout.
+    default; for causal attention over rows that pack several texts,
+    positions (B, T), each token's position in its own text: each text is
+    then attended as if it were alone (`packed_mask`) -> (B, T, C); with
+    `return_attention_scores=True`, also the attention weights (B, H, T, S)
+    before dropout.
     """
 
     def __init__(self, n_head, n_kv_head=None, causal=True, cross=False, dropout=0.0, attention_dropout=0.0,
@@ -181,12 +199,14 @@ class Attention(keras.layers.Layer):
         qkv = [self.qkv_projection] if self.causal else [self.query_projection, self.key_value_projection]
         return {"qkv": qkv, "attention_output": [self.output_projection]}
 
-    def call(self, x, context=None, context_mask=None, training=None, return_attention_scores=False):
+    def call(self, x, context=None, context_mask=None, positions=None, training=None,
+             return_attention_scores=False):
         if not self.causal:
             key_values = self.key_values(x if context is None else context)
             return self.attend(x, key_values, context_mask, training, return_attention_scores)
         length = ops.shape(x)[1]
-        query, key, value = self._project(x, self._angles(ops.arange(length)))
+        query, key, value = self._project(x, self._angles(ops.arange(length) if positions is None else positions))
+        mask = None if positions is None else packed_mask(positions)  # (B, 1, T, T)
         weights_needed = return_attention_scores or (training and self.attention_dropout_rate > 0)
         if not weights_needed and _fused_attention_is_faster(self.compute_dtype):
             # The backend's fused attention (torch's scaled_dot_product_attention,
@@ -196,11 +216,12 @@ class Attention(keras.layers.Layer):
                 # JAX's takes fewer key/value heads as they are; the others' repeat them, or, for one, cannot.
                 groups = self.n_head // self.n_kv_head
                 key, value = ops.repeat(key, groups, axis=2), ops.repeat(value, groups, axis=2)
-            attended = ops.dot_product_attention(query, key, value, is_causal=True)  # (B, T, H, D)
+            attended = ops.dot_product_attention(query, key, value, mask=mask, is_causal=mask is None)  # (B, T, H, D)
             merged = self.output_projection(ops.reshape(attended, (-1, length, self.n_head * self.head_size)))
             return self.output_dropout(merged, training=training)
         query, key, value = (ops.transpose(part, (0, 2, 1, 3)) for part in (query, key, value))  # (B, H|K, T, D)
-        mask = causal_mask(length, length)  # (T, T), broadcast over B and H
+        if mask is None:
+            mask = causal_mask(length, length)  # (T, T), broadcast over B and H
         attended, weights = _attend_with_dropout(query, key, value, mask, self.weights_dropout, training)
         output = self.output_dropout(self.output_projection(merge_heads(attended)), training=training)
         return (output, weights) if return_attention_scores else output

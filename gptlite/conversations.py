@@ -11,7 +11,9 @@ the tokens of the assistant's answers (their end-of-turn marker included)
 are the ones trained, everything else is context. Conversations are packed
 whole into rows of block_size + 1 tokens, the rest of a row padded; one
 longer than that is cut to its first block_size + 1 tokens or refused, as
-`long_conversations` says.
+`long_conversations` says. Each token's position in its own conversation
+goes with the rows: the model reads each conversation of a row as if it
+were alone (`GPT.call`), as it reads one when it answers.
 """
 
 import dataclasses
@@ -137,10 +139,12 @@ def _opening_alone(tokenizer):
 
 @dataclasses.dataclass
 class ChatRows:
-    """Packed conversations: ids (N, block_size + 1) and whether each is trained (N, block_size + 1)."""
+    """Packed conversations: ids (N, block_size + 1), whether each is trained, and its position in its own
+    conversation (the padding after the last counts as one more), each (N, block_size + 1)."""
 
     ids: np.ndarray
     trained: np.ndarray
+    positions: np.ndarray
     conversations: int  # how many conversations the rows hold
     cut: int  # how many of them were cut to fit
 
@@ -148,7 +152,7 @@ class ChatRows:
         return len(self.ids)
 
     def subset(self, rows):
-        return ChatRows(self.ids[rows], self.trained[rows], self.conversations, self.cut)
+        return ChatRows(self.ids[rows], self.trained[rows], self.positions[rows], self.conversations, self.cut)
 
 
 def pack(tokenizer, conversations, block_size, long_conversations="cut"):
@@ -176,11 +180,14 @@ def pack(tokenizer, conversations, block_size, long_conversations="cut"):
     rows.append(row)
     packed_ids = np.zeros((len(rows), width), np.int32)
     packed_trained = np.zeros((len(rows), width), bool)
+    packed_positions = np.zeros((len(rows), width), np.int32)
     for index, parts in enumerate(rows):
         ids = np.concatenate([part[0] for part in parts])
         packed_ids[index, :len(ids)] = ids
         packed_trained[index, :len(ids)] = np.concatenate([part[1] for part in parts])
-    return ChatRows(packed_ids, packed_trained, len(encoded), len(too_long))
+        lengths = [len(part[0]) for part in parts] + [width - len(ids)]
+        packed_positions[index] = np.concatenate([np.arange(length) for length in lengths])
+    return ChatRows(packed_ids, packed_trained, packed_positions, len(encoded), len(too_long))
 
 
 def split(rows, validation_fraction=0.1, seed=0):
@@ -201,8 +208,10 @@ def _drawn(count, fraction, seed):
 
 
 def targets(rows):
-    """The model's inputs (N, block_size) and next-token targets (N, block_size), IGNORED where not trained."""
-    return rows.ids[:, :-1], np.where(rows.trained[:, 1:], rows.ids[:, 1:], IGNORED).astype(np.int32)
+    """The model's inputs, {"token_ids", "positions"} each (N, block_size), and next-token targets
+    (N, block_size), IGNORED where not trained."""
+    inputs = {"token_ids": rows.ids[:, :-1], "positions": rows.positions[:, :-1]}
+    return inputs, np.where(rows.trained[:, 1:], rows.ids[:, 1:], IGNORED).astype(np.int32)
 
 
 class ConversationBatches(DrawnBatches):
@@ -210,11 +219,11 @@ class ConversationBatches(DrawnBatches):
 
     def __init__(self, rows, batch_size, num_batches, **kwargs):
         self.inputs, self.targets = targets(rows)
-        super().__init__(len(self.inputs), batch_size, num_batches, **kwargs)
+        super().__init__(len(self.targets), batch_size, num_batches, **kwargs)
 
     def __getitem__(self, index):
         rows = self.rows(index)
-        return self.inputs[rows], self.targets[rows]
+        return {name: part[rows] for name, part in self.inputs.items()}, self.targets[rows]
 
 
 def hold_out(conversations, fraction=0.1, seed=0):

@@ -267,10 +267,11 @@ def evaluate_conversations(model, named_sets, verbose=0, batch_size=32):
         rows = conversations.pack(tokenizer, chats, block_size)
         inputs, targets = conversations.targets(rows)
         tokens, nats, characters, size = 0, 0.0, 0, 0
-        for start in range(0, len(inputs), batch_size):
-            count = len(inputs[start:start + batch_size])
+        for start in range(0, len(targets), batch_size):
+            count = len(targets[start:start + batch_size])
             # A whole batch each time, its rows repeated: one compiled shape.
-            batch_inputs = np.resize(inputs[start:start + batch_size], (batch_size, inputs.shape[1]))
+            batch_inputs = {name: np.resize(part[start:start + batch_size], (batch_size, part.shape[1]))
+                            for name, part in inputs.items()}
             batch_targets = np.resize(targets[start:start + batch_size], (batch_size, targets.shape[1]))[:count]
             logits = model.predict_on_batch(batch_inputs)[:count]
             scored = batch_targets != conversations.IGNORED

@@ -252,20 +252,22 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
                 position_kinds.sinusoidal_position_encoding(self.sequence_length, self.embedding_dim)
             )
 
-    def call(self, token_ids, start_positions=None):
-        """token_ids (B, T); start_positions (B,), the position of each row's first token (default 0)."""
+    def call(self, token_ids, start_positions=None, positions=None):
+        """token_ids (B, T); start_positions (B,), the position of each row's first token (default 0), or
+        positions (B, T), each token's own (rows that pack several texts count each from 0)."""
         tokens = self.token_embedding(token_ids)  # (B, T, C)
         if self.position_embeddings is None:
             return tokens
         length = ops.shape(token_ids)[-1]
         # The variable's value, not the variable: JAX no longer converts one inside ops.
         table = self.position_embeddings.value  # (block_size, C)
-        if start_positions is None:
-            positions = ops.slice(table, (0, 0), (length, self.embedding_dim))  # (T, C)
+        if start_positions is not None:
+            positions = token_positions(start_positions, length)  # (B, T)
+        if positions is None:
+            added = ops.slice(table, (0, 0), (length, self.embedding_dim))  # (T, C)
         else:
-            indices = token_positions(start_positions, length)  # (B, T)
-            positions = ops.take(table, indices, axis=0)  # (B, T, C)
-        return tokens + ops.cast(positions, tokens.dtype)
+            added = ops.take(table, positions, axis=0)  # (B, T, C)
+        return tokens + ops.cast(added, tokens.dtype)
 
     def logits(self, hidden):
         """Project hidden states (B, T, C) to float32 vocabulary logits (B, T, V)."""

@@ -186,12 +186,19 @@ class GPT(_Transformer):
     or pass the config's fields as keyword arguments.
 
     Call: token ids (B, T), T <= block_size -> next-token logits (B, T, V), float32.
+    Rows that pack several texts (conversations) come as {"token_ids": (B, T),
+    "positions": (B, T)}, each token's position in its own text: each text is
+    then read as if it were alone, its positions counted from 0 and its
+    attention kept within it, as it is read when the model is used.
     """
 
-    def call(self, token_ids, training=None):
-        x = self.embedding_dropout(self.embedding(token_ids), training=training)  # (B, T, C)
+    def call(self, inputs, training=None):
+        token_ids, positions = (inputs["token_ids"], inputs["positions"]) if isinstance(inputs, dict) else \
+            (inputs, None)
+        x = self.embedding(token_ids, positions=positions)  # (B, T, C)
+        x = self.embedding_dropout(x, training=training)
         for block in self.blocks:
-            x = block(x, training=training)
+            x = block(x, positions=positions, training=training)
         return self.embedding.logits(self.final_norm(x))  # (B, T, V)
 
     def call_with_cache(self, token_ids, cache, start_positions):

@@ -1,5 +1,6 @@
 """Chat: templates, conversations as training data and their loss mask, replies, the terminal chat."""
 
+import dataclasses
 import io
 import json
 import os
@@ -118,7 +119,7 @@ def test_the_loss_counts_the_answers_tokens_alone(chat_model):
     # The answers' tokens, their end markers among them, are the trained ones; nothing else is.
     answers = chat_model.tokenizer.decode(rows.ids[:, 1:][trained])
     assert answers == "sat on a mat<|end|>ran<|end|>"
-    logits = keras.ops.convert_to_numpy(_windowed_logits(chat_model, inputs))  # (1, T, V)
+    logits = keras.ops.convert_to_numpy(_windowed_logits(chat_model, inputs["token_ids"]))  # (1, T, V)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=conversations.IGNORED)
 
     def value(targets):
@@ -134,10 +135,10 @@ def test_the_loss_counts_the_answers_tokens_alone(chat_model):
     other = (int(rows.ids[0, answer_position + 1]) + 1) % chat_model.config.vocab_size
     changed = rows.ids.copy()
     changed[0, user_position + 1] = other  # a user's token as a target: not counted
-    assert value(conversations.targets(conversations.ChatRows(changed, rows.trained, 1, 0))[1]) == baseline
+    assert value(conversations.targets(dataclasses.replace(rows, ids=changed))[1]) == baseline
     changed = rows.ids.copy()
     changed[0, answer_position + 1] = other  # an answer's token: counted
-    assert value(conversations.targets(conversations.ChatRows(changed, rows.trained, 1, 0))[1]) != baseline
+    assert value(conversations.targets(dataclasses.replace(rows, ids=changed))[1]) != baseline
 
 
 def _windowed_logits(model, inputs):
@@ -158,6 +159,8 @@ def test_long_conversations_are_cut_or_refused_with_a_count(chat_model):
     short = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
     packed = conversations.pack(chat_model.tokenizer, [short] * 5, 16)
     assert packed.cut == 0 and len(packed) == 3  # two of 6 tokens to a row of 17, whole
+    # Each token's position in its own conversation; the padding after them counts as one more.
+    np.testing.assert_array_equal(packed.positions[0], [*range(6), *range(6), *range(5)])
 
 
 @pytest.mark.parametrize("line, message", [

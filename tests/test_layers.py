@@ -105,11 +105,12 @@ def test_encoder_block_sees_later_positions_and_ignores_padding():
 class UnfusedAttention(Attention):
     """Always the step-by-step attention, for comparison with the fused one."""
 
-    def call(self, x, context=None, context_mask=None, training=None, return_attention_scores=False):
-        return super().call(x, training=training, return_attention_scores=True)[0]
+    def call(self, x, context=None, context_mask=None, positions=None, training=None, return_attention_scores=False):
+        return super().call(x, positions=positions, training=training, return_attention_scores=True)[0]
 
 
-def test_fused_attention_trains_exactly_like_the_step_by_step_one(tokenizer):
+@pytest.mark.parametrize("packed", [False, True])
+def test_fused_attention_trains_exactly_like_the_step_by_step_one(tokenizer, packed):
     import gptlite
 
     def trained_weights(fused):
@@ -122,8 +123,11 @@ def test_fused_attention_trains_exactly_like_the_step_by_step_one(tokenizer):
         model.compile(optimizer=keras.optimizers.SGD(0.5),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         ids = np.random.default_rng(0).integers(0, tokenizer.vocabulary_size, (4, 9))
+        inputs = ids[:, :-1]
+        if packed:  # rows of two texts, attended apart
+            inputs = {"token_ids": inputs, "positions": np.tile([0, 1, 2, 0, 1, 2, 3, 4], (4, 1))}
         for _ in range(3):
-            model.train_on_batch(ids[:, :-1], ids[:, 1:])
+            model.train_on_batch(inputs, ids[:, 1:])
         return [keras.ops.convert_to_numpy(v) for v in model.trainable_variables]
 
     for fused, unfused in zip(trained_weights(True), trained_weights(False)):

@@ -38,6 +38,29 @@ def test_attention_weights_are_causal_distributions(tiny_model):
     assert np.all(np.triu(weights, k=1) == 0)
 
 
+@pytest.mark.parametrize("shape", [{}, {"position": "rotary", "n_kv_head": 1, "qk_norm": True}])
+def test_a_packed_row_reads_each_text_as_if_it_were_alone(tokenizer, shape):
+    # Each text's positions counted from its start, and nothing attended across texts: a packed row gives each
+    # text the logits it gets alone (learned positions; rotary with grouped queries, the chat defaults' kind).
+    keras.utils.set_random_seed(0)
+    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=2, n_head=2, n_embd=16, block_size=16,
+                        tokenizer=tokenizer, **shape)
+    model.build((None, 16))
+    random = np.random.default_rng(1)
+    texts = [random.integers(0, tokenizer.vocabulary_size, size=length) for length in (5, 7, 4)]
+    row = {"token_ids": np.concatenate(texts)[None].astype("int32"),
+           "positions": np.concatenate([np.arange(len(text)) for text in texts])[None].astype("int32")}
+    packed = keras.ops.convert_to_numpy(model(row))
+    plain = logits_of(model, row["token_ids"])  # one text of 16 tokens
+    start = 0
+    for text in texts:
+        alone = logits_of(model, text[None])
+        np.testing.assert_allclose(packed[:, start:start + len(text)], alone, atol=1e-4)
+        if start:  # read as one text, the later ones see the earlier
+            assert not np.allclose(plain[:, start:start + len(text)], alone, atol=1e-4)
+        start += len(text)
+
+
 @pytest.mark.parametrize("field,value", [("n_head", 3), ("n_layer", 0), ("dropout", 1.0), ("position", "alibi"),
                                          ("norm", "batch"), ("mlp", "relu"), ("n_kv_head", 3), ("rope_theta", 0),
                                          ("block_size", -4)])
