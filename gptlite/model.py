@@ -193,7 +193,7 @@ class GPT(_Transformer):
     """
 
     def call(self, inputs, training=None):
-        token_ids, positions = (inputs["token_ids"], inputs["positions"]) if isinstance(inputs, dict) else \
+        token_ids, positions = (inputs["token_ids"], inputs.get("positions")) if isinstance(inputs, dict) else \
             (inputs, None)
         x = self.embedding(token_ids, positions=positions)  # (B, T, C)
         x = self.embedding_dropout(x, training=training)
