@@ -1,6 +1,7 @@
 """Attention: the layer (`Attention`: self- or cross-, full, grouped-query or multi-query, with rotary
 positions and QK-norm as the model asks), the attention function, the causal mask, and where a decoding
-step's keys and values go in the cache (`CachePlacement`).
+step's keys and values go in the cache (`CachePlacement`), and how rows that pack several texts keep them
+apart (`PackedTexts`).
 
 Shape letters in comments are those of `gptlite.layers`.
 """
@@ -34,19 +35,22 @@ def causal_mask(query_length, key_length, query_offset=0):
     return ops.greater_equal(query_positions[..., None], ops.arange(key_length))  # (T, S) or (B, T, S)
 
 
-def packed_mask(positions):
-    """Boolean mask (B, 1, T, T) for rows that pack several texts, True where query t may attend key s: s is t
-    or before it, in the same text.
+class PackedTexts(collections.namedtuple("PackedTexts", "positions mask")):
+    """Rows that pack several texts, read as if each text were alone, the same for every layer of a model.
 
     positions (B, T): each token's position in its own text, 0 at the
-    text's first token. Within a text they rise by one a token, and a new
-    text starts again from 0, so keys s <= t share query t's text exactly
-    when their positions are t - s apart.
+    text's first token; mask (B, 1, T, T): True where query t may attend
+    key s, s being t or before it in the same text.
     """
-    steps = ops.arange(ops.shape(positions)[1])
-    apart = positions[:, :, None] - positions[:, None, :]  # (B, T, S)
-    same_text = ops.equal(apart, ops.cast(steps[:, None] - steps[None, :], apart.dtype))
-    return ops.logical_and(same_text, ops.greater_equal(steps[:, None], steps[None, :]))[:, None]
+
+    @classmethod
+    def of(cls, positions):
+        # Within a text positions rise by one a token and a new text starts again from 0, so keys s <= t
+        # share query t's text exactly when their positions are t - s apart.
+        steps = ops.arange(ops.shape(positions)[1])
+        apart = positions[:, :, None] - positions[:, None, :]  # (B, T, S)
+        same_text = ops.equal(apart, ops.cast(steps[:, None] - steps[None, :], apart.dtype))
+        return cls(positions, ops.logical_and(same_text, ops.greater_equal(steps[:, None], steps[None, :]))[:, None])
 
 
 def scaled_dot_product_attention(query, key, value, mask=None, weights_dropout=None):
@@ -136,8 +140,8 @@ class Attention(keras.layers.Layer):
     Call: x (B, T, C); context (B, S, C) for cross-attention; context_mask
     (B, S), True at the context's real (not padding) positions, all by
     default; for causal attention over rows that pack several texts,
-    positions (B, T), each token's position in its own text: each text is
-    then attended as if it were alone (`packed_mask`) -> (B, T, C); with
+    `packed`, from `PackedTexts.of`: each text is then attended as if it
+    were alone -> (B, T, C); with
     `return_attention_scores=True`, also the attention weights (B, H, T, S)
     before dropout.
     """
@@ -199,14 +203,14 @@ class Attention(keras.layers.Layer):
         qkv = [self.qkv_projection] if self.causal else [self.query_projection, self.key_value_projection]
         return {"qkv": qkv, "attention_output": [self.output_projection]}
 
-    def call(self, x, context=None, context_mask=None, positions=None, training=None,
+    def call(self, x, context=None, context_mask=None, packed=None, training=None,
              return_attention_scores=False):
         if not self.causal:
             key_values = self.key_values(x if context is None else context)
             return self.attend(x, key_values, context_mask, training, return_attention_scores)
         length = ops.shape(x)[1]
-        query, key, value = self._project(x, self._angles(ops.arange(length) if positions is None else positions))
-        mask = None if positions is None else packed_mask(positions)  # (B, 1, T, T)
+        query, key, value = self._project(x, self._angles(ops.arange(length) if packed is None else packed.positions))
+        mask = None if packed is None else packed.mask  # (B, 1, T, T)
         weights_needed = return_attention_scores or (training and self.attention_dropout_rate > 0)
         if not weights_needed and _fused_attention_is_faster(self.compute_dtype):
             # The backend's fused attention (torch's scaled_dot_product_attention,

@@ -34,8 +34,8 @@ class TransformerBlock(keras.layers.Layer):
     Call: x (B, T, C) -> (B, T, C). `padding_mask` (B, T), True at x's real
     positions, hides padding from non-causal self-attention (causal
     attention needs none: padding comes last, after every real token).
-    `positions` (B, T), each token's position in its own text, where rows
-    pack several texts: causal self-attention then keeps to each text.
+    `packed`, from `attention.PackedTexts.of`, where rows pack several
+    texts: causal self-attention then keeps to each text.
     `context` (B, S, C) and `context_mask` (B, S) are what cross-attention
     attends over. With `return_attention_scores=True`, also the
     self-attention weights (B, H, T, T), and with cross-attention those
@@ -100,11 +100,11 @@ class TransformerBlock(keras.layers.Layer):
                 found[name] = found[name] + layers
         return found
 
-    def call(self, x, padding_mask=None, context=None, context_mask=None, positions=None, training=None,
+    def call(self, x, padding_mask=None, context=None, context_mask=None, packed=None, training=None,
              return_attention_scores=False):
         scores = return_attention_scores
         attended = self.attention(self.attention_norm(x), context_mask=None if self.causal else padding_mask,
-                                  positions=positions, training=training, return_attention_scores=scores)
+                                  packed=packed, training=training, return_attention_scores=scores)
         attended, *weights = attended if scores else (attended,)
         x = x + attended
         if self.has_cross_attention:

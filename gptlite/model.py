@@ -8,7 +8,7 @@ from keras import ops
 
 from gptlite import templates
 from gptlite.errors import ConfigError, InputError
-from gptlite.attention import CachePlacement
+from gptlite.attention import CachePlacement, PackedTexts
 from gptlite.blocks import EncoderBlock, TransformerBlock
 from gptlite.layers import NORM_LAYERS, TokenAndPositionEmbedding, make_norm, register
 from gptlite.settings import LORA_TARGETS, GPTConfig, lora_targets
@@ -197,8 +197,9 @@ class GPT(_Transformer):
             (inputs, None)
         x = self.embedding(token_ids, positions=positions)  # (B, T, C)
         x = self.embedding_dropout(x, training=training)
+        packed = None if positions is None else PackedTexts.of(positions)  # once for every block
         for block in self.blocks:
-            x = block(x, positions=positions, training=training)
+            x = block(x, packed=packed, training=training)
         return self.embedding.logits(self.final_norm(x))  # (B, T, V)
 
     def call_with_cache(self, token_ids, cache, start_positions):

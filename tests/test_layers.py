@@ -105,8 +105,8 @@ def test_encoder_block_sees_later_positions_and_ignores_padding():
 class UnfusedAttention(Attention):
     """Always the step-by-step attention, for comparison with the fused one."""
 
-    def call(self, x, context=None, context_mask=None, positions=None, training=None, return_attention_scores=False):
-        return super().call(x, positions=positions, training=training, return_attention_scores=True)[0]
+    def call(self, x, context=None, context_mask=None, packed=None, training=None, return_attention_scores=False):
+        return super().call(x, packed=packed, training=training, return_attention_scores=True)[0]
 
 
 @pytest.mark.parametrize("packed", [False, True])
