@@ -195,7 +195,10 @@ def reverser(reverser_run):
 
 
 def pytest_collection_modifyitems(items):
-    """A test of a run trained through the command line is slow: `-m "not slow"` leaves it out."""
+    """A test of a run trained through the command line is slow: `-m "not slow"` leaves it out. The tests
+    marked `long` go first: the suite runs in two processes, and one such test handed out last would leave
+    the other process idle while it runs. (They use no module's fixtures, so moving them splits none.)"""
     for item in items:
         if "trained_run" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)  # stable: the rest keep their order

@@ -228,6 +228,7 @@ def test_cached_text_is_recomputed_text_as_the_cache_grows_and_is_cut(tokenizer)
     assert short == decode(use_cache=False) == decode()
 
 
+@pytest.mark.long
 @pytest.mark.skipif(keras.backend.backend() == "torch", reason="torch compiles nothing")
 def test_a_second_process_traces_nothing_on_a_warm_cache_and_survives_a_damaged_entry(tmp_path, tiny_model):
     gptlite.save(tiny_model, tmp_path / "model.keras")
