@@ -47,10 +47,11 @@ class PackedTexts(collections.namedtuple("PackedTexts", "positions mask")):
     def of(cls, positions):
         # Within a text positions rise by one a token and a new text starts again from 0, so keys s <= t
         # share query t's text exactly when their positions are t - s apart.
-        steps = ops.arange(ops.shape(positions)[1])
+        length = ops.shape(positions)[1]
+        steps = ops.arange(length)
         apart = positions[:, :, None] - positions[:, None, :]  # (B, T, S)
         same_text = ops.equal(apart, ops.cast(steps[:, None] - steps[None, :], apart.dtype))
-        return cls(positions, ops.logical_and(same_text, ops.greater_equal(steps[:, None], steps[None, :]))[:, None])
+        return cls(positions, ops.logical_and(same_text, causal_mask(length, length))[:, None])
 
 
 def scaled_dot_product_attention(query, key, value, mask=None, weights_dropout=None):
@@ -141,9 +142,8 @@ class Attention(keras.layers.Layer):
     (B, S), True at the context's real (not padding) positions, all by
     default; for causal attention over rows that pack several texts,
     `packed`, from `PackedTexts.of`: each text is then attended as if it
-    were alone -> (B, T, C); with
-    `return_attention_scores=True`, also the attention weights (B, H, T, S)
-    before dropout.
+    were alone -> (B, T, C); with `return_attention_scores=True`, also the
+    attention weights (B, H, T, S) before dropout.
     """
 
     def __init__(self, n_head, n_kv_head=None, causal=True, cross=False, dropout=0.0, attention_dropout=0.0,
