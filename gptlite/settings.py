@@ -225,17 +225,23 @@ CHAT_SYNTHETIC_TASKS = ("arithmetic", "direct", "recall", "copy", "backwards")
 # preset's model (trained as the cpu preset, the arithmetic task answered 3% of held-out questions exactly
 # after 1,500 steps, against 91%; BENCHMARKS.md) with small batches; the shortest of CHAT_CONTEXTS that holds
 # CHAT_COVERED of the conversations whole; CHAT_EPOCHS passes over the packed rows, at least CHAT_MIN_STEPS
-# steps and at most CHAT_MAX_TOKENS tokens (about 12 minutes on 2 cores), evaluated and saved about
-# CHAT_EVALUATIONS times, the validation loss over CHAT_VALIDATION_ROWS rows (as many as 20 batches of 32
-# gave). Small batches, since the same tokens in more steps learn the tasks sooner: with batches of 32, three
-# seeds answered 98%, 80% and 65% of the direct task's held-out questions exactly; with batches of 8 and the
-# same tokens, 100%, 90% and 93% (BENCHMARKS.md, "Chat tasks with batches of 8").
+# steps and at most what trains in about 12 minutes on 2 cores (CHAT_MAX_TOKENS tokens at a context of 128 or
+# less, fewer above it: see chat_token_cost), evaluated and saved about CHAT_EVALUATIONS times, the validation
+# loss over CHAT_VALIDATION_ROWS rows (as many as 20 batches of 32 gave). Small batches, since the same tokens
+# in more steps learn the tasks sooner: with batches of 32, three seeds answered 98%, 80% and 65% of the
+# direct task's held-out questions exactly; with batches of 8 and the same tokens, 100%, 90% and 93%
+# (BENCHMARKS.md, "Chat tasks with batches of 8"). Contexts between 128 and 256, since a file whose longest
+# conversations were a little over 128 tokens went to 256, where its cap in tokens took 20 minutes, not 12
+# (BENCHMARKS.md, "A file of another shape").
 CHAT_BATCH_SIZE = 8
-CHAT_CONTEXTS = (64, 128, 256)
+CHAT_CONTEXTS = (64, 128, 160, 192, 256)
 CHAT_COVERED = 0.99
 CHAT_EPOCHS = 20
 CHAT_MIN_STEPS = 1000
 CHAT_MAX_TOKENS = 3000 * 32 * 128
+# A token's training time at a context of 256 over one at 128 (the attention grows with the context, the rest
+# does not): 1.58 on machine B (BENCHMARKS.md, "A file of another shape"); taken as linear in between.
+CHAT_COST_AT_256 = 1.58
 CHAT_EVALUATIONS = 10
 CHAT_VALIDATION_ROWS = 640
 # What a run trains (a GPT on text, an encoder-decoder, a GPT on conversations), and the tokenizers a new
@@ -308,7 +314,8 @@ def chat_settings(lengths):
     block_size = next((context for context in CHAT_CONTEXTS if context + 1 >= covered), CHAT_CONTEXTS[-1])
     rows = packed_rows(lengths, block_size)
     batch_size = CHAT_BATCH_SIZE
-    most = max(CHAT_MIN_STEPS, CHAT_MAX_TOKENS // (batch_size * block_size))
+    most = max(CHAT_MIN_STEPS, int(CHAT_MAX_TOKENS / chat_token_cost(block_size)) // (batch_size * block_size)
+               // 100 * 100)
     steps = min(most, max(CHAT_MIN_STEPS, -(-CHAT_EPOCHS * rows // batch_size // 100) * 100))
     interval = max(100, steps // CHAT_EVALUATIONS // 100 * 100)
     chosen = {**PRESETS["modern"], "batch_size": batch_size, "block_size": block_size, "max_iters": steps,
@@ -321,6 +328,12 @@ def chat_settings(lengths):
             + ("; the most that trains in about 12 minutes on 2 cores" if steps == most else "")
             + "), the modern preset's model; a setting given overrides these")
     return chosen, line
+
+
+def chat_token_cost(block_size):
+    """How long a token of a chat run at `block_size` trains, as a multiple of one at a context of 128: 1 up to
+    128 (measured there), growing linearly to CHAT_COST_AT_256 at 256."""
+    return 1 + (CHAT_COST_AT_256 - 1) * max(0, block_size - 128) / 128
 
 
 def packed_rows(lengths, block_size):

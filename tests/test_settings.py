@@ -76,6 +76,8 @@ def test_a_chat_run_is_sized_from_its_conversations():
     # Longer conversations: the shortest context that holds 99% of them whole; one longer than any is cut.
     assert chat_settings([100] * 990 + [2000] * 10)[0]["block_size"] == 128
     assert chat_settings([100] * 980 + [2000] * 20)[0]["block_size"] == 256
+    assert [chat_settings([length] * 100)[0]["block_size"] for length in (129, 130, 161, 162, 193, 194)] == \
+        [128, 160, 160, 192, 192, 256]
     long, line = chat_settings([400] * 100)
     assert long["block_size"] == 256 and "0% fit whole" in line
     # Steps: twenty passes over the packed rows (conversations of 30 tokens fill a 65-token row 2 at a time),
@@ -87,6 +89,10 @@ def test_a_chat_run_is_sized_from_its_conversations():
     large, line = chat_settings([60] * 1_000_000)
     assert large["max_iters"] == settings.CHAT_MAX_TOKENS // (8 * 64) and "about 12 minutes" in line
     assert large["eval_interval"] == large["checkpoint_interval"] == large["max_iters"] // 1000 * 100
+    # A longer context's token takes longer (its attention grows with it): fewer of them fit the same time.
+    steps = {length: chat_settings([length] * 1_000_000)[0]["max_iters"] for length in (100, 150, 250)}
+    assert steps[100] == settings.CHAT_MAX_TOKENS // (8 * 128)
+    assert steps[100] * 128 > steps[150] * 160 > steps[250] * 256 > steps[100] * 128 / 2
     with pytest.raises(gptlite.ConfigError, match="no conversations"):
         chat_settings([])
 
