@@ -15,22 +15,15 @@ def _share_compiled_programs():
     Many tests train or decode the same tiny shapes, each in a function or a
     process of its own; TensorFlow and JAX then load the program compiled
     the first time instead of compiling it again. Set before either is imported.
-    The suite's two worker processes (pytest-xdist) inherit the folder from the
-    process that starts them, which removes it at its end: a program either
-    worker compiled, the other loads.
     """
-    folder = os.environ.get(_SESSION_FOLDER)
-    if folder is None:
-        folder = tempfile.mkdtemp(prefix="gptlite-tests-xla-")
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
-        os.environ[_SESSION_FOLDER] = folder
+    folder = tempfile.mkdtemp(prefix="gptlite-tests-xla-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     os.environ["GPTLITE_COMPILE_CACHE"] = folder  # gptlite's own decode programs, and TensorFlow's training steps
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", f"{folder}/jax")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 
-_SESSION_FOLDER = "GPTLITE_TESTS_COMPILE_CACHE"
 _share_compiled_programs()
 
 import numpy as np
