@@ -189,7 +189,9 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
             return _train_seq2seq(sources, synthetic, encoding, errors, out_dir, checkpoint, model_settings,
                                   training_config, say, verbose, tensorboard, arguments, overwrite)
         if chat_defaults:
-            say(chat_defaults[1])
+            given = [f"{name} {value}" for name, value in (settings or {}).items()
+                     if value is not None and value != chat_defaults[0].get(name, value)]
+            say(chat_defaults[1] + (f" (given: {', '.join(given)})" if given else ""))
         if chats is not None:  # a new tokenizer learns the messages' text (a template's markers are added after)
             corpus = data.Corpus.from_text("".join(message["content"] for conversation in chats.conversations
                                                    for message in conversation), chats.name)

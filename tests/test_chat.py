@@ -245,6 +245,9 @@ def test_a_chat_run_on_a_file_is_sized_from_it_and_reports_its_held_out_answers(
     out = capsys.readouterr().out
     # 36 of the 40 conversations train (a tenth is held out), each of at most 32 tokens: the shortest context.
     assert "chat settings sized from 36 conversations: context 64 (100% fit whole" in out
+    # The line names what the flags changed of what it chose.
+    given = re.search(r"a setting given overrides these \(given: (.*)\)\n", out).group(1).split(", ")
+    assert {"n_layer 1", "n_embd 16", "batch_size 4", "max_iters 4", "eval_iters 1"} <= set(given)
     assert re.search(r"the final model answers \d+ of 4 held-out questions exactly \(\d+%, greedy\); a few:", out)
     assert f"talk with it: gptlite chat {tmp_path / 'run' / 'model.keras'}" in out
     history = (tmp_path / "run" / "history.csv").read_text()
