@@ -11,19 +11,19 @@ some conversations open with a system message. `held_out.jsonl` holds 300
 more, about number pairs that never appear in the file, given to the run as
 `--val-file`, so that the count at the end is of questions never trained
 on. The training command's wall time, what it chose and its last lines are
-printed; its whole output is kept in OUT/train.log.
+printed; its whole output is kept in OUT/train.log (a failed run ends the
+benchmark with its output's end).
 """
 
 import argparse
 import json
 import pathlib
-import subprocess
 import sys
-import time
 
 import numpy as np
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+from chat_tasks import run_training
+
 HELD_OUT = 300
 # A question and the sentence that answers it, for each way of asking.
 ADD = (("Please tell me the sum of {a} and {b}.", "The sum is {r}."),
@@ -70,13 +70,11 @@ def main():
     command = [sys.executable, "-m", "gptlite", "train", str(args.out / "chats.jsonl"), "--task", "chat",
                "--val-file", str(args.out / "held_out.jsonl"), "--out", str(args.out / "run"), "--overwrite",
                *args.train_flags]
-    start = time.perf_counter()
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
+    result, seconds = run_training(command)
     (args.out / "train.log").write_text(result.stdout + result.stderr)
     lines = result.stdout.splitlines()
     print(" ".join(command[1:]))
-    print(f"exit {result.returncode}, {seconds:.1f} s launch to exit")
+    print(f"{seconds:.1f} s launch to exit")
     print("\n".join(line for line in lines if line.startswith("chat settings") or "exact" in line))
 
 

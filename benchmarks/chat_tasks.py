@@ -68,7 +68,7 @@ def main():
             command = [sys.executable, "-m", "gptlite", "train", str(text), "--preset", "modern", "--block-size",
                        "128", "--max-iters", str(args.pretrain), "--tokenizer", args.pretrain_tokenizer,
                        "--dropout", str(args.pretrain_dropout), "--out", str(base), "--overwrite"]
-            result, trained_s = _train(command)
+            result, trained_s = run_training(command)
             report["pretrained"] = {"trained_s": round(trained_s, 1),
                                     "command": " ".join(command[1:]),
                                     "last_line": result.stdout.strip().splitlines()[-1]}
@@ -78,7 +78,7 @@ def main():
             out = (args.out or pathlib.Path(folder)) / task
             command = [sys.executable, "-m", "gptlite", "train", "--synthetic", task, "--out", str(out),
                        "--overwrite", *(["--init-from", args.init_from] if args.init_from else []), *extra]
-            result, trained_s = _train(command)
+            result, trained_s = run_training(command)
             (out / "train.log").write_text(result.stdout)  # what the command said, kept beside its model
             chosen = next((line for line in result.stdout.splitlines() if line.startswith("chat settings")), None)
             final = re.search(r"answers ([\d,]+) of ([\d,]+) held-out", result.stdout)
@@ -110,7 +110,7 @@ def main():
     print(json.dumps(report, indent=1))
 
 
-def _train(command):
+def run_training(command):
     """Run a training command; (its completed process, its wall time in seconds). A failed one ends the
     benchmark with its output's end."""
     started = time.perf_counter()
