@@ -9,7 +9,8 @@ shape: {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}]}.
 Each conversation is rendered with the model's chat template and encoded;
 the tokens of the assistant's answers (their end-of-turn marker included)
 are the ones trained, everything else is context. Conversations are packed
-whole into rows of block_size + 1 tokens, the rest of a row padded; one
+whole into rows of block_size + 1 tokens, longest first, each into the row
+it fills most closely (`packing`), the rest of a row padded; one
 longer than that is cut to its first block_size + 1 tokens or refused, as
 `long_conversations` says. Each token's position in its own conversation
 goes with the rows: the model reads each conversation of a row as if it
@@ -25,6 +26,7 @@ import numpy as np
 from gptlite import templates
 from gptlite.data import DrawnBatches
 from gptlite.errors import ConfigError, InputError, MissingFileError
+from gptlite.packing import pack_lengths
 
 LONG_CONVERSATIONS = ("cut", "refuse")
 IGNORED = -1  # the target of a token that is not trained: the loss leaves it out
@@ -156,7 +158,8 @@ class ChatRows:
 
 
 def pack(tokenizer, conversations, block_size, long_conversations="cut"):
-    """Encode conversations and pack them whole, in order, into `ChatRows` of block_size + 1 tokens.
+    """Encode conversations and pack them whole into `ChatRows` of block_size + 1 tokens, nearly full (see
+    `packing`: longest first, each into the row it fills most closely).
 
     A conversation longer than a row is cut to its first block_size + 1
     tokens (`long_conversations="cut"`) or refused ("refuse"), with how many.
@@ -170,14 +173,8 @@ def pack(tokenizer, conversations, block_size, long_conversations="cut"):
         raise InputError(f"{len(too_long)} of {len(encoded)} conversations are longer than the context of "
                          f"{block_size} tokens (the first is number {too_long[0]}); raise `block_size`, or set "
                          f"`long_conversations` to 'cut'")
-    rows, row = [], []
-    for ids, trained in encoded:
-        ids, trained = ids[:width], trained[:width]
-        if row and sum(len(part[0]) for part in row) + len(ids) > width:
-            rows.append(row)
-            row = []
-        row.append((ids, trained))
-    rows.append(row)
+    encoded = [(ids[:width], trained[:width]) for ids, trained in encoded]
+    rows = [[encoded[index] for index in row] for row in pack_lengths([len(ids) for ids, _ in encoded], width)]
     packed_ids = np.zeros((len(rows), width), np.int32)
     packed_trained = np.zeros((len(rows), width), bool)
     packed_positions = np.zeros((len(rows), width), np.int32)

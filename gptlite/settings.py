@@ -11,6 +11,7 @@ import dataclasses
 import math
 
 from gptlite.errors import ConfigError
+from gptlite.packing import pack_lengths
 
 
 @dataclasses.dataclass(frozen=True)
@@ -337,15 +338,9 @@ def chat_token_cost(block_size):
 
 
 def packed_rows(lengths, block_size):
-    """How many rows of block_size + 1 tokens conversations of `lengths` pack into, whole and in order (each
-    cut to a row), as `conversations.pack` packs them."""
-    rows, filled, width = 0, 0, block_size + 1
-    for length in lengths:
-        length = min(length, width)
-        if rows == 0 or filled + length > width:
-            rows, filled = rows + 1, 0
-        filled += length
-    return rows
+    """How many rows of block_size + 1 tokens conversations of `lengths` pack into (see `packing`), as
+    `conversations.pack` packs them."""
+    return len(pack_lengths(lengths, block_size + 1))
 
 
 def default_settings(seq2seq=False, synthetic=None):

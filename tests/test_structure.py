@@ -16,7 +16,8 @@ PACKAGE = REPO / "gptlite"
 ALLOWED = {
     "errors": set(),
     "files": set(),
-    "settings": set(),
+    "packing": set(),
+    "settings": {"packing"},
     "continuation": set(),
     "tokenizers": {"settings"},
     "positions": {"settings"},
@@ -27,7 +28,7 @@ ALLOWED = {
     "data": {"tokenizers", "files"},
     "pairs": {"data", "files", "settings"},
     "templates": set(),
-    "conversations": {"data", "templates", "pretrained"},
+    "conversations": {"data", "templates", "pretrained", "packing"},
     "chat_tasks": {"settings"},
     "sampling": {"continuation"},
     "compile_cache": set(),

@@ -5,6 +5,7 @@ it at module level, and neither does any command's parser: `--help` answers
 at once, with no notice of the backend's.
 """
 
+import faulthandler
 import importlib.util
 import os
 import sys
@@ -103,6 +104,10 @@ def hold_back_false_alarms():
     os.close(write)
     sys.stderr = open(terminal, "w", buffering=1, encoding=sys.stderr.encoding, errors="backslashreplace",
                       closefd=False)
+    if faulthandler.is_enabled():
+        # `python -X faulthandler`: a crash's stacks go to the terminal too, not into the pipe, whose reader dies
+        # with the process before it passes them on.
+        faulthandler.enable(file=sys.stderr)
 
     def pass_on():
         with open(read, "rb") as native:
