@@ -91,3 +91,16 @@ def test_a_command_s_automatic_backend_applies_when_none_is_named_and_is_printed
     assert os.environ["KERAS_BACKEND"] == "tensorflow"
     assert capsys.readouterr().out == "backend: tensorflow, why\n"
     startup.choose_backend("gptlite-train", "tensorflow", lambda: pytest.fail("a named backend needs no choice"))
+
+
+def test_a_crash_s_stacks_reach_standard_error_while_native_lines_are_held_back():
+    import subprocess
+    import sys
+
+    # Under `python -X faulthandler`, a process killed by SIGABRT writes its threads' stacks: past the pipe that
+    # native lines go through, whose reader dies with the process.
+    crash = ("import os, signal; from gptlite.cli.startup import hold_back_false_alarms; hold_back_false_alarms(); "
+             "os.kill(os.getpid(), signal.SIGABRT)")
+    result = subprocess.run([sys.executable, "-X", "faulthandler", "-c", crash], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == -6 and "Fatal Python error: Aborted" in result.stderr, result.stderr
