@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import keras
 import numpy as np
 import pytest
 
@@ -20,6 +21,10 @@ import gptlite
 from conftest import REPO
 from gptlite import chat, conversations, settings, templates
 from gptlite.errors import InputError
+
+# For what the chat's own code decides (sizing, reports, templates, files): the same on every backend, whose training
+# on conversations test_a_chat_run_trains_on_a_conversations_file_and_keeps_its_template checks in every suite.
+ONCE = pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="run in the tensorflow suite only")
 
 # In the words of the test text, whose characters the tiny models know.
 CONVERSATION = [{"role": "system", "content": "be a cat"}, {"role": "user", "content": "the cat"},
@@ -79,6 +84,7 @@ def test_the_tokenizer_and_its_template_survive_saving(chat_model, tmp_path):
         conversations.prompt_ids(chat_model.tokenizer, CONVERSATION[:2])
 
 
+@ONCE
 def test_rendering_matches_transformers_apply_chat_template(tmp_path):
     transformers = pytest.importorskip("transformers")
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -231,6 +237,7 @@ def test_the_sizing_counts_the_tokens_and_rows_that_packing_makes(chat_model):
         assert len(rows) == settings.packed_rows(lengths, block_size)
 
 
+@ONCE
 def test_a_chat_run_on_a_file_is_sized_from_it_and_reports_its_held_out_answers(tmp_path, text, capsys):
     from gptlite.cli.train import main
 
@@ -260,6 +267,7 @@ def test_a_chat_run_on_a_file_is_sized_from_it_and_reports_its_held_out_answers(
     assert "40 conversations" in out and "37 held out" in out and "of 37 held-out questions" in out
 
 
+@ONCE
 def test_a_saved_model_fine_tunes_on_conversations_with_lora_and_a_bad_file_touches_nothing(tmp_path, tiny_model,
                                                                                              capsys):
     gptlite.save(tiny_model, tmp_path / "base.keras")

@@ -113,7 +113,10 @@ print(json.dumps(keras.ops.convert_to_numpy(logits).tolist()))
 """
 
 
-@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != keras.backend.backend()])
+# TensorFlow's suite loads its file under each other backend, and each other backend's suite loads its own under
+# TensorFlow: every backend writes and reads once, without the pairs that repeat it.
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != keras.backend.backend()
+                                     and "tensorflow" in (b, keras.backend.backend())])
 def test_a_model_saved_under_one_backend_gives_the_same_logits_under_the_others(backend, tmp_path, tiny_model):
     if importlib.util.find_spec(backend) is None:
         pytest.skip(f"{backend} is not installed (pip install -e '.[{backend}]')")

@@ -286,6 +286,7 @@ def chat_server(fluent_model):
 CHAT = [{"role": "system", "content": "be a cat"}, {"role": "user", "content": "the cat"}]
 
 
+@ONCE  # the chat endpoint's own code; the engine under it is every suite's (the client's text above)
 def test_the_openai_client_chats_plain_and_streamed(chat_server):
     from gptlite import chat
 
