@@ -38,6 +38,8 @@ from gptlite import compile_cache
 _MAGIC = b"gptlite program 1\n"
 # The programs loaded in this process, by entry name: models of one architecture share them.
 _loaded = {}
+# The thread of the last `prepare` that started one, whichever function's: a new one starts after it has ended.
+_last_preparing = None
 
 
 class Compiled:
@@ -82,8 +84,15 @@ class Compiled:
         """Make the program for inputs like `args` ready without waiting for it: trace or load it here, then
         run it once on `args` on a thread of its own, so that the backend compiles it (or loads its machine
         code) meanwhile; the first call with such inputs waits for that run. Nothing, where it is ready."""
+        global _last_preparing
         if self.backend == "torch":
             return
+        # One program prepared at a time beside the caller's work. A decode stopped before its first step (an
+        # answer stopped at its first piece) leaves its run going; the next decode's would otherwise run beside it
+        # and beside that decode's prefill, three programs compiling or running at once on the backend's threads.
+        if _last_preparing is not None:
+            _last_preparing.join()
+            _last_preparing = None
         known = len(self._programs)
         key, program, inputs = self._find(args)
         if len(self._programs) == known:
@@ -97,7 +106,7 @@ class Compiled:
                 pass
 
         # Not a daemon: a process that ends meanwhile waits for it rather than leaving the backend mid-compile.
-        self._preparing[key] = threading.Thread(target=run, name=f"gptlite-prepare-{self.name}")
+        self._preparing[key] = _last_preparing = threading.Thread(target=run, name=f"gptlite-prepare-{self.name}")
         self._preparing[key].start()
 
     def _find(self, args):

@@ -45,3 +45,40 @@ def test_a_model_that_gains_adapters_after_decoding_decodes_with_them(tokenizer)
     # Greedy by the model as it is now, adapters and all: its programs read its new weights.
     assert_greedy(model, "the", text)
     assert programs_for(model).variables == model.variables
+
+
+def test_a_decode_stopped_before_its_first_step_leaves_no_program_running_beside_the_next(tokenizer, monkeypatch):
+    import threading
+    import time
+
+    from gptlite.compiled import Compiled
+
+    # Each program's run on a preparing thread takes a while: long enough that a decode stopped at its first piece
+    # is over before the run it started.
+    running, most = [], []
+    make_program = Compiled._program
+
+    def slow_program(self, layout, shapes):
+        program = make_program(self, layout, shapes)
+
+        def run(variables, inputs):
+            if threading.current_thread() is threading.main_thread():
+                return program(variables, inputs)
+            running.append(1)
+            most.append(len(running))
+            time.sleep(0.5)
+            try:
+                return program(variables, inputs)
+            finally:
+                running.pop()
+
+        return run
+
+    monkeypatch.setattr(Compiled, "_program", slow_program)
+    # Settings no other test uses, so that this process has no programs for them yet.
+    first, second = (_model(tokenizer, 0, norm_epsilon=epsilon) for epsilon in (4e-4, 5e-4))
+    stopped = gptlite.stream(first, "the", 20, seed=1)
+    next(stopped)
+    stopped.close()  # its first step's program is still being prepared
+    text = "".join(gptlite.stream(second, "the cat", 20, seed=1))
+    assert most and max(most) == 1 and isinstance(text, str)
