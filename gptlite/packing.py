@@ -15,7 +15,7 @@ def pack_lengths(lengths, width):
     items' indices, longest first (ties in the order given). The same lengths give the same rows."""
     order = sorted(range(len(lengths)), key=lambda index: -min(lengths[index], width))
     rows = []
-    # open[room]: the rows with exactly `room` places left, the most recently opened last.
+    # open_rows[room]: the rows with exactly `room` places left; the last one listed is filled first.
     open_rows = [[] for _ in range(width + 1)]
     for index in order:
         length = min(lengths[index], width)
