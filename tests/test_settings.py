@@ -86,11 +86,11 @@ def test_a_chat_run_is_sized_from_its_conversations():
     assert settings.packed_rows([30] * 10_000, 64) == 5_000 and settings.CHAT_EPOCHS == 20
     assert middle["max_iters"] == 12_500 and "12,500 steps of 8 rows (20.0 passes over 5,000 packed rows)" in line
     # ... up to about 12 minutes' worth of tokens on 2 cores, evaluated and saved about ten times a run.
-    large, line = chat_settings([60] * 1_000_000)
+    large, line = chat_settings([60] * 20_000)
     assert large["max_iters"] == settings.CHAT_MAX_TOKENS // (8 * 64) and "about 12 minutes" in line
     assert large["eval_interval"] == large["checkpoint_interval"] == large["max_iters"] // 1000 * 100
     # A longer context's token takes longer (its attention grows with it): fewer of them fit the same time.
-    steps = {length: chat_settings([length] * 1_000_000)[0]["max_iters"] for length in (100, 150, 250)}
+    steps = {length: chat_settings([length] * 20_000)[0]["max_iters"] for length in (100, 150, 250)}
     assert steps[100] == settings.CHAT_MAX_TOKENS // (8 * 128)
     assert steps[100] * 128 > steps[150] * 160 > steps[250] * 256 > steps[100] * 128 / 2
     with pytest.raises(gptlite.ConfigError, match="no conversations"):
