@@ -15,7 +15,8 @@ def test_every_item_goes_into_exactly_one_row_within_the_width_and_the_rows_repe
     rows = pack_lengths(lengths, 161)
     assert sorted(index for row in rows for index in row) == list(range(len(lengths)))
     assert all(sum(min(lengths[index], 161) for index in row) <= 161 for row in rows)
-    assert all(not row or min(lengths[index], 161) for row in rows for index in row)
+    assert all([min(lengths[index], 161) for index in row] == sorted((min(lengths[index], 161) for index in row),
+                                                                     reverse=True) for row in rows)  # longest first
     assert rows == pack_lengths(lengths, 161)
     # No two rows could be one (each row after the first opened for an item no earlier row had room for).
     sizes = sorted(sum(min(lengths[index], 161) for index in row) for row in rows)
