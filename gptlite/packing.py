@@ -13,12 +13,12 @@ nearly full, so a step trains on more conversations for the same work.
 def pack_lengths(lengths, width):
     """Rows of at most `width` for items of `lengths` (each cut to `width`): a list of rows, each a list of the
     items' indices, longest first (ties in the order given). The same lengths give the same rows."""
-    order = sorted(range(len(lengths)), key=lambda index: -min(lengths[index], width))
+    cut = [min(length, width) for length in lengths]
     rows = []
     # open_rows[room]: the rows with exactly `room` places left; the last one listed is filled first.
     open_rows = [[] for _ in range(width + 1)]
-    for index in order:
-        length = min(lengths[index], width)
+    for index in sorted(range(len(cut)), key=lambda index: -cut[index]):
+        length = cut[index]
         room = next((room for room in range(length, width + 1) if open_rows[room]), None)
         if room is None:
             row, room = len(rows), width
