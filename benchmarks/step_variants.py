@@ -1,7 +1,7 @@
 """gptlite's training step with one setting changed at a time, beside the PyTorch reference.
 
-    python benchmarks/step_variants.py [TEXT] [--preset cpu] [--batch-size N] [--steps 200] [--warmup 40]
-        [--rounds 2] [--variants reference xla no-xla ...]
+    python benchmarks/step_variants.py [TEXT] [--preset cpu] [--batch-size N] [--block-size T] [--steps 200]
+        [--warmup 40] [--rounds 2] [--variants reference xla no-xla ...]
 
 Each variant is a child process with its own environment (XLA reads its flags
 once per process); the rounds take them in turn so that machine noise hits
@@ -43,6 +43,8 @@ VARIANTS = {
     "one-thread-eigen": ("tensorflow", True, "fp32", {"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false"}),
     "inter-op-1": ("tensorflow", True, "fp32", {"TF_NUM_INTEROP_THREADS": "1"}),
     "bf16": ("tensorflow", True, "bf16", {}),
+    "jax": ("jax", True, "fp32", {}),
+    "jax-bf16": ("jax", True, "bf16", {}),
     "torch": ("torch", False, "fp32", {}),
     "torch-bf16": ("torch", False, "bf16", {}),
 }
@@ -107,6 +109,7 @@ def main():
     parser.add_argument("text", nargs="?", type=pathlib.Path, default=DEFAULT_TEXT)
     parser.add_argument("--preset", default="cpu")
     parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--block-size", type=int)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=2)
@@ -123,6 +126,8 @@ def main():
         settings = dict(PRESETS[args.preset])
         if args.batch_size:
             settings["batch_size"] = args.batch_size
+        if args.block_size:
+            settings["block_size"] = args.block_size
         text = text_path.read_text(encoding="utf-8")
         vocabulary = sorted(set(text))
         index = {c: i for i, c in enumerate(vocabulary)}
@@ -144,13 +149,16 @@ def main():
                    "--warmup", str(args.warmup)]
         if args.batch_size:
             command += ["--batch-size", str(args.batch_size)]
+        if args.block_size:
+            command += ["--block-size", str(args.block_size)]
         return run_child(name, command, env)
 
     results = in_turns(args.variants, args.rounds, run)
     medians = {name: statistics.median(r["ms_per_step"] for r in runs) for name, runs in results.items()}
     base = medians.get("reference")
     print(f"\n{args.preset} preset, medians of {args.rounds} rounds of {args.steps} steps"
-          + (f", batch {args.batch_size}" if args.batch_size else ""), file=sys.stdout)
+          + (f", batch {args.batch_size}" if args.batch_size else "")
+          + (f", context {args.block_size}" if args.block_size else ""), file=sys.stdout)
     print("| variant | ms/step | to reference |\n|---|---:|---:|")
     for name, ms in medians.items():
         print(f"| {name} | {ms:.1f} | {f'{ms / base:.2f}x' if base else ''} |")

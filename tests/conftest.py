@@ -195,10 +195,17 @@ def reverser(reverser_run):
 
 
 def pytest_collection_modifyitems(items):
-    """A test of a run trained through the command line is slow: `-m "not slow"` leaves it out. The tests
+    """A test of a run trained through the command line is slow: `-m "not slow"` leaves it out. A test marked
+    `once(reason)` checks what no backend changes: the JAX and torch suites skip it, saying why. The tests
     marked `long` go first: the suite runs in two processes, and one such test handed out last would leave
     the other process idle while it runs. (They use no module's fixtures, so moving them splits none.)"""
+    import keras
+
+    other_backend = keras.backend.backend() != "tensorflow"
     for item in items:
         if "trained_run" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+        once = item.get_closest_marker("once")
+        if once is not None and other_backend:
+            item.add_marker(pytest.mark.skip(reason=f"{once.args[0]}: run in the tensorflow suite only"))
     items.sort(key=lambda item: item.get_closest_marker("long") is None)  # stable: the rest keep their order

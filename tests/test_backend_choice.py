@@ -7,6 +7,8 @@ import pytest
 import gptlite
 from gptlite import backend_choice
 
+pytestmark = pytest.mark.once("the backend is chosen before any starts")
+
 BF16_CPU = {"avx2", "avx512f", "avx512_bf16"}
 PLAIN_CPU = {"avx2", "fma"}
 

@@ -24,7 +24,7 @@ from gptlite.errors import InputError
 
 # For what the chat's own code decides (sizing, reports, templates, files): the same on every backend, whose training
 # on conversations test_a_chat_run_trains_on_a_conversations_file_and_keeps_its_template checks in every suite.
-ONCE = pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="run in the tensorflow suite only")
+ONCE = pytest.mark.once("chat data, sizing and templates are the same on every backend")
 
 # In the words of the test text, whose characters the tiny models know.
 CONVERSATION = [{"role": "system", "content": "be a cat"}, {"role": "user", "content": "the cat"},

@@ -6,6 +6,8 @@ import gptlite
 from gptlite import chat_tasks
 from gptlite.settings import CHAT_SYNTHETIC_TASKS
 
+pytestmark = pytest.mark.once("the tasks' conversations are plain Python")
+
 COUNT = 3000  # training conversations drawn here: enough to meet most items, quick to make
 
 

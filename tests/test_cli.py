@@ -13,9 +13,7 @@ from conftest import make_text, run_python
 
 # For tests of the commands themselves (most run them as subprocesses): what
 # they check does not depend on the backend, whose own tests run in every suite.
-ONCE = pytest.mark.skipif(keras.backend.backend() != "tensorflow",
-                          reason="a check of the commands that does not depend on the backend: "
-                                 "run in the tensorflow suite only")
+ONCE = pytest.mark.once("a check of the commands that does not depend on the backend")
 TRAIN_FLAGS = ["--preset", "tiny", "--max-iters", "30", "--eval-interval", "15", "--eval-iters", "2"]
 
 

@@ -1,5 +1,9 @@
 """Flags: library settings written as a command's flags, and the flags' own shape."""
 
+import pytest
+
+pytestmark = pytest.mark.once("the flags are plain Python")
+
 
 def test_library_settings_are_written_as_the_commands_flags():
     from gptlite.cli import train

@@ -1,5 +1,9 @@
+import pytest
+
 from gptlite.continuation import Continuation, TextBuilder
 from gptlite.tokenizers import CharTokenizer
+
+pytestmark = pytest.mark.once("building text from tokens is plain Python")
 
 
 def test_held_back_text_is_released_unless_it_completes_a_stop():

@@ -4,6 +4,8 @@ import pytest
 import gptlite
 from gptlite import data
 
+pytestmark = pytest.mark.once("text data and its batches are NumPy")
+
 
 def test_split_keeps_the_last_tenth_for_validation():
     train, validation = data.split(np.arange(100))

@@ -6,6 +6,8 @@ import pytest
 
 from gptlite.file_writer import FileWriter, WriteError
 
+pytestmark = pytest.mark.once("the file writer is plain Python")
+
 # Each test's writes wait for an event set by the test itself, never for a clock.
 WAIT = 60
 

@@ -5,6 +5,8 @@ import pytest
 import gptlite
 from gptlite import files
 
+pytestmark = pytest.mark.once("reading and writing files is plain Python")
+
 
 def test_read_text_errors_say_what_is_wrong(tmp_path):
     with pytest.raises(gptlite.MissingFileError, match="no such file"):

@@ -5,6 +5,8 @@ import pytest
 
 from gptlite import history
 
+pytestmark = pytest.mark.once("the history file is plain Python")
+
 
 def test_history_keeps_every_column_and_leaves_older_rows_cells_empty(tmp_path):
     # A run resumed from an older checkpoint: its first row lacks the columns added since.

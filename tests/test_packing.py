@@ -1,6 +1,9 @@
 import numpy as np
+import pytest
 
 from gptlite.packing import pack_lengths
+
+pytestmark = pytest.mark.once("packing is plain Python")
 
 
 def test_items_in_an_order_that_wastes_rows_pack_into_full_ones():

@@ -5,6 +5,8 @@ import gptlite
 from gptlite import pairs, settings
 from gptlite.errors import InputError
 
+pytestmark = pytest.mark.once("reading pairs is plain Python")
+
 
 def write(tmp_path, text, name="pairs.tsv"):
     path = tmp_path / name

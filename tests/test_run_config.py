@@ -5,6 +5,8 @@ import pytest
 import gptlite
 from gptlite import run_config
 
+pytestmark = pytest.mark.once("run files are plain Python")
+
 TRICKY = 'a "quoted" \\ path\twith\nnew lines, ünïcödé and 🙂\x7f'
 
 

@@ -22,8 +22,7 @@ openai = pytest.importorskip("openai")
 
 from gptlite import serving  # noqa: E402 (after the check that starlette is there)
 
-ONCE = pytest.mark.skipif(keras.backend.backend() != "tensorflow",
-                          reason="the HTTP layer does not depend on the backend: run in the tensorflow suite only")
+ONCE = pytest.mark.once("the HTTP layer does not depend on the backend")
 
 
 def free_port():

@@ -5,6 +5,8 @@ from gptlite import settings
 from gptlite.settings import (PRESETS, SYNTHETIC_MAX_ITERS, SYNTHETIC_TASKS, chat_settings, default_settings,
                               resolve_settings, split_settings)
 
+pytestmark = pytest.mark.once("settings are plain Python")
+
 
 def test_every_preset_is_a_valid_model_and_schedule():
     for values in PRESETS.values():

@@ -8,6 +8,8 @@ import gptlite
 from gptlite.tokenizers import BPETokenizer, CharTokenizer, known_text
 from conftest import make_text, run_python
 
+pytestmark = pytest.mark.once("tokenizers do not depend on the backend (models saved under each: test_saving)")
+
 
 def test_round_trip_of_mixed_scripts_and_whitespace():
     text = "Héllo,\twörld!\r\n  你好 🙂 e\u0301\n"

@@ -2,7 +2,6 @@
 
 import csv
 
-import keras
 import numpy as np
 import pytest
 
@@ -10,7 +9,7 @@ import gptlite
 from conftest import make_text, reversal_pairs
 
 # The pipeline's own logic does not depend on the backend (training on each is tested in test_training).
-ONCE = pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="run in the tensorflow suite only")
+ONCE = pytest.mark.once("the run's plumbing is the same on every backend")
 TINY = {"max_iters": 12, "eval_interval": 6, "eval_iters": 2, "checkpoint_interval": 6, "n_embd": 16,
         "block_size": 16}
 
