@@ -163,9 +163,7 @@ def in_llama_cpp(test):
     marks = [pytest.mark.extras,
              pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
                                 reason="llama-cpp-python (the `llama` extra) checks the files"),
-             pytest.mark.skipif(keras.backend.backend() != "tensorflow",
-                                reason="llama.cpp reads the same file whichever backend wrote it: checked once, "
-                                       "under TensorFlow")]
+             pytest.mark.once("llama.cpp reads the same file whichever backend wrote it")]
     for mark in marks:
         test = mark(test)
     return test

@@ -153,9 +153,7 @@ def test_importing_gptlite_changes_nothing_in_the_process():
     assert json.loads(result.stdout) == []
 
 
-@pytest.mark.skipif(os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
-                    reason="the order of gptlite's own imports is the same on every backend: run once, in the "
-                           "tensorflow suite")
+@pytest.mark.once("the order of gptlite's own imports is the same on every backend")
 @pytest.mark.long
 def test_every_public_name_and_every_module_works_as_the_first_thing_a_process_does():
     """No import order can break a name: each module of the package, and each public name through its module,

@@ -446,9 +446,8 @@ def test_an_accumulating_run_stops_between_optimizer_steps_and_resumes(tmp_path,
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 10
 
 
-@pytest.mark.skipif(keras.backend.backend() != "tensorflow",
-                    reason="the event files are written the same on every backend, and a resumed run's steps on each "
-                           "are test_interrupted_and_resumed_run_matches_an_uninterrupted_one's")
+@pytest.mark.once("the event files are written the same on every backend, and a resumed run's steps on each are "
+                   "test_interrupted_and_resumed_run_matches_an_uninterrupted_one's")
 def test_tensorboard_holds_each_evaluation_and_its_curve_carries_on_after_resume(tmp_path, tokenizer, text):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     import tensorflow as tf
@@ -497,7 +496,7 @@ def test_tensorboard_holds_each_evaluation_and_its_curve_carries_on_after_resume
     assert float(re.search(r"embedding sum (\S+)", texts[1][1]).group(1)) == pytest.approx(at_step_10, abs=1e-5)
 
 
-@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the message is the same on every backend")
+@pytest.mark.once("the message is the same on every backend")
 def test_tensorboard_without_its_package_says_how_to_install_it(monkeypatch, tmp_path):
     from gptlite import history
 
