@@ -12,7 +12,9 @@ import gptlite
 from conftest import make_text, run_python
 
 # For tests of the commands themselves (most run them as subprocesses): what
-# they check does not depend on the backend, whose own tests run in every suite.
+# they check does not depend on the backend, whose own tests run in every suite
+# (what generate's and inspect's flags ask for, beams, streams and attention
+# maps, is test_generation's and test_inspection's under each backend).
 ONCE = pytest.mark.once("a check of the commands that does not depend on the backend")
 TRAIN_FLAGS = ["--preset", "tiny", "--max-iters", "30", "--eval-interval", "15", "--eval-iters", "2"]
 
@@ -56,6 +58,7 @@ def test_generate_streams_prompt_then_text_and_repeats_with_a_seed(trained_run, 
     assert capsys.readouterr().out == first.stdout
 
 
+@ONCE
 def test_streamed_and_unstreamed_output_are_the_same(capsys, trained_run):
     from gptlite.cli import generate_main
 
@@ -233,6 +236,7 @@ def test_stop_flag_ends_the_printed_text(capsys, trained_run):
     assert capsys.readouterr().out == free[: free.index("\n", len("the"))] + "\n"
 
 
+@ONCE
 def test_beam_and_cache_flags(capsys, trained_run):
     from gptlite.cli import generate_main
 
@@ -453,6 +457,7 @@ def test_a_seq2seq_run_resumes_as_seq2seq_only(tmp_path, capsys):
         assert [row["step"] for row in csv.DictReader(file)] == ["6", "12"]
 
 
+@ONCE
 def test_generate_draws_attention_instead_of_sampling(capsys, tmp_path, trained_run):
     from gptlite.cli import generate_main
 
@@ -478,6 +483,7 @@ def test_generate_draws_attention_instead_of_sampling(capsys, tmp_path, trained_
     assert not (tmp_path / "a.png").exists()
 
 
+@ONCE
 def test_generate_draws_a_seq2seq_models_attention(capsys, tmp_path, reverser):
     from gptlite.cli import generate_main
 
@@ -490,6 +496,7 @@ def test_generate_draws_a_seq2seq_models_attention(capsys, tmp_path, reverser):
     assert b"<svg" in picture.read_bytes()[:1000]
 
 
+@ONCE
 def test_inspect_prints_candidates_and_attention_per_position(capsys, tmp_path, trained_run):
     import json
 
