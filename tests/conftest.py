@@ -24,7 +24,24 @@ def _share_compiled_programs():
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 
+def _compile_without_machine_code_optimisation():
+    """XLA's machine code unoptimised (LLVM at -O0), for every test and child process.
+
+    The tests' models are tiny and most of their programs run a few times, so
+    compiling costs more than running: this took a fifth of the CPU time off
+    the TensorFlow and JAX suites (docs/development.md). XLA's own graph
+    passes (fusion, layout) still run, so each program computes what it does
+    at the default level; float results may differ in the last bits, as they
+    do between CPUs, which no test depends on. Set before TensorFlow or JAX
+    is imported.
+    """
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "--xla_backend_optimization_level" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=0".strip()
+
+
 _share_compiled_programs()
+_compile_without_machine_code_optimisation()
 
 import numpy as np
 import pytest

@@ -535,7 +535,8 @@ TINY_RUN = ["--preset", "tiny", "--max-iters", "30", "--eval-interval", "10", "-
 
 def start_training(text_file, out, *flags, **environment):
     env = dict(os.environ, KERAS_BACKEND=keras.backend.backend(),
-               XLA_FLAGS="--xla_force_host_platform_device_count=2", **environment)
+               XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2".strip(),
+               **environment)
     return subprocess.Popen([sys.executable, "-c", TRAIN, str(text_file), "--out", str(out), *TINY_RUN, *flags],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
