@@ -17,9 +17,11 @@ goes with the rows: the model reads each conversation of a row as if it
 were alone (`GPT.call`), as it reads one when it answers.
 """
 
+import collections
 import dataclasses
 import json
 import pathlib
+import re
 
 import numpy as np
 
@@ -241,7 +243,24 @@ def last_answers(conversations):
     return questions
 
 
-def default_template_lengths(conversations):
-    """Each conversation's length in tokens as a new character model reads it: its characters, and two tokens a
-    message for the default template's turn markers (a BPE model reads fewer)."""
-    return [sum(len(message["content"]) + 2 for message in messages) for messages in conversations]
+def default_template_lengths(conversations, tokenizer=None):
+    """Each conversation's length in tokens as a new model reads it: its messages' tokens (`tokenizer`'s, or
+    their characters), and two tokens a message for the default template's turn markers."""
+    contents = [message["content"] for messages in conversations for message in messages]
+    lengths = iter(map(len, tokenizer.encode_batch(contents) if tokenizer is not None else contents))
+    return [sum(next(lengths) + 2 for _ in messages) for messages in conversations]
+
+
+_WORDS = re.compile(r"[^\W\d_]+")  # runs of letters
+
+
+def repeated_answer_words(conversations, conversations_at_least):
+    """Of the words in the conversations' answers (runs of letters, each time one stands), the share that at least
+    `conversations_at_least` conversations hold; None where the answers hold no words (numbers alone, say)."""
+    held_by = collections.Counter(word for messages in conversations
+                                  for word in {word for message in messages for word in _WORDS.findall(message["content"])})
+    answered = [word for messages in conversations for message in messages if message["role"] == "assistant"
+                for word in _WORDS.findall(message["content"])]
+    if not answered:
+        return None
+    return sum(held_by[word] >= conversations_at_least for word in answered) / len(answered)

@@ -245,6 +245,15 @@ CHAT_MAX_TOKENS = 3000 * 32 * 128
 CHAT_COST_AT_256 = 1.58
 CHAT_EVALUATIONS = 10
 CHAT_VALIDATION_ROWS = 640
+# How a chat run from scratch that names no tokenizer reads its conversations: as byte-level BPE tokens, each digit
+# a token of its own, where at least CHAT_BPE_SHARE of the words its answers write are words that CHAT_REPEATED
+# conversations or more hold, so that a word is a token it learns from many examples; as characters where they spell
+# out strings the file rarely repeats (made-up words to copy or reverse, which BPE would cut into pieces learned
+# from other strings), or hold no words (numbers alone read as short in characters). A file of arithmetic questions
+# answered in a sentence: 77% of its held-out questions right in characters, 100% in BPE tokens in fewer steps
+# (BENCHMARKS.md, "Chat in words and digits").
+CHAT_REPEATED = 10
+CHAT_BPE_SHARE = 0.8
 # What a run trains (a GPT on text, an encoder-decoder, a GPT on conversations), and the tokenizers a new
 # run can fit.
 TASKS = ("lm", "seq2seq", "chat")
@@ -305,9 +314,22 @@ def dtype_policy(precision):
     return PRECISIONS[precision]
 
 
-def chat_settings(lengths):
+def chat_tokenizer(repeated):
+    """The tokenizer of a chat run from scratch ("bpe" or "char") whose answers' words are `repeated` (the share
+    that CHAT_REPEATED conversations or more hold; None where the answers hold no words), and why, in a few words."""
+    if repeated is None:
+        return "char", "characters, since the answers hold no words"
+    if repeated >= CHAT_BPE_SHARE:
+        return "bpe", (f"byte-level BPE tokens with each digit apart, since {repeated:.0%} of the answers' words are "
+                       f"in {CHAT_REPEATED} conversations or more")
+    return "char", f"characters, since {1 - repeated:.0%} of the answers' words are in fewer than {CHAT_REPEATED} " \
+                   f"conversations"
+
+
+def chat_settings(lengths, reading=None):
     """The settings a chat run from scratch starts from, sized from its conversations' `lengths` in tokens, and a
-    line that says what was chosen and why (see CHAT_BATCH_SIZE and the constants beside it)."""
+    line that says what was chosen and why (see CHAT_BATCH_SIZE and the constants beside it), with `reading`
+    (how the conversations are read, `chat_tokenizer`'s words) where given."""
     lengths = sorted(int(length) for length in lengths)
     if not lengths:
         raise ConfigError("there are no conversations to size a chat run from")
@@ -323,7 +345,8 @@ def chat_settings(lengths):
               "eval_interval": interval, "checkpoint_interval": interval,
               "eval_iters": CHAT_VALIDATION_ROWS // batch_size}
     whole = sum(length <= block_size + 1 for length in lengths) / len(lengths)
-    line = (f"chat settings sized from {len(lengths):,} conversations: context {block_size} ({whole:.0%} fit whole; "
+    line = (f"chat settings sized from {len(lengths):,} conversations: " + (f"{reading}; " if reading else "")
+            + f"context {block_size} ({whole:.0%} fit whole; "
             f"{CHAT_COVERED:.0%} are at most {covered} tokens), {steps:,} steps of {batch_size} rows "
             f"({steps * batch_size / rows:.1f} passes over {rows:,} packed rows"
             + ("; the most that trains in about 12 minutes on 2 cores" if steps == most else "")

@@ -221,17 +221,24 @@ class BPETokenizer:
                               f"vocabulary (every byte and the end token), got {vocabulary_size!r}")
 
     @classmethod
-    def train(cls, texts, vocabulary_size, show_progress=False):
+    def train(cls, texts, vocabulary_size, show_progress=False, digits_apart=False):
         """Learn merges from an iterable of strings until the vocabulary has `vocabulary_size` tokens.
 
-        A text too small to supply that many merges gives a smaller vocabulary.
+        A text too small to supply that many merges gives a smaller vocabulary. With `digits_apart`, every digit
+        is a token of its own (SmolLM2's splitting), as a model that calculates needs them.
         """
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
         cls.check_vocabulary_size(vocabulary_size)
         tokenizer = Tokenizer(models.BPE())
-        # GPT-2's splitting: merges never cross from a word into the spaces or punctuation around it.
-        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        # GPT-2's splitting: merges never cross from a word into the spaces or punctuation around it. Digits kept
+        # apart: a number that is one token is a symbol whose value a model must learn number by number;
+        # digit by digit, the sums of number pairs never trained on came out right sooner (BENCHMARKS.md,
+        # "Chat in words and digits").
+        splitting = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        if digits_apart:
+            splitting = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), splitting])
+        tokenizer.pre_tokenizer = splitting
         tokenizer.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
             vocab_size=vocabulary_size, special_tokens=[cls.END_TOKEN], show_progress=show_progress,

@@ -30,8 +30,9 @@ from gptlite.errors import ConfigError, InputError, MissingFileError, RunExistsE
 from gptlite.evaluation import exact_matches
 from gptlite.model import GPT, Seq2Seq
 from gptlite.history import DEFAULT_PEAK_FLOPS, check_tensorboard
-from gptlite.settings import (DEFAULT_BPE_VOCABULARY, SYNTHETIC_TASKS, TASKS, TOKENIZERS, GPTConfig, TrainingConfig,
-                              chat_settings, dtype_policy, lora_targets, resolve_settings, split_settings)
+from gptlite.settings import (CHAT_REPEATED, DEFAULT_BPE_VOCABULARY, SYNTHETIC_TASKS, TASKS, TOKENIZERS, GPTConfig,
+                              TrainingConfig, chat_settings, chat_tokenizer, dtype_policy, lora_targets,
+                              resolve_settings, split_settings)
 from gptlite.tokenizers import BPETokenizer, CharTokenizer
 
 # How a run samples its model, at each TensorBoard evaluation and at its end.
@@ -78,7 +79,9 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
         model without a chat template gets the default one, its turn markers
         added to the tokenizer. A new chat model without a `preset` is sized
         from its conversations (`settings.chat_settings`: the context from
-        their lengths, the steps from how many rows they fill), and says so.
+        their lengths, the steps from how many rows they fill; without a
+        `tokenizer`, `settings.chat_tokenizer` chooses it from the words of
+        their answers), and says so.
         A tenth of a file's conversations is held out (or `val_file`'s
         conversations are used instead): the validation loss is theirs, and
         each evaluation, like the end of `train.py`, reports how many of their
@@ -88,8 +91,9 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
     val_file: with task="chat", a JSON Lines file of conversations to hold out
         instead of a tenth of the training file's.
     tokenizer: "char" (the default) or "bpe" (a byte-level BPE vocabulary of
-        `vocab_size` tokens, learned from the text), for a new model; a
-        pretrained or resumed one keeps its own.
+        `vocab_size` tokens, learned from the text; a chat model's keeps each
+        digit a token of its own), for a new model; a pretrained or resumed
+        one keeps its own.
     encoding, errors: how the files are decoded (errors="replace" turns bad
         bytes into U+FFFD).
     init_from: fine-tune a pretrained GPT instead of training a new one: a
@@ -134,14 +138,30 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
         raise ConfigError(f"the run in {out_dir} trains a {saved_task} model; resume it with `task='{saved_task}'`")
     # A resumed run's weights are in its checkpoint: what it started from is not read again.
     start = _pretrained(init_from, out_dir, seq2seq, tokenizer, vocab_size) if init_from and not checkpoint else None
-    chats = chat_defaults = None
+    if vocab_size is not None and (tokenizer != "bpe" or checkpoint):
+        raise ConfigError("`vocab_size` sets the size of a new BPE vocabulary: it goes with `tokenizer='bpe'`, "
+                          "and not with `resume=True`")
+    if tokenizer == "bpe" and vocab_size is not None:
+        BPETokenizer.check_vocabulary_size(vocab_size)
+    say = print if verbose else (lambda *args, **kwargs: None)
+    chats = chat_defaults = chat_corpus = fitted = None
     if task == "chat":
         # The seed draws a synthetic task's conversations: the run's, as the settings will resolve it.
         seed = next((value for value in ((settings or {}).get("seed"), checkpoint and checkpoint["training_config"].get(
             "seed")) if value is not None), TrainingConfig.seed)
         chats = _conversations(sources, synthetic, encoding, seed, val_file)
+        # A new tokenizer learns the messages' text (a template's markers are added after).
+        chat_corpus = data.Corpus.from_text("".join(message["content"] for conversation in chats.conversations
+                                                    for message in conversation), chats.name)
         if preset is None and not (checkpoint or start):
-            chat_defaults = chat_settings(conversations.default_template_lengths(chats.conversations))
+            reading = None
+            if tokenizer is None:
+                tokenizer, reading = chat_tokenizer(conversations.repeated_answer_words(chats.conversations,
+                                                                                        CHAT_REPEATED))
+            # Sized by the tokens the model will read: a BPE vocabulary is learned first, then counted with.
+            fitted = _bpe(chat_corpus, vocab_size, True, say) if tokenizer == "bpe" else None
+            chat_defaults = chat_settings(conversations.default_template_lengths(chats.conversations, fitted),
+                                          reading)
     model_settings, training_settings = split_settings(
         resolve_settings(preset, settings, checkpoint, seq2seq, synthetic, start and start.config,
                          chat=chat_defaults and chat_defaults[0]))
@@ -153,11 +173,6 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
     if training_config.lora_rank and not (start or checkpoint):
         raise ConfigError("`lora_rank` trains adapters beside a pretrained model's frozen weights; a new model's "
                           "are random, so give `init_from` too, or leave `lora_rank` out to train every weight")
-    if vocab_size is not None and (tokenizer != "bpe" or checkpoint):
-        raise ConfigError("`vocab_size` sets the size of a new BPE vocabulary: it goes with `tokenizer='bpe'`, "
-                          "and not with `resume=True`")
-    if tokenizer == "bpe" and vocab_size is not None:
-        BPETokenizer.check_vocabulary_size(vocab_size)
     if seq2seq:
         _check_seq2seq_options(sources, synthetic, tokenizer, distribute)
     if task == "chat" and (len(sources) != 1 if not synthetic else sources):
@@ -179,7 +194,6 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
         tokenizer = "char"
 
     keras.utils.set_random_seed(training_config.seed)
-    say = print if verbose else (lambda *args, **kwargs: None)
     arguments = dict(sources=[str(source) for source in sources], task=task,
                      synthetic=synthetic, preset=preset, tokenizer=tokenizer, vocab_size=vocab_size,
                      encoding=encoding, errors=errors, init_from=init_from and str(init_from), unknown=unknown,
@@ -192,9 +206,8 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
             given = [f"{name} {value}" for name, value in (settings or {}).items()
                      if value is not None and value != chat_defaults[0].get(name, value)]
             say(chat_defaults[1] + (f" (given: {', '.join(given)})" if given else ""))
-        if chats is not None:  # a new tokenizer learns the messages' text (a template's markers are added after)
-            corpus = data.Corpus.from_text("".join(message["content"] for conversation in chats.conversations
-                                                   for message in conversation), chats.name)
+        if chats is not None:
+            corpus = chat_corpus
         elif sources:
             corpus = data.Corpus.from_files(sources, encoding, errors)
         else:
@@ -209,7 +222,8 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
                     model = pretrained.from_pretrained(start, *wanted)
                 say(f"starting from {init_from}")
             else:
-                model = _gpt(corpus, checkpoint, model_settings, training_config, tokenizer, vocab_size, say)
+                model = _gpt(corpus, checkpoint, model_settings, training_config, tokenizer, vocab_size, say,
+                             chats is not None, fitted)
             if not model.built:
                 model.build((None, model.config.block_size))
             if chats is not None and not checkpoint:
@@ -426,23 +440,32 @@ def _removed_if_refused(out_dir):
         raise
 
 
-def _gpt(corpus, checkpoint, model_settings, training_config, tokenizer, vocab_size, say):
-    """The GPT to train: the checkpoint's, or a new one with a tokenizer fitted to the corpus."""
+def _gpt(corpus, checkpoint, model_settings, training_config, tokenizer, vocab_size, say, chat, fitted):
+    """The GPT to train: the checkpoint's, or a new one with a tokenizer fitted to the corpus (`fitted`, where
+    it already is); a chat model's BPE keeps digits apart."""
     if checkpoint:
         return GPT.from_config(checkpoint["model_config"])
-    if not corpus.size:  # said before any tokenizer is learned from it
-        raise InputError(f"{corpus.name} has no text in it")
-    if tokenizer == "bpe":
-        vocab_size = vocab_size or DEFAULT_BPE_VOCABULARY
-        say(f"learning a {vocab_size:,}-token byte-level BPE vocabulary from {corpus.name} "
-            f"(a sample of up to {data.BPE_SAMPLE_BYTES // 2**20} MB)", flush=True)
-        fitted = BPETokenizer.train(corpus.sample(data.BPE_SAMPLE_BYTES), vocab_size, sys.stdout.isatty())
-    else:
+    if fitted is None and tokenizer == "bpe":
+        fitted = _bpe(corpus, vocab_size, chat, say)
+    elif fitted is None:
+        if not corpus.size:  # said before any tokenizer is learned from it
+            raise InputError(f"{corpus.name} has no text in it")
         fitted = CharTokenizer.from_texts(corpus.pieces())
         if not fitted.vocabulary.strip():
             raise InputError(f"{corpus.name} has no text in it")
     return GPT.from_gpt_config(GPTConfig(vocab_size=fitted.vocabulary_size, **model_settings), fitted,
                                dtype=dtype_policy(training_config.precision))
+
+
+def _bpe(corpus, vocab_size, digits_apart, say):
+    """A byte-level BPE vocabulary learned from the corpus (`BPETokenizer.train`)."""
+    if not corpus.size:  # said before any tokenizer is learned from it
+        raise InputError(f"{corpus.name} has no text in it")
+    vocab_size = vocab_size or DEFAULT_BPE_VOCABULARY
+    say(f"learning a {vocab_size:,}-token byte-level BPE vocabulary from {corpus.name} "
+        f"(a sample of up to {data.BPE_SAMPLE_BYTES // 2**20} MB{'; each digit a token' if digits_apart else ''})",
+        flush=True)
+    return BPETokenizer.train(corpus.sample(data.BPE_SAMPLE_BYTES), vocab_size, sys.stdout.isatty(), digits_apart)
 
 
 def _encode(corpus, tokenizer, out_dir, resuming, config, unknown, pretrained_tokenizer):

@@ -237,6 +237,17 @@ def test_the_sizing_counts_the_tokens_and_rows_that_packing_makes(chat_model):
         assert len(rows) == settings.packed_rows(lengths, block_size)
 
 
+def test_a_bpe_runs_sizing_counts_its_own_tokens():
+    chats = [[{"role": "user", "content": f"what is {a} plus {b}?"}, {"role": "assistant", "content": f"it is {a + b}"}]
+             for a in range(10, 40) for b in (3, 17)]
+    tokenizer = gptlite.BPETokenizer.train([json.dumps(chats)], 400, digits_apart=True).with_chat_tokens(
+        templates.TURN_MARKERS, templates.DEFAULT_TEMPLATE)
+    lengths = conversations.default_template_lengths(chats, tokenizer)
+    assert lengths == [len(conversations.encode(tokenizer, messages)[0]) for messages in chats]
+    assert max(lengths) < min(conversations.default_template_lengths(chats))  # fewer than their characters
+    assert len(conversations.pack(tokenizer, chats, 32)) == settings.packed_rows(lengths, 32)
+
+
 @ONCE
 def test_a_chat_run_on_a_file_is_sized_from_it_and_reports_its_held_out_answers(tmp_path, text, capsys):
     from gptlite.cli.train import main
@@ -250,8 +261,10 @@ def test_a_chat_run_on_a_file_is_sized_from_it_and_reports_its_held_out_answers(
              "--max-iters", "4", "--eval-interval", "2", "--eval-iters", "1"]
     assert main([str(path), "--task", "chat", *small, "--out", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
-    # 36 of the 40 conversations train (a tenth is held out), each of at most 32 tokens: the shortest context.
-    assert "chat settings sized from 36 conversations: context 64 (100% fit whole" in out
+    # 36 of the 40 conversations train (a tenth is held out), each of at most 32 tokens: the shortest context. The
+    # answers' words are in few of them: characters.
+    assert "chat settings sized from 36 conversations: characters, since " in out
+    assert "; context 64 (100% fit whole" in out
     # The line names what the flags changed of what it chose.
     given = re.search(r"a setting given overrides these \(given: (.*)\)\n", out).group(1).split(", ")
     assert {"n_layer 1", "n_embd 16", "batch_size 4", "max_iters 4", "eval_iters 1"} <= set(given)
@@ -265,6 +278,50 @@ def test_a_chat_run_on_a_file_is_sized_from_it_and_reports_its_held_out_answers(
                  "--eval-iters", "1", "--val-file", str(tmp_path / "val.jsonl"), "--out", str(tmp_path / "val")]) == 0
     out = capsys.readouterr().out
     assert "40 conversations" in out and "37 held out" in out and "of 37 held-out questions" in out
+
+
+def test_the_tokenizer_a_run_from_scratch_reads_with_follows_the_words_its_answers_repeat():
+    def chats(answer, count=30):
+        return [[{"role": "user", "content": f"what is {n} and {n + 3}?"}, {"role": "assistant", "content": answer(n)}]
+                for n in range(count)]
+
+    sentences = chats(lambda n: f"The sum is {2 * n + 3}.")
+    made_up = chats(lambda n: "".join("abcdefgh"[(n * 7 + i * 3) % 8] for i in range(5)) + "!")
+    numbers = chats(lambda n: str(2 * n + 3))
+    assert conversations.repeated_answer_words(sentences, 10) == 1.0
+    assert conversations.repeated_answer_words(made_up, 10) < 0.5  # each made-up word in a few conversations
+    assert conversations.repeated_answer_words(numbers, 10) is None
+    assert conversations.repeated_answer_words(sentences, 31) == 0.0  # no word is in more than all 30
+    assert settings.chat_tokenizer(1.0)[0] == "bpe" and settings.chat_tokenizer(settings.CHAT_BPE_SHARE)[0] == "bpe"
+    assert settings.chat_tokenizer(settings.CHAT_BPE_SHARE - 0.01)[0] == "char"
+    assert settings.chat_tokenizer(None) == ("char", "characters, since the answers hold no words")
+    assert "98% of the answers' words are in 10 conversations or more" in settings.chat_tokenizer(0.98)[1]
+
+
+@ONCE
+def test_a_run_on_answers_in_repeated_words_reads_bpe_tokens_with_digits_apart_and_is_sized_by_them(tmp_path, capsys):
+    from gptlite.cli.train import main
+
+    path = tmp_path / "chats.jsonl"
+    path.write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": f"Please add {a} and {b} for me, thank you."},
+        {"role": "assistant", "content": f"The sum of the two is {a + b}."}]}) + "\n" for a in range(10, 50)
+        for b in (7, 8)))
+    small = ["--n-layer", "1", "--n-head", "2", "--n-kv-head", "1", "--n-embd", "16", "--batch-size", "4",
+             "--max-iters", "2", "--eval-interval", "2", "--eval-iters", "1"]
+    assert main([str(path), "--task", "chat", *small, "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("chat settings"))
+    assert "byte-level BPE tokens with each digit apart, since 100% of the answers' words" in line
+    # Each conversation is 70 characters or more, and fewer BPE tokens: sized by the tokens, context 64.
+    assert "; context 64 (100% fit whole" in line
+    tokenizer = gptlite.load(tmp_path / "run" / "model.keras").tokenizer
+    assert isinstance(tokenizer, gptlite.BPETokenizer)
+    assert [piece for piece in tokenizer.pieces(tokenizer.encode(" 1234")) if piece.strip()] == list("1234")
+    # Named, a tokenizer stands: characters, sized by them (the context holds 70 characters and more).
+    assert main([str(path), "--task", "chat", *small, "--tokenizer", "char", "--out", str(tmp_path / "char")]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("chat settings"))
+    assert line.startswith("chat settings sized from 72 conversations: context 128 (")
 
 
 @ONCE

@@ -202,6 +202,22 @@ def test_definitions_made_elsewhere_are_encoded_by_the_library_alone(bpe):
     assert [list(ids) for ids in other.encode_batch(texts)] == [list(other.encode(text)) for text in texts]
 
 
+def test_a_vocabulary_with_digits_apart_gives_each_digit_a_token_and_back_any_text():
+    numbers = " ".join(f"{a} plus {b} is {a + b}." for a in range(10, 60) for b in range(20, 25))
+    apart = BPETokenizer.train([numbers] * 2, 400, digits_apart=True)
+    together = BPETokenizer.train([numbers] * 2, 400)
+    text = "What is 57 plus 123? 180."
+    # GPT-2's splitting learns numbers as tokens of their own; apart, a number of n digits is n tokens.
+    assert any(piece.strip().isdigit() and len(piece.strip()) > 1 for piece in together.pieces(together.encode(text)))
+    assert [piece for piece in apart.pieces(apart.encode(text)) if piece.strip().isdigit()] == list("57123180")
+    assert len(apart.encode(" plus")) == 1  # words still merge
+    texts = TRICKY + random_texts(100, seed=2) + [text]
+    assert apart._known_ids is None  # encoded by the library, text by text
+    assert [apart.decode(ids) for ids in apart.encode_batch(texts)] == texts
+    again = BPETokenizer.from_config(json.loads(json.dumps(apart.get_config())))
+    assert again.encode(text).tolist() == apart.encode(text).tolist()
+
+
 @pytest.mark.parametrize("kind", ["char", "bpe"])
 def test_chat_markers_are_one_token_each_wherever_they_stand_and_survive_saving(kind, bpe):
     from gptlite import templates

@@ -72,7 +72,9 @@ def make_parser(prog):
                              "or refused")
     parser.add_argument("--tokenizer", choices=settings.TOKENIZERS, default=None,
                         help="char: one token per character (the default); bpe: byte-level byte-pair "
-                             "encoding learned from the text, for large or many-language corpora")
+                             "encoding learned from the text, for large or many-language corpora (a chat run's "
+                             "keeps each digit apart). A new chat model without --preset chooses by its answers' "
+                             "words (docs/chat.md)")
     parser.add_argument("--vocab-size", type=int, default=None, metavar="N",
                         help=f"tokens in a BPE vocabulary (default: {settings.DEFAULT_BPE_VOCABULARY})")
     parser.add_argument("--preset", choices=sorted(settings.PRESETS), default=None,
