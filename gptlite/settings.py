@@ -226,8 +226,8 @@ CHAT_SYNTHETIC_TASKS = ("arithmetic", "direct", "recall", "copy", "backwards")
 # preset's model (trained as the cpu preset, the arithmetic task answered 3% of held-out questions exactly
 # after 1,500 steps, against 91%; BENCHMARKS.md) with small batches; the shortest of CHAT_CONTEXTS that holds
 # CHAT_COVERED of the conversations whole; CHAT_EPOCHS passes over the packed rows, at least CHAT_MIN_STEPS
-# steps and at most what trains in about 12 minutes on 2 cores (CHAT_MAX_TOKENS tokens at a context of 128 or
-# less, fewer above it: see chat_token_cost), evaluated and saved about CHAT_EVALUATIONS times, the validation
+# steps and at most what trains in about 12 minutes on 2 cores (CHAT_MAX_TOKENS tokens at a context of 128, fewer
+# above it and the same steps below it: see chat_token_cost), evaluated and saved about CHAT_EVALUATIONS times, the validation
 # loss over CHAT_VALIDATION_ROWS rows (as many as 20 batches of 32 gave). Small batches, since the same tokens
 # in more steps learn the tasks sooner: with batches of 32, three seeds answered 98%, 80% and 65% of the
 # direct task's held-out questions exactly; with batches of 8 and the same tokens, 100%, 90% and 93%
@@ -355,9 +355,11 @@ def chat_settings(lengths, reading=None):
 
 
 def chat_token_cost(block_size):
-    """How long a token of a chat run at `block_size` trains, as a multiple of one at a context of 128: 1 up to
-    128 (measured there), growing linearly to CHAT_COST_AT_256 at 256."""
-    return 1 + (CHAT_COST_AT_256 - 1) * max(0, block_size - 128) / 128
+    """How long a token of a chat run at `block_size` trains, as a multiple of one at a context of 128: 1 at 128
+    (measured there), growing linearly to CHAT_COST_AT_256 at 256; below 128, a step costs about what one of 128
+    does (8 rows of 64 took 59 ms a step on machine B, of 128 from 63 to 80 ms: so small a step does not keep
+    two cores busy), so a shorter context gets the steps of 128, not their tokens."""
+    return 1 + (CHAT_COST_AT_256 - 1) * max(0, block_size - 128) / 128 if block_size >= 128 else 128 / block_size
 
 
 def packed_rows(lengths, block_size):
