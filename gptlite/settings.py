@@ -356,9 +356,9 @@ def chat_settings(lengths, reading=None):
 
 def chat_token_cost(block_size):
     """How long a token of a chat run at `block_size` trains, as a multiple of one at a context of 128: 1 at 128
-    (measured there), growing linearly to CHAT_COST_AT_256 at 256; below 128, a step costs about what one of 128
-    does (8 rows of 64 took 59 ms a step on machine B, of 128 from 63 to 80 ms: so small a step does not keep
-    two cores busy), so a shorter context gets the steps of 128, not their tokens."""
+    (measured there), growing linearly to CHAT_COST_AT_256 at 256; below 128, as a step of 128 does (8 rows of 64
+    took from 41 to 59 ms a step on machine B, of 128 from 63 to 80 ms: so small a step keeps two cores less
+    busy), so that a shorter context gets the steps of 128, which fit the time at the slower figure too."""
     return 1 + (CHAT_COST_AT_256 - 1) * max(0, block_size - 128) / 128 if block_size >= 128 else 128 / block_size
 
 
