@@ -227,10 +227,10 @@ CHAT_SYNTHETIC_TASKS = ("arithmetic", "direct", "recall", "copy", "backwards")
 # after 1,500 steps, against 91%; BENCHMARKS.md) with small batches; the shortest of CHAT_CONTEXTS that holds
 # CHAT_COVERED of the conversations whole; CHAT_EPOCHS passes over the packed rows, at least CHAT_MIN_STEPS
 # steps and at most what trains in about 12 minutes on 2 cores (CHAT_MAX_TOKENS tokens at a context of 128, fewer
-# above it and the same steps below it: see chat_token_cost), evaluated and saved about CHAT_EVALUATIONS times, the validation
-# loss over CHAT_VALIDATION_ROWS rows (as many as 20 batches of 32 gave). Small batches, since the same tokens
-# in more steps learn the tasks sooner: with batches of 32, three seeds answered 98%, 80% and 65% of the
-# direct task's held-out questions exactly; with batches of 8 and the same tokens, 100%, 90% and 93%
+# above it and the same steps below it: see chat_token_cost), evaluated and saved about CHAT_EVALUATIONS times,
+# the validation loss over CHAT_VALIDATION_ROWS rows (as many as 20 batches of 32 gave). Small batches, since
+# the same tokens in more steps learn the tasks sooner: with batches of 32, three seeds answered 98%, 80% and
+# 65% of the direct task's held-out questions exactly; with batches of 8 and the same tokens, 100%, 90% and 93%
 # (BENCHMARKS.md, "Chat tasks with batches of 8"). Contexts between 128 and 256, since a file whose longest
 # conversations were a little over 128 tokens went to 256, where its cap in tokens took 20 minutes, not 12
 # (BENCHMARKS.md, "A file of another shape").

@@ -237,6 +237,7 @@ def test_the_sizing_counts_the_tokens_and_rows_that_packing_makes(chat_model):
         assert len(rows) == settings.packed_rows(lengths, block_size)
 
 
+@ONCE
 def test_a_bpe_runs_sizing_counts_its_own_tokens():
     chats = [[{"role": "user", "content": f"what is {a} plus {b}?"}, {"role": "assistant", "content": f"it is {a + b}"}]
              for a in range(10, 40) for b in (3, 17)]
@@ -280,6 +281,7 @@ def test_a_chat_run_on_a_file_is_sized_from_it_and_reports_its_held_out_answers(
     assert "40 conversations" in out and "37 held out" in out and "of 37 held-out questions" in out
 
 
+@ONCE
 def test_the_tokenizer_a_run_from_scratch_reads_with_follows_the_words_its_answers_repeat():
     def chats(answer, count=30):
         return [[{"role": "user", "content": f"what is {n} and {n + 3}?"}, {"role": "assistant", "content": answer(n)}]

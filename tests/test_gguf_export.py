@@ -84,6 +84,9 @@ KINDS = {
     "lora": (dict(), "char", "gpt2"),
     # Conversations in the default template, its turn markers added tokens.
     "chat": (dict(position="rotary", norm="rms", mlp="swiglu"), "chat", "llama"),
+    # A chat run's own from scratch where its answers are words: the chat defaults' model, gptlite's BPE with each
+    # digit apart, the turn markers added tokens.
+    "chat_bpe": (dict(position="rotary", norm="rms", mlp="swiglu", n_kv_head=2, qk_norm=True), "chat_bpe", "qwen3"),
 }
 
 
@@ -105,6 +108,9 @@ def _tokenizer(kind):
                                                                              templates.DEFAULT_TEMPLATE)
     if kind == "bpe":
         return gptlite.BPETokenizer.train([TEXT], 360)
+    if kind == "chat_bpe":
+        return gptlite.BPETokenizer.train([TEXT], 400, digits_apart=True).with_chat_tokens(
+            templates.TURN_MARKERS, templates.DEFAULT_TEMPLATE)
     if kind == "sentencepiece":
         tokenizer, begin, end = sentencepiece_tokenizer()
         return gptlite.PretrainedTokenizer(tokenizer.to_str(), begin_token=begin, end_token=end)
