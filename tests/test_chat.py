@@ -315,12 +315,12 @@ def test_a_run_on_answers_in_repeated_words_reads_bpe_tokens_with_digits_apart_a
     out = capsys.readouterr().out
     line = next(line for line in out.splitlines() if line.startswith("chat settings"))
     assert "byte-level BPE tokens with each digit apart, since 100% of the answers' words" in line
-    # Each conversation is 70 characters or more, and fewer BPE tokens: sized by the tokens, context 64.
+    # Each conversation is over 64 characters, and fewer BPE tokens: sized by the tokens, context 64.
     assert "; context 64 (100% fit whole" in line
     tokenizer = gptlite.load(tmp_path / "run" / "model.keras").tokenizer
     assert isinstance(tokenizer, gptlite.BPETokenizer)
     assert [piece for piece in tokenizer.pieces(tokenizer.encode(" 1234")) if piece.strip()] == list("1234")
-    # Named, a tokenizer stands: characters, sized by them (the context holds 70 characters and more).
+    # Named, a tokenizer stands: characters, sized by them.
     assert main([str(path), "--task", "chat", *small, "--tokenizer", "char", "--out", str(tmp_path / "char")]) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("chat settings"))
     assert line.startswith("chat settings sized from 72 conversations: context 128 (")
