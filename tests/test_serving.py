@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -489,8 +490,9 @@ def test_a_real_process_serves_the_client_and_on_sigterm_finishes_the_request_in
         process.kill()
 
 
-def _browser():
-    """Headless Chromium under Selenium (Debian's chromium and chromium-driver), or None where either is missing."""
+def _browser(tmp_path):
+    """Headless Chromium under Selenium (Debian's chromium and chromium-driver), or None where either is missing.
+    Its temporary files go in `tmp_path`, not the machine's /tmp, where Chromium would leave them."""
     import shutil
 
     if importlib.util.find_spec("selenium") is None or not shutil.which("chromedriver"):
@@ -503,13 +505,14 @@ def _browser():
         options.add_argument(argument)
     if shutil.which("chromium"):
         options.binary_location = shutil.which("chromium")
-    return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    service = Service(shutil.which("chromedriver"), env={**os.environ, "TMPDIR": str(tmp_path)})
+    return webdriver.Chrome(service=service, options=options)
 
 
 @pytest.mark.extras
 @ONCE
 def test_the_page_in_a_browser_streams_text_and_draws_attention(server, tmp_path):
-    browser = _browser()
+    browser = _browser(tmp_path)
     if browser is None:
         pytest.skip("needs selenium and Debian's chromium and chromium-driver (.ci/run installs them)")
     from selenium.webdriver.common.by import By
@@ -558,7 +561,7 @@ def test_the_page_in_a_browser_streams_text_and_draws_attention(server, tmp_path
 @ONCE
 def test_the_chat_page_in_a_browser_streams_answers_as_bubbles_and_draws_the_conversations_attention(
         chat_server, tmp_path):
-    browser = _browser()
+    browser = _browser(tmp_path)
     if browser is None:
         pytest.skip("needs selenium and Debian's chromium and chromium-driver (.ci/run installs them)")
     from selenium.webdriver.common.by import By
