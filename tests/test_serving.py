@@ -2,7 +2,6 @@
 
 import importlib.util
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -490,9 +489,8 @@ def test_a_real_process_serves_the_client_and_on_sigterm_finishes_the_request_in
         process.kill()
 
 
-def _browser(tmp_path):
-    """Headless Chromium under Selenium (Debian's chromium and chromium-driver), or None where either is missing.
-    Its temporary files go in `tmp_path`, not the machine's /tmp, where Chromium would leave them."""
+def _browser():
+    """Headless Chromium under Selenium (Debian's chromium and chromium-driver), or None where either is missing."""
     import shutil
 
     if importlib.util.find_spec("selenium") is None or not shutil.which("chromedriver"):
@@ -505,14 +503,13 @@ def _browser(tmp_path):
         options.add_argument(argument)
     if shutil.which("chromium"):
         options.binary_location = shutil.which("chromium")
-    service = Service(shutil.which("chromedriver"), env={**os.environ, "TMPDIR": str(tmp_path)})
-    return webdriver.Chrome(service=service, options=options)
+    return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
 
 
 @pytest.mark.extras
 @ONCE
 def test_the_page_in_a_browser_streams_text_and_draws_attention(server, tmp_path):
-    browser = _browser(tmp_path)
+    browser = _browser()
     if browser is None:
         pytest.skip("needs selenium and Debian's chromium and chromium-driver (.ci/run installs them)")
     from selenium.webdriver.common.by import By
@@ -561,7 +558,7 @@ def test_the_page_in_a_browser_streams_text_and_draws_attention(server, tmp_path
 @ONCE
 def test_the_chat_page_in_a_browser_streams_answers_as_bubbles_and_draws_the_conversations_attention(
         chat_server, tmp_path):
-    browser = _browser(tmp_path)
+    browser = _browser()
     if browser is None:
         pytest.skip("needs selenium and Debian's chromium and chromium-driver (.ci/run installs them)")
     from selenium.webdriver.common.by import By
