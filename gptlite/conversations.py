@@ -257,11 +257,11 @@ _WORDS = re.compile(r"[^\W\d_]+")  # runs of letters
 def repeated_answer_words(conversations, conversations_at_least):
     """Of the words in the conversations' answers (runs of letters, each time one stands), the share that at least
     `conversations_at_least` conversations hold; None where the answers hold no words (numbers alone, say)."""
-    held_by = collections.Counter(word for messages in conversations  # each conversation's words counted once
-                                  for word in {word for message in messages
-                                               for word in _WORDS.findall(message["content"])})
-    answered = [word for messages in conversations for message in messages if message["role"] == "assistant"
-                for word in _WORDS.findall(message["content"])]
+    held_by, answered = collections.Counter(), []
+    for messages in conversations:
+        words = [(message["role"], _WORDS.findall(message["content"])) for message in messages]
+        held_by.update({word for _, found in words for word in found})  # a conversation's words counted once
+        answered += [word for role, found in words if role == "assistant" for word in found]
     if not answered:
         return None
     return sum(held_by[word] >= conversations_at_least for word in answered) / len(answered)
