@@ -143,6 +143,8 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
                           "and not with `resume=True`")
     if tokenizer == "bpe" and vocab_size is not None:
         BPETokenizer.check_vocabulary_size(vocab_size)
+    if not resume:  # before a chat run's conversations are read and its vocabulary learned: seconds
+        _check_folder(out_dir, overwrite)
     say = print if verbose else (lambda *args, **kwargs: None)
     chats = chat_defaults = chat_corpus = fitted = None
     if task == "chat":
@@ -188,8 +190,6 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
         tensorboard = out_dir / "tensorboard"
     if tensorboard:
         check_tensorboard(tensorboard)
-    if not resume:
-        _check_folder(out_dir, overwrite)
     if tokenizer is None and not (start or checkpoint):
         tokenizer = "char"
 
@@ -445,16 +445,20 @@ def _gpt(corpus, checkpoint, model_settings, training_config, tokenizer, vocab_s
     it already is); a chat model's BPE keeps digits apart."""
     if checkpoint:
         return GPT.from_config(checkpoint["model_config"])
-    if fitted is None and tokenizer == "bpe":
-        fitted = _bpe(corpus, vocab_size, chat, say)
-    elif fitted is None:
-        if not corpus.size:  # said before any tokenizer is learned from it
-            raise InputError(f"{corpus.name} has no text in it")
-        fitted = CharTokenizer.from_texts(corpus.pieces())
-        if not fitted.vocabulary.strip():
-            raise InputError(f"{corpus.name} has no text in it")
+    if fitted is None:
+        fitted = _bpe(corpus, vocab_size, chat, say) if tokenizer == "bpe" else _characters(corpus)
     return GPT.from_gpt_config(GPTConfig(vocab_size=fitted.vocabulary_size, **model_settings), fitted,
                                dtype=dtype_policy(training_config.precision))
+
+
+def _characters(corpus):
+    """A character vocabulary of the corpus's text."""
+    if not corpus.size:  # said before any tokenizer is learned from it
+        raise InputError(f"{corpus.name} has no text in it")
+    fitted = CharTokenizer.from_texts(corpus.pieces())
+    if not fitted.vocabulary.strip():
+        raise InputError(f"{corpus.name} has no text in it")
+    return fitted
 
 
 def _bpe(corpus, vocab_size, digits_apart, say):

@@ -320,6 +320,10 @@ def test_a_run_on_answers_in_repeated_words_reads_bpe_tokens_with_digits_apart_a
     tokenizer = gptlite.load(tmp_path / "run" / "model.keras").tokenizer
     assert isinstance(tokenizer, gptlite.BPETokenizer)
     assert [piece for piece in tokenizer.pieces(tokenizer.encode(" 1234")) if piece.strip()] == list("1234")
+    # The same run again into its folder is refused before a vocabulary is learned for it.
+    assert main([str(path), "--task", "chat", *small, "--out", str(tmp_path / "run")]) != 0
+    refused = capsys.readouterr()
+    assert "already exists" in refused.err and "learning" not in refused.out
     # Named, a tokenizer stands: characters, sized by them.
     assert main([str(path), "--task", "chat", *small, "--tokenizer", "char", "--out", str(tmp_path / "char")]) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("chat settings"))

@@ -2,10 +2,12 @@
 
 import importlib.util
 import json
+import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -489,12 +491,16 @@ def test_a_real_process_serves_the_client_and_on_sigterm_finishes_the_request_in
         process.kill()
 
 
-def _browser():
-    """Headless Chromium under Selenium (Debian's chromium and chromium-driver), or None where either is missing."""
+@pytest.fixture
+def browser():
+    """Headless Chromium under Selenium (Debian's chromium and chromium-driver); the test is skipped where either
+    is missing. Chromium's temporary files go in a folder of their own, removed after: left in /tmp they pile up
+    run after run. That folder's path stays short (tempfile's): Chromium keeps a Unix socket in it, whose path
+    may not pass 108 characters, which a test's tmp_path under pytest-xdist does."""
     import shutil
 
     if importlib.util.find_spec("selenium") is None or not shutil.which("chromedriver"):
-        return None
+        pytest.skip("needs selenium and Debian's chromium and chromium-driver (.ci/run installs them)")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -503,98 +509,95 @@ def _browser():
         options.add_argument(argument)
     if shutil.which("chromium"):
         options.binary_location = shutil.which("chromium")
-    return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    folder = tempfile.mkdtemp(prefix="gptlite-chromium-")
+    try:
+        driver = webdriver.Chrome(service=Service(shutil.which("chromedriver"),
+                                                  env={**os.environ, "TMPDIR": folder}), options=options)
+        try:
+            yield driver
+        finally:
+            driver.quit()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.mark.extras
 @ONCE
-def test_the_page_in_a_browser_streams_text_and_draws_attention(server, tmp_path):
-    browser = _browser()
-    if browser is None:
-        pytest.skip("needs selenium and Debian's chromium and chromium-driver (.ci/run installs them)")
+def test_the_page_in_a_browser_streams_text_and_draws_attention(server, tmp_path, browser):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    try:
-        browser.get(server.url + "/")
-        prompt = browser.find_element(By.ID, "prompt")
-        prompt.clear()
-        prompt.send_keys("the cat ")
-        maximum = browser.find_element(By.ID, "max_tokens")
-        maximum.clear()
-        maximum.send_keys("120")
-        # Count the times the text changes: streamed, it grows piece by piece, not once at the end.
-        browser.execute_script("window.changes = 0; new MutationObserver(() => window.changes++)"
-                               ".observe(document.getElementById('output'), {childList: true, subtree: true});")
-        browser.find_element(By.ID, "generate").click()
-        WebDriverWait(browser, 60).until(lambda _: browser.find_element(By.ID, "status").text == "done")
-        # The text as the page holds it: Selenium's `.text` would trim whitespace the model may have ended on.
-        shown = browser.execute_script("return document.getElementById('output').textContent")
-        assert shown.startswith("the cat ") and len(shown) == len("the cat ") + 120
-        # The decode hands over its tokens in 5 calls for 120 of them (8, then 32 at a time): the page
-        # shows several of those before the end.
-        assert browser.execute_script("return window.changes") > 2
-        browser.find_element(By.ID, "show_attention").click()
-        WebDriverWait(browser, 60).until(lambda _: "tokens" in browser.find_element(By.ID, "attention_status").text)
-        layers = browser.find_elements(By.CSS_SELECTOR, "#layer option")
-        assert len(layers) == 2 and browser.find_element(By.ID, "attention").size["width"] > 100
-        # The rows and columns are labelled: the canvas is wider than its cells by the labels' margin.
-        cells = browser.execute_script("const n = maps.tokens.length; return n * Math.max(4, Math.floor(512 / n));")
-        assert browser.execute_script("return document.getElementById('attention').width") > cells
-        # An API key typed once is kept for the tab's session: a reload shows it again.
-        browser.execute_script("const key = document.getElementById('api_key'); key.value = 'sesame';"
-                               "key.dispatchEvent(new Event('input'));")
-        browser.refresh()
-        assert browser.find_element(By.ID, "api_key").get_attribute("value") == "sesame"
-        screenshot = tmp_path / "page.png"
-        browser.save_screenshot(str(screenshot))
-        assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        print(f"screenshot of the page: {screenshot}")
-    finally:
-        browser.quit()
+    browser.get(server.url + "/")
+    prompt = browser.find_element(By.ID, "prompt")
+    prompt.clear()
+    prompt.send_keys("the cat ")
+    maximum = browser.find_element(By.ID, "max_tokens")
+    maximum.clear()
+    maximum.send_keys("120")
+    # Count the times the text changes: streamed, it grows piece by piece, not once at the end.
+    browser.execute_script("window.changes = 0; new MutationObserver(() => window.changes++)"
+                           ".observe(document.getElementById('output'), {childList: true, subtree: true});")
+    browser.find_element(By.ID, "generate").click()
+    WebDriverWait(browser, 60).until(lambda _: browser.find_element(By.ID, "status").text == "done")
+    # The text as the page holds it: Selenium's `.text` would trim whitespace the model may have ended on.
+    shown = browser.execute_script("return document.getElementById('output').textContent")
+    assert shown.startswith("the cat ") and len(shown) == len("the cat ") + 120
+    # The decode hands over its tokens in 5 calls for 120 of them (8, then 32 at a time): the page
+    # shows several of those before the end.
+    assert browser.execute_script("return window.changes") > 2
+    browser.find_element(By.ID, "show_attention").click()
+    WebDriverWait(browser, 60).until(lambda _: "tokens" in browser.find_element(By.ID, "attention_status").text)
+    layers = browser.find_elements(By.CSS_SELECTOR, "#layer option")
+    assert len(layers) == 2 and browser.find_element(By.ID, "attention").size["width"] > 100
+    # The rows and columns are labelled: the canvas is wider than its cells by the labels' margin.
+    cells = browser.execute_script("const n = maps.tokens.length; return n * Math.max(4, Math.floor(512 / n));")
+    assert browser.execute_script("return document.getElementById('attention').width") > cells
+    # An API key typed once is kept for the tab's session: a reload shows it again.
+    browser.execute_script("const key = document.getElementById('api_key'); key.value = 'sesame';"
+                           "key.dispatchEvent(new Event('input'));")
+    browser.refresh()
+    assert browser.find_element(By.ID, "api_key").get_attribute("value") == "sesame"
+    screenshot = tmp_path / "page.png"
+    browser.save_screenshot(str(screenshot))
+    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    print(f"screenshot of the page: {screenshot}")
 
 
 @pytest.mark.extras
 @ONCE
 def test_the_chat_page_in_a_browser_streams_answers_as_bubbles_and_draws_the_conversations_attention(
-        chat_server, tmp_path):
-    browser = _browser()
-    if browser is None:
-        pytest.skip("needs selenium and Debian's chromium and chromium-driver (.ci/run installs them)")
+        chat_server, tmp_path, browser):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
 
-    try:
-        browser.get(chat_server.url + "/")
-        # A model with a chat template opens on the chat view.
-        WebDriverWait(browser, 30).until(lambda _: browser.find_element(By.ID, "chat_view").is_displayed())
-        browser.find_element(By.ID, "system").send_keys("be a cat")
-        maximum = browser.find_element(By.ID, "max_tokens")
-        maximum.clear()
-        maximum.send_keys("60")
-        browser.execute_script("window.changes = 0; new MutationObserver(() => window.changes++)"
-                               ".observe(document.getElementById('chat_log'), {childList: true, subtree: true});")
-        for question in ("the cat", "and the dog"):
-            browser.find_element(By.ID, "chat_input").send_keys(question + Keys.ENTER)
-            WebDriverWait(browser, 60).until(
-                lambda _: browser.find_element(By.ID, "send").is_enabled()
-                and len(browser.find_elements(By.CSS_SELECTOR, ".bubble.assistant")) >= 1)
-        bubbles = browser.find_elements(By.CSS_SELECTOR, "#chat_log .bubble")
-        assert [bubble.get_attribute("class").split()[1] for bubble in bubbles] == \
-            ["system", "user", "assistant", "user", "assistant"]
-        assert bubbles[1].text == "the cat" and bubbles[3].text == "and the dog"
-        assert browser.execute_script("return window.changes") > 4  # the answers grew as they streamed
-        browser.find_element(By.ID, "show_attention").click()
-        WebDriverWait(browser, 60).until(lambda _: "tokens" in browser.find_element(By.ID, "attention_status").text)
-        tokens = browser.execute_script("return maps.tokens")
-        # The conversation as the model reads it (its last block_size tokens): each message ends with its marker.
-        assert tokens[-1] == "<|end|>"
-        screenshot = tmp_path / "chat_page.png"
-        browser.save_screenshot(str(screenshot))
-        assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        print(f"screenshot of the chat page: {screenshot}")
-        browser.find_element(By.ID, "new_chat").click()
-        assert browser.find_elements(By.CSS_SELECTOR, "#chat_log .bubble.user") == []
-    finally:
-        browser.quit()
+    browser.get(chat_server.url + "/")
+    # A model with a chat template opens on the chat view.
+    WebDriverWait(browser, 30).until(lambda _: browser.find_element(By.ID, "chat_view").is_displayed())
+    browser.find_element(By.ID, "system").send_keys("be a cat")
+    maximum = browser.find_element(By.ID, "max_tokens")
+    maximum.clear()
+    maximum.send_keys("60")
+    browser.execute_script("window.changes = 0; new MutationObserver(() => window.changes++)"
+                           ".observe(document.getElementById('chat_log'), {childList: true, subtree: true});")
+    for question in ("the cat", "and the dog"):
+        browser.find_element(By.ID, "chat_input").send_keys(question + Keys.ENTER)
+        WebDriverWait(browser, 60).until(
+            lambda _: browser.find_element(By.ID, "send").is_enabled()
+            and len(browser.find_elements(By.CSS_SELECTOR, ".bubble.assistant")) >= 1)
+    bubbles = browser.find_elements(By.CSS_SELECTOR, "#chat_log .bubble")
+    assert [bubble.get_attribute("class").split()[1] for bubble in bubbles] == \
+        ["system", "user", "assistant", "user", "assistant"]
+    assert bubbles[1].text == "the cat" and bubbles[3].text == "and the dog"
+    assert browser.execute_script("return window.changes") > 4  # the answers grew as they streamed
+    browser.find_element(By.ID, "show_attention").click()
+    WebDriverWait(browser, 60).until(lambda _: "tokens" in browser.find_element(By.ID, "attention_status").text)
+    tokens = browser.execute_script("return maps.tokens")
+    # The conversation as the model reads it (its last block_size tokens): each message ends with its marker.
+    assert tokens[-1] == "<|end|>"
+    screenshot = tmp_path / "chat_page.png"
+    browser.save_screenshot(str(screenshot))
+    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    print(f"screenshot of the chat page: {screenshot}")
+    browser.find_element(By.ID, "new_chat").click()
+    assert browser.find_elements(By.CSS_SELECTOR, "#chat_log .bubble.user") == []
