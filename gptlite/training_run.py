@@ -143,7 +143,7 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
                           "and not with `resume=True`")
     if tokenizer == "bpe" and vocab_size is not None:
         BPETokenizer.check_vocabulary_size(vocab_size)
-    if not resume:  # before a chat run's conversations are read and its vocabulary learned: seconds
+    if not resume:  # refused before a chat run reads its conversations and learns a vocabulary (seconds)
         _check_folder(out_dir, overwrite)
     say = print if verbose else (lambda *args, **kwargs: None)
     chats = chat_defaults = chat_corpus = fitted = None
