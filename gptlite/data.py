@@ -279,6 +279,33 @@ class DrawnBatches(keras.utils.PyDataset):
                          self.micro_batches, self.part)
 
 
+def fed_to_keras(batches):
+    """`batches` (a `DrawnBatches`) as `fit` and `evaluate` read them without waiting at their end.
+
+    On TensorFlow, Keras reads a PyDataset through a tf.data pipeline that
+    prefetches with autotuning, whose tuning thread sleeps for periods that
+    double up to a minute; deleting the pipeline, as each `fit` call ends,
+    waits for the thread's next wake. A run trains in one `fit` call per
+    evaluation interval, and each call ended up to a minute late (BENCHMARKS.md,
+    "A minute lost at the end of each stretch of steps"). The same pipeline,
+    prefetching two batches without autotuning, ends at once. The batches and
+    their order are the PyDataset's. Other backends read the PyDataset itself.
+    """
+    if keras.backend.backend() != "tensorflow":
+        return batches
+    import tensorflow as tf
+
+    def spec(array):  # any number of rows: a process's part of a batch may differ
+        return tf.TensorSpec((None, *array.shape[1:]), tf.as_dtype(array.dtype))
+
+    count = len(batches)
+    dataset = tf.data.Dataset.from_generator(lambda: (batches[index] for index in range(count)),
+                                             output_signature=tf.nest.map_structure(spec, batches[0]))
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.apply(tf.data.experimental.assert_cardinality(count)).prefetch(2).with_options(options)
+
+
 class RandomWindows(DrawnBatches):
     """Batches of random (block_size + 1)-token windows, as (inputs, next-token targets), drawn as
     `DrawnBatches` says.

@@ -16,7 +16,7 @@ import keras
 from gptlite import history, saving
 from gptlite.background import Jobs
 from gptlite.checkpoints import RunState, restore_checkpoint, save_checkpoint, snapshot
-from gptlite.data import RandomWindows
+from gptlite.data import RandomWindows, fed_to_keras
 from gptlite.distribute import mirrored, process_part
 from gptlite.errors import ConfigError, TrainingDiverged, TrainingInterrupted
 from gptlite.file_writer import FileWriter
@@ -349,7 +349,7 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
             batches = _batches(train_ids, block_size, config.batch_size, boundary - state.step, seed=config.seed,
                                first_index=state.step, micro_batches=config.grad_accum, part=part)
             fit_started = time.perf_counter()
-            model.fit(batches, epochs=1, shuffle=False, callbacks=[watcher, *callbacks], verbose=0)
+            model.fit(fed_to_keras(batches), epochs=1, shuffle=False, callbacks=[watcher, *callbacks], verbose=0)
             fit_ended = time.perf_counter()
             if first_fit and watcher.first_batch_ended is not None:
                 run_time.add("startup", watcher.first_batch_ended - started)
@@ -465,7 +465,7 @@ class _Evaluations:
     def _evaluate(self, state, figures):
         """Measure the copy, record the row, keep the best model, hand the files over, say the line."""
         shadow = self.shadow
-        val_loss = float(shadow.evaluate(self.validation_batches, verbose=0))
+        val_loss = float(shadow.evaluate(fed_to_keras(self.validation_batches), verbose=0))
         row = dict(step=figures["step"], train_loss=figures["train_loss"], val_loss=val_loss)
         if self.characters_per_token:
             row["val_bits_per_char"] = val_loss / math.log(2) / self.characters_per_token

@@ -1,8 +1,10 @@
+import keras
 import numpy as np
 import pytest
 
 import gptlite
 from gptlite import data
+from gptlite.pairs import PairBatches, PairSet
 
 pytestmark = pytest.mark.once("text data and its batches are NumPy")
 
@@ -39,6 +41,33 @@ def test_batches_depend_only_on_seed_and_index():
     np.testing.assert_array_equal(first[7][0], again[7][0])
     assert not np.array_equal(first[7][0], first[6][0])
     assert not np.array_equal(first[7][0], other_seed[7][0])
+
+
+@pytest.mark.parametrize("kind", ["windows", "pairs"])
+def test_keras_reads_the_batches_themselves_in_order(kind):
+    if kind == "windows":
+        batches = data.RandomWindows(np.arange(1000), 8, 4, 5, seed=3)
+    else:
+        ids = np.arange(60 * 17, dtype=np.int32)
+        batches = PairBatches(PairSet(ids[:60 * 8].reshape(60, 8), ids[60 * 8:].reshape(60, 9), None), 4, 5, seed=3)
+    fed = data.fed_to_keras(batches)
+    if keras.backend.backend() != "tensorflow":
+        assert fed is batches
+        return
+    # On TensorFlow: a pipeline that does not autotune (whose end would wait for the tuner), of the same batches.
+    assert not fed.options().autotune.enabled
+    assert int(fed.cardinality()) == len(batches) == 5
+    read = list(fed.as_numpy_iterator())
+    assert len(read) == 5
+    for index, (inputs, targets) in enumerate(read):
+        want_inputs, want_targets = batches[index]
+        np.testing.assert_array_equal(targets, want_targets)
+        if kind == "windows":
+            np.testing.assert_array_equal(inputs, want_inputs)
+        else:
+            assert inputs.keys() == want_inputs.keys()
+            for name in inputs:
+                np.testing.assert_array_equal(inputs[name], want_inputs[name])
 
 
 def test_default_corpus_is_deterministic_python_source():
