@@ -319,9 +319,9 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
     state = restore_checkpoint(model, out_dir) if resume else RunState()
 
     part = process_part()
-    validation_batches = _batches(
+    validation_batches = fed_to_keras(_batches(  # read again at each evaluation
         validation_ids, block_size, config.batch_size, config.eval_iters, seed=config.seed + 1, part=part
-    )
+    ))
     boundaries = sorted(
         {s for s in range(config.eval_interval, config.max_iters, config.eval_interval)}
         | {s for s in range(config.checkpoint_interval, config.max_iters, config.checkpoint_interval)}
@@ -465,7 +465,7 @@ class _Evaluations:
     def _evaluate(self, state, figures):
         """Measure the copy, record the row, keep the best model, hand the files over, say the line."""
         shadow = self.shadow
-        val_loss = float(shadow.evaluate(fed_to_keras(self.validation_batches), verbose=0))
+        val_loss = float(shadow.evaluate(self.validation_batches, verbose=0))
         row = dict(step=figures["step"], train_loss=figures["train_loss"], val_loss=val_loss)
         if self.characters_per_token:
             row["val_bits_per_char"] = val_loss / math.log(2) / self.characters_per_token
