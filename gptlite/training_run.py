@@ -137,14 +137,17 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
         saved_task = "lm" if seq2seq else "seq2seq"
         raise ConfigError(f"the run in {out_dir} trains a {saved_task} model; resume it with `task='{saved_task}'`")
     # A resumed run's weights are in its checkpoint: what it started from is not read again.
-    start = _pretrained(init_from, out_dir, seq2seq, tokenizer, vocab_size) if init_from and not checkpoint else None
+    starts_pretrained = bool(init_from) and not checkpoint
+    if starts_pretrained:
+        _check_init_from(init_from, out_dir, seq2seq, tokenizer, vocab_size)
     if vocab_size is not None and (tokenizer != "bpe" or checkpoint):
         raise ConfigError("`vocab_size` sets the size of a new BPE vocabulary: it goes with `tokenizer='bpe'`, "
                           "and not with `resume=True`")
     if tokenizer == "bpe" and vocab_size is not None:
         BPETokenizer.check_vocabulary_size(vocab_size)
-    if not resume:  # refused before a chat run reads its conversations and learns a vocabulary (seconds)
+    if not resume:  # refused before a model is read, and before a chat run reads its conversations (seconds)
         _check_folder(out_dir, overwrite)
+    start = pretrained.from_pretrained(init_from) if starts_pretrained else None
     say = print if verbose else (lambda *args, **kwargs: None)
     chats = chat_defaults = chat_corpus = fitted = None
     if task == "chat":
@@ -287,8 +290,9 @@ def _peak_flops(mfu, peak_flops, preset, seq2seq):
     return DEFAULT_PEAK_FLOPS if on_gpu() else None
 
 
-def _pretrained(init_from, out_dir, seq2seq, tokenizer, vocab_size):
-    """The GPT that `init_from` names, read before anything is written; its file is never written to."""
+def _check_init_from(init_from, out_dir, seq2seq, tokenizer, vocab_size):
+    """Refuse an `init_from` that the other settings contradict, or that the run would write over: the model it
+    names is only read, before anything is written."""
     if seq2seq:
         raise ConfigError("`init_from` fine-tunes a GPT; a seq2seq model trains from the start")
     if tokenizer is not None or vocab_size is not None:
@@ -300,7 +304,6 @@ def _pretrained(init_from, out_dir, seq2seq, tokenizer, vocab_size):
     if source.is_dir() and out_dir.exists() and out_dir.samefile(source):
         raise ConfigError(f"`out_dir` {out_dir} is the folder of `init_from`, which is only read; write the new "
                           f"run to another `out_dir`")
-    return pretrained.from_pretrained(init_from)
 
 
 def _heads(config):

@@ -50,6 +50,23 @@ def test_a_run_from_files_and_folders_writes_its_model_and_can_go_on(tmp_path, t
 
 
 @ONCE
+def test_a_folder_that_holds_a_run_is_refused_before_the_model_to_start_from_is_read(tmp_path, text_files,
+                                                                                      monkeypatch):
+    """Reading a pretrained model takes seconds (minutes for a large one): a folder the run may not write to is
+    refused first."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "model.keras").write_bytes(b"a user's earlier model")
+
+    def read(*args, **kwargs):
+        raise AssertionError("the model to start from was read")
+
+    monkeypatch.setattr("gptlite.pretrained.from_pretrained", read)
+    with pytest.raises(gptlite.RunExistsError, match="already exists"):
+        gptlite.train_on_text(text_files, tmp_path / "run", TINY, init_from=tmp_path / "base.keras", verbose=0)
+    assert (tmp_path / "run" / "model.keras").read_bytes() == b"a user's earlier model"
+
+
+@ONCE
 def test_a_seq2seq_run_from_a_pairs_file_measures_exact_match(tmp_path):
     source = pairs_file(tmp_path / "pairs.tsv", reversal_pairs(600, seed=3))
     run = gptlite.train_on_text([source], tmp_path / "run", {"max_iters": 6, "eval_interval": 6, "eval_iters": 1,
