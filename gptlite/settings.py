@@ -227,8 +227,10 @@ CHAT_SYNTHETIC_TASKS = ("arithmetic", "direct", "recall", "copy", "backwards")
 # after 1,500 steps, against 91%; BENCHMARKS.md) with small batches; the shortest of CHAT_CONTEXTS that holds
 # CHAT_COVERED of the conversations whole; CHAT_EPOCHS passes over the packed rows, at least CHAT_MIN_STEPS
 # steps and at most CHAT_MAX_TOKENS tokens at a context of 128 (fewer above it and the same steps below it: see
-# chat_token_cost): 12.7 to 16.2 minutes on 2 cores of machine B (AMD Zen 4), 21.0 on 2 of an AMD Zen 2 (machine H,
-# AVX2 alone), launch to exit (BENCHMARKS.md, "Chat on an older CPU"); evaluated and saved about CHAT_EVALUATIONS times,
+# chat_token_cost): 13.1 to 14.0 minutes launch to exit for the family's tasks at 128 on 2 cores of machine B
+# (AMD Zen 4; BENCHMARKS.md, "The whole family within 15 minutes"), 21.0 on 2 of an AMD Zen 2 (machine H, AVX2
+# alone, before tf.data's waits were mended: "Chat on an older CPU"), where 9,000 steps would fit 15 minutes by its
+# steps' speed, but left two seeds of four of the direct task at 79% and 81%; evaluated and saved about CHAT_EVALUATIONS times,
 # the validation loss over CHAT_VALIDATION_ROWS rows (as many as 20 batches of 32 gave). Small batches, since
 # the same tokens in more steps learn the tasks sooner: with batches of 32, three seeds answered 98%, 80% and
 # 65% of the direct task's held-out questions exactly; with batches of 8 and the same tokens, 100%, 90% and 93%
@@ -350,7 +352,8 @@ def chat_settings(lengths, reading=None):
             + f"context {block_size} ({whole:.0%} fit whole; "
             f"{CHAT_COVERED:.0%} are at most {covered} tokens), {steps:,} steps of {batch_size} rows "
             f"({steps * batch_size / rows:.1f} passes over {rows:,} packed rows"
-            + ("; the most that trains in 13 to 21 minutes on 2 cores, by the CPU" if steps == most else "")
+            + ("; the most that trains in about 14 minutes on 2 cores of a recent CPU, more on an older one"
+               if steps == most else "")
             + "), the modern preset's model; a setting given overrides these")
     return chosen, line
 

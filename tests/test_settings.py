@@ -87,10 +87,10 @@ def test_a_chat_run_is_sized_from_its_conversations():
     middle, line = chat_settings([30] * 8_000)
     assert settings.packed_rows([30] * 8_000, 64) == 4_000 and settings.CHAT_EPOCHS == 20
     assert middle["max_iters"] == 10_000 and "10,000 steps of 8 rows (20.0 passes over 4,000 packed rows)" in line
-    # ... up to 13 to 21 minutes' worth of tokens on 2 cores, evaluated and saved about ten times a run; a context
+    # ... up to about 14 minutes' worth of tokens on 2 cores, evaluated and saved about ten times a run; a context
     # under 128 gets the steps of 128, whose steps take nearly as long.
     large, line = chat_settings([60] * 20_000)
-    assert large["max_iters"] == settings.CHAT_MAX_TOKENS // (8 * 128) and "13 to 21 minutes on 2 cores" in line
+    assert large["max_iters"] == settings.CHAT_MAX_TOKENS // (8 * 128) and "about 14 minutes on 2 cores" in line
     assert large["eval_interval"] == large["checkpoint_interval"] == large["max_iters"] // 1000 * 100
     # A longer context's token takes longer (its attention grows with it): fewer of them fit the same time.
     steps = {length: chat_settings([length] * 20_000)[0]["max_iters"] for length in (100, 150, 250)}
