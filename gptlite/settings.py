@@ -230,13 +230,13 @@ CHAT_SYNTHETIC_TASKS = ("arithmetic", "direct", "recall", "copy", "backwards")
 # chat_token_cost): 13.1 to 14.0 minutes launch to exit for the family's tasks at 128 on 2 cores of machine B
 # (AMD Zen 4; BENCHMARKS.md, "The whole family within 15 minutes"), 21.0 on 2 of an AMD Zen 2 (machine H, AVX2
 # alone, before tf.data's waits were mended: "Chat on an older CPU"), where 9,000 steps would fit 15 minutes by its
-# steps' speed, but left two seeds of four of the direct task at 79% and 81%; evaluated and saved about CHAT_EVALUATIONS times,
-# the validation loss over CHAT_VALIDATION_ROWS rows (as many as 20 batches of 32 gave). Small batches, since
-# the same tokens in more steps learn the tasks sooner: with batches of 32, three seeds answered 98%, 80% and
-# 65% of the direct task's held-out questions exactly; with batches of 8 and the same tokens, 100%, 90% and 93%
-# (BENCHMARKS.md, "Chat tasks with batches of 8"). Contexts between 128 and 256, since a file whose longest
-# conversations were a little over 128 tokens went to 256, where its cap in tokens took 20 minutes, not 12
-# (BENCHMARKS.md, "A file of another shape").
+# steps' speed, but left two seeds of four of the direct task at 79% and 81%; evaluated and saved about
+# CHAT_EVALUATIONS times, the validation loss over CHAT_VALIDATION_ROWS rows (as many as 20 batches of 32 gave).
+# Small batches, since the same tokens in more steps learn the tasks sooner: with batches of 32, three seeds
+# answered 98%, 80% and 65% of the direct task's held-out questions exactly; with batches of 8 and the same
+# tokens, 100%, 90% and 93% (BENCHMARKS.md, "Chat tasks with batches of 8"). Contexts between 128 and 256,
+# since a file whose longest conversations were a little over 128 tokens went to 256, where its cap in tokens
+# took 20 minutes, not 12 (BENCHMARKS.md, "A file of another shape").
 CHAT_BATCH_SIZE = 8
 CHAT_CONTEXTS = (64, 128, 160, 192, 256)
 CHAT_COVERED = 0.99
