@@ -15,17 +15,14 @@ Importing gptlite does not import Keras, so that a program (gptlite's own
 commands among them) can still choose the Keras backend after it, and it
 changes nothing in the process: no environment variable, no log level
 (`gptlite.quiet()` keeps TensorFlow's start-up notices out, as the commands
-do; `gptlite.compile_cache.use()` keeps compiled programs on disk). Once Keras
-is imported, before or after gptlite, gptlite's layers, models and
-tokenizers are registered with it, which is what lets
-`keras.saving.load_model` rebuild a saved model; every name below is loaded
-on first use.
+do; `gptlite.compile_cache.use()` keeps compiled programs on disk). Every
+name below is loaded on first use. `keras.saving.load_model` rebuilds a saved
+model once Keras knows gptlite's classes: at `import gptlite` where Keras was
+imported first, else at gptlite's first use of Keras (`gptlite.load` loads a
+model whatever the order).
 """
 
 import importlib
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import sys
 
 from gptlite.errors import (  # plain Python: no Keras
@@ -63,9 +60,6 @@ _LAZY = {
     "train": "training",
     "quiet": "notices",
 }
-# The modules whose classes Keras must know to load a model.keras file.
-_REGISTERED = ("gptlite.model", "gptlite.tokenizers")
-
 __all__ = sorted(["ConfigError", "GPTLiteError", "InputError", "MissingFileError", "RunExistsError",
                   "TrainingDiverged", "TrainingInterrupted", "PRESETS", "GPTConfig", "TrainingConfig", *_LAZY])
 
@@ -82,55 +76,8 @@ def __dir__():
     return __all__
 
 
-def _keras_ready(finished=None):
-    """Whether gptlite's classes can be registered with Keras now: Keras is running and no module of gptlite but
-    `finished` (a name whose import has just run to its end) is half-way through its own import. One of them may
-    be what imported Keras, and importing the models from inside it would meet its names not yet defined."""
-    return "keras" in sys.modules and not any(_initializing(module) for name, module in list(sys.modules.items())
-                                              if name.startswith("gptlite.") and name != finished)
-
-
-def _register_with_keras():
-    for module in _REGISTERED:
-        importlib.import_module(module)
-
-
-def _initializing(module):
-    spec = getattr(module, "__spec__", None)
-    return bool(getattr(spec, "_initializing", False))
-
-
-class _RegisterAfterKeras(importlib.abc.MetaPathFinder):
-    """Registers gptlite's classes as soon as Keras has been imported, whoever imports it: after Keras's own
-    import, or, where a module of gptlite imported it, after that module's. It then leaves the import system as
-    it found it. It finds nothing itself: the specs it returns are the usual finders', their loaders' last step
-    followed by the registration."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name != "keras" and not name.startswith("gptlite."):
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None and name == "keras":  # installed where only another finder looks
-            sys.meta_path.remove(self)
-            try:
-                spec = importlib.util.find_spec(name)
-            finally:
-                sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        execute = spec.loader.exec_module
-
-        def exec_module(module):
-            execute(module)
-            if self in sys.meta_path and _keras_ready(finished=name):
-                sys.meta_path.remove(self)
-                _register_with_keras()
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-if _keras_ready():
-    _register_with_keras()
-elif not any(isinstance(finder, _RegisterAfterKeras) for finder in sys.meta_path):
-    sys.meta_path.insert(0, _RegisterAfterKeras())
+# Keras finds a saved model's classes by their registered names ("gptlite>GPT"): a program that imported Keras
+# first can load a model.keras file with keras.saving.load_model once gptlite is imported; otherwise Keras knows
+# them once gptlite's models are imported (gptlite.load, which loads a model whatever the order, imports them).
+if "keras" in sys.modules:
+    importlib.import_module("gptlite.model")

@@ -7,6 +7,7 @@ import keras
 from keras import ops
 
 from gptlite import templates
+from gptlite import tokenizers  # noqa: F401 (registers with Keras the tokenizers that a saved model holds)
 from gptlite.errors import ConfigError, InputError
 from gptlite.attention import CachePlacement, PackedTexts
 from gptlite.blocks import EncoderBlock, TransformerBlock
