@@ -22,7 +22,7 @@ import math
 import os
 import pathlib
 
-from gptlite.settings import PRESETS
+from gptlite.training.settings import PRESETS
 
 from children import in_turns, medians, run_child
 from train import DEFAULT_TEXT, run_gptlite, settings_for
@@ -46,7 +46,7 @@ MEASURES = {"parameters": "parameters", "val_loss": "val loss", "bits_per_charac
 def measure(text, settings, seed):
     """One variant's run: `run_gptlite`'s figures, with bits per character and the cache's size."""
     import gptlite
-    from gptlite.settings import split_settings
+    from gptlite.training.settings import split_settings
 
     result = run_gptlite(text, settings, "fp32", seed)
     config = gptlite.GPTConfig(**split_settings(settings)[0])

@@ -17,9 +17,10 @@ import keras
 import numpy as np
 
 import gptlite
-from gptlite import data, training
-from gptlite.attention import Attention
-from gptlite.settings import PRECISIONS, PRESETS, dtype_policy, split_settings
+from gptlite.data import lm
+from gptlite.model.attention import Attention
+from gptlite.training import fit
+from gptlite.training.settings import dtype_policy, PRECISIONS, PRESETS, split_settings
 
 
 class StepByStepAttention(Attention):
@@ -54,9 +55,9 @@ def main():
     model = gptlite.GPT(vocab_size=65, dtype=dtype_policy(args.precision), **model_settings)
     block_size = model.config.block_size
     model.build((None, block_size))
-    training.compile_for_training(model, config)
+    fit.compile_for_training(model, config)
     token_ids = np.random.default_rng(0).integers(0, 65, 200_000).astype(np.uint16)
-    model.fit(data.RandomWindows(token_ids, block_size, config.batch_size, 3), epochs=1, verbose=0)
+    model.fit(lm.RandomWindows(token_ids, block_size, config.batch_size, 3), epochs=1, verbose=0)
 
     times = {"fused": [], "step by step": []}
     for _ in range(args.rounds):
@@ -64,7 +65,7 @@ def main():
             for block in model.blocks:
                 block.attention.__class__ = cls
             start = time.perf_counter()
-            model.fit(data.RandomWindows(token_ids, block_size, config.batch_size, args.steps), epochs=1, verbose=0)
+            model.fit(lm.RandomWindows(token_ids, block_size, config.batch_size, args.steps), epochs=1, verbose=0)
             times[kind].append((time.perf_counter() - start) / args.steps * 1000)
     for kind, runs in times.items():
         print(f"{kind}: median {statistics.median(runs):.0f} ms/step ({', '.join(f'{t:.0f}' for t in runs)})")

@@ -42,8 +42,10 @@ def measure(text_path, steps, warmup):
     import keras
 
     import gptlite
-    from gptlite import data, files, training
-    from gptlite.settings import PRESETS, split_settings
+    from gptlite import files
+    from gptlite.data import lm
+    from gptlite.training import fit
+    from gptlite.training.settings import PRESETS, split_settings
     from shapes import random_model
 
     class StepTimer(keras.callbacks.Callback):
@@ -56,15 +58,15 @@ def measure(text_path, steps, warmup):
 
     text = files.read_text(text_path)
     tokenizer = gptlite.CharTokenizer.from_text(text)
-    train_ids, _ = data.split(tokenizer.encode(text))
+    train_ids, _ = lm.split(tokenizer.encode(text))
     model_settings, training_settings = split_settings(PRESETS["cpu"])
     keras.utils.set_random_seed(0)
     model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, tokenizer=tokenizer, **model_settings)
     model.build((None, model.config.block_size))
     config = gptlite.TrainingConfig(**training_settings)
-    training.compile_for_training(model, config)
+    fit.compile_for_training(model, config)
     timer = StepTimer()
-    batches = data.RandomWindows(train_ids, model.config.block_size, config.batch_size, steps)
+    batches = lm.RandomWindows(train_ids, model.config.block_size, config.batch_size, steps)
     model.fit(batches, epochs=1, shuffle=False, verbose=0, callbacks=[timer])
 
     model = random_model("cpu")

@@ -4,7 +4,7 @@
 
 The workload of benchmarks/serve.py's clients, without HTTP, without a
 worker thread or its batch window, and without clients on the same cores:
-a `gptlite.engine.Engine` (short caches, mixed settings, as the server's)
+a `gptlite.decode.engine.Engine` (short caches, mixed settings, as the server's)
 admits --rows rows of an empty prompt at once and steps until each has
 --tokens new tokens; then the same for one row. Each is timed --rounds
 times after a first, compiling, wave; prints tokens per second of each
@@ -23,8 +23,8 @@ from serve import TEMPERATURES, TOP_PS, make_model
 
 def wave(model, rows, tokens):
     """Seconds to admit `rows` empty prompts and draw `tokens` new tokens for each."""
-    from gptlite.engine import Engine
-    from gptlite.sampling import SamplingConfig
+    from gptlite.decode.engine import Engine
+    from gptlite.decode.sampling import SamplingConfig
 
     configs = [SamplingConfig(temperature=TEMPERATURES[row % len(TEMPERATURES)],
                               top_p=TOP_PS[row // len(TEMPERATURES) % len(TOP_PS)], seed=row) for row in range(rows)]

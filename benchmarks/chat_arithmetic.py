@@ -37,7 +37,7 @@ def main():
     sys.path.insert(0, str(REPO))
     import httpx
 
-    from gptlite import chat_tasks
+    from gptlite.data import chat_tasks
 
     with tempfile.TemporaryDirectory() as folder:
         out = args.out or pathlib.Path(folder) / "arithmetic"

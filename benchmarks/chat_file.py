@@ -5,7 +5,7 @@ train.py FILE --task chat` with no other flag, and the end-of-run count of held-
 
 The file (`chats.jsonl` in OUT) holds questions about two whole numbers
 from 10 to 99, added or subtracted, in eight phrasings that none of
-`gptlite.chat_tasks` uses, each answered in one sentence of its own wording
+`gptlite.data.chat_tasks` uses, each answered in one sentence of its own wording
 that gives the result alone ("Take 12 away from 57." -> "That leaves 45.");
 some conversations open with a system message. `held_out.jsonl` holds 300
 more, about number pairs that never appear in the file, given to the run as

@@ -45,8 +45,7 @@ def main():
     extra = arguments[arguments.index("--") + 1:] if "--" in arguments else []
     arguments = arguments[:arguments.index("--")] if "--" in arguments else arguments
     sys.path.insert(0, str(REPO))
-    from gptlite import chat_tasks
-    from gptlite.settings import CHAT_SYNTHETIC_TASKS
+    from gptlite.data import CHAT_SYNTHETIC_TASKS, chat_tasks
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", nargs="+", choices=CHAT_SYNTHETIC_TASKS, default=list(CHAT_SYNTHETIC_TASKS))

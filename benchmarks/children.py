@@ -75,7 +75,7 @@ def time_steps(step, steps, warmup_steps=2):
 
 
 def time_training(model, config, vocabulary_size, warmup_steps):
-    """Optimizer steps of a built gptlite model under `gptlite.training.train`, as a fine-tuning run takes them,
+    """Optimizer steps of a built gptlite model under `gptlite.training.fit.train`, as a fine-tuning run takes them,
     on random token ids: ms per step after `warmup_steps` (which include compiling), its trained parameters, and
     the process's peak RSS by the last step (the evaluation and the saving of model.keras that end the run come
     after). `config` is a `TrainingConfig` of `warmup_steps` + the steps to time."""
@@ -84,7 +84,7 @@ def time_training(model, config, vocabulary_size, warmup_steps):
     import keras
     import numpy as np
 
-    from gptlite import training
+    from gptlite.training import fit
 
     ids = np.random.default_rng(0).integers(0, vocabulary_size, 200_000).astype(np.uint16)
     times, peaks = [], []
@@ -95,7 +95,7 @@ def time_training(model, config, vocabulary_size, warmup_steps):
             peaks.append(peak_rss_mb())
 
     with tempfile.TemporaryDirectory() as out:
-        training.train(model, ids, ids[:5000], config, out, verbose=0, callbacks=[Timer()])
+        fit.train(model, ids, ids[:5000], config, out, verbose=0, callbacks=[Timer()])
     steady = times[warmup_steps - 1:]
     trainable = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
     return {"ms_per_step": 1000 * (steady[-1] - steady[0]) / (len(steady) - 1), "trainable": trainable,

@@ -8,7 +8,7 @@ the model expects of letters; on the second, whether it finds the first
 copy and says it again (what transformers learn with "induction heads").
 A model that copies has a far lower loss on the second copy than the
 first; one that does not, about the same. The copy and backwards chat tasks
-ask exactly this of made-up words (BENCHMARKS.md, "Chat tasks").
+ask exactly this of made-up words (benchmarks/journal.md, "Chat tasks").
 """
 
 import argparse

@@ -86,8 +86,8 @@ def main():
                         help="also time BPE encoding by the tokenizers library alone, and compare the ids")
     args = parser.parse_args()
 
-    from gptlite import data
-    from gptlite.tokenizers import BPETokenizer, CharTokenizer
+    from gptlite.data import lm
+    from gptlite.text.tokenizers import BPETokenizer, CharTokenizer
 
     args.work.mkdir(parents=True, exist_ok=True)
     if args.text:
@@ -98,11 +98,11 @@ def main():
         path = big_text(args.work / f"shakespeare-{args.size_mb}mb.txt", args.size_mb)
     megabytes = path.stat().st_size / 2**20
     print(f"text: {path} ({megabytes:,.0f} MB)", flush=True)
-    corpus = data.Corpus.from_files([path])
+    corpus = lm.Corpus.from_files([path])
 
     start = time.perf_counter()
-    bpe = BPETokenizer.train(corpus.sample(data.BPE_SAMPLE_BYTES), args.vocab_size)
-    print(f"BPE vocabulary ({bpe.vocabulary_size} tokens) from a {data.BPE_SAMPLE_BYTES // 2**20} MB sample: "
+    bpe = BPETokenizer.train(corpus.sample(lm.BPE_SAMPLE_BYTES), args.vocab_size)
+    print(f"BPE vocabulary ({bpe.vocabulary_size} tokens) from a {lm.BPE_SAMPLE_BYTES // 2**20} MB sample: "
           f"{time.perf_counter() - start:.1f} s", flush=True)
     tokenizers = [("BPE", bpe)]
     if args.library:
@@ -116,7 +116,7 @@ def main():
         cache = args.work / f"cache-{index}"
         shutil.rmtree(cache, ignore_errors=True)
         start = time.perf_counter()
-        ids = data.encode_corpus(corpus, tokenizer, cache)
+        ids = lm.encode_corpus(corpus, tokenizer, cache)
         seconds = time.perf_counter() - start
         print(f"{name} encoding: {megabytes / seconds:.1f} MB/s ({seconds:.1f} s, {len(ids):,} tokens, "
               f"{ids.dtype})", flush=True)

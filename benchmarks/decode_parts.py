@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from gptlite.generation import sample_next_token
+from gptlite.decode.generation import sample_next_token
 from shapes import SIZES, VOCABULARY_SIZE, random_model
 
 ITERATIONS = 16

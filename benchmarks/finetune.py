@@ -6,7 +6,7 @@
 The shape is GPT-2 small's (12 layers, 12 heads, width 768, its 50,257-token
 vocabulary) with a context of --block-size; random weights (speed only). The
 reference is `torch_reference.py`'s nanoGPT model and AdamW step, eager, in
-float32. gptlite trains through `gptlite.training.train` as a fine-tuning run
+float32. gptlite trains through `gptlite.training.fit.train` as a fine-tuning run
 does, in full and with LoRA adapters of --rank on every projection. Each
 measurement runs in a process of its own, in turns (reference, full, LoRA,
 then again), and reports ms per step in steady state (the time of --steps
@@ -45,7 +45,7 @@ def measure_gptlite(args, rank):
     import keras
 
     import gptlite
-    from gptlite.settings import TrainingConfig, dtype_policy
+    from gptlite.training.settings import dtype_policy, TrainingConfig
 
     config = TrainingConfig(batch_size=args.batch_size, max_iters=WARMUP_STEPS + args.steps, lr=1e-4, min_lr=1e-5,
                             warmup_iters=1, eval_interval=10_000, checkpoint_interval=10_000, eval_iters=1,

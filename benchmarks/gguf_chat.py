@@ -29,7 +29,8 @@ def main():
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     import gptlite
-    from gptlite import chat, chat_tasks
+    from gptlite.data import chat_tasks
+    from gptlite.decode import chat
 
     model = gptlite.load(args.model)
     questions = chat_tasks.synthetic("arithmetic").held_out

@@ -22,7 +22,7 @@ import keras
 import numpy as np
 
 import gptlite
-from gptlite import gpt2, pretrained
+from gptlite.weights import gpt2, pretrained
 
 from children import time_calls
 

@@ -43,7 +43,7 @@ REFERENCE_LOG_INTERVAL = 10
 def reference_child(text_path, max_iters, eval_interval, eval_iters, out_dir):
     import torch
 
-    from gptlite.settings import PRESETS
+    from gptlite.training.settings import PRESETS
     from torch_reference import ReferenceTrainer, character_splits
 
     settings = {**PRESETS["gpu"], "max_iters": max_iters, "eval_interval": eval_interval}
@@ -144,7 +144,7 @@ def main():
                                           args.out)))
         return
 
-    from gptlite.settings import PRESETS
+    from gptlite.training.settings import PRESETS
 
     settings = {**PRESETS["gpu"], "max_iters": args.max_iters, "eval_interval": args.eval_interval,
                 "reference_eval_iters": args.reference_eval_iters}

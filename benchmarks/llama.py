@@ -17,7 +17,7 @@ zeroed so that no run ends early.
 
 finetune: one training step at context --block-size and batch 1: gptlite in
 full and with LoRA adapters of --rank on every projection, through
-`gptlite.training.train`, and transformers' model with torch's AdamW,
+`gptlite.training.fit.train`, and transformers' model with torch's AdamW,
 eager, in full. Each runs in a process of its own, in turns, --rounds
 times; ms per step in steady state (--steps steps after two warm-up steps)
 and the process's peak resident memory, medians over the rounds.
@@ -42,7 +42,7 @@ WARMUP_STEPS = 2
 def tokenizer_of_the_size():
     """A byte-level BPE tokenizer with 49,152 ids: the 256 bytes, one merge, placeholders, the end token."""
     import gptlite
-    from gptlite import gpt2
+    from gptlite.weights import gpt2
     from tokenizers import pre_tokenizers
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
@@ -133,7 +133,7 @@ def measure_transformers(args):
 
 
 def measure_gptlite(args, rank):
-    from gptlite.settings import TrainingConfig
+    from gptlite.training.settings import TrainingConfig
 
     config = TrainingConfig(batch_size=args.batch_size, max_iters=WARMUP_STEPS + args.steps, lr=1e-4, min_lr=1e-5,
                             warmup_iters=1, eval_interval=10_000, checkpoint_interval=10_000, eval_iters=1,

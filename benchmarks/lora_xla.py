@@ -2,7 +2,7 @@
 
     python benchmarks/lora_xla.py [--rounds 2] [--shapes small,wide,gpu,gpt2]
 
-`gptlite.training.compile_for_training` runs a LoRA step under XLA on
+`gptlite.training.fit.compile_for_training` runs a LoRA step under XLA on
 TensorFlow only for models of at most `LORA_XLA_MAX_PARAMETERS`; this
 measures both ways for each shape, each in a process of its own, in turns,
 with random weights and token ids (speed and memory only): ms per step in
@@ -12,7 +12,7 @@ process's peak resident memory by the last timed step, the medians over
 embedding whole, as the chat recipes in docs/chat.md do, but GPT-2's, whose
 LoRA adapts the projections only (docs/pretrained.md).
 
-- small: the chat base of BENCHMARKS.md (the `modern` preset's 4 x 128,
+- small: the chat base of benchmarks/journal.md (the `modern` preset's 4 x 128,
   4,100 BPE tokens), context 128, batch 8, rank 32;
 - wide: the same with 6 blocks of width 256;
 - gpu: the `gpu` preset's 6 x 384 with GELU, context 256, batch 8, rank 16;
@@ -43,10 +43,11 @@ def measure(shape, xla):
     import keras
 
     import gptlite
-    from gptlite import training
-    from gptlite.settings import LORA_TARGETS, TrainingConfig
+    from gptlite.model.config import LORA_TARGETS
+    from gptlite.training import fit
+    from gptlite.training.settings import TrainingConfig
 
-    training.LORA_XLA_MAX_PARAMETERS = 10**12 if xla else 0
+    fit.LORA_XLA_MAX_PARAMETERS = 10**12 if xla else 0
     settings, batch_size, rank, embedding = SHAPES[shape]
     targets = (*LORA_TARGETS, "embedding") if embedding else LORA_TARGETS
     config = TrainingConfig(batch_size=batch_size, max_iters=WARMUP_STEPS + STEPS[shape], lr=1e-4, min_lr=1e-5,

@@ -75,15 +75,15 @@ def gptlite_ms(ids, vocabulary_size, settings, steps, warmup, xla, precision):
     import numpy as np
 
     import gptlite
-    from gptlite import training
-    from gptlite.settings import dtype_policy, split_settings
+    from gptlite.training import fit
+    from gptlite.training.settings import dtype_policy, split_settings
 
     model_settings, training_settings = split_settings({**settings, "precision": precision})
     config = gptlite.TrainingConfig(**training_settings)
     keras.utils.set_random_seed(0)
     model = gptlite.GPT(vocab_size=vocabulary_size, dtype=dtype_policy(precision), **model_settings)
     model.build((None, model.config.block_size))
-    training.compile_for_training(model, config)
+    fit.compile_for_training(model, config)
     # compile_for_training picks XLA where the backend has it; a variant may turn it off.
     model.jit_compile = xla and keras.backend.backend() != "torch"
     rng = np.random.default_rng(0)
@@ -121,7 +121,7 @@ def main():
     if args.child:
         import numpy as np
 
-        from gptlite.settings import PRESETS
+        from gptlite.training.settings import PRESETS
 
         settings = dict(PRESETS[args.preset])
         if args.batch_size:

@@ -17,7 +17,7 @@ import time
 import keras
 
 import gptlite
-from gptlite import pairs
+from gptlite.data import pairs
 
 
 def main():

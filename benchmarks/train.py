@@ -5,7 +5,7 @@
 
 Each run is a whole training run in a child process of its own (a Keras
 backend is fixed for the life of a process): gptlite through
-`gptlite.training.train`, exactly as `train.py` trains, or the PyTorch
+`gptlite.training.fit.train`, exactly as `train.py` trains, or the PyTorch
 re-implementation of nanoGPT in `torch_reference.py` ("reference", at
 nanoGPT's learning rate for Tiny Shakespeare, 1e-3). Runs are
 named BACKEND:PRECISION; the rounds take them in turn so that machine noise
@@ -62,7 +62,7 @@ ISA_ENVIRONMENTS = {
 
 def settings_for(preset, overrides):
     """The preset's settings with the command line's overrides, as one flat dict."""
-    from gptlite.settings import PRESETS
+    from gptlite.training.settings import PRESETS
 
     settings = dict(PRESETS[preset])
     settings.update({name: value for name, value in overrides.items() if value is not None})
@@ -128,8 +128,10 @@ def run_gptlite(text_path, settings, precision, seed):
     import numpy as np
 
     import gptlite
-    from gptlite import data, files, training
-    from gptlite.settings import dtype_policy, split_settings
+    from gptlite import files
+    from gptlite.data import lm
+    from gptlite.training import fit
+    from gptlite.training.settings import dtype_policy, split_settings
 
     class StepClock(keras.callbacks.Callback):
         """Step times within each fit call, the first of each call (the one after an evaluation) left out."""
@@ -151,7 +153,7 @@ def run_gptlite(text_path, settings, precision, seed):
 
     text = files.read_text(text_path)
     tokenizer = gptlite.CharTokenizer.from_text(text)
-    train_ids, validation_ids = data.split(tokenizer.encode(text))
+    train_ids, validation_ids = lm.split(tokenizer.encode(text))
     model_settings, training_settings = split_settings(
         {**settings, "seed": seed, "precision": precision}
     )
@@ -163,7 +165,7 @@ def run_gptlite(text_path, settings, precision, seed):
     clock = StepClock()
     clock.started = time.perf_counter()
     with tempfile.TemporaryDirectory() as out_dir:
-        rows = training.train(model, train_ids, validation_ids, config, out_dir, verbose=0, callbacks=[clock])
+        rows = fit.train(model, train_ids, validation_ids, config, out_dir, verbose=0, callbacks=[clock])
     # Without a position table, which is looked up rather than multiplied.
     table = model.config.block_size * model.config.n_embd if model.config.position != "rotary" else 0
     parameters = model.count_params() - table

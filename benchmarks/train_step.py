@@ -15,8 +15,10 @@ import time
 import keras
 
 import gptlite
-from gptlite import data, files, training
-from gptlite.settings import PRESETS, split_settings
+from gptlite import files
+from gptlite.data import lm
+from gptlite.training import fit
+from gptlite.training.settings import PRESETS, split_settings
 
 DEFAULT_TEXT = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
 
@@ -41,11 +43,11 @@ def time_run(preset, train_ids, tokenizer, jit_compile, steps, warmup):
     model.build((None, model.config.block_size))
     config = gptlite.TrainingConfig(**training_settings)
     model.compile(
-        optimizer=training.make_optimizer(model, config),
+        optimizer=fit.make_optimizer(model, config),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         jit_compile=jit_compile,
     )
-    batches = data.RandomWindows(train_ids, model.config.block_size, config.batch_size, steps)
+    batches = lm.RandomWindows(train_ids, model.config.block_size, config.batch_size, steps)
     timer = StepTimer(warmup)
     timer.steps = steps
     model.fit(batches, epochs=1, steps_per_epoch=steps, shuffle=False, verbose=0, callbacks=[timer])
@@ -63,7 +65,7 @@ def main():
 
     text = files.read_text(args.text)
     tokenizer = gptlite.CharTokenizer.from_text(text)
-    train_ids, _ = data.split(tokenizer.encode(text))
+    train_ids, _ = lm.split(tokenizer.encode(text))
     results = {False: [], True: []}
     for round_index in range(args.rounds):
         for jit_compile in (False, True):

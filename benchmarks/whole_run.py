@@ -71,7 +71,7 @@ sys.path.insert(0, here)
 sys.path.insert(0, os.path.dirname(here))
 import torch
 from torch_reference import ReferenceTrainer, character_splits
-from gptlite.settings import PRESETS
+from gptlite.training.settings import PRESETS
 settings = {**PRESETS["cpu"], "max_iters": steps, "lr": 1e-3}
 train_ids, validation_ids, vocabulary_size = character_splits(open(text, encoding="utf-8").read())
 started = time.perf_counter()

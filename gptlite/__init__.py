@@ -18,8 +18,8 @@ changes nothing in the process: no environment variable, no log level
 do; `gptlite.compile_cache.use()` keeps compiled programs on disk). Every
 name below is loaded on first use. `keras.saving.load_model` rebuilds a saved
 model once Keras knows gptlite's classes: at `import gptlite` where Keras was
-imported first, else at gptlite's first use of Keras (`gptlite.load` loads a
-model whatever the order).
+imported first, or at `gptlite.quiet()`, which starts Keras; `gptlite.load`
+loads a model whatever the order.
 """
 
 import importlib
@@ -34,34 +34,38 @@ from gptlite.errors import (  # plain Python: no Keras
     TrainingDiverged,
     TrainingInterrupted,
 )
-from gptlite.settings import PRESETS, GPTConfig, TrainingConfig  # plain Python: no Keras
-from gptlite import compile_cache  # noqa: F401 (plain Python: gptlite.compile_cache.use() before Keras)
+from gptlite.backend import compile_cache  # noqa: F401 (plain Python: gptlite.compile_cache.use() before Keras)
+from gptlite.model.config import GPTConfig  # plain Python: no Keras
+from gptlite.training.settings import PRESETS, TrainingConfig  # plain Python: no Keras
 
 __version__ = "0.1.0"
 
 # Each public name that is loaded on first use, and the module that defines it.
 _LAZY = {
-    "generate": "generation", "generate_target": "generation", "stream": "generation", "RowsStream": "generation",
-    "SamplingConfig": "sampling", "Engine": "engine",
-    "reply": "chat", "stream_reply": "chat", "Conversation": "chat",
-    "read_conversations": "conversations", "chat_ready": "conversations",
-    "evaluate": "evaluation", "Evaluation": "evaluation",
-    "AttentionMaps": "inspection", "attention_maps": "inspection", "plot_attention": "inspection",
-    "plot_positions": "inspection", "token_report": "inspection",
-    "Attention": "attention", "EncoderBlock": "blocks", "TransformerBlock": "blocks",
-    "FeedForward": "layers", "Linear": "layers", "RMSNorm": "layers", "TokenAndPositionEmbedding": "layers",
-    "GPT": "model", "Seq2Seq": "model",
-    "TrainedRun": "training_run", "train_on_text": "training_run",
-    "RunConfig": "run_config", "read_run_config": "run_config",
-    "from_pretrained": "pretrained", "export_hugging_face": "pretrained", "export_kerashub": "gpt2",
-    "export_gguf": "gguf_export",
-    "load": "saving", "save": "saving",
-    "BPETokenizer": "tokenizers", "CharTokenizer": "tokenizers", "PretrainedTokenizer": "tokenizers",
-    "train": "training",
-    "quiet": "notices",
+    # model/
+    "GPT": "model.gpt", "Seq2Seq": "model.gpt", "Attention": "model.attention",
+    "EncoderBlock": "model.blocks", "TransformerBlock": "model.blocks", "FeedForward": "model.layers",
+    "Linear": "model.layers", "RMSNorm": "model.layers", "TokenAndPositionEmbedding": "model.layers",
+    # text/, data/
+    "BPETokenizer": "text.tokenizers", "CharTokenizer": "text.tokenizers", "PretrainedTokenizer": "text.tokenizers",
+    "read_conversations": "data.conversations", "chat_ready": "data.conversations",
+    # decode/
+    "generate": "decode.generation", "generate_target": "decode.generation", "stream": "decode.generation",
+    "RowsStream": "decode.generation", "SamplingConfig": "decode.sampling", "Engine": "decode.engine",
+    "reply": "decode.chat", "stream_reply": "decode.chat", "Conversation": "decode.chat",
+    # weights/
+    "load": "weights.saving", "save": "weights.saving", "from_pretrained": "weights.pretrained",
+    "export_hugging_face": "weights.pretrained", "export_kerashub": "weights.gpt2", "export_gguf": "weights.gguf_export",
+    # training/, evaluation/, backend/
+    "train": "training.fit", "TrainedRun": "training.run", "train_on_text": "training.run",
+    "RunConfig": "training.run_config", "read_run_config": "training.run_config",
+    "evaluate": "evaluation.scores", "Evaluation": "evaluation.scores", "AttentionMaps": "evaluation.inspection",
+    "attention_maps": "evaluation.inspection", "plot_attention": "evaluation.inspection",
+    "plot_positions": "evaluation.inspection", "token_report": "evaluation.inspection",
 }
 __all__ = sorted(["ConfigError", "GPTLiteError", "InputError", "MissingFileError", "RunExistsError",
-                  "TrainingDiverged", "TrainingInterrupted", "PRESETS", "GPTConfig", "TrainingConfig", *_LAZY])
+                  "TrainingDiverged", "TrainingInterrupted", "PRESETS", "GPTConfig", "TrainingConfig", "quiet",
+                  *_LAZY])
 
 
 def __getattr__(name):
@@ -76,8 +80,18 @@ def __dir__():
     return __all__
 
 
-# Keras finds a saved model's classes by their registered names ("gptlite>GPT"): a program that imported Keras
-# first can load a model.keras file with keras.saving.load_model once gptlite is imported; otherwise Keras knows
-# them once gptlite's models are imported (gptlite.load, which loads a model whatever the order, imports them).
+def quiet():
+    """Start Keras without TensorFlow's start-up notices (`gptlite.backend.notices.quiet`), and let it know
+    gptlite's classes, so that `keras.saving.load_model` rebuilds a saved model. Call it before importing Keras,
+    after choosing the backend."""
+    from gptlite.backend import notices
+
+    notices.quiet()
+    importlib.import_module("gptlite.model.gpt")
+
+
+# Keras finds a saved model's classes by their registered names ("gptlite>GPT"). A program that imported Keras
+# first can load a model.keras file with keras.saving.load_model once gptlite is imported; one that imports
+# gptlite first, once gptlite has started Keras (`quiet`) or imported its models (`load` loads in any order).
 if "keras" in sys.modules:
-    importlib.import_module("gptlite.model")
+    importlib.import_module("gptlite.model.gpt")

@@ -46,3 +46,27 @@ def first_line(error, limit=200):
     lines = str(error).strip().splitlines() or [type(error).__name__]
     line = lines[0]
     return line if len(line) <= limit else line[:limit].rsplit(" ", 1)[0] + " ..."
+
+
+# Checking a setting's value, for the settings' dataclasses.
+def is_count(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def require(name, value, is_valid, description):
+    try:
+        valid = is_valid(value)
+    except TypeError:  # a value of the wrong type altogether
+        valid = False
+    if not valid:
+        raise ConfigError(f"{name} must be {description}, got {value!r}")
+
+
+def divisors_near(width, heads):
+    divisors = [d for d in range(1, width + 1) if width % d == 0]
+    closest = sorted(divisors, key=lambda d: (abs(d - heads), d))[:2]
+    return " or ".join(str(d) for d in sorted(closest))
+
+
+def one_of(names):
+    return "one of " + ", ".join(repr(name) for name in names)

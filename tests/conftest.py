@@ -175,7 +175,7 @@ def tiny_seq2seq(seq2seq_tokenizer):
 
 def reversal_pairs(count, seed=0):
     """Strings of 2 to 6 letters from "abcde", each with its reverse."""
-    from gptlite import pairs
+    from gptlite.data import pairs
 
     rng = np.random.default_rng(seed)
     sources = ["".join(rng.choice(list("abcde"), size=rng.integers(2, 7))) for _ in range(count)]
@@ -184,13 +184,15 @@ def reversal_pairs(count, seed=0):
 
 @pytest.fixture(scope="session")
 def reverser_run(seq2seq_tokenizer, tmp_path_factory):
-    """A tiny Seq2Seq trained by `training.train` for a few seconds to reverse short strings.
+    """A tiny Seq2Seq trained by `fit.train` for a few seconds to reverse short strings.
 
     Returns (model, evaluation rows, output folder, held-out PairSet).
     """
     import keras
 
-    from gptlite import evaluation, pairs, training
+    from gptlite.data import pairs
+    from gptlite.evaluation import scores
+    from gptlite.training import fit
 
     keras.utils.set_random_seed(0)
     model = gptlite.Seq2Seq(vocab_size=seq2seq_tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=32,
@@ -200,8 +202,8 @@ def reverser_run(seq2seq_tokenizer, tmp_path_factory):
     train_set = pairs.encode(reversal_pairs(4000, seed=1), seq2seq_tokenizer, 8)
     held_out = pairs.encode(reversal_pairs(200, seed=2), seq2seq_tokenizer, 8)
     out = tmp_path_factory.mktemp("reverser")
-    metrics = {"exact_match": lambda trained: evaluation.exact_matches(trained, held_out.pairs) / len(held_out)}
-    rows = training.train(model, train_set, held_out, config, out, verbose=0, metrics=metrics)
+    metrics = {"exact_match": lambda trained: scores.exact_matches(trained, held_out.pairs) / len(held_out)}
+    rows = fit.train(model, train_set, held_out, config, out, verbose=0, metrics=metrics)
     return model, rows, out, held_out
 
 

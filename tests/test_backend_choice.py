@@ -5,7 +5,7 @@ import json
 import pytest
 
 import gptlite
-from gptlite import backend_choice
+from gptlite.training import backend_choice
 
 pytestmark = pytest.mark.once("the backend is chosen before any starts")
 
@@ -79,7 +79,7 @@ def test_train_reads_the_precision_from_its_flags_its_run_file_and_its_preset(mo
 
 
 def test_a_resumed_run_keeps_the_backend_it_started_on(monkeypatch, tmp_path):
-    from gptlite import run_config
+    from gptlite.training import run_config
 
     monkeypatch.delenv("KERAS_BACKEND", raising=False)
     monkeypatch.setattr(backend_choice, "this_cpu_flags", lambda: BF16_CPU)

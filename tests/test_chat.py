@@ -19,8 +19,11 @@ import pytest
 
 import gptlite
 from conftest import REPO
-from gptlite import chat, conversations, settings, templates
+from gptlite.data import conversations
+from gptlite.decode import chat
 from gptlite.errors import InputError
+from gptlite.text import templates
+from gptlite.training import settings
 
 # For what the chat's own code decides (sizing, reports, templates, files): the same on every backend, whose training
 # on conversations test_a_chat_run_trains_on_a_conversations_file_and_keeps_its_template checks in every suite.

@@ -3,8 +3,7 @@ import re
 import pytest
 
 import gptlite
-from gptlite import chat_tasks
-from gptlite.settings import CHAT_SYNTHETIC_TASKS
+from gptlite.data import CHAT_SYNTHETIC_TASKS, chat_tasks
 
 pytestmark = pytest.mark.once("the tasks' conversations are plain Python")
 

@@ -275,7 +275,7 @@ def test_export_under_torch_says_which_backend_to_use(capsys, tmp_path, tiny_mod
     from gptlite.cli import main
 
     with pytest.raises(gptlite.ConfigError, match="KERAS_BACKEND=tensorflow"):
-        gptlite.saving.export_saved_model(tiny_model, tmp_path / "exported")
+        gptlite.weights.saving.export_saved_model(tiny_model, tmp_path / "exported")
     assert main(["export", "--model", str(tmp_path / "model.keras"), "--out", str(tmp_path / "exported")]) == 2
     assert "KERAS_BACKEND=tensorflow" in capsys.readouterr().err
     assert not (tmp_path / "exported").exists()
@@ -404,9 +404,9 @@ def test_seq2seq_flag_mistakes_get_one_line(tmp_path, capsys, flags, message):
 
 @ONCE
 def test_a_synthetic_task_trains_for_its_own_steps_unless_told(tmp_path, capsys, monkeypatch):
-    from gptlite import training
     from gptlite.cli import train_main
-    from gptlite.settings import PRESETS, SYNTHETIC_MAX_ITERS
+    from gptlite.training import fit
+    from gptlite.training.settings import PRESETS, SYNTHETIC_MAX_ITERS
 
     steps = []
 
@@ -414,7 +414,7 @@ def test_a_synthetic_task_trains_for_its_own_steps_unless_told(tmp_path, capsys,
         steps.append(config.max_iters)
         raise gptlite.ConfigError("stopped before training")
 
-    monkeypatch.setattr(training, "train", record_and_stop)
+    monkeypatch.setattr(fit, "train", record_and_stop)
     for flags in (["--synthetic", "reverse"], ["--synthetic", "addition", "--max-iters", "700"],
                   ["--synthetic", "sort", "--preset", "tiny"]):
         assert train_main([*flags, "--out", str(tmp_path / "run")]) == 2

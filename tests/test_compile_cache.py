@@ -1,6 +1,6 @@
 from importlib import metadata
 
-from gptlite import compile_cache
+from gptlite.backend import compile_cache
 
 
 def test_the_cache_folder_names_tensorflow_s_version_when_it_came_as_tensorflow_cpu(monkeypatch, tmp_path):

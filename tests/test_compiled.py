@@ -3,7 +3,7 @@ import pytest
 
 import gptlite
 from conftest import assert_greedy
-from gptlite.programs import programs_for
+from gptlite.decode.programs import programs_for
 
 pytestmark = pytest.mark.skipif(keras.backend.backend() == "torch", reason="torch decodes eagerly: no programs")
 
@@ -51,7 +51,7 @@ def test_a_decode_stopped_before_its_first_step_leaves_no_program_running_beside
     import threading
     import time
 
-    from gptlite.compiled import Compiled
+    from gptlite.decode.compiled import Compiled
 
     # Each program's run on a preparing thread takes a while: long enough that a decode stopped at its first piece
     # is over before the run it started.

@@ -3,28 +3,28 @@ import numpy as np
 import pytest
 
 import gptlite
-from gptlite import data
-from gptlite.pairs import PairBatches, PairSet
+from gptlite.data import lm
+from gptlite.data.pairs import PairBatches, PairSet
 
 pytestmark = pytest.mark.once("text data and its batches are NumPy")
 
 
 def test_split_keeps_the_last_tenth_for_validation():
-    train, validation = data.split(np.arange(100))
+    train, validation = lm.split(np.arange(100))
     np.testing.assert_array_equal(train, np.arange(90))
     np.testing.assert_array_equal(validation, np.arange(90, 100))
 
 
 def test_too_short_text_names_a_block_size_that_fits():
-    train, validation = data.split(np.arange(100))
-    data.check_enough_tokens(train, validation, block_size=9)
+    train, validation = lm.split(np.arange(100))
+    lm.check_enough_tokens(train, validation, block_size=9)
     with pytest.raises(gptlite.InputError, match="`block_size=9` or less"):
-        data.check_enough_tokens(train, validation, block_size=10)
+        lm.check_enough_tokens(train, validation, block_size=10)
 
 
 def test_windows_are_inputs_and_next_token_targets():
     ids = np.arange(1000, dtype=np.uint16)
-    batches = data.RandomWindows(ids, block_size=8, batch_size=4, num_batches=5, seed=0)
+    batches = lm.RandomWindows(ids, block_size=8, batch_size=4, num_batches=5, seed=0)
     assert len(batches) == 5
     x, y = batches[3]
     assert x.shape == y.shape == (4, 8) and x.dtype == np.int32
@@ -35,9 +35,9 @@ def test_windows_are_inputs_and_next_token_targets():
 
 def test_batches_depend_only_on_seed_and_index():
     ids = np.arange(10_000)
-    first = data.RandomWindows(ids, 8, 4, 10, seed=1)
-    again = data.RandomWindows(ids, 8, 4, 10, seed=1)
-    other_seed = data.RandomWindows(ids, 8, 4, 10, seed=2)
+    first = lm.RandomWindows(ids, 8, 4, 10, seed=1)
+    again = lm.RandomWindows(ids, 8, 4, 10, seed=1)
+    other_seed = lm.RandomWindows(ids, 8, 4, 10, seed=2)
     np.testing.assert_array_equal(first[7][0], again[7][0])
     assert not np.array_equal(first[7][0], first[6][0])
     assert not np.array_equal(first[7][0], other_seed[7][0])
@@ -46,11 +46,11 @@ def test_batches_depend_only_on_seed_and_index():
 @pytest.mark.parametrize("kind", ["windows", "pairs"])
 def test_keras_reads_the_batches_themselves_in_order(kind):
     if kind == "windows":
-        batches = data.RandomWindows(np.arange(1000), 8, 4, 5, seed=3)
+        batches = lm.RandomWindows(np.arange(1000), 8, 4, 5, seed=3)
     else:
         ids = np.arange(60 * 17, dtype=np.int32)
         batches = PairBatches(PairSet(ids[:60 * 8].reshape(60, 8), ids[60 * 8:].reshape(60, 9), None), 4, 5, seed=3)
-    fed = data.fed_to_keras(batches)
+    fed = lm.fed_to_keras(batches)
     if keras.backend.backend() != "tensorflow":
         assert fed is batches
         return
@@ -71,9 +71,9 @@ def test_keras_reads_the_batches_themselves_in_order(kind):
 
 
 def test_default_corpus_is_deterministic_python_source():
-    corpus = data.default_corpus(max_characters=50_000)
+    corpus = lm.default_corpus(max_characters=50_000)
     assert len(corpus) == 50_000
-    assert corpus == data.default_corpus(max_characters=50_000)
+    assert corpus == lm.default_corpus(max_characters=50_000)
     assert corpus.startswith("# ") and "def " in corpus
     assert corpus.isascii()
 
@@ -97,41 +97,41 @@ def data_script():
 
 
 def test_a_corpus_reads_files_and_folders_in_order_in_pieces(tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "PIECE_BYTES", 16)  # pieces cut through lines and multi-byte characters
+    monkeypatch.setattr(lm, "PIECE_BYTES", 16)  # pieces cut through lines and multi-byte characters
     (tmp_path / "books").mkdir()
     (tmp_path / "books" / "b.txt").write_text("second: 你好 🙂 e\u0301 and a long line without an end")
     (tmp_path / "books" / "a.txt").write_text("a first line\n" * 5)
     (tmp_path / "books" / ".hidden").write_text("never read")
     (tmp_path / "c.txt").write_text("third\r\n")
-    corpus = data.Corpus.from_files([tmp_path / "c.txt", tmp_path / "books"])
+    corpus = lm.Corpus.from_files([tmp_path / "c.txt", tmp_path / "books"])
     documents = [list(document) for document in corpus.documents()]
     assert ["".join(d) for d in documents] == [
         "third\r\n", "a first line\n" * 5, "second: 你好 🙂 e\u0301 and a long line without an end"]
     assert len(documents[1]) > 1 and all(piece.endswith("\n") for piece in documents[1])  # cut at line ends
     with pytest.raises(gptlite.InputError, match="no files in it"):
         (tmp_path / "empty").mkdir()
-        data.Corpus.from_files([tmp_path / "empty"])
+        lm.Corpus.from_files([tmp_path / "empty"])
     with pytest.raises(gptlite.MissingFileError, match="no such file"):
-        data.Corpus.from_files([tmp_path / "absent.txt"])
+        lm.Corpus.from_files([tmp_path / "absent.txt"])
 
 
 def test_a_bad_byte_deep_in_a_file_is_reported_where_it_is(tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "PIECE_BYTES", 16)
+    monkeypatch.setattr(lm, "PIECE_BYTES", 16)
     path = tmp_path / "latin1.txt"
     path.write_bytes(("é line\n" * 10).encode() + "caf\xe9\n".encode("latin-1"))
     with pytest.raises(gptlite.InputError, match=r"not valid utf-8: byte 83 \(line 11\)"):
-        list(data.Corpus.from_files([path]).pieces())
-    assert "".join(data.Corpus.from_files([path], errors="replace").pieces()).endswith("caf\ufffd\n")
+        list(lm.Corpus.from_files([path]).pieces())
+    assert "".join(lm.Corpus.from_files([path], errors="replace").pieces()).endswith("caf\ufffd\n")
 
 
 def test_token_ids_are_cached_until_the_text_or_tokenizer_changes(tmp_path, monkeypatch):
-    from gptlite.tokenizers import BPETokenizer
+    from gptlite.text.tokenizers import BPETokenizer
 
     (tmp_path / "a.txt").write_text("one two three\n" * 50)
     (tmp_path / "b.txt").write_text("four five\n" * 50)
-    corpus = data.Corpus.from_files([tmp_path / "a.txt", tmp_path / "b.txt"])
+    corpus = lm.Corpus.from_files([tmp_path / "a.txt", tmp_path / "b.txt"])
     tokenizer = BPETokenizer.train(corpus.pieces(), 270)
-    ids = data.encode_corpus(corpus, tokenizer, tmp_path / "run")
+    ids = lm.encode_corpus(corpus, tokenizer, tmp_path / "run")
     assert ids.dtype == np.uint16 and isinstance(ids, np.memmap)
     expected = np.concatenate([tokenizer.encode("one two three\n" * 50), [tokenizer.end_token_id],
                                tokenizer.encode("four five\n" * 50)])
@@ -140,15 +140,15 @@ def test_token_ids_are_cached_until_the_text_or_tokenizer_changes(tmp_path, monk
 
     calls = []
     monkeypatch.setattr(tokenizer, "encode_batch", lambda texts: calls.append(texts) or [])
-    again = data.encode_corpus(data.Corpus.from_files([tmp_path / "a.txt", tmp_path / "b.txt"]), tokenizer,
+    again = lm.encode_corpus(lm.Corpus.from_files([tmp_path / "a.txt", tmp_path / "b.txt"]), tokenizer,
                                tmp_path / "run")
     assert calls == [] and np.array_equal(again, ids)  # read from the cache, not encoded again
     monkeypatch.undo()
 
     (tmp_path / "b.txt").write_text("four five six\n" * 50)
-    changed = data.encode_corpus(data.Corpus.from_files([tmp_path / "a.txt", tmp_path / "b.txt"]), tokenizer,
+    changed = lm.encode_corpus(lm.Corpus.from_files([tmp_path / "a.txt", tmp_path / "b.txt"]), tokenizer,
                                  tmp_path / "run")
     assert len(changed) > len(ids)
     other_tokenizer = BPETokenizer.train(corpus.pieces(), 260)
-    data.encode_corpus(data.Corpus.from_files([tmp_path / "a.txt"]), other_tokenizer, tmp_path / "run")
+    lm.encode_corpus(lm.Corpus.from_files([tmp_path / "a.txt"]), other_tokenizer, tmp_path / "run")
     assert not cache.exists() and len(list((tmp_path / "run").glob("tokens-*"))) == 1  # stale caches go

@@ -6,8 +6,8 @@ import pytest
 
 import gptlite
 from conftest import TIE, last_logits, run_python
-from gptlite.engine import CACHED, RECOMPUTE, RECOMPUTE_THEN_CACHED, Engine, plan_steps
-from gptlite.sampling import RowSettings, SamplingConfig, sample_next_token, uniform_noise
+from gptlite.decode.engine import CACHED, Engine, plan_steps, RECOMPUTE, RECOMPUTE_THEN_CACHED
+from gptlite.decode.sampling import RowSettings, sample_next_token, SamplingConfig, uniform_noise
 
 
 def test_a_call_holds_steps_of_one_kind_up_to_where_the_window_fills():
@@ -33,7 +33,7 @@ def test_a_row_past_its_limit_decides_nothing_of_the_call():
 
 
 def test_a_call_reads_a_cache_as_long_as_its_longest_row_reaches():
-    from gptlite.engine import cache_span
+    from gptlite.decode.engine import cache_span
 
     assert [cache_span(slots, 256) for slots in (1, 64, 65, 128, 129, 256)] == [64, 64, 128, 128, 256, 256]
     assert cache_span(70, 96) == 96  # never longer than the window
@@ -47,7 +47,7 @@ def test_a_call_reads_a_cache_as_long_as_its_longest_row_reaches():
 
 
 def test_a_gpt_prefill_reads_the_columns_its_longest_window_needs():
-    from gptlite.engine import NARROWEST_PREFILL, prompt_columns, windows
+    from gptlite.decode.engine import NARROWEST_PREFILL, prompt_columns, windows
 
     window, lengths = windows(1024, [[1] * 5, [2] * 70])
     assert prompt_columns(window, lengths, None).shape == (2, 128)
@@ -171,7 +171,7 @@ def test_rows_with_mixed_settings_in_one_batch_each_match_their_own_single_row_r
                SamplingConfig(20, temperature=0.7, top_p=0.8, seed=2),
                SamplingConfig(20, temperature=1.0, min_p=0.1, repetition_penalty=1.3, seed=3)]
     prompts = ["the ", "a dog ", "ran to the ", "big "]
-    from gptlite.generation import RowsStream
+    from gptlite.decode.generation import RowsStream
 
     together = [""] * 4
     for step in RowsStream(fluent_model, prompts, configs):
@@ -182,7 +182,7 @@ def test_rows_with_mixed_settings_in_one_batch_each_match_their_own_single_row_r
 
 def test_a_seeded_row_gives_the_same_text_whatever_shares_its_batch(fluent_model):
     alone = gptlite.generate(fluent_model, "the cat", 30, temperature=1.0, seed=7)
-    from gptlite.generation import RowsStream
+    from gptlite.decode.generation import RowsStream
 
     configs = [SamplingConfig(30, temperature=1.0, seed=7), SamplingConfig(12, temperature=0.5, seed=1),
                SamplingConfig(30, temperature=1.0)]
@@ -232,9 +232,9 @@ def test_cached_text_is_recomputed_text_as_the_cache_grows_and_is_cut(tokenizer)
 @pytest.mark.skipif(keras.backend.backend() == "torch", reason="torch compiles nothing")
 def test_a_second_process_traces_nothing_on_a_warm_cache_and_survives_a_damaged_entry(tmp_path, tiny_model):
     gptlite.save(tiny_model, tmp_path / "model.keras")
-    script = ("import sys, gptlite; gptlite.compile_cache.use(); import keras; "
-              "from gptlite.programs import programs_for; "
-              "m = keras.saving.load_model(sys.argv[1]); print(gptlite.generate(m, 'the', 20, seed=3)); "
+    script = ("import sys, gptlite; gptlite.compile_cache.use(); "
+              "from gptlite.decode.programs import programs_for; "
+              "m = gptlite.load(sys.argv[1]); print(gptlite.generate(m, 'the', 20, seed=3)); "
               "p = programs_for(m); print('traced', p.traces, 'loaded', p.loads)")
     cache = tmp_path / "cache"
     import os

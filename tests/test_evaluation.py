@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import gptlite
-from gptlite import data
+from gptlite.data import lm
 from conftest import make_text
 
 
@@ -50,7 +50,7 @@ def test_every_token_is_scored_once_from_at_least_half_a_window(tmp_path, tiny_m
 def test_text_read_in_many_pieces_scores_as_in_one(tmp_path, tiny_model, monkeypatch):
     (tmp_path / "a.txt").write_text(make_text(200, seed=4))
     whole = gptlite.evaluate(tiny_model, [tmp_path / "a.txt"]).total
-    monkeypatch.setattr(data, "PIECE_BYTES", 37)
+    monkeypatch.setattr(lm, "PIECE_BYTES", 37)
     pieces = gptlite.evaluate(tiny_model, [tmp_path / "a.txt"]).total
     assert pieces.tokens == whole.tokens
     np.testing.assert_allclose(pieces.nats, whole.nats, rtol=1e-5)
@@ -114,8 +114,9 @@ def test_the_eval_command_prints_a_table_or_json_and_refuses_bad_input(tmp_path,
 
 def test_a_seq2seq_model_is_scored_on_pairs_by_exact_match_and_loss_per_target_token(tmp_path, reverser, capsys):
     from conftest import reversal_pairs
-    from gptlite import generation, pairs
     from gptlite.cli import main
+    from gptlite.data import pairs
+    from gptlite.decode import generation
 
     held_out = reversal_pairs(70, seed=9)  # a batch of 64 and one of 6
     (tmp_path / "pairs.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in zip(held_out.sources, held_out.targets)))
@@ -148,8 +149,10 @@ def test_a_seq2seq_model_is_scored_on_pairs_by_exact_match_and_loss_per_target_t
 
 
 def test_a_chat_model_is_scored_on_its_answers_and_their_exactness(tmp_path, tiny_model, capsys, monkeypatch):
-    from gptlite import chat, conversations, evaluation
     from gptlite.cli import main
+    from gptlite.data import conversations
+    from gptlite.decode import chat
+    from gptlite.evaluation import scores
 
     model = conversations.chat_ready(tiny_model)
     chats = [[{"role": "user", "content": "the cat"}, {"role": "assistant", "content": "sat"}],
@@ -165,7 +168,7 @@ def test_a_chat_model_is_scored_on_its_answers_and_their_exactness(tmp_path, tin
 
     monkeypatch.setattr(chat, "answers", answers)
     score = gptlite.evaluate(model, [path]).total
-    assert isinstance(score, evaluation.ChatScore) and score.conversations == 2 and score.exact == 1
+    assert isinstance(score, scores.ChatScore) and score.conversations == 2 and score.exact == 1
     assert asked == [chats[0][:1], chats[1][:3]]  # each conversation up to its last answer
     rows = conversations.pack(model.tokenizer, chats, model.config.block_size)
     assert score.tokens == int(rows.trained[:, 1:].sum())  # the answers' tokens, their end markers among them

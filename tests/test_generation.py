@@ -175,8 +175,8 @@ def test_beam_search_equals_a_search_by_full_recomputation(fluent_model):
 
 
 def test_rows_decoded_together_each_keep_their_own_length_and_stop_strings(fluent_model):
-    from gptlite.generation import RowsStream
-    from gptlite.sampling import SamplingConfig
+    from gptlite.decode.generation import RowsStream
+    from gptlite.decode.sampling import SamplingConfig
 
     prompts = ["the cat ", "a", "dog ran "]
     greedy = SamplingConfig(temperature=0.0)
@@ -243,7 +243,7 @@ def test_slides_outside_the_window_are_refused(fluent_model, slide):
 
 @pytest.mark.skipif(keras.backend.backend() == "torch", reason="torch runs the decode functions eagerly")
 def test_prompt_length_settings_and_seed_never_recompile(fluent_model):
-    from gptlite.programs import programs_for
+    from gptlite.decode.programs import programs_for
 
     # Traced for one row, if no test has yet: with a filter, as the calls below that the check counts have,
     # and for both prefill widths (prompts are padded to a power of two columns, here 8 or 16).
@@ -265,7 +265,7 @@ def test_prompt_length_settings_and_seed_never_recompile(fluent_model):
 
 @pytest.mark.skipif(keras.backend.backend() == "torch", reason="torch decodes eagerly: there is nothing to prepare")
 def test_the_first_step_s_program_is_prepared_while_the_prefill_runs_and_no_other(tokenizer, monkeypatch):
-    from gptlite.compiled import Compiled
+    from gptlite.decode.compiled import Compiled
 
     def shapes(args):
         described = lambda leaf: None if leaf is None else (tuple(leaf.shape), keras.backend.standardize_dtype(leaf.dtype))
@@ -374,8 +374,8 @@ def test_seq2seq_sources_beyond_one_batch_decode_as_in_one(reverser, monkeypatch
 
     sources = reversal_pairs(10, seed=4).sources
     together = gptlite.generate_target(reverser, sources)
-    monkeypatch.setattr(gptlite.generation, "TARGET_BATCH", 4)
-    assert list(gptlite.generation.iter_targets(reverser, sources)) == together
+    monkeypatch.setattr(gptlite.decode.generation, "TARGET_BATCH", 4)
+    assert list(gptlite.decode.generation.iter_targets(reverser, sources)) == together
 
 
 def test_seq2seq_beam_search_of_width_one_is_greedy(reverser):
@@ -399,11 +399,11 @@ def test_seq2seq_bad_sources_and_models_are_refused(reverser, tiny_model):
     with pytest.raises(gptlite.ConfigError, match="Seq2Seq"):
         gptlite.generate_target(tiny_model, "abc")
     with pytest.raises(gptlite.ConfigError, match="stop strings"):
-        gptlite.generation.iter_targets(reverser, ["abc"], stop=[""])  # checked at the call, not when iterated
+        gptlite.decode.generation.iter_targets(reverser, ["abc"], stop=[""])  # checked at the call, not when iterated
 
 
 def test_a_stream_of_split_characters_equals_the_generated_text():
-    from gptlite.tokenizers import BPETokenizer
+    from gptlite.text.tokenizers import BPETokenizer
 
     bpe = BPETokenizer.train(["the cat sat on the mat\n"] * 10, 270)
     model = gptlite.GPT(vocab_size=bpe.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=16, tokenizer=bpe)

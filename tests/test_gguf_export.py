@@ -18,7 +18,7 @@ import gptlite
 from conftest import make_text, run_python
 from test_llama import sentencepiece_tokenizer
 from test_pretrained import bpe, hugging_face_folder  # noqa: F401 (fixtures: a tiny GPT-2 saved by transformers)
-from gptlite import templates
+from gptlite.text import templates
 
 # Unicode, runs of spaces, tabs and newlines, quotes and an apostrophe.
 TRICKY = "  Héllo\n\n  wörld — “quoted”\tit's  the cat's hat \\ back in 2024, 3.14  \n\nend"
@@ -49,7 +49,7 @@ def _byte_level_tokenizer(splitting):
     end of text a special token."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from gptlite.gguf_export import QWEN2_SPLIT
+    from gptlite.weights.gguf_export import QWEN2_SPLIT
 
     tokenizer = Tokenizer(models.BPE())
     if splitting == "qwen2":

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from gptlite import history
+from gptlite.training import history
 
 pytestmark = pytest.mark.once("the history file is plain Python")
 

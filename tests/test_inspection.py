@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import gptlite
-from gptlite import inspection
-from gptlite.attention import merge_heads
 from gptlite.errors import ConfigError, InputError
-from gptlite.positions import sinusoidal_position_encoding
+from gptlite.evaluation import inspection
+from gptlite.model.attention import merge_heads
+from gptlite.model.positions import sinusoidal_position_encoding
 
 PROMPT = "the cat sat"
 

@@ -5,9 +5,9 @@ import keras
 import numpy as np
 import pytest
 
-from gptlite import layers, positions
-from gptlite.attention import Attention, causal_mask, scaled_dot_product_attention
-from gptlite.blocks import EncoderBlock, TransformerBlock
+from gptlite.model import layers, positions
+from gptlite.model.attention import Attention, causal_mask, scaled_dot_product_attention
+from gptlite.model.blocks import EncoderBlock, TransformerBlock
 
 
 def numpy_softmax(x):

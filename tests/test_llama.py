@@ -13,7 +13,7 @@ import pytest
 
 import gptlite
 from conftest import make_text
-from gptlite import llama
+from gptlite.weights import llama
 
 # transformers needs torch, which the dev extra leaves out: .ci/run runs these under TensorFlow once it is there.
 pytestmark = pytest.mark.extras
@@ -261,7 +261,8 @@ def test_fine_tuning_a_llama_folder_with_lora_keeps_its_tokenizer_and_chat_templ
 
 
 def test_a_folder_with_a_chat_template_chats_with_it(folder, model):
-    from gptlite import chat, conversations
+    from gptlite.data import conversations
+    from gptlite.decode import chat
 
     _, _, _, hf_tokenizer = folder
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "The quick brown fox?"}]

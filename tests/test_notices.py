@@ -8,7 +8,7 @@ import keras
 import pytest
 
 from conftest import REPO
-from gptlite.notices import NATIVE_LOG_LINE
+from gptlite.backend.notices import NATIVE_LOG_LINE
 
 TENSORFLOW_ONLY = pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TensorFlow's notices")
 

@@ -2,7 +2,7 @@ import keras
 import numpy as np
 import pytest
 
-from gptlite.optimizer import FlatAdamW
+from gptlite.training.optimizer import FlatAdamW
 
 
 def _variables():

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from gptlite.packing import pack_lengths
+from gptlite.data.packing import pack_lengths
 
 pytestmark = pytest.mark.once("packing is plain Python")
 

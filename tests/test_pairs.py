@@ -2,8 +2,9 @@ import numpy as np
 import pytest
 
 import gptlite
-from gptlite import pairs, settings
+from gptlite.data import pairs
 from gptlite.errors import InputError
+from gptlite.training import settings
 
 pytestmark = pytest.mark.once("reading pairs is plain Python")
 

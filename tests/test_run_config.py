@@ -3,7 +3,7 @@ import pathlib
 import pytest
 
 import gptlite
-from gptlite import run_config
+from gptlite.training import run_config
 
 pytestmark = pytest.mark.once("run files are plain Python")
 

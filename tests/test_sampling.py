@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import gptlite
-from gptlite.sampling import RowSettings, SamplingConfig, sample_next_token, token_counts, uniform_noise
+from gptlite.decode.sampling import RowSettings, sample_next_token, SamplingConfig, token_counts, uniform_noise
 
 PROBABILITIES = np.array([0.5, 0.3, 0.15, 0.05], dtype="float32")
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import gptlite
-from gptlite import saving
 from gptlite.cli.startup import BACKENDS
+from gptlite.weights import saving
 from conftest import REPO
 
 

@@ -233,7 +233,7 @@ def test_every_bad_request_gets_a_4xx_saying_what_is_wrong_and_the_server_keeps_
 
 
 def test_health_says_ready_once_requests_need_no_program_built(fluent_model):
-    from gptlite.programs import programs_for
+    from gptlite.decode.programs import programs_for
 
     settings = serving.ServeSettings(max_batch=4, batch_window_ms=50)
     worker = serving.Worker(fluent_model, settings)
@@ -277,7 +277,7 @@ def test_health_says_ready_once_requests_need_no_program_built(fluent_model):
 
 @pytest.fixture(scope="module")
 def chat_server(fluent_model):
-    from gptlite import conversations
+    from gptlite.data import conversations
 
     running = Server(serving.create_app(conversations.chat_ready(fluent_model), "chat", serving.ServeSettings()))
     yield running
@@ -289,7 +289,7 @@ CHAT = [{"role": "system", "content": "be a cat"}, {"role": "user", "content": "
 
 @ONCE  # the chat endpoint's own code; the engine under it is every suite's (the client's text above)
 def test_the_openai_client_chats_plain_and_streamed(chat_server):
-    from gptlite import chat
+    from gptlite.decode import chat
 
     client = openai.OpenAI(base_url=chat_server.url + "/v1", api_key="unused", max_retries=0)
     model = chat_server.app.state.worker.model
@@ -314,7 +314,7 @@ def test_the_openai_client_chats_plain_and_streamed(chat_server):
 
 
 def conversations_prompt(model, messages):
-    from gptlite import conversations
+    from gptlite.data import conversations
 
     return conversations.prompt_ids(model.tokenizer, messages)
 

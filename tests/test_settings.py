@@ -1,9 +1,9 @@
 import pytest
 
 import gptlite
-from gptlite import settings
-from gptlite.settings import (PRESETS, SYNTHETIC_MAX_ITERS, SYNTHETIC_TASKS, chat_settings, default_settings,
-                              resolve_settings, split_settings)
+from gptlite.training import settings
+from gptlite.training.settings import (PRESETS, SYNTHETIC_MAX_ITERS, SYNTHETIC_TASKS, chat_settings, default_settings,
+                                       resolve_settings, split_settings)
 
 pytestmark = pytest.mark.once("settings are plain Python")
 

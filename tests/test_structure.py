@@ -12,67 +12,30 @@ import pytest
 from conftest import REPO
 
 PACKAGE = REPO / "gptlite"
-# Each module and the gptlite modules it may import; `errors` may be imported by any.
+# The package's rooms (its folders, and the few modules at its root), lowest first, and the rooms each may import
+# from: imports run one way, from the model up to the command line. `errors` may be imported by any.
 ALLOWED = {
     "errors": set(),
     "files": set(),
-    "packing": set(),
-    "settings": {"packing"},
-    "continuation": set(),
-    "tokenizers": {"settings"},
-    "positions": {"settings"},
-    "layers": {"positions", "settings"},
-    "attention": {"layers", "positions", "settings"},
-    "blocks": {"attention", "layers", "positions", "settings"},
-    "model": {"attention", "blocks", "layers", "settings", "templates", "tokenizers"},
-    "data": {"tokenizers", "files"},
-    "pairs": {"data", "files", "settings"},
-    "templates": set(),
-    "conversations": {"data", "templates", "pretrained", "packing"},
-    "chat_tasks": {"settings"},
-    "sampling": {"continuation"},
-    "compile_cache": set(),
-    "notices": set(),
-    "backend_choice": {"settings"},
-    "compiled": {"compile_cache"},
-    "programs": {"sampling", "compile_cache", "compiled"},
-    "engine": {"programs", "sampling"},
-    "decoding": {"engine", "sampling", "continuation", "templates"},
-    "generation": {"decoding", "engine", "sampling", "tokenizers"},
-    "chat": {"templates", "conversations", "generation", "sampling"},
-    "saving": {"model", "files"},
-    "llama": {"layers", "files", "tokenizers", "settings"},
-    "gpt2": {"layers", "files", "tokenizers"},
-    "pretrained": {"model", "gpt2", "llama", "saving", "files", "tokenizers"},
-    "gguf_export": {"gpt2", "llama", "layers", "files", "tokenizers", "settings", "templates"},
-    "evaluation": {"model", "data", "pairs", "generation", "tokenizers", "chat", "conversations", "sampling",
-                   "chat_tasks"},
-    "inspection": {"model", "positions", "generation", "files", "tokenizers", "settings"},
-    "checkpoints": set(),
-    "background": set(),
-    "file_writer": {"files", "background"},
-    "distribute": set(),
-    "optimizer": set(),
-    "plotting": {"files"},
-    "history": {"files", "pairs", "conversations"},
-    "run_config": {"files", "settings"},
-    "serving": {"engine", "decoding", "sampling", "generation", "inspection", "saving", "settings", "templates",
-                "conversations"},
-    "training": {"model", "data", "pairs", "conversations", "saving", "checkpoints", "distribute", "plotting",
-                 "history", "files", "settings", "optimizer", "file_writer", "background"},
-    "training_run": {"model", "data", "pairs", "conversations", "templates", "chat", "generation", "training",
-                 "checkpoints", "distribute", "settings", "tokenizers", "pretrained", "history", "run_config",
-                 "evaluation", "chat_tasks"},
-    # The command-line package, its modules taken together.
-    "cli": {"settings", "tokenizers", "pairs", "training_run", "generation", "chat", "inspection", "saving", "files",
-            "model", "sampling", "compile_cache", "backend_choice", "notices",
-            "pretrained", "gpt2", "gguf_export", "evaluation", "run_config", "serving"},
+    "backend": set(),  # the backend's notices and compile cache: plain Python, before Keras starts
+    "text": set(),  # tokenizers, chat templates, token ids back to text
+    "model": {"text"},  # the shape, the layers, GPT and Seq2Seq
+    "weights": {"files", "model", "text"},  # model.keras, GPT-2, the Llama family, GGUF
+    "data": {"files", "text", "weights"},  # text, pairs, conversations, synthetic tasks
+    "decode": {"backend", "data", "text"},  # sampling, compiled programs, the engine, generate, chat
+    "evaluation": {"data", "decode", "files", "model", "text"},  # scores, inspection
+    "training": {"data", "decode", "evaluation", "files", "model", "text", "weights"},  # settings, fit, a run
+    "serving": {"data", "decode", "evaluation", "text", "weights"},  # the HTTP server
+    "cli": {"backend", "data", "decode", "evaluation", "files", "model", "serving", "text", "training", "weights"},
     "__main__": {"cli"},
 }
+# The most rooms, and modules in one room, a reader meets.
+MOST_ROOMS = 20
+MOST_MODULES_IN_A_ROOM = 12
 
 
-def imported_modules(path):
-    """The gptlite modules that a file imports, anywhere in it (functions included)."""
+def imported_rooms(path):
+    """The rooms of gptlite that a file imports from, anywhere in it (functions included)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "gptlite":
@@ -86,21 +49,38 @@ def imported_modules(path):
     return found
 
 
-def module_files():
-    """Each module of the package and its files: a module's one file, or a subpackage's every file."""
+def rooms():
+    """Each room of the package and its files: a root module's one file, or a folder's every file."""
     files = {path.stem: [path] for path in PACKAGE.glob("*.py") if path.stem != "__init__"}
     files.update({folder.name: sorted(folder.glob("*.py")) for folder in PACKAGE.iterdir()
                   if (folder / "__init__.py").exists()})
     return files
 
 
-def test_every_module_imports_only_the_modules_below_it():
-    modules = module_files()
-    assert set(modules) == set(ALLOWED), "a module was added or removed: give it its place in ALLOWED"
-    for module, paths in sorted(modules.items()):
+def test_every_room_imports_only_the_rooms_below_it():
+    found = rooms()
+    assert set(found) == set(ALLOWED), "a room was added or removed: give it its place in ALLOWED"
+    for room, paths in sorted(found.items()):
         for path in paths:
-            unexpected = imported_modules(path) - ALLOWED[module] - {"errors", module}
-            assert not unexpected, f"{path.relative_to(PACKAGE)} imports {sorted(unexpected)}"
+            unexpected = imported_rooms(path) - ALLOWED[room] - {"errors", room}
+            assert not unexpected, f"{path.relative_to(PACKAGE)} imports from {sorted(unexpected)}"
+
+
+def test_a_reader_meets_few_rooms_of_few_modules_each():
+    found = rooms()
+    assert len(found) <= MOST_ROOMS, sorted(found)
+    crowded = {room: len(paths) for room, paths in found.items() if len(paths) - 1 > MOST_MODULES_IN_A_ROOM}
+    assert not crowded, crowded
+
+
+def test_importing_a_room_starts_no_keras():
+    """A room's `__init__` holds its plain choices (what the command line offers as flags) and imports no Keras,
+    so that the commands can read them before they choose a backend."""
+    code = ("import sys, importlib; " + "; ".join(f"importlib.import_module('gptlite.{room}')" for room, paths in
+                                                 rooms().items() if len(paths) > 1)
+            + "; print('keras' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert result.stdout.strip() == "False", result.stderr[-2000:]
 
 
 def test_the_allowed_imports_form_no_circle():
@@ -142,8 +122,9 @@ def test_importing_gptlite_leaves_the_backend_open_and_the_import_system_as_it_w
     assert result.stdout.strip() == "ok", result.stderr
 
 
-@pytest.mark.parametrize("first", ["import keras, gptlite", "import gptlite, keras; gptlite.load"])
-def test_keras_loads_a_saved_model_once_gptlite_is_imported_after_it_or_has_loaded_its_models(first):
+@pytest.mark.parametrize("first", ["import keras, gptlite", "import gptlite; gptlite.quiet(); import keras",
+                                   "import gptlite, keras; gptlite.load"])
+def test_keras_loads_a_saved_model_once_gptlite_is_imported_after_it_or_has_started_it(first):
     model_file = REPO / "tests" / "fixtures" / "made_char.keras"
     code = (f"{first}; import sys; model = keras.saving.load_model(sys.argv[1]); "
             "print(type(model).__name__, type(model.tokenizer).__name__)")

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import gptlite
-from gptlite.tokenizers import BPETokenizer, CharTokenizer, known_text
+from gptlite.text.tokenizers import BPETokenizer, CharTokenizer, known_text
 from conftest import make_text, run_python
 
 pytestmark = pytest.mark.once("tokenizers do not depend on the backend (models saved under each: test_saving)")
@@ -176,7 +176,7 @@ def test_batch_encoding_by_remembered_parts_equals_the_librarys_encoding(bpe, mo
     assert remembered[-1].dtype == bpe.encode("a").dtype and remembered[-1].flags.writeable
     # A full memory of parts starts again, with the same results.
     remembered = len(bpe._known_ids)
-    monkeypatch.setattr(gptlite.tokenizers, "KNOWN_PARTS", 50)
+    monkeypatch.setattr(gptlite.text.tokenizers, "KNOWN_PARTS", 50)
     assert [list(ids) for ids in bpe.encode_batch(texts[:40])] == expected[:40]
     assert len(bpe._known_ids) < remembered
 
@@ -186,7 +186,7 @@ def test_each_character_that_starts_a_unit_is_whitespace_to_the_library(bpe):
     # piece of the library's could straddle two units. Two of a whitespace character before a letter
     # split into three pieces (a space and a letter join, so two there).
     split = bpe._tokenizer.pre_tokenizer.pre_tokenize_str
-    whitespace = [chr(c) for c in range(0x3001) if gptlite.tokenizers._UNITS.fullmatch("a" + chr(c) + "a") is None]
+    whitespace = [chr(c) for c in range(0x3001) if gptlite.text.tokenizers._UNITS.fullmatch("a" + chr(c) + "a") is None]
     assert " " in whitespace and "\n" in whitespace
     for character in whitespace:
         pieces = [piece for piece, _ in split(character + character + "a")]
@@ -220,7 +220,7 @@ def test_a_vocabulary_with_digits_apart_gives_each_digit_a_token_and_back_any_te
 
 @pytest.mark.parametrize("kind", ["char", "bpe"])
 def test_chat_markers_are_one_token_each_wherever_they_stand_and_survive_saving(kind, bpe):
-    from gptlite import templates
+    from gptlite.text import templates
 
     plain = CharTokenizer.from_text("the cat sat <|| on a mat") if kind == "char" else bpe
     tokenizer = plain.with_chat_tokens(templates.TURN_MARKERS, templates.DEFAULT_TEMPLATE)

@@ -17,8 +17,10 @@ import numpy as np
 import pytest
 
 import gptlite
-from gptlite import checkpoints, data, distribute, evaluation, training, training_run
-from gptlite.settings import dtype_policy
+from gptlite.data import lm
+from gptlite.evaluation import scores
+from gptlite.training import checkpoints, distribute, fit, run
+from gptlite.training.settings import dtype_policy
 from conftest import REPO
 
 
@@ -29,10 +31,10 @@ def tiny_run(tmp_path_factory, text, tokenizer):
     keras.utils.set_random_seed(0)
     model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=2, n_head=2, n_embd=32, block_size=16,
                         tokenizer=tokenizer)
-    train_ids, validation_ids = data.split(tokenizer.encode(text))
+    train_ids, validation_ids = lm.split(tokenizer.encode(text))
     config = gptlite.TrainingConfig(batch_size=16, max_iters=130, lr=3e-3, min_lr=3e-4, warmup_iters=10,
                                     eval_interval=40, eval_iters=4, seed=0)
-    rows = training.train(model, train_ids, validation_ids, config, out, verbose=0)
+    rows = fit.train(model, train_ids, validation_ids, config, out, verbose=0)
     return model, rows, out
 
 
@@ -52,10 +54,10 @@ def test_16_bit_precision_trains_about_as_well_as_fp32(tmp_path, text, tokenizer
     keras.utils.set_random_seed(0)
     model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=2, n_head=2, n_embd=32, block_size=16,
                         tokenizer=tokenizer, dtype=dtype_policy(precision))
-    train_ids, validation_ids = data.split(tokenizer.encode(text))
+    train_ids, validation_ids = lm.split(tokenizer.encode(text))
     config = gptlite.TrainingConfig(batch_size=16, max_iters=130, lr=3e-3, min_lr=3e-4, warmup_iters=10,
                                     eval_interval=40, eval_iters=4, seed=0, precision=precision)
-    rows = training.train(model, train_ids, validation_ids, config, tmp_path, verbose=0)
+    rows = fit.train(model, train_ids, validation_ids, config, tmp_path, verbose=0)
     assert model.compute_dtype == {"bf16": "bfloat16", "fp16": "float16"}[precision]
     assert all(v.dtype == "float32" for v in model.trainable_variables)
     assert rows[-1]["val_loss"] < rows[0]["val_loss"] - 0.3
@@ -74,13 +76,13 @@ def test_fp16_under_jax_on_a_cpu_is_refused(tmp_path, tokenizer):
                         dtype=dtype_policy("fp16"))
     ids = np.zeros(100, np.uint16)
     with pytest.raises(gptlite.ConfigError, match="fp16 under jax needs a GPU"):
-        training.train(model, ids, ids, gptlite.TrainingConfig(precision="fp16"), tmp_path, verbose=0)
+        fit.train(model, ids, ids, gptlite.TrainingConfig(precision="fp16"), tmp_path, verbose=0)
 
 
 def test_a_model_built_in_another_precision_is_refused(tmp_path, tiny_model):
     ids = np.zeros(100, np.uint16)
     with pytest.raises(gptlite.ConfigError, match="computes in float32 but the training precision is bf16"):
-        training.train(tiny_model, ids, ids, gptlite.TrainingConfig(precision="bf16"), tmp_path, verbose=0)
+        fit.train(tiny_model, ids, ids, gptlite.TrainingConfig(precision="bf16"), tmp_path, verbose=0)
 
 
 def test_run_stops_at_max_iters_with_a_final_evaluation(tiny_run):
@@ -112,8 +114,8 @@ def test_run_writes_history_plot_and_best_model(tiny_run, text):
     assert saved.config == model.config
     # The saved model is the best one: it scores that evaluation's loss again
     # on the same validation batches (seed + 1, as training draws them).
-    _, validation_ids = data.split(model.tokenizer.encode(text))
-    batches = data.RandomWindows(validation_ids, 16, 16, 4, seed=1)
+    _, validation_ids = lm.split(model.tokenizer.encode(text))
+    batches = lm.RandomWindows(validation_ids, 16, 16, 4, seed=1)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     losses = [float(loss(y, saved(x))) for x, y in (batches[i] for i in range(4))]
     assert np.mean(losses) == pytest.approx(best["val_loss"], abs=1e-4)
@@ -121,20 +123,20 @@ def test_run_writes_history_plot_and_best_model(tiny_run, text):
 
 def test_learning_rate_warms_up_then_decays_to_min_lr():
     config = gptlite.TrainingConfig(lr=1e-3, min_lr=1e-4, warmup_iters=100, max_iters=2000)
-    schedule = training.learning_rate_schedule(config)
+    schedule = fit.learning_rate_schedule(config)
     rate = lambda step: float(keras.ops.convert_to_numpy(schedule(step)))
     assert rate(0) == pytest.approx(1e-3 / 101)
     assert rate(50) < rate(99) < rate(100) == pytest.approx(1e-3)
     assert rate(1050) == pytest.approx((1e-3 + 1e-4) / 2, rel=1e-3)
     assert rate(2000) == pytest.approx(1e-4)
     # Accumulating gradients, Keras counts micro-batches: each optimizer step's are given its rate.
-    accumulated = training.learning_rate_schedule(dataclasses.replace(config, grad_accum=4))
+    accumulated = fit.learning_rate_schedule(dataclasses.replace(config, grad_accum=4))
     for micro_batch in (0, 3, 4, 401, 4 * 1050 + 3, 8000):
         assert float(keras.ops.convert_to_numpy(accumulated(micro_batch))) == pytest.approx(rate(micro_batch // 4))
 
 
 def test_weight_decay_applies_to_weight_matrices_only(tiny_model):
-    optimizer = training.make_optimizer(tiny_model, gptlite.TrainingConfig())
+    optimizer = fit.make_optimizer(tiny_model, gptlite.TrainingConfig())
     decayed = {v.path for v in tiny_model.trainable_variables if optimizer._use_weight_decay(v)}
     assert decayed, "some matrices must decay"
     for variable in tiny_model.trainable_variables:
@@ -168,7 +170,7 @@ class StopAtStep:
 
 
 # The history's columns of time, which differ from run to run.
-TIMINGS = ("elapsed_s", "tokens_per_s", "run_tokens_per_s", *(f"{part}_s" for part in training.RunTime.PARTS))
+TIMINGS = ("elapsed_s", "tokens_per_s", "run_tokens_per_s", *(f"{part}_s" for part in fit.RunTime.PARTS))
 
 
 def small_run(tokenizer, text, out, stop_request=None, resume=False, model=None):
@@ -176,10 +178,10 @@ def small_run(tokenizer, text, out, stop_request=None, resume=False, model=None)
         keras.utils.set_random_seed(5)
     model = model or gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16,
                                  block_size=16, dropout=0.1, tokenizer=tokenizer)
-    train_ids, validation_ids = data.split(tokenizer.encode(text))
+    train_ids, validation_ids = lm.split(tokenizer.encode(text))
     config = gptlite.TrainingConfig(batch_size=8, max_iters=60, lr=3e-3, min_lr=3e-4, warmup_iters=5,
                                     eval_interval=20, eval_iters=2, checkpoint_interval=40, seed=5)
-    return model, training.train(model, train_ids, validation_ids, config, out, verbose=0,
+    return model, fit.train(model, train_ids, validation_ids, config, out, verbose=0,
                                  resume=resume, stop_request=stop_request)
 
 
@@ -228,7 +230,7 @@ class HeldDisk:
         self.steps, self.steps_when_held, self.steps_when_released = 0, None, None
         self.release_after = release_after
         self.said = []
-        fsync, close = os.fsync, training.FileWriter.close
+        fsync, close = os.fsync, fit.FileWriter.close
         disk = self
 
         def slow_fsync(descriptor):
@@ -244,7 +246,7 @@ class HeldDisk:
         class Output(io.StringIO):
             def write(self, text):
                 disk.said.append(text)
-                if training.SLOW_DISK in text:
+                if fit.SLOW_DISK in text:
                     disk.release()
                 return len(text)
 
@@ -256,7 +258,7 @@ class HeldDisk:
                     disk.release()
 
         monkeypatch.setattr(os, "fsync", slow_fsync)
-        monkeypatch.setattr(training.FileWriter, "close", closing)
+        monkeypatch.setattr(fit.FileWriter, "close", closing)
         monkeypatch.setattr(sys, "stdout", Output())
         self.callback = Steps()
 
@@ -271,12 +273,12 @@ def run_with(tokenizer, text, out, callbacks=(), stop_request=None, resume=False
     model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=16,
                         dropout=0.1, tokenizer=tokenizer)
     model.build((None, 16))
-    train_ids, validation_ids = data.split(tokenizer.encode(text))
+    train_ids, validation_ids = lm.split(tokenizer.encode(text))
     config = gptlite.TrainingConfig(batch_size=8, max_iters=60, lr=3e-3, min_lr=3e-4, warmup_iters=5,
                                     eval_interval=20, eval_iters=2, checkpoint_interval=checkpoint_interval, seed=5)
     if callable(stop_request):
         stop_request = stop_request(model)
-    rows = training.train(model, train_ids, validation_ids, config, out, verbose=1, resume=resume,
+    rows = fit.train(model, train_ids, validation_ids, config, out, verbose=1, resume=resume,
                           stop_request=stop_request, callbacks=list(callbacks))
     return model, rows
 
@@ -317,7 +319,7 @@ def test_a_stop_during_a_write_waits_for_it_and_leaves_every_file_whole(tmp_path
     with pytest.raises(gptlite.TrainingInterrupted, match="stopped at step 25 of 60"):
         run_with(tokenizer, text, tmp_path, callbacks=[disk.callback], stop_request=lambda m: StopAtStep(m, 25))
     assert disk.steps_when_released == 25
-    assert sum(training.SLOW_DISK in text for text in disk.said) == 1
+    assert sum(fit.SLOW_DISK in text for text in disk.said) == 1
     assert checkpoints.read_checkpoint(tmp_path)["step"] == 25
     assert gptlite.load(tmp_path / "model.keras").config.n_embd == 16
     assert not [name for name in os.listdir(tmp_path) if name.startswith(".")]  # no temporary file left
@@ -388,11 +390,11 @@ def accumulating_run(tokenizer, text, out, batch_size, grad_accum, max_iters=5, 
     model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=16,
                         tokenizer=tokenizer)
     model.build((None, 16))
-    train_ids, validation_ids = data.split(tokenizer.encode(text))
+    train_ids, validation_ids = lm.split(tokenizer.encode(text))
     config = gptlite.TrainingConfig(batch_size=batch_size, grad_accum=grad_accum, max_iters=max_iters, lr=3e-3,
                                     min_lr=3e-4, warmup_iters=2, eval_interval=5, eval_iters=1,
                                     checkpoint_interval=5, seed=3)
-    rows = training.train(model, train_ids, validation_ids, config, out, verbose=0, resume=resume,
+    rows = fit.train(model, train_ids, validation_ids, config, out, verbose=0, resume=resume,
                           stop_request=stop_request)
     return model, rows
 
@@ -455,7 +457,7 @@ def test_tensorboard_holds_each_evaluation_and_its_curve_carries_on_after_resume
     keras.utils.set_random_seed(2)
     model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=16,
                         tokenizer=tokenizer)
-    train_ids, validation_ids = data.split(tokenizer.encode(text))
+    train_ids, validation_ids = lm.split(tokenizer.encode(text))
     config = gptlite.TrainingConfig(batch_size=8, max_iters=20, lr=3e-3, min_lr=3e-4, warmup_iters=2,
                                     eval_interval=5, eval_iters=1, checkpoint_interval=10, seed=2)
     events = tmp_path / "events"
@@ -463,14 +465,14 @@ def test_tensorboard_holds_each_evaluation_and_its_curve_carries_on_after_resume
     embedding_sum = lambda values: float(np.sum(keras.ops.convert_to_numpy(values), dtype="float64"))
     sample = lambda trained: f"embedding sum {embedding_sum(trained.embedding.token_embedding.embeddings):.6f}"
     with pytest.raises(gptlite.TrainingInterrupted):
-        training.train(model, train_ids, validation_ids, config, tmp_path, verbose=0, tensorboard=events,
+        fit.train(model, train_ids, validation_ids, config, tmp_path, verbose=0, tensorboard=events,
                        sample=sample, stop_request=StopAtStep(model, 10), peak_flops=1e12)
     index = next(index for index, variable in enumerate(model.variables)
                  if variable.path.endswith("token_embedding/embeddings"))
     with np.load(tmp_path / checkpoints.CHECKPOINT) as saved:
         at_step_10 = embedding_sum(saved[f"model_{index}"])
     resumed = gptlite.GPT.from_config(model.get_config())
-    rows = training.train(resumed, train_ids, validation_ids, config, tmp_path, verbose=0, resume=True,
+    rows = fit.train(resumed, train_ids, validation_ids, config, tmp_path, verbose=0, resume=True,
                           tensorboard=events, sample=sample, peak_flops=1e12)
 
     assert [row["step"] for row in rows] == [5, 10, 15, 20]
@@ -498,13 +500,13 @@ def test_tensorboard_holds_each_evaluation_and_its_curve_carries_on_after_resume
 
 @pytest.mark.once("the message is the same on every backend")
 def test_tensorboard_without_its_package_says_how_to_install_it(monkeypatch, tmp_path):
-    from gptlite import history
+    from gptlite.training import history
 
     real_find_spec = history.importlib.util.find_spec
     monkeypatch.setattr(history.importlib.util, "find_spec",
                         lambda name, *args: None if name == "tensorboard" else real_find_spec(name, *args))
     with pytest.raises(gptlite.ConfigError, match=r"pip install \"gptlite\[tensorboard\]\""):
-        training_run.train_on_text([], tmp_path / "run", preset="tiny", tensorboard=True, verbose=0)
+        run.train_on_text([], tmp_path / "run", preset="tiny", tensorboard=True, verbose=0)
     assert not (tmp_path / "run").exists()
 
 
@@ -519,15 +521,15 @@ if os.environ["KERAS_BACKEND"] == "tensorflow" and "--distribute" in sys.argv:
     import tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-from gptlite import training
 from gptlite.cli import train_main
+from gptlite.training import fit
 if os.environ.get("NO_CLIP"):
-    make_optimizer = training.make_optimizer
+    make_optimizer = fit.make_optimizer
     def unclipped(model, config):
         optimizer = make_optimizer(model, config)
         optimizer.global_clipnorm = None
         return optimizer
-    training.make_optimizer = unclipped
+    fit.make_optimizer = unclipped
 sys.exit(train_main(sys.argv[1:]))
 """
 TINY_RUN = ["--preset", "tiny", "--max-iters", "30", "--eval-interval", "10", "--checkpoint-interval", "30"]
@@ -636,7 +638,7 @@ def test_a_tiny_seq2seq_run_learns_to_reverse_short_strings(reverser_run):
     tokens = characters + len(held_out.pairs.targets)
     assert rows[-1]["val_bits_per_char"] == pytest.approx(rows[-1]["val_loss"] / math.log(2) * tokens / characters,
                                                           rel=1e-9)
-    assert rows[-1]["exact_match"] == evaluation.exact_matches(model, held_out.pairs) / len(held_out.pairs)
+    assert rows[-1]["exact_match"] == scores.exact_matches(model, held_out.pairs) / len(held_out.pairs)
     with open(out / "history.csv") as file:
         assert float(list(csv.DictReader(file))[-1]["exact_match"]) == rows[-1]["exact_match"]
     saved = gptlite.load(out / "model.keras")

@@ -60,7 +60,7 @@ def test_a_folder_that_holds_a_run_is_refused_before_the_model_to_start_from_is_
     def read(*args, **kwargs):
         raise AssertionError("the model to start from was read")
 
-    monkeypatch.setattr("gptlite.pretrained.from_pretrained", read)
+    monkeypatch.setattr("gptlite.weights.pretrained.from_pretrained", read)
     with pytest.raises(gptlite.RunExistsError, match="already exists"):
         gptlite.train_on_text(text_files, tmp_path / "run", TINY, init_from=tmp_path / "base.keras", verbose=0)
     assert (tmp_path / "run" / "model.keras").read_bytes() == b"a user's earlier model"

@@ -6,7 +6,7 @@ import signal
 import sys
 
 from gptlite.cli.command import command, print_piece
-from gptlite.cli.flags import Parser, add_backend_flags, add_compile_cache_flags
+from gptlite.cli.flags import add_backend_flags, add_compile_cache_flags, Parser
 
 SUMMARY = "talk with a chat model in the terminal (/reset starts over, Ctrl-C stops an answer, Ctrl-D leaves)"
 PROMPT = "you> "
@@ -32,8 +32,9 @@ def make_parser(prog):
 
 
 def run(args):
-    from gptlite import chat, saving
-    from gptlite.sampling import SamplingConfig
+    from gptlite.decode import chat
+    from gptlite.decode.sampling import SamplingConfig
+    from gptlite.weights import saving
 
     names = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
     sampling = SamplingConfig(**{name: getattr(args, name) for name in names if getattr(args, name) is not None})

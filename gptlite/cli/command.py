@@ -8,10 +8,10 @@ traceback. `--debug` shows the traceback of a mistake too.
 
 import sys
 
+from gptlite.backend.notices import quiet
 from gptlite.cli.flags import as_flags, parse
 from gptlite.cli.startup import check_backend, choose_backend, choose_compile_cache, hold_back_false_alarms
 from gptlite.errors import GPTLiteError, TrainingDiverged, TrainingInterrupted
-from gptlite.notices import quiet
 
 
 def command(prog, make_parser, run, automatic_backend=None):

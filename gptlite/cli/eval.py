@@ -4,9 +4,9 @@ import json
 import pathlib
 import sys
 
-from gptlite import settings
 from gptlite.cli.command import command
-from gptlite.cli.flags import Parser, add_backend_flags, add_unknown_flag
+from gptlite.cli.flags import add_backend_flags, add_unknown_flag, Parser
+from gptlite.training import settings
 
 SUMMARY = "measure a model on text files: loss, perplexity, bits per character and per byte"
 
@@ -15,7 +15,7 @@ def make_parser(prog):
     parser = Parser(prog=prog, description="Measure a model on files: a GPT on text (loss per token, perplexity, bits "
                                             "per character and per byte), a chat model on conversations (.jsonl: the "
                                             "answers' loss and exact answers), a seq2seq model on source<TAB>target "
-                                            "lines (exact match and loss per target token); see docs/evaluation.md.")
+                                            "lines (exact match and loss per target token); see docs/scores.md.")
     parser.add_argument("model", type=pathlib.Path, help="the model file (a model.keras)")
     parser.add_argument("texts", nargs="*", type=pathlib.Path, metavar="FILE",
                         help="text files, or folders of them (a chat model: conversations files, .jsonl; a seq2seq "
@@ -32,10 +32,11 @@ def make_parser(prog):
 
 
 def run(args):
-    from gptlite import evaluation, saving
+    from gptlite.evaluation import scores
+    from gptlite.weights import saving
 
     model = saving.load(args.model)
-    result = evaluation.evaluate(model, args.texts, encoding=args.encoding, errors=args.errors,
+    result = scores.evaluate(model, args.texts, encoding=args.encoding, errors=args.errors,
                                  unknown=args.unknown, verbose=0 if args.json else sys.stdout.isatty(),
                                  synthetic=args.synthetic)
     if args.json:
@@ -43,7 +44,7 @@ def run(args):
                           "total": result.total.as_dict()}, indent=1))
         return
     rows = result.sources + ([result.total] if len(result.sources) > 1 else [])
-    if isinstance(result.total, evaluation.ChatScore):
+    if isinstance(result.total, scores.ChatScore):
         print(f"{'conversations':<30} {'exact':>7} {'loss':>7} {'ppl':>9} {'bits/char':>9} {'chats':>9} {'tokens':>11} "
               f"{'seconds':>8}")
         for score in rows:
@@ -51,7 +52,7 @@ def run(args):
                   f"{score.bits_per_character:>9.4f} {score.conversations:>9,} {score.tokens:>11,} "
                   f"{score.seconds:>8.1f}")
         return
-    if isinstance(result.total, evaluation.PairScore):
+    if isinstance(result.total, scores.PairScore):
         print(f"{'pairs file':<30} {'exact':>7} {'loss':>7} {'ppl':>9} {'bits/char':>9} {'pairs':>9} {'tokens':>11} "
               f"{'seconds':>8}")
         for score in rows:

@@ -4,9 +4,9 @@ import json
 import pathlib
 
 from gptlite.cli.command import command
-from gptlite.cli.flags import Parser, add_backend_flags
+from gptlite.cli.flags import add_backend_flags, Parser
 from gptlite.errors import ConfigError, RunExistsError
-from gptlite.settings import GGUF_OUTTYPES
+from gptlite.weights import GGUF_OUTTYPES
 
 SUMMARY = "write a model as a GGUF file (llama.cpp, Ollama), a Hugging Face folder, a KerasHub preset or a SavedModel"
 
@@ -32,7 +32,7 @@ def make_parser(prog):
 
 
 def run(args):
-    from gptlite import gguf_export, gpt2, pretrained, saving
+    from gptlite.weights import gguf_export, gpt2, pretrained, saving
 
     # Checked before the model loads, so that the mistake shows at once (export checks again).
     if args.format == "saved_model":

@@ -10,7 +10,7 @@ import pathlib
 import re
 
 from gptlite.cli.startup import BACKENDS
-from gptlite.settings import UNKNOWN_CHOICES
+from gptlite.text import UNKNOWN_CHOICES
 
 # Library arguments that a command spells otherwise.
 FLAG_ALIASES = {"out_dir": "out", "sources": "texts"}
@@ -85,7 +85,7 @@ _ADDING = (argparse._AppendAction, argparse._AppendConstAction, argparse._CountA
 
 def _run_file_values(path):
     """A run file's values, by the flags' names."""
-    from gptlite import run_config
+    from gptlite.training import run_config
 
     config = run_config.read_run_config(path)
     values = {FLAG_ALIASES.get(name, name): value for name, value in config.arguments.items() if name != "settings"}

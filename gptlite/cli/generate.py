@@ -2,10 +2,10 @@
 
 import pathlib
 
-from gptlite import settings
 from gptlite.cli.command import command, print_piece
-from gptlite.cli.flags import Parser, add_backend_flags, add_compile_cache_flags, add_unknown_flag
+from gptlite.cli.flags import add_backend_flags, add_compile_cache_flags, add_unknown_flag, Parser
 from gptlite.errors import InputError
+from gptlite.model.config import ATTENTION_PARTS
 
 SUMMARY = "sample text from a trained model (a seq2seq model: its target for a source), streaming it"
 SAMPLE_DIVIDER = "\n" + "-" * 40 + "\n"
@@ -62,7 +62,7 @@ def make_parser(prog):
                         help="with --attention: draw layer L only (from 0)")
     inside.add_argument("--head", type=int, default=None, metavar="H",
                         help="with --attention: draw head H only (from 0); with --layer, that one head, large")
-    inside.add_argument("--part", choices=settings.ATTENTION_PARTS, default=None,
+    inside.add_argument("--part", choices=ATTENTION_PARTS, default=None,
                         help="with --attention, for a seq2seq model: the encoder's attention, the decoder's "
                              "self-attention, or cross-attention from target to source (the default)")
     add_compile_cache_flags(parser)
@@ -71,7 +71,8 @@ def make_parser(prog):
 
 
 def run(args):
-    from gptlite import generation, saving
+    from gptlite.decode import generation
+    from gptlite.weights import saving
 
     drawing = [name for name in ("layer", "head", "part") if getattr(args, name) is not None]
     if drawing and args.attention is None:
@@ -118,14 +119,14 @@ def sampling_settings(args):
 
 
 def sampling_config(args):
-    from gptlite.sampling import SamplingConfig
+    from gptlite.decode.sampling import SamplingConfig
 
     return SamplingConfig(**sampling_settings(args))
 
 
 def _generate_targets(args, model):
     """Print a seq2seq model's target for each source, one a line (--num-samples of them for each)."""
-    from gptlite import generation
+    from gptlite.decode import generation
     from gptlite.files import read_text
 
     if args.prompt is not None:
@@ -148,8 +149,10 @@ def _generate_targets(args, model):
 
 
 def _draw_attention(args):
-    from gptlite import generation, inspection, saving
-    from gptlite.tokenizers import known_text
+    from gptlite.decode import generation
+    from gptlite.evaluation import inspection
+    from gptlite.text.tokenizers import known_text
+    from gptlite.weights import saving
 
     model = saving.load(args.model)
     if model.writes_targets:

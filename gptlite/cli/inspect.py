@@ -5,7 +5,7 @@ import pathlib
 import sys
 
 from gptlite.cli.command import command
-from gptlite.cli.flags import Parser, add_backend_flags, add_unknown_flag
+from gptlite.cli.flags import add_backend_flags, add_unknown_flag, Parser
 from gptlite.errors import InputError
 
 SUMMARY = "look inside a model: next-token candidates and attention per position, position encodings"
@@ -36,7 +36,8 @@ def make_parser(prog):
 
 
 def run(args):
-    from gptlite import inspection, saving
+    from gptlite.evaluation import inspection
+    from gptlite.weights import saving
 
     if args.top < 1:
         raise InputError(f"`top` must be at least 1, got {args.top}")

@@ -5,9 +5,9 @@ import os
 import pathlib
 
 from gptlite.cli.command import command
-from gptlite.cli.flags import Parser, add_backend_flags, add_compile_cache_flags
+from gptlite.cli.flags import add_backend_flags, add_compile_cache_flags, Parser
 from gptlite.errors import InputError
-from gptlite.settings import ServeSettings
+from gptlite.serving.settings import ServeSettings
 
 SUMMARY = "serve a model over HTTP: OpenAI's completions API and a page to try it"
 

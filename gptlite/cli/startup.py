@@ -11,8 +11,8 @@ import os
 import sys
 import threading
 
+from gptlite.backend.notices import is_start_up_notice, NATIVE_LOG_LINE
 from gptlite.errors import InputError
-from gptlite.notices import NATIVE_LOG_LINE, is_start_up_notice
 
 BACKENDS = ("tensorflow", "jax", "torch")
 
@@ -41,7 +41,7 @@ def choose_compile_cache(args):
     """Keep the command's compiled programs where `--compile-cache DIR` says, nowhere with `--no-compile-cache`
     (args.compile_cache False), or else in the default folder: before Keras starts, since TensorFlow reads where
     its compiled programs go once, at its start (see gptlite.compile_cache)."""
-    from gptlite import compile_cache
+    from gptlite.backend import compile_cache
 
     chosen = getattr(args, "compile_cache", None)
     if chosen is False:

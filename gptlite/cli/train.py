@@ -4,12 +4,13 @@ import argparse
 import dataclasses
 import pathlib
 
-from gptlite import settings
 from gptlite.cli.command import command, print_piece
-from gptlite.cli.flags import Parser, add_backend_flags, add_unknown_flag
+from gptlite.cli.flags import add_backend_flags, add_unknown_flag, Parser
+from gptlite.model import config
+from gptlite.training import settings
 
 SUMMARY = "train a GPT on text files (or a seq2seq model on pairs) and save it as model.keras"
-SETTING_CHOICES = {"position": list(settings.POSITIONS), "norm": list(settings.NORMS), "mlp": list(settings.MLPS),
+SETTING_CHOICES = {"position": list(config.POSITIONS), "norm": list(config.NORMS), "mlp": list(config.MLPS),
                    "precision": list(settings.PRECISIONS)}
 # Settings whose flags say more than their defaults.
 SETTING_HELP = {
@@ -19,7 +20,7 @@ SETTING_HELP = {
                  "frozen (default: 0, off); the saved model holds the merged weights",
     "lora_alpha": "the adapters' scale is X / --lora-rank (default: the rank, a scale of 1)",
     "lora_targets": f"which projections of each block get adapters, comma-separated from "
-                    f"{','.join(settings.LORA_TARGETS)} (default: all); 'embedding' also trains the token "
+                    f"{','.join(config.LORA_TARGETS)} (default: all); 'embedding' also trains the token "
                     f"embedding whole, 'norms' every norm's scale (and shift)",
     "warmup_iters": "steps of linear learning-rate warm-up (presets: 100, or 5 for tiny; unless given, at most a "
                     "fifth of --max-iters)",
@@ -117,7 +118,7 @@ def make_parser(prog):
                              "peak, as nanoGPT uses); giving it turns --mfu on")
     add_backend_flags(parser)
     group = parser.add_argument_group("settings (each overrides the preset's value)")
-    fields = {f.name: f for f in dataclasses.fields(settings.GPTConfig) + dataclasses.fields(settings.TrainingConfig)}
+    fields = {f.name: f for f in dataclasses.fields(config.GPTConfig) + dataclasses.fields(settings.TrainingConfig)}
     for field in (fields[name] for name in settings.SETTING_NAMES):
         flag = "--" + field.name.replace("_", "-")
         preset_values = ", ".join(
@@ -136,9 +137,10 @@ def make_parser(prog):
 
 
 def run(args):
-    from gptlite import generation, training_run
+    from gptlite.decode import generation
+    from gptlite.training import run
 
-    trained = training_run.train_on_text(
+    trained = run.train_on_text(
         args.texts, args.out, {name: getattr(args, name) for name in settings.SETTING_NAMES},
         preset=args.preset, task=args.task, synthetic=args.synthetic, tokenizer=args.tokenizer,
         vocab_size=args.vocab_size, encoding=args.encoding, errors=args.errors, init_from=args.init_from,
@@ -157,17 +159,17 @@ def run(args):
         _show_answers(trained.model, trained.held_out_questions, args.out / "model.keras")
         return
     print("sample from the final model:\n")
-    for piece in generation.stream(trained.model, "", seed=trained.training_config.seed, **training_run.SAMPLING):
+    for piece in generation.stream(trained.model, "", seed=trained.training_config.seed, **run.SAMPLING):
         print_piece(piece)
     print()
 
 
 def automatic_backend(args):
     """The backend for a run that names none, and a line saying so: a resumed run's own, from its run file; else
-    from the precision the flags, run file or preset ask for (see gptlite.backend_choice). (None, None) where the
+    from the precision the flags, run file or preset ask for (see gptlite.training.backend_choice). (None, None) where the
     resumed run's file cannot be read: the run reports that."""
-    from gptlite import backend_choice, run_config
     from gptlite.errors import GPTLiteError
+    from gptlite.training import backend_choice, run_config
 
     if args.resume:
         try:
@@ -185,7 +187,8 @@ def automatic_backend(args):
 
 def _show_targets(model, held_out, count=8):
     """Print what the final model writes for a few held-out sources, and its exact match on them all."""
-    from gptlite import generation, pairs
+    from gptlite.data import pairs
+    from gptlite.decode import generation
 
     # As many as the evaluations decoded, in batches of the same size: no new compile.
     measured = held_out.subset(range(min(len(held_out), pairs.HELD_OUT_PAIRS)))
@@ -199,7 +202,7 @@ def _show_targets(model, held_out, count=8):
 def _show_answers(model, questions, path, count=8):
     """Print how many held-out questions the final model answers exactly (greedy), and a few of its answers;
     then how to talk with it."""
-    from gptlite import chat
+    from gptlite.decode import chat
 
     if questions:
         answered, exact = chat.greedy_answers(model, questions)

@@ -11,7 +11,7 @@ to a conversation, rendered with its template), `GET /v1/models`, `GET
 page, with a chat view for a chat model).
 
 One worker thread owns the model and decodes; the event loop only parses,
-queues and streams. The worker keeps one `gptlite.engine.Engine` running:
+queues and streams. The worker keeps one `gptlite.decode.engine.Engine` running:
 between any two of its calls (`DECODE_STEPS` tokens at most) it admits the
 requests that have arrived into the running batch (continuous batching:
 nobody waits for somebody else's long answer), each row with its own
@@ -22,16 +22,28 @@ shares its batch. The programs requests need are built before `/health`
 says ready (`Worker.warm_up`); with the on-disk compile cache
 (`gptlite.compile_cache`) a second start finds them compiled.
 
-The package's rooms: `parsing` checks a request's body and says what it
+The room's modules: `settings` says how the server batches and what it
+allows (`ServeSettings`); `parsing` checks a request's body and says what it
 asks for (a `Completion`) or why not (a `RequestError`); `worker` owns the
 model and its decoding; `app` is the HTTP application around them and
 `serve`, what the command runs.
 """
 
-from gptlite.serving.app import create_app, serve
-from gptlite.serving.parsing import MAX_BODY_BYTES, Completion, RequestError, parse_chat_completion, parse_completion
-from gptlite.serving.worker import Worker
-from gptlite.settings import ServeSettings
+import importlib
 
-__all__ = ["MAX_BODY_BYTES", "Completion", "RequestError", "ServeSettings", "Worker", "create_app",
-           "parse_chat_completion", "parse_completion", "serve"]
+from gptlite.serving.settings import ServeSettings  # plain Python: the command reads it before Keras starts
+
+# The names loaded on first use, and their modules: the worker imports Keras, which the command starts only after
+# choosing its backend.
+_LAZY = {"create_app": "app", "serve": "app", "Worker": "worker", "MAX_BODY_BYTES": "parsing",
+         "Completion": "parsing", "RequestError": "parsing", "parse_chat_completion": "parsing",
+         "parse_completion": "parsing"}
+__all__ = sorted(["ServeSettings", *_LAZY])
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'gptlite.serving' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"gptlite.serving.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value

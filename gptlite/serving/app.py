@@ -10,11 +10,11 @@ import time
 import traceback
 import uuid
 
-from gptlite import templates
 from gptlite.errors import InputError
-from gptlite.serving.parsing import MAX_BODY_BYTES, RequestError, parse_chat_completion, parse_completion
-from gptlite.serving.worker import QueueFull, Worker, Job
-from gptlite.settings import ServeSettings
+from gptlite.serving.parsing import MAX_BODY_BYTES, parse_chat_completion, parse_completion, RequestError
+from gptlite.serving.settings import ServeSettings
+from gptlite.serving.worker import Job, QueueFull, Worker
+from gptlite.text import templates
 
 def create_app(model, model_name, settings=None, worker=None):
     """The Starlette application that serves `model` under `model_name`, its worker thread started."""
@@ -151,7 +151,7 @@ def create_app(model, model_name, settings=None, worker=None):
                             status_code=200 if status["status"] == "ok" else 503)
 
     async def attention(request):
-        from gptlite import inspection
+        from gptlite.evaluation import inspection
 
         check_key(request)
         body = await read_json(request)
@@ -173,7 +173,7 @@ def create_app(model, model_name, settings=None, worker=None):
                              "heads": int(weights.shape[1]), "weights": weights.round(4).tolist()})
 
     async def page(request):
-        return HTMLResponse(importlib.resources.files("gptlite").joinpath("page.html").read_text(encoding="utf-8"))
+        return HTMLResponse(importlib.resources.files("gptlite.serving").joinpath("page.html").read_text(encoding="utf-8"))
 
     endpoints = [("/v1/completions", completions, "POST"), ("/v1/chat/completions", chat_completions, "POST"),
                  ("/v1/models", models, "GET"), ("/health", health, "GET"),
@@ -247,7 +247,7 @@ def serve(model_path, host="127.0.0.1", port=8000, settings=None, grace_seconds=
     while idle meanwhile."""
     import uvicorn
 
-    from gptlite import saving
+    from gptlite.weights import saving
 
     _check_address(host, port)
     say(f"loading {model_path} ...", flush=True)

@@ -5,10 +5,11 @@ import dataclasses
 import json
 import math
 
-from gptlite import conversations, templates
-from gptlite.errors import ConfigError, InputError, first_line
-from gptlite.generation import prompt_ids
-from gptlite.sampling import TOP_LOGPROBS, SamplingConfig
+from gptlite.data import conversations
+from gptlite.decode.generation import prompt_ids
+from gptlite.decode.sampling import SamplingConfig, TOP_LOGPROBS
+from gptlite.errors import ConfigError, first_line, InputError
+from gptlite.text import templates
 
 # OpenAI's default max_tokens; every sampling setting left out takes SamplingConfig's default.
 DEFAULTS = dict(max_tokens=16, n=1)

@@ -8,11 +8,11 @@ import threading
 import time
 import traceback
 
-from gptlite.decoding import TextRows
-from gptlite.engine import SHORTEST_CACHE, Engine
+from gptlite.decode.engine import Engine, SHORTEST_CACHE
+from gptlite.decode.generation import generate_target
+from gptlite.decode.rows import TextRows
+from gptlite.decode.sampling import SamplingConfig
 from gptlite.errors import GPTLiteError
-from gptlite.generation import generate_target
-from gptlite.sampling import SamplingConfig
 from gptlite.serving.parsing import Completion
 
 # Tokens per engine call at most: new requests join the batch between calls.
@@ -135,7 +135,7 @@ class Worker:
         Requests that come meanwhile are served between two plans (one
         waits for the plan being compiled at most, then for its own
         programs). On a warm compile cache each plan's programs are loaded,
-        not traced or compiled (see `gptlite.compiled`). Programs that only
+        not traced or compiled (see `gptlite.decode.compiled`). Programs that only
         some requests need (log-probabilities, a repetition penalty) are
         built when first asked for.
         """

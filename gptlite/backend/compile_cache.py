@@ -1,0 +1,240 @@
+"""Compiled programs kept on disk, so that a second process decoding the same model starts at once.
+
+Under TensorFlow this is XLA's persistent cache, under JAX its compilation
+cache; torch decodes eagerly and compiles nothing. The folder is, in order:
+what `use(folder)` names, the environment variable GPTLITE_COMPILE_CACHE
+(`off` turns the cache off), a folder already given to the backend itself
+(TF_XLA_FLAGS, JAX_COMPILATION_CACHE_DIR), or `gptlite/compiled` in the
+user's cache folder (XDG_CACHE_HOME, or ~/.cache). Entries go in a
+subfolder per backend, version and kind of CPU, so that an upgrade never
+reads another version's programs, nor a machine another CPU's.
+
+Each backend reads where its cache is once: TensorFlow at its first
+operation, JAX at its first compile. Importing gptlite sets nothing: the
+commands call `use()` at their start, before Keras; a Python program that
+wants its programs kept does the same:
+
+    import gptlite
+    gptlite.compile_cache.use()          # the default folder; use(folder), or use(None) for none
+    import keras
+
+A damaged entry is removed and recompiled (see `drop_damaged_entries`; JAX
+recompiles one itself).
+"""
+
+import json
+import os
+import pathlib
+import sys
+
+ENVIRONMENT_VARIABLE = "GPTLITE_COMPILE_CACHE"
+_TF_FLAG = "--tf_xla_persistent_cache_directory="
+_chosen = None  # what use() was given: a folder, or False for off; None: not called, or the default
+_DEFAULT = object()
+CHECKED = "checked.json"  # the TensorFlow entries found whole, by size and time (see drop_damaged_entries)
+_checked = False
+
+
+def default_folder():
+    """The cache's folder when nothing names one; None when GPTLITE_COMPILE_CACHE is `off`."""
+    named = os.environ.get(ENVIRONMENT_VARIABLE)
+    if named is not None and named.strip().lower() in ("off", "0", "none", ""):
+        return None
+    if named:
+        return pathlib.Path(named).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
+    return pathlib.Path(base) / "gptlite" / "compiled"
+
+
+def folder():
+    """The folder compiled programs go to now, or None when the cache is off."""
+    if _chosen is False:
+        return None
+    return _chosen if _chosen is not None else default_folder()
+
+
+def use(where=_DEFAULT, backend=None):
+    """Keep compiled programs in `where` (a folder), in the default folder when it is left out (see
+    `default_folder`), or, with None, nowhere.
+
+    Under TensorFlow it must come before TensorFlow's first operation; under
+    JAX, at any time. `backend` defaults to Keras's, read from KERAS_BACKEND
+    without importing Keras.
+    """
+    global _chosen
+    _chosen = None if where is _DEFAULT else False if where is None else pathlib.Path(where).expanduser()
+    _apply(backend)
+
+
+def _apply(backend=None):
+    """Tell the backend where its compiled programs go, through the environment it reads at its start: TensorFlow's
+    TF_XLA_FLAGS, JAX's JAX_COMPILATION_CACHE_DIR. A folder the user gave the backend directly stands, unless
+    `use` or GPTLITE_COMPILE_CACHE names another."""
+    backend = backend or os.environ.get("KERAS_BACKEND", "tensorflow")
+    named = _chosen is not None or ENVIRONMENT_VARIABLE in os.environ
+    target = folder()
+    if backend == "tensorflow":
+        if not named and tensorflow_folder() is not None:
+            return
+        flags = [flag for flag in os.environ.get("TF_XLA_FLAGS", "").split() if not flag.startswith(_TF_FLAG)]
+        if target is not None:
+            flags.append(_TF_FLAG + str(_versioned(target, "tensorflow")))
+        if flags:
+            os.environ["TF_XLA_FLAGS"] = " ".join(flags)
+        else:
+            os.environ.pop("TF_XLA_FLAGS", None)
+    elif backend == "jax":
+        if not named and "JAX_COMPILATION_CACHE_DIR" in os.environ:
+            return
+        if target is None:
+            os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+        else:
+            os.environ["JAX_COMPILATION_CACHE_DIR"] = str(_versioned(target, "jax"))
+            # JAX keeps only programs that took a second to compile unless told otherwise; ours take less.
+            os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+            os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+        if "jax" in sys.modules:  # imported already: its configuration, not the environment, decides
+            start_jax()
+
+
+def start_jax():
+    """Point JAX's compilation cache where the environment now says (JAX reads it at its import); for a JAX
+    imported before gptlite. JAX sets up its cache at its first compile: later changes do not apply."""
+    import jax
+
+    where = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    jax.config.update("jax_compilation_cache_dir", where)
+    if where is not None:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def _versioned(target, backend):
+    """The subfolder for this backend's version on this kind of CPU: XLA's programs are machine code for the CPU
+    that compiled them, and a home folder may be shared by machines with other CPUs."""
+    return target / f"{backend}-{_installed_version(backend)}-{_cpu_fingerprint()}"
+
+
+def _installed_version(module):
+    """The version of the distribution that installed this top-level module, read without importing it: TensorFlow
+    comes as `tensorflow`, `tensorflow-cpu` or `tf-nightly`, among others."""
+    from importlib import metadata
+
+    names = [module, *metadata.packages_distributions().get(module, [])]
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def _cpu_fingerprint():
+    """A short hash of the CPU's model and instruction-set flags."""
+    import hashlib
+    import platform
+
+    described = platform.machine() + platform.processor()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            lines = info.read().split("\n\n")[0].splitlines()
+        described += "".join(line for line in lines if line.split(":")[0].strip() in ("model name", "flags"))
+    except OSError:
+        pass
+    return hashlib.sha256(described.encode()).hexdigest()[:8]
+
+
+def tensorflow_folder():
+    """The folder TensorFlow was told to keep programs in, or None."""
+    for flag in os.environ.get("TF_XLA_FLAGS", "").split():
+        if flag.startswith(_TF_FLAG):
+            return pathlib.Path(flag[len(_TF_FLAG):])
+    return None
+
+
+def programs_folder(backend):
+    """Where gptlite keeps its traced decoding programs (see `gptlite.decode.compiled`) for `backend`, beside the
+    backend's own compiled ones; None when the cache is off. Torch keeps none."""
+    if backend == "tensorflow":
+        where = tensorflow_folder()
+    elif backend == "jax":
+        import jax
+
+        where = jax.config.jax_compilation_cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    else:
+        return None
+    return None if not where else pathlib.Path(where) / "gptlite-programs"
+
+
+def drop_damaged_entries():
+    """Remove TensorFlow cache entries that are not whole: XLA fails, rather than recompiles, a program whose
+    entry it cannot read (a write cut short, a full disk). Each entry is one protocol buffer: one that does
+    not parse to its end is damaged. Once a process, before its first program compiles; an entry checked
+    before (CHECKED lists its size and time) is not read again."""
+    global _checked
+    where = tensorflow_folder()
+    if _checked or where is None or not where.is_dir():
+        return
+    _checked = True
+    index = where / CHECKED
+    try:
+        known = json.loads(index.read_text())
+    except (OSError, ValueError):
+        known = {}
+    seen = {}
+    for entry in where.glob("*.pb"):
+        try:
+            stat = entry.stat()
+            mark = [stat.st_size, stat.st_mtime_ns]
+            whole = known.get(entry.name) == mark or _is_whole_message(entry.read_bytes())
+        except OSError:
+            continue  # gone meanwhile, or unreadable: TensorFlow will say
+        if whole:
+            seen[entry.name] = mark
+        else:
+            entry.unlink(missing_ok=True)
+    try:
+        temporary = where / f"{CHECKED}.{os.getpid()}"
+        temporary.write_text(json.dumps(seen))
+        temporary.replace(index)
+    except OSError:
+        pass  # a read-only folder: check again next time
+
+
+def _is_whole_message(data):
+    """Whether `data` is a sequence of protocol buffer fields that ends exactly at its end."""
+    position, end = 0, len(data)
+
+    def varint():
+        nonlocal position
+        value, shift = 0, 0
+        while True:
+            if position >= end or shift > 63:
+                raise ValueError
+            byte = data[position]
+            position += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                return value
+
+    try:
+        while position < end:
+            key = varint()
+            wire_type = key & 7
+            if key >> 3 == 0:
+                return False
+            if wire_type == 0:
+                varint()
+            elif wire_type == 1:
+                position += 8
+            elif wire_type == 2:
+                length = varint()  # read before `position` is: varint moves it
+                position += length
+            elif wire_type == 5:
+                position += 4
+            else:
+                return False
+    except ValueError:
+        return False
+    return position == end and end > 0

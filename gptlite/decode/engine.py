@@ -1,0 +1,420 @@
+"""The decode engine: one object that owns the decoding state of a batch of slots.
+
+    engine = Engine(model)
+    first = engine.admit([prompt_ids], SamplingConfig(seed=1))      # {row: Drawn}, each row's first token
+    while engine.rows:
+        for row, drawn in engine.step(8).items():                 # up to 8 tokens of every row
+            ...                                                     # engine.retire(row) once it has ended
+
+Every caller decodes through it: `generate` and `stream`, a Seq2Seq's
+targets (and so evaluation and the attention view's greedy target), beam
+search, and the server, which admits requests into the running batch
+between steps (continuous batching).
+
+The life of a slot:
+
+    free --admit--> prefill: the window runs through the model once; the
+                    first token is chosen from its last position
+         --step---> each step feeds every row its pending token at its own
+                    position, writes its key and value into the cache and
+                    chooses the next token (a full window moves `slide`
+                    tokens and is recomputed: every position shifted)
+         --retire-> free (its row of the state stays, inactive, until a
+                    resize drops it or an admission reuses it)
+
+The state (`DecodeState`), one row per slot, kept on the device between calls
+and handed whole to the compiled loop, which gives it back:
+
+    window (S, block_size)  each row's last tokens, left-aligned
+    lengths (S,)            how many of them are real
+    cache                   keys and values of window[:, :lengths], one (S, 2, K, span, D) tensor a block
+    pending (S,)            the token chosen last, not yet in the window
+    settings                each row's sampling settings, a RowSettings of (S,) tensors
+    seeds (S,), produced (S,)  each row's seed and how many tokens it has drawn: its noise's coordinates
+    context                 what every step reads besides: a Seq2Seq's source keys, values and mask; () for a GPT
+
+and on the host: which slot holds which row (`rows`), and each slot's length,
+count, activity and settings again (`HostRows`), from which each call is planned: which steps recompute and
+how long a cache the steps read (`short_caches`: a power of two from
+SHORTEST_CACHE up to block_size, enough for the longest active row, so that
+a batch of many short texts reads no empty cache; otherwise block_size).
+
+Randomness is explicit: token t of a row draws its noise from (the row's
+seed, t) (`sampling.uniform_noise`), so a row's text depends on its seed
+alone, not on what shares its batch, when it was admitted or how its steps
+were split into calls. Sampling is the Gumbel-max trick on that noise.
+"""
+
+import collections
+import dataclasses
+
+import keras
+import numpy as np
+from keras import ops
+
+from gptlite.decode.programs import CACHED, CHUNK_SIZE, programs_for, RECOMPUTE, RECOMPUTE_THEN_CACHED
+from gptlite.decode.sampling import row_configs, RowSettings
+
+# The shortest cache a call reads.
+SHORTEST_CACHE = 64
+# The narrowest prefill of a GPT's windows: a short prompt costs a short pass.
+NARROWEST_PREFILL = 8
+
+
+@dataclasses.dataclass
+class Drawn:
+    """One row's tokens from one call: ids (n,); with log-probabilities asked for, the model's log-probability
+    of each (n,) and the TOP_LOGPROBS likeliest tokens' ids and log-probabilities (n, TOP_LOGPROBS)."""
+
+    ids: np.ndarray
+    logprobs: np.ndarray = None
+    top_ids: np.ndarray = None
+    top_logprobs: np.ndarray = None
+
+
+class DecodeState(collections.namedtuple("DecodeState",
+                                         "window lengths cache pending settings seeds produced context")):
+    """The decoding state of a batch of slots, one row a slot, on the device; the compiled loop takes it and
+    gives it back whole (see the module's docstring for each part)."""
+
+    __slots__ = ()
+
+
+class HostRows(collections.namedtuple("HostRows", "lengths produced active settings")):
+    """What the host keeps of each slot to plan calls from: its window's length, how many tokens it has drawn,
+    whether it holds a row, and its settings (a RowSettings of NumPy arrays)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def empty(cls, capacity):
+        return cls(np.zeros(capacity, np.int32), np.zeros(capacity, np.int32), np.zeros(capacity, bool),
+                   RowSettings(*(np.ones(capacity, np.float32) for _ in RowSettings._fields)))
+
+    def taken(self, order):
+        """The slots `order` (an index array), in that order."""
+        return keras.tree.map_structure(lambda values: values[order], self)
+
+
+class Engine:
+    """The decoding state of a batch of slots, and the operations on it: `admit`, `step`, `retire`,
+    and `beam_search`.
+
+    `capacity` slots to start with; with `resizable`, the batch grows (in
+    powers of two) to admit more rows and shrinks once few are left, so that
+    a handful of compiled programs serve every load. `use_cache=False`
+    recomputes the window for every token (the same text: it is there to
+    check the cache against); `slide` is how far a full window moves.
+    Programs leave out the top-k, top-p and min-p filters where no row uses
+    them; with `mixed_settings` (rows that come and go with any settings,
+    as a server's do) one program decides at each step instead, so that no
+    row's arrival needs another compiled.
+    """
+
+    def __init__(self, model, capacity=1, *, resizable=False, short_caches=False, use_cache=True, slide=1,
+                 mixed_settings=False):
+        self.model = model
+        self.programs = programs_for(model)
+        self.block_size = model.config.block_size
+        self.vocabulary_size = model.config.vocab_size
+        self.resizable, self.short_caches, self.use_cache, self.slide = resizable, short_caches, use_cache, slide
+        self.mixed_settings = mixed_settings
+        self.capacity = capacity
+        self.rows = {}  # row handle -> its slot
+        self._next_handle = 0
+        self._clear()
+
+    def _clear(self):
+        """No state: the next admission fills the batch afresh."""
+        self.state = None
+        self.host = HostRows.empty(self.capacity)
+
+    # --- admitting rows
+
+    def admit(self, rows_ids, sampling, sources=None, logprobs=False, next_steps=None):
+        """Prefill new rows into free slots; {row handle: Drawn, its first token}, in the order given.
+
+        rows_ids: each row's token ids (its window is the last block_size).
+        sampling: one SamplingConfig for every row (each row then gets a seed
+        made from its seed, see `SamplingConfig.for_rows`) or a list of one
+        per row, whose seeds are taken as they are (None: a random one).
+        sources: a Seq2Seq's source ids (N, S), or None. `logprobs`: the
+        first tokens come with their log-probabilities. `next_steps`: the
+        caller's next call is `step(next_steps, logprobs)`; where the batch
+        starts afresh, that step's program is then built while the prefill
+        runs (its compile overlaps the prefill's, see `Compiled.prepare`).
+        """
+        count = len(rows_ids)
+        if not self.resizable and count > self.capacity - len(self.rows):
+            raise ValueError(f"{count} rows do not fit in {self.capacity - len(self.rows)} free slots")
+        configs = row_configs(sampling, count)
+        window, lengths = windows(self.block_size, rows_ids)
+        settings = RowSettings.of(configs, self.vocabulary_size)
+        seeds = np.array([config.seed % 2**31 for config in configs], np.int32)
+        starting = not self.rows
+        if starting:
+            # The batch starts afresh: its free slots are padding rows, inactive.
+            self.capacity = _power_of_two(count) if self.resizable else self.capacity
+            self._clear()
+        # Rows joining a running batch are prefilled in a power of two rows, so that few programs serve every count.
+        padded = self.capacity if starting else _power_of_two(count)
+        pad = lambda array: np.concatenate([array, np.repeat(array[:1], padded - count, axis=0)])
+        window, lengths, settings, seeds = keras.tree.map_structure(pad, (window, lengths, settings, seeds))
+        sources = None if sources is None else pad(np.asarray(sources, np.int32))
+        if starting and next_steps and sources is None:
+            self._prepare_step(window, lengths, settings, seeds, count, next_steps, logprobs)
+        prefill = self.programs.prefill(logprobs, *self._needs(settings))
+        # An engine of short caches prefills at their spans too: fewer programs, for a process that decodes long.
+        narrowest = SHORTEST_CACHE if self.short_caches else NARROWEST_PREFILL
+        pending, cache, context, *scores = prefill(prompt_columns(window, lengths, sources, narrowest), lengths,
+                                                   sources, settings, seeds)
+        new = DecodeState(window, lengths, cache, pending, settings, seeds, np.ones(padded, np.int32), context)
+        if starting:
+            self.state = new
+            slots = list(range(count))
+        else:
+            slots = self._merge(new, count)
+        handles = []
+        for index, slot in enumerate(slots):
+            self.rows[self._next_handle] = slot
+            self.host.lengths[slot], self.host.produced[slot], self.host.active[slot] = lengths[index], 1, True
+            for host_values, values in zip(self.host.settings, settings):
+                host_values[slot] = values[index]
+            handles.append(self._next_handle)
+            self._next_handle += 1
+        tokens = keras.ops.convert_to_numpy(pending)[:count, None]
+        scores = [keras.ops.convert_to_numpy(value)[:count, None] for value in scores] or [[None] * count] * 3
+        return {handle: Drawn(tokens[index], *(value[index] for value in scores))
+                for index, handle in enumerate(handles)}
+
+    def _prepare_step(self, window, lengths, settings, seeds, count, max_steps, logprobs):
+        """Prepare the program of the first `step(max_steps, logprobs)` after the prefill of a fresh batch: the
+        state it will be given, as step() will make it, with a zero cache and zero pending tokens."""
+        active = np.arange(len(window)) < count
+        steps, kind, span = plan_steps(lengths[active], self.block_size, max_steps, self.use_cache, self.slide,
+                                       self.short_caches)
+        state = DecodeState(window, lengths, self.model.empty_cache(len(window), span),
+                            np.zeros(len(window), np.int32), settings, seeds, np.ones(len(window), np.int32), ())
+        loop = self.programs.loop("sample", kind, self.slide, logprobs, *self._needs(settings.rows(active)))
+        loop.prepare(state, _active_limits(active, max_steps), np.int32(steps))
+
+    def _merge(self, new, count):
+        """Place the first `count` rows of `new` (a prefill's DecodeState) into free slots; their slots."""
+        if self.resizable and len(self.rows) + count > self.capacity:
+            self._resize(_power_of_two(len(self.rows) + count))
+        slots = [slot for slot in range(self.capacity) if not self.host.active[slot]][:count]
+        taken = np.zeros(self.capacity, np.int32)
+        taken[slots] = np.arange(count)
+        placed = np.zeros(self.capacity, bool)
+        placed[slots] = True
+        span = max(ops.shape(self.state.cache[0])[3], ops.shape(new.cache[0])[3])
+        old, new = (state._replace(cache=fit_cache(state.cache, span)) for state in (self.state, new))
+        self.state = self.programs.placed(old, new, taken, placed)
+        return slots
+
+    def _resize(self, capacity):
+        """Move the active rows to the first slots of a batch of `capacity`."""
+        kept = sorted(self.rows.items(), key=lambda item: item[1])
+        order = np.zeros(capacity, np.int32)
+        order[:len(kept)] = [slot for _, slot in kept]
+        self.state = keras.tree.map_structure(lambda value: ops.take(value, order, axis=0), self.state)
+        self.host = self.host.taken(order)._replace(active=np.arange(capacity) < len(kept))
+        self.rows = {handle: slot for slot, (handle, _) in enumerate(kept)}
+        self.capacity = capacity
+
+    def _needs(self, settings):
+        """(filtering, penalised, sampling): whether some row of `settings` (a RowSettings) filters tokens (None:
+        decided in the program, with mixed_settings), has a repetition penalty, samples rather than takes the
+        likeliest token (the noise of every row is then drawn: two random operations a row). Each is a program
+        of its own, so that programs leave out what no row needs."""
+        if self.mixed_settings:
+            return None, settings.penalises(), True
+        return settings.filters(self.vocabulary_size), settings.penalises(), settings.samples()
+
+    def retire(self, handle):
+        """Free a row's slot; a resizable batch with a quarter of its slots in use shrinks to fit them."""
+        slot = self.rows.pop(handle)
+        self.host.active[slot] = False
+        if not self.rows:
+            self._clear()
+        elif self.resizable and self.capacity >= 4 and len(self.rows) <= self.capacity // 4:
+            self._resize(_power_of_two(len(self.rows)))
+
+    # --- stepping
+
+    def step(self, max_steps=CHUNK_SIZE, logprobs=False, limits=None):
+        """Draw up to `max_steps` (<= CHUNK_SIZE) tokens for every active row in one call; {row handle: Drawn}.
+
+        A call holds steps of one kind: it may draw fewer tokens than asked,
+        where the window of some row fills (or, with a wide slide, has moved).
+        `limits`: {row handle: the most tokens it draws in this call}, for rows
+        about to end: a row that has drawn them waits, as it is, while the
+        others go on, and its full window no longer splits their calls.
+        """
+        if not self.rows:
+            return {}
+        limits = self._limits(max_steps, limits)  # (S,): 0 for a free slot
+        if not limits.any():
+            return {handle: Drawn(np.zeros(0, np.int32)) for handle in self.rows}
+        active = self.host.active
+        steps, kind, span = plan_steps(self.host.lengths[active], self.block_size, max_steps, self.use_cache,
+                                       self.slide, self.short_caches, limits[active])
+        state = self.state._replace(cache=fit_cache(self.state.cache, span))
+        loop = self.programs.loop("sample", kind, self.slide, logprobs, *self._needs(self.host.settings.rows(active)))
+        drawn, self.state, scores = loop(state, limits, np.int32(steps))
+        lengths = self.host.lengths
+        for step in range(steps):
+            lengths = np.where(step < limits, advanced_lengths(lengths, self.block_size, self.slide), lengths)
+        taken = np.minimum(steps, limits)  # (S,)
+        self.host = self.host._replace(lengths=lengths, produced=self.host.produced + taken)
+        drawn = keras.ops.convert_to_numpy(drawn)
+        scores = [keras.ops.convert_to_numpy(value) for value in scores]
+        return {handle: Drawn(drawn[slot, :taken[slot]], *(value[slot, :taken[slot]] for value in scores))
+                for handle, slot in self.rows.items()}
+
+    def _limits(self, max_steps, limits):
+        """Each slot's most tokens in a call: max_steps for an active row (or its limit, if lower), 0 for a free
+        slot."""
+        slots = _active_limits(self.host.active, max_steps)
+        for handle, limit in (limits or {}).items():
+            slot = self.rows[handle]
+            slots[slot] = min(slots[slot], max(0, int(limit)))
+        return slots
+
+    # --- beam search
+
+    def beam_search(self, rows_ids, max_new_tokens, beams, end_token, sources=None):
+        """The likeliest continuation of each row found by beam search: an int array (N, up to max_new_tokens).
+
+        Every beam of every row is a slot; decoding ends early once every
+        beam has chosen `end_token` (None: never). The engine must be empty.
+        """
+        count = len(rows_ids)
+        if max_new_tokens == 0:
+            return np.zeros((count, 0), "int32")
+        window, lengths = windows(self.block_size, rows_ids)
+        window, lengths = np.repeat(window, beams, axis=0), np.repeat(lengths, beams)  # (N * beams, block_size)
+        if sources is not None:
+            sources = np.repeat(np.asarray(sources, np.int32), beams, axis=0)
+        self.capacity = len(window)
+        self._clear()
+        scores = np.full((count, beams), -np.inf, dtype="float32")
+        scores[:, 0] = 0  # the copies of a row are one beam until the first choice
+        finished = np.zeros(len(window), dtype=bool)
+        end_token = np.int32(-1 if end_token is None else end_token)
+        pending, scores, finished, window, device_lengths, cache, context = self.programs.beam_prefill(
+            window, prompt_columns(window, lengths, sources), lengths, sources, scores, finished, end_token)
+        sequences = keras.ops.convert_to_numpy(pending)[:, None]  # (N * beams, produced)
+        while sequences.shape[1] < max_new_tokens and not keras.ops.convert_to_numpy(finished).all():
+            steps, kind, span = plan_steps(lengths, self.block_size, max_new_tokens - sequences.shape[1],
+                                           self.use_cache, self.slide, self.short_caches)
+            drawn, parents, window, device_lengths, cache, pending, scores, finished = self.programs.loop(
+                "beam", kind, self.slide)(window, device_lengths, fit_cache(cache, span), pending, context, scores,
+                                          finished, end_token, np.int32(steps))
+            for _ in range(steps):
+                lengths = advanced_lengths(lengths, self.block_size, self.slide)
+            drawn, parents = keras.ops.convert_to_numpy(drawn), keras.ops.convert_to_numpy(parents)
+            for step in range(steps):
+                sequences = np.concatenate([sequences[parents[:, step]], drawn[:, step, None]], axis=1)
+        self._clear()
+        return sequences[::beams]  # beams come sorted by score: the first of each row is the best
+
+
+def _power_of_two(count):
+    return 1 << (max(1, count) - 1).bit_length()
+
+
+def _active_limits(active, max_steps):
+    """(S,) int32: max_steps for each active slot of the boolean `active`, 0 for a free one."""
+    return np.where(active, max_steps, 0).astype(np.int32)
+
+
+# --- planning on the host
+
+
+def windows(block_size, rows_ids):
+    """Each row's last block_size token ids, left-aligned in (N, block_size), and their lengths (N,)."""
+    window = np.zeros((len(rows_ids), block_size), dtype=np.int32)
+    lengths = np.zeros(len(rows_ids), dtype=np.int32)
+    for index, ids in enumerate(rows_ids):
+        context = ids[-block_size:]
+        window[index, : len(context)] = context
+        lengths[index] = len(context)
+    return window, lengths
+
+
+def advanced_lengths(lengths, block_size, slide):
+    """Window lengths after one step: one longer, or, for a full window, moved back by `slide`."""
+    return np.where(lengths >= block_size, block_size - slide + 1, lengths + 1)
+
+
+def cache_span(slots, block_size):
+    """The cache length that holds `slots` positions: a power of two, at least SHORTEST_CACHE, at most block_size.
+
+    Powers of two, so that texts of every length compile each loop a few
+    times at most (once per span).
+    """
+    return min(block_size, max(SHORTEST_CACHE, 1 << (max(1, slots) - 1).bit_length()))
+
+
+def prompt_columns(window, lengths, sources, narrowest=NARROWEST_PREFILL):
+    """The columns of the windows that the prefill reads: enough for the longest.
+
+    A GPT's: a power of two, at least `narrowest`, so that a short prompt in
+    a long context runs through the model at about its length rather than
+    the whole window's, for a few traces at most. A Seq2Seq's windows are
+    short, most often its start token alone: exactly the longest.
+    """
+    longest = max(1, int(np.max(lengths)))
+    if sources is not None:
+        return window[:, :longest]
+    return window[:, :min(window.shape[1], max(narrowest, _power_of_two(longest)))]
+
+
+def fit_cache(cache, span):
+    """The cache with `span` slots: cut, or padded with zeros.
+
+    Cutting drops only slots past every active row's length, which no step
+    reads before writing them.
+    """
+    slots = ops.shape(cache[0])[3]
+    if slots > span:
+        return tuple(layer[:, :, :, :span] for layer in cache)
+    if slots < span:
+        return tuple(ops.pad(layer, [(0, 0), (0, 0), (0, 0), (0, span - slots), (0, 0)]) for layer in cache)
+    return cache
+
+
+def plan_steps(lengths, block_size, max_steps, use_cache, slide, short_caches=False, limits=None):
+    """The next call for rows of window `lengths`: (steps, steps kind, cache span).
+
+    Which steps find a full window, and so must recompute it, follows from
+    the window lengths alone: a window grows by one token a step until it is
+    full, then moves back by `slide`. A call holds up to `max_steps` steps
+    of one kind, but one recomputing step may lead cached ones
+    (RECOMPUTE_THEN_CACHED). `limits`: each row's most steps (None: no
+    limit); a row past its limit waits, and its window decides nothing. Its
+    cache has block_size slots, unless `short_caches`: a cached step writes
+    at the longest window's length, so a call of cached steps then has
+    `cache_span` of its last step's length + 1 slots (a waiting row's
+    included: its cache is kept); a recomputing one, block_size.
+    """
+    lengths = np.asarray(lengths)
+    limits = np.full(len(lengths), max_steps) if limits is None else np.asarray(limits)
+    steps, kind, slots = 0, None, 0
+    while steps < max_steps:
+        going = limits > steps
+        if len(lengths) and not going.any():
+            break
+        full = (lengths >= block_size) & going
+        step_kind = RECOMPUTE if full.any() or not use_cache else CACHED
+        if kind is None:
+            kind = step_kind
+        elif kind == RECOMPUTE and steps == 1 and step_kind == CACHED:
+            kind = RECOMPUTE_THEN_CACHED
+        elif step_kind != kind and not (kind == RECOMPUTE_THEN_CACHED and step_kind == CACHED):
+            break
+        slots = max(slots, block_size if step_kind == RECOMPUTE else int(lengths.max(initial=0)) + 1)
+        lengths = np.where(going, advanced_lengths(lengths, block_size, slide), lengths)
+        steps += 1
+    return steps, kind, cache_span(slots, block_size) if short_caches else block_size

@@ -1,0 +1,385 @@
+"""Attention: the layer (`Attention`: self- or cross-, full, grouped-query or multi-query, with rotary
+positions and QK-norm as the model asks), the attention function, the causal mask, and where a decoding
+step's keys and values go in the cache (`CachePlacement`), and how rows that pack several texts keep them
+apart (`PackedTexts`).
+
+Shape letters in comments are those of `gptlite.model.layers`.
+"""
+
+import collections
+import functools
+import math
+
+import keras
+import ml_dtypes
+from keras import ops
+
+from gptlite.model import positions as position_kinds
+from gptlite.model.config import GPTConfig
+from gptlite.model.layers import Linear, register, RMSNorm, settings_by_their_names
+from gptlite.model.positions import token_positions
+
+
+def causal_mask(query_length, key_length, query_offset=0):
+    """Boolean mask, True where query t may attend key s.
+
+    Query t sits at absolute position `query_offset + t`; it sees every key at
+    that position or earlier. With a number as offset the mask is (T, S); with
+    one offset per row, (B,), it is (B, T, S), as when each row's new tokens
+    are appended to a cache of earlier keys at its own position.
+    """
+    if isinstance(query_offset, int):
+        query_positions = ops.arange(query_length) + query_offset  # (T,)
+    else:
+        query_positions = token_positions(query_offset, query_length)  # (B, T)
+    return ops.greater_equal(query_positions[..., None], ops.arange(key_length))  # (T, S) or (B, T, S)
+
+
+class PackedTexts(collections.namedtuple("PackedTexts", "positions mask")):
+    """Rows that pack several texts, read as if each text were alone, the same for every layer of a model.
+
+    positions (B, T): each token's position in its own text, 0 at the
+    text's first token; mask (B, 1, T, T): True where query t may attend
+    key s, s being t or before it in the same text.
+    """
+
+    @classmethod
+    def of(cls, positions):
+        # Within a text positions rise by one a token and a new text starts again from 0, so keys s <= t
+        # share query t's text exactly when their positions are t - s apart.
+        length = ops.shape(positions)[1]
+        steps = ops.arange(length)
+        apart = positions[:, :, None] - positions[:, None, :]  # (B, T, S)
+        same_text = ops.equal(apart, ops.cast(steps[:, None] - steps[None, :], apart.dtype))
+        return cls(positions, ops.logical_and(same_text, causal_mask(length, length))[:, None])
+
+
+def scaled_dot_product_attention(query, key, value, mask=None, weights_dropout=None):
+    """softmax(Q K^T / sqrt(D) + mask) V, and the attention weights.
+
+    query (B, H, T, D), key and value (B, K, S, D), where K divides H: query
+    heads h = k G .. k G + G - 1 share key/value head k (grouped-query
+    attention; K = H is plain multi-head attention), read without copying
+    the keys and values G times. mask broadcastable to (B, H, T, S) with True
+    where attending is allowed. Masked scores are set to the most negative
+    number of the compute dtype rather than -inf, so a row with nothing
+    visible gives uniform weights instead of NaN. `weights_dropout`, a
+    function, drops some weights before they weigh the values; the weights
+    returned are those before it.
+    """
+    heads, length, head_size = query.shape[1], ops.shape(query)[2], ops.shape(query)[3]
+    groups = heads // key.shape[1]
+    if groups > 1:  # (B, K, G, T, D) against (B, K, 1, S, D)
+        query = ops.reshape(query, (-1, key.shape[1], groups, length, head_size))
+        key, value = key[:, :, None], value[:, :, None]
+    scores = ops.matmul(query, ops.swapaxes(key, -1, -2))  # (B, H, T, S), or (B, K, G, T, S)
+    scores = scores / ops.cast(math.sqrt(head_size), scores.dtype)
+    if mask is not None:
+        if groups > 1 and len(mask.shape) == 4:
+            mask = mask[:, :, None]  # (B, 1, 1, T, S)
+        lowest = float(ml_dtypes.finfo(keras.backend.standardize_dtype(scores.dtype)).min)
+        scores = ops.where(mask, scores, ops.cast(lowest, scores.dtype))
+    if scores.shape[-1] == 1:
+        # One key (a Seq2Seq's decoding starts from its start token alone): its weight is 1,
+        # as softmax gives, but Keras warns of a softmax over one element.
+        weights = ops.ones_like(scores)
+    else:
+        weights = ops.softmax(scores, axis=-1)  # (B, H, T, S), or (B, K, G, T, S)
+    attended = ops.matmul(weights if weights_dropout is None else weights_dropout(weights), value)
+    if groups > 1:
+        attended = ops.reshape(attended, (-1, heads, length, head_size))
+        weights = ops.reshape(weights, (-1, heads, length, ops.shape(weights)[-1]))
+    return attended, weights  # (B, H, T, D), (B, H, T, S)
+
+
+def merge_heads(x):
+    """(B, H, T, D) -> (B, T, C)."""
+    heads, length, head_size = ops.shape(x)[1], ops.shape(x)[2], ops.shape(x)[3]
+    return ops.reshape(ops.transpose(x, (0, 2, 1, 3)), (-1, length, heads * head_size))
+
+
+@register
+class Attention(keras.layers.Layer):
+    """Multi-head attention, in each of the forms a transformer needs.
+
+    - causal: a decoder's self-attention, where each position sees itself
+      and earlier ones, and which can decode with a key/value cache
+      (`call_with_cache`). Queries, keys and values come from one fused
+      projection, `qkv_projection`: one matmul.
+    - not causal: attention over a context that may be padded, the input
+      itself (an encoder's self-attention) or another sequence (a decoder's
+      cross-attention, `cross=True`). Queries come from `query_projection`;
+      keys and values from `key_value_projection`, computed once per context
+      (`key_values`) and attended from any number of queries (`attend`).
+
+    Args:
+        n_head: H; the width must divide by it, unless head_dim is given.
+        n_kv_head: K, heads of keys and values (None: H). Fewer than H is
+            grouped-query attention (1: multi-query): G = H / K query heads
+            share each key/value head, and a key/value cache holds K heads.
+        causal: as above.
+        cross: keys and values come from a context given at call time; no
+            rotary positions (the two sequences' positions do not compare).
+        dropout: rate for the output.
+        attention_dropout: rate for the attention weights. Above zero,
+            training computes the weights step by step instead of with the
+            backend's fused (flash) attention, to drop some out.
+        bias: whether the projections have biases.
+        qkv_bias: whether the query, key and value projections do (None:
+            bias); Qwen2 has them there only.
+        position: the model's kind of positions (`GPTConfig.position`):
+            "rotary" rotates queries and keys by their positions here
+            (`positions.rotate`); the others are the embedding's business.
+        rope_theta: the rotary base: the slowest pair turns once in about
+            2 pi theta positions.
+        qk_norm: RMS-normalise each head's query and key, with learned scales,
+            before rotating them, which keeps attention logits from growing.
+        norm_epsilon: for qk_norm.
+        head_dim: D, each head's size (None: C / H); Qwen3's heads are wider
+            than that, and their H D wide output is projected back to C.
+
+    Call: x (B, T, C); context (B, S, C) for cross-attention; context_mask
+    (B, S), True at the context's real (not padding) positions, all by
+    default; for causal attention over rows that pack several texts,
+    `packed`, from `PackedTexts.of`: each text is then attended as if it
+    were alone -> (B, T, C); with `return_attention_scores=True`, also the
+    attention weights (B, H, T, S) before dropout.
+    """
+
+    def __init__(self, n_head, n_kv_head=None, causal=True, cross=False, dropout=0.0, attention_dropout=0.0,
+                 bias=True, qkv_bias=None, position=GPTConfig.position, rope_theta=GPTConfig.rope_theta,
+                 qk_norm=False, norm_epsilon=GPTConfig.norm_epsilon, head_dim=None, **kwargs):
+        super().__init__(**kwargs)
+        if causal and cross:
+            raise ValueError("cross-attention is not causal")
+        self.n_head = n_head
+        self.n_kv_head = n_head if n_kv_head is None else n_kv_head
+        if n_head % self.n_kv_head != 0:
+            raise ValueError(f"the heads ({n_head}) must divide by the key/value heads ({self.n_kv_head})")
+        self.causal = causal
+        self.cross = cross
+        self.dropout = dropout
+        self.attention_dropout_rate = attention_dropout
+        self.bias = bias
+        self.qkv_bias = bias if qkv_bias is None else qkv_bias
+        self.position = position
+        self.rotary = position == "rotary" and not cross
+        self.rope_theta = rope_theta
+        self.qk_norm = qk_norm
+        self.norm_epsilon = norm_epsilon
+        self.head_dim = head_dim
+
+    def build(self, input_shape):
+        width = input_shape[-1]
+        if width % self.n_head != 0 and self.head_dim is None:
+            raise ValueError(f"the width ({width}) must be divisible by the number of heads ({self.n_head})")
+        self.head_size = self.head_dim or width // self.n_head
+        if self.rotary and self.head_size % 2:
+            raise ValueError(f"rotary positions turn pairs of dimensions; the head size ({self.head_size}) is odd")
+        heads, kv_heads, size = self.n_head, self.n_kv_head, self.head_size
+
+        def linear(units, bias, name, input_width=width):
+            layer = Linear(units, use_bias=bias, dtype=self.dtype_policy, name=name)
+            layer.build((None, input_width))
+            return layer
+
+        if self.causal:
+            self.qkv_projection = linear((heads + 2 * kv_heads) * size, self.qkv_bias, "qkv_projection")
+        else:
+            self.query_projection = linear(heads * size, self.qkv_bias, "query_projection")
+            self.key_value_projection = linear(2 * kv_heads * size, self.qkv_bias, "key_value_projection")
+        self.output_projection = linear(width, self.bias, "output_projection", heads * size)
+        if self.qk_norm:
+            self.query_norm = RMSNorm(self.norm_epsilon, dtype=self.dtype_policy, name="query_norm")
+            self.key_norm = RMSNorm(self.norm_epsilon, dtype=self.dtype_policy, name="key_norm")
+            self.query_norm.build((None, size))
+            self.key_norm.build((None, size))
+        self.weights_dropout = keras.layers.Dropout(self.attention_dropout_rate, dtype=self.dtype_policy)
+        self.output_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+
+    def projections(self):
+        """The layer's projections by LoRA target name: "qkv" (one layer, or the query's and the key/value's)
+        and "attention_output"."""
+        qkv = [self.qkv_projection] if self.causal else [self.query_projection, self.key_value_projection]
+        return {"qkv": qkv, "attention_output": [self.output_projection]}
+
+    def call(self, x, context=None, context_mask=None, packed=None, training=None,
+             return_attention_scores=False):
+        if not self.causal:
+            key_values = self.key_values(x if context is None else context)
+            return self.attend(x, key_values, context_mask, training, return_attention_scores)
+        length = ops.shape(x)[1]
+        query, key, value = self._project(x, self._angles(ops.arange(length) if packed is None else packed.positions))
+        mask = None if packed is None else packed.mask  # (B, 1, T, T)
+        weights_needed = return_attention_scores or (training and self.attention_dropout_rate > 0)
+        if not weights_needed and _fused_attention_is_faster(self.compute_dtype):
+            # The backend's fused attention (torch's scaled_dot_product_attention,
+            # flash where it can; under XLA the same ops as below), on heads
+            # that need no transposing.
+            if self.n_kv_head != self.n_head and keras.backend.backend() != "jax":
+                # JAX's takes fewer key/value heads as they are; the others' repeat them, or, for one, cannot.
+                groups = self.n_head // self.n_kv_head
+                key, value = ops.repeat(key, groups, axis=2), ops.repeat(value, groups, axis=2)
+            attended = ops.dot_product_attention(query, key, value, mask=mask, is_causal=mask is None)  # (B, T, H, D)
+            merged = self.output_projection(ops.reshape(attended, (-1, length, self.n_head * self.head_size)))
+            return self.output_dropout(merged, training=training)
+        query, key, value = (ops.transpose(part, (0, 2, 1, 3)) for part in (query, key, value))  # (B, H|K, T, D)
+        if mask is None:
+            mask = causal_mask(length, length)  # (T, T), broadcast over B and H
+        attended, weights = _attend_with_dropout(query, key, value, mask, self.weights_dropout, training)
+        output = self.output_dropout(self.output_projection(merge_heads(attended)), training=training)
+        return (output, weights) if return_attention_scores else output
+
+    def call_with_cache(self, x, cache, start_positions, placement=None):
+        """Attend from new tokens over a key/value cache, and return the updated cache.
+
+        Causal attention only. x (B, T, C) holds tokens at positions
+        start_positions[b] + t; cache (B, 2, K, S, D) holds keys (rotated, with
+        rotary positions) and values for positions 0..S-1, of which those
+        before start_positions[b] are filled. The new keys and values are
+        written at their positions; each query then sees the cache up to its
+        own position. `placement`, from `CachePlacement.of`, is where they
+        go, computed once for every layer of a model. Returns (B, T, C) and
+        the cache.
+        """
+        if placement is None:
+            placement = CachePlacement.of(start_positions, ops.shape(x)[1], cache)
+        query, key, value = (ops.transpose(part, (0, 2, 1, 3))
+                             for part in self._project(x, self._angles(placement.positions)))
+        cache = _write_cache(cache, key, value, placement)  # (B, 2, K, S, D)
+        attended, _ = scaled_dot_product_attention(query, cache[:, 0], cache[:, 1], placement.mask)  # (B, H, T, D)
+        return self.output_projection(merge_heads(attended)), cache
+
+    def _project(self, x, angles):
+        """Causal attention's queries (B, T, H, D), keys and values (B, T, K, D) of x, normed and rotated."""
+        length = ops.shape(x)[1]
+        qkv = ops.reshape(self.qkv_projection(x), (-1, length, self.n_head + 2 * self.n_kv_head,
+                                                   self.head_size))
+        # Split rather than indexed three times: without XLA, TensorFlow's gradient of each index writes
+        # a zero tensor of the whole (B, T, H + 2K, D); a split's gradient is one concatenation.
+        query, key, value = ops.split(qkv, [self.n_head, self.n_head + self.n_kv_head], axis=2)
+        return (*self._normed_and_rotated(query, key, angles), value)
+
+    def _angles(self, positions):
+        """Rotary positions' angles (..., D/2) for positions (...); None without rotary positions."""
+        return position_kinds.rotary_angles(positions, self.head_size, self.rope_theta) if self.rotary else None
+
+    def _normed_and_rotated(self, query, key, angles):
+        if self.qk_norm:
+            query, key = self.query_norm(query), self.key_norm(key)
+        if angles is not None:
+            query, key = position_kinds.rotate(query, angles), position_kinds.rotate(key, angles)
+        return query, key
+
+    def key_values(self, context):
+        """The context's keys and values, (B, 2, K, S, D): computed once, attended from any number of queries."""
+        length = ops.shape(context)[1]
+        key_value = ops.reshape(self.key_value_projection(context), (-1, length, 2 * self.n_kv_head,
+                                                                      self.head_size))
+        key, value = ops.split(key_value, 2, axis=2)  # each (B, S, K, D)
+        if self.qk_norm:
+            key = self.key_norm(key)
+        if self.rotary:
+            key = position_kinds.rotate(key, self._angles(ops.arange(length)))
+        return ops.stack([ops.transpose(key, (0, 2, 1, 3)), ops.transpose(value, (0, 2, 1, 3))], axis=1)
+
+    def attend(self, x, key_values, context_mask=None, training=None, return_attention_scores=False):
+        """As `call`, over keys and values from `key_values`, for attention that is not causal."""
+        length = ops.shape(x)[1]
+        query = ops.reshape(self.query_projection(x), (-1, length, self.n_head, self.head_size))  # (B, T, H, D)
+        if self.qk_norm:
+            query = self.query_norm(query)
+        if self.rotary:
+            query = position_kinds.rotate(query, self._angles(ops.arange(length)))
+        query = ops.transpose(query, (0, 2, 1, 3))  # (B, H, T, D)
+        mask = None if context_mask is None else ops.cast(context_mask, "bool")[:, None, None, :]  # (B, 1, 1, S)
+        attended, weights = _attend_with_dropout(
+            query, key_values[:, 0], key_values[:, 1], mask, self.weights_dropout, training
+        )  # (B, H, T, D), (B, H, T, S)
+        output = self.output_dropout(self.output_projection(merge_heads(attended)), training=training)
+        return (output, weights) if return_attention_scores else output
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(n_head=self.n_head, n_kv_head=self.n_kv_head, causal=self.causal,
+                      cross=self.cross, dropout=self.dropout, attention_dropout=self.attention_dropout_rate,
+                      bias=self.bias, qkv_bias=self.qkv_bias, position=self.position,
+                      rope_theta=self.rope_theta, qk_norm=self.qk_norm, norm_epsilon=self.norm_epsilon,
+                      head_dim=self.head_dim)
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**settings_by_their_names(config))
+
+
+@functools.cache
+def _fused_attention_is_faster(compute_dtype):
+    """Whether `ops.dot_product_attention` beats the step-by-step ops here.
+
+    It does but for torch on a CPU in 16 bits, where torch's flash kernel is
+    slower than plain matmuls and softmax (benchmarks/journal.md, "Fused attention").
+    """
+    if keras.backend.backend() != "torch" or compute_dtype == "float32":
+        return True
+    import torch
+
+    return torch.cuda.is_available() or torch.backends.mps.is_available()
+
+
+class CachePlacement(collections.namedtuple("CachePlacement", "positions mask indices slots")):
+    """Where one call's new tokens go in a key/value cache, the same for every layer of a model.
+
+    positions (B, T): each new token's position; mask (B, 1, T, S): True
+    where a new token may attend a cached one; for one token per row (a
+    decode step), indices (B*2*K, 4): the (row, key or value, head, slot) of
+    each row of D numbers to scatter, else None; for several, slots (B, T, S):
+    1 where a new token goes, else None.
+    """
+
+    @classmethod
+    def of(cls, start_positions, length, cache):
+        """For `length` new tokens per row, row b's from start_positions[b] (B,), in cache (B, 2, K, S, D)."""
+        cache_length = ops.shape(cache)[3]
+        positions = token_positions(start_positions, length)  # (B, T)
+        mask = ops.greater_equal(positions[..., None], ops.arange(cache_length))[:, None]  # (B, 1, T, S)
+        indices = slots = None
+        if length == 1 and cache.shape[3] != 1:
+            batch_size, _, heads = ops.shape(cache)[:3]
+            b, kv, h = ops.meshgrid(ops.arange(batch_size), ops.arange(2), ops.arange(heads), indexing="ij")
+            slot = ops.broadcast_to(ops.reshape(positions[:, 0], (-1, 1, 1)), ops.shape(b))  # (B, 2, K)
+            # Whole rows of D numbers: an index per (row, key or value, head), not per number.
+            indices = ops.reshape(ops.stack([b, kv, h, slot], axis=-1), (-1, 4))
+        elif length != cache.shape[3]:
+            slots = ops.cast(ops.equal(positions[:, :, None], ops.arange(cache_length)[None, None, :]),
+                             cache.dtype)  # (B, T, S)
+        return cls(positions, mask, indices, slots)
+
+
+def _write_cache(cache, key, value, placement):
+    """Put new keys and values (B, K, T, D) where `placement` says in the cache (B, 2, K, S, D)."""
+    length, cache_length = key.shape[2], cache.shape[3]
+    if length == cache_length:  # a whole window, necessarily from position 0
+        return ops.stack([key, value], axis=1)
+    if length == 1:
+        # One token per row (each decode step): scatter just its key and value
+        # instead of rewriting the cache.
+        updates = ops.reshape(ops.stack([key[:, :, 0], value[:, :, 0]], axis=1), (-1, key.shape[-1]))  # (B*2*K, D)
+        return ops.scatter_update(cache, placement.indices, updates)
+    slots = ops.cast(placement.slots, key.dtype)  # (B, T, S)
+    written = ops.max(slots, axis=1)[:, None, :, None]  # (B, 1, S, 1)
+    new_keys_and_values = ops.stack(
+        [ops.einsum("bts,bhtd->bhsd", slots, key), ops.einsum("bts,bhtd->bhsd", slots, value)], axis=1
+    )  # (B, 2, K, S, D)
+    return cache * (1 - written[:, None]) + new_keys_and_values
+
+
+def _attend_with_dropout(query, key, value, mask, dropout_layer, training):
+    """Attention whose weights pass through dropout in training; the weights returned are pre-dropout."""
+    if not training or dropout_layer.rate == 0:
+        return scaled_dot_product_attention(query, key, value, mask)
+    return scaled_dot_product_attention(query, key, value, mask,
+                                        lambda weights: dropout_layer(weights, training=training))

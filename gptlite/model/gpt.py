@@ -1,0 +1,336 @@
+"""The models: the GPT (embedding, a stack of transformer blocks, a final norm
+and the LM head) and the encoder–decoder Seq2Seq built from the same parts."""
+
+import dataclasses
+
+import keras
+from keras import ops
+
+from gptlite.errors import ConfigError, InputError
+from gptlite.model.attention import CachePlacement, PackedTexts
+from gptlite.model.blocks import EncoderBlock, TransformerBlock
+from gptlite.model.config import GPTConfig, LORA_TARGETS, lora_targets
+from gptlite.model.layers import make_norm, NORM_LAYERS, register, TokenAndPositionEmbedding
+from gptlite.text import templates
+from gptlite.text import tokenizers  # noqa: F401 (registers with Keras the tokenizers that a saved model holds)
+
+
+# Stored in every saved model; raised when the saved form changes incompatibly.
+FORMAT_VERSION = 1
+
+
+def is_model(value):
+    """Whether `value` is a gptlite model (a GPT or a Seq2Seq). What kind it is, callers ask the model itself
+    (`writes_targets`, `chats`), never its class."""
+    return isinstance(value, _Transformer)
+
+
+class _Transformer(keras.Model):
+    """What GPT and Seq2Seq share: the config, the tokenizer, the embedding
+    (which is also the output layer), the decoder's blocks and final norm,
+    the key/value cache and the saved form.
+    """
+
+    # Whether the decoder's blocks attend over an encoder's output.
+    _CROSS_ATTENTION = False
+    # What a caller asks instead of which class a model is: whether it writes a target for a source text
+    # (a Seq2Seq) rather than continuing its prompt (a GPT).
+    writes_targets = False
+
+    def __init__(self, *, tokenizer=None, **kwargs):
+        # The shape's settings are GPTConfig's fields, with its defaults; the rest are Keras's (name, dtype, ...).
+        config = GPTConfig(**{field.name: kwargs.pop(field.name) for field in dataclasses.fields(GPTConfig)
+                              if field.name in kwargs})
+        super().__init__(**kwargs)
+        self.config = config
+        vocab_size, block_size, n_embd = config.vocab_size, config.block_size, config.n_embd
+        if tokenizer is not None and tokenizer.vocabulary_size != vocab_size:
+            raise ConfigError(
+                f"the tokenizer has {tokenizer.vocabulary_size} tokens but vocab_size is {vocab_size}"
+            )
+        self.tokenizer = tokenizer
+        self.embedding = TokenAndPositionEmbedding(
+            vocab_size,
+            block_size,
+            n_embd,
+            position=config.position,
+            tie_weights=config.tie_weights,
+            dtype=self.dtype_policy,
+            name="embedding",
+        )
+        self.embedding_dropout = keras.layers.Dropout(config.dropout, dtype=self.dtype_policy)
+        self.blocks = [self._block(TransformerBlock, f"block_{i}", cross_attention=self._CROSS_ATTENTION)
+                       for i in range(config.n_layer)]
+        self.final_norm = self._norm("final_norm")
+
+    def _norm(self, name):
+        return make_norm(self.config.norm, self.config.norm_epsilon, self.config.bias, self.dtype_policy, name)
+
+    def _block(self, kind, name, **kwargs):
+        config = self.config
+        return kind(config.n_head, config.kv_heads, dropout=config.dropout, bias=config.bias,
+                    norm_epsilon=config.norm_epsilon, attention_dropout=config.attention_dropout, norm=config.norm,
+                    mlp=config.mlp, mlp_hidden_size=config.mlp_hidden_size, qkv_bias=config.qkv_bias,
+                    position=config.position, rope_theta=config.rope_theta, qk_norm=config.qk_norm,
+                    head_dim=config.head_dim, dtype=self.dtype_policy, name=name, **kwargs)
+
+    @classmethod
+    def from_gpt_config(cls, config, tokenizer=None, **kwargs):
+        return cls(**dataclasses.asdict(config), tokenizer=tokenizer, **kwargs)
+
+    def build(self, input_shape=None):
+        hidden_shape = (None, None, self.config.n_embd)
+        self.embedding.build((None, None))
+        for block in self.blocks:
+            block.build(hidden_shape)
+        self.final_norm.build(hidden_shape)
+        self.built = True
+
+    @property
+    def chats(self):
+        """Whether the model holds a conversation: a language model whose tokenizer has a chat template."""
+        return not self.writes_targets and self.tokenizer is not None and \
+            templates.template_of(self.tokenizer) is not None
+
+    def decoding_context(self, sources=None):
+        """What every decoding step reads besides its tokens and cache, passed on to `call_with_cache`: nothing
+        for a GPT; a Seq2Seq's encoded sources (B, S)."""
+        return ()
+
+    def empty_cache(self, batch_size, length=None):
+        """A zero key/value cache: a tuple with one (B, 2, K, length, D) tensor per decoder block.
+
+        `length` (block_size unless given) slots hold positions 0 .. length - 1.
+        A tuple rather than one stacked tensor, so that a decode step updates
+        each block's cache in place instead of copying all of them.
+        """
+        config = self.config
+        length = config.block_size if length is None else length
+        shape = (batch_size, 2, config.kv_heads, length, config.head_size)
+        return tuple(ops.zeros(shape, dtype=self.compute_dtype) for _ in range(config.n_layer))
+
+    def _decode_with_cache(self, token_ids, cache, start_positions, **cross):
+        """Logits (B, T, V) for tokens placed at `start_positions` (B,), and the updated cache."""
+        x = self.embedding(token_ids, start_positions)  # (B, T, C)
+        # Every block's cache has one shape: where the new keys and values go is worked out once.
+        placement = CachePlacement.of(start_positions, ops.shape(token_ids)[1], cache[0])
+        layer_caches = []
+        for index, (block, layer_cache) in enumerate(zip(self.blocks, cache)):
+            block_cross = {"cross_key_values": cross["cross_key_values"][index],
+                           "context_mask": cross["context_mask"]} if cross else {}
+            x, layer_cache = block.call_with_cache(x, layer_cache, start_positions, placement=placement,
+                                                   **block_cross)
+            layer_caches.append(layer_cache)
+        return self.embedding.logits(self.final_norm(x)), tuple(layer_caches)
+
+    def enable_lora(self, rank, alpha=None, targets=LORA_TARGETS):
+        """Train low-rank adapters on the decoder blocks' projections, with every other weight frozen.
+
+        Each targeted projection (`targets` from LORA_TARGETS: "qkv", the
+        query, key and value projections; "attention_output"; "expand", the
+        feed-forward's first projection, gate and up for SwiGLU; "contract",
+        its last, down) gains two small matrices A (in, rank) and B (rank, out),
+        B starting at zero, and computes x W + (alpha / rank) (x A) B
+        (`layers.Linear.enable_lora`); its kernel W is frozen, as is every
+        other weight, unless `targets` names "embedding": the token embedding
+        (and an untied output head) then trains whole; "norms" trains every
+        norm's scale (and shift) whole. A saved model holds the
+        merged kernels and no adapters. The model must be built; compile it
+        after.
+        """
+        targets = lora_targets(",".join(targets) if isinstance(targets, (list, tuple)) else targets)
+        if not self.built:
+            raise ConfigError("build the model before enabling LoRA")
+        for weight in self.trainable_weights:
+            weight.trainable = False
+        if "embedding" in targets:
+            for weight in self.embedding.token_embedding.weights:
+                weight.trainable = True
+        if "norms" in targets:
+            for layer in self._flatten_layers():
+                if isinstance(layer, NORM_LAYERS):
+                    for weight in layer.weights:
+                        weight.trainable = True
+        for block in self.blocks:
+            projections = block.projections()
+            for name in targets:
+                for layer in projections.get(name, ()):
+                    layer.enable_lora(rank, alpha)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(dataclasses.asdict(self.config), format_version=FORMAT_VERSION)
+        config["tokenizer"] = (
+            keras.saving.serialize_keras_object(self.tokenizer) if self.tokenizer is not None else None
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        saved_format = config.pop("format_version", FORMAT_VERSION)
+        if saved_format > FORMAT_VERSION:
+            raise InputError(
+                f"this model was saved by a newer gptlite (format {saved_format}; this one reads "
+                f"up to {FORMAT_VERSION}); upgrade gptlite to load it"
+            )
+        if config.get("tokenizer") is not None:
+            config["tokenizer"] = keras.saving.deserialize_keras_object(config["tokenizer"])
+        return cls(**config)
+
+
+@register
+class GPT(_Transformer):
+    """A decoder-only transformer language model that carries its tokenizer.
+
+    Build one from a `GPTConfig` with `GPT.from_gpt_config(config, tokenizer)`,
+    or pass the config's fields as keyword arguments.
+
+    Call: token ids (B, T), T <= block_size -> next-token logits (B, T, V), float32.
+    Rows that pack several texts (conversations) come as {"token_ids": (B, T),
+    "positions": (B, T)}, each token's position in its own text: each text is
+    then read as if it were alone, its positions counted from 0 and its
+    attention kept within it, as it is read when the model is used.
+    """
+
+    def call(self, inputs, training=None):
+        token_ids, positions = (inputs["token_ids"], inputs.get("positions")) if isinstance(inputs, dict) else \
+            (inputs, None)
+        x = self.embedding(token_ids, positions=positions)  # (B, T, C)
+        x = self.embedding_dropout(x, training=training)
+        packed = None if positions is None else PackedTexts.of(positions)  # once for every block
+        for block in self.blocks:
+            x = block(x, packed=packed, training=training)
+        return self.embedding.logits(self.final_norm(x))  # (B, T, V)
+
+    def call_with_cache(self, token_ids, cache, start_positions):
+        """Next-token logits for tokens placed at `start_positions`, and the updated cache.
+
+        token_ids (B, T), start_positions (B,) with start_positions[b] + T no more than
+        the cache's length, cache as from `empty_cache` -> logits (B, T, V), cache.
+        Attention reads the whole cache, so a cache no longer than the text needs
+        makes a step cheaper.
+        """
+        return self._decode_with_cache(token_ids, cache, start_positions)
+
+    def training_flops_per_token(self):
+        """The FLOPs a training step spends per token at full context, estimated as nanoGPT does
+        (after PaLM's appendix B): 6 per weight, forward and backward, but the position table's,
+        which is only looked up, and 12 x layers x width x context for attention's own products."""
+        config = self.config
+        table = config.block_size * config.n_embd if config.position != "rotary" else 0
+        weights = self.count_params() - table
+        return 6 * weights + 12 * config.n_layer * config.n_embd * config.block_size
+
+    def attention_weights(self, token_ids):
+        """Attention weights of every block, stacked: (n_layer, B, H, T, T)."""
+        x = self.embedding(token_ids)
+        weights = []
+        for block in self.blocks:
+            x, block_weights = block(x, return_attention_scores=True)
+            weights.append(block_weights)
+        return ops.stack(weights)
+
+
+@register
+class Seq2Seq(_Transformer):
+    """An encoder–decoder transformer: the encoder reads a source text, the
+    decoder writes the target one token at a time, attending over it.
+
+    The shape is a `GPTConfig`'s: the encoder and the decoder each have
+    n_layer blocks, and block_size bounds the source's length and the
+    target's (its start token included). One embedding (tokens and
+    positions) serves the source, the target and the output. The tokenizer
+    must have pad (id 0), start and end tokens: the decoder reads the start
+    token and then the target, and learns to end it with the end token.
+
+    Call: {"source_ids": (B, S), "target_ids": (B, T)} -> next-token logits
+    (B, T, V), float32. Source positions holding the pad id are padding; an
+    optional "source_mask" (B, S), True at real positions, says so instead.
+    """
+
+    _CROSS_ATTENTION = True
+    writes_targets = True
+    PAD_ID = 0
+
+    def __init__(self, *, tokenizer=None, **kwargs):
+        super().__init__(tokenizer=tokenizer, **kwargs)
+        if tokenizer is not None and (tokenizer.pad_token_id != self.PAD_ID or tokenizer.start_token_id is None
+                                      or tokenizer.end_token_id is None):
+            raise ConfigError("a Seq2Seq model needs a tokenizer with pad (id 0), start and end tokens, such as "
+                              "CharTokenizer(..., special_tokens=('pad', 'start', 'end'))")
+        self.encoder_blocks = [self._block(EncoderBlock, f"encoder_block_{i}") for i in range(self.config.n_layer)]
+        self.encoder_norm = self._norm("encoder_norm")
+
+    def build(self, input_shape=None):
+        super().build()
+        hidden_shape = (None, None, self.config.n_embd)
+        for block in self.encoder_blocks:
+            block.build(hidden_shape)
+        self.encoder_norm.build(hidden_shape)
+
+    def call(self, inputs, training=None):
+        source_ids, target_ids = inputs["source_ids"], inputs["target_ids"]
+        source_mask = inputs.get("source_mask")
+        if source_mask is None:
+            source_mask = self.source_mask(source_ids)
+        encoded = self.encode(source_ids, source_mask, training=training)
+        return self.decode(target_ids, encoded, source_mask, training=training)
+
+    def source_mask(self, source_ids):
+        """True at the real (not padding) positions of source ids (B, S)."""
+        return ops.not_equal(source_ids, self.PAD_ID)
+
+    def encode(self, source_ids, source_mask, training=None):
+        """Source ids (B, S) and their mask -> the encoder's output (B, S, C)."""
+        x = self.embedding_dropout(self.embedding(source_ids), training=training)  # (B, S, C)
+        for block in self.encoder_blocks:
+            x = block(x, padding_mask=source_mask, training=training)
+        return self.encoder_norm(x)
+
+    def decode(self, target_ids, encoded, source_mask, training=None):
+        """Target ids so far (B, T), read with the encoder's output (B, S, C) -> next-token logits (B, T, V)."""
+        x = self.embedding_dropout(self.embedding(target_ids), training=training)  # (B, T, C)
+        for block in self.blocks:
+            x = block(x, context=encoded, context_mask=source_mask, training=training)
+        return self.embedding.logits(self.final_norm(x))
+
+    def attention_weights(self, inputs):
+        """Every block's attention weights for the inputs of `call`, as a dict:
+        "encoder" (n_layer, B, H, S, S), "decoder" (n_layer, B, H, T, T), the
+        decoder's causal self-attention, and "cross" (n_layer, B, H, T, S).
+        """
+        source_ids, target_ids = inputs["source_ids"], inputs["target_ids"]
+        source_mask = inputs.get("source_mask")
+        if source_mask is None:
+            source_mask = self.source_mask(source_ids)
+        weights = {"encoder": [], "decoder": [], "cross": []}
+        x = self.embedding(source_ids)  # (B, S, C)
+        for block in self.encoder_blocks:
+            x, block_weights = block(x, padding_mask=source_mask, return_attention_scores=True)
+            weights["encoder"].append(block_weights)
+        encoded = self.encoder_norm(x)
+        x = self.embedding(target_ids)  # (B, T, C)
+        for block in self.blocks:
+            x, self_weights, cross_weights = block(x, context=encoded, context_mask=source_mask,
+                                                   return_attention_scores=True)
+            weights["decoder"].append(self_weights)
+            weights["cross"].append(cross_weights)
+        return {part: ops.stack(part_weights) for part, part_weights in weights.items()}
+
+    def decoding_context(self, sources=None):
+        """Each decoder block's keys and values of the encoded sources (B, S), and the sources' mask: what every
+        decoding step reads (see `call_with_cache`), computed once per source."""
+        source_mask = self.source_mask(sources)
+        return self.cross_key_values(self.encode(sources, source_mask)), source_mask
+
+    def cross_key_values(self, encoded):
+        """Each decoder block's keys and values of the encoder's output: computed once per source."""
+        return tuple(block.cross_attention.key_values(encoded) for block in self.blocks)
+
+    def call_with_cache(self, token_ids, cache, start_positions, cross_key_values, source_mask):
+        """As `GPT.call_with_cache`, the decoder attending also over the source
+        through `cross_key_values` (from `cross_key_values`) and `source_mask`.
+        """
+        return self._decode_with_cache(token_ids, cache, start_positions,
+                                       cross_key_values=cross_key_values, context_mask=source_mask)

@@ -1,0 +1,385 @@
+"""The model's smallest parts, as Keras layers written with `keras.ops` only: the projection (`Linear`,
+with LoRA), the norms, the token and position embedding and the feed-forward network. Attention is in
+`gptlite.model.attention`, the transformer blocks that put them together in `gptlite.model.blocks`.
+
+Shape letters used in comments:
+    B batch, T sequence length (queries), S sequence length (keys),
+    C model width (n_embd), H query heads, K key/value heads (H for full
+    multi-head attention, fewer for grouped-query attention), G = H / K query
+    heads per key/value head, D head size (C / H), F feed-forward width,
+    V vocabulary size.
+"""
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+from gptlite.model import positions as position_kinds
+from gptlite.model.config import GPTConfig, MLPS, POSITIONS
+from gptlite.model.positions import token_positions
+
+register = keras.saving.register_keras_serializable(package="gptlite")
+
+# GPT-2's initialisation: every matrix starts as N(0, 0.02^2).
+_INIT_STDDEV = 0.02
+
+
+def _normal_init():
+    return keras.initializers.RandomNormal(stddev=_INIT_STDDEV)
+
+
+def feed_forward_width(width, mlp):
+    """The feed-forward's hidden width F by default: 4C for GELU; for SwiGLU, whose three matrices would
+    otherwise hold 1.5x GELU's two, 8C/3 rounded up to a multiple of 16 (the same weights, near enough)."""
+    if mlp == "gelu":
+        return 4 * width
+    return -(-8 * width // (3 * 16)) * 16
+
+
+@register
+class Linear(keras.layers.Layer):
+    """y = x W + b, which can carry LoRA adapters.
+
+    `enable_lora(rank, alpha)` freezes W and b and adds A (in, rank) and
+    B (rank, out), B starting at zero; the layer then computes
+    x W + b + (alpha / rank) (x A) B without merging the adapters into W, so
+    training needs no gradient of the whole W, only of A and B, which makes a
+    LoRA step cheaper. A saved layer holds the merged kernel
+    (`merged_kernel()`) and no adapters, as Keras's Dense does, and loads into
+    a layer with or without them.
+
+    Args:
+        units: the output width.
+        use_bias: whether it adds a bias b. (Keras's Dense's name: `bias` is
+            the weight; the layers above take GPTConfig's `bias`.)
+
+    Call: x (..., in) -> (..., units).
+    """
+
+    def __init__(self, units, use_bias=True, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.use_bias = use_bias
+        self.lora_rank = 0
+        self.lora_alpha = None
+
+    def build(self, input_shape):
+        self.kernel = self.add_weight(name="kernel", shape=(input_shape[-1], self.units), initializer=_normal_init())
+        self.bias = self.add_weight(name="bias", shape=(self.units,), initializer="zeros") if self.use_bias else None
+
+    @property
+    def lora_enabled(self):
+        return self.lora_rank > 0
+
+    def enable_lora(self, rank, alpha=None):
+        """Freeze the kernel and bias and add adapters of `rank`, scaled by alpha / rank (alpha: the rank)."""
+        if self.lora_enabled:
+            raise ValueError("this layer has adapters already")
+        # Keras locks a built layer's state; adapters come after building, as in Keras's own Dense.enable_lora.
+        self._tracker.unlock()
+        try:
+            self.lora_a = self.add_weight(name="lora_a", shape=(self.kernel.shape[0], rank),
+                                          initializer=keras.initializers.HeUniform(), dtype="float32")
+            self.lora_b = self.add_weight(name="lora_b", shape=(rank, self.units), initializer="zeros",
+                                          dtype="float32")
+        finally:
+            self._tracker.lock()
+        self.kernel.trainable = False
+        if self.bias is not None:
+            self.bias.trainable = False
+        self.lora_rank, self.lora_alpha = rank, rank if alpha is None else alpha
+
+    def merged_kernel(self):
+        """W with the adapters, if any, added: what the layer computes, as one matrix."""
+        if not self.lora_enabled:
+            return self.kernel.value
+        scale = self.lora_alpha / self.lora_rank
+        update = ops.matmul(self.lora_a.value, self.lora_b.value) * scale
+        return self.kernel.value + ops.cast(update, self.kernel.dtype)
+
+    def call(self, x):
+        if not self.lora_enabled:
+            y = ops.matmul(x, self.kernel)
+        else:
+            # Rows as one matrix: three 2-D products, where (B, T, in) operands make
+            # TensorFlow build each product from a dozen shape operations.
+            rows = ops.reshape(x, (-1, ops.shape(x)[-1]))  # (B*T, in)
+            adapted = ops.matmul(ops.matmul(rows, self.lora_a), self.lora_b)  # (B*T, out)
+            scale = self.lora_alpha / self.lora_rank
+            y = ops.matmul(rows, self.kernel) + (adapted if scale == 1 else scale * adapted)
+            y = ops.reshape(y, (*ops.shape(x)[:-1], self.units))
+        return y if self.bias is None else y + self.bias
+
+    def save_own_variables(self, store):
+        store["0"] = self.merged_kernel()
+        if self.bias is not None:
+            store["1"] = self.bias.value
+
+    def load_own_variables(self, store):
+        self.kernel.assign(store["0"])
+        if self.bias is not None:
+            self.bias.assign(store["1"])
+        if self.lora_enabled:  # the kernel loaded holds what the adapters added: they start again from zero
+            self.lora_b.assign(ops.zeros(self.lora_b.shape, self.lora_b.dtype))
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape[:-1], self.units)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(units=self.units, use_bias=self.use_bias)
+        return config
+
+
+@register
+class RMSNorm(keras.layers.Layer):
+    """x / sqrt(mean(x^2) + epsilon) * gamma, over the last axis, computed in float32.
+
+    LayerNorm without its centring and shift (Zhang and Sennrich, 2019):
+    cheaper, and what Llama-family models use. (..., C) -> (..., C).
+    """
+
+    def __init__(self, epsilon=GPTConfig.norm_epsilon, **kwargs):
+        super().__init__(**kwargs)
+        self.epsilon = epsilon
+
+    def build(self, input_shape):
+        self.gamma = self.add_weight(name="gamma", shape=(input_shape[-1],), initializer="ones")
+
+    def call(self, x):
+        x32 = ops.cast(x, "float32")
+        normed = x32 * ops.rsqrt(ops.mean(ops.square(x32), axis=-1, keepdims=True) + self.epsilon)
+        return ops.cast(normed * ops.cast(self.gamma, "float32"), x.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(epsilon=self.epsilon)
+        return config
+
+
+def settings_by_their_names(config):
+    """A saved layer's config with the settings' names of layers saved before they took GPTConfig's:
+    `use_bias` is `bias`, `rotary=True` is `position="rotary"`."""
+    config = dict(config)
+    if "use_bias" in config:
+        config["bias"] = config.pop("use_bias")
+    if "rotary" in config:
+        config["position"] = "rotary" if config.pop("rotary") else "learned"
+    return config
+
+
+def make_norm(kind, epsilon, bias, dtype, name):
+    """A LayerNorm ("layer"; with a shift where bias) or an RMSNorm ("rms"): one of NORM_LAYERS."""
+    if kind == "rms":
+        return RMSNorm(epsilon, dtype=dtype, name=name)
+    return keras.layers.LayerNormalization(epsilon=epsilon, center=bias, dtype=dtype, name=name)
+
+
+# Every kind of norm a model holds: make_norm's two (QK-norm's are RMSNorms too).
+NORM_LAYERS = (RMSNorm, keras.layers.LayerNormalization)
+
+
+@register
+class TokenAndPositionEmbedding(keras.layers.Layer):
+    """Token embedding, with the position table added where positions are one, and the output head.
+
+    Args:
+        vocabulary_size: number of token ids.
+        sequence_length: the longest sequence the position table covers.
+        embedding_dim: model width C.
+        position: "learned" (a trained table), "sinusoidal" (the fixed table
+            of `positions.sinusoidal_position_encoding`, computed once), or
+            "rotary" (no table: attention rotates queries and keys).
+        tie_weights: whether `logits()` reuses the token embedding matrix as
+            the output projection (True) or has a matrix of its own.
+
+    Call: token ids (B, T) with T <= sequence_length -> embeddings (B, T, C).
+    """
+
+    def __init__(
+        self,
+        vocabulary_size,
+        sequence_length,
+        embedding_dim,
+        position="learned",
+        tie_weights=True,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if position not in POSITIONS:
+            raise ValueError(f"position must be one of {', '.join(POSITIONS)}, got {position!r}")
+        self.vocabulary_size = vocabulary_size
+        self.sequence_length = sequence_length
+        self.embedding_dim = embedding_dim
+        self.position = position
+        self.tie_weights = tie_weights
+        # Keras's ReversibleEmbedding holds the embedding and, tied or not, the
+        # output projection, so both paths save and load the same way.
+        self.token_embedding = keras.layers.ReversibleEmbedding(
+            vocabulary_size,
+            embedding_dim,
+            tie_weights=tie_weights,
+            embeddings_initializer=_normal_init(),
+            reverse_dtype="float32",
+            dtype=self.dtype_policy,
+            name="token_embedding",
+        )
+
+    def build(self, input_shape):
+        self.token_embedding.build(input_shape)
+        self.position_embeddings = None
+        if self.position == "learned":
+            self.position_embeddings = self.add_weight(
+                name="position_embeddings",
+                shape=(self.sequence_length, self.embedding_dim),
+                initializer=_normal_init(),
+            )
+        elif self.position == "sinusoidal":
+            # A non-trainable weight rather than a constant tensor: it is built
+            # outside any traced function, and it travels inside model.keras.
+            self.position_embeddings = self.add_weight(
+                name="position_encoding",
+                shape=(self.sequence_length, self.embedding_dim),
+                initializer="zeros",
+                trainable=False,
+            )
+            self.position_embeddings.assign(
+                position_kinds.sinusoidal_position_encoding(self.sequence_length, self.embedding_dim)
+            )
+
+    def call(self, token_ids, start_positions=None, positions=None):
+        """token_ids (B, T); start_positions (B,), the position of each row's first token (default 0), or
+        positions (B, T), each token's own (rows that pack several texts count each from 0)."""
+        tokens = self.token_embedding(token_ids)  # (B, T, C)
+        if self.position_embeddings is None:
+            return tokens
+        length = ops.shape(token_ids)[-1]
+        # The variable's value, not the variable: JAX no longer converts one inside ops.
+        table = self.position_embeddings.value  # (block_size, C)
+        if start_positions is not None:
+            positions = token_positions(start_positions, length)  # (B, T)
+        if positions is None:
+            added = ops.slice(table, (0, 0), (length, self.embedding_dim))  # (T, C)
+        else:
+            added = ops.take(table, positions, axis=0)  # (B, T, C)
+        return tokens + ops.cast(added, tokens.dtype)
+
+    def logits(self, hidden):
+        """Project hidden states (B, T, C) to float32 vocabulary logits (B, T, V)."""
+        return self.token_embedding(hidden, reverse=True)
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape, self.embedding_dim)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            vocabulary_size=self.vocabulary_size,
+            sequence_length=self.sequence_length,
+            embedding_dim=self.embedding_dim,
+            position=self.position,
+            tie_weights=self.tie_weights,
+        )
+        return config
+
+
+def gelu(x, recompute_gradient=False):
+    """GELU with GPT-2's tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+
+    recompute_gradient: under TensorFlow, compute the gradient again from x
+        alone. TensorFlow's own gradient of the formula keeps four more
+        tensors of the feed-forward's width per block until the backward
+        pass, which matters where no XLA fuses them: on GPT-2 small at
+        context 256 they held ~90 MB of a LoRA step's peak memory.
+    """
+    if not recompute_gradient or keras.backend.backend() != "tensorflow":
+        return ops.gelu(x, approximate=True)
+    return ops.custom_gradient(_gelu_recomputing_gradient)(x)
+
+
+def _gelu_recomputing_gradient(x):
+    scale = math.sqrt(2 / math.pi)
+
+    def gradient(*args, upstream=None):
+        upstream = args[0] if upstream is None else upstream
+        tanh = ops.tanh(scale * (x + 0.044715 * x * x * x))
+        slope = 0.5 * (1 + tanh) + 0.5 * x * (1 - tanh * tanh) * scale * (1 + 3 * 0.044715 * x * x)
+        return upstream * slope
+
+    return ops.gelu(x, approximate=True), gradient
+
+
+
+@register
+class FeedForward(keras.layers.Layer):
+    """The position-wise feed-forward network, then dropout. (B, T, C) -> (B, T, C).
+
+    mlp "gelu" (GPT-2's): x -> gelu(x W1) W2, with W1 `expand` (C, F) and
+    W2 `contract` (F, C). mlp "swiglu" (Shazeer 2020; Llama's):
+    x -> (silu(x W_gate) * (x W_up)) W_down, with W_gate and W_up side by
+    side in `expand` (C, 2F): one matmul; W_down is `contract`.
+
+    Args:
+        dropout: rate for the output.
+        bias: whether the projections have biases.
+        mlp: "gelu" or "swiglu".
+        hidden_size: F (None: `feed_forward_width`'s default for the width).
+    """
+
+    def __init__(self, dropout=0.0, bias=True, mlp="gelu", hidden_size=None, **kwargs):
+        super().__init__(**kwargs)
+        if mlp not in MLPS:
+            raise ValueError(f"mlp must be one of {', '.join(MLPS)}, got {mlp!r}")
+        self.dropout = dropout
+        self.bias = bias
+        self.mlp = mlp
+        self.hidden_size = hidden_size
+
+    def build(self, input_shape):
+        width = input_shape[-1]
+        hidden = self.hidden_size or feed_forward_width(width, self.mlp)
+        self.expand = Linear(hidden * (2 if self.mlp == "swiglu" else 1), use_bias=self.bias,
+                             dtype=self.dtype_policy, name="expand")
+        self.expand.build(input_shape)
+        self.contract = Linear(width, use_bias=self.bias, dtype=self.dtype_policy, name="contract")
+        self.contract.build((*input_shape[:-1], hidden))
+        self.output_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+
+    def projections(self):
+        """The layer's projections by LoRA target name: "expand" (gate and up, for SwiGLU) and "contract"."""
+        return {"expand": [self.expand], "contract": [self.contract]}
+
+    def call(self, x, training=None):
+        if self.mlp == "swiglu":
+            gate, up = ops.split(self.expand(x), 2, axis=-1)  # each (B, T, F)
+            hidden = ops.silu(gate) * up
+        else:
+            # A large model's LoRA step runs without XLA on TensorFlow (training.compile_for_training).
+            adapted = self.expand.lora_enabled or self.contract.lora_enabled
+            hidden = gelu(self.expand(x), recompute_gradient=adapted)  # (B, T, F)
+        return self.output_dropout(self.contract(hidden), training=training)  # (B, T, C)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(dropout=self.dropout, bias=self.bias, mlp=self.mlp, hidden_size=self.hidden_size)
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**settings_by_their_names(config))
+
+
+def weight_array(layer, attribute):
+    """A layer's weight (`getattr(layer, attribute)`) as a float32 numpy array; a `Linear`'s kernel with its
+    LoRA adapters, if any, merged in."""
+    if isinstance(layer, Linear) and attribute == "kernel":
+        return np.asarray(ops.convert_to_numpy(layer.merged_kernel()), np.float32)
+    return np.asarray(ops.convert_to_numpy(getattr(layer, attribute)), np.float32)

@@ -1,0 +1,542 @@
+"""Training with `model.fit`: the optimizer and schedule, the step loop between
+evaluations and checkpoints, stopping on request, and the evaluation records."""
+
+import contextlib
+import copy
+import dataclasses
+import math
+import pathlib
+import signal
+import sys
+import threading
+import time
+
+import keras
+
+from gptlite.data.conversations import ChatRows, ConversationBatches, IGNORED
+from gptlite.data.lm import fed_to_keras, RandomWindows
+from gptlite.data.pairs import PairBatches, PairSet
+from gptlite.errors import ConfigError, TrainingDiverged, TrainingInterrupted
+from gptlite.training import history
+from gptlite.training.background import Jobs
+from gptlite.training.checkpoints import restore_checkpoint, RunState, save_checkpoint, snapshot
+from gptlite.training.distribute import mirrored, process_part
+from gptlite.training.file_writer import FileWriter
+from gptlite.training.optimizer import FlatAdamW
+from gptlite.training.plotting import plot_losses
+from gptlite.training.settings import dtype_policy
+from gptlite.weights import saving
+
+
+# The largest model (adapters included) whose LoRA step runs under XLA on TensorFlow (compile_for_training).
+LORA_XLA_MAX_PARAMETERS = 4_000_000
+
+
+def learning_rate_schedule(config):
+    """Linear warm-up to `lr`, then cosine decay to `min_lr` at `max_iters`, counted in optimizer steps."""
+    schedule = keras.optimizers.schedules.CosineDecay(
+        # Start above zero so the first step is not wasted.
+        initial_learning_rate=config.lr / (config.warmup_iters + 1),
+        warmup_target=config.lr,
+        warmup_steps=config.warmup_iters,
+        decay_steps=config.max_iters - config.warmup_iters,
+        alpha=config.min_lr / config.lr,
+    )
+    return schedule if config.grad_accum == 1 else _PerOptimizerStep(schedule, config.grad_accum)
+
+
+class _PerOptimizerStep(keras.optimizers.schedules.LearningRateSchedule):
+    """A schedule of optimizer steps, for an optimizer that accumulates gradients.
+
+    Keras calls the schedule with the count of micro-batches; the step that
+    applies the accumulated gradients of optimizer step s is micro-batch
+    (s + 1) * micro_batches - 1, and must get the rate of step s.
+    """
+
+    def __init__(self, schedule, micro_batches):
+        self.schedule = schedule
+        self.micro_batches = micro_batches
+
+    def __call__(self, micro_step):
+        return self.schedule(keras.ops.floor_divide(micro_step, self.micro_batches))
+
+    def get_config(self):
+        return {"schedule": keras.optimizers.schedules.serialize(self.schedule), "micro_batches": self.micro_batches}
+
+
+def make_optimizer(model, config):
+    """AdamW with clipping at global norm 1.0, decaying only weight matrices.
+
+    Decaying biases, norms or embeddings pulls them towards zero for no gain in
+    generalisation, so they are left out. With `grad_accum` above 1, Keras
+    adds up that many micro-batches' gradients and applies their mean (clipped)
+    once. `model` must be built.
+    """
+    # LoRA trains a few small adapter matrices: one update over their
+    # concatenation holds less memory than one per matrix (FlatAdamW).
+    flat = config.lora_rank and not (keras.backend.backend() == "tensorflow" and mirrored())
+    optimizer = (FlatAdamW if flat else keras.optimizers.AdamW)(
+        learning_rate=learning_rate_schedule(config),
+        weight_decay=config.weight_decay,
+        beta_1=0.9,
+        beta_2=config.beta2,
+        global_clipnorm=1.0,
+        gradient_accumulation_steps=config.grad_accum if config.grad_accum > 1 else None,
+    )
+    embedding_tables = [
+        v for v in model.embedding.trainable_variables
+        if v.name in ("embeddings", "position_embeddings")
+    ]
+    vectors = [v for v in model.trainable_variables if len(v.shape) < 2]
+    optimizer.exclude_from_weight_decay(var_list=embedding_tables + vectors)
+    return optimizer
+
+
+def compile_for_training(model, config, ignored=None):
+    # Keras's "auto" leaves XLA off on CPU-only TensorFlow, yet XLA makes the
+    # cpu preset's step about 1.5x faster there. Torch has no XLA; TensorFlow's
+    # XLA refuses a step whose mirrored variables sit on several devices.
+    # LoRA on TensorFlow uses it on small models only: at 1.5M parameters
+    # XLA's fusing of many small operations made its step 1.57x faster for
+    # 0.3 GB more memory; at 6M and 13M only 1.1x faster for 0.3-0.4 GB more,
+    # and on GPT-2 small no faster for 0.6 GB more (benchmarks/lora_xla.py).
+    xla = keras.backend.backend() == "jax" or (
+        keras.backend.backend() == "tensorflow" and not mirrored()
+        and (not config.lora_rank or model.count_params() <= LORA_XLA_MAX_PARAMETERS))
+    # A seq2seq batch pads its targets, and conversations leave all but the answers out (`ignored`): those
+    # positions do not count.
+    if ignored is None and model.writes_targets:
+        ignored = model.PAD_ID
+    model.compile(
+        optimizer=make_optimizer(model, config),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=ignored),
+        jit_compile=xla,
+    )
+
+
+class StopRequest:
+    """Turns the first SIGINT or SIGTERM into a request to stop after the current step.
+
+    A second signal aborts at once. Use as a context manager; outside the main
+    thread, where Python cannot install handlers, it only ever says no.
+    """
+
+    def __init__(self):
+        self.signal_number = None
+        self._previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for number in (signal.SIGINT, signal.SIGTERM):
+                self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def __exit__(self, *exc_info):
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+    def request(self, signal_number=signal.SIGINT):
+        self.signal_number = signal_number
+
+    @property
+    def requested(self):
+        return self.signal_number is not None
+
+    def _handle(self, signal_number, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.request(signal_number)
+        print("\nstopping after this step to save a checkpoint (press Ctrl-C again to abort)",
+              file=sys.stderr, flush=True)
+
+
+class _StepWatcher(keras.callbacks.Callback):
+    """Counts optimizer steps (each `micro_batches` of `fit`'s batches), and stops `fit`
+    after the step in which a stop was requested, or at once when the loss goes non-finite."""
+
+    def __init__(self, stop_request, progress, seed, first_step, micro_batches):
+        super().__init__()
+        self.stop_request = stop_request
+        self.progress = progress
+        self.seed, self.first_step, self.micro_batches = seed, first_step, micro_batches
+        self.mean_loss = math.nan
+        self.steps = 0
+        self.batches = 0
+        self.first_batch_ended = self.last_batch_ended = None
+        self.torch = None
+        if keras.backend.backend() == "torch":
+            import torch
+
+            self.torch = torch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.torch is not None:
+            # On torch, Keras's unseeded dropout draws from torch's own global
+            # generator, which the data loader also draws from; seeding it from
+            # the step makes the masks the same in a resumed run.
+            self.torch.manual_seed(self.seed * 1_000_003 + self.first_step * self.micro_batches + batch)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches = batch + 1
+        self.last_batch_ended = time.perf_counter()
+        if batch == 0:
+            self.first_batch_ended = self.last_batch_ended
+        self.mean_loss = float(logs["loss"])  # mean over this fit call's batches so far
+        if not math.isfinite(self.mean_loss):
+            self.model.stop_training = True
+        if (batch + 1) % self.micro_batches:
+            return  # within an optimizer step
+        self.steps = (batch + 1) // self.micro_batches
+        self.progress.step_done(self.mean_loss)
+        if self.stop_request.requested:
+            self.model.stop_training = True
+
+
+class _Progress:
+    """Keras's progress bar over the whole run, with a line for each evaluation.
+
+    The bar is drawn on a terminal only; in logs and pipes its redraws would
+    be noise, and the evaluation lines alone show progress.
+    """
+
+    def __init__(self, first_step, last_step, verbose):
+        self.step = first_step
+        self.verbose = verbose
+        self.live = bool(verbose) and sys.stdout.isatty()
+        self.bar = keras.utils.Progbar(last_step, stateful_metrics=["loss"], unit_name="step",
+                                       verbose=1 if self.live else 0)
+        if first_step and self.live:
+            self.bar.update(first_step)
+
+    def step_done(self, mean_loss):
+        self.step += 1
+        if self.live:
+            self.bar.update(self.step, [("loss", mean_loss)])
+
+    def say(self, line):
+        if self.verbose:
+            # On a terminal the bar's line is cleared first; the bar redraws below.
+            print(("\r\033[K" if self.live else "") + line, flush=True)
+
+
+# Said once, where a checkpoint must wait for the one before it.
+SLOW_DISK = ("the disk is slower than the checkpoints: each waits for the one before it to be written "
+             "(a larger `checkpoint_interval` avoids the wait)")
+
+
+class RunTime:
+    """Where a run's wall-clock time goes on the training thread, in seconds, added up over the run (and over
+    its resumptions):
+
+    steps       training steps, their first left out
+    startup     from `train` being called to the first step's end: building, compiling, the first step
+    evaluation  copying the weights for an evaluation, and waiting for the one before where it is not done
+                (the evaluations themselves run beside the steps: `_Evaluations`)
+    checkpoints copying the model's and optimizer's state off the device
+    disk        waiting for files: a checkpoint for the one before it, the run's end for all
+    """
+
+    PARTS = ("steps", "startup", "evaluation", "checkpoints", "disk")
+
+    def __init__(self, row=None):
+        # What earlier processes of the run spent (from the last history row), and this one.
+        self.before = {part: (row or {}).get(f"{part}_s", 0.0) for part in self.PARTS}
+        self.seconds = dict.fromkeys(self.PARTS, 0.0)
+
+    def add(self, part, seconds):
+        self.seconds[part] += seconds
+
+    @contextlib.contextmanager
+    def counting(self, part, disk_waits=lambda: 0.0):
+        """Time the block as `part`, less what it waited for the disk (`disk_waits()`, a running total)."""
+        started, waited = time.perf_counter(), disk_waits()
+        try:
+            yield
+        finally:
+            waited = disk_waits() - waited
+            self.add("disk", waited)
+            self.add(part, time.perf_counter() - started - waited)
+
+    def columns(self):
+        """The history's columns, over the whole run: `steps_s`, `startup_s`, ..."""
+        return {f"{part}_s": round(self.before[part] + seconds, 2) for part, seconds in self.seconds.items()}
+
+    def summary(self):
+        """This process's parts in one line: each one's seconds and share."""
+        total = sum(self.seconds.values()) or 1.0
+        return ", ".join(f"{part} {seconds:.1f} s ({seconds / total:.0%})" for part, seconds in self.seconds.items()
+                         if seconds >= 0.05 or part == "steps")
+
+
+def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=False, stop_request=None,
+          callbacks=(), metrics=None, peak_flops=None, tensorboard=None, sample=None):
+    """Train `model` with `model.fit`; return the evaluation records.
+
+    A GPT trains on token ids (1-D arrays) or packed conversations
+    (`conversations.ChatRows`, the loss on the answers alone), a Seq2Seq on
+    `pairs.PairSet`s.
+    Steps are optimizer steps: with `grad_accum` above 1, each takes that
+    many batches of `batch_size`. Every `eval_interval` steps the validation
+    loss is measured; the best model by validation loss is saved to
+    `out_dir/model.keras`, with `history.csv` and `loss.png` beside it. Each
+    evaluation also records the validation loss in bits per character and
+    the tokens trained per second since the last (the steps' own speed), the
+    tokens per second of the whole run so far (its wall-clock time) and where
+    that time went (`RunTime`). Every `checkpoint_interval` steps, and when a
+    stop is requested (Ctrl-C, SIGTERM), a checkpoint is written from which
+    `resume=True` continues exactly. The model in memory ends with the last
+    step's weights.
+
+    Files are written on a thread of their own (`file_writer.FileWriter`)
+    from copies taken at their step, so that the steps go on while the disk
+    writes them; the run waits for every write before it returns or stops.
+
+    metrics: a name for each function of the model that returns a fraction
+        (a Seq2Seq's exact match, say): each evaluation records and shows it.
+    peak_flops: the hardware's peak FLOPs per second; given, a GPT's
+        evaluations also record its model FLOPs utilisation (`mfu`).
+    tensorboard: a folder to write TensorBoard event files to at each
+        evaluation, with `sample` (a function of the model returning text)
+        as a text sample if given.
+    callbacks: more Keras callbacks, given to every `fit` call.
+    """
+    called = time.perf_counter()
+    out_dir = pathlib.Path(out_dir)
+    if model.dtype_policy.name != dtype_policy(config.precision):
+        raise ConfigError(
+            f"the model computes in {model.dtype_policy.name} but the training precision is {config.precision}; "
+            f"build it with dtype=gptlite.training.settings.dtype_policy({config.precision!r})"
+        )
+    if (config.precision == "fp16" and keras.backend.backend() == "jax"
+            and all(device.startswith("cpu") for device in keras.distribution.list_devices())):
+        raise ConfigError("fp16 under jax needs a GPU: XLA's CPU matmuls have no float16; set `precision` to bf16")
+    if peak_flops is not None and not (not model.writes_targets and peak_flops > 0):
+        raise ConfigError("`peak_flops` must be positive, and MFU is estimated for a GPT only")
+    block_size = model.config.block_size
+    if not model.built:
+        model.build((None, block_size))
+    compile_for_training(model, config, IGNORED if isinstance(train_ids, ChatRows) else None)
+    model.optimizer.build(model.trainable_variables)
+    state = restore_checkpoint(model, out_dir) if resume else RunState()
+
+    part = process_part()
+    validation_batches = fed_to_keras(_batches(  # read again at each evaluation
+        validation_ids, block_size, config.batch_size, config.eval_iters, seed=config.seed + 1, part=part
+    ))
+    boundaries = sorted(
+        {s for s in range(config.eval_interval, config.max_iters, config.eval_interval)}
+        | {s for s in range(config.checkpoint_interval, config.max_iters, config.checkpoint_interval)}
+        | {config.max_iters}
+    )
+    throughput = history.Throughput(config.batch_size * block_size)
+    progress = _Progress(state.step, config.max_iters, verbose)
+    started = called
+    elapsed_before = state.rows[-1]["elapsed_s"] if state.rows else 0.0
+    run_time = RunTime(state.rows[-1] if state.rows else None)
+    first_step, first_fit = state.step, True
+    with contextlib.ExitStack() as stack:
+        stop_request = stop_request or stack.enter_context(StopRequest())
+        # Closed before the run returns or stops, whatever stops it: first the evaluations (which hand their
+        # files to the writer), then the writer (every file on disk).
+        writer = stack.enter_context(FileWriter())
+        evaluations = stack.enter_context(_Evaluations(
+            model, validation_batches, metrics or {}, out_dir, history.characters_per_token(model.tokenizer,
+                                                                                            validation_ids),
+            peak_flops and model.training_flops_per_token() / peak_flops,
+            tensorboard and history.TensorBoardLog(tensorboard), sample, writer, progress.say))
+        disk_waits = lambda: writer.waited_s + evaluations.disk_waited_s
+        for boundary in (b for b in boundaries if b > state.step):
+            watcher = _StepWatcher(stop_request, progress, config.seed, state.step, config.grad_accum)
+            batches = _batches(train_ids, block_size, config.batch_size, boundary - state.step, seed=config.seed,
+                               first_index=state.step, micro_batches=config.grad_accum, part=part)
+            fit_started = time.perf_counter()
+            model.fit(fed_to_keras(batches), epochs=1, shuffle=False, callbacks=[watcher, *callbacks], verbose=0)
+            fit_ended = time.perf_counter()
+            if first_fit and watcher.first_batch_ended is not None:
+                run_time.add("startup", watcher.first_batch_ended - started)
+                run_time.add("steps", fit_ended - watcher.first_batch_ended)
+                first_fit = False
+            else:
+                run_time.add("steps", fit_ended - fit_started)
+            throughput.add(watcher.batches, fit_started, watcher.first_batch_ended, watcher.last_batch_ended)
+            state.step += watcher.steps
+            if not math.isfinite(watcher.mean_loss):
+                raise TrainingDiverged(
+                    f"the training loss became {watcher.mean_loss} by step {state.step}; "
+                    f"{out_dir / 'model.keras'} keeps the last good model; try a lower `lr`"
+                )
+            state.loss_sum += watcher.mean_loss * watcher.steps
+            state.loss_steps += watcher.steps
+            if state.step % config.eval_interval == 0 or state.step == config.max_iters:
+                elapsed = time.perf_counter() - started
+                tokens = (state.step - first_step) * config.grad_accum * config.batch_size * block_size
+                with run_time.counting("evaluation", disk_waits):
+                    evaluations.evaluate(state, elapsed_before + elapsed, throughput.take(), tokens / elapsed,
+                                         run_time)
+            checkpoint_due = state.step % config.checkpoint_interval == 0 or state.step == config.max_iters
+            if checkpoint_due or stop_request.requested:
+                with run_time.counting("checkpoints", disk_waits):
+                    evaluations.checkpoint(state, config, out_dir)
+            if stop_request.requested and state.step < config.max_iters:
+                raise TrainingInterrupted(
+                    f"training stopped at step {state.step} of {config.max_iters}; checkpoint saved in "
+                    f"{out_dir}; continue it with `resume=True`",
+                    stop_request.signal_number,
+                )
+        with run_time.counting("evaluation", disk_waits):
+            evaluations.close()
+        with run_time.counting("disk", disk_waits):
+            writer.close()  # the run's end waits for every file
+    elapsed = time.perf_counter() - started
+    tokens = (state.step - first_step) * config.grad_accum * config.batch_size * block_size
+    if tokens:
+        progress.say(f"trained {state.step - first_step:,} steps in {elapsed:.0f} s: {tokens / elapsed:,.0f} "
+                     f"tokens/s over the whole run ({run_time.summary()})")
+    return state.rows
+
+
+def _batches(token_ids_or_pairs, block_size, batch_size, count, **kwargs):
+    if isinstance(token_ids_or_pairs, PairSet):
+        return PairBatches(token_ids_or_pairs, batch_size, count, **kwargs)
+    if isinstance(token_ids_or_pairs, ChatRows):
+        return ConversationBatches(token_ids_or_pairs, batch_size, count, **kwargs)
+    return RandomWindows(token_ids_or_pairs, block_size, batch_size, count, **kwargs)
+
+
+class _Evaluations:
+    """A run's evaluations and its checkpoints' documents, done in order on a thread of their own
+    (`background.Jobs`), so that the steps go on meanwhile.
+
+    An evaluation measures a copy of the model taken at its step (`shadow`,
+    built once; the weights are copied in at each evaluation, once the one
+    before is done): the validation loss and the metrics. It then records
+    the row, keeps the best model (a copy handed to the writer), hands the
+    history and the plot to the writer, writes TensorBoard's record, and
+    says its line. A checkpoint's variables are copied at its own step, on
+    the training thread; its document names the evaluations before it, so
+    it is written after them, from the same queue, and it waits for the
+    checkpoint before it to be on disk (said once, where the disk is slower
+    than the checkpoints). Where evaluations cannot run beside the steps
+    (`_evaluations_beside_the_steps`), all of it is done at once, on the
+    training thread; the files are still written on the writer's.
+    """
+
+    def __init__(self, model, validation_batches, metrics, out_dir, characters_per_token, utilisation_per_token,
+                 tensorboard, sample, writer, say):
+        self.model, self.validation_batches, self.metrics, self.out_dir = model, validation_batches, metrics, out_dir
+        self.characters_per_token = characters_per_token  # None without a tokenizer
+        self.utilisation_per_token = utilisation_per_token  # MFU per token per second; None when not measured
+        self.tensorboard, self.sample = tensorboard, sample  # sample: a function of a model returning text
+        self.writer, self.say = writer, say
+        self.disk_waited_s = 0.0
+        self.shadow = saving.inference_copy(model)
+        self.shadow.compile(loss=model.loss, jit_compile=model.jit_compile)
+        self._checkpoint_on_disk = None
+        self._told = False
+        self._jobs = Jobs("gptlite-evaluation", background=_evaluations_beside_the_steps())
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, trace):
+        try:
+            self.close()
+        except Exception:
+            if kind is None:
+                raise  # otherwise the run's own error goes on
+        finally:
+            if self.tensorboard:
+                self.tensorboard.close()
+
+    def close(self):
+        """Wait for every evaluation and checkpoint document; raise a failed one's error."""
+        self._jobs.close()
+
+    def evaluate(self, state, elapsed, tokens_per_s, run_tokens_per_s, run_time):
+        """At an evaluation step, on the training thread: the step's own figures now, the rest on the thread."""
+        self._jobs.wait()  # the copy is free once the evaluation before is done
+        saving.copy_weights(self.model, self.shadow)
+        row = dict(step=state.step, train_loss=state.loss_sum / state.loss_steps,
+                   learning_rate=float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)),
+                   tokens_per_s=tokens_per_s, elapsed_s=round(elapsed, 2), run_tokens_per_s=run_tokens_per_s,
+                   **run_time.columns())
+        state.loss_sum, state.loss_steps = 0.0, 0
+        self._jobs.submit(lambda: self._evaluate(state, row))
+
+    def _evaluate(self, state, figures):
+        """Measure the copy, record the row, keep the best model, hand the files over, say the line."""
+        shadow = self.shadow
+        val_loss = float(shadow.evaluate(self.validation_batches, verbose=0))
+        row = dict(step=figures["step"], train_loss=figures["train_loss"], val_loss=val_loss)
+        if self.characters_per_token:
+            row["val_bits_per_char"] = val_loss / math.log(2) / self.characters_per_token
+        row.update(learning_rate=figures["learning_rate"], tokens_per_s=figures["tokens_per_s"])
+        if self.utilisation_per_token:
+            row["mfu"] = figures["tokens_per_s"] * self.utilisation_per_token
+        row.update({name: value for name, value in figures.items() if name not in row})
+        row.update({name: measure(shadow) for name, measure in self.metrics.items()})
+        state.rows.append(row)
+        improved = val_loss < state.best_val_loss
+        if improved:
+            state.best_val_loss = val_loss
+            # Renamed into place whole at once, synced when the run ends: the run's synced record is its
+            # checkpoint, and a disk that syncs slowly then syncs once an interval, not twice.
+            saving.save(shadow, self.out_dir / "model.keras", self.writer, sync="at close")
+        rows = copy.deepcopy(state.rows)  # as they are now: the writer's thread reads them later
+        # Both follow from the checkpoint's own record: renamed into place whole, not synced.
+        self.writer.write(self.out_dir / "history.csv", lambda path: history.write_history(rows, path), sync=False)
+        self.writer.write(self.out_dir / "loss.png", lambda path: plot_losses(rows, path), sync=False)
+        if self.tensorboard:
+            self.tensorboard.write(row, self.sample and self.sample(shadow), self.metrics)
+        tokens_per_s, run_tokens_per_s = row["tokens_per_s"], row["run_tokens_per_s"]
+        self.say(
+            f"step {row['step']}: train loss {row['train_loss']:.4f}, val loss {val_loss:.4f}"
+            + (f", {row['val_bits_per_char']:.3f} bits/char" if "val_bits_per_char" in row else "")
+            + "".join(f", {name.replace('_', ' ')} {row[name]:.1%}" for name in self.metrics)
+            + (f"{' (best so far, saved)' if improved else ''}  [{row['elapsed_s']:.0f} s"
+               + (f", {tokens_per_s:,.0f} tokens/s" if math.isfinite(tokens_per_s) else "")
+               + f", whole run {run_tokens_per_s:,.0f} tokens/s"
+               + (f", MFU {row['mfu']:.1%}" if "mfu" in row and math.isfinite(row["mfu"]) else "") + "]")
+        )
+
+    def checkpoint(self, state, config, out_dir):
+        """At a checkpoint step, on the training thread: wait for the checkpoint before to be on disk, copy the
+        variables now, and leave the document and the writing to the thread."""
+        before = self._checkpoint_on_disk
+        if before is not None and not before.is_set():
+            if not self._told:
+                self._told = True
+                self.say(SLOW_DISK)
+            started = time.perf_counter()
+            while not before.wait(0.5):
+                # A failure before it (an evaluation's, or a write's) means it will never be written.
+                self._jobs.raise_failure()
+                self.writer.raise_failure()
+            self.disk_waited_s += time.perf_counter() - started
+        arrays = snapshot(self.model)
+        on_disk = self._checkpoint_on_disk = threading.Event()
+        as_of = dict(step=state.step, loss_sum=state.loss_sum, loss_steps=state.loss_steps)
+
+        def write():
+            # The rows and the best loss of every evaluation before it, the rest as of its step.
+            document = dataclasses.replace(state, rows=list(state.rows), **as_of)
+            save_checkpoint(self.model, arrays, document, config, out_dir, self.writer, on_written=on_disk.set)
+
+        self._jobs.submit(write)
+
+
+def _evaluations_beside_the_steps():
+    """Whether evaluations may run on a thread beside the steps and leave the run as it would be without them.
+
+    Not under a TensorFlow strategy or a Keras distribution, whose scope a
+    thread does not inherit; not on torch, whose one global generator gives
+    both the training's dropout masks and the evaluation's data loader their
+    random numbers, so that an evaluation beside the steps would change the
+    masks, and the losses, of the same seed.
+    """
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return not tf.distribute.has_strategy()
+    return backend == "jax" and keras.distribution.distribution() is None

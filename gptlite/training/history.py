@@ -1,0 +1,133 @@
+"""What a run records at each evaluation, and where: `history.csv`, TensorBoard's event files,
+and the figures beside the losses (bits per character, tokens per second, MFU)."""
+
+import csv
+import importlib.util
+import math
+import pathlib
+
+import numpy as np
+
+from gptlite.data.conversations import ChatRows
+from gptlite.data.pairs import PairSet
+from gptlite.errors import ConfigError, InputError
+
+# nanoGPT's peak for its MFU figure: an A100's bfloat16 matmuls, in FLOPs per second.
+DEFAULT_PEAK_FLOPS = 312e12
+# Token ids counted at once when measuring how many characters a token stands for.
+COUNTING_CHUNK = 1 << 22
+
+
+def write_history(rows, path):
+    """The evaluation `rows` as CSV at `path` (written as it is: a run writes it through its FileWriter, whole
+    or not at all), columns in order of first appearance.
+
+    A run resumed from an older checkpoint has early rows without the columns
+    added since: their cells are left empty.
+    """
+    columns = list(dict.fromkeys(name for row in rows for name in row))
+    with open(path, "w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=columns, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def characters_per_token(tokenizer, validation):
+    """How many characters a token of the validation data stands for, on average, or None without a tokenizer.
+
+    `validation` is a GPT's token ids or `ChatRows` (the answers' tokens), or a Seq2Seq's `PairSet` (its predicted
+    target tokens, the end token among them). The mean loss per token over
+    this, in bits, is the bits per character.
+    """
+    if tokenizer is None:
+        return None
+    if isinstance(validation, ChatRows):  # the answers' tokens, which are the ones predicted
+        answers = validation.ids[:, 1:][validation.trained[:, 1:]]
+        predicted = len(answers)
+        characters = tokenizer.character_count(answers)
+    elif isinstance(validation, PairSet):
+        targets = validation.target_ids
+        predicted = int(np.count_nonzero(targets[:, 1:] != tokenizer.pad_token_id))
+        characters = tokenizer.character_count(targets)
+    else:
+        predicted = len(validation)
+        characters = sum(tokenizer.character_count(validation[start:start + COUNTING_CHUNK])
+                         for start in range(0, len(validation), COUNTING_CHUNK))
+    return characters / predicted if characters and predicted else None
+
+
+class Throughput:
+    """Tokens trained per second since it was last read, over the time `fit` spent up to each of its last batches.
+
+    The first batch a process trains builds (and compiles) the step: its time
+    is left out, so that the first figure is the steps' own speed.
+    """
+
+    def __init__(self, tokens_per_batch):
+        self.tokens_per_batch = tokens_per_batch
+        self.first_left_out = False
+        self.batches, self.seconds = 0, 0.0
+
+    def add(self, batches, started, first_batch_ended, ended):
+        """A `fit` call's `batches`, timed from `started` to `ended`, the end of its last batch
+        (time.perf_counter() readings)."""
+        if not self.first_left_out and batches:
+            batches, started = batches - 1, first_batch_ended
+            self.first_left_out = True
+        self.batches += batches
+        self.seconds += ended - started
+
+    def take(self):
+        """Tokens per second since the last call (NaN if no batch was timed), and start again."""
+        rate = self.batches * self.tokens_per_batch / self.seconds if self.batches and self.seconds > 0 else math.nan
+        self.batches, self.seconds = 0, 0.0
+        return rate
+
+
+def check_tensorboard(folder=None):
+    """TensorFlow writes TensorBoard's scalars and text only with the tensorboard package installed,
+    and only into a folder."""
+    if importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError("`tensorboard` needs the tensorboard package to write its events: "
+                          "pip install \"gptlite[tensorboard]\"")
+    if folder is not None and pathlib.Path(folder).exists() and not pathlib.Path(folder).is_dir():
+        raise InputError(f"the folder for TensorBoard's events, {folder}, is a file: name a folder")
+
+
+class TensorBoardLog:
+    """Scalars and text at each evaluation, written with `tf.summary` to event files in `folder`.
+
+    A resumed run writes a new event file beside the old ones, at its own
+    steps, so TensorBoard shows one curve carrying on. Any backend: TensorFlow
+    only writes the files.
+    """
+
+    SCALARS = {"train_loss": "loss/train", "val_loss": "loss/validation",
+               "val_bits_per_char": "bits_per_character/validation", "learning_rate": "learning_rate",
+               "tokens_per_s": "tokens_per_second", "mfu": "mfu"}
+
+    def __init__(self, folder):
+        check_tensorboard()
+        import tensorflow as tf
+
+        self._tf = tf
+        try:
+            self._writer = tf.summary.create_file_writer(str(folder))
+        except (tf.errors.OpError, OSError) as error:
+            raise InputError(f"cannot write TensorBoard events to `tensorboard` {folder}: {error}") from None
+
+    def write(self, row, sample=None, metrics=()):
+        """Write an evaluation `row`'s figures (and `metrics`, by name) at its step, and the `sample` text."""
+        tf, step = self._tf, row["step"]
+        with self._writer.as_default(step=step), tf.device("/cpu:0"):
+            for name, tag in [*self.SCALARS.items(), *((name, name) for name in metrics)]:
+                value = row.get(name)
+                if value is not None and math.isfinite(value):
+                    tf.summary.scalar(tag, value)
+            if sample is not None:
+                # TensorBoard shows text as Markdown: a code block keeps the sample's lines and spaces.
+                tf.summary.text("sample", "```\n" + sample.replace("```", "` ` `") + "\n```")
+        self._writer.flush()
+
+    def close(self):
+        self._writer.close()

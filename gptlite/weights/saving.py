@@ -1,0 +1,117 @@
+"""Writing and reading `model.keras` files; exporting a model as a TensorFlow SavedModel."""
+
+import pathlib
+import zipfile
+
+import keras
+import numpy as np
+
+from gptlite.errors import ConfigError, InputError, MissingFileError
+from gptlite.files import atomic_directory, atomic_path
+from gptlite.model.gpt import is_model
+
+
+def save(model, path, writer=None, sync=True):
+    """Save a GPT or Seq2Seq (weights, shape and tokenizer; no optimizer state) to a `.keras` file.
+
+    With `writer` (a `file_writer.FileWriter`), the file is written on the
+    writer's thread from a copy of the model made now, synced as `sync` says
+    (`FileWriter.write`); training may go on.
+    """
+    copy = inference_copy(model)
+    if writer is not None:
+        writer.write(path, copy.save, sync=sync)
+        return
+    with atomic_path(path) as temporary:
+        copy.save(temporary)
+
+
+def inference_copy(model):
+    """A fresh, uncompiled model of the same config with `model`'s weights (LoRA adapters merged): what a
+    saved file holds, and loads without rebuilding an optimizer."""
+    copy = type(model).from_config(model.get_config())
+    copy.build((None, model.config.block_size))
+    copy_weights(model, copy)
+    return copy
+
+
+def copy_weights(source, target):
+    """Give `target`, a model of the same config, `source`'s weights, layer by layer as a saved file holds them.
+
+    A Dense layer with LoRA adapters (`enable_lora`) gives its kernel with the
+    adapters merged in, so `target` needs none. The values are copied: a
+    JAX training step may reuse the buffers of `source`'s weights.
+    """
+    # Both models are built from one config: their layers come in the same order.
+    for source_layer, target_layer in zip(source._flatten_layers(), target._flatten_layers()):
+        store = {}
+        source_layer.save_own_variables(store)
+        target_layer.load_own_variables({key: np.array(keras.ops.convert_to_numpy(value), copy=True)
+                                         for key, value in store.items()})
+
+
+def load(path):
+    """Load a gptlite model (GPT or Seq2Seq), with its tokenizer, from a `.keras` file.
+
+    Loading runs in Keras's safe mode: nothing in the file can run code.
+    """
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise MissingFileError(f"no such model file: {path}")
+    if path.is_dir():
+        raise InputError(f"{path} is a folder; give the model.keras file inside it")
+    if not zipfile.is_zipfile(path):
+        raise InputError(f"{path} is not a .keras model file (not a zip archive)")
+    try:
+        model = keras.saving.load_model(path, compile=False)
+    except Exception as error:  # Keras raises many types for a damaged file.
+        raise InputError(f"cannot load {path}: {str(error).splitlines()[0]}") from error
+    if not is_model(model) or model.tokenizer is None:
+        raise InputError(f"{path} holds a {type(model).__name__}, not a gptlite model")
+    return model
+
+
+def export_saved_model(model, directory):
+    """Write the model as a TensorFlow SavedModel that needs neither gptlite nor Keras to run.
+
+    Its "serve" signature takes `token_ids` (batch, length <= block_size,
+    int32) and returns `logits` (batch, vocabulary), the scores of the token
+    after each sequence. `tokenizer.json` beside it holds the tokenizer's
+    configuration (for the char tokenizer, its vocabulary in id order). The
+    folder appears whole or not at all; an existing one is never replaced.
+    """
+    import json
+
+    import tensorflow as tf
+
+    check_export_backend()
+    if model.writes_targets:
+        raise ConfigError(f"only a GPT exports as a SavedModel for now, not a {type(model).__name__}")
+    options = {}
+    if keras.backend.backend() == "jax":
+        # jax2tf must be told the length's bound, or slicing the position table fails to convert.
+        # Serving needs no gradient, and converting one would lose the bound.
+        options["jax2tf_kwargs"] = {"polymorphic_shapes": ["(batch, length)"],
+                                    "polymorphic_constraints": [f"length <= {model.config.block_size}"],
+                                    "with_gradient": False}
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint(
+        name="serve",
+        fn=lambda token_ids: {"logits": model(token_ids)[:, -1, :]},
+        input_signature=[tf.TensorSpec((None, None), tf.int32, name="token_ids")],
+        **options,
+    )
+    with atomic_directory(directory) as written:
+        written.rmdir()  # Keras writes the folder itself
+        archive.write_out(str(written), verbose=False)
+        (written / "tokenizer.json").write_text(json.dumps(keras.saving.serialize_keras_object(model.tokenizer)))
+
+
+def check_export_backend():
+    """Keras writes SavedModels from TensorFlow and JAX only (torch would need torch_xla)."""
+    if keras.backend.backend() not in ("tensorflow", "jax"):
+        raise ConfigError(
+            f"exporting a SavedModel needs the tensorflow or jax backend, not {keras.backend.backend()}; "
+            f"run it with KERAS_BACKEND=tensorflow (a model.keras file loads under every backend)"
+        )
