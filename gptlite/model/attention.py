@@ -7,6 +7,7 @@ Shape letters in comments are those of `gptlite.model.layers`.
 """
 
 import collections
+import dataclasses
 import functools
 import math
 
@@ -16,7 +17,7 @@ from keras import ops
 
 from gptlite.model import positions as position_kinds
 from gptlite.model.config import GPTConfig
-from gptlite.model.layers import Linear, register, RMSNorm, settings_by_their_names
+from gptlite.model.layers import Linear, register, RMSNorm
 from gptlite.model.positions import token_positions
 
 
@@ -113,30 +114,20 @@ class Attention(keras.layers.Layer):
       (`key_values`) and attended from any number of queries (`attend`).
 
     Args:
-        n_head: H; the width must divide by it, unless head_dim is given.
-        n_kv_head: K, heads of keys and values (None: H). Fewer than H is
-            grouped-query attention (1: multi-query): G = H / K query heads
-            share each key/value head, and a key/value cache holds K heads.
+        config: the model's `GPTConfig`: its heads H, key/value heads K (fewer
+            than H is grouped-query attention, 1 multi-query: G = H / K query
+            heads share each key/value head, and a key/value cache holds K
+            heads), head size D, width C, dropout on the output and
+            attention_dropout on the weights (above zero, training computes
+            the weights step by step instead of with the backend's fused
+            attention, to drop some out), biases, positions ("rotary" rotates
+            queries and keys by their positions here, `positions.rotate`; the
+            others are the embedding's business) and qk_norm (each head's
+            query and key RMS-normalised, with learned scales, before they
+            are rotated, which keeps attention logits from growing).
         causal: as above.
         cross: keys and values come from a context given at call time; no
             rotary positions (the two sequences' positions do not compare).
-        dropout: rate for the output.
-        attention_dropout: rate for the attention weights. Above zero,
-            training computes the weights step by step instead of with the
-            backend's fused (flash) attention, to drop some out.
-        bias: whether the projections have biases.
-        qkv_bias: whether the query, key and value projections do (None:
-            bias); Qwen2 has them there only.
-        position: the model's kind of positions (`GPTConfig.position`):
-            "rotary" rotates queries and keys by their positions here
-            (`positions.rotate`); the others are the embedding's business.
-        rope_theta: the rotary base: the slowest pair turns once in about
-            2 pi theta positions.
-        qk_norm: RMS-normalise each head's query and key, with learned scales,
-            before rotating them, which keeps attention logits from growing.
-        norm_epsilon: for qk_norm.
-        head_dim: D, each head's size (None: C / H); Qwen3's heads are wider
-            than that, and their H D wide output is projected back to C.
 
     Call: x (B, T, C); context (B, S, C) for cross-attention; context_mask
     (B, S), True at the context's real (not padding) positions, all by
@@ -146,36 +137,18 @@ class Attention(keras.layers.Layer):
     attention weights (B, H, T, S) before dropout.
     """
 
-    def __init__(self, n_head, n_kv_head=None, causal=True, cross=False, dropout=0.0, attention_dropout=0.0,
-                 bias=True, qkv_bias=None, position=GPTConfig.position, rope_theta=GPTConfig.rope_theta,
-                 qk_norm=False, norm_epsilon=GPTConfig.norm_epsilon, head_dim=None, **kwargs):
+    def __init__(self, config, causal=True, cross=False, **kwargs):
         super().__init__(**kwargs)
         if causal and cross:
             raise ValueError("cross-attention is not causal")
-        self.n_head = n_head
-        self.n_kv_head = n_head if n_kv_head is None else n_kv_head
-        if n_head % self.n_kv_head != 0:
-            raise ValueError(f"the heads ({n_head}) must divide by the key/value heads ({self.n_kv_head})")
+        self.config = config = GPTConfig.of(config)
         self.causal = causal
         self.cross = cross
-        self.dropout = dropout
-        self.attention_dropout_rate = attention_dropout
-        self.bias = bias
-        self.qkv_bias = bias if qkv_bias is None else qkv_bias
-        self.position = position
-        self.rotary = position == "rotary" and not cross
-        self.rope_theta = rope_theta
-        self.qk_norm = qk_norm
-        self.norm_epsilon = norm_epsilon
-        self.head_dim = head_dim
+        self.n_head, self.n_kv_head, self.head_size = config.n_head, config.kv_heads, config.head_size
+        self.rotary = config.position == "rotary" and not cross
 
     def build(self, input_shape):
-        width = input_shape[-1]
-        if width % self.n_head != 0 and self.head_dim is None:
-            raise ValueError(f"the width ({width}) must be divisible by the number of heads ({self.n_head})")
-        self.head_size = self.head_dim or width // self.n_head
-        if self.rotary and self.head_size % 2:
-            raise ValueError(f"rotary positions turn pairs of dimensions; the head size ({self.head_size}) is odd")
+        config, width = self.config, self.config.n_embd
         heads, kv_heads, size = self.n_head, self.n_kv_head, self.head_size
 
         def linear(units, bias, name, input_width=width):
@@ -184,18 +157,18 @@ class Attention(keras.layers.Layer):
             return layer
 
         if self.causal:
-            self.qkv_projection = linear((heads + 2 * kv_heads) * size, self.qkv_bias, "qkv_projection")
+            self.qkv_projection = linear((heads + 2 * kv_heads) * size, config.qkv_has_bias, "qkv_projection")
         else:
-            self.query_projection = linear(heads * size, self.qkv_bias, "query_projection")
-            self.key_value_projection = linear(2 * kv_heads * size, self.qkv_bias, "key_value_projection")
-        self.output_projection = linear(width, self.bias, "output_projection", heads * size)
-        if self.qk_norm:
-            self.query_norm = RMSNorm(self.norm_epsilon, dtype=self.dtype_policy, name="query_norm")
-            self.key_norm = RMSNorm(self.norm_epsilon, dtype=self.dtype_policy, name="key_norm")
+            self.query_projection = linear(heads * size, config.qkv_has_bias, "query_projection")
+            self.key_value_projection = linear(2 * kv_heads * size, config.qkv_has_bias, "key_value_projection")
+        self.output_projection = linear(width, config.bias, "output_projection", heads * size)
+        if config.qk_norm:
+            self.query_norm = RMSNorm(config.norm_epsilon, dtype=self.dtype_policy, name="query_norm")
+            self.key_norm = RMSNorm(config.norm_epsilon, dtype=self.dtype_policy, name="key_norm")
             self.query_norm.build((None, size))
             self.key_norm.build((None, size))
-        self.weights_dropout = keras.layers.Dropout(self.attention_dropout_rate, dtype=self.dtype_policy)
-        self.output_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.weights_dropout = keras.layers.Dropout(config.attention_dropout, dtype=self.dtype_policy)
+        self.output_dropout = keras.layers.Dropout(config.dropout, dtype=self.dtype_policy)
 
     def projections(self):
         """The layer's projections by LoRA target name: "qkv" (one layer, or the query's and the key/value's)
@@ -211,7 +184,7 @@ class Attention(keras.layers.Layer):
         length = ops.shape(x)[1]
         query, key, value = self._project(x, self._angles(ops.arange(length) if packed is None else packed.positions))
         mask = None if packed is None else packed.mask  # (B, 1, T, T)
-        weights_needed = return_attention_scores or (training and self.attention_dropout_rate > 0)
+        weights_needed = return_attention_scores or (training and self.config.attention_dropout > 0)
         if not weights_needed and _fused_attention_is_faster(self.compute_dtype):
             # The backend's fused attention (torch's scaled_dot_product_attention,
             # flash where it can; under XLA the same ops as below), on heads
@@ -258,18 +231,20 @@ class Attention(keras.layers.Layer):
         # Split rather than indexed three times: without XLA, TensorFlow's gradient of each index writes
         # a zero tensor of the whole (B, T, H + 2K, D); a split's gradient is one concatenation.
         query, key, value = ops.split(qkv, [self.n_head, self.n_head + self.n_kv_head], axis=2)
-        return (*self._normed_and_rotated(query, key, angles), value)
+        return self._normed_and_rotated(query, "query", angles), self._normed_and_rotated(key, "key", angles), value
 
     def _angles(self, positions):
         """Rotary positions' angles (..., D/2) for positions (...); None without rotary positions."""
-        return position_kinds.rotary_angles(positions, self.head_size, self.rope_theta) if self.rotary else None
+        if not self.rotary:
+            return None
+        return position_kinds.rotary_angles(positions, self.head_size, self.config.rope_theta)
 
-    def _normed_and_rotated(self, query, key, angles):
-        if self.qk_norm:
-            query, key = self.query_norm(query), self.key_norm(key)
-        if angles is not None:
-            query, key = position_kinds.rotate(query, angles), position_kinds.rotate(key, angles)
-        return query, key
+    def _normed_and_rotated(self, heads, part, angles):
+        """Queries or keys (B, T, H|K, D), `part` saying which: RMS-normed with QK-norm, rotated by `angles`
+        (None: not rotated). The one place where attention applies either, whatever its form."""
+        if self.config.qk_norm:
+            heads = (self.query_norm if part == "query" else self.key_norm)(heads)
+        return heads if angles is None else position_kinds.rotate(heads, angles)
 
     def key_values(self, context):
         """The context's keys and values, (B, 2, K, S, D): computed once, attended from any number of queries."""
@@ -277,20 +252,14 @@ class Attention(keras.layers.Layer):
         key_value = ops.reshape(self.key_value_projection(context), (-1, length, 2 * self.n_kv_head,
                                                                       self.head_size))
         key, value = ops.split(key_value, 2, axis=2)  # each (B, S, K, D)
-        if self.qk_norm:
-            key = self.key_norm(key)
-        if self.rotary:
-            key = position_kinds.rotate(key, self._angles(ops.arange(length)))
+        key = self._normed_and_rotated(key, "key", self._angles(ops.arange(length)))
         return ops.stack([ops.transpose(key, (0, 2, 1, 3)), ops.transpose(value, (0, 2, 1, 3))], axis=1)
 
     def attend(self, x, key_values, context_mask=None, training=None, return_attention_scores=False):
         """As `call`, over keys and values from `key_values`, for attention that is not causal."""
         length = ops.shape(x)[1]
         query = ops.reshape(self.query_projection(x), (-1, length, self.n_head, self.head_size))  # (B, T, H, D)
-        if self.qk_norm:
-            query = self.query_norm(query)
-        if self.rotary:
-            query = position_kinds.rotate(query, self._angles(ops.arange(length)))
+        query = self._normed_and_rotated(query, "query", self._angles(ops.arange(length)))
         query = ops.transpose(query, (0, 2, 1, 3))  # (B, H, T, D)
         mask = None if context_mask is None else ops.cast(context_mask, "bool")[:, None, None, :]  # (B, 1, 1, S)
         attended, weights = _attend_with_dropout(
@@ -304,16 +273,8 @@ class Attention(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(n_head=self.n_head, n_kv_head=self.n_kv_head, causal=self.causal,
-                      cross=self.cross, dropout=self.dropout, attention_dropout=self.attention_dropout_rate,
-                      bias=self.bias, qkv_bias=self.qkv_bias, position=self.position,
-                      rope_theta=self.rope_theta, qk_norm=self.qk_norm, norm_epsilon=self.norm_epsilon,
-                      head_dim=self.head_dim)
+        config.update(config=dataclasses.asdict(self.config), causal=self.causal, cross=self.cross)
         return config
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**settings_by_their_names(config))
 
 
 @functools.cache

@@ -4,11 +4,13 @@ and the encoder's block, what GPT and Seq2Seq stack.
 Shape letters in comments are those of `gptlite.model.layers`.
 """
 
+import dataclasses
+
 import keras
 
 from gptlite.model.attention import Attention
-from gptlite.model.config import GPTConfig, NORMS
-from gptlite.model.layers import FeedForward, make_norm, register, settings_by_their_names
+from gptlite.model.config import GPTConfig
+from gptlite.model.layers import FeedForward, make_norm, register
 
 
 @register
@@ -20,16 +22,13 @@ class TransformerBlock(keras.layers.Layer):
     which lets deep stacks train without a careful learning-rate warm-up.
 
     Args:
-        n_head, n_kv_head, dropout, attention_dropout, bias, qkv_bias,
-            position, rope_theta, qk_norm, head_dim: as for `Attention`
-            (bias also for LayerNorm's shift and the feed-forward).
-        norm_epsilon: for the norms.
+        config: the model's `GPTConfig`: what `Attention` reads, and the
+            norms' kind ("layer" or "rms"), their epsilon and bias, and the
+            feed-forward's kind and width (`FeedForward`).
         causal: self-attention sees only earlier positions; False sees every
             position that is not padding.
         cross_attention: a decoder block of an encoder–decoder: after
             self-attention, attend over the encoder's output.
-        norm: "layer" (LayerNorm) or "rms" (RMSNorm).
-        mlp, mlp_hidden_size: the feed-forward's kind and width F (`FeedForward`).
 
     Call: x (B, T, C) -> (B, T, C). `padding_mask` (B, T), True at x's real
     positions, hides padding from non-causal self-attention (causal
@@ -42,42 +41,22 @@ class TransformerBlock(keras.layers.Layer):
     too, (B, H, T, S).
     """
 
-    def __init__(self, n_head, n_kv_head=None, dropout=0.0, bias=True, norm_epsilon=GPTConfig.norm_epsilon,
-                 attention_dropout=0.0, causal=True, cross_attention=False, norm="layer", mlp="gelu",
-                 mlp_hidden_size=None, qkv_bias=None, position=GPTConfig.position, rope_theta=GPTConfig.rope_theta,
-                 qk_norm=False, head_dim=None, **kwargs):
+    def __init__(self, config, causal=True, cross_attention=False, **kwargs):
         super().__init__(**kwargs)
-        if norm not in NORMS:
-            raise ValueError(f"norm must be one of {', '.join(NORMS)}, got {norm!r}")
-        self.n_head = n_head
-        self.n_kv_head = n_head if n_kv_head is None else n_kv_head
-        self.dropout = dropout
-        self.bias = bias
-        self.norm_epsilon = norm_epsilon
-        self.attention_dropout = attention_dropout
+        self.config = GPTConfig.of(config)
         self.causal = causal
         self.has_cross_attention = cross_attention
-        self.norm = norm
-        self.mlp = mlp
-        self.mlp_hidden_size = mlp_hidden_size
-        self.qkv_bias = bias if qkv_bias is None else qkv_bias
-        self.position = position
-        self.rope_theta = rope_theta
-        self.qk_norm = qk_norm
-        self.head_dim = head_dim
 
     def build(self, input_shape):
+        config = self.config
+
         def norm(name):
-            layer = make_norm(self.norm, self.norm_epsilon, self.bias, self.dtype_policy, name)
+            layer = make_norm(config.norm, config.norm_epsilon, config.bias, self.dtype_policy, name)
             layer.build(input_shape)
             return layer
 
         def attention(name, causal, cross=False):
-            layer = Attention(self.n_head, self.n_kv_head, causal=causal, cross=cross, dropout=self.dropout,
-                              attention_dropout=self.attention_dropout, bias=self.bias,
-                              qkv_bias=self.qkv_bias, position=self.position, rope_theta=self.rope_theta,
-                              qk_norm=self.qk_norm, norm_epsilon=self.norm_epsilon, head_dim=self.head_dim,
-                              dtype=self.dtype_policy, name=name)
+            layer = Attention(config, causal=causal, cross=cross, dtype=self.dtype_policy, name=name)
             layer.build(input_shape)
             return layer
 
@@ -87,8 +66,8 @@ class TransformerBlock(keras.layers.Layer):
             self.cross_attention_norm = norm("cross_attention_norm")
             self.cross_attention = attention("cross_attention", causal=False, cross=True)
         self.feed_forward_norm = norm("feed_forward_norm")
-        self.feed_forward = FeedForward(dropout=self.dropout, bias=self.bias, mlp=self.mlp,
-                                        hidden_size=self.mlp_hidden_size, dtype=self.dtype_policy,
+        self.feed_forward = FeedForward(dropout=config.dropout, bias=config.bias, mlp=config.mlp,
+                                        hidden_size=config.mlp_hidden_size, dtype=self.dtype_policy,
                                         name="feed_forward")
         self.feed_forward.build(input_shape)
 
@@ -135,18 +114,9 @@ class TransformerBlock(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            n_head=self.n_head, n_kv_head=self.n_kv_head, dropout=self.dropout, bias=self.bias,
-            norm_epsilon=self.norm_epsilon, attention_dropout=self.attention_dropout, causal=self.causal,
-            cross_attention=self.has_cross_attention, norm=self.norm, mlp=self.mlp,
-            mlp_hidden_size=self.mlp_hidden_size, qkv_bias=self.qkv_bias, position=self.position,
-            rope_theta=self.rope_theta, qk_norm=self.qk_norm, head_dim=self.head_dim,
-        )
+        config.update(config=dataclasses.asdict(self.config), causal=self.causal,
+                      cross_attention=self.has_cross_attention)
         return config
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**settings_by_their_names(config))
 
 
 @register
@@ -157,8 +127,8 @@ class EncoderBlock(TransformerBlock):
     Call: x (B, S, C), padding_mask (B, S) True at real positions -> (B, S, C).
     """
 
-    def __init__(self, n_head, n_kv_head=None, **kwargs):
-        super().__init__(n_head, n_kv_head, **kwargs, causal=False, cross_attention=False)
+    def __init__(self, config, **kwargs):
+        super().__init__(config, **kwargs, causal=False, cross_attention=False)
 
     def get_config(self):
         config = super().get_config()

@@ -75,6 +75,16 @@ class GPTConfig:
         """Each attention head's size: head_dim, or n_embd / n_head where it is not set."""
         return self.n_embd // self.n_head if self.head_dim is None else self.head_dim
 
+    @property
+    def qkv_has_bias(self):
+        """Whether the query, key and value projections have biases: qkv_bias, or bias where it is not set."""
+        return self.bias if self.qkv_bias is None else self.qkv_bias
+
+    @classmethod
+    def of(cls, value):
+        """A GPTConfig from itself or from its fields as a dict (a layer's saved config)."""
+        return value if isinstance(value, cls) else cls(**value)
+
 
 # The architecture's choices, which gptlite.model.layers builds.
 POSITIONS = ("learned", "sinusoidal", "rotary")

@@ -67,12 +67,7 @@ class _Transformer(keras.Model):
         return make_norm(self.config.norm, self.config.norm_epsilon, self.config.bias, self.dtype_policy, name)
 
     def _block(self, kind, name, **kwargs):
-        config = self.config
-        return kind(config.n_head, config.kv_heads, dropout=config.dropout, bias=config.bias,
-                    norm_epsilon=config.norm_epsilon, attention_dropout=config.attention_dropout, norm=config.norm,
-                    mlp=config.mlp, mlp_hidden_size=config.mlp_hidden_size, qkv_bias=config.qkv_bias,
-                    position=config.position, rope_theta=config.rope_theta, qk_norm=config.qk_norm,
-                    head_dim=config.head_dim, dtype=self.dtype_policy, name=name, **kwargs)
+        return kind(self.config, dtype=self.dtype_policy, name=name, **kwargs)
 
     @classmethod
     def from_gpt_config(cls, config, tokenizer=None, **kwargs):

@@ -122,7 +122,7 @@ def _places(model):
             places[f"{prefix}{name}.weight"] = (layer, "kernel", columns, True)
             if layer.bias is not None:
                 places[f"{prefix}{name}.bias"] = (layer, "bias", columns, False)
-        if attention.qk_norm:
+        if attention.config.qk_norm:
             places[f"{prefix}self_attn.q_norm.weight"] = (attention.query_norm, "gamma", None, False)
             places[f"{prefix}self_attn.k_norm.weight"] = (attention.key_norm, "gamma", None, False)
         places[f"{prefix}input_layernorm.weight"] = (block.attention_norm, "gamma", None, False)
