@@ -5,6 +5,7 @@ import pytest
 import gptlite
 from gptlite.data import lm
 from gptlite.data.pairs import PairBatches, PairSet
+from conftest import REPO
 
 pytestmark = pytest.mark.once("text data and its batches are NumPy")
 
@@ -91,9 +92,7 @@ def test_download_script_fails_clearly_without_a_network(tmp_path, capsys, monke
 
 
 def data_script():
-    import pathlib
-
-    return pathlib.Path(__file__).resolve().parent.parent / "data" / "download_shakespeare.py"
+    return REPO / "data" / "download_shakespeare.py"
 
 
 def test_a_corpus_reads_files_and_folders_in_order_in_pieces(tmp_path, monkeypatch):

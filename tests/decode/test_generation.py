@@ -314,7 +314,7 @@ def greedy_targets_by_recomputation(model, sources):
 
     Sources and targets are padded to the block size, as in training, so every step
     runs the same shapes (the decoder is causal: what follows a position cannot change
-    its logits; test_model checks that). A target ends before its end token.
+    its logits; model/test_gpt checks that). A target ends before its end token.
     Returns the targets, and for each whether its path passed a tie (two likeliest
     tokens within TIE), where another computation may rightly choose the other token.
     """
