@@ -37,10 +37,13 @@ class _Transformer(keras.Model):
     # (a Seq2Seq) rather than continuing its prompt (a GPT).
     writes_targets = False
 
-    def __init__(self, *, tokenizer=None, **kwargs):
-        # The shape's settings are GPTConfig's fields, with its defaults; the rest are Keras's (name, dtype, ...).
-        config = GPTConfig(**{field.name: kwargs.pop(field.name) for field in dataclasses.fields(GPTConfig)
-                              if field.name in kwargs})
+    def __init__(self, *, tokenizer=None, config=None, **kwargs):
+        # The shape: a GPTConfig given whole, or its fields (as a saved model gives them), with its defaults; the
+        # rest are Keras's (name, dtype, ...).
+        shape = {field.name: kwargs.pop(field.name) for field in dataclasses.fields(GPTConfig) if field.name in kwargs}
+        if config is not None and shape:
+            raise ConfigError(f"give the shape as a GPTConfig or as its settings, not both ({', '.join(shape)})")
+        config = GPTConfig(**shape) if config is None else config
         super().__init__(**kwargs)
         self.config = config
         vocab_size, block_size, n_embd = config.vocab_size, config.block_size, config.n_embd
@@ -71,7 +74,7 @@ class _Transformer(keras.Model):
 
     @classmethod
     def from_gpt_config(cls, config, tokenizer=None, **kwargs):
-        return cls(**dataclasses.asdict(config), tokenizer=tokenizer, **kwargs)
+        return cls(config=config, tokenizer=tokenizer, **kwargs)
 
     def build(self, input_shape=None):
         hidden_shape = (None, None, self.config.n_embd)

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import warnings
 
@@ -5,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 
+import gptlite
 from gptlite.model import layers, positions
 from gptlite.model.attention import Attention, causal_mask, scaled_dot_product_attention
 from gptlite.model.blocks import EncoderBlock, TransformerBlock
@@ -28,7 +30,7 @@ def numpy_causal_attention(q, k, v):
 def test_causal_self_attention_matches_numpy_reference(batch, length, width, heads):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(batch, length, width)).astype("float32")
-    attention = Attention(heads, bias=True)
+    attention = Attention(gptlite.GPTConfig(n_embd=width, n_head=heads, bias=True))
     attention.build(x.shape)
     for weight in attention.weights:  # random biases too, so they are checked
         weight.assign(rng.normal(scale=0.3, size=weight.shape).astype("float32"))
@@ -56,7 +58,7 @@ def test_attention_over_a_padded_context_matches_numpy_reference():
     x = rng.normal(size=(batch, length, width)).astype("float32")
     context = rng.normal(size=(batch, context_length, width)).astype("float32")
     context_mask = np.array([[True, True, True, False, False], [True, True, True, True, True]])
-    attention = Attention(heads, causal=False, cross=True, bias=True)
+    attention = Attention(gptlite.GPTConfig(n_embd=width, n_head=heads, bias=True), causal=False, cross=True)
     attention.build(x.shape)
     for weight in attention.weights:
         weight.assign(rng.normal(scale=0.3, size=weight.shape).astype("float32"))
@@ -83,7 +85,7 @@ def test_attention_over_a_padded_context_matches_numpy_reference():
 def test_encoder_block_sees_later_positions_and_ignores_padding():
     keras.utils.set_random_seed(2)
     rng = np.random.default_rng(2)
-    block = EncoderBlock(2)
+    block = EncoderBlock(gptlite.GPTConfig(n_embd=8, n_head=2))
     x = rng.normal(size=(1, 6, 8)).astype("float32")
     block.build(x.shape)
     mask = np.array([[True, True, True, True, False, False]])
@@ -160,9 +162,8 @@ def test_causal_mask_with_offset_lets_late_queries_see_earlier_keys():
 
 
 def test_head_count_must_divide_width():
-    attention = Attention(3)
-    with pytest.raises(ValueError, match=r"width \(16\).*heads \(3\)"):
-        attention.build((None, 4, 16))
+    with pytest.raises(gptlite.ConfigError, match=r"n_embd \(16\).*n_head \(3\)"):
+        Attention(gptlite.GPTConfig(n_embd=16, n_head=3))
 
 
 @pytest.mark.parametrize("width", [6, 7])
@@ -198,21 +199,24 @@ def test_untied_embedding_has_its_own_output_matrix():
 LAYER_CASES = [
     (layers.TokenAndPositionEmbedding, dict(vocabulary_size=11, sequence_length=8, embedding_dim=4,
                                             position="sinusoidal", tie_weights=False), (2, 5), "int32"),
-    (Attention, dict(n_head=2, dropout=0.1, bias=False, attention_dropout=0.05), (2, 5, 8), "float32"),
-    (Attention, dict(n_head=4, n_kv_head=2, bias=False, qkv_bias=True, position="rotary",
-                            rope_theta=500.0, qk_norm=True, norm_epsilon=1e-6), (2, 5, 16), "float32"),
+    (Attention, dict(config=gptlite.GPTConfig(n_embd=8, n_head=2, dropout=0.1, attention_dropout=0.05)),
+     (2, 5, 8), "float32"),
+    (Attention, dict(config=gptlite.GPTConfig(n_embd=16, n_head=4, n_kv_head=2, qkv_bias=True, position="rotary",
+                                              rope_theta=500.0, qk_norm=True, norm_epsilon=1e-6)),
+     (2, 5, 16), "float32"),
     (layers.FeedForward, dict(dropout=0.2, bias=True), (2, 5, 8), "float32"),
     (layers.FeedForward, dict(bias=False, mlp="swiglu", hidden_size=12), (2, 5, 8), "float32"),
     (TransformerBlock,
-     dict(n_head=4, dropout=0.1, bias=False, norm_epsilon=1e-6, attention_dropout=0.1),
+     dict(config=gptlite.GPTConfig(n_embd=8, n_head=4, dropout=0.1, norm_epsilon=1e-6, attention_dropout=0.1)),
      (2, 5, 8), "float32"),
     (TransformerBlock,
-     dict(n_head=4, n_kv_head=1, norm="rms", mlp="swiglu", mlp_hidden_size=24, position="rotary", qk_norm=True),
+     dict(config=gptlite.GPTConfig(n_embd=16, n_head=4, n_kv_head=1, norm="rms", mlp="swiglu", mlp_hidden_size=24,
+                                   position="rotary", qk_norm=True)),
      (2, 5, 16), "float32"),
-    (Attention, dict(n_head=2, causal=False, cross=True, dropout=0.1, bias=False,
-                            attention_dropout=0.05), (2, 5, 8), "float32"),
-    (EncoderBlock, dict(n_head=2, dropout=0.1, bias=True, norm_epsilon=1e-6), (2, 5, 8),
-     "float32"),
+    (Attention, dict(config=gptlite.GPTConfig(n_embd=8, n_head=2, dropout=0.1, attention_dropout=0.05),
+                     causal=False, cross=True), (2, 5, 8), "float32"),
+    (EncoderBlock, dict(config=gptlite.GPTConfig(n_embd=8, n_head=2, dropout=0.1, bias=True, norm_epsilon=1e-6)),
+     (2, 5, 8), "float32"),
     (layers.Linear, dict(units=3, use_bias=False), (2, 5, 8), "float32"),
     (layers.RMSNorm, dict(epsilon=1e-6), (2, 5, 8), "float32"),
 ]
@@ -222,8 +226,8 @@ LAYER_CASES = [
 def test_layer_config_round_trip_gives_same_layer(cls, kwargs, shape, dtype):
     layer = cls(**kwargs, name="original")
     config = json.loads(json.dumps(layer.get_config()))  # plain JSON, as in model.keras
-    for key, value in kwargs.items():
-        assert config[key] == value
+    for key, value in kwargs.items():  # a layer given the model's GPTConfig saves its fields
+        assert config[key] == (dataclasses.asdict(value) if isinstance(value, gptlite.GPTConfig) else value)
     clone = cls.from_config(config)
     assert clone.get_config() == layer.get_config()
 
@@ -237,11 +241,13 @@ def test_layer_config_round_trip_gives_same_layer(cls, kwargs, shape, dtype):
 
 
 @pytest.mark.parametrize("cls", [Attention, TransformerBlock, EncoderBlock])
-def test_a_layer_saved_under_the_earlier_setting_names_loads_with_the_same_settings(cls):
-    config = cls(n_head=4, bias=False, position="rotary", name="current").get_config()
-    earlier = {key: value for key, value in config.items() if key not in ("bias", "position")}
-    earlier.update(use_bias=False, rotary=True)  # how layers named them before they took GPTConfig's names
-    assert cls.from_config(earlier).get_config() == config
+def test_a_layer_takes_the_models_config_and_keeps_each_setting_under_its_name(cls):
+    config = gptlite.GPTConfig(n_embd=16, n_head=4, n_kv_head=2, position="rotary", qk_norm=True)
+    layer = cls(config)
+    assert layer.config is config
+    layer.build((None, 3, 16))
+    attention = layer if cls is Attention else layer.attention
+    assert attention.config is config and attention.n_kv_head == config.kv_heads == 2
 
 
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="only TensorFlow's gradient is recomputed")
@@ -266,7 +272,7 @@ def test_grouped_query_attention_matches_numpy_with_each_key_value_head_shared_b
     rng = np.random.default_rng(4)
     batch, length, width, heads = 2, 6, 16, 4
     x = rng.normal(size=(batch, length, width)).astype("float32")
-    attention = Attention(heads, kv_heads, bias=True)
+    attention = Attention(gptlite.GPTConfig(n_embd=width, n_head=heads, n_kv_head=kv_heads, bias=True))
     attention.build(x.shape)
     _random_weights(attention, rng)
     assert attention.qkv_projection.kernel.shape == (width, (heads + 2 * kv_heads) * width // heads)
@@ -373,7 +379,7 @@ def test_linear_with_adapters_computes_the_merged_kernel_and_saves_it_merged():
 @pytest.mark.parametrize("kv_heads", [4, 2])
 def test_attention_dropout_drops_weights_in_training_only_and_returns_them_before_dropout(kv_heads):
     x = np.random.default_rng(9).normal(size=(2, 6, 16)).astype("float32")
-    attention = Attention(4, kv_heads, attention_dropout=0.5)
+    attention = Attention(gptlite.GPTConfig(n_embd=16, n_head=4, n_kv_head=kv_heads, attention_dropout=0.5))
     attention.build(x.shape)
     inference, weights = attention(x, return_attention_scores=True)
     trained, trained_weights = attention(x, training=True, return_attention_scores=True)
