@@ -1,4 +1,4 @@
-"""Errors raised for user mistakes.
+"""Errors raised for user mistakes, and the checks of a setting's value that raise them.
 
 The command-line tools turn any `GPTLiteError` into a one-line message and exit
 status 2; anything else is a bug and keeps its traceback.
@@ -48,12 +48,14 @@ def first_line(error, limit=200):
     return line if len(line) <= limit else line[:limit].rsplit(" ", 1)[0] + " ..."
 
 
-# Checking a setting's value, for the settings' dataclasses.
+# Checking a setting's value, for the settings' dataclasses (GPTConfig, TrainingConfig).
 def is_count(value):
+    """Whether `value` is a whole number of at least 1 (True is not)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def require(name, value, is_valid, description):
+    """Raise a ConfigError naming the setting unless `is_valid(value)`; `description` says what it must be."""
     try:
         valid = is_valid(value)
     except TypeError:  # a value of the wrong type altogether
@@ -63,10 +65,13 @@ def require(name, value, is_valid, description):
 
 
 def divisors_near(width, heads):
+    """The one or two divisors of `width` nearest `heads`, as "2 or 4": what to suggest for a count that does not
+    divide it."""
     divisors = [d for d in range(1, width + 1) if width % d == 0]
     closest = sorted(divisors, key=lambda d: (abs(d - heads), d))[:2]
     return " or ".join(str(d) for d in sorted(closest))
 
 
 def one_of(names):
+    """`names` as "one of 'a', 'b'", for a setting's description."""
     return "one of " + ", ".join(repr(name) for name in names)
