@@ -56,10 +56,10 @@ _LAZY = {
     # weights/
     "load": "weights.saving", "save": "weights.saving", "from_pretrained": "weights.pretrained",
     "export_hugging_face": "weights.pretrained", "export_kerashub": "weights.gpt2", "export_gguf": "weights.gguf_export",
-    # training/, evaluation/, backend/
+    # training/, evaluation/, tasks/
     "train": "training.fit", "TrainedRun": "training.run", "train_on_text": "training.run",
     "RunConfig": "training.run_config", "read_run_config": "training.run_config",
-    "evaluate": "evaluation.scores", "Evaluation": "evaluation.scores", "AttentionMaps": "evaluation.inspection",
+    "evaluate": "tasks.task", "Evaluation": "evaluation.scores", "AttentionMaps": "evaluation.inspection",
     "attention_maps": "evaluation.inspection", "plot_attention": "evaluation.inspection",
     "plot_positions": "evaluation.inspection", "token_report": "evaluation.inspection",
 }

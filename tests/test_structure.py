@@ -24,9 +24,11 @@ ALLOWED = {
     "data": {"files", "text", "weights"},  # text, pairs, conversations, synthetic tasks
     "decode": {"backend", "data", "text"},  # sampling, compiled programs, the engine, generate, chat
     "evaluation": {"data", "decode", "files", "model", "text"},  # scores, inspection
-    "training": {"data", "decode", "evaluation", "files", "model", "text", "weights"},  # settings, fit, a run
-    "serving": {"data", "decode", "evaluation", "text", "weights"},  # the HTTP server
-    "cli": {"backend", "data", "decode", "evaluation", "files", "model", "serving", "text", "training", "weights"},
+    "tasks": {"data", "decode", "evaluation", "model", "text"},  # one kind of run each: lm, chat, seq2seq
+    "training": {"data", "decode", "evaluation", "files", "model", "tasks", "text", "weights"},  # settings, plan, fit
+    "serving": {"data", "decode", "evaluation", "tasks", "text", "weights"},  # the HTTP server
+    "cli": {"backend", "data", "decode", "evaluation", "files", "model", "serving", "tasks", "text", "training",
+            "weights"},
     "__main__": {"cli"},
 }
 # The most rooms, and modules in one room, a reader meets.

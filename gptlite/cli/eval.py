@@ -32,38 +32,17 @@ def make_parser(prog):
 
 
 def run(args):
-    from gptlite.evaluation import scores
+    from gptlite.tasks.task import evaluate
     from gptlite.weights import saving
 
     model = saving.load(args.model)
-    result = scores.evaluate(model, args.texts, encoding=args.encoding, errors=args.errors,
-                                 unknown=args.unknown, verbose=0 if args.json else sys.stdout.isatty(),
-                                 synthetic=args.synthetic)
+    result = evaluate(model, args.texts, encoding=args.encoding, errors=args.errors, unknown=args.unknown,
+                      verbose=0 if args.json else sys.stdout.isatty(), synthetic=args.synthetic)
     if args.json:
         print(json.dumps({"model": str(args.model), "sources": [score.as_dict() for score in result.sources],
                           "total": result.total.as_dict()}, indent=1))
         return
-    rows = result.sources + ([result.total] if len(result.sources) > 1 else [])
-    if isinstance(result.total, scores.ChatScore):
-        print(f"{'conversations':<30} {'exact':>7} {'loss':>7} {'ppl':>9} {'bits/char':>9} {'chats':>9} {'tokens':>11} "
-              f"{'seconds':>8}")
-        for score in rows:
-            print(f"{score.name[-30:]:<30} {score.exact_answers:>7.1%} {score.loss:>7.4f} {score.perplexity:>9.3f} "
-                  f"{score.bits_per_character:>9.4f} {score.conversations:>9,} {score.tokens:>11,} "
-                  f"{score.seconds:>8.1f}")
-        return
-    if isinstance(result.total, scores.PairScore):
-        print(f"{'pairs file':<30} {'exact':>7} {'loss':>7} {'ppl':>9} {'bits/char':>9} {'pairs':>9} {'tokens':>11} "
-              f"{'seconds':>8}")
-        for score in rows:
-            print(f"{score.name[-30:]:<30} {score.exact_match:>7.1%} {score.loss:>7.4f} {score.perplexity:>9.3f} "
-                  f"{score.bits_per_character:>9.4f} {score.pairs:>9,} {score.tokens:>11,} {score.seconds:>8.1f}")
-        return
-    print(f"{'text':<30} {'loss':>7} {'ppl':>9} {'bits/char':>9} {'bits/byte':>9} {'tokens':>11} {'bytes':>11} "
-          f"{'seconds':>8}")
-    for score in rows:
-        print(f"{score.name[-30:]:<30} {score.loss:>7.4f} {score.perplexity:>9.3f} {score.bits_per_character:>9.4f} "
-              f"{score.bits_per_byte:>9.4f} {score.tokens:>11,} {score.bytes:>11,} {score.seconds:>8.1f}")
+    print("\n".join(result.table()))
 
 
 main = command("gptlite-eval", make_parser, run)

@@ -6,6 +6,7 @@ import pathlib
 
 from gptlite.cli.command import command, print_piece
 from gptlite.cli.flags import add_backend_flags, add_unknown_flag, Parser
+from gptlite import tasks
 from gptlite.model import config
 from gptlite.training import settings
 
@@ -52,7 +53,7 @@ def make_parser(prog):
              "standard library's sources); several are read in the order given, a folder's files in sorted order; "
              "with --task seq2seq, one file of source<TAB>target lines",
     )
-    parser.add_argument("--task", choices=settings.TASKS, default=None,
+    parser.add_argument("--task", choices=tasks.TASKS, default=None,
                         help="lm: a GPT that continues text (the default); seq2seq: an encoder-decoder that learns "
                              "to write each line's target from its source; chat: a GPT that answers, trained on a "
                              "JSON Lines file of conversations (see docs/chat.md)")
@@ -71,13 +72,13 @@ def make_parser(prog):
     parser.add_argument("--long-conversations", choices=["cut", "refuse"], default="cut",
                         help="with --task chat: a conversation longer than the context is cut to fit (the default) "
                              "or refused")
-    parser.add_argument("--tokenizer", choices=settings.TOKENIZERS, default=None,
+    parser.add_argument("--tokenizer", choices=tasks.TOKENIZERS, default=None,
                         help="char: one token per character (the default); bpe: byte-level byte-pair "
                              "encoding learned from the text, for large or many-language corpora (a chat run's "
                              "keeps each digit apart). A new chat model without --preset chooses by its answers' "
                              "words (docs/chat.md)")
     parser.add_argument("--vocab-size", type=int, default=None, metavar="N",
-                        help=f"tokens in a BPE vocabulary (default: {settings.DEFAULT_BPE_VOCABULARY})")
+                        help=f"tokens in a BPE vocabulary (default: {tasks.DEFAULT_BPE_VOCABULARY})")
     parser.add_argument("--preset", choices=sorted(settings.PRESETS), default=None,
                         help=f"model size and schedule (default: {settings.DEFAULT_PRESET})")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out"),
@@ -138,6 +139,7 @@ def make_parser(prog):
 
 def run(args):
     from gptlite.decode import generation
+    from gptlite.tasks.language import SAMPLING
     from gptlite.training import run
 
     trained = run.train_on_text(
@@ -159,7 +161,7 @@ def run(args):
         _show_answers(trained.model, trained.held_out_questions, args.out / "model.keras")
         return
     print("sample from the final model:\n")
-    for piece in generation.stream(trained.model, "", seed=trained.training_config.seed, **run.SAMPLING):
+    for piece in generation.stream(trained.model, "", seed=trained.training_config.seed, **SAMPLING):
         print_piece(piece)
     print()
 

@@ -30,17 +30,15 @@ it aside), given the messages before it.
 
 import dataclasses
 import math
-import pathlib
 import time
 
 import keras
 import numpy as np
 
-from gptlite.data import chat_tasks, conversations, lm, pairs
+from gptlite.data import conversations, lm, pairs
 from gptlite.decode import chat, generation
 from gptlite.decode.sampling import SamplingConfig
-from gptlite.errors import ConfigError, InputError
-from gptlite.model.gpt import is_model
+from gptlite.errors import InputError
 from gptlite.text.tokenizers import known_text
 
 # Logits held at once at most (batch x context x vocabulary), about 512 MB of float32.
@@ -57,6 +55,12 @@ class Score:
     bytes: int  # and their UTF-8 bytes
     nats: float  # the summed loss, in nats
     seconds: float
+
+    # What `Evaluation.table` shows: the first column's heading, then (heading, attribute, width, format) each.
+    NAMED = "text"
+    COLUMNS = (("loss", "loss", 7, ".4f"), ("ppl", "perplexity", 9, ".3f"),
+               ("bits/char", "bits_per_character", 9, ".4f"), ("bits/byte", "bits_per_byte", 9, ".4f"),
+               ("tokens", "tokens", 11, ","), ("bytes", "bytes", 11, ","), ("seconds", "seconds", 8, ".1f"))
 
     @property
     def loss(self):
@@ -94,6 +98,10 @@ class PairScore:
     nats: float  # the summed loss over those tokens, in nats
     seconds: float
 
+    NAMED = "pairs file"
+    COLUMNS = (("exact", "exact_match", 7, ".1%"), *Score.COLUMNS[:3], ("pairs", "pairs", 9, ","),
+               ("tokens", "tokens", 11, ","), ("seconds", "seconds", 8, ".1f"))
+
     @property
     def exact_match(self):
         return self.exact / self.pairs
@@ -121,6 +129,10 @@ class ChatScore:
     nats: float
     seconds: float
 
+    NAMED = "conversations"
+    COLUMNS = (("exact", "exact_answers", 7, ".1%"), *Score.COLUMNS[:3], ("chats", "conversations", 9, ","),
+               ("tokens", "tokens", 11, ","), ("seconds", "seconds", 8, ".1f"))
+
     @property
     def exact_answers(self):
         return self.exact / self.conversations
@@ -144,32 +156,19 @@ class Evaluation:
     sources: list
     total: Score
 
+    def table(self):
+        """The scores as lines of a table: a heading, a row for each source, and the total where there are
+        several."""
+        kind = type(self.total)
+        lines = [" ".join([f"{kind.NAMED:<30}", *(f"{heading:>{width}}" for heading, _, width, _ in kind.COLUMNS)])]
+        for score in self.sources + ([self.total] if len(self.sources) > 1 else []):
+            lines.append(" ".join([f"{score.name[-30:]:<30}", *(f"{getattr(score, name):>{width}{form}}"
+                                                                 for _, name, width, form in kind.COLUMNS)]))
+        return lines
 
-def evaluate(model, sources=(), encoding="utf-8", errors="strict", unknown="error", verbose=0, synthetic=None):
-    """Score a model on `sources`, each scored on its own; an `Evaluation`.
 
-    A GPT reads text files, or folders of them; a chat model, conversations
-    files (.jsonl), or with `synthetic` (a `chat_tasks` task) that task's held-out
-    questions instead; a Seq2Seq reads files of source<TAB>target lines. encoding, errors: how the files are decoded;
-    unknown: characters a char vocabulary lacks are an error ("error"), left
-    out ("skip") or spaces ("replace"). verbose=1 shows a progress bar.
-    """
-    if not is_model(model):
-        raise ConfigError(f"evaluate scores a GPT or a Seq2Seq, not a {type(model).__name__}")
-    sources = [sources] if isinstance(sources, (str, pathlib.Path)) else list(sources)
-    if synthetic is not None:
-        if sources:
-            raise ConfigError("give files to score, or `synthetic`, not both")
-        questions = chat_tasks.synthetic(synthetic).held_out
-        chats = [messages + [{"role": "assistant", "content": answer}] for messages, answer in questions]
-        return evaluate_conversations(model, [(f"held-out {synthetic} questions", chats)], verbose)
-    if not sources:
-        raise ConfigError("give at least one file to evaluate on, or `synthetic`")
-    if model.writes_targets:
-        return _evaluate_pairs(model, sources, encoding, errors, unknown, verbose)
-    if model.chats and all(pathlib.Path(source).suffix == ".jsonl" for source in sources):
-        sets = [(str(source), conversations.read_conversations(source, encoding)) for source in sources]
-        return evaluate_conversations(model, sets, verbose)
+def evaluate_text(model, sources, encoding="utf-8", errors="strict", unknown="error", verbose=0):
+    """A GPT's `Evaluation` on text files (or folders of them), each scored on its own (`gptlite.evaluate`)."""
     corpora = [lm.Corpus.from_files([source], encoding, errors) for source in sources]  # every file checked first
     scorer = _Scorer(model)
     progress = keras.utils.Progbar(sum(corpus.size for corpus in corpora), unit_name="byte",
@@ -305,7 +304,8 @@ def _last_question(messages):
     return messages[:last], messages[last]["content"]
 
 
-def _evaluate_pairs(model, sources, encoding, errors, unknown, verbose):
+def evaluate_pairs(model, sources, encoding="utf-8", errors="strict", unknown="error", verbose=0):
+    """A Seq2Seq's `Evaluation` on files of source<TAB>target lines, each scored on its own."""
     tokenizer, block_size = model.tokenizer, model.config.block_size
     pair_sets = []
     for source in sources:  # every file read and checked first

@@ -14,7 +14,7 @@ from gptlite.errors import ConfigError, divisors_near, is_count, one_of, require
 class GPTConfig:
     """The shape of a GPT, or of a Seq2Seq. Defaults are the `cpu` training preset."""
 
-    vocab_size: int = 256  # number of token ids; set from the tokenizer
+    vocab_size: int = 256  # number of token ids; None: the tokenizer's, set when the model is made
     n_layer: int = 4  # transformer blocks
     n_head: int = 4  # attention heads per block
     n_embd: int = 128  # model width C; must divide by n_head
@@ -35,8 +35,9 @@ class GPTConfig:
     head_dim: int = None  # each attention head's size; None: n_embd / n_head (Qwen3's heads are wider)
 
     def __post_init__(self):
-        for name in ("vocab_size", "n_layer", "n_head", "n_embd", "block_size"):
+        for name in ("n_layer", "n_head", "n_embd", "block_size"):
             require(name, getattr(self, name), is_count, "a positive whole number")
+        require("vocab_size", self.vocab_size, lambda v: v is None or is_count(v), "a positive whole number")
         require("head_dim", self.head_dim, lambda v: v is None or is_count(v), "a positive whole number")
         if self.n_embd % self.n_head != 0 and self.head_dim is None:
             raise ConfigError(

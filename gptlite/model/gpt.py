@@ -44,6 +44,10 @@ class _Transformer(keras.Model):
         if config is not None and shape:
             raise ConfigError(f"give the shape as a GPTConfig or as its settings, not both ({', '.join(shape)})")
         config = GPTConfig(**shape) if config is None else config
+        if config.vocab_size is None:  # the tokenizer's
+            if tokenizer is None:
+                raise ConfigError("a model without a tokenizer needs its vocab_size")
+            config = dataclasses.replace(config, vocab_size=tokenizer.vocabulary_size)
         super().__init__(**kwargs)
         self.config = config
         vocab_size, block_size, n_embd = config.vocab_size, config.block_size, config.n_embd

@@ -1,7 +1,7 @@
 """Checkpoints: a run's weights, optimizer state and progress, saved so that it can resume exactly.
 
 A checkpoint is a snapshot of one step, copied off the device at that step
-and written on a `file_writer.FileWriter`'s thread while training goes on.
+and written on a `training.background.FileWriter`'s thread while training goes on.
 """
 
 import dataclasses
@@ -64,7 +64,7 @@ def snapshot(model):
 
 
 def save_checkpoint(model, arrays, state, config, out_dir, writer, on_written=None):
-    """Hand a checkpoint to `writer` (a `file_writer.FileWriter`): `arrays` (the `snapshot` of its step) and
+    """Hand a checkpoint to `writer` (a `training.background.FileWriter`): `arrays` (the `snapshot` of its step) and
     the run's document, serialized now from `state` (a RunState as of that step), as one file."""
     document = json.dumps(dict(
         format=CHECKPOINT_FORMAT,

@@ -13,17 +13,14 @@ import time
 
 import keras
 
-from gptlite.data.conversations import ChatRows, ConversationBatches, IGNORED
-from gptlite.data.lm import fed_to_keras, RandomWindows
-from gptlite.data.pairs import PairBatches, PairSet
+from gptlite.data.lm import fed_to_keras
 from gptlite.errors import ConfigError, TrainingDiverged, TrainingInterrupted
+from gptlite.tasks.task import of_data
 from gptlite.training import history
-from gptlite.training.background import Jobs
+from gptlite.training.background import FileWriter, Jobs
 from gptlite.training.checkpoints import restore_checkpoint, RunState, save_checkpoint, snapshot
 from gptlite.training.distribute import mirrored, process_part
-from gptlite.training.file_writer import FileWriter
 from gptlite.training.optimizer import FlatAdamW
-from gptlite.training.plotting import plot_losses
 from gptlite.training.settings import dtype_policy
 from gptlite.weights import saving
 
@@ -103,10 +100,8 @@ def compile_for_training(model, config, ignored=None):
     xla = keras.backend.backend() == "jax" or (
         keras.backend.backend() == "tensorflow" and not mirrored()
         and (not config.lora_rank or model.count_params() <= LORA_XLA_MAX_PARAMETERS))
-    # A seq2seq batch pads its targets, and conversations leave all but the answers out (`ignored`): those
-    # positions do not count.
-    if ignored is None and model.writes_targets:
-        ignored = model.PAD_ID
+    # A seq2seq batch pads its targets, and conversations leave all but the answers out (`ignored`, the task's
+    # `ignored_class`): those positions do not count.
     model.compile(
         optimizer=make_optimizer(model, config),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=ignored),
@@ -287,7 +282,7 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
     `resume=True` continues exactly. The model in memory ends with the last
     step's weights.
 
-    Files are written on a thread of their own (`file_writer.FileWriter`)
+    Files are written on a thread of their own (`background.FileWriter`)
     from copies taken at their step, so that the steps go on while the disk
     writes them; the run waits for every write before it returns or stops.
 
@@ -310,17 +305,18 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
     if (config.precision == "fp16" and keras.backend.backend() == "jax"
             and all(device.startswith("cpu") for device in keras.distribution.list_devices())):
         raise ConfigError("fp16 under jax needs a GPU: XLA's CPU matmuls have no float16; set `precision` to bf16")
-    if peak_flops is not None and not (not model.writes_targets and peak_flops > 0):
+    task = of_data(train_ids)
+    if peak_flops is not None and not (task.measures_mfu and peak_flops > 0):
         raise ConfigError("`peak_flops` must be positive, and MFU is estimated for a GPT only")
     block_size = model.config.block_size
     if not model.built:
         model.build((None, block_size))
-    compile_for_training(model, config, IGNORED if isinstance(train_ids, ChatRows) else None)
+    compile_for_training(model, config, task.ignored_class(model))
     model.optimizer.build(model.trainable_variables)
     state = restore_checkpoint(model, out_dir) if resume else RunState()
 
     part = process_part()
-    validation_batches = fed_to_keras(_batches(  # read again at each evaluation
+    validation_batches = fed_to_keras(task.batches(  # read again at each evaluation
         validation_ids, block_size, config.batch_size, config.eval_iters, seed=config.seed + 1, part=part
     ))
     boundaries = sorted(
@@ -340,14 +336,14 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
         # files to the writer), then the writer (every file on disk).
         writer = stack.enter_context(FileWriter())
         evaluations = stack.enter_context(_Evaluations(
-            model, validation_batches, metrics or {}, out_dir, history.characters_per_token(model.tokenizer,
-                                                                                            validation_ids),
+            model, validation_batches, metrics or {}, out_dir, task.characters_per_token(model.tokenizer,
+                                                                                         validation_ids),
             peak_flops and model.training_flops_per_token() / peak_flops,
             tensorboard and history.TensorBoardLog(tensorboard), sample, writer, progress.say))
         disk_waits = lambda: writer.waited_s + evaluations.disk_waited_s
         for boundary in (b for b in boundaries if b > state.step):
             watcher = _StepWatcher(stop_request, progress, config.seed, state.step, config.grad_accum)
-            batches = _batches(train_ids, block_size, config.batch_size, boundary - state.step, seed=config.seed,
+            batches = task.batches(train_ids, block_size, config.batch_size, boundary - state.step, seed=config.seed,
                                first_index=state.step, micro_batches=config.grad_accum, part=part)
             fit_started = time.perf_counter()
             model.fit(fed_to_keras(batches), epochs=1, shuffle=False, callbacks=[watcher, *callbacks], verbose=0)
@@ -393,14 +389,6 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
         progress.say(f"trained {state.step - first_step:,} steps in {elapsed:.0f} s: {tokens / elapsed:,.0f} "
                      f"tokens/s over the whole run ({run_time.summary()})")
     return state.rows
-
-
-def _batches(token_ids_or_pairs, block_size, batch_size, count, **kwargs):
-    if isinstance(token_ids_or_pairs, PairSet):
-        return PairBatches(token_ids_or_pairs, batch_size, count, **kwargs)
-    if isinstance(token_ids_or_pairs, ChatRows):
-        return ConversationBatches(token_ids_or_pairs, batch_size, count, **kwargs)
-    return RandomWindows(token_ids_or_pairs, block_size, batch_size, count, **kwargs)
 
 
 class _Evaluations:
@@ -485,7 +473,7 @@ class _Evaluations:
         rows = copy.deepcopy(state.rows)  # as they are now: the writer's thread reads them later
         # Both follow from the checkpoint's own record: renamed into place whole, not synced.
         self.writer.write(self.out_dir / "history.csv", lambda path: history.write_history(rows, path), sync=False)
-        self.writer.write(self.out_dir / "loss.png", lambda path: plot_losses(rows, path), sync=False)
+        self.writer.write(self.out_dir / "loss.png", lambda path: history.plot_losses(rows, path), sync=False)
         if self.tensorboard:
             self.tensorboard.write(row, self.sample and self.sample(shadow), self.metrics)
         tokens_per_s, run_tokens_per_s = row["tokens_per_s"], row["run_tokens_per_s"]

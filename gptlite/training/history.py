@@ -1,21 +1,15 @@
-"""What a run records at each evaluation, and where: `history.csv`, TensorBoard's event files,
-and the figures beside the losses (bits per character, tokens per second, MFU)."""
+"""What a run records at each evaluation, and where: `history.csv`, TensorBoard's event files, the loss
+curve (`loss.png`), and the figures beside the losses (tokens per second, MFU)."""
 
 import csv
 import importlib.util
 import math
 import pathlib
 
-import numpy as np
-
-from gptlite.data.conversations import ChatRows
-from gptlite.data.pairs import PairSet
 from gptlite.errors import ConfigError, InputError
 
 # nanoGPT's peak for its MFU figure: an A100's bfloat16 matmuls, in FLOPs per second.
 DEFAULT_PEAK_FLOPS = 312e12
-# Token ids counted at once when measuring how many characters a token stands for.
-COUNTING_CHUNK = 1 << 22
 
 
 def write_history(rows, path):
@@ -30,30 +24,6 @@ def write_history(rows, path):
         writer = csv.DictWriter(file, fieldnames=columns, restval="")
         writer.writeheader()
         writer.writerows(rows)
-
-
-def characters_per_token(tokenizer, validation):
-    """How many characters a token of the validation data stands for, on average, or None without a tokenizer.
-
-    `validation` is a GPT's token ids or `ChatRows` (the answers' tokens), or a Seq2Seq's `PairSet` (its predicted
-    target tokens, the end token among them). The mean loss per token over
-    this, in bits, is the bits per character.
-    """
-    if tokenizer is None:
-        return None
-    if isinstance(validation, ChatRows):  # the answers' tokens, which are the ones predicted
-        answers = validation.ids[:, 1:][validation.trained[:, 1:]]
-        predicted = len(answers)
-        characters = tokenizer.character_count(answers)
-    elif isinstance(validation, PairSet):
-        targets = validation.target_ids
-        predicted = int(np.count_nonzero(targets[:, 1:] != tokenizer.pad_token_id))
-        characters = tokenizer.character_count(targets)
-    else:
-        predicted = len(validation)
-        characters = sum(tokenizer.character_count(validation[start:start + COUNTING_CHUNK])
-                         for start in range(0, len(validation), COUNTING_CHUNK))
-    return characters / predicted if characters and predicted else None
 
 
 class Throughput:
@@ -131,3 +101,22 @@ class TensorBoardLog:
 
     def close(self):
         self._writer.close()
+
+
+def plot_losses(rows, path):
+    """Train and validation loss of the evaluation `rows` against step, drawn with matplotlib's object API (no
+    pyplot: drawing changes neither matplotlib's backend nor a notebook's figures) and written to `path` (PNG) as
+    it is (a run writes it through its FileWriter, whole or not at all)."""
+    from matplotlib.figure import Figure
+
+    steps = [row["step"] for row in rows]
+    figure = Figure(figsize=(6, 4), dpi=100)
+    axes = figure.subplots()
+    axes.plot(steps, [row["train_loss"] for row in rows], marker="o", label="train (mean since last eval)")
+    axes.plot(steps, [row["val_loss"] for row in rows], marker="o", label="validation")
+    axes.set_xlabel("step")
+    axes.set_ylabel("cross-entropy loss (nats/token)")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, format="png")

@@ -1,16 +1,14 @@
-"""Training settings: how to train (`TrainingConfig`), the presets, how a run's settings are chosen from a
-preset, overrides and a checkpoint, and the choices a run offers (tasks, tokenizers, chat sizing). The model's
-shape is `gptlite.model.config.GPTConfig`.
+"""Training settings: how to train (`TrainingConfig`), the presets, and how a run's settings are chosen from a
+preset, overrides, a checkpoint or a pretrained model. The model's shape is `gptlite.model.config.GPTConfig`;
+what a chat run sizes from its conversations, `gptlite.tasks.chat_sizing`.
 
 Nothing here imports Keras: the command line reads these to build its flags
 before it chooses the Keras backend.
 """
 
 import dataclasses
-import math
 
 from gptlite.data import CHAT_SYNTHETIC_TASKS, SYNTHETIC_TASKS  # noqa: F401 (the choices a run offers)
-from gptlite.data.packing import pack_lengths
 from gptlite.errors import ConfigError, is_count, require
 from gptlite.model.config import GPTConfig, lora_targets
 
@@ -107,47 +105,6 @@ DEFAULT_PRESET = "cpu"
 # takes to decode 99% of its held-out pairs exactly (benchmarks/journal.md).
 SYNTHETIC_MAX_ITERS = {"addition": 8000, "reverse": 1500, "sort": 6000}
 assert tuple(SYNTHETIC_MAX_ITERS) == SYNTHETIC_TASKS
-# A chat run from scratch that names no preset is sized from its conversations (`chat_settings`): the modern
-# preset's model (trained as the cpu preset, the arithmetic task answered 3% of held-out questions exactly
-# after 1,500 steps, against 91%; benchmarks/journal.md) with small batches; the shortest of CHAT_CONTEXTS that holds
-# CHAT_COVERED of the conversations whole; CHAT_EPOCHS passes over the packed rows, at least CHAT_MIN_STEPS
-# steps and at most CHAT_MAX_TOKENS tokens at a context of 128 (fewer above it and the same steps below it: see
-# chat_token_cost): 13.1 to 14.0 minutes launch to exit for the family's tasks at 128 on 2 cores of machine B
-# (AMD Zen 4; benchmarks/journal.md, "The whole family within 15 minutes"), 21.0 on 2 of an AMD Zen 2 (machine H, AVX2
-# alone, before tf.data's waits were mended: "Chat on an older CPU"), where 9,000 steps would fit 15 minutes by its
-# steps' speed, but left two seeds of four of the direct task at 79% and 81%; evaluated and saved about
-# CHAT_EVALUATIONS times, the validation loss over CHAT_VALIDATION_ROWS rows (as many as 20 batches of 32 gave).
-# Small batches, since the same tokens in more steps learn the tasks sooner: with batches of 32, three seeds
-# answered 98%, 80% and 65% of the direct task's held-out questions exactly; with batches of 8 and the same
-# tokens, 100%, 90% and 93% (benchmarks/journal.md, "Chat tasks with batches of 8"). Contexts between 128 and 256,
-# since a file whose longest conversations were a little over 128 tokens went to 256, where its cap in tokens
-# took 20 minutes, not 12 (benchmarks/journal.md, "A file of another shape").
-CHAT_BATCH_SIZE = 8
-CHAT_CONTEXTS = (64, 128, 160, 192, 256)
-CHAT_COVERED = 0.99
-CHAT_EPOCHS = 20
-CHAT_MIN_STEPS = 1000
-CHAT_MAX_TOKENS = 3000 * 32 * 128
-# A token's training time at a context of 256 over one at 128 (the attention grows with the context, the rest
-# does not): 1.58 on machine B (benchmarks/journal.md, "A file of another shape"); taken as linear in between.
-CHAT_COST_AT_256 = 1.58
-CHAT_EVALUATIONS = 10
-CHAT_VALIDATION_ROWS = 640
-# How a chat run from scratch that names no tokenizer reads its conversations: as byte-level BPE tokens, each digit
-# a token of its own, where at least CHAT_BPE_SHARE of the words its answers write are words that CHAT_REPEATED
-# conversations or more hold, so that a word is a token it learns from many examples; as characters where they spell
-# out strings the file rarely repeats (made-up words to copy or reverse, which BPE would cut into pieces learned
-# from other strings), or hold no words (numbers alone read as short in characters). A file of arithmetic questions
-# answered in a sentence: 77% of its held-out questions right in characters, 100% in BPE tokens in fewer steps
-# (benchmarks/journal.md, "Chat in words and digits").
-CHAT_REPEATED = 10
-CHAT_BPE_SHARE = 0.8
-# What a run trains (a GPT on text, an encoder-decoder, a GPT on conversations), and the tokenizers a new
-# run can fit.
-TASKS = ("lm", "seq2seq", "chat")
-TOKENIZERS = ("char", "bpe")
-DEFAULT_BPE_VOCABULARY = 4096
-# The attention a Seq2Seq has: its encoder's, its decoder's own, and the decoder's over the source.
 
 # Settings a resumed run cannot change: they decide the weights' shapes and meaning.
 MODEL_SHAPE_SETTINGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "tie_weights", "position",
@@ -174,67 +131,11 @@ def dtype_policy(precision):
     return PRECISIONS[precision]
 
 
-def chat_tokenizer(repeated):
-    """The tokenizer of a chat run from scratch ("bpe" or "char") whose answers' words are `repeated` (the share
-    that CHAT_REPEATED conversations or more hold; None where the answers hold no words), and why, in a few words."""
-    if repeated is None:
-        return "char", "characters, since the answers hold no words"
-    if repeated >= CHAT_BPE_SHARE:
-        return "bpe", (f"byte-level BPE tokens with each digit apart, since {repeated:.0%} of the answers' words are "
-                       f"in {CHAT_REPEATED} conversations or more")
-    return "char", f"characters, since {1 - repeated:.0%} of the answers' words are in fewer than {CHAT_REPEATED} " \
-                   f"conversations"
-
-
-def chat_settings(lengths, reading=None):
-    """The settings a chat run from scratch starts from, sized from its conversations' `lengths` in tokens, and a
-    line that says what was chosen and why (see CHAT_BATCH_SIZE and the constants beside it), with `reading`
-    (how the conversations are read, `chat_tokenizer`'s words) where given."""
-    lengths = sorted(int(length) for length in lengths)
-    if not lengths:
-        raise ConfigError("there are no conversations to size a chat run from")
-    covered = lengths[max(0, math.ceil(CHAT_COVERED * len(lengths)) - 1)]  # CHAT_COVERED of them are this long
-    block_size = next((context for context in CHAT_CONTEXTS if context + 1 >= covered), CHAT_CONTEXTS[-1])
-    rows = packed_rows(lengths, block_size)
-    batch_size = CHAT_BATCH_SIZE
-    most = max(CHAT_MIN_STEPS, int(CHAT_MAX_TOKENS / chat_token_cost(block_size)) // (batch_size * block_size)
-               // 100 * 100)
-    steps = min(most, max(CHAT_MIN_STEPS, -(-CHAT_EPOCHS * rows // batch_size // 100) * 100))
-    interval = max(100, steps // CHAT_EVALUATIONS // 100 * 100)
-    chosen = {**PRESETS["modern"], "batch_size": batch_size, "block_size": block_size, "max_iters": steps,
-              "eval_interval": interval, "checkpoint_interval": interval,
-              "eval_iters": CHAT_VALIDATION_ROWS // batch_size}
-    whole = sum(length <= block_size + 1 for length in lengths) / len(lengths)
-    line = (f"chat settings sized from {len(lengths):,} conversations: " + (f"{reading}; " if reading else "")
-            + f"context {block_size} ({whole:.0%} fit whole; "
-            f"{CHAT_COVERED:.0%} are at most {covered} tokens), {steps:,} steps of {batch_size} rows "
-            f"({steps * batch_size / rows:.1f} passes over {rows:,} packed rows"
-            + ("; the most that trains in about 14 minutes on 2 cores of a recent CPU, more on an older one"
-               if steps == most else "")
-            + "), the modern preset's model; a setting given overrides these")
-    return chosen, line
-
-
-def chat_token_cost(block_size):
-    """How long a token of a chat run at `block_size` trains, as a multiple of one at a context of 128: 1 at 128
-    (measured there), growing linearly to CHAT_COST_AT_256 at 256; below 128, as a step of 128 does (8 rows of 64
-    took from 41 to 59 ms a step on machine B, of 128 from 63 to 80 ms: so small a step keeps two cores less
-    busy), so that a shorter context gets the steps of 128, which fit the time at the slower figure too."""
-    return 1 + (CHAT_COST_AT_256 - 1) * max(0, block_size - 128) / 128 if block_size >= 128 else 128 / block_size
-
-
-def packed_rows(lengths, block_size):
-    """How many rows of block_size + 1 tokens conversations of `lengths` pack into (see `packing`), as
-    `conversations.pack` packs them."""
-    return len(pack_lengths(lengths, block_size + 1))
-
-
-def default_settings(seq2seq=False, synthetic=None):
-    """A run's settings before any preset or override: the cpu preset's for a GPT,
-    the seq2seq preset's for a Seq2Seq, with a synthetic task's own number of steps."""
-    if not seq2seq:
-        return PRESETS[DEFAULT_PRESET]
-    return {**PRESETS["seq2seq"], **({"max_iters": SYNTHETIC_MAX_ITERS[synthetic]} if synthetic else {})}
+def default_settings(preset=DEFAULT_PRESET, synthetic=None):
+    """A run's settings before any preset or override: its task's default preset's (the cpu preset for a GPT, the
+    seq2seq preset for a Seq2Seq), with a synthetic seq2seq task's own number of steps."""
+    steps = SYNTHETIC_MAX_ITERS.get(synthetic)
+    return {**PRESETS[preset], **({"max_iters": steps} if steps else {})}
 
 
 def split_settings(settings):
@@ -249,12 +150,14 @@ def split_settings(settings):
     return model, training
 
 
-def resolve_settings(preset=None, overrides=None, checkpoint=None, seq2seq=False, synthetic=None, pretrained=None,
-                     chat=None):
-    """A run's settings as one flat dict: the defaults, then the preset's values, then `overrides`.
+def resolve_settings(preset=None, overrides=None, checkpoint=None, default_preset=DEFAULT_PRESET, synthetic=None,
+                     pretrained=None, sizing=None):
+    """A run's settings as one flat dict: the defaults (`default_preset`'s, the run's task's), then the preset's
+    values, then `overrides`.
 
-    A chat run from scratch without a preset gives `chat`, its defaults sized
-    from its conversations (`chat_settings`), in place of the defaults.
+    A new run whose task sized settings from its data gives them as `sizing` (a `tasks.task.Sizing`: a chat run's
+    context and steps, laid over the modern preset's where no preset is named; a seq2seq run's longest pair):
+    they lie under a preset's values and the overrides.
 
     Resuming from `checkpoint` (a checkpoint document), the checkpoint's
     settings come first, and an override may change how the run trains
@@ -274,7 +177,10 @@ def resolve_settings(preset=None, overrides=None, checkpoint=None, seq2seq=False
     if checkpoint is None and pretrained is not None:
         return _fitted_warmup(_fine_tuning_settings(pretrained, preset, overrides), overrides)
     if checkpoint is None:
-        defaults = chat if chat is not None and preset is None else default_settings(seq2seq, synthetic)
+        defaults = default_settings(default_preset, synthetic)
+        if sizing is not None:
+            defaults = {**(PRESETS[sizing.preset] if sizing.preset and preset is None else defaults),
+                        **sizing.settings}
         return _fitted_warmup({**defaults, **requested}, overrides)
     # A checkpoint written before a setting existed has that setting's default.
     saved = {name: checkpoint["model_config"].get(name, getattr(GPTConfig, name)) for name in MODEL_SHAPE_SETTINGS}

@@ -14,7 +14,7 @@ from gptlite.model.gpt import is_model
 def save(model, path, writer=None, sync=True):
     """Save a GPT or Seq2Seq (weights, shape and tokenizer; no optimizer state) to a `.keras` file.
 
-    With `writer` (a `file_writer.FileWriter`), the file is written on the
+    With `writer` (a `training.background.FileWriter`), the file is written on the
     writer's thread from a copy of the model made now, synced as `sync` says
     (`FileWriter.write`); training may go on.
     """

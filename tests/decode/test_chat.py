@@ -23,7 +23,7 @@ from gptlite.data import conversations
 from gptlite.decode import chat
 from gptlite.errors import InputError
 from gptlite.text import templates
-from gptlite.training import settings
+from gptlite.tasks import chat_sizing
 
 # For what the chat's own code decides (sizing, reports, templates, files): the same on every backend, whose training
 # on conversations test_a_chat_run_trains_on_a_conversations_file_and_keeps_its_template checks in every suite.
@@ -237,7 +237,7 @@ def test_the_sizing_counts_the_tokens_and_rows_that_packing_makes(chat_model):
     assert lengths == [len(conversations.encode(chat_model.tokenizer, messages)[0]) for messages in chats]
     for block_size in (16, 64):
         rows = conversations.pack(chat_model.tokenizer, chats, block_size)
-        assert len(rows) == settings.packed_rows(lengths, block_size)
+        assert len(rows) == chat_sizing.packed_rows(lengths, block_size)
 
 
 @ONCE
@@ -249,7 +249,7 @@ def test_a_bpe_runs_sizing_counts_its_own_tokens():
     lengths = conversations.default_template_lengths(chats, tokenizer)
     assert lengths == [len(conversations.encode(tokenizer, messages)[0]) for messages in chats]
     assert max(lengths) < min(conversations.default_template_lengths(chats))  # fewer than their characters
-    assert len(conversations.pack(tokenizer, chats, 32)) == settings.packed_rows(lengths, 32)
+    assert len(conversations.pack(tokenizer, chats, 32)) == chat_sizing.packed_rows(lengths, 32)
 
 
 @ONCE
@@ -285,22 +285,6 @@ def test_a_chat_run_on_a_file_is_sized_from_it_and_reports_its_held_out_answers(
 
 
 @ONCE
-def test_the_tokenizer_a_run_from_scratch_reads_with_follows_the_words_its_answers_repeat():
-    def chats(answer, count=30):
-        return [[{"role": "user", "content": f"what is {n} and {n + 3}?"}, {"role": "assistant", "content": answer(n)}]
-                for n in range(count)]
-
-    sentences = chats(lambda n: f"The sum is {2 * n + 3}.")
-    made_up = chats(lambda n: "".join("abcdefgh"[(n * 7 + i * 3) % 8] for i in range(5)) + "!")
-    numbers = chats(lambda n: str(2 * n + 3))
-    assert conversations.repeated_answer_words(sentences, 10) == 1.0
-    assert conversations.repeated_answer_words(made_up, 10) < 0.5  # each made-up word in a few conversations
-    assert conversations.repeated_answer_words(numbers, 10) is None
-    assert conversations.repeated_answer_words(sentences, 31) == 0.0  # no word is in more than all 30
-    assert settings.chat_tokenizer(1.0)[0] == "bpe" and settings.chat_tokenizer(settings.CHAT_BPE_SHARE)[0] == "bpe"
-    assert settings.chat_tokenizer(settings.CHAT_BPE_SHARE - 0.01)[0] == "char"
-    assert settings.chat_tokenizer(None) == ("char", "characters, since the answers hold no words")
-    assert "98% of the answers' words are in 10 conversations or more" in settings.chat_tokenizer(0.98)[1]
 
 
 @ONCE

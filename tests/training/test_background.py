@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from gptlite.training.file_writer import FileWriter, WriteError
+from gptlite.training.background import FileWriter, WriteError
 
 pytestmark = pytest.mark.once("the file writer is plain Python")
 

@@ -1,0 +1,148 @@
+"""A GPT on text: files (or folders of them) read in pieces, a char or BPE tokenizer fitted to them, the text
+encoded once into a token file, random windows of it as batches, and bits per character as its score."""
+
+import sys
+
+import numpy as np
+
+from gptlite.data import lm
+from gptlite.decode import generation
+from gptlite.errors import InputError
+from gptlite.evaluation import scores
+from gptlite.model.gpt import GPT
+from gptlite.tasks import DEFAULT_BPE_VOCABULARY
+from gptlite.tasks.task import Task, Training
+from gptlite.text.tokenizers import BPETokenizer, CharTokenizer
+
+# How a run samples its model, at each TensorBoard evaluation and at its end.
+SAMPLING = dict(max_new_tokens=300, temperature=0.8, top_k=200)
+# Token ids counted at once when measuring how many characters a token stands for.
+COUNTING_CHUNK = 1 << 22
+
+
+class LanguageModel(Task):
+    """A GPT that learns to continue text."""
+
+    name = "lm"
+    model_class = GPT
+    measures_mfu = True  # a GPT's FLOPs per token are known (`GPT.training_flops_per_token`)
+
+    def __init__(self):
+        self._corpus = None
+
+    def corpus(self, plan):
+        """The run's text, read once: its files, or about 2 MB of the Python standard library's sources."""
+        if self._corpus is None:
+            self._corpus = (lm.Corpus.from_files(plan.sources, plan.encoding, plan.errors) if plan.sources else
+                            lm.Corpus.from_text(lm.default_corpus(), "the Python standard library's sources"))
+        return self._corpus
+
+    def model(self, plan, data, say):
+        """The GPT to train: the checkpoint's, or a new one of the plan's shape with a tokenizer fitted to its
+        text."""
+        if plan.checkpoint:
+            return GPT.from_config(plan.checkpoint["model_config"])
+        return GPT.from_gpt_config(plan.model_config, self.tokenizer(plan, data, say), dtype=plan.dtype)
+
+    def tokenizer(self, plan, data, say):
+        """A new model's tokenizer, fitted to the text."""
+        return fitted_tokenizer(self.corpus(plan), plan, False, say)
+
+    def sampler(self, plan):
+        """What a run samples of its model, at each TensorBoard evaluation and at its end."""
+        return lambda trained: sample_text(trained, plan.seed)
+
+    def training(self, plan, model, data, say, make_folder):
+        """The text encoded once into a token file in the run's folder, split into train and validation."""
+        corpus = self.corpus(plan)
+        make_folder()
+        try:
+            token_ids = lm.encode_corpus(corpus, model.tokenizer, plan.out_dir, sys.stdout.isatty(), plan.unknown)
+        except InputError as error:
+            if plan.checkpoint and any(model.tokenizer.unknown_characters(piece) for piece in corpus.pieces()):
+                raise InputError(f"{error}: resume with the text the run started on") from None
+            if plan.init_from and not plan.checkpoint and plan.unknown == "error":
+                raise InputError(f"{error}: the pretrained model never saw them; `unknown='skip'` leaves them out, "
+                                 f"`unknown='replace'` makes them spaces") from None
+            raise
+        train_ids, validation_ids = lm.split(token_ids)
+        lm.check_enough_tokens(train_ids, validation_ids, model.config.block_size)
+        line = (f"training on {corpus.name}: {len(train_ids) + len(validation_ids):,} tokens "
+                f"({tokens_of(model)}, {model.tokenizer.vocabulary_size:,} in the vocabulary); "
+                f"{len(train_ids):,} train / {len(validation_ids):,} validation")
+        return Training(train_ids, validation_ids, line, {}, self.sampler(plan))
+
+    def describe(self, model):
+        config = model.config
+        return (f"{config.n_layer} layers, {_heads(config)}, width {config.n_embd}, context {config.block_size}, "
+                f"{_architecture(config)}, {_parameters(model)}")
+
+    def batches(self, data, block_size, batch_size, count, **kwargs):
+        return lm.RandomWindows(data, block_size, batch_size, count, **kwargs)
+
+    def characters_per_token(self, tokenizer, validation):
+        if tokenizer is None:
+            return None
+        characters = sum(tokenizer.character_count(validation[start:start + COUNTING_CHUNK])
+                         for start in range(0, len(validation), COUNTING_CHUNK))
+        return characters / len(validation) if characters and len(validation) else None
+
+    def evaluate(self, model, sources, encoding, errors, unknown, verbose):
+        return scores.evaluate_text(model, sources, encoding, errors, unknown, verbose)
+
+
+def sample_text(model, seed):
+    """What a GPT writes from nothing, as a run samples it (`SAMPLING`)."""
+    return generation.generate(model, "", seed=seed, **SAMPLING)
+
+
+def tokens_of(model):
+    """What the model's tokens are, in a few words."""
+    return {CharTokenizer: "characters", BPETokenizer: "byte-level BPE tokens"}.get(
+        type(model.tokenizer), "the pretrained model's tokens")
+
+
+def _heads(config):
+    if config.kv_heads == config.n_head:
+        return f"{config.n_head} heads"
+    return f"{config.n_head} heads sharing {config.kv_heads} key/value heads"
+
+
+def _architecture(config):
+    """The architecture's switches, in a few words: "learned positions, LayerNorm, GELU" for GPT-2's."""
+    words = [f"{config.position} positions", {"layer": "LayerNorm", "rms": "RMSNorm"}[config.norm],
+             {"gelu": "GELU", "swiglu": "SwiGLU"}[config.mlp]]
+    return ", ".join(words + (["QK-norm"] if config.qk_norm else []))
+
+
+def _parameters(model):
+    total = model.count_params()
+    trainable = sum(int(np.prod(weight.shape)) for weight in model.trainable_weights)
+    return f"{total:,} parameters" + (f", {trainable:,} of them trained" if trainable != total else "")
+
+
+def fitted_tokenizer(corpus, plan, digits_apart, say):
+    """A tokenizer fitted to the corpus, as the plan chooses: its characters, or a BPE vocabulary learned from it
+    (`digits_apart`: each digit a token of its own)."""
+    return bpe(corpus, plan.vocab_size, digits_apart, say) if plan.tokenizer == "bpe" else _characters(corpus)
+
+
+def _characters(corpus):
+    """A character vocabulary of the corpus's text."""
+    if not corpus.size:  # said before any tokenizer is learned from it
+        raise InputError(f"{corpus.name} has no text in it")
+    fitted = CharTokenizer.from_texts(corpus.pieces())
+    if not fitted.vocabulary.strip():
+        raise InputError(f"{corpus.name} has no text in it")
+    return fitted
+
+
+def bpe(corpus, vocab_size, digits_apart, say):
+    """A byte-level BPE vocabulary learned from the corpus (`BPETokenizer.train`)."""
+    if not corpus.size:  # said before any tokenizer is learned from it
+        raise InputError(f"{corpus.name} has no text in it")
+    vocab_size = vocab_size or DEFAULT_BPE_VOCABULARY
+    say(f"learning a {vocab_size:,}-token byte-level BPE vocabulary from {corpus.name} "
+        f"(a sample of up to {lm.BPE_SAMPLE_BYTES // 2**20} MB{'; each digit a token' if digits_apart else ''})",
+        flush=True)
+    return BPETokenizer.train(corpus.sample(lm.BPE_SAMPLE_BYTES), vocab_size, sys.stdout.isatty(), digits_apart)

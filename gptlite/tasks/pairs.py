@@ -1,0 +1,112 @@
+"""A Seq2Seq on source/target pairs: one file of source<TAB>target lines (a tenth held out) or a built-in
+synthetic task, read as characters; its loss is over the target tokens, and its score how many held-out targets
+it decodes exactly."""
+
+import dataclasses
+
+from gptlite.data import pairs
+from gptlite.decode import generation
+from gptlite.errors import ConfigError
+from gptlite.evaluation import scores
+from gptlite.model.gpt import Seq2Seq
+from gptlite.tasks.task import Sizing, Task, Training
+from gptlite.text.tokenizers import CharTokenizer
+
+
+@dataclasses.dataclass
+class HeldOutPairs:
+    """A seq2seq run's pairs: those it trains on and those it holds out, and their characters' tokenizer."""
+
+    train: pairs.Pairs
+    held_out: pairs.Pairs
+    name: str
+    tokenizer: CharTokenizer = None  # a new model's
+
+
+class Pairs(Task):
+    """An encoder-decoder that learns to write a target for each source."""
+
+    name = "seq2seq"
+    model_class = Seq2Seq
+    default_preset = "seq2seq"
+
+    def check(self, asked):
+        super().check(asked)
+        if asked.init_from:
+            raise ConfigError("`init_from` fine-tunes a GPT; a seq2seq model trains from the start")
+        if asked.tokenizer not in (None, "char"):
+            raise ConfigError("the seq2seq model reads characters; `tokenizer='bpe'` is for language models")
+        if asked.distribute:
+            raise ConfigError("`distribute=True` trains language models only for now")
+        if asked.mfu or asked.peak_flops is not None:
+            raise ConfigError("MFU (`mfu`, `peak_flops`) is estimated for a GPT; a seq2seq run has none")
+        if asked.synthetic and asked.sources:
+            raise ConfigError(f"the synthetic {asked.synthetic} task makes its own pairs; give no file")
+        if not asked.synthetic and len(asked.sources) != 1:
+            raise ConfigError("a seq2seq model trains on one file of source<TAB>target lines, or on a `synthetic` "
+                              "task")
+
+    def read(self, asked, seed, new_model, say):
+        """The pairs, a tenth held out (chosen by the seed, so that a resumed run holds out the same ones); a new
+        model reads their characters, and its context holds the longest pair unless `block_size` is given."""
+        if asked.synthetic:
+            train, held_out = pairs.synthetic(asked.synthetic, seed)
+            data = HeldOutPairs(train, held_out, f"the synthetic {asked.synthetic} task")
+        else:
+            train, held_out = pairs.split(pairs.read_pairs(asked.sources[0], asked.encoding, asked.errors), seed)
+            data = HeldOutPairs(train, held_out, str(asked.sources[0]))
+        if not new_model:
+            return data, None
+        texts = (text for part in (train, held_out) for text in part.sources + part.targets)
+        data.tokenizer = CharTokenizer.from_texts(texts, special_tokens=CharTokenizer.SPECIAL_TOKENS)
+        return data, Sizing({"block_size": pairs.block_size_needed(data.tokenizer, train, held_out)})
+
+    def model(self, plan, data, say):
+        if plan.checkpoint:
+            return Seq2Seq.from_config(plan.checkpoint["model_config"])
+        return Seq2Seq.from_gpt_config(plan.model_config, data.tokenizer, dtype=plan.dtype)
+
+    def training(self, plan, model, data, say, make_folder):
+        """The pairs encoded, and the held-out ones each evaluation decodes (at most HELD_OUT_PAIRS)."""
+        tokenizer, block_size = model.tokenizer, model.config.block_size
+        train_set = pairs.encode(data.train, tokenizer, block_size)
+        held_out_set = pairs.encode(data.held_out, tokenizer, block_size)
+        make_folder()
+        measured = data.held_out.subset(range(min(len(data.held_out), pairs.HELD_OUT_PAIRS)))
+        shown = measured.subset(range(min(len(measured), 8)))
+        line = (f"training on {data.name}: {len(data.train):,} pairs, {len(data.held_out):,} held out "
+                f"({tokenizer.vocabulary_size - len(tokenizer.special_tokens)} characters); exact match measured "
+                f"on {len(measured):,} held-out pairs")
+        metrics = {"exact_match": lambda trained: scores.exact_matches(trained, measured) / len(measured)}
+        return Training(train_set, held_out_set, line, metrics, lambda trained: target_lines(trained, shown),
+                        data.held_out)
+
+    def describe(self, model):
+        config = model.config
+        return (f"seq2seq, encoder and decoder of {config.n_layer} layers each, {config.n_head} heads, width "
+                f"{config.n_embd}, sources and targets of up to {config.block_size} tokens, "
+                f"{model.count_params():,} parameters")
+
+    def batches(self, data, block_size, batch_size, count, **kwargs):
+        return pairs.PairBatches(data, batch_size, count, **kwargs)
+
+    def ignored_class(self, model):
+        return model.PAD_ID  # the padding after a target
+
+    def characters_per_token(self, tokenizer, validation):
+        if tokenizer is None:
+            return None
+        targets = validation.target_ids  # the predicted target tokens, the end token among them
+        predicted = int((targets[:, 1:] != tokenizer.pad_token_id).sum())
+        characters = tokenizer.character_count(targets)
+        return characters / predicted if characters and predicted else None
+
+    def evaluate(self, model, sources, encoding, errors, unknown, verbose):
+        return scores.evaluate_pairs(model, sources, encoding, errors, unknown, verbose)
+
+
+def target_lines(model, held_out):
+    """A line for each held-out pair: its source, and the target a Seq2Seq decodes for it (greedily)."""
+    decoded = generation.generate_target(model, held_out.sources, temperature=0.0)
+    return "\n".join(f"{source} -> {got}" + ("" if got == want else f"   (expected {want})")
+                     for source, got, want in zip(held_out.sources, decoded, held_out.targets))

@@ -1,0 +1,173 @@
+"""A kind of run (`Task`), and which one a run's settings, a model or its data is.
+
+    task = tasks.task.named("chat")             # the `task` setting, and `synthetic`
+    task = tasks.task.of_model(model)           # what a saved model does: lm, chat or seq2seq
+    task = tasks.task.of_data(train_data)       # token ids, packed conversations or encoded pairs
+
+The three kinds differ in their data, their new model, their batches and loss mask, their scores and what a
+run samples; each `Task` holds its own of these, so that nothing else asks which kind it has.
+"""
+
+import dataclasses
+import pathlib
+
+from gptlite.data import CHAT_SYNTHETIC_TASKS, SYNTHETIC_TASKS
+from gptlite.data.conversations import ChatRows
+from gptlite.data.pairs import PairSet
+from gptlite.errors import ConfigError
+from gptlite.tasks import TASKS
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizing:
+    """Settings a task sized from a new run's data (a chat run's context and steps, a seq2seq run's longest pair),
+    laid over `preset`'s settings (None: the task's `default_preset`) and under the run's own; `line` says how
+    they were chosen, or is None."""
+
+    settings: dict
+    preset: str = None
+    line: str = None
+
+
+@dataclasses.dataclass
+class Training:
+    """What a task hands the training loop: its train and validation data (the kind `batches` reads), the line
+    that says what it trains on, the fractions each evaluation records (a name for each function of the model),
+    what a run samples (a function of the model that returns text), and what it held out to check on."""
+
+    train: object
+    validation: object
+    line: str
+    metrics: dict
+    sample: object
+    held_out: object = None  # a seq2seq run's held-out pairs (`data.pairs.Pairs`)
+    held_out_questions: list = None  # a chat run's: [(messages, answer)]
+
+
+class Task:
+    """What a kind of run does its own way. `name` is the `task` setting's value for it.
+
+    A run asks its task, in order: `check` (refuse what the task cannot take, before anything is read),
+    `read` (the data a new model is sized from, and the settings sized from it), `model` (a new model, or the
+    checkpoint's), `training` (its data encoded and described); the training loop asks `batches`,
+    `ignored_class` and `characters_per_token`; `evaluate` scores a model on files.
+    """
+
+    name = None
+    default_preset = "cpu"  # the preset a run takes where it names none
+    measures_mfu = False  # whether its FLOPs per token are known, for model FLOPs utilisation
+
+    def check(self, asked):
+        """Refuse what the run was `asked` (a `training.plan.RunArguments`) where this task cannot take it."""
+        if asked.val_file is not None:
+            raise ConfigError("`val_file` holds conversations to validate a chat run on: it goes with task='chat' "
+                              "and a file of conversations")
+
+    def read(self, asked, seed, new_model, say):
+        """What the run reads before its settings are resolved, from what it was `asked` (a
+        `training.plan.RunArguments`) and its `seed`: (its data or None, a `Sizing` or None, where a `new_model`'s
+        settings are sized from the data)."""
+        return None, None
+
+    def adapted(self, model, plan, say):
+        """The model as this task trains it (a chat run gives a model without a chat template one)."""
+        return model
+
+    def model(self, plan, data, say):
+        """The model to train: the plan's checkpoint's, or a new one of the plan's shape."""
+        raise NotImplementedError
+
+    def training(self, plan, model, data, say, make_folder):
+        """A `Training`: the data encoded for the model; `make_folder()` is called before the run's folder is
+        written to, once whatever could refuse the data has passed."""
+        raise NotImplementedError
+
+    def describe(self, model):
+        """The model, in a line: its shape and parameters."""
+        raise NotImplementedError
+
+    def batches(self, data, block_size, batch_size, count, **kwargs):
+        """A `data.lm.DrawnBatches` of `count` batches of this task's training data."""
+        raise NotImplementedError
+
+    def ignored_class(self, model):
+        """The target id the loss leaves out, or None where every position counts."""
+        return None
+
+    def characters_per_token(self, tokenizer, validation):
+        """How many characters a predicted token of `validation` stands for, on average, or None."""
+        raise NotImplementedError
+
+    def evaluate(self, model, sources, encoding, errors, unknown, verbose):
+        """An `evaluation.scores.Evaluation` of the model on files of this task's data."""
+        raise NotImplementedError
+
+
+def evaluate(model, sources=(), encoding="utf-8", errors="strict", unknown="error", verbose=0, synthetic=None):
+    """Score a model on `sources`, each scored on its own; an `evaluation.scores.Evaluation`.
+
+    A GPT reads text files, or folders of them; a chat model, conversations
+    files (.jsonl), or with `synthetic` (a `chat_tasks` task) that task's held-out
+    questions instead; a Seq2Seq reads files of source<TAB>target lines. encoding, errors: how the files are decoded;
+    unknown: characters a char vocabulary lacks are an error ("error"), left
+    out ("skip") or spaces ("replace"). verbose=1 shows a progress bar.
+    """
+    from gptlite.data import chat_tasks
+    from gptlite.evaluation import scores
+    from gptlite.model.gpt import is_model
+
+    if not is_model(model):
+        raise ConfigError(f"evaluate scores a GPT or a Seq2Seq, not a {type(model).__name__}")
+    sources = [sources] if isinstance(sources, (str, pathlib.Path)) else list(sources)
+    if synthetic is not None:
+        if sources:
+            raise ConfigError("give files to score, or `synthetic`, not both")
+        questions = chat_tasks.synthetic(synthetic).held_out
+        chats = [messages + [{"role": "assistant", "content": answer}] for messages, answer in questions]
+        return scores.evaluate_conversations(model, [(f"held-out {synthetic} questions", chats)], verbose)
+    if not sources:
+        raise ConfigError("give at least one file to evaluate on, or `synthetic`")
+    return of_model(model).evaluate(model, sources, encoding, errors, unknown, verbose)
+
+
+def named(task=None, synthetic=None):
+    """The task a run trains, from its `task` and `synthetic` settings, checked (`task=None`: the one that
+    `synthetic` makes, else a language model)."""
+    if task not in (None, *TASKS):
+        raise ConfigError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+    if synthetic in CHAT_SYNTHETIC_TASKS:
+        if task not in (None, "chat"):
+            raise ConfigError(f"the synthetic {synthetic} task trains a chat model; leave out `task={task!r}`")
+        task = "chat"
+    elif synthetic is not None and synthetic not in SYNTHETIC_TASKS:
+        raise ConfigError(f"synthetic must be one of {', '.join(SYNTHETIC_TASKS + CHAT_SYNTHETIC_TASKS)}, "
+                          f"got {synthetic!r}")
+    elif synthetic:
+        if task in ("lm", "chat"):
+            raise ConfigError(f"the synthetic {synthetic} task trains a seq2seq model; leave out `task={task!r}`")
+        task = "seq2seq"
+    return _task(task or "lm")
+
+
+def of_model(model):
+    """What a model does: writes targets from sources (seq2seq), holds conversations (chat: it has a chat
+    template), or continues text (lm)."""
+    if model.writes_targets:
+        return _task("seq2seq")
+    return _task("chat" if model.chats else "lm")
+
+
+def of_data(data):
+    """The task whose training data `data` is: encoded pairs, packed conversations, or token ids."""
+    if isinstance(data, PairSet):
+        return _task("seq2seq")
+    return _task("chat" if isinstance(data, ChatRows) else "lm")
+
+
+def _task(name):
+    # Imported here: each task's module builds on `Task` above.
+    from gptlite.tasks.chat import Chat
+    from gptlite.tasks.language import LanguageModel
+    from gptlite.tasks.pairs import Pairs
+
+    return {"lm": LanguageModel, "chat": Chat, "seq2seq": Pairs}[name]()
