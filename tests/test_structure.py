@@ -75,6 +75,14 @@ def test_a_reader_meets_few_rooms_of_few_modules_each():
     assert not crowded, crowded
 
 
+def test_every_room_is_a_package_the_wheel_holds():
+    import tomllib
+
+    listed = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    folders = {f"gptlite.{room}" for room, paths in rooms().items() if paths[0].name == "__init__.py" or len(paths) > 1}
+    assert set(listed) == {"gptlite"} | folders
+
+
 def test_importing_a_room_starts_no_keras():
     """A room's `__init__` holds its plain choices (what the command line offers as flags) and imports no Keras,
     so that the commands can read them before they choose a backend."""
