@@ -22,7 +22,7 @@ ALLOWED = {
     "model": {"text"},  # the shape, the layers, GPT and Seq2Seq
     "weights": {"files", "model", "text"},  # model.keras, GPT-2, the Llama family, GGUF
     "data": {"files", "text", "weights"},  # text, pairs, conversations, synthetic tasks
-    "decode": {"backend", "data", "text"},  # sampling, compiled programs, the engine, generate, chat
+    "decode": {"backend", "data", "model", "text"},  # sampling, compiled programs, the engine, generate, chat
     "evaluation": {"data", "decode", "files", "model", "text"},  # scores, inspection
     "tasks": {"data", "decode", "evaluation", "model", "text"},  # one kind of run each: lm, chat, seq2seq
     "training": {"data", "decode", "evaluation", "files", "model", "tasks", "text", "weights"},  # settings, plan, fit

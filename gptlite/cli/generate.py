@@ -72,6 +72,7 @@ def make_parser(prog):
 
 def run(args):
     from gptlite.decode import generation
+    from gptlite.tasks.task import of_model
     from gptlite.weights import saving
 
     drawing = [name for name in ("layer", "head", "part") if getattr(args, name) is not None]
@@ -89,11 +90,12 @@ def run(args):
     # Checked before the model loads, so that a bad flag fails at once.
     config = sampling_config(args)
     model = saving.load(args.model)
-    if model.writes_targets:
+    task = of_model(model)
+    if task.reads == "source":
         _generate_targets(args, model)
         return
     if args.source is not None or args.source_file is not None:
-        raise InputError(f"{args.model} is a language model: give it `prompt` TEXT to continue, not a source")
+        raise InputError(f"{args.model} is {task.called}: give it `prompt` TEXT to continue, not a source")
     prompt = args.prompt or ""
     sampling = dict(sampling=config, unknown=args.unknown, use_cache=args.use_cache, slide=args.slide)
     if args.num_beams is not None:
@@ -151,17 +153,19 @@ def _generate_targets(args, model):
 def _draw_attention(args):
     from gptlite.decode import generation
     from gptlite.evaluation import inspection
+    from gptlite.tasks.task import of_model
     from gptlite.text.tokenizers import known_text
     from gptlite.weights import saving
 
     model = saving.load(args.model)
-    if model.writes_targets:
+    task = of_model(model)
+    if task.reads == "source":
         if args.prompt is not None or args.source is None:
-            raise InputError(f"{args.model} is a seq2seq model: `attention` draws its attention for `source` TEXT")
+            raise InputError(f"{args.model} is {task.called}: `attention` draws its attention for `source` TEXT")
         text, target = args.source, generation.generate_target(model, args.source, unknown=args.unknown)
     else:
         if args.prompt is None or args.source is not None:
-            raise InputError(f"{args.model} is a language model: `attention` draws its attention over `prompt` TEXT")
+            raise InputError(f"{args.model} is {task.called}: `attention` draws its attention over `prompt` TEXT")
         if args.part not in (None, "decoder"):
             raise InputError(f"{args.model} is a language model: it has causal self-attention only, no `part`")
         text, target = args.prompt, None

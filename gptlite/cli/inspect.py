@@ -37,6 +37,7 @@ def make_parser(prog):
 
 def run(args):
     from gptlite.evaluation import inspection
+    from gptlite.tasks.task import of_model
     from gptlite.weights import saving
 
     if args.top < 1:
@@ -47,11 +48,12 @@ def run(args):
     if args.target is not None and args.source is None:
         raise InputError("`target` goes with `source`")
     model = saving.load(args.model)
-    text = args.source if model.writes_targets else args.prompt
-    if model.writes_targets and args.prompt is not None:
-        raise InputError(f"{args.model} is a seq2seq model: give it `source` TEXT, not `prompt`")
-    if not model.writes_targets and args.source is not None:
-        raise InputError(f"{args.model} is a language model: give it `prompt` TEXT, not `source`")
+    task = of_model(model)
+    given = {"prompt": args.prompt, "source": args.source}
+    text = given.pop(task.reads)
+    unread = next(iter(given))
+    if given[unread] is not None:
+        raise InputError(f"{args.model} is {task.called}: give it `{task.reads}` TEXT, not `{unread}`")
     messages = sys.stderr if args.json else sys.stdout
     if args.positions is not None:
         inspection.plot_positions(model, args.positions)

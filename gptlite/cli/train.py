@@ -138,8 +138,6 @@ def make_parser(prog):
 
 
 def run(args):
-    from gptlite.decode import generation
-    from gptlite.tasks.language import SAMPLING
     from gptlite.training import run
 
     trained = run.train_on_text(
@@ -154,16 +152,8 @@ def run(args):
         f"\nbest validation loss {best['val_loss']:.4f} at step {best['step']}; "
         f"saved {args.out / 'model.keras'}, {args.out / 'history.csv'}, {args.out / 'loss.png'}"
     )
-    if trained.held_out is not None:
-        _show_targets(trained.model, trained.held_out)
-        return
-    if args.task == "chat" or trained.held_out_questions:
-        _show_answers(trained.model, trained.held_out_questions, args.out / "model.keras")
-        return
-    print("sample from the final model:\n")
-    for piece in generation.stream(trained.model, "", seed=trained.training_config.seed, **SAMPLING):
+    for piece in trained.closing_words():
         print_piece(piece)
-    print()
 
 
 def automatic_backend(args):
@@ -185,34 +175,6 @@ def automatic_backend(args):
     if backend is None:
         return None, f"backend: tensorflow; {reason}"
     return backend, f"backend: {backend}, {reason} (--backend chooses another)"
-
-
-def _show_targets(model, held_out, count=8):
-    """Print what the final model writes for a few held-out sources, and its exact match on them all."""
-    from gptlite.data import pairs
-    from gptlite.decode import generation
-
-    # As many as the evaluations decoded, in batches of the same size: no new compile.
-    measured = held_out.subset(range(min(len(held_out), pairs.HELD_OUT_PAIRS)))
-    decoded = generation.generate_target(model, measured.sources)
-    right = sum(got == want for got, want in zip(decoded, measured.targets))
-    print(f"the final model decodes {right:,} of {len(measured):,} held-out pairs exactly; a few:")
-    for source, want, got in list(zip(measured.sources, measured.targets, decoded))[:count]:
-        print(f"  {source!r} -> {got!r}" + ("" if got == want else f"   (expected {want!r})"))
-
-
-def _show_answers(model, questions, path, count=8):
-    """Print how many held-out questions the final model answers exactly (greedy), and a few of its answers;
-    then how to talk with it."""
-    from gptlite.decode import chat
-
-    if questions:
-        answered, exact = chat.greedy_answers(model, questions)
-        print(f"the final model answers {sum(exact):,} of {len(questions):,} held-out questions exactly "
-              f"({sum(exact) / len(questions):.0%}, greedy); a few:")
-        for (messages, want), got, right in list(zip(questions, answered, exact))[:count]:
-            print(f"  {messages[-1]['content']!r} -> {got!r}" + ("" if right else f"   (expected {want!r})"))
-    print(f"talk with it: gptlite chat {path}")
 
 
 main = command("gptlite-train", make_parser, run, automatic_backend)

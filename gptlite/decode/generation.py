@@ -24,6 +24,7 @@ from gptlite.decode.engine import CHUNK_SIZE, Engine
 from gptlite.decode.rows import RowText, TextRows
 from gptlite.decode.sampling import check_beams, SamplingConfig
 from gptlite.errors import ConfigError, InputError
+from gptlite.model.gpt import only_a_gpt, only_a_seq2seq
 from gptlite.text.tokenizers import known_text
 
 # Sources decoded per call at most; a longer list is split into calls of
@@ -157,8 +158,7 @@ def _rows(model, prompts, sampling, unknown, slide, rows_ids=None):
     the caller has encoded them (a conversation's, say)."""
     if not prompts:
         raise ConfigError("give at least one prompt")
-    if model.writes_targets:
-        raise ConfigError(f"a {type(model).__name__} writes targets with generate_target; it continues no prompt")
+    only_a_gpt(model, f"a {type(model).__name__} writes targets with generate_target; it continues no prompt")
     configs = list(sampling) if isinstance(sampling, (list, tuple)) else \
         sampling_config(sampling).for_rows(len(prompts))
     if len(configs) != len(prompts) or not all(isinstance(config, SamplingConfig) for config in configs):
@@ -202,9 +202,8 @@ def iter_targets(model, sources, max_new_tokens=None, sampling=None, *, unknown=
     """As `generate_target` for a list of sources: an iterator that gives each
     target as soon as its batch of TARGET_BATCH is decoded. Everything is checked at once.
     """
-    if not model.writes_targets:
-        raise ConfigError(f"generate_target needs a Seq2Seq model, not a {type(model).__name__}; "
-                          f"a GPT continues a prompt with generate")
+    only_a_seq2seq(model, f"generate_target needs a Seq2Seq model, not a {type(model).__name__}; a GPT continues a "
+                          f"prompt with generate")
     sources = list(sources)
     if not sources:
         raise ConfigError("give at least one source")
@@ -215,15 +214,22 @@ def iter_targets(model, sources, max_new_tokens=None, sampling=None, *, unknown=
         if max_new_tokens is not None or sampling is not None else config.replace(max_new_tokens=block_size - 1)
     if num_beams is not None:
         check_beams(num_beams, model.tokenizer.vocabulary_size)
-    source_ids = np.zeros((len(sources), block_size), np.int32)
+    return _decode_targets(model, source_ids(model.tokenizer, block_size, sources, unknown), config, use_cache,
+                           num_beams)
+
+
+def source_ids(tokenizer, block_size, sources, unknown="error"):
+    """Source texts as a Seq2Seq reads them: (N, block_size) token ids, each row padded with the pad id (0); a
+    source longer than block_size is refused."""
+    ids_of = np.zeros((len(sources), block_size), np.int32)
     for index, text in enumerate(sources):
-        ids = model.tokenizer.encode(known_text(model.tokenizer, text, unknown, "source"))
+        ids = tokenizer.encode(known_text(tokenizer, text, unknown, "source"))
         if len(ids) > block_size:
             shortened = text if len(text) <= 40 else text[:40] + "..."
             raise InputError(f"the source {shortened!r} is {len(ids)} tokens long; "
                              f"this model reads sources of up to {block_size}")
-        source_ids[index, :len(ids)] = ids
-    return _decode_targets(model, source_ids, config, use_cache, num_beams)
+        ids_of[index, :len(ids)] = ids
+    return ids_of
 
 
 def _decode_targets(model, source_ids, config, use_cache, num_beams):

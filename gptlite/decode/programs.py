@@ -68,15 +68,13 @@ class Programs:
         return self._compiled[key]
 
     def prefill(self, logprobs=False, filtering=True, penalised=False, sampling=True):
-        # A GPT's prefill is a plain graph on TensorFlow, quick to build, so that the first token comes
-        # without waiting for a compiler; a Seq2Seq's targets come whole, so its prefill compiles too.
         needs = dict(logprobs=logprobs, filtering=filtering, penalised=penalised, sampling=sampling)
         return self._get(("prefill", *needs.values()), functools.partial(self._sample_prefill, **needs),
-                         xla=self.model.writes_targets)
+                         xla=self.model.prefill_compiles)
 
     @property
     def beam_prefill(self):
-        return self._get("beam prefill", self._beam_prefill, xla=self.model.writes_targets)
+        return self._get("beam prefill", self._beam_prefill, xla=self.model.prefill_compiles)
 
     def loop(self, kind, steps_kind, slide, logprobs=False, filtering=True, penalised=False, sampling=True):
         """The compiled decode loop of `kind` ("sample" or "beam") for one kind of steps.

@@ -74,13 +74,7 @@ def attention_maps(model, text, part=None, target=None, unknown="error"):
 
     Returns an `AttentionMaps`: weights (layers, heads, T, S) and tokens.
     """
-    if model.writes_targets:
-        return _seq2seq_maps(model, text, part or "cross", target, unknown)[0]
-    _check_gpt(model, part, target)
-    token_ids = _prompt_window(model, text, unknown)
-    weights = _numpy(_quietly(model.attention_weights, token_ids[None]))[:, 0]  # (L, H, T, T)
-    tokens = model.tokenizer.pieces(token_ids)
-    return AttentionMaps(weights, tokens, tokens, "decoder")
+    return _maps_and_inputs(model, text, part, target, unknown)[0]
 
 
 def token_report(model, text, top=5, target=None, unknown="error"):
@@ -96,13 +90,8 @@ def token_report(model, text, top=5, target=None, unknown="error"):
     """
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise ConfigError(f"top must be a whole number of at least 1, got {top!r}")
-    if model.writes_targets:
-        maps, inputs = _seq2seq_maps(model, text, "cross", target, unknown)
-        logits = _quietly(model, inputs)
-    else:
-        _check_gpt(model, None, target)
-        maps = attention_maps(model, text, unknown=unknown)
-        logits = _quietly(model, _prompt_window(model, text, unknown)[None])
+    maps, inputs = _maps_and_inputs(model, text, None, target, unknown)
+    logits = _quietly(model, inputs)
     probabilities = _numpy(ops.softmax(logits[0], axis=-1))  # (T, V)
     head_means = maps.weights.mean(axis=1)  # (L, T, S)
     tokenizer = model.tokenizer
@@ -226,9 +215,21 @@ def plot_positions(model, path=None):
 # --- helpers -------------------------------------------------------------------
 
 
-def _check_gpt(model, part, target):
+def _maps_and_inputs(model, text, part, target, unknown):
+    """The `part` maps of the model reading `text` (a GPT's prompt; a Seq2Seq's source and `target`, its
+    cross-attention by default), and the model inputs they came from."""
     if not is_model(model):
         raise ConfigError(f"expected a gptlite GPT or Seq2Seq model, got {type(model).__name__}")
+    if model.writes_targets:
+        return _seq2seq_maps(model, text, part or "cross", target, unknown)
+    _check_gpt(model, part, target)
+    token_ids = _prompt_window(model, text, unknown)
+    weights = _numpy(_quietly(model.attention_weights, token_ids[None]))[:, 0]  # (L, H, T, T)
+    tokens = model.tokenizer.pieces(token_ids)
+    return AttentionMaps(weights, tokens, tokens, "decoder"), token_ids[None]
+
+
+def _check_gpt(model, part, target):
     if part not in (None, "decoder"):
         raise ConfigError(f"a GPT has only causal self-attention (part 'decoder'), not {part!r}")
     if target is not None:

@@ -20,9 +20,23 @@ FORMAT_VERSION = 1
 
 
 def is_model(value):
-    """Whether `value` is a gptlite model (a GPT or a Seq2Seq). What kind it is, callers ask the model itself
-    (`writes_targets`, `chats`), never its class."""
+    """Whether `value` is a gptlite model (a GPT or a Seq2Seq). What kind of run it makes, callers ask its task
+    (`gptlite.tasks.task.of_model`); what only one kind has, the checks below."""
     return isinstance(value, _Transformer)
+
+
+def only_a_gpt(model, refusal):
+    """Refuse (a ConfigError saying `refusal`) a model that writes targets from sources, for what only a language
+    model has: a prompt to continue, a decoder-only form (GGUF, GPT-2's, Hugging Face's)."""
+    if model.writes_targets:
+        raise ConfigError(refusal)
+
+
+def only_a_seq2seq(model, refusal):
+    """Refuse (a ConfigError saying `refusal`) a model that continues a prompt, for what only a Seq2Seq does: write
+    a target for a source."""
+    if not model.writes_targets:
+        raise ConfigError(refusal)
 
 
 class _Transformer(keras.Model):
@@ -36,6 +50,9 @@ class _Transformer(keras.Model):
     # What a caller asks instead of which class a model is: whether it writes a target for a source text
     # (a Seq2Seq) rather than continuing its prompt (a GPT).
     writes_targets = False
+    # Whether its prefill is compiled (XLA) rather than a plain graph on TensorFlow: a GPT's is quick to build, so
+    # that the first token comes without waiting for a compiler; a Seq2Seq's targets come whole, so its compiles.
+    prefill_compiles = False
 
     def __init__(self, *, tokenizer=None, config=None, **kwargs):
         # The shape: a GPTConfig given whole, or its fields (as a saved model gives them), with its defaults; the
@@ -253,6 +270,7 @@ class Seq2Seq(_Transformer):
 
     _CROSS_ATTENTION = True
     writes_targets = True
+    prefill_compiles = True
     PAD_ID = 0
 
     def __init__(self, *, tokenizer=None, **kwargs):

@@ -14,6 +14,7 @@ from gptlite.errors import InputError
 from gptlite.serving.parsing import MAX_BODY_BYTES, parse_chat_completion, parse_completion, RequestError
 from gptlite.serving.settings import ServeSettings
 from gptlite.serving.worker import Job, QueueFull, Worker
+from gptlite.tasks.task import of_model
 from gptlite.text import templates
 
 def create_app(model, model_name, settings=None, worker=None):
@@ -27,7 +28,8 @@ def create_app(model, model_name, settings=None, worker=None):
     settings = settings or ServeSettings()
     worker = worker or Worker(model, settings)
     started = int(time.time())
-    can_chat = model.chats
+    task = of_model(model)
+    can_chat = task.converses
 
     def error_response(error):
         return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
@@ -163,7 +165,7 @@ def create_app(model, model_name, settings=None, worker=None):
         text = body.get("text") if isinstance(body, dict) else None
         if not isinstance(text, str) or not text:
             raise RequestError(400, "text must be a non-empty string", "text")
-        if model.writes_targets:
+        if task.reads == "source":
             raise RequestError(400, "the attention view draws a language model's self-attention")
         if model.tokenizer.unknown_characters(text):
             raise RequestError(400, "the text has characters the model never saw", "text")

@@ -5,10 +5,12 @@ import dataclasses
 import json
 import math
 
+import numpy as np
+
 from gptlite.data import conversations
-from gptlite.decode.generation import prompt_ids
 from gptlite.decode.sampling import SamplingConfig, TOP_LOGPROBS
 from gptlite.errors import ConfigError, first_line, InputError
+from gptlite.tasks.task import of_model
 from gptlite.text import templates
 
 # OpenAI's default max_tokens; every sampling setting left out takes SamplingConfig's default.
@@ -51,10 +53,14 @@ class Completion:
         """Each choice's prompt, in OpenAI's order: prompt 0's n choices first."""
         return [prompt for prompt in self.prompts for _ in range(self.n)]
 
-    def rows_ids(self, tokenizer):
-        """Each choice's prompt as the model reads it."""
-        prompts_ids = self.prompts_ids or [prompt_ids(tokenizer, prompt) for prompt in self.prompts]
-        return [list(ids) for ids in prompts_ids for _ in range(self.n)]
+    def decoding_rows(self, task, model):
+        """Each choice's row as the decode engine reads it (the model's `Task.decoding_rows`: its token ids, a
+        Seq2Seq's source ids or None, its prompt's length in tokens), in OpenAI's order."""
+        rows_ids, sources, lengths = task.decoding_rows(model.tokenizer, model.config.block_size, self.prompts,
+                                                        self.prompts_ids)
+        return ([list(ids) for ids in rows_ids for _ in range(self.n)],
+                None if sources is None else np.repeat(sources, self.n, axis=0),
+                [length for length in lengths for _ in range(self.n)])
 
 
 def parse_completion(body, model, model_name, settings):
@@ -77,7 +83,8 @@ def parse_completion(body, model, model_name, settings):
         prompts = prompt
     else:
         raise RequestError(400, "prompt must be a string or a non-empty list of strings", "prompt")
-    sampling = _sampling(body, settings)
+    task = of_model(model)
+    sampling = task.bounded(_sampling(body, settings), model.config.block_size)
     n = _number(body, "n", int, 1, settings.max_n)
     logprobs = _number(body, "logprobs", int, 0, TOP_LOGPROBS, default=None)
     echo = body.get("echo") or False
@@ -87,7 +94,7 @@ def parse_completion(body, model, model_name, settings):
             raise RequestError(400, f"{name} must be true or false", name)
     if len(prompts) * n > settings.max_batch * 4:
         raise RequestError(400, f"{len(prompts)} prompts x n={n} is more than {settings.max_batch * 4} choices", "n")
-    if model.writes_targets and (echo or logprobs is not None):
+    if task.reads == "source" and (echo or logprobs is not None):
         name = "echo" if echo else "logprobs"
         raise RequestError(400, f"{name} is for a language model's completions; this model writes targets", name)
     tokenizer = model.tokenizer
@@ -96,8 +103,10 @@ def parse_completion(body, model, model_name, settings):
         if unknown_characters:
             raise RequestError(400, f"the prompt has characters the model never saw: {''.join(unknown_characters)!r}",
                                "prompt")
-        if settings.truncate == "none" and len(tokenizer.encode(prompt_text)) > model.config.block_size:
-            raise RequestError(400, f"a prompt is longer than the model's context of {model.config.block_size} "
+        # A prompt longer than the context is read as its last tokens, unless `truncate` says no; a source never.
+        too_long = len(tokenizer.encode(prompt_text)) > model.config.block_size
+        if too_long and (settings.truncate == "none" or task.reads == "source"):
+            raise RequestError(400, f"a {task.reads} is longer than the model's context of {model.config.block_size} "
                                     f"tokens", "prompt")
     return Completion(prompts, sampling, n, stream, logprobs, echo)
 
@@ -148,7 +157,7 @@ def parse_chat_completion(body, model, model_name, settings):
     unknown = sorted(set(body) - CHAT_FIELDS)
     if unknown:
         raise RequestError(400, f"unknown field {unknown[0]!r}", unknown[0])
-    if not model.chats:
+    if not of_model(model).converses:
         raise RequestError(400, "this model has no chat template: it continues text and cannot hold a "
                                 "conversation; use /v1/completions, or fine-tune it on conversations", "messages")
     if not isinstance(body.get("logprobs", False), bool):

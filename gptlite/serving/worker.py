@@ -8,8 +8,9 @@ import threading
 import time
 import traceback
 
+import numpy as np
+
 from gptlite.decode.engine import Engine, SHORTEST_CACHE
-from gptlite.decode.generation import generate_target
 from gptlite.decode.rows import TextRows
 from gptlite.decode.sampling import SamplingConfig
 from gptlite.errors import GPTLiteError
@@ -37,7 +38,8 @@ class Job:
     emit: object
     cancelled: bool = False
     live: int = 0  # choices still decoding
-    rows_ids: list = None  # each choice's prompt as the model reads it
+    rows_ids: list = None  # each choice's prompt as the model reads it (a Seq2Seq's: its start token)
+    sources: object = None  # a Seq2Seq's: each choice's source ids (N, block_size)
     prompt_tokens: list = None
     texts: list = None
     reasons: list = None
@@ -91,7 +93,10 @@ class Worker:
     batching), and answers attention requests between its calls."""
 
     def __init__(self, model, settings):
+        from gptlite.tasks.task import of_model
+
         self.model, self.settings = model, settings
+        self.task = of_model(model)  # what the rows of its requests read: prompts, or a Seq2Seq's sources
         self.jobs = queue.Queue()
         self.waiting = 0
         self.compiling = 0  # warm-up plans still to compile (see warm_up)
@@ -100,11 +105,9 @@ class Worker:
         self._lock = threading.Lock()
         self._admissible = collections.deque()  # jobs taken from the queue, waiting for room in the batch
         self._warm_plans = collections.deque()  # (batch size, prefill width) still to build before ready
-        # A Seq2Seq decodes each request's targets whole (see _write_targets); a language model's rows, keyed by
-        # their _Choice, join one running batch.
-        self.engine = None if model.writes_targets else Engine(model, resizable=True, short_caches=True,
-                                                               mixed_settings=True)
-        self.rows = None if self.engine is None else TextRows(self.engine, model.tokenizer)
+        # Every request's rows, keyed by their _Choice, join one running batch.
+        self.engine = Engine(model, resizable=True, short_caches=True, mixed_settings=True)
+        self.rows = TextRows(self.engine, model.tokenizer)
         self._thread = threading.Thread(target=self._run, name="gptlite-decode", daemon=True)
 
     def start(self):
@@ -142,8 +145,8 @@ class Worker:
         import keras
 
         self._on_ready = on_ready
-        if self.engine is None or keras.backend.backend() == "torch":
-            self._ready()  # a Seq2Seq decodes its targets in batches of one size; torch compiles nothing
+        if keras.backend.backend() == "torch":
+            self._ready()  # torch compiles nothing
             return
         block_size = self.model.config.block_size
         # Prompts of each prefill width (a power of two), whose rows' next steps read a cache of its span; None:
@@ -178,11 +181,12 @@ class Worker:
             engine = Engine(self.model, capacity, short_caches=True, mixed_settings=True)
             # One row starts the batch, then rows join it as a running batch's do, in every power of two that
             # fits (1, 2, .. capacity / 2), so that placing them into its free slots is built too.
-            engine.admit([[0] * length], [SamplingConfig(seed=0)])
-            joining = 1
-            while len(engine.rows) + joining <= capacity:
-                engine.admit([[0] * length] * joining, [SamplingConfig(seed=0)] * joining)
-                joining *= 2
+            joining = 0
+            while len(engine.rows) + max(1, joining) <= capacity:
+                count = max(1, joining)
+                rows_ids, sources = self.task.warm_rows(self.model.tokenizer, block_size, length, count)
+                engine.admit(rows_ids, [SamplingConfig(seed=0)] * count, sources)
+                joining = 2 * joining or 1
             engine.step(1)
         finally:
             self.compiling = len(self._warm_plans)
@@ -204,7 +208,7 @@ class Worker:
                 self._fail_all(f"decoding failed: {type(error).__name__}: {error}")
 
     def _take(self, block):
-        """Move queued jobs to the admissible ones, running calls and a Seq2Seq's jobs at once. An idle worker
+        """Move queued jobs to the admissible ones, and run calls at once. An idle worker
         waits for the first job, then `batch_window_ms` for others to prefill with it."""
         deadline = None
         while True:
@@ -227,14 +231,11 @@ class Worker:
                 continue
             with self._lock:
                 self.waiting -= 1
-            if self.engine is None:
-                self._write_targets(item)
-            else:
-                self._admissible.append(item)
+            self._admissible.append(item)
 
     def _admit(self):
         """Prefill the admissible jobs that fit into the running batch, in the order they came."""
-        if not self._admissible:  # always so for a Seq2Seq, whose jobs are written whole as they come
+        if not self._admissible:
             return
         jobs = []
         room = self.settings.max_batch - len(self.rows)
@@ -246,16 +247,18 @@ class Worker:
             jobs.append(job)
         if not jobs:
             return
-        choices, rows_ids, configs = [], [], []
+        choices, rows_ids, sources, configs = [], [], [], []
         try:
             for job in jobs:
                 self._start(job)
                 choices += [_Choice(job, index, len(prompt) if job.completion.echo else 0)
                             for index, prompt in enumerate(job.rows)]
                 rows_ids += job.rows_ids
+                sources.append(job.sources)
                 configs += job.completion.sampling.for_rows(len(job.rows))  # a request's n choices: n seeds
             asked = [choice.job.completion for choice in choices]
-            written = self.rows.admit(choices, rows_ids, configs,
+            sources = None if sources[0] is None else np.concatenate(sources)  # a Seq2Seq's
+            written = self.rows.admit(choices, rows_ids, configs, sources,
                                       logprobs=any(completion.logprobs is not None for completion in asked),
                                       answers=[completion.chat for completion in asked],
                                       streaming=[completion.stream for completion in asked])
@@ -270,8 +273,7 @@ class Worker:
         job.live = count
         job.texts, job.reasons, job.completion_tokens = [""] * count, [None] * count, [0] * count
         job.logprobs = [_Logprobs() if job.completion.logprobs is not None else None for _ in range(count)]
-        job.rows_ids = job.completion.rows_ids(self.model.tokenizer)
-        job.prompt_tokens = [len(ids) for ids in job.rows_ids]
+        job.rows_ids, job.sources, job.prompt_tokens = job.completion.decoding_rows(self.task, self.model)
         if job.completion.echo:
             echoed = [(prompt, _prompt_logprobs(self.model, ids, job.completion.logprobs)
                        if job.completion.logprobs is not None else None)
@@ -319,29 +321,8 @@ class Worker:
                                      enumerate(zip(job.texts, job.reasons, job.logprobs))]))
             job.emit(("done", job.prompt_tokens, job.completion_tokens))
 
-    def _write_targets(self, job):
-        """A Seq2Seq reads each prompt as a source; its targets come whole."""
-        if job.cancelled:
-            return
-        tokenizer = self.model.tokenizer
-        config = job.completion.sampling
-        config = config.replace(max_new_tokens=min(config.max_new_tokens, self.model.config.block_size - 1))
-        try:
-            targets = generate_target(self.model, job.rows, sampling=config)
-        except GPTLiteError as error:
-            job.emit(("error", str(error)))
-            return
-        # A target as long as allowed was cut there; a shorter one ended with the end token or a stop string.
-        lengths = [len(ids) for ids in tokenizer.encode_batch(targets)]
-        reasons = ["length" if length >= config.max_new_tokens else "stop" for length in lengths]
-        job.emit(("pieces", [(index, target, reason, None)
-                             for index, (target, reason) in enumerate(zip(targets, reasons))]))
-        prompt_tokens = [len(ids) for ids in tokenizer.encode_batch(job.rows)]
-        completion_tokens = [length + (reason == "stop") for length, reason in zip(lengths, reasons)]
-        job.emit(("done", prompt_tokens, completion_tokens))
-
     def _fail_all(self, message):
-        choices = self.rows.keys() if self.rows is not None else []
+        choices = self.rows.keys()
         for choice in choices:
             self.rows.cancel(choice)
         for job in {id(choice.job): choice.job for choice in choices}.values():

@@ -34,6 +34,7 @@ class Chat(LanguageModel):
     """A GPT that learns to answer in conversations."""
 
     name = "chat"
+    converses = True
 
     def check(self, asked):
         if len(asked.sources) != 1 if not asked.synthetic else asked.sources:
@@ -124,6 +125,18 @@ class Chat(LanguageModel):
             metrics["exact_answers"] = lambda trained: chat.exact_answers(trained, checked)
         return Training(train_rows, validation_rows, line, metrics, self.sampler(plan),
                         held_out_questions=data.held_out)
+
+    def closing_words(self, run, shown=8):
+        """How many held-out questions the final model answers exactly (greedy), a few of its answers, and how to
+        talk with it."""
+        questions = run.held_out_questions
+        if questions:
+            answered, exact = chat.greedy_answers(run.model, questions)
+            yield (f"the final model answers {sum(exact):,} of {len(questions):,} held-out questions exactly "
+                   f"({sum(exact) / len(questions):.0%}, greedy); a few:\n")
+            for (messages, want), got, right in list(zip(questions, answered, exact))[:shown]:
+                yield f"  {messages[-1]['content']!r} -> {got!r}" + ("" if right else f"   (expected {want!r})") + "\n"
+        yield f"talk with it: gptlite chat {run.out_dir / 'model.keras'}\n"
 
     def batches(self, data, block_size, batch_size, count, **kwargs):
         return conversations.ConversationBatches(data, batch_size, count, **kwargs)

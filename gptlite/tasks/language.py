@@ -77,6 +77,12 @@ class LanguageModel(Task):
         return (f"{config.n_layer} layers, {_heads(config)}, width {config.n_embd}, context {config.block_size}, "
                 f"{_architecture(config)}, {_parameters(model)}")
 
+    def closing_words(self, run):
+        """A sample from the final model, streamed."""
+        yield "sample from the final model:\n\n"
+        yield from generation.stream(run.model, "", seed=run.training_config.seed, **SAMPLING)
+        yield "\n"
+
     def batches(self, data, block_size, batch_size, count, **kwargs):
         return lm.RandomWindows(data, block_size, batch_size, count, **kwargs)
 

@@ -4,6 +4,8 @@ it decodes exactly."""
 
 import dataclasses
 
+import numpy as np
+
 from gptlite.data import pairs
 from gptlite.decode import generation
 from gptlite.errors import ConfigError
@@ -27,6 +29,8 @@ class Pairs(Task):
     """An encoder-decoder that learns to write a target for each source."""
 
     name = "seq2seq"
+    called = "a seq2seq model"
+    reads = "source"
     model_class = Seq2Seq
     default_preset = "seq2seq"
 
@@ -81,11 +85,33 @@ class Pairs(Task):
         return Training(train_set, held_out_set, line, metrics, lambda trained: target_lines(trained, shown),
                         data.held_out)
 
+    def closing_words(self, run, shown=8):
+        """The final model's exact match on the held-out pairs the evaluations decoded, and a few of its targets."""
+        # As many as the evaluations decoded, in batches of the same size: no new compile.
+        measured = run.held_out.subset(range(min(len(run.held_out), pairs.HELD_OUT_PAIRS)))
+        decoded = generation.generate_target(run.model, measured.sources)
+        right = sum(got == want for got, want in zip(decoded, measured.targets))
+        yield f"the final model decodes {right:,} of {len(measured):,} held-out pairs exactly; a few:\n"
+        for source, want, got in list(zip(measured.sources, measured.targets, decoded))[:shown]:
+            yield f"  {source!r} -> {got!r}" + ("" if got == want else f"   (expected {want!r})") + "\n"
+
     def describe(self, model):
         config = model.config
         return (f"seq2seq, encoder and decoder of {config.n_layer} layers each, {config.n_head} heads, width "
                 f"{config.n_embd}, sources and targets of up to {config.block_size} tokens, "
                 f"{model.count_params():,} parameters")
+
+    def decoding_rows(self, tokenizer, block_size, texts, texts_ids=None):
+        """Each source, read by the encoder; each row's target starts from the start token."""
+        sources = generation.source_ids(tokenizer, block_size, texts)
+        return [[tokenizer.start_token_id]] * len(texts), sources, [int(np.count_nonzero(row)) for row in sources]
+
+    def warm_rows(self, tokenizer, block_size, length, count):
+        return [[tokenizer.start_token_id]] * count, np.full((count, block_size), tokenizer.start_token_id, np.int32)
+
+    def bounded(self, sampling, block_size):
+        """A target of at most block_size - 1 tokens: the decoder's window holds it after the start token."""
+        return sampling.replace(max_new_tokens=min(sampling.max_new_tokens, block_size - 1))
 
     def batches(self, data, block_size, batch_size, count, **kwargs):
         return pairs.PairBatches(data, batch_size, count, **kwargs)

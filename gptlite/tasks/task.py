@@ -14,6 +14,7 @@ import pathlib
 from gptlite.data import CHAT_SYNTHETIC_TASKS, SYNTHETIC_TASKS
 from gptlite.data.conversations import ChatRows
 from gptlite.data.pairs import PairSet
+from gptlite.decode.generation import prompt_ids
 from gptlite.errors import ConfigError
 from gptlite.tasks import TASKS
 
@@ -54,6 +55,9 @@ class Task:
     """
 
     name = None
+    called = "a language model"  # what a model of this task is, in words
+    reads = "prompt"  # what it is given to write from: a "prompt" it continues, or a "source" it writes a target for
+    converses = False  # whether it holds a conversation (a chat model: one with a chat template)
     default_preset = "cpu"  # the preset a run takes where it names none
     measures_mfu = False  # whether its FLOPs per token are known, for model FLOPs utilisation
 
@@ -85,6 +89,28 @@ class Task:
     def describe(self, model):
         """The model, in a line: its shape and parameters."""
         raise NotImplementedError
+
+    def closing_words(self, run):
+        """What a run says of its final model at its end (`training.run.TrainedRun`), in pieces as they come."""
+        raise NotImplementedError
+
+    # --- decoding, as the server does it
+
+    def decoding_rows(self, tokenizer, block_size, texts, texts_ids=None):
+        """What the decode engine reads for each text (`decode.rows.TextRows.admit`): (each row's token ids, the
+        sources (N, block_size) or None, each text's length in tokens). A language model continues each text
+        (or its ids, where given: a rendered conversation's)."""
+        rows_ids = [list(ids) for ids in texts_ids] if texts_ids is not None else \
+            [prompt_ids(tokenizer, text) for text in texts]
+        return rows_ids, None, [len(ids) for ids in rows_ids]
+
+    def warm_rows(self, tokenizer, block_size, length, count):
+        """`count` rows of `length` tokens to build the decode programs with, as `decoding_rows` gives them."""
+        return [[0] * length] * count, None
+
+    def bounded(self, sampling, block_size):
+        """`sampling` (a SamplingConfig) asking for no more tokens than a row of this task can write."""
+        return sampling
 
     def batches(self, data, block_size, batch_size, count, **kwargs):
         """A `data.lm.DrawnBatches` of `count` batches of this task's training data."""

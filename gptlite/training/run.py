@@ -45,11 +45,17 @@ class TrainedRun:
     # A chat run's held-out questions: a synthetic task's own, or the last answers of the conversations held out
     # of (or given beside) the training file: [(messages, answer)].
     held_out_questions: list = None
+    task: object = None  # the run's `tasks.task.Task`
 
     @property
     def best(self):
         """The evaluation with the lowest validation loss: the model that model.keras holds."""
         return min(self.history, key=lambda row: row["val_loss"])
+
+    def closing_words(self):
+        """What `train.py` says of the final model, in pieces as they come: a language model's sample, a chat
+        model's answers to held-out questions, a Seq2Seq's targets for held-out sources."""
+        return self.task.closing_words(self)
 
 
 def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task=None, synthetic=None,
@@ -173,7 +179,7 @@ def _train(plan, data, start, say, verbose):
         history = fit.train(model, training.train, training.validation, config, out_dir, verbose=verbose,
                             resume=bool(plan.checkpoint), peak_flops=plan.peak_flops, tensorboard=plan.tensorboard,
                             metrics=training.metrics, sample=training.sample)
-    return TrainedRun(model, history, out_dir, config, training.held_out, training.held_out_questions)
+    return TrainedRun(model, history, out_dir, config, training.held_out, training.held_out_questions, task)
 
 
 def _starting_model(plan, start, say):

@@ -38,6 +38,7 @@ import numpy as np
 
 from gptlite.errors import ConfigError, RunExistsError
 from gptlite.files import atomic_path
+from gptlite.model.gpt import only_a_gpt
 from gptlite.model.layers import weight_array
 from gptlite.text.tokenizers import BPETokenizer, CharTokenizer, PretrainedTokenizer
 from gptlite.weights import GGUF_OUTTYPES, gpt2, llama
@@ -63,9 +64,8 @@ def export_gguf(model, path, outtype=DEFAULT_OUTTYPE):
 
     if outtype not in OUTTYPES:
         raise ConfigError(f"outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
-    if model.writes_targets:
-        raise ConfigError(f"llama.cpp runs decoder-only models; a {type(model).__name__} writes targets "
-                          f"from sources, which it cannot run")
+    only_a_gpt(model, f"llama.cpp runs decoder-only models; a {type(model).__name__} writes targets from sources, "
+                      f"which it cannot run")
     architecture = architecture_of(model.config)
     tensors = _gpt2_tensors(model) if architecture == "gpt2" else _llama_tensors(model, architecture)
     tokenizer = _tokenizer_fields(model.tokenizer, model.config.vocab_size)

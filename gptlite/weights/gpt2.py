@@ -20,6 +20,7 @@ import numpy as np
 
 from gptlite.errors import ConfigError, first_line, InputError, MissingFileError
 from gptlite.files import atomic_directory
+from gptlite.model.gpt import only_a_gpt
 from gptlite.model.layers import weight_array
 from gptlite.text.tokenizers import BPETokenizer
 
@@ -191,8 +192,7 @@ def not_gpt2(config):
 
 
 def _check_exportable(model):
-    if model.writes_targets:
-        raise ConfigError(f"only a GPT has GPT-2's form, not a {type(model).__name__}")
+    only_a_gpt(model, f"only a GPT has GPT-2's form, not a {type(model).__name__}")
     problems = not_gpt2(model.config)
     if problems:
         raise ConfigError(f"GPT-2's layout cannot hold {'; '.join(problems)}")

@@ -14,7 +14,7 @@ import numpy as np
 
 from gptlite.errors import ConfigError, first_line, InputError, MissingFileError
 from gptlite.files import atomic_directory, read_json
-from gptlite.model.gpt import GPT, is_model
+from gptlite.model.gpt import GPT, is_model, only_a_gpt
 from gptlite.text.tokenizers import BPETokenizer, CharTokenizer, PretrainedTokenizer
 from gptlite.weights import gpt2, llama, saving
 
@@ -36,8 +36,8 @@ def from_pretrained(name_or_path, block_size=None, dropout=None, dtype=None):
     path = pathlib.Path(name_or_path) if source is None else None
     if path is not None and (path.is_file() or path.suffix == ".keras"):
         source = saving.load(path)
-    if source is not None and source.writes_targets:
-        raise ConfigError(f"{path or 'the model'} holds a {type(source).__name__}; only a GPT can be fine-tuned")
+    if source is not None:
+        only_a_gpt(source, f"{path or 'the model'} holds a {type(source).__name__}; only a GPT can be fine-tuned")
     if source is not None:
         settings = {name: value for name, value in dataclasses.asdict(source.config).items() if name != "vocab_size"}
         tokenizer = source.tokenizer
@@ -227,8 +227,7 @@ def export_hugging_face(model, directory):
     """
     from safetensors.numpy import save_file
 
-    if model.writes_targets:
-        raise ConfigError(f"only a GPT has a Hugging Face form here, not a {type(model).__name__}")
+    only_a_gpt(model, f"only a GPT has a Hugging Face form here, not a {type(model).__name__}")
     config = model.config
 
     def write_tokenizer(folder):

@@ -8,7 +8,7 @@ import numpy as np
 
 from gptlite.errors import ConfigError, InputError, MissingFileError
 from gptlite.files import atomic_directory, atomic_path
-from gptlite.model.gpt import is_model
+from gptlite.model.gpt import is_model, only_a_gpt
 
 
 def save(model, path, writer=None, sync=True):
@@ -85,8 +85,7 @@ def export_saved_model(model, directory):
     import tensorflow as tf
 
     check_export_backend()
-    if model.writes_targets:
-        raise ConfigError(f"only a GPT exports as a SavedModel for now, not a {type(model).__name__}")
+    only_a_gpt(model, f"only a GPT exports as a SavedModel for now, not a {type(model).__name__}")
     options = {}
     if keras.backend.backend() == "jax":
         # jax2tf must be told the length's bound, or slicing the position table fails to convert.

@@ -141,6 +141,33 @@ def test_a_row_admitted_into_a_running_batch_gets_the_text_it_gets_alone(fluent_
     assert engine.rows == {} and engine.step() == {}
 
 
+def test_a_seq2seq_row_admitted_into_a_running_batch_reads_its_own_source(reverser):
+    """A server's Seq2Seq rows join one running batch: each row's source goes with it into its slot."""
+    from gptlite.decode.generation import source_ids
+
+    tokenizer, block_size = reverser.tokenizer, reverser.config.block_size
+    sampled = SamplingConfig(temperature=1.0, seed=3)
+    start = [tokenizer.start_token_id]
+
+    def alone(source):
+        engine = Engine(reverser)
+        drawn = engine.admit([start], [sampled], source_ids(tokenizer, block_size, [source]))
+        return engine_tokens(engine, drawn, list(drawn), 5)[next(iter(drawn))]
+
+    engine = Engine(reverser, resizable=True, short_caches=True, mixed_settings=True)
+    (early, first), = engine.admit([start], [sampled], source_ids(tokenizer, block_size, ["abcd"])).items()
+    tokens = {early: list(first.ids)}
+    for row, new in engine.step(2).items():
+        tokens[row] += list(new.ids)
+    joined = engine.admit([start, start], [sampled, sampled], source_ids(tokenizer, block_size, ["dcb", "eabde"]))
+    assert engine.capacity == 4
+    tokens.update({row: list(new.ids) for row, new in joined.items()})
+    while min(len(found) for found in tokens.values()) < 5:  # within the target's window of block_size - 1
+        for row, new in engine.step(1).items():
+            tokens[row] += list(new.ids)
+    assert [tokens[row][:5] for row in (early, *joined)] == [alone("abcd"), alone("dcb"), alone("eabde")]
+
+
 def test_a_row_that_waits_past_its_limit_goes_on_with_the_text_it_gets_without_one(fluent_model):
     configs = [SamplingConfig(temperature=1.0, seed=3), SamplingConfig(temperature=0.8, top_p=0.9, seed=8)]
     prompts = [ids_of(fluent_model, "the big dog "), ids_of(fluent_model, "a")]

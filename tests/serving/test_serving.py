@@ -428,6 +428,54 @@ def test_a_seq2seq_model_answers_the_same_endpoint_reading_prompts_as_sources(re
         running.stop()
 
 
+def test_a_seq2seq_servers_requests_join_one_running_batch_with_their_real_finish_reasons(reverser):
+    from gptlite.decode.programs import programs_for
+
+    settings = serving.ServeSettings(max_batch=4, batch_window_ms=0)  # each request admitted as it comes
+    worker = serving.Worker(reverser, settings)
+    worker.warm_up()
+    running = Server(serving.create_app(reverser, "reverser", settings, worker))
+    try:
+        with httpx.Client(base_url=running.url, timeout=120) as http:
+            deadline = time.monotonic() + 240
+            while http.get("/health").status_code != 200:
+                assert time.monotonic() < deadline, "the server never became ready"
+                time.sleep(0.05)
+            traces = programs_for(reverser).traces
+            sources = ["abc", "dcbae", "ab", "edcba"]
+            limits = [10, 10, 1, 3]
+            answers = [None] * len(sources)
+
+            def ask(index):
+                answers[index] = http.post("/v1/completions", json={
+                    "prompt": sources[index], "max_tokens": limits[index], "temperature": 0.0}).json()
+
+            threads = [threading.Thread(target=ask, args=(index,)) for index in range(len(sources))]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            if keras.backend.backend() != "torch":
+                assert programs_for(reverser).traces == traces  # served by the programs built before ready
+            for source, limit, answer in zip(sources, limits, answers):
+                choice = answer["choices"][0]
+                # Each row alone decodes what generate_target writes for it, whichever rows shared its batch.
+                assert choice["text"] == gptlite.generate_target(reverser, source, max_new_tokens=limit)
+                # The row's own end: its end token ("stop", counted among its tokens) or its limit ("length").
+                written = len(reverser.tokenizer.encode(choice["text"]))
+                if choice["finish_reason"] == "stop":
+                    assert written < limit and answer["usage"]["completion_tokens"] == written + 1
+                else:
+                    assert choice["finish_reason"] == "length"
+                    assert written == answer["usage"]["completion_tokens"] == limit
+                assert answer["usage"]["prompt_tokens"] == len(source)
+            # A source longer than the model reads is refused whatever `truncate` says: it is not a prompt to cut.
+            too_long = http.post("/v1/completions", json={"prompt": "abcde" * 4})
+            assert too_long.status_code == 400 and "source is longer" in too_long.json()["error"]["message"]
+    finally:
+        running.stop()
+
+
 def test_the_page_and_the_attention_it_draws(server):
     page = httpx.get(server.url + "/")
     assert page.status_code == 200 and "<textarea" in page.text and "/v1/completions" in page.text
