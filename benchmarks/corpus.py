@@ -87,7 +87,8 @@ def main():
     args = parser.parse_args()
 
     from gptlite.data import lm
-    from gptlite.text.tokenizers import BPETokenizer, CharTokenizer
+    from gptlite.text.bpe import BPETokenizer
+    from gptlite.text.tokenizers import CharTokenizer
 
     args.work.mkdir(parents=True, exist_ok=True)
     if args.text:

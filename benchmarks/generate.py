@@ -2,7 +2,7 @@
 
     python benchmarks/generate.py [--new-tokens 500 | --within-window] [--slide 1|half]
         [--batch-sizes 1 8] [--sizes cpu big] [--methods cached recompute] [--repeats 3]
-        [--dtype float32|bfloat16] [--kv-heads 6 2]
+        [--dtype float32|bfloat16] [--kv-heads 6 2] [--plot FILE]
 
 Models have random weights (speed only) and a 65-token vocabulary:
 `cpu` is the cpu preset's shape (4 layers, 4 heads, width 128, context 64),
@@ -20,6 +20,7 @@ compilation included (cold: the first generation with a new model).
 `--dtype bfloat16` builds the models with bfloat16 weights and arithmetic;
 `--kv-heads` measures each shape once per number of key/value heads given
 (grouped-query attention; default: as many as query heads), side by side.
+`--plot FILE` draws tokens/s against batch size, a line for each size and method, to a PNG.
 """
 
 import argparse
@@ -59,7 +60,9 @@ def main():
                         choices=["cached", "recompute"])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--kv-heads", type=int, nargs="+", default=[None])
+    parser.add_argument("--plot", default=None, metavar="FILE", help="draw tokens/s against batch size to FILE")
     args = parser.parse_args()
+    rates = {}  # (size, key/value heads, method) -> {batch size: tokens/s}
     keras.config.set_dtype_policy(args.dtype)
     print("| size | key/value heads | cache MB (batch 1) | new tokens | slide | batch | method | tokens/s (median) "
           "| first token, cold (s) | first token, warm (ms) |")
@@ -78,6 +81,7 @@ def main():
                 runs = [timed(model, batch_size, new_tokens, i + 1, use_cache, slide) for i in range(args.repeats)]
                 texts[name] = [run[2] for run in runs]
                 rate = statistics.median(batch_size * new_tokens / total for _, total, _ in runs)
+                rates.setdefault((size, config.kv_heads, name), {})[batch_size] = rate
                 warm_first = [first for first, _, _ in runs if first is not None]
                 cold = f"{cold_first:.2f}" if cold_first is not None else "–"
                 warm = f"{statistics.median(warm_first) * 1000:.1f}" if warm_first else "–"
@@ -86,6 +90,29 @@ def main():
             for name in texts:
                 if texts[name] != texts[args.methods[0]]:
                     print(f"  note: {size}, batch {batch_size}: {name} and {args.methods[0]} texts differ")
+    if args.plot:
+        draw(rates, args.plot)
+
+
+def draw(rates, path):
+    """Tokens/s against batch size (both axes logarithmic), a line for each size, key/value heads and method."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(6, 4), dpi=100)
+    axes = figure.subplots()
+    for (size, kv_heads, method), by_batch in rates.items():
+        batches = sorted(by_batch)
+        axes.plot(batches, [by_batch[batch] for batch in batches], marker="o",
+                  label=f"{size} shape, {method}" + (f", {kv_heads} key/value heads" if len(rates) > 2 else ""))
+    axes.set_xscale("log", base=2)
+    axes.set_yscale("log")
+    axes.set_xlabel("batch (rows written together)")
+    axes.set_ylabel("tokens/s, all rows together")
+    axes.grid(alpha=0.3, which="both")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, format="png")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ _LAZY = {
     "EncoderBlock": "model.blocks", "TransformerBlock": "model.blocks", "FeedForward": "model.layers",
     "Linear": "model.layers", "RMSNorm": "model.layers", "TokenAndPositionEmbedding": "model.layers",
     # text/, data/
-    "BPETokenizer": "text.tokenizers", "CharTokenizer": "text.tokenizers", "PretrainedTokenizer": "text.tokenizers",
+    "BPETokenizer": "text.bpe", "CharTokenizer": "text.tokenizers", "PretrainedTokenizer": "text.bpe",
     "read_conversations": "data.conversations", "chat_ready": "data.conversations",
     # decode/
     "generate": "decode.generation", "generate_target": "decode.generation", "stream": "decode.generation",

@@ -72,6 +72,13 @@ def make_parser(prog):
     parser.add_argument("--long-conversations", choices=["cut", "refuse"], default="cut",
                         help="with --task chat: a conversation longer than the context is cut to fit (the default) "
                              "or refused")
+    _add_run_flags(parser)
+    _add_setting_flags(parser)
+    return parser
+
+
+def _add_run_flags(parser):
+    """The flags of how a run reads its text, starts, and records, besides what it trains on and the settings."""
     parser.add_argument("--tokenizer", choices=tasks.TOKENIZERS, default=None,
                         help="char: one token per character (the default); bpe: byte-level byte-pair "
                              "encoding learned from the text, for large or many-language corpora (a chat run's "
@@ -118,6 +125,10 @@ def make_parser(prog):
                         help="the hardware's peak FLOPs per second for --mfu (default: 312e12, an A100's bfloat16 "
                              "peak, as nanoGPT uses); giving it turns --mfu on")
     add_backend_flags(parser)
+
+
+def _add_setting_flags(parser):
+    """A flag for each setting of `GPTConfig` and `TrainingConfig`, named as the setting is."""
     group = parser.add_argument_group("settings (each overrides the preset's value)")
     fields = {f.name: f for f in dataclasses.fields(config.GPTConfig) + dataclasses.fields(settings.TrainingConfig)}
     for field in (fields[name] for name in settings.SETTING_NAMES):
@@ -134,7 +145,6 @@ def make_parser(prog):
         else:
             metavar = "N" if field.type is int else "X"
             group.add_argument(flag, type=field.type, default=None, metavar=metavar, help=help_text)
-    return parser
 
 
 def run(args):

@@ -12,7 +12,7 @@ from gptlite.model.blocks import EncoderBlock, TransformerBlock
 from gptlite.model.config import GPTConfig, LORA_TARGETS, lora_targets
 from gptlite.model.layers import make_norm, NORM_LAYERS, register, TokenAndPositionEmbedding
 from gptlite.text import templates
-from gptlite.text import tokenizers  # noqa: F401 (registers with Keras the tokenizers that a saved model holds)
+from gptlite.text import bpe, tokenizers  # noqa: F401 (registers with Keras the tokenizers that a saved model holds)
 
 
 # Stored in every saved model; raised when the saved form changes incompatibly.

@@ -30,6 +30,30 @@ def _normal_init():
     return keras.initializers.RandomNormal(stddev=_INIT_STDDEV)
 
 
+def layers_within(layer):
+    """Every layer inside `layer` (not itself), depth first, in the order its attributes were set: found through
+    their public attributes, a layer or a list of them, as gptlite's layers hold their parts (Keras's own walk
+    is private). Two models built from one config give their layers in the same order."""
+    found, seen = [], {id(layer)}
+
+    def visit(value):
+        if isinstance(value, keras.layers.Layer):
+            if id(value) not in seen:
+                seen.add(id(value))
+                found.append(value)
+                for name, part in vars(value).items():
+                    if not name.startswith("_"):
+                        visit(part)
+        elif isinstance(value, (list, tuple)):
+            for part in value:
+                visit(part)
+
+    for name, part in vars(layer).items():
+        if not name.startswith("_"):
+            visit(part)
+    return found
+
+
 def feed_forward_width(width, mlp):
     """The feed-forward's hidden width F by default: 4C for GELU; for SwiGLU, whose three matrices would
     otherwise hold 1.5x GELU's two, 8C/3 rounded up to a multiple of 16 (the same weights, near enough)."""

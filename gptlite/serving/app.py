@@ -21,170 +21,206 @@ def create_app(model, model_name, settings=None, worker=None):
     """The Starlette application that serves `model` under `model_name`, its worker thread started."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
-    from starlette.requests import ClientDisconnect
-    from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
     from starlette.routing import Route
 
-    settings = settings or ServeSettings()
-    worker = worker or Worker(model, settings)
-    started = int(time.time())
-    task = of_model(model)
-    can_chat = task.converses
+    endpoints = _Endpoints(model, model_name, settings or ServeSettings(), worker)
+    routes = [Route(path, _answered(handler), methods=[method]) for path, handler, method in (
+        ("/v1/completions", endpoints.completions, "POST"),
+        ("/v1/chat/completions", endpoints.chat_completions, "POST"),
+        ("/v1/models", endpoints.models, "GET"), ("/health", endpoints.health, "GET"),
+        ("/v1/attention", endpoints.attention, "POST"), ("/", endpoints.page, "GET"))]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+    app.state.worker = endpoints.worker
+    endpoints.worker.start()
+    return app
 
-    def error_response(error):
-        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
-    def answered(handler):
-        """`handler`, its refusals (a `RequestError`) answered in OpenAI's error body, and a failure of its own
-        with a 500 in that body rather than a dropped connection: the client reads what went wrong, and its
-        connection stays usable."""
-        async def guarded(request):
-            try:
-                return await handler(request)
-            except RequestError as error:
-                return error_response(error)
-            except Exception:
-                traceback.print_exc()
-                return error_response(RequestError(500, "the server failed to answer this request; the error is in "
-                                                         "its log", kind="server_error"))
-        return guarded
+def _error_response(error):
+    from starlette.responses import JSONResponse
 
-    async def http_error(request, error):
-        """Starlette's own refusals (an unknown path, a wrong method) in OpenAI's error body."""
-        messages = {404: f"no such endpoint: {request.method} {request.url.path} (the API is /v1/completions and "
-                         f"/v1/models)",
-                    405: f"{request.url.path} does not take {request.method}"}
-        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
-        message = messages.get(error.status_code, error.detail)
-        return error_response(RequestError(error.status_code, message, kind=kind, headers=error.headers))
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
-    def check_key(request):
-        if settings.api_key is None:
+
+def _answered(handler):
+    """`handler`, its refusals (a `RequestError`) answered in OpenAI's error body, and a failure of its own
+    with a 500 in that body rather than a dropped connection: the client reads what went wrong, and its
+    connection stays usable."""
+    async def guarded(request):
+        try:
+            return await handler(request)
+        except RequestError as error:
+            return _error_response(error)
+        except Exception:
+            traceback.print_exc()
+            return _error_response(RequestError(500, "the server failed to answer this request; the error is in "
+                                                     "its log", kind="server_error"))
+    return guarded
+
+
+async def _http_error(request, error):
+    """Starlette's own refusals (an unknown path, a wrong method) in OpenAI's error body."""
+    messages = {404: f"no such endpoint: {request.method} {request.url.path} (the API is /v1/completions and "
+                     f"/v1/models)",
+                405: f"{request.url.path} does not take {request.method}"}
+    kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+    message = messages.get(error.status_code, error.detail)
+    return _error_response(RequestError(error.status_code, message, kind=kind, headers=error.headers))
+
+
+async def _read_json(request):
+    """The request's body as JSON, at most MAX_BODY_BYTES of it."""
+    from starlette.requests import ClientDisconnect
+
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+        raise RequestError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
+    body = b""
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_BODY_BYTES:
+                raise RequestError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
+    except ClientDisconnect:
+        raise RequestError(400, "the client went away before sending its request") from None
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise RequestError(400, f"the request body is not valid JSON: {error}") from None
+    except RecursionError:
+        raise RequestError(400, "the request body is JSON nested too deeply") from None
+
+
+class _Endpoints:
+    """The server's endpoints over one model and its worker: each method answers one route."""
+
+    def __init__(self, model, model_name, settings, worker=None):
+        self.model, self.model_name, self.settings = model, model_name, settings
+        self.worker = worker or Worker(model, settings)
+        self.started = int(time.time())
+        self.task = of_model(model)
+
+    def check_key(self, request):
+        if self.settings.api_key is None:
             return
-        if request.headers.get("authorization", "") != f"Bearer {settings.api_key}":
+        if request.headers.get("authorization", "") != f"Bearer {self.settings.api_key}":
             raise RequestError(401, "a valid API key is needed: Authorization: Bearer <key>",
                                kind="authentication_error")
 
-    async def read_json(request):
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            raise RequestError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
-        body = b""
-        try:
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > MAX_BODY_BYTES:
-                    raise RequestError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
-        except ClientDisconnect:
-            raise RequestError(400, "the client went away before sending its request") from None
-        try:
-            return json.loads(body)
-        except (ValueError, UnicodeDecodeError) as error:
-            raise RequestError(400, f"the request body is not valid JSON: {error}") from None
-        except RecursionError:
-            raise RequestError(400, "the request body is JSON nested too deeply") from None
+    async def completions(self, request):
+        self.check_key(request)
+        return await self.answer(request, parse_completion(await _read_json(request), self.model, self.model_name,
+                                                           self.settings))
 
-    async def completions(request):
-        check_key(request)
-        return await answer(request, parse_completion(await read_json(request), model, model_name, settings))
+    async def chat_completions(self, request):
+        self.check_key(request)
+        return await self.answer(request, parse_chat_completion(await _read_json(request), self.model,
+                                                                self.model_name, self.settings))
 
-    async def chat_completions(request):
-        check_key(request)
-        return await answer(request, parse_chat_completion(await read_json(request), model, model_name, settings))
+    async def answer(self, request, completion):
+        from starlette.responses import JSONResponse, StreamingResponse
 
-    async def answer(request, completion):
         loop = asyncio.get_running_loop()
         events = asyncio.Queue()
         job = Job(completion.rows, completion, lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
         try:
-            worker.submit(job)
+            self.worker.submit(job)
         except QueueFull:
-            return error_response(RequestError(503, "the server is busy; try again shortly", kind="server_busy",
-                                               headers={"Retry-After": "1"}))
+            return _error_response(RequestError(503, "the server is busy; try again shortly", kind="server_busy",
+                                                headers={"Retry-After": "1"}))
         identity, created = f"{'chatcmpl' if completion.chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
         if completion.stream:
-            return StreamingResponse(_events(job, events, identity, model_name, created, completion.chat),
+            return StreamingResponse(_events(job, events, identity, self.model_name, created, completion.chat),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        choices = [{"text": "", "index": index, "logprobs": None, "finish_reason": None}
-                   for index in range(len(job.rows))]
         try:
-            while True:
-                try:
-                    event = await asyncio.wait_for(events.get(), timeout=1.0)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():  # nobody is waiting for the text any more
-                        job.cancelled = True
-                        return JSONResponse({}, status_code=499)
-                    continue
-                if event[0] == "pieces":
-                    for index, text, reason, logprobs in event[1]:
-                        choices[index].update(text=choices[index]["text"] + text, finish_reason=reason,
-                                              logprobs=None if logprobs is None else dataclasses.asdict(logprobs))
-                elif event[0] == "done":
-                    prompt_tokens, completion_tokens = event[1], event[2]
-                    break
-                else:
-                    status = 400 if event[0] == "error" else 500
-                    return error_response(RequestError(status, event[1], kind="invalid_request_error" if status == 400
-                                                       else "server_error"))
+            answered = await _whole(request, job, events)
         except asyncio.CancelledError:
             job.cancelled = True
             raise
+        if not isinstance(answered, tuple):
+            return answered  # the client went away, or the request failed
+        choices, prompt_tokens, completion_tokens = answered
         counted_prompts = sum(prompt_tokens[::completion.n])  # each prompt once, as OpenAI counts
         choices = [{**choice, "finish_reason": choice["finish_reason"] or "length"} for choice in choices]
         if completion.chat:
             choices = [_chat_choice(choice) for choice in choices]
         return JSONResponse({
             "id": identity, "object": "chat.completion" if completion.chat else "text_completion",
-            "created": created, "model": model_name, "choices": choices,
+            "created": created, "model": self.model_name, "choices": choices,
             "usage": {"prompt_tokens": counted_prompts, "completion_tokens": sum(completion_tokens),
                       "total_tokens": counted_prompts + sum(completion_tokens)},
         })
 
-    async def models(request):
-        check_key(request)
-        return JSONResponse({"object": "list", "data": [{"id": model_name, "object": "model", "created": started,
-                                                         "owned_by": "gptlite"}]})
+    async def models(self, request):
+        from starlette.responses import JSONResponse
 
-    async def health(request):
+        self.check_key(request)
+        return JSONResponse({"object": "list", "data": [{"id": self.model_name, "object": "model",
+                                                         "created": self.started, "owned_by": "gptlite"}]})
+
+    async def health(self, request):
+        from starlette.responses import JSONResponse
+
         # 503 while warming, as a load balancer's probe expects of a server not ready for traffic yet.
-        status = worker.status()
-        return JSONResponse({**status, "model": model_name, "chat": can_chat},
+        status = self.worker.status()
+        return JSONResponse({**status, "model": self.model_name, "chat": self.task.converses},
                             status_code=200 if status["status"] == "ok" else 503)
 
-    async def attention(request):
+    async def attention(self, request):
+        from starlette.responses import JSONResponse
+
         from gptlite.evaluation import inspection
 
-        check_key(request)
-        body = await read_json(request)
-        if isinstance(body, dict) and "messages" in body and can_chat:  # a conversation, as the model reads it
+        self.check_key(request)
+        body = await _read_json(request)
+        tokenizer = self.model.tokenizer
+        if isinstance(body, dict) and "messages" in body and self.task.converses:  # a conversation, as it reads it
             try:
-                body = {"text": templates.render_for(model.tokenizer, body["messages"])}
+                body = {"text": templates.render_for(tokenizer, body["messages"])}
             except InputError as error:
                 raise RequestError(400, str(error), "messages") from None
         text = body.get("text") if isinstance(body, dict) else None
         if not isinstance(text, str) or not text:
             raise RequestError(400, "text must be a non-empty string", "text")
-        if task.reads == "source":
+        if self.task.reads == "source":
             raise RequestError(400, "the attention view draws a language model's self-attention")
-        if model.tokenizer.unknown_characters(text):
+        if tokenizer.unknown_characters(text):
             raise RequestError(400, "the text has characters the model never saw", "text")
-        maps = await asyncio.wrap_future(worker.call(lambda m: inspection.attention_maps(m, text)))
+        maps = await asyncio.wrap_future(self.worker.call(lambda m: inspection.attention_maps(m, text)))
         weights = maps.weights
         return JSONResponse({"tokens": list(maps.tokens), "layers": int(weights.shape[0]),
                              "heads": int(weights.shape[1]), "weights": weights.round(4).tolist()})
 
-    async def page(request):
-        return HTMLResponse(importlib.resources.files("gptlite.serving").joinpath("page.html").read_text(encoding="utf-8"))
+    async def page(self, request):
+        from starlette.responses import HTMLResponse
 
-    endpoints = [("/v1/completions", completions, "POST"), ("/v1/chat/completions", chat_completions, "POST"),
-                 ("/v1/models", models, "GET"), ("/health", health, "GET"),
-                 ("/v1/attention", attention, "POST"), ("/", page, "GET")]
-    routes = [Route(path, answered(handler), methods=[method]) for path, handler, method in endpoints]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
-    app.state.worker = worker
-    worker.start()
-    return app
+        return HTMLResponse(importlib.resources.files("gptlite.serving").joinpath("page.html").read_text(
+            encoding="utf-8"))
+
+
+async def _whole(request, job, events):
+    """A request's choices once the worker has written them whole, with its (prompt tokens, completion tokens);
+    or the response to send instead: an error, or nothing for a client that went away."""
+    from starlette.responses import JSONResponse
+
+    choices = [{"text": "", "index": index, "logprobs": None, "finish_reason": None} for index in range(len(job.rows))]
+    while True:
+        try:
+            event = await asyncio.wait_for(events.get(), timeout=1.0)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():  # nobody is waiting for the text any more
+                job.cancelled = True
+                return JSONResponse({}, status_code=499)
+            continue
+        if event[0] == "pieces":
+            for index, text, reason, logprobs in event[1]:
+                choices[index].update(text=choices[index]["text"] + text, finish_reason=reason,
+                                      logprobs=None if logprobs is None else dataclasses.asdict(logprobs))
+        elif event[0] == "done":
+            return choices, event[1], event[2]
+        else:
+            status = 400 if event[0] == "error" else 500
+            return _error_response(RequestError(status, event[1], kind="invalid_request_error" if status == 400
+                                                else "server_error"))
 
 
 async def _events(job, events, identity, model_name, created, chat=False):

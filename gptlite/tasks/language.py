@@ -12,7 +12,8 @@ from gptlite.evaluation import scores
 from gptlite.model.gpt import GPT
 from gptlite.tasks import DEFAULT_BPE_VOCABULARY
 from gptlite.tasks.task import Task, Training
-from gptlite.text.tokenizers import BPETokenizer, CharTokenizer
+from gptlite.text.bpe import BPETokenizer
+from gptlite.text.tokenizers import CharTokenizer
 
 # How a run samples its model, at each TensorBoard evaluation and at its end.
 SAMPLING = dict(max_new_tokens=300, temperature=0.8, top_k=200)

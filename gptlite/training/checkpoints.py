@@ -14,6 +14,7 @@ import keras
 import numpy as np
 
 from gptlite.errors import InputError
+from gptlite.model.layers import layers_within
 
 # One file: every variable of the model and of its optimizer as it is (adapters and frozen kernels apart,
 # dropout's random state included), in their order, and the run's document (step, settings, history), all
@@ -46,7 +47,7 @@ def _seed_states(model):
 def _adapter_variables(model):
     """Each LoRA layer's frozen kernel and its adapters: a weights file holds only their merged sum, from
     which the frozen kernel and what the adapters learned cannot be told apart again."""
-    return [variable for layer in model._flatten_layers() if getattr(layer, "lora_enabled", False)
+    return [variable for layer in layers_within(model) if getattr(layer, "lora_enabled", False)
             for variable in (layer.kernel, layer.lora_a, layer.lora_b)]
 
 

@@ -20,73 +20,13 @@ from gptlite.training import history
 from gptlite.training.background import FileWriter, Jobs
 from gptlite.training.checkpoints import restore_checkpoint, RunState, save_checkpoint, snapshot
 from gptlite.training.distribute import mirrored, process_part
-from gptlite.training.optimizer import FlatAdamW
+from gptlite.training.optimizer import make_optimizer
 from gptlite.training.settings import dtype_policy
 from gptlite.weights import saving
 
 
 # The largest model (adapters included) whose LoRA step runs under XLA on TensorFlow (compile_for_training).
 LORA_XLA_MAX_PARAMETERS = 4_000_000
-
-
-def learning_rate_schedule(config):
-    """Linear warm-up to `lr`, then cosine decay to `min_lr` at `max_iters`, counted in optimizer steps."""
-    schedule = keras.optimizers.schedules.CosineDecay(
-        # Start above zero so the first step is not wasted.
-        initial_learning_rate=config.lr / (config.warmup_iters + 1),
-        warmup_target=config.lr,
-        warmup_steps=config.warmup_iters,
-        decay_steps=config.max_iters - config.warmup_iters,
-        alpha=config.min_lr / config.lr,
-    )
-    return schedule if config.grad_accum == 1 else _PerOptimizerStep(schedule, config.grad_accum)
-
-
-class _PerOptimizerStep(keras.optimizers.schedules.LearningRateSchedule):
-    """A schedule of optimizer steps, for an optimizer that accumulates gradients.
-
-    Keras calls the schedule with the count of micro-batches; the step that
-    applies the accumulated gradients of optimizer step s is micro-batch
-    (s + 1) * micro_batches - 1, and must get the rate of step s.
-    """
-
-    def __init__(self, schedule, micro_batches):
-        self.schedule = schedule
-        self.micro_batches = micro_batches
-
-    def __call__(self, micro_step):
-        return self.schedule(keras.ops.floor_divide(micro_step, self.micro_batches))
-
-    def get_config(self):
-        return {"schedule": keras.optimizers.schedules.serialize(self.schedule), "micro_batches": self.micro_batches}
-
-
-def make_optimizer(model, config):
-    """AdamW with clipping at global norm 1.0, decaying only weight matrices.
-
-    Decaying biases, norms or embeddings pulls them towards zero for no gain in
-    generalisation, so they are left out. With `grad_accum` above 1, Keras
-    adds up that many micro-batches' gradients and applies their mean (clipped)
-    once. `model` must be built.
-    """
-    # LoRA trains a few small adapter matrices: one update over their
-    # concatenation holds less memory than one per matrix (FlatAdamW).
-    flat = config.lora_rank and not (keras.backend.backend() == "tensorflow" and mirrored())
-    optimizer = (FlatAdamW if flat else keras.optimizers.AdamW)(
-        learning_rate=learning_rate_schedule(config),
-        weight_decay=config.weight_decay,
-        beta_1=0.9,
-        beta_2=config.beta2,
-        global_clipnorm=1.0,
-        gradient_accumulation_steps=config.grad_accum if config.grad_accum > 1 else None,
-    )
-    embedding_tables = [
-        v for v in model.embedding.trainable_variables
-        if v.name in ("embeddings", "position_embeddings")
-    ]
-    vectors = [v for v in model.trainable_variables if len(v.shape) < 2]
-    optimizer.exclude_from_weight_decay(var_list=embedding_tables + vectors)
-    return optimizer
 
 
 def compile_for_training(model, config, ignored=None):
@@ -219,50 +159,6 @@ SLOW_DISK = ("the disk is slower than the checkpoints: each waits for the one be
              "(a larger `checkpoint_interval` avoids the wait)")
 
 
-class RunTime:
-    """Where a run's wall-clock time goes on the training thread, in seconds, added up over the run (and over
-    its resumptions):
-
-    steps       training steps, their first left out
-    startup     from `train` being called to the first step's end: building, compiling, the first step
-    evaluation  copying the weights for an evaluation, and waiting for the one before where it is not done
-                (the evaluations themselves run beside the steps: `_Evaluations`)
-    checkpoints copying the model's and optimizer's state off the device
-    disk        waiting for files: a checkpoint for the one before it, the run's end for all
-    """
-
-    PARTS = ("steps", "startup", "evaluation", "checkpoints", "disk")
-
-    def __init__(self, row=None):
-        # What earlier processes of the run spent (from the last history row), and this one.
-        self.before = {part: (row or {}).get(f"{part}_s", 0.0) for part in self.PARTS}
-        self.seconds = dict.fromkeys(self.PARTS, 0.0)
-
-    def add(self, part, seconds):
-        self.seconds[part] += seconds
-
-    @contextlib.contextmanager
-    def counting(self, part, disk_waits=lambda: 0.0):
-        """Time the block as `part`, less what it waited for the disk (`disk_waits()`, a running total)."""
-        started, waited = time.perf_counter(), disk_waits()
-        try:
-            yield
-        finally:
-            waited = disk_waits() - waited
-            self.add("disk", waited)
-            self.add(part, time.perf_counter() - started - waited)
-
-    def columns(self):
-        """The history's columns, over the whole run: `steps_s`, `startup_s`, ..."""
-        return {f"{part}_s": round(self.before[part] + seconds, 2) for part, seconds in self.seconds.items()}
-
-    def summary(self):
-        """This process's parts in one line: each one's seconds and share."""
-        total = sum(self.seconds.values()) or 1.0
-        return ", ".join(f"{part} {seconds:.1f} s ({seconds / total:.0%})" for part, seconds in self.seconds.items()
-                         if seconds >= 0.05 or part == "steps")
-
-
 def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=False, stop_request=None,
           callbacks=(), metrics=None, peak_flops=None, tensorboard=None, sample=None):
     """Train `model` with `model.fit`; return the evaluation records.
@@ -277,7 +173,7 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
     evaluation also records the validation loss in bits per character and
     the tokens trained per second since the last (the steps' own speed), the
     tokens per second of the whole run so far (its wall-clock time) and where
-    that time went (`RunTime`). Every `checkpoint_interval` steps, and when a
+    that time went (`history.RunTime`). Every `checkpoint_interval` steps, and when a
     stop is requested (Ctrl-C, SIGTERM), a checkpoint is written from which
     `resume=True` continues exactly. The model in memory ends with the last
     step's weights.
@@ -296,7 +192,115 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
     callbacks: more Keras callbacks, given to every `fit` call.
     """
     called = time.perf_counter()
-    out_dir = pathlib.Path(out_dir)
+    task = of_data(train_ids)
+    _check(model, config, task, peak_flops)
+    if not model.built:
+        model.build((None, model.config.block_size))
+    compile_for_training(model, config, task.ignored_class(model))
+    model.optimizer.build(model.trainable_variables)
+    state = restore_checkpoint(model, out_dir) if resume else RunState()
+    loop = _Loop(model, task, config, pathlib.Path(out_dir), state, called, verbose)
+    with contextlib.ExitStack() as stack:
+        stop_request = stop_request or stack.enter_context(StopRequest())
+        # Closed before the run returns or stops, whatever stops it: first the evaluations (which hand their
+        # files to the writer), then the writer (every file on disk).
+        writer = stack.enter_context(FileWriter())
+        validation_batches = fed_to_keras(task.batches(  # read again at each evaluation
+            validation_ids, loop.block_size, config.batch_size, config.eval_iters, seed=config.seed + 1,
+            part=loop.part))
+        evaluations = stack.enter_context(_Evaluations(
+            model, validation_batches, metrics or {}, out_dir,
+            task.characters_per_token(model.tokenizer, validation_ids),
+            peak_flops and model.training_flops_per_token() / peak_flops,
+            tensorboard and history.TensorBoardLog(tensorboard), sample, writer, loop.progress.say))
+        loop.disk_waits = lambda: writer.waited_s + evaluations.disk_waited_s
+        for boundary in _boundaries(config, state.step):
+            loop.fit_to(boundary, train_ids, stop_request, callbacks)
+            loop.evaluate_or_checkpoint(evaluations, stop_request)
+        with loop.run_time.counting("evaluation", loop.disk_waits):
+            evaluations.close()
+        with loop.run_time.counting("disk", loop.disk_waits):
+            writer.close()  # the run's end waits for every file
+    loop.say_summary()
+    return state.rows
+
+
+class _Loop:
+    """The steps of a `train` call between its boundaries (evaluations and checkpoints), and what they count: the
+    run's state, where its time went, its throughput and progress bar."""
+
+    def __init__(self, model, task, config, out_dir, state, started, verbose):
+        self.model, self.task, self.config, self.out_dir, self.state = model, task, config, out_dir, state
+        self.started = started
+        self.block_size = model.config.block_size
+        self.part = process_part()
+        self.first_step = state.step
+        self.elapsed_before = state.rows[-1]["elapsed_s"] if state.rows else 0.0
+        self.run_time = history.RunTime(state.rows[-1] if state.rows else None)
+        self.throughput = history.Throughput(config.batch_size * self.block_size)
+        self.progress = _Progress(state.step, config.max_iters, verbose)
+        self.disk_waits = lambda: 0.0
+
+    def tokens(self):
+        """Tokens trained by this process so far."""
+        config = self.config
+        return (self.state.step - self.first_step) * config.grad_accum * config.batch_size * self.block_size
+
+    def fit_to(self, boundary, train_ids, stop_request, callbacks):
+        """Train with one `fit` call up to step `boundary` (or until a stop is requested), and count it."""
+        config, state = self.config, self.state
+        watcher = _StepWatcher(stop_request, self.progress, config.seed, state.step, config.grad_accum)
+        batches = self.task.batches(train_ids, self.block_size, config.batch_size, boundary - state.step,
+                                    seed=config.seed, first_index=state.step, micro_batches=config.grad_accum,
+                                    part=self.part)
+        fit_started = time.perf_counter()
+        self.model.fit(fed_to_keras(batches), epochs=1, shuffle=False, callbacks=[watcher, *callbacks], verbose=0)
+        fit_ended = time.perf_counter()
+        # The first call's time to its first step's end is the start-up (building, compiling); the rest, steps.
+        if self.run_time.seconds["startup"] == 0 and watcher.first_batch_ended is not None:
+            self.run_time.add("startup", watcher.first_batch_ended - self.started)
+            self.run_time.add("steps", fit_ended - watcher.first_batch_ended)
+        else:
+            self.run_time.add("steps", fit_ended - fit_started)
+        self.throughput.add(watcher.batches, fit_started, watcher.first_batch_ended, watcher.last_batch_ended)
+        state.step += watcher.steps
+        if not math.isfinite(watcher.mean_loss):
+            raise TrainingDiverged(
+                f"the training loss became {watcher.mean_loss} by step {state.step}; "
+                f"{self.out_dir / 'model.keras'} keeps the last good model; try a lower `lr`"
+            )
+        state.loss_sum += watcher.mean_loss * watcher.steps
+        state.loss_steps += watcher.steps
+
+    def evaluate_or_checkpoint(self, evaluations, stop_request):
+        """At an evaluation's step, evaluate; at a checkpoint's (or on a stop request), write one; on a stop
+        request, stop the run."""
+        config, state = self.config, self.state
+        if state.step % config.eval_interval == 0 or state.step == config.max_iters:
+            elapsed = time.perf_counter() - self.started
+            with self.run_time.counting("evaluation", self.disk_waits):
+                evaluations.evaluate(state, self.elapsed_before + elapsed, self.throughput.take(),
+                                     self.tokens() / elapsed, self.run_time)
+        checkpoint_due = state.step % config.checkpoint_interval == 0 or state.step == config.max_iters
+        if checkpoint_due or stop_request.requested:
+            with self.run_time.counting("checkpoints", self.disk_waits):
+                evaluations.checkpoint(state, config, self.out_dir)
+        if stop_request.requested and state.step < config.max_iters:
+            raise TrainingInterrupted(
+                f"training stopped at step {state.step} of {config.max_iters}; checkpoint saved in "
+                f"{self.out_dir}; continue it with `resume=True`",
+                stop_request.signal_number,
+            )
+
+    def say_summary(self):
+        elapsed = time.perf_counter() - self.started
+        if self.tokens():
+            self.progress.say(f"trained {self.state.step - self.first_step:,} steps in {elapsed:.0f} s: "
+                              f"{self.tokens() / elapsed:,.0f} tokens/s over the whole run "
+                              f"({self.run_time.summary()})")
+
+def _check(model, config, task, peak_flops):
+    """Refuse a model, settings and data that cannot train together."""
     if model.dtype_policy.name != dtype_policy(config.precision):
         raise ConfigError(
             f"the model computes in {model.dtype_policy.name} but the training precision is {config.precision}; "
@@ -305,90 +309,16 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
     if (config.precision == "fp16" and keras.backend.backend() == "jax"
             and all(device.startswith("cpu") for device in keras.distribution.list_devices())):
         raise ConfigError("fp16 under jax needs a GPU: XLA's CPU matmuls have no float16; set `precision` to bf16")
-    task = of_data(train_ids)
     if peak_flops is not None and not (task.measures_mfu and peak_flops > 0):
         raise ConfigError("`peak_flops` must be positive, and MFU is estimated for a GPT only")
-    block_size = model.config.block_size
-    if not model.built:
-        model.build((None, block_size))
-    compile_for_training(model, config, task.ignored_class(model))
-    model.optimizer.build(model.trainable_variables)
-    state = restore_checkpoint(model, out_dir) if resume else RunState()
 
-    part = process_part()
-    validation_batches = fed_to_keras(task.batches(  # read again at each evaluation
-        validation_ids, block_size, config.batch_size, config.eval_iters, seed=config.seed + 1, part=part
-    ))
-    boundaries = sorted(
-        {s for s in range(config.eval_interval, config.max_iters, config.eval_interval)}
-        | {s for s in range(config.checkpoint_interval, config.max_iters, config.checkpoint_interval)}
-        | {config.max_iters}
-    )
-    throughput = history.Throughput(config.batch_size * block_size)
-    progress = _Progress(state.step, config.max_iters, verbose)
-    started = called
-    elapsed_before = state.rows[-1]["elapsed_s"] if state.rows else 0.0
-    run_time = RunTime(state.rows[-1] if state.rows else None)
-    first_step, first_fit = state.step, True
-    with contextlib.ExitStack() as stack:
-        stop_request = stop_request or stack.enter_context(StopRequest())
-        # Closed before the run returns or stops, whatever stops it: first the evaluations (which hand their
-        # files to the writer), then the writer (every file on disk).
-        writer = stack.enter_context(FileWriter())
-        evaluations = stack.enter_context(_Evaluations(
-            model, validation_batches, metrics or {}, out_dir, task.characters_per_token(model.tokenizer,
-                                                                                         validation_ids),
-            peak_flops and model.training_flops_per_token() / peak_flops,
-            tensorboard and history.TensorBoardLog(tensorboard), sample, writer, progress.say))
-        disk_waits = lambda: writer.waited_s + evaluations.disk_waited_s
-        for boundary in (b for b in boundaries if b > state.step):
-            watcher = _StepWatcher(stop_request, progress, config.seed, state.step, config.grad_accum)
-            batches = task.batches(train_ids, block_size, config.batch_size, boundary - state.step, seed=config.seed,
-                               first_index=state.step, micro_batches=config.grad_accum, part=part)
-            fit_started = time.perf_counter()
-            model.fit(fed_to_keras(batches), epochs=1, shuffle=False, callbacks=[watcher, *callbacks], verbose=0)
-            fit_ended = time.perf_counter()
-            if first_fit and watcher.first_batch_ended is not None:
-                run_time.add("startup", watcher.first_batch_ended - started)
-                run_time.add("steps", fit_ended - watcher.first_batch_ended)
-                first_fit = False
-            else:
-                run_time.add("steps", fit_ended - fit_started)
-            throughput.add(watcher.batches, fit_started, watcher.first_batch_ended, watcher.last_batch_ended)
-            state.step += watcher.steps
-            if not math.isfinite(watcher.mean_loss):
-                raise TrainingDiverged(
-                    f"the training loss became {watcher.mean_loss} by step {state.step}; "
-                    f"{out_dir / 'model.keras'} keeps the last good model; try a lower `lr`"
-                )
-            state.loss_sum += watcher.mean_loss * watcher.steps
-            state.loss_steps += watcher.steps
-            if state.step % config.eval_interval == 0 or state.step == config.max_iters:
-                elapsed = time.perf_counter() - started
-                tokens = (state.step - first_step) * config.grad_accum * config.batch_size * block_size
-                with run_time.counting("evaluation", disk_waits):
-                    evaluations.evaluate(state, elapsed_before + elapsed, throughput.take(), tokens / elapsed,
-                                         run_time)
-            checkpoint_due = state.step % config.checkpoint_interval == 0 or state.step == config.max_iters
-            if checkpoint_due or stop_request.requested:
-                with run_time.counting("checkpoints", disk_waits):
-                    evaluations.checkpoint(state, config, out_dir)
-            if stop_request.requested and state.step < config.max_iters:
-                raise TrainingInterrupted(
-                    f"training stopped at step {state.step} of {config.max_iters}; checkpoint saved in "
-                    f"{out_dir}; continue it with `resume=True`",
-                    stop_request.signal_number,
-                )
-        with run_time.counting("evaluation", disk_waits):
-            evaluations.close()
-        with run_time.counting("disk", disk_waits):
-            writer.close()  # the run's end waits for every file
-    elapsed = time.perf_counter() - started
-    tokens = (state.step - first_step) * config.grad_accum * config.batch_size * block_size
-    if tokens:
-        progress.say(f"trained {state.step - first_step:,} steps in {elapsed:.0f} s: {tokens / elapsed:,.0f} "
-                     f"tokens/s over the whole run ({run_time.summary()})")
-    return state.rows
+
+def _boundaries(config, step):
+    """The steps after `step` where `fit` stops: each evaluation's, each checkpoint's, and the last."""
+    every = (set(range(config.eval_interval, config.max_iters, config.eval_interval))
+             | set(range(config.checkpoint_interval, config.max_iters, config.checkpoint_interval))
+             | {config.max_iters})
+    return sorted(boundary for boundary in every if boundary > step)
 
 
 class _Evaluations:

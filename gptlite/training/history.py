@@ -1,10 +1,12 @@
 """What a run records at each evaluation, and where: `history.csv`, TensorBoard's event files, the loss
 curve (`loss.png`), and the figures beside the losses (tokens per second, MFU)."""
 
+import contextlib
 import csv
 import importlib.util
 import math
 import pathlib
+import time
 
 from gptlite.errors import ConfigError, InputError
 
@@ -24,6 +26,50 @@ def write_history(rows, path):
         writer = csv.DictWriter(file, fieldnames=columns, restval="")
         writer.writeheader()
         writer.writerows(rows)
+
+
+class RunTime:
+    """Where a run's wall-clock time goes on the training thread, in seconds, added up over the run (and over
+    its resumptions):
+
+    steps       training steps, their first left out
+    startup     from `train` being called to the first step's end: building, compiling, the first step
+    evaluation  copying the weights for an evaluation, and waiting for the one before where it is not done
+                (the evaluations themselves run beside the steps: `_Evaluations`)
+    checkpoints copying the model's and optimizer's state off the device
+    disk        waiting for files: a checkpoint for the one before it, the run's end for all
+    """
+
+    PARTS = ("steps", "startup", "evaluation", "checkpoints", "disk")
+
+    def __init__(self, row=None):
+        # What earlier processes of the run spent (from the last history row), and this one.
+        self.before = {part: (row or {}).get(f"{part}_s", 0.0) for part in self.PARTS}
+        self.seconds = dict.fromkeys(self.PARTS, 0.0)
+
+    def add(self, part, seconds):
+        self.seconds[part] += seconds
+
+    @contextlib.contextmanager
+    def counting(self, part, disk_waits=lambda: 0.0):
+        """Time the block as `part`, less what it waited for the disk (`disk_waits()`, a running total)."""
+        started, waited = time.perf_counter(), disk_waits()
+        try:
+            yield
+        finally:
+            waited = disk_waits() - waited
+            self.add("disk", waited)
+            self.add(part, time.perf_counter() - started - waited)
+
+    def columns(self):
+        """The history's columns, over the whole run: `steps_s`, `startup_s`, ..."""
+        return {f"{part}_s": round(self.before[part] + seconds, 2) for part, seconds in self.seconds.items()}
+
+    def summary(self):
+        """This process's parts in one line: each one's seconds and share."""
+        total = sum(self.seconds.values()) or 1.0
+        return ", ".join(f"{part} {seconds:.1f} s ({seconds / total:.0%})" for part, seconds in self.seconds.items()
+                         if seconds >= 0.05 or part == "steps")
 
 
 class Throughput:

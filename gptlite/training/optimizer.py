@@ -1,8 +1,12 @@
-"""AdamW over one flat vector: Keras's update, as a few operations whatever the number of variables."""
+"""The optimizer a run trains with (`make_optimizer`: AdamW, weight decay on matrices only) and its learning-rate
+schedule; `FlatAdamW`, Keras's AdamW over one flat vector: the same update, as a few operations whatever the number
+of variables."""
 
 import keras
 import numpy as np
 from keras import ops
+
+from gptlite.training.distribute import mirrored
 
 
 class FlatAdamW(keras.optimizers.AdamW):
@@ -71,3 +75,63 @@ class FlatAdamW(keras.optimizers.AdamW):
         values = values - momentum * alpha / (ops.sqrt(velocity) + self.epsilon)
         for variable, part in zip(variables, ops.split(values, np.cumsum(self._sizes)[:-1].tolist())):
             self.assign(variable, ops.reshape(part, variable.shape))
+
+
+def learning_rate_schedule(config):
+    """Linear warm-up to `lr`, then cosine decay to `min_lr` at `max_iters`, counted in optimizer steps."""
+    schedule = keras.optimizers.schedules.CosineDecay(
+        # Start above zero so the first step is not wasted.
+        initial_learning_rate=config.lr / (config.warmup_iters + 1),
+        warmup_target=config.lr,
+        warmup_steps=config.warmup_iters,
+        decay_steps=config.max_iters - config.warmup_iters,
+        alpha=config.min_lr / config.lr,
+    )
+    return schedule if config.grad_accum == 1 else _PerOptimizerStep(schedule, config.grad_accum)
+
+
+class _PerOptimizerStep(keras.optimizers.schedules.LearningRateSchedule):
+    """A schedule of optimizer steps, for an optimizer that accumulates gradients.
+
+    Keras calls the schedule with the count of micro-batches; the step that
+    applies the accumulated gradients of optimizer step s is micro-batch
+    (s + 1) * micro_batches - 1, and must get the rate of step s.
+    """
+
+    def __init__(self, schedule, micro_batches):
+        self.schedule = schedule
+        self.micro_batches = micro_batches
+
+    def __call__(self, micro_step):
+        return self.schedule(keras.ops.floor_divide(micro_step, self.micro_batches))
+
+    def get_config(self):
+        return {"schedule": keras.optimizers.schedules.serialize(self.schedule), "micro_batches": self.micro_batches}
+
+
+def make_optimizer(model, config):
+    """AdamW with clipping at global norm 1.0, decaying only weight matrices.
+
+    Decaying biases, norms or embeddings pulls them towards zero for no gain in
+    generalisation, so they are left out. With `grad_accum` above 1, Keras
+    adds up that many micro-batches' gradients and applies their mean (clipped)
+    once. `model` must be built.
+    """
+    # LoRA trains a few small adapter matrices: one update over their
+    # concatenation holds less memory than one per matrix (FlatAdamW).
+    flat = config.lora_rank and not (keras.backend.backend() == "tensorflow" and mirrored())
+    optimizer = (FlatAdamW if flat else keras.optimizers.AdamW)(
+        learning_rate=learning_rate_schedule(config),
+        weight_decay=config.weight_decay,
+        beta_1=0.9,
+        beta_2=config.beta2,
+        global_clipnorm=1.0,
+        gradient_accumulation_steps=config.grad_accum if config.grad_accum > 1 else None,
+    )
+    embedding_tables = [
+        v for v in model.embedding.trainable_variables
+        if v.name in ("embeddings", "position_embeddings")
+    ]
+    vectors = [v for v in model.trainable_variables if len(v.shape) < 2]
+    optimizer.exclude_from_weight_decay(var_list=embedding_tables + vectors)
+    return optimizer

@@ -17,7 +17,7 @@ from gptlite.errors import ConfigError, InputError
 from gptlite.data.conversations import LONG_CONVERSATIONS
 from gptlite.model.config import GPTConfig
 from gptlite.tasks import TOKENIZERS
-from gptlite.text.tokenizers import BPETokenizer
+from gptlite.text.bpe import BPETokenizer
 from gptlite.training.history import DEFAULT_PEAK_FLOPS
 from gptlite.training.settings import TrainingConfig, dtype_policy, resolve_settings, split_settings
 

@@ -40,7 +40,8 @@ from gptlite.errors import ConfigError, RunExistsError
 from gptlite.files import atomic_path
 from gptlite.model.gpt import only_a_gpt
 from gptlite.model.layers import weight_array
-from gptlite.text.tokenizers import BPETokenizer, CharTokenizer, PretrainedTokenizer
+from gptlite.text.bpe import BPETokenizer, PretrainedTokenizer
+from gptlite.text.tokenizers import CharTokenizer
 from gptlite.weights import GGUF_OUTTYPES, gpt2, llama
 
 # How the matrices are stored (`GGUF_OUTTYPES`); norms and biases stay f32 in each, as llama.cpp's own

@@ -22,7 +22,7 @@ from gptlite.errors import ConfigError, first_line, InputError, MissingFileError
 from gptlite.files import atomic_directory
 from gptlite.model.gpt import only_a_gpt
 from gptlite.model.layers import weight_array
-from gptlite.text.tokenizers import BPETokenizer
+from gptlite.text.bpe import BPETokenizer
 
 # The activations Hugging Face names for the tanh approximation of GELU, which gptlite uses.
 _TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")

@@ -20,7 +20,7 @@ from gptlite.errors import ConfigError, InputError, MissingFileError
 from gptlite.files import atomic_directory, read_json
 from gptlite.model.config import GPTConfig
 from gptlite.model.layers import weight_array
-from gptlite.text.tokenizers import PretrainedTokenizer
+from gptlite.text.bpe import PretrainedTokenizer
 
 # model_type -> the class name transformers gives it.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}

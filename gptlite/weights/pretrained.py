@@ -15,7 +15,8 @@ import numpy as np
 from gptlite.errors import ConfigError, first_line, InputError, MissingFileError
 from gptlite.files import atomic_directory, read_json
 from gptlite.model.gpt import GPT, is_model, only_a_gpt
-from gptlite.text.tokenizers import BPETokenizer, CharTokenizer, PretrainedTokenizer
+from gptlite.text.bpe import BPETokenizer, PretrainedTokenizer
+from gptlite.text.tokenizers import CharTokenizer
 from gptlite.weights import gpt2, llama, saving
 
 def from_pretrained(name_or_path, block_size=None, dropout=None, dtype=None):

@@ -9,6 +9,7 @@ import numpy as np
 from gptlite.errors import ConfigError, InputError, MissingFileError
 from gptlite.files import atomic_directory, atomic_path
 from gptlite.model.gpt import is_model, only_a_gpt
+from gptlite.model.layers import layers_within
 
 
 def save(model, path, writer=None, sync=True):
@@ -43,7 +44,7 @@ def copy_weights(source, target):
     JAX training step may reuse the buffers of `source`'s weights.
     """
     # Both models are built from one config: their layers come in the same order.
-    for source_layer, target_layer in zip(source._flatten_layers(), target._flatten_layers()):
+    for source_layer, target_layer in zip(layers_within(source), layers_within(target), strict=True):
         store = {}
         source_layer.save_own_variables(store)
         target_layer.load_own_variables({key: np.array(keras.ops.convert_to_numpy(value), copy=True)

@@ -124,7 +124,7 @@ def test_a_bad_byte_deep_in_a_file_is_reported_where_it_is(tmp_path, monkeypatch
 
 
 def test_token_ids_are_cached_until_the_text_or_tokenizer_changes(tmp_path, monkeypatch):
-    from gptlite.text.tokenizers import BPETokenizer
+    from gptlite.text.bpe import BPETokenizer
 
     (tmp_path / "a.txt").write_text("one two three\n" * 50)
     (tmp_path / "b.txt").write_text("four five\n" * 50)

@@ -141,20 +141,20 @@ def test_a_row_admitted_into_a_running_batch_gets_the_text_it_gets_alone(fluent_
     assert engine.rows == {} and engine.step() == {}
 
 
-def test_a_seq2seq_row_admitted_into_a_running_batch_reads_its_own_source(reverser):
+def test_a_seq2seq_row_admitted_into_a_running_batch_reads_its_own_source(tiny_seq2seq):
     """A server's Seq2Seq rows join one running batch: each row's source goes with it into its slot."""
     from gptlite.decode.generation import source_ids
 
-    tokenizer, block_size = reverser.tokenizer, reverser.config.block_size
+    tokenizer, block_size = tiny_seq2seq.tokenizer, tiny_seq2seq.config.block_size
     sampled = SamplingConfig(temperature=1.0, seed=3)
     start = [tokenizer.start_token_id]
 
     def alone(source):
-        engine = Engine(reverser)
+        engine = Engine(tiny_seq2seq)
         drawn = engine.admit([start], [sampled], source_ids(tokenizer, block_size, [source]))
         return engine_tokens(engine, drawn, list(drawn), 5)[next(iter(drawn))]
 
-    engine = Engine(reverser, resizable=True, short_caches=True, mixed_settings=True)
+    engine = Engine(tiny_seq2seq, resizable=True, short_caches=True, mixed_settings=True)
     (early, first), = engine.admit([start], [sampled], source_ids(tokenizer, block_size, ["abcd"])).items()
     tokens = {early: list(first.ids)}
     for row, new in engine.step(2).items():

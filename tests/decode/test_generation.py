@@ -403,7 +403,7 @@ def test_seq2seq_bad_sources_and_models_are_refused(reverser, tiny_model):
 
 
 def test_a_stream_of_split_characters_equals_the_generated_text():
-    from gptlite.text.tokenizers import BPETokenizer
+    from gptlite.text.bpe import BPETokenizer
 
     bpe = BPETokenizer.train(["the cat sat on the mat\n"] * 10, 270)
     model = gptlite.GPT(vocab_size=bpe.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=16, tokenizer=bpe)

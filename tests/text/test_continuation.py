@@ -19,7 +19,7 @@ def test_held_back_text_is_released_unless_it_completes_a_stop():
 
 
 def test_tokens_that_split_a_character_wait_for_the_rest():
-    from gptlite.text.tokenizers import BPETokenizer
+    from gptlite.text.bpe import BPETokenizer
 
     bpe = BPETokenizer.train(["the cat sat on the mat\n"] * 10, 270)
     ids = bpe.encode("a 🙂 é")

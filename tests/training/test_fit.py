@@ -1,5 +1,4 @@
 import csv
-import dataclasses
 import errno
 import io
 import json
@@ -19,7 +18,7 @@ import pytest
 import gptlite
 from gptlite.data import lm
 from gptlite.evaluation import scores
-from gptlite.training import checkpoints, distribute, fit, run
+from gptlite.training import checkpoints, distribute, fit, history, run
 from gptlite.training.settings import dtype_policy
 from conftest import REPO
 
@@ -121,30 +120,6 @@ def test_run_writes_history_plot_and_best_model(tiny_run, text):
     assert np.mean(losses) == pytest.approx(best["val_loss"], abs=1e-4)
 
 
-def test_learning_rate_warms_up_then_decays_to_min_lr():
-    config = gptlite.TrainingConfig(lr=1e-3, min_lr=1e-4, warmup_iters=100, max_iters=2000)
-    schedule = fit.learning_rate_schedule(config)
-    rate = lambda step: float(keras.ops.convert_to_numpy(schedule(step)))
-    assert rate(0) == pytest.approx(1e-3 / 101)
-    assert rate(50) < rate(99) < rate(100) == pytest.approx(1e-3)
-    assert rate(1050) == pytest.approx((1e-3 + 1e-4) / 2, rel=1e-3)
-    assert rate(2000) == pytest.approx(1e-4)
-    # Accumulating gradients, Keras counts micro-batches: each optimizer step's are given its rate.
-    accumulated = fit.learning_rate_schedule(dataclasses.replace(config, grad_accum=4))
-    for micro_batch in (0, 3, 4, 401, 4 * 1050 + 3, 8000):
-        assert float(keras.ops.convert_to_numpy(accumulated(micro_batch))) == pytest.approx(rate(micro_batch // 4))
-
-
-def test_weight_decay_applies_to_weight_matrices_only(tiny_model):
-    optimizer = fit.make_optimizer(tiny_model, gptlite.TrainingConfig())
-    decayed = {v.path for v in tiny_model.trainable_variables if optimizer._use_weight_decay(v)}
-    assert decayed, "some matrices must decay"
-    for variable in tiny_model.trainable_variables:
-        is_embedding = variable.name in ("embeddings", "position_embeddings")
-        should_decay = len(variable.shape) == 2 and not is_embedding
-        assert (variable.path in decayed) == should_decay, variable.path
-
-
 @pytest.mark.parametrize("settings,field", [
     (dict(batch_size=0), "batch_size"), (dict(lr=-1.0), "lr"), (dict(min_lr=1e-2), "min_lr"),
     (dict(eval_iters=0), "eval_iters"), (dict(warmup_iters=5000), "warmup_iters"),
@@ -170,7 +145,7 @@ class StopAtStep:
 
 
 # The history's columns of time, which differ from run to run.
-TIMINGS = ("elapsed_s", "tokens_per_s", "run_tokens_per_s", *(f"{part}_s" for part in fit.RunTime.PARTS))
+TIMINGS = ("elapsed_s", "tokens_per_s", "run_tokens_per_s", *(f"{part}_s" for part in history.RunTime.PARTS))
 
 
 def small_run(tokenizer, text, out, stop_request=None, resume=False, model=None):

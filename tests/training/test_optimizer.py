@@ -1,8 +1,11 @@
+import dataclasses
+
 import keras
 import numpy as np
 import pytest
 
-from gptlite.training.optimizer import FlatAdamW
+import gptlite
+from gptlite.training.optimizer import FlatAdamW, learning_rate_schedule, make_optimizer
 
 
 def _variables():
@@ -42,3 +45,27 @@ def test_flat_adamw_moves_the_variables_as_keras_adamw_does():
 def test_flat_adamw_refuses_clipping_it_does_not_do():
     with pytest.raises(ValueError, match="global_clipnorm"):
         FlatAdamW(clipnorm=1.0)
+
+
+def test_learning_rate_warms_up_then_decays_to_min_lr():
+    config = gptlite.TrainingConfig(lr=1e-3, min_lr=1e-4, warmup_iters=100, max_iters=2000)
+    schedule = learning_rate_schedule(config)
+    rate = lambda step: float(keras.ops.convert_to_numpy(schedule(step)))
+    assert rate(0) == pytest.approx(1e-3 / 101)
+    assert rate(50) < rate(99) < rate(100) == pytest.approx(1e-3)
+    assert rate(1050) == pytest.approx((1e-3 + 1e-4) / 2, rel=1e-3)
+    assert rate(2000) == pytest.approx(1e-4)
+    # Accumulating gradients, Keras counts micro-batches: each optimizer step's are given its rate.
+    accumulated = learning_rate_schedule(dataclasses.replace(config, grad_accum=4))
+    for micro_batch in (0, 3, 4, 401, 4 * 1050 + 3, 8000):
+        assert float(keras.ops.convert_to_numpy(accumulated(micro_batch))) == pytest.approx(rate(micro_batch // 4))
+
+
+def test_weight_decay_applies_to_weight_matrices_only(tiny_model):
+    optimizer = make_optimizer(tiny_model, gptlite.TrainingConfig())
+    decayed = {v.path for v in tiny_model.trainable_variables if optimizer._use_weight_decay(v)}
+    assert decayed, "some matrices must decay"
+    for variable in tiny_model.trainable_variables:
+        is_embedding = variable.name in ("embeddings", "position_embeddings")
+        should_decay = len(variable.shape) == 2 and not is_embedding
+        assert (variable.path in decayed) == should_decay, variable.path
