@@ -112,7 +112,7 @@ def test_batch_encoding_by_remembered_parts_equals_the_librarys_encoding(bpe, mo
     assert remembered[-1].dtype == bpe.encode("a").dtype and remembered[-1].flags.writeable
     # A full memory of parts starts again, with the same results.
     remembered = len(bpe._known_ids)
-    monkeypatch.setattr(gptlite.text.tokenizers, "KNOWN_PARTS", 50)
+    monkeypatch.setattr(gptlite.text.bpe, "KNOWN_PARTS", 50)
     assert [list(ids) for ids in bpe.encode_batch(texts[:40])] == expected[:40]
     assert len(bpe._known_ids) < remembered
 
