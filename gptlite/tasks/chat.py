@@ -11,7 +11,7 @@ from gptlite.evaluation import scores
 from gptlite.model.config import lora_targets
 from gptlite.tasks import chat_sizing
 from gptlite.tasks.language import LanguageModel, bpe, fitted_tokenizer, tokens_of
-from gptlite.tasks.task import Sizing, Training
+from gptlite.tasks.task import Sizing, Training, VAL_FILE_REFUSAL
 from gptlite.text import templates
 
 
@@ -40,8 +40,8 @@ class Chat(LanguageModel):
         if len(asked.sources) != 1 if not asked.synthetic else asked.sources:
             raise ConfigError("a chat model trains on one JSON Lines file of conversations, or on a `synthetic` "
                               "task (and then on no file)")
-        if asked.val_file is not None and asked.synthetic:
-            super().check(asked)
+        if asked.val_file is not None and asked.synthetic:  # a synthetic task holds out its own questions
+            raise ConfigError(VAL_FILE_REFUSAL)
 
     def read(self, asked, seed, new_model, say):
         """The conversations: a synthetic task's, or a file's with a tenth held out (or `val_file`'s); a new model

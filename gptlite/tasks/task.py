@@ -11,12 +11,18 @@ run samples; each `Task` holds its own of these, so that nothing else asks which
 import dataclasses
 import pathlib
 
-from gptlite.data import CHAT_SYNTHETIC_TASKS, SYNTHETIC_TASKS
+from gptlite.data import CHAT_SYNTHETIC_TASKS, chat_tasks, SYNTHETIC_TASKS
 from gptlite.data.conversations import ChatRows
 from gptlite.data.pairs import PairSet
 from gptlite.decode.generation import prompt_ids
 from gptlite.errors import ConfigError
+from gptlite.evaluation import scores
+from gptlite.model.gpt import is_model
 from gptlite.tasks import TASKS
+
+
+VAL_FILE_REFUSAL = ("`val_file` holds conversations to validate a chat run on: it goes with task='chat' and a file "
+                    "of conversations")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +56,10 @@ class Task:
 
     A run asks its task, in order: `check` (refuse what the task cannot take, before anything is read),
     `read` (the data a new model is sized from, and the settings sized from it), `model` (a new model, or the
-    checkpoint's), `training` (its data encoded and described); the training loop asks `batches`,
-    `ignored_class` and `characters_per_token`; `evaluate` scores a model on files.
+    checkpoint's), `adapted` (the model as the task trains it), `training` (its data encoded and described),
+    `describe` and, at its end, `closing_words`; the training loop asks `batches`, `ignored_class` and
+    `characters_per_token`; `evaluate` scores a model on files; the server asks `bounded`, `decoding_rows` and
+    `warm_rows`; the commands ask what a model `reads` and is `called`.
     """
 
     name = None
@@ -64,8 +72,7 @@ class Task:
     def check(self, asked):
         """Refuse what the run was `asked` (a `training.plan.RunArguments`) where this task cannot take it."""
         if asked.val_file is not None:
-            raise ConfigError("`val_file` holds conversations to validate a chat run on: it goes with task='chat' "
-                              "and a file of conversations")
+            raise ConfigError(VAL_FILE_REFUSAL)
 
     def read(self, asked, seed, new_model, say):
         """What the run reads before its settings are resolved, from what it was `asked` (a
@@ -138,10 +145,6 @@ def evaluate(model, sources=(), encoding="utf-8", errors="strict", unknown="erro
     unknown: characters a char vocabulary lacks are an error ("error"), left
     out ("skip") or spaces ("replace"). verbose=1 shows a progress bar.
     """
-    from gptlite.data import chat_tasks
-    from gptlite.evaluation import scores
-    from gptlite.model.gpt import is_model
-
     if not is_model(model):
         raise ConfigError(f"evaluate scores a GPT or a Seq2Seq, not a {type(model).__name__}")
     sources = [sources] if isinstance(sources, (str, pathlib.Path)) else list(sources)
