@@ -1,0 +1,60 @@
+import dataclasses
+
+import numpy as np
+import pytest
+
+import gptlite
+from gptlite.data import conversations, pairs
+from gptlite.tasks import task as tasks
+from gptlite.tasks.chat import Chat
+from gptlite.tasks.language import LanguageModel
+from gptlite.tasks.pairs import Pairs
+
+pytestmark = pytest.mark.once("which task a run, model or data is: plain Python over the model's own answers")
+
+
+def test_a_runs_task_follows_its_task_and_synthetic_settings():
+    assert type(tasks.named()) is LanguageModel and type(tasks.named("lm")) is LanguageModel
+    assert type(tasks.named("seq2seq")) is Pairs and type(tasks.named(synthetic="addition")) is Pairs
+    assert type(tasks.named("chat")) is Chat and type(tasks.named(synthetic="recall")) is Chat
+    for task, synthetic, message in (("poems", None, "task must be one of lm, seq2seq, chat"),
+                                     ("lm", "addition", "trains a seq2seq model"),
+                                     ("seq2seq", "arithmetic", "trains a chat model"),
+                                     (None, "juggling", "synthetic must be one of")):
+        with pytest.raises(gptlite.ConfigError, match=message):
+            tasks.named(task, synthetic)
+
+
+def test_a_models_task_is_what_it_does(tiny_model, tiny_seq2seq):
+    chat_model = conversations.chat_ready(tiny_model)
+    assert [type(tasks.of_model(model)) for model in (tiny_model, chat_model, tiny_seq2seq)] == [
+        LanguageModel, Chat, Pairs]
+    assert [tasks.of_model(model).reads for model in (tiny_model, chat_model, tiny_seq2seq)] == [
+        "prompt", "prompt", "source"]
+    assert [tasks.of_model(model).converses for model in (tiny_model, chat_model, tiny_seq2seq)] == [
+        False, True, False]
+
+
+def test_the_datas_task_batches_it_and_says_what_the_loss_leaves_out(tiny_model, tiny_seq2seq, seq2seq_tokenizer):
+    ids = np.arange(200, dtype=np.int32) % tiny_model.config.vocab_size
+    rows = conversations.pack(conversations.chat_ready(tiny_model).tokenizer,
+                              [[{"role": "user", "content": "the cat"}, {"role": "assistant", "content": "sat"}]], 15)
+    pair_set = pairs.encode(pairs.Pairs(["ab", "ba"], ["ba", "ab"]), seq2seq_tokenizer, 8)
+    assert [type(tasks.of_data(data)) for data in (ids, rows, pair_set)] == [LanguageModel, Chat, Pairs]
+    assert tasks.of_data(ids).ignored_class(tiny_model) is None
+    assert tasks.of_data(rows).ignored_class(tiny_model) == conversations.IGNORED
+    assert tasks.of_data(pair_set).ignored_class(tiny_seq2seq) == tiny_seq2seq.PAD_ID
+    inputs, targets = tasks.of_data(pair_set).batches(pair_set, 8, 2, 1, seed=0)[0]
+    assert set(inputs) == {"source_ids", "target_ids"} and targets.shape == (2, 8)
+
+
+def test_a_seq2seq_servers_rows_read_their_sources_and_write_within_the_context(seq2seq_tokenizer):
+    task = Pairs()
+    rows_ids, sources, lengths = task.decoding_rows(seq2seq_tokenizer, 8, ["abc", "d"])
+    assert rows_ids == [[seq2seq_tokenizer.start_token_id]] * 2 and lengths == [3, 1]
+    assert sources.shape == (2, 8) and list(sources[1]) == [*seq2seq_tokenizer.encode("d"), *[0] * 7]
+    with pytest.raises(gptlite.InputError, match="reads sources of up to 8"):
+        task.decoding_rows(seq2seq_tokenizer, 8, ["abcdeabcde"])
+    assert task.bounded(gptlite.SamplingConfig(max_new_tokens=50), 8).max_new_tokens == 7
+    assert LanguageModel().bounded(gptlite.SamplingConfig(max_new_tokens=50), 8).max_new_tokens == 50
+    assert dataclasses.is_dataclass(tasks.Sizing({"block_size": 8}))
