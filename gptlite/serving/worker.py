@@ -15,6 +15,7 @@ from gptlite.decode.rows import TextRows
 from gptlite.decode.sampling import SamplingConfig
 from gptlite.errors import GPTLiteError
 from gptlite.serving.parsing import Completion
+from gptlite.tasks.task import of_model
 
 # Tokens per engine call at most: new requests join the batch between calls.
 DECODE_STEPS = 32
@@ -93,8 +94,6 @@ class Worker:
     batching), and answers attention requests between its calls."""
 
     def __init__(self, model, settings):
-        from gptlite.tasks.task import of_model
-
         self.model, self.settings = model, settings
         self.task = of_model(model)  # what the rows of its requests read: prompts, or a Seq2Seq's sources
         self.jobs = queue.Queue()
@@ -181,12 +180,15 @@ class Worker:
             engine = Engine(self.model, capacity, short_caches=True, mixed_settings=True)
             # One row starts the batch, then rows join it as a running batch's do, in every power of two that
             # fits (1, 2, .. capacity / 2), so that placing them into its free slots is built too.
-            joining = 0
-            while len(engine.rows) + max(1, joining) <= capacity:
-                count = max(1, joining)
+            def admit(count):
                 rows_ids, sources = self.task.warm_rows(self.model.tokenizer, block_size, length, count)
                 engine.admit(rows_ids, [SamplingConfig(seed=0)] * count, sources)
-                joining = 2 * joining or 1
+
+            admit(1)
+            joining = 1
+            while len(engine.rows) + joining <= capacity:
+                admit(joining)
+                joining *= 2
             engine.step(1)
         finally:
             self.compiling = len(self._warm_plans)
