@@ -33,24 +33,28 @@ def _normal_init():
 def layers_within(layer):
     """Every layer inside `layer` (not itself), depth first, in the order its attributes were set: found through
     their public attributes, a layer or a list of them, as gptlite's layers hold their parts (Keras's own walk
-    is private). Two models built from one config give their layers in the same order."""
+    is private). Under torch a layer is a `torch.nn.Module`, which keeps the layers set on it among its children
+    (`named_children`, torch's public walk) rather than its attributes. Two models built from one config give
+    their layers in the same order."""
     found, seen = [], {id(layer)}
+
+    def parts(value):
+        children = value.named_children() if hasattr(value, "named_children") else ()
+        return [part for name, part in (*vars(value).items(), *children) if not name.startswith("_")]
 
     def visit(value):
         if isinstance(value, keras.layers.Layer):
             if id(value) not in seen:
                 seen.add(id(value))
                 found.append(value)
-                for name, part in vars(value).items():
-                    if not name.startswith("_"):
-                        visit(part)
+                for part in parts(value):
+                    visit(part)
         elif isinstance(value, (list, tuple)):
             for part in value:
                 visit(part)
 
-    for name, part in vars(layer).items():
-        if not name.startswith("_"):
-            visit(part)
+    for part in parts(layer):
+        visit(part)
     return found
 
 
