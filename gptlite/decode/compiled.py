@@ -34,6 +34,7 @@ import keras
 import numpy as np
 
 from gptlite.backend import compile_cache
+from gptlite.model.layers import layers_within
 
 _MAGIC = b"gptlite program 1\n"
 # The programs loaded in this process, by entry name: models of one architecture share them.
@@ -222,7 +223,7 @@ def _architecture(model):
     """What the model's programs depend on besides gptlite's code: each layer's kind and settings (LoRA's rank
     and alpha among them) and each weight's shape and dtype, in order; not the weights' values."""
     layers = []
-    for layer in model._flatten_layers(include_self=True):
+    for layer in (model, *layers_within(model)):
         settings = {key: value for key, value in vars(layer).items()
                     if not key.startswith("_") and key != "name" and isinstance(value, (bool, int, float, str))}
         layers.append([type(layer).__module__, type(layer).__qualname__, settings, layer.dtype_policy.name])

@@ -10,7 +10,7 @@ from gptlite.errors import ConfigError, InputError
 from gptlite.model.attention import CachePlacement, PackedTexts
 from gptlite.model.blocks import EncoderBlock, TransformerBlock
 from gptlite.model.config import GPTConfig, LORA_TARGETS, lora_targets
-from gptlite.model.layers import make_norm, NORM_LAYERS, register, TokenAndPositionEmbedding
+from gptlite.model.layers import layers_within, make_norm, NORM_LAYERS, register, TokenAndPositionEmbedding
 from gptlite.text import templates
 from gptlite.text import bpe, tokenizers  # noqa: F401 (registers with Keras the tokenizers that a saved model holds)
 
@@ -166,7 +166,7 @@ class _Transformer(keras.Model):
             for weight in self.embedding.token_embedding.weights:
                 weight.trainable = True
         if "norms" in targets:
-            for layer in self._flatten_layers():
+            for layer in layers_within(self):
                 if isinstance(layer, NORM_LAYERS):
                     for weight in layer.weights:
                         weight.trainable = True
