@@ -125,6 +125,28 @@ def test_library_errors_name_settings_never_flags():
     assert not offenders, offenders
 
 
+def test_only_the_tasks_and_the_models_ask_what_kind_a_model_or_its_data_is():
+    """What differs between a language model, a chat and a seq2seq run is decided in `tasks/` (and by the models
+    themselves): elsewhere no `model.writes_targets` or `model.chats`, and no isinstance on a model, data or score."""
+    kinds = set()
+    for path in [PACKAGE / "model" / "gpt.py", *sorted((PACKAGE / "data").glob("*.py")),
+                 PACKAGE / "evaluation" / "scores.py"]:
+        kinds |= {node.name for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)}
+    assert {"GPT", "Seq2Seq", "PairSet", "Score"} <= kinds
+    offenders = []
+    for path in sorted(PACKAGE.glob("**/*.py")):
+        if path.relative_to(PACKAGE).parts[0] in ("tasks", "model"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("writes_targets", "chats"):
+                offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: .{node.attr}")
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "isinstance" and len(node.args) == 2:
+                named = {getattr(name, "id", getattr(name, "attr", None)) for name in ast.walk(node.args[1])}
+                if named & kinds:
+                    offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: isinstance on {named & kinds}")
+    assert not offenders, offenders
+
+
 def test_importing_gptlite_leaves_the_backend_open_and_the_import_system_as_it_was():
     code = ("import sys; finders = list(sys.meta_path); import gptlite; "
             "assert 'keras' not in sys.modules; assert sys.meta_path == finders, sys.meta_path; print('ok')")

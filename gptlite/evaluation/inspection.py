@@ -18,9 +18,7 @@ from gptlite.decode import generation
 from gptlite.errors import ConfigError, InputError
 from gptlite.files import atomic_path
 from gptlite.model import positions
-from gptlite.model.config import ATTENTION_PARTS
 from gptlite.model.gpt import is_model
-from gptlite.text.tokenizers import known_text
 
 # "decoder": a GPT's blocks, or a Seq2Seq decoder's self-attention.
 PART_TITLES = {"decoder": "causal self-attention", "encoder": "encoder self-attention",
@@ -217,54 +215,14 @@ def plot_positions(model, path=None):
 
 def _maps_and_inputs(model, text, part, target, unknown):
     """The `part` maps of the model reading `text` (a GPT's prompt; a Seq2Seq's source and `target`, its
-    cross-attention by default), and the model inputs they came from."""
+    cross-attention by default, its greedy target by default), and the model inputs they came from."""
     if not is_model(model):
         raise ConfigError(f"expected a gptlite GPT or Seq2Seq model, got {type(model).__name__}")
-    if model.writes_targets:
-        return _seq2seq_maps(model, text, part or "cross", target, unknown)
-    _check_gpt(model, part, target)
-    token_ids = _prompt_window(model, text, unknown)
-    weights = _numpy(_quietly(model.attention_weights, token_ids[None]))[:, 0]  # (L, H, T, T)
-    tokens = model.tokenizer.pieces(token_ids)
-    return AttentionMaps(weights, tokens, tokens, "decoder"), token_ids[None]
-
-
-def _check_gpt(model, part, target):
-    if part not in (None, "decoder"):
-        raise ConfigError(f"a GPT has only causal self-attention (part 'decoder'), not {part!r}")
-    if target is not None:
-        raise ConfigError("a target goes with a Seq2Seq model's source; a GPT reads a prompt only")
-
-
-def _prompt_window(model, text, unknown):
-    """The prompt's token ids (T,), its last block_size tokens if it is longer."""
-    ids = model.tokenizer.encode(known_text(model.tokenizer, text, unknown, "prompt"))
-    if len(ids) == 0:
-        raise InputError("give a prompt of at least one token to look inside the model with")
-    return ids[-model.config.block_size:].astype("int32")
-
-
-def _seq2seq_maps(model, source, part, target, unknown):
-    """The `part` maps of a Seq2Seq for `source` and its target, and the model inputs they came from."""
-    if part not in ATTENTION_PARTS:
-        raise ConfigError(f"part must be one of {', '.join(ATTENTION_PARTS)}; got {part!r}")
-    tokenizer, block_size = model.tokenizer, model.config.block_size
-    source = known_text(tokenizer, source, unknown, "source")
-    source_ids = tokenizer.encode(source).astype("int32")
-    if not 1 <= len(source_ids) <= block_size:
-        raise InputError(f"the source must be 1 to {block_size} tokens long; it is {len(source_ids)}")
-    if target is None:
-        target = generation.generate_target(model, source)  # the likeliest token at each step
-    target = known_text(tokenizer, target, unknown, "target")
-    target_ids = np.concatenate([[tokenizer.start_token_id], tokenizer.encode(target)]).astype("int32")
-    if len(target_ids) > block_size:
-        raise InputError(f"the target must be at most {block_size - 1} tokens long; it is {len(target_ids) - 1}")
-    inputs = {"source_ids": source_ids[None], "target_ids": target_ids[None]}
-    weights = _numpy(_quietly(model.attention_weights, inputs)[part])[:, 0]  # (L, H, T, S)
-    source_tokens, target_tokens = tokenizer.pieces(source_ids), tokenizer.pieces(target_ids)
-    query_tokens = source_tokens if part == "encoder" else target_tokens
-    key_tokens = target_tokens if part == "decoder" else source_tokens
-    return AttentionMaps(weights, query_tokens, key_tokens, part), inputs
+    inputs, part, weights, query_ids, key_ids = _quietly(
+        model.attention_reading, text, part, target, unknown, generation.generate_target)
+    tokenizer = model.tokenizer
+    maps = AttentionMaps(_numpy(weights)[:, 0], tokenizer.pieces(query_ids), tokenizer.pieces(key_ids), part)
+    return maps, inputs
 
 
 def _quietly(function, *args):

@@ -4,15 +4,16 @@ and the LM head) and the encoder–decoder Seq2Seq built from the same parts."""
 import dataclasses
 
 import keras
+import numpy as np
 from keras import ops
 
 from gptlite.errors import ConfigError, InputError
 from gptlite.model.attention import CachePlacement, PackedTexts
 from gptlite.model.blocks import EncoderBlock, TransformerBlock
-from gptlite.model.config import GPTConfig, LORA_TARGETS, lora_targets
+from gptlite.model.config import ATTENTION_PARTS, GPTConfig, LORA_TARGETS, lora_targets
 from gptlite.model.layers import layers_within, make_norm, NORM_LAYERS, register, TokenAndPositionEmbedding
-from gptlite.text import templates
-from gptlite.text import bpe, tokenizers  # noqa: F401 (registers with Keras the tokenizers that a saved model holds)
+from gptlite.text import templates, tokenizers
+from gptlite.text import bpe  # noqa: F401 (registers with Keras the BPE tokenizers that a saved model holds)
 
 
 # Stored in every saved model; raised when the saved form changes incompatibly.
@@ -250,6 +251,20 @@ class GPT(_Transformer):
             weights.append(block_weights)
         return ops.stack(weights)
 
+    def attention_reading(self, text, part=None, target=None, unknown="error", write_target=None):
+        """What `gptlite.attention_maps` shows of `text`, a prompt read as its last block_size tokens: the
+        inputs `call` reads (1, T), the part (a GPT has one, "decoder": causal self-attention), its weights
+        (n_layer, 1, H, T, T) and the token ids of the queries and of the keys, both the prompt's (T,)."""
+        if part not in (None, "decoder"):
+            raise ConfigError(f"a GPT has only causal self-attention (part 'decoder'), not {part!r}")
+        if target is not None:
+            raise ConfigError("a target goes with a Seq2Seq model's source; a GPT reads a prompt only")
+        ids = self.tokenizer.encode(tokenizers.known_text(self.tokenizer, text, unknown, "prompt"))
+        if len(ids) == 0:
+            raise InputError("give a prompt of at least one token to look inside the model with")
+        ids = ids[-self.config.block_size:].astype("int32")
+        return ids[None], "decoder", self.attention_weights(ids[None]), ids, ids
+
 
 @register
 class Seq2Seq(_Transformer):
@@ -337,6 +352,29 @@ class Seq2Seq(_Transformer):
             weights["decoder"].append(self_weights)
             weights["cross"].append(cross_weights)
         return {part: ops.stack(part_weights) for part, part_weights in weights.items()}
+
+    def attention_reading(self, text, part=None, target=None, unknown="error", write_target=None):
+        """What `gptlite.attention_maps` shows of `text`, a source (S,): the inputs `call` reads, the part
+        ("cross" by default, "encoder" or "decoder"), its weights (n_layer, 1, H, T or S, S or T), and the token
+        ids of the queries and of the keys. The target is `target`, or `write_target(self, text)`'s."""
+        part = part or "cross"
+        if part not in ATTENTION_PARTS:
+            raise ConfigError(f"part must be one of {', '.join(ATTENTION_PARTS)}; got {part!r}")
+        tokenizer, block_size = self.tokenizer, self.config.block_size
+        source = tokenizers.known_text(tokenizer, text, unknown, "source")
+        source_ids = tokenizer.encode(source).astype("int32")
+        if not 1 <= len(source_ids) <= block_size:
+            raise InputError(f"the source must be 1 to {block_size} tokens long; it is {len(source_ids)}")
+        if target is None:
+            target = write_target(self, source)
+        target = tokenizers.known_text(tokenizer, target, unknown, "target")
+        target_ids = np.concatenate([[tokenizer.start_token_id], tokenizer.encode(target)]).astype("int32")
+        if len(target_ids) > block_size:
+            raise InputError(f"the target must be at most {block_size - 1} tokens long; it is {len(target_ids) - 1}")
+        inputs = {"source_ids": source_ids[None], "target_ids": target_ids[None]}
+        queries = source_ids if part == "encoder" else target_ids
+        keys = target_ids if part == "decoder" else source_ids
+        return inputs, part, self.attention_weights(inputs)[part], queries, keys
 
     def decoding_context(self, sources=None):
         """Each decoder block's keys and values of the encoded sources (B, S), and the sources' mask: what every
