@@ -18,6 +18,13 @@ trained or not. An entry's name is a hash of all that a program depends on: the 
 settings and its weights' shapes; the program's kind and the shapes of its inputs; gptlite's own code;
 Keras's and the backend's versions (the folder names the backend's version and the CPU). An entry that does
 not read back whole (its checksum) is removed and traced again.
+
+Loading a TensorFlow program from bytes is an optional layer over a public floor: TensorFlow has no public API
+that adds a function's definition to a process and calls it by name, so it uses `tensorflow.python.eager`,
+checked once by a self-test (`private_layer`). Where that fails (a TensorFlow that changed its internals), or
+GPTLITE_PRIVATE_APIS=off, each program is traced in each process with `tf.function` and called as tf.function
+calls it, for its own model; nothing is kept on disk, so a second process starts slower, and a warning says so
+once. JAX's programs use public APIs only (`jax.export`, `jax.jit`).
 """
 
 import functools
@@ -28,6 +35,7 @@ import os
 import pathlib
 import tempfile
 import threading
+import warnings
 import weakref
 
 import keras
@@ -37,6 +45,8 @@ from gptlite.backend import compile_cache
 from gptlite.model.layers import layers_within
 
 _MAGIC = b"gptlite program 1\n"
+# Set to "off", the optional layers over private APIs are left off (see the module's docstring).
+PRIVATE_APIS_VARIABLE = "GPTLITE_PRIVATE_APIS"
 # The programs loaded in this process, by entry name: models of one architecture share them.
 _loaded = {}
 # The thread of the last `prepare` that started one, whichever function's: a new one starts after it has ended.
@@ -124,6 +134,8 @@ class Compiled:
 
     def _program(self, layout, shapes):
         model = self._model()
+        if self.backend == "tensorflow" and not private_layer():
+            return self._traced_tensorflow(model, layout, shapes)
         entry = _entry_name(self.name, self.xla, model, layout, shapes)
         if entry in _loaded:
             return _loaded[entry]
@@ -139,9 +151,9 @@ class Compiled:
         _loaded[entry] = program
         return program
 
-    def _trace(self, model, layout, shapes):
-        """Trace the function for inputs of `layout` and `shapes` -> (header, payload): the program as bytes."""
-        described = {}
+    def _flat(self, layout, described):
+        """The function of flat inputs (the arrays of `layout`) to flat outputs that the backend traces; tracing it
+        counts a trace and describes the outputs' layout in `described`."""
 
         def flat(*inputs):
             self.traces += 1
@@ -149,12 +161,29 @@ class Compiled:
             described["outputs"] = _layout(outputs)
             return _leaves(outputs)
 
+        return flat
+
+    def _trace(self, model, layout, shapes):
+        """Trace the function for inputs of `layout` and `shapes` -> (header, payload): the program as bytes."""
+        described = {}
+        flat = self._flat(layout, described)
         if self.backend == "tensorflow":
             header, payload = _trace_tensorflow(flat, model, shapes, self.xla)
         else:
             header, payload = _trace_jax(flat, model, shapes)
         header["outputs_layout"] = described["outputs"]
         return header, payload
+
+    def _traced_tensorflow(self, model, layout, shapes):
+        """The public floor under TensorFlow: the function traced by tf.function and called as tf.function calls
+        it. It reads the weights of `model`, the one it was traced with."""
+        import tensorflow as tf
+
+        described = {}
+        specs = [tf.TensorSpec(shape, dtype) for shape, dtype in shapes]
+        traced = tf.function(self._flat(layout, described), jit_compile=self.xla,
+                             autograph=False).get_concrete_function(*specs)
+        return _TracedTensorFlowProgram(traced, described["outputs"])
 
 
 # --- the nested inputs and outputs, as a flat list of arrays and a layout
@@ -347,6 +376,39 @@ class _TensorFlowProgram:
         outputs = self.function(*map(self._tensor, inputs),
                                 *(weights[index].value.handle for index in self.variables))
         return _filled(self.outputs_layout, iter(outputs))
+
+
+class _TracedTensorFlowProgram:
+    def __init__(self, function, outputs_layout):
+        import tensorflow as tf
+
+        self.function, self.outputs_layout = function, outputs_layout
+        self._tensor = tf.convert_to_tensor
+
+    def __call__(self, weights, inputs):  # the weights are those the function was traced with
+        return _filled(self.outputs_layout, iter(self.function(*map(self._tensor, inputs))))
+
+
+@functools.cache
+def private_layer():
+    """Whether TensorFlow programs are loaded from bytes (through `tensorflow.python.eager`, TensorFlow's own
+    internals): unless GPTLITE_PRIVATE_APIS is "off", once a small program has been traced, loaded from its
+    bytes and run, here, with the right result. Checked once a process; where it fails, a warning says so."""
+    if os.environ.get(PRIVATE_APIS_VARIABLE, "").strip().lower() in ("off", "0", "false", "no"):
+        return False
+    try:
+        weight = keras.Variable(np.array([1.0, 2.0], "float32"), trainable=False, name="self_test")
+        holder = type("Holder", (), {"variables": [weight]})()
+        header, payload = _trace_tensorflow(lambda x: [x * 2.0 + weight.value], holder, [((2,), "float32")], False)
+        program = _load_tensorflow(dict(header, outputs_layout={"list": [0]}), payload)
+        works = np.allclose(keras.ops.convert_to_numpy(program([weight], [np.array([3.0, 4.0], "float32")])[0]),
+                            [7.0, 10.0])
+    except Exception:  # noqa: BLE001 (any failure of TensorFlow's internals means: use the floor)
+        works = False
+    if not works:
+        warnings.warn("this TensorFlow's internals are not those gptlite loads decode programs with: each process "
+                      "traces its own, so the first tokens of a new process come later", RuntimeWarning, stacklevel=2)
+    return works
 
 
 def _load_tensorflow(header, payload):

@@ -1,9 +1,13 @@
+import json
+import os
+
 import keras
 import pytest
 
 import gptlite
-from conftest import assert_greedy
+from conftest import assert_greedy, run_python
 from gptlite.decode.programs import programs_for
+from gptlite.model.layers import layers_within
 
 pytestmark = pytest.mark.skipif(keras.backend.backend() == "torch", reason="torch decodes eagerly: no programs")
 
@@ -38,7 +42,7 @@ def test_a_model_that_gains_adapters_after_decoding_decodes_with_them(tokenizer)
     model = _model(tokenizer, 2)
     gptlite.generate(model, "the", 5, temperature=0)
     model.enable_lora(2, targets="qkv,contract")
-    for layer in model._flatten_layers():
+    for layer in layers_within(model):
         if getattr(layer, "lora_enabled", False):  # adapters that change the logits: B starts at zero
             layer.lora_b.assign(np.random.default_rng(0).normal(0, 0.5, layer.lora_b.shape).astype("float32"))
     text = gptlite.generate(model, "the", 5, temperature=0)
@@ -82,3 +86,60 @@ def test_a_decode_stopped_before_its_first_step_leaves_no_program_running_beside
     stopped.close()  # its first step's program is still being prepared
     text = "".join(gptlite.stream(second, "the cat", 20, seed=1))
     assert most and max(most) == 1 and isinstance(text, str)
+
+
+# A tiny model's greedy text through every way of decoding: generate, stream, a chat reply and the server.
+_EVERY_WAY = r"""
+import json, sys
+import keras
+import gptlite
+from gptlite import serving
+from gptlite.data import conversations
+from gptlite.decode import compiled
+from starlette.testclient import TestClient
+
+keras.utils.set_random_seed(0)
+tokenizer = gptlite.CharTokenizer.from_text("the cat sat on a mat and the dog ran")
+model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=8, block_size=16,
+                    tokenizer=tokenizer)
+model.build((None, 16))
+texts = {"private layer": compiled.private_layer()}
+texts["generate"] = gptlite.generate(model, ["the", "a cat"], 6, temperature=0)
+texts["stream"] = "".join(gptlite.stream(model, "the", 6, temperature=0))
+chat = conversations.chat_ready(model)
+texts["reply"] = gptlite.reply(chat, [{"role": "user", "content": "the cat"}], max_new_tokens=6, temperature=0)
+with TestClient(serving.create_app(model, "tiny")) as client:
+    answer = client.post("/v1/completions", json={"prompt": "the", "max_tokens": 6, "temperature": 0})
+    texts["serve"] = answer.json()["choices"][0]["text"]
+print(json.dumps(texts))
+"""
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the private layer loads TensorFlow programs")
+def test_with_the_private_layer_off_every_way_of_decoding_gives_the_same_greedy_text():
+    pytest.importorskip("starlette", reason="serving needs gptlite[serve]")
+    written = {}
+    for setting in ("on", "off"):
+        result = run_python("-c", _EVERY_WAY, env=dict(os.environ, GPTLITE_PRIVATE_APIS=setting))
+        assert result.returncode == 0, result.stderr[-3000:]
+        written[setting] = json.loads(result.stdout.splitlines()[-1])
+        assert written[setting].pop("private layer") is (setting == "on")
+    assert written["on"] == written["off"]
+    assert all(isinstance(text, (str, list)) for text in written["off"].values())
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the private layer loads TensorFlow programs")
+def test_a_tensorflow_whose_internals_moved_fails_the_self_test_and_says_so_once(monkeypatch):
+    from gptlite.decode import compiled
+
+    def moved(header, payload):
+        raise AttributeError("module 'tensorflow.python.eager.context' has no attribute 'context'")
+
+    monkeypatch.setattr(compiled, "_load_tensorflow", moved)
+    compiled.private_layer.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="each process traces its own"):
+            assert compiled.private_layer() is False
+        assert compiled.private_layer() is False  # checked once: no second warning
+    finally:
+        compiled.private_layer.cache_clear()
