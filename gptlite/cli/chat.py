@@ -8,7 +8,9 @@ import sys
 from gptlite.cli.command import command, print_piece
 from gptlite.cli.flags import add_backend_flags, add_compile_cache_flags, Parser
 
-SUMMARY = "talk with a chat model in the terminal (/reset starts over, Ctrl-C stops an answer, Ctrl-D leaves)"
+SUMMARY = "talk with a chat model in the terminal (/reset starts over, Ctrl-C stops an answer, /bye or Ctrl-D leaves)"
+# What a user types to leave, as other chat programs have it.
+LEAVE = ("/bye", "/quit", "/exit")
 PROMPT = "you> "
 ANSWER = "model> "
 
@@ -34,13 +36,14 @@ def make_parser(prog):
 def run(args):
     from gptlite.decode import chat
     from gptlite.decode.sampling import SamplingConfig
+    from gptlite.errors import InputError
     from gptlite.weights import saving
 
     names = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
     sampling = SamplingConfig(**{name: getattr(args, name) for name in names if getattr(args, name) is not None})
     model = saving.load(args.model)
     conversation = chat.Conversation(model, system=args.system, sampling=sampling)
-    print(f"talking with {args.model}: /reset starts over, Ctrl-C stops an answer, Ctrl-D leaves", flush=True)
+    print(f"talking with {args.model}: /reset starts over, Ctrl-C stops an answer, /bye or Ctrl-D leaves", flush=True)
     while True:
         try:
             # The prompt written here rather than by input(), which writes it to standard error without a newline:
@@ -53,6 +56,8 @@ def run(args):
         except KeyboardInterrupt:  # at the prompt, Ctrl-C clears the line, as a shell does
             print()
             continue
+        if text.strip() in LEAVE:
+            return
         if text.strip() == "/reset":
             conversation.reset()
             print("(a new conversation)", flush=True)
@@ -61,8 +66,12 @@ def run(args):
             continue
         with interrupts_noted() as interrupts:
             dropped = conversation.dropped
+            try:
+                answer = conversation.ask(text)
+            except InputError as error:  # a message the model cannot read: say so, and ask again
+                print(f"({error})", file=sys.stderr, flush=True)
+                continue
             print_piece(ANSWER)
-            answer = conversation.ask(text)
             for piece in answer:
                 print_piece(piece)
                 if interrupts:  # Ctrl-C: the answer stops here, and joins the history as far as it came

@@ -16,7 +16,7 @@ model's context.
 from gptlite.data.conversations import prompt_ids
 from gptlite.decode.generation import RowsStream, sampling_config
 from gptlite.decode.sampling import SamplingConfig
-from gptlite.errors import ConfigError
+from gptlite.errors import ConfigError, GPTLiteError
 from gptlite.text import templates
 
 # The share of the context a conversation's history leaves free for the answer.
@@ -104,17 +104,20 @@ class Conversation:
         self.turns, self.dropped = [], 0
 
     def ask(self, text):
-        """Stream the answer to `text`; the answer is kept in the history as it comes."""
-        self.turns.append({"role": "user", "content": text})
-        dropped = self._fit()
-        self.dropped += dropped
+        """An iterator over the answer to `text`, streamed; the answer is kept in the history as it comes. A message
+        the model cannot read (characters its vocabulary lacks) raises an InputError here, before any answer, and
+        leaves the history as it was."""
+        before = list(self.turns), self.dropped
+        try:
+            self.turns.append({"role": "user", "content": text})
+            self.dropped += self._fit()
+            rows = answer_rows(self.model, [self.messages], self.sampling)
+        except GPTLiteError:
+            self.turns, self.dropped = before
+            raise
         answer = {"role": "assistant", "content": ""}
-        rows = answer_rows(self.model, [self.messages], self.sampling)
         self.turns.append(answer)
-        for pieces in rows:
-            if pieces[0]:
-                answer["content"] += pieces[0]
-                yield pieces[0]
+        return _kept_as_it_comes(rows, answer)
 
     def _fit(self):
         """Drop the oldest turns until the history leaves room for an answer; how many messages went."""
@@ -125,3 +128,11 @@ class Conversation:
             self.turns = self.turns[cut:]
             dropped += cut
         return dropped
+
+
+def _kept_as_it_comes(rows, answer):
+    """The pieces of the one row of `rows`, each added to the `answer` message as it comes."""
+    for pieces in rows:
+        if pieces[0]:
+            answer["content"] += pieces[0]
+            yield pieces[0]

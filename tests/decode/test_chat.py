@@ -475,3 +475,19 @@ def test_a_second_ctrl_c_during_an_answer_leaves_the_chat(chat_model, tmp_path, 
         chat_in_process(tmp_path / "chat.keras", ["the cat", "a big red hat", "the dog ran", "sat on a mat"],
                         monkeypatch, [2])
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_message_the_model_cannot_read_is_refused_and_the_chat_goes_on_until_bye(chat_model, tmp_path, monkeypatch,
+                                                                                     capsys):
+    conversation = chat.Conversation(chat_model, sampling=gptlite.SamplingConfig(max_new_tokens=3, seed=1))
+    "".join(conversation.ask("the cat"))
+    history = [dict(turn) for turn in conversation.turns]
+    with pytest.raises(InputError, match="characters the model's vocabulary lacks"):
+        conversation.ask("the cat~")
+    assert conversation.turns == history  # the refused message left nothing behind
+    gptlite.save(chat_model, tmp_path / "chat.keras")
+    answers = chat_in_process(tmp_path / "chat.keras", ["the cat~", "the dog", "/bye", "sat on a mat"], monkeypatch,
+                              [])
+    # The unreadable message got no answer but a line saying why; the next got one; /bye left before the last.
+    assert len(answers) == 2 and answers[0] == "" and answers[1].startswith("model> ")
+    assert "vocabulary lacks" in capsys.readouterr().err
