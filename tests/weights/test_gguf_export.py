@@ -20,6 +20,10 @@ from test_llama import sentencepiece_tokenizer
 from test_pretrained import bpe, hugging_face_folder  # noqa: F401 (fixtures: a tiny GPT-2 saved by transformers)
 from gptlite.text import templates
 
+# What the JAX and torch suites leave out: the mapping of weights and the files are the same on every backend, and
+# each backend's forward pass gives TensorFlow's logits for the same weights (tests/weights/test_saving.py).
+SAME_ON_EVERY_BACKEND = pytest.mark.once("weights map and files read alike on every backend")
+
 # Unicode, runs of spaces, tabs and newlines, quotes and an apostrophe.
 TRICKY = "  Héllo\n\n  wörld — “quoted”\tit's  the cat's hat \\ back in 2024, 3.14  \n\nend"
 TEXT = make_text(3000) + (TRICKY + "\n") * 20
@@ -210,6 +214,7 @@ def _llama_logits(llm, ids):
 # --- the file itself: written with or without llama.cpp at hand
 
 
+@SAME_ON_EVERY_BACKEND
 @pytest.mark.parametrize("kind", ["char", "modern"])
 def test_the_file_holds_the_settings_and_the_weights_as_gptlite_has_them(kind, tmp_path):
     import gguf
@@ -228,6 +233,7 @@ def test_the_file_holds_the_settings_and_the_weights_as_gptlite_has_them(kind, t
     assert len(fields["tokenizer.ggml.tokens"].data) == model.config.vocab_size
 
 
+@SAME_ON_EVERY_BACKEND
 def test_f16_and_q8_0_files_are_half_and_about_a_quarter_of_f32(tmp_path):
     # Wide enough that the matrices are most of the file, as in any model worth running (a cpu preset's too).
     tokenizer = gptlite.CharTokenizer.from_text(TEXT)
@@ -241,6 +247,7 @@ def test_f16_and_q8_0_files_are_half_and_about_a_quarter_of_f32(tmp_path):
     assert sizes["f16"] <= 0.52 * sizes["f32"] and sizes["q8_0"] <= 0.30 * sizes["f32"], sizes
 
 
+@SAME_ON_EVERY_BACKEND
 def test_what_llama_cpp_cannot_run_is_refused_in_one_line_and_an_existing_file_is_kept(tmp_path, tiny_seq2seq):
     path = tmp_path / "out.gguf"
     model = _untrained("char")
@@ -262,6 +269,7 @@ def test_what_llama_cpp_cannot_run_is_refused_in_one_line_and_an_existing_file_i
     assert path.read_text() == "an earlier file"
 
 
+@SAME_ON_EVERY_BACKEND
 def test_the_export_command_writes_gguf_and_refuses_outtype_elsewhere(tmp_path):
     model_path = tmp_path / "model.keras"
     _untrained("char").save(model_path)

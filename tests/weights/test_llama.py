@@ -15,6 +15,10 @@ import gptlite
 from conftest import make_text
 from gptlite.weights import llama
 
+# What the JAX and torch suites leave out: the mapping of weights and the files are the same on every backend, and
+# each backend's forward pass gives TensorFlow's logits for the same weights (tests/weights/test_saving.py).
+SAME_ON_EVERY_BACKEND = pytest.mark.once("weights map and files read alike on every backend")
+
 # transformers needs torch, which the dev extra leaves out: .ci/run runs these under TensorFlow once it is there.
 pytestmark = pytest.mark.extras
 
@@ -117,6 +121,7 @@ def _reference_logits(reference, ids):
         return reference(torch.tensor(np.asarray(ids, "int64"))).logits.numpy()
 
 
+@SAME_ON_EVERY_BACKEND
 def test_the_configuration_maps_to_gptlites_settings(folder, model):
     kind, _, reference, _ = folder
     config = model.config
@@ -130,6 +135,7 @@ def test_the_configuration_maps_to_gptlites_settings(folder, model):
     assert model.config.vocab_size == reference.config.vocab_size
 
 
+@SAME_ON_EVERY_BACKEND
 def test_logits_equal_transformers(folder, model):
     reference = folder[2]
     rng = np.random.default_rng(0)
@@ -138,6 +144,7 @@ def test_logits_equal_transformers(folder, model):
         np.testing.assert_allclose(_logits(model, ids), _reference_logits(reference, ids), atol=1e-4)
 
 
+@SAME_ON_EVERY_BACKEND
 def test_token_ids_equal_transformers_on_unicode_spaces_and_newlines(folder, model):
     hf_tokenizer = folder[3]
     tokenizer = model.tokenizer
@@ -151,6 +158,7 @@ def test_token_ids_equal_transformers_on_unicode_spaces_and_newlines(folder, mod
     assert tokenizer.character_count(tokenizer.encode(TRICKY)) == len(TRICKY)
 
 
+@SAME_ON_EVERY_BACKEND
 def test_greedy_ids_equal_transformers_generate(folder, model):
     import torch
 
@@ -171,6 +179,7 @@ def test_greedy_ids_equal_transformers_generate(folder, model):
     assert text.startswith(prompt) and len(expected) > 10
 
 
+@SAME_ON_EVERY_BACKEND
 def test_export_and_reimport_give_the_same_logits_and_transformers_loads_the_export(folder, model, tmp_path):
     transformers = pytest.importorskip("transformers")
     gptlite.export_hugging_face(model, tmp_path / "out")
@@ -186,6 +195,7 @@ def test_export_and_reimport_give_the_same_logits_and_transformers_loads_the_exp
     assert hf_tokenizer.chat_template == TEMPLATE
 
 
+@SAME_ON_EVERY_BACKEND
 def test_bf16_and_sharded_weights_read(folder, model, tmp_path):
     import ml_dtypes
     from safetensors.numpy import save_file
@@ -221,6 +231,7 @@ def test_bf16_and_sharded_weights_read(folder, model, tmp_path):
     ({"head_dim": 15}, "the head size .* must be even"),
     ({"model_type": "mistral"}, "holds a mistral model; gptlite reads GPT-2, Llama, Qwen2 and Qwen3 models"),
 ])
+@SAME_ON_EVERY_BACKEND
 def test_configurations_gptlite_cannot_express_are_refused_naming_what_is_missing(folder, tmp_path, change,
                                                                                   message):
     out = tmp_path / "changed"
@@ -233,6 +244,7 @@ def test_configurations_gptlite_cannot_express_are_refused_naming_what_is_missin
         gptlite.from_pretrained(out)
 
 
+@SAME_ON_EVERY_BACKEND
 def test_a_model_neither_layout_holds_is_refused_on_export(tmp_path, tokenizer):
     model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=16,
                         position="rotary", norm="layer", tokenizer=tokenizer)
@@ -260,6 +272,7 @@ def test_fine_tuning_a_llama_folder_with_lora_keeps_its_tokenizer_and_chat_templ
     assert text.startswith("The quick")
 
 
+@SAME_ON_EVERY_BACKEND
 def test_a_folder_with_a_chat_template_chats_with_it(folder, model):
     from gptlite.data import conversations
     from gptlite.decode import chat

@@ -15,6 +15,10 @@ import gptlite
 from conftest import make_text
 from gptlite.weights import gpt2
 
+# What the JAX and torch suites leave out: the mapping of weights and the files are the same on every backend, and
+# each backend's forward pass gives TensorFlow's logits for the same weights (tests/weights/test_saving.py).
+SAME_ON_EVERY_BACKEND = pytest.mark.once("weights map and files read alike on every backend")
+
 # Unicode, runs of spaces, tabs, newlines, contractions, an emoji (4 UTF-8 bytes) and the end token.
 TRICKY = "  Héllo\n\n  wörld 😀 it's  the cat's\that<|endoftext|>Ünïcödé — “quoted”  \n"
 CORPUS = ("The quick brown fox jumps over the lazy dog. It's a cat's hat, isn't it?\n"
@@ -54,6 +58,7 @@ def from_hugging_face(hugging_face_folder):
     return gptlite.from_pretrained(hugging_face_folder[0])
 
 
+@SAME_ON_EVERY_BACKEND
 def test_a_hugging_face_gpt2_gives_its_logits_and_token_ids(hugging_face_folder, from_hugging_face, bpe):
     import torch
     import transformers
@@ -72,6 +77,7 @@ def test_a_hugging_face_gpt2_gives_its_logits_and_token_ids(hugging_face_folder,
     assert model.tokenizer.decode(model.tokenizer.encode(TRICKY)) == TRICKY
 
 
+@SAME_ON_EVERY_BACKEND
 def test_greedy_text_is_transformers_greedy_text(hugging_face_folder, from_hugging_face):
     import torch
 
@@ -92,6 +98,7 @@ def test_greedy_text_is_transformers_greedy_text(hugging_face_folder, from_huggi
     assert gptlite.generate(model, prompt, max_new_tokens=50, temperature=0.0) == prompt + expected
 
 
+@SAME_ON_EVERY_BACKEND
 def test_a_kerashub_preset_gives_its_logits_and_token_ids(tmp_path, bpe):
     keras_hub = pytest.importorskip("keras_hub")
     vocabulary, merges = gpt2.vocabulary_and_merges(bpe)
@@ -113,6 +120,7 @@ def test_a_kerashub_preset_gives_its_logits_and_token_ids(tmp_path, bpe):
     assert list(model.tokenizer.encode(text)) == list(keras.ops.convert_to_numpy(hub_tokenizer(text)))
 
 
+@SAME_ON_EVERY_BACKEND
 def test_a_gpt_exports_to_hugging_face_and_back(tmp_path, bpe, tokenizer):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
@@ -136,6 +144,7 @@ def test_a_gpt_exports_to_hugging_face_and_back(tmp_path, bpe, tokenizer):
         np.testing.assert_allclose(_logits(gptlite.from_pretrained(folder), ids), _logits(model, ids), atol=1e-5)
 
 
+@SAME_ON_EVERY_BACKEND
 def test_a_gpt_exports_as_a_kerashub_preset(tmp_path, from_hugging_face):
     keras_hub = pytest.importorskip("keras_hub")
     gptlite.export_kerashub(from_hugging_face, tmp_path / "hub")
@@ -145,6 +154,7 @@ def test_a_gpt_exports_as_a_kerashub_preset(tmp_path, from_hugging_face):
     np.testing.assert_allclose(_logits(from_hugging_face, ids), keras.ops.convert_to_numpy(expected), atol=1e-4)
 
 
+@SAME_ON_EVERY_BACKEND
 def test_exports_gpt2_cannot_express_are_refused(tmp_path, tiny_model, tokenizer):
     untied = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=16,
                          tie_weights=False, tokenizer=tokenizer)
@@ -159,6 +169,7 @@ def test_exports_gpt2_cannot_express_are_refused(tmp_path, tiny_model, tokenizer
     assert not (tmp_path / "untied").exists() and not (tmp_path / "char").exists()
 
 
+@SAME_ON_EVERY_BACKEND
 def test_folders_gptlite_cannot_read_say_why(tmp_path, hugging_face_folder):
     folder = tmp_path / "gelu"
     folder.mkdir()
@@ -211,6 +222,7 @@ def test_a_char_models_hugging_face_export_comes_back_exactly_and_fine_tunes(tmp
     assert run.best["val_loss"] > 0 and (tmp_path / "tuned" / "model.keras").exists()
 
 
+@SAME_ON_EVERY_BACKEND
 def test_a_tokenizer_json_with_the_end_token_among_its_added_tokens_reads(tmp_path, exported_folders, bpe):
     """transformers 5 saves GPT-2's tokenizer as tokenizer.json alone, the end of text an added token."""
     import shutil
@@ -230,6 +242,7 @@ def test_a_tokenizer_json_with_the_end_token_among_its_added_tokens_reads(tmp_pa
     assert list(back.tokenizer.encode(TRICKY)) == list(bpe.encode(TRICKY))
 
 
+@SAME_ON_EVERY_BACKEND
 def test_a_damaged_weights_file_is_named(tmp_path, exported_folders):
     import shutil
 
@@ -242,6 +255,7 @@ def test_a_damaged_weights_file_is_named(tmp_path, exported_folders):
         gptlite.from_pretrained(folder)
 
 
+@SAME_ON_EVERY_BACKEND
 def test_a_fine_tuning_run_writes_nowhere_near_its_source_and_keeps_its_tokenizer(tmp_path, exported_folders, text):
     folder, _ = exported_folders["char"]
     text_file = tmp_path / "words.txt"
@@ -313,6 +327,7 @@ def test_fine_tuning_a_saved_model_learns_the_new_text_and_leaves_the_source_alo
     ({"n_layer": 3}, "`n_layer` is 2 in the pretrained model"),
     ({"block_size": 64}, "may only shrink"),
 ])
+@SAME_ON_EVERY_BACKEND
 def test_fine_tuning_refuses_to_change_the_shape(tmp_path, base_model_file, settings, message):
     (tmp_path / "new.txt").write_text(make_text(500))
     with pytest.raises(gptlite.ConfigError, match=message):
@@ -321,6 +336,7 @@ def test_fine_tuning_refuses_to_change_the_shape(tmp_path, base_model_file, sett
     assert not (tmp_path / "tuned").exists()
 
 
+@SAME_ON_EVERY_BACKEND
 def test_characters_a_pretrained_char_model_never_saw_are_refused_or_handled(tmp_path, base_model_file):
     (tmp_path / "new.txt").write_text(make_text(3000).replace("cat", "çat"))
     with pytest.raises(gptlite.InputError, match="`unknown='skip'`"):
@@ -432,6 +448,7 @@ def test_a_resumed_lora_run_keeps_its_adapters_apart(tmp_path, base_model_file):
                                                                          "max_iters": 30}, resume=True, verbose=0)
 
 
+@SAME_ON_EVERY_BACKEND
 def test_other_hugging_face_files_read_the_same(tmp_path, hugging_face_folder, from_hugging_face, bpe):
     """pytorch_model.bin for the weights, tokenizer.json for the tokenizer."""
     import shutil
