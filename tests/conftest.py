@@ -147,6 +147,14 @@ def assert_greedy(model, prompt, text, slide=1):
         window = (window[slide:] if len(window) == block_size else window) + [chosen]
 
 
+# Decoding programs are kept on disk and shared between models under TensorFlow only through its private layer
+# (gptlite.decode.compiled.private_layer); with GPTLITE_PRIVATE_APIS=off each process and model traces its own.
+NEEDS_THE_PRIVATE_LAYER = pytest.mark.skipif(
+    os.environ.get("GPTLITE_PRIVATE_APIS", "").strip().lower() in ("off", "0", "false", "no")
+    and os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorflow",
+    reason="with GPTLITE_PRIVATE_APIS=off, TensorFlow programs are neither kept on disk nor shared between models")
+
+
 def run_python(*args, cwd=REPO, timeout=300, env=None):
     """Run a Python command line in a fresh process (in `env`, or this one's environment); return the
     CompletedProcess."""

@@ -71,6 +71,7 @@ class Compiled:
         self._variables = model.variables
         self.traces = self.loads = 0
         self._programs = {}  # (layout, shapes) of the inputs -> a program
+        self._traced_here = {}  # entry name -> a program of the public floor (see private_layer)
         self._preparing = {}  # (layout, shapes) -> the thread that runs the program once (see prepare)
 
     @property
@@ -134,9 +135,11 @@ class Compiled:
 
     def _program(self, layout, shapes):
         model = self._model()
-        if self.backend == "tensorflow" and not private_layer():
-            return self._traced_tensorflow(model, layout, shapes)
         entry = _entry_name(self.name, self.xla, model, layout, shapes)
+        if self.backend == "tensorflow" and not private_layer():  # the public floor: programs of this model's own
+            if entry not in self._traced_here:  # inputs that differ only in how they come (a dtype's kind) share one
+                self._traced_here[entry] = self._traced_tensorflow(model, layout, shapes)
+            return self._traced_here[entry]
         if entry in _loaded:
             return _loaded[entry]
         where = compile_cache.programs_folder(self.backend)

@@ -5,7 +5,7 @@ import keras
 import pytest
 
 import gptlite
-from conftest import assert_greedy, run_python
+from conftest import assert_greedy, NEEDS_THE_PRIVATE_LAYER, run_python
 from gptlite.decode.programs import programs_for
 from gptlite.model.layers import layers_within
 
@@ -20,6 +20,7 @@ def _model(tokenizer, seed, **settings):
     return model
 
 
+@NEEDS_THE_PRIVATE_LAYER
 def test_models_of_one_architecture_share_their_programs_and_another_setting_has_its_own(tokenizer):
     first = _model(tokenizer, 0, norm_epsilon=2e-5)
     gptlite.generate(first, "the", 5, temperature=0)
@@ -136,6 +137,7 @@ def test_a_tensorflow_whose_internals_moved_fails_the_self_test_and_says_so_once
         raise AttributeError("module 'tensorflow.python.eager.context' has no attribute 'context'")
 
     monkeypatch.setattr(compiled, "_load_tensorflow", moved)
+    monkeypatch.delenv(compiled.PRIVATE_APIS_VARIABLE, raising=False)
     compiled.private_layer.cache_clear()
     try:
         with pytest.warns(RuntimeWarning, match="each process traces its own"):

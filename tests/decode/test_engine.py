@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import gptlite
-from conftest import TIE, last_logits, run_python
+from conftest import NEEDS_THE_PRIVATE_LAYER, TIE, last_logits, run_python
 from gptlite.decode.engine import CACHED, Engine, plan_steps, RECOMPUTE, RECOMPUTE_THEN_CACHED
 from gptlite.decode.sampling import RowSettings, sample_next_token, SamplingConfig, uniform_noise
 
@@ -257,6 +257,7 @@ def test_cached_text_is_recomputed_text_as_the_cache_grows_and_is_cut(tokenizer)
 
 @pytest.mark.long
 @pytest.mark.skipif(keras.backend.backend() == "torch", reason="torch compiles nothing")
+@NEEDS_THE_PRIVATE_LAYER
 def test_a_second_process_traces_nothing_on_a_warm_cache_and_survives_a_damaged_entry(tmp_path, tiny_model):
     gptlite.save(tiny_model, tmp_path / "model.keras")
     script = ("import sys, gptlite; gptlite.compile_cache.use(); "
