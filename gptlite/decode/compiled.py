@@ -186,7 +186,7 @@ class Compiled:
         specs = [tf.TensorSpec(shape, dtype) for shape, dtype in shapes]
         traced = tf.function(self._flat(layout, described), jit_compile=self.xla,
                              autograph=False).get_concrete_function(*specs)
-        return _TracedTensorFlowProgram(traced, described["outputs"])
+        return _TensorFlowProgram(traced, [], described["outputs"])  # it reads no weights as inputs: its own
 
 
 # --- the nested inputs and outputs, as a flat list of arrays and a layout
@@ -379,17 +379,6 @@ class _TensorFlowProgram:
         outputs = self.function(*map(self._tensor, inputs),
                                 *(weights[index].value.handle for index in self.variables))
         return _filled(self.outputs_layout, iter(outputs))
-
-
-class _TracedTensorFlowProgram:
-    def __init__(self, function, outputs_layout):
-        import tensorflow as tf
-
-        self.function, self.outputs_layout = function, outputs_layout
-        self._tensor = tf.convert_to_tensor
-
-    def __call__(self, weights, inputs):  # the weights are those the function was traced with
-        return _filled(self.outputs_layout, iter(self.function(*map(self._tensor, inputs))))
 
 
 @functools.cache
