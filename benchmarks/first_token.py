@@ -2,11 +2,15 @@
 
     python benchmarks/first_token.py [--shape cpu|gpt2] [--rounds 3] [--tokens 10] [--code DIR]
 
-Each round runs two fresh processes on an empty compile cache folder
-(GPTLITE_COMPILE_CACHE): the first finds it empty (cold), the second finds
-what the first left (warm). Each process times `keras.saving.load_model`,
-the first streamed piece of `gptlite.stream` and the whole generation of
---tokens tokens from "ROMEO:", and reports them; medians over the rounds.
+Each round runs two fresh processes as a new user's program would run on a
+new machine: HOME and XDG_CACHE_HOME point into a new empty folder of the
+round's, no compile cache is named (no GPTLITE_COMPILE_CACHE, TF_XLA_FLAGS
+or JAX cache setting) and the program calls nothing but what README's "Use
+it from Python" shows: Keras imported, then gptlite, `keras.saving.load_model`
+and `gptlite.stream`. The first process finds the home folder empty (cold),
+the second what the first left (warm). Each times its imports,
+`load_model`, the first streamed piece and the whole generation of
+--tokens tokens from "ROMEO:"; medians over the rounds.
 The model has random weights: the `cpu` preset's shape (4 layers, width
 128, context 64, 65 characters) or GPT-2 small's (12 layers, width 768,
 context 1024, 50,257 tokens: benchmarks/gpt2_generate.py's model). `--code
@@ -25,15 +29,16 @@ import tempfile
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CHARACTERS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+# What would name a compile cache for the process: a new user has none of them.
+NAMES_A_CACHE = ("GPTLITE_COMPILE_CACHE", "TF_XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR", "XDG_CACHE_HOME")
 SHAPES = {"cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64), "gpt2": None}
 
 CHILD = """
 import json, sys, time
 started = time.perf_counter()
 sys.path.insert(0, sys.argv[1])
-import gptlite
-gptlite.compile_cache.use(gptlite.compile_cache.default_folder())  # GPTLITE_COMPILE_CACHE's, as a command does
 import keras
+import gptlite
 imported = time.perf_counter()
 model = keras.saving.load_model(sys.argv[2])
 loaded = time.perf_counter()
@@ -64,9 +69,11 @@ def make_model(shape, folder):
     return path
 
 
-def run(code, model, tokens, cache):
-    environment = dict(os.environ, GPTLITE_COMPILE_CACHE=str(cache), TF_CPP_MIN_LOG_LEVEL="2")
-    environment.pop("TF_XLA_FLAGS", None)
+def run(code, model, tokens, home):
+    """One fresh process with `home` for its home and cache folders; what it reports."""
+    home.mkdir(exist_ok=True)
+    environment = {name: value for name, value in os.environ.items() if name not in NAMES_A_CACHE}
+    environment.update(HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"), TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run([sys.executable, "-c", CHILD, str(code), str(model), str(tokens)], env=environment,
                             capture_output=True, text=True, cwd=tempfile.gettempdir())
     if result.returncode:
@@ -85,9 +92,9 @@ def main():
         model = make_model(args.shape, folder)
         results = {"cold": [], "warm": []}
         for round_index in range(args.rounds):
-            cache = pathlib.Path(folder) / f"cache{round_index}"
-            results["cold"].append(run(args.code, model, args.tokens, cache))
-            results["warm"].append(run(args.code, model, args.tokens, cache))
+            home = pathlib.Path(folder) / f"home{round_index}"
+            results["cold"].append(run(args.code, model, args.tokens, home))
+            results["warm"].append(run(args.code, model, args.tokens, home))
     report = {"shape": args.shape, "tokens": args.tokens, "code": str(args.code)}
     for kind, runs in results.items():
         report[kind] = {name: round(statistics.median(run[name] for run in runs), 3) for name in runs[0]}

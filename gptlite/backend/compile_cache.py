@@ -1,25 +1,30 @@
 """Compiled programs kept on disk, so that a second process decoding the same model starts at once.
 
 Under TensorFlow this is XLA's persistent cache, under JAX its compilation
-cache; torch decodes eagerly and compiles nothing. The folder is, in order:
-what `use(folder)` names, the environment variable GPTLITE_COMPILE_CACHE
-(`off` turns the cache off), a folder already given to the backend itself
-(TF_XLA_FLAGS, JAX_COMPILATION_CACHE_DIR), or `gptlite/compiled` in the
-user's cache folder (XDG_CACHE_HOME, or ~/.cache). Entries go in a
-subfolder per backend, version and kind of CPU, so that an upgrade never
-reads another version's programs, nor a machine another CPU's.
+cache; torch decodes eagerly and compiles nothing. gptlite's own traced
+decoding programs go beside them (see `gptlite.decode.compiled`). The
+folder is, in order: what `use(folder)` names, the environment variable
+GPTLITE_COMPILE_CACHE (`off` turns the cache off), a folder already given to
+the backend itself (TF_XLA_FLAGS, JAX_COMPILATION_CACHE_DIR, JAX's
+configuration), or `gptlite/compiled` in the user's cache folder
+(XDG_CACHE_HOME, or ~/.cache). Entries go in a subfolder per backend,
+version and kind of CPU, so that an upgrade never reads another version's
+programs, nor a machine another CPU's.
 
-Each backend reads where its cache is once: TensorFlow at its first
-operation, JAX at its first compile. Importing gptlite sets nothing: the
-commands call `use()` at their start, before Keras; a Python program that
-wants its programs kept does the same:
+It is on by default, for a Python program as for the commands. Importing
+gptlite sets nothing; the first gptlite model a process builds (or loads)
+starts it (`start`): under TensorFlow, which reads where its programs go
+once, as its runtime starts, by starting that runtime then with the folder
+named, and the process's environment as it was; where the program had
+started TensorFlow's runtime before, XLA's programs are not kept, gptlite's
+own still are. The commands call `use()` at their start, before Keras. To
+keep nothing, `gptlite.compile_cache.use(None)` before the first model, or
+GPTLITE_COMPILE_CACHE=off.
 
-    import gptlite
-    gptlite.compile_cache.use()          # the default folder; use(folder), or use(None) for none
-    import keras
-
-A damaged entry is removed and recompiled (see `drop_damaged_entries`; JAX
-recompiles one itself).
+The folders gptlite makes hold a file MARK; gptlite removes files (a
+damaged entry, the oldest entries past LIMIT_MEGABYTES, or
+GPTLITE_COMPILE_CACHE_MEGABYTES) only in folders that hold it, never in one
+a user made and named.
 """
 
 import json
@@ -28,11 +33,18 @@ import pathlib
 import sys
 
 ENVIRONMENT_VARIABLE = "GPTLITE_COMPILE_CACHE"
+LIMIT_VARIABLE = "GPTLITE_COMPILE_CACHE_MEGABYTES"
+# How large the cache grows, in all, before its oldest entries go (a model of GPT-2 small's shape fills about 50 MB,
+# a server of the `cpu` preset's about 15; see docs/generation.md).
+LIMIT_MEGABYTES = 2048
+# The file that marks a folder gptlite made: the only folders where it removes files.
+MARK = "MADE-BY-GPTLITE"
 _TF_FLAG = "--tf_xla_persistent_cache_directory="
 _chosen = None  # what use() was given: a folder, or False for off; None: not called, or the default
 _DEFAULT = object()
 CHECKED = "checked.json"  # the TensorFlow entries found whole, by size and time (see drop_damaged_entries)
 _checked = False
+_started = None  # after `start`: the folder this process keeps its programs in, or False for none
 
 
 def default_folder():
@@ -78,7 +90,7 @@ def _apply(backend=None):
             return
         flags = [flag for flag in os.environ.get("TF_XLA_FLAGS", "").split() if not flag.startswith(_TF_FLAG)]
         if target is not None:
-            flags.append(_TF_FLAG + str(_versioned(target, "tensorflow")))
+            flags.append(_TF_FLAG + str(_made(_versioned(target, "tensorflow"))))
         if flags:
             os.environ["TF_XLA_FLAGS"] = " ".join(flags)
         else:
@@ -89,7 +101,7 @@ def _apply(backend=None):
         if target is None:
             os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
         else:
-            os.environ["JAX_COMPILATION_CACHE_DIR"] = str(_versioned(target, "jax"))
+            os.environ["JAX_COMPILATION_CACHE_DIR"] = str(_made(_versioned(target, "jax")))
             # JAX keeps only programs that took a second to compile unless told otherwise; ours take less.
             os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
             os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
@@ -107,6 +119,74 @@ def start_jax():
     if where is not None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def start(backend):
+    """Keep this process's compiled programs on disk unless it has been told not to (see the module's docstring):
+    called as the first gptlite model is made, with Keras's backend, before that model's first operation. Once a
+    process; it changes no environment variable."""
+    global _started
+    if _started is not None:
+        return
+    _started = False
+    target = folder()
+    if backend == "tensorflow":
+        named = tensorflow_folder()
+        if named is not None:  # by `use` (a command) or by the user, before TensorFlow started: it reads it
+            _started = named
+        elif target is not None:
+            _started = _made(_versioned(target, "tensorflow"))
+            _start_tensorflow(_started)
+    elif backend == "jax":
+        import jax
+
+        named = jax.config.jax_compilation_cache_dir
+        if named:
+            _started = pathlib.Path(named)
+        elif target is not None:
+            _started = _made(_versioned(target, "jax"))
+            jax.config.update("jax_compilation_cache_dir", str(_started))
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+            jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def _start_tensorflow(where):
+    """Start TensorFlow's runtime with XLA's cache in `where`, unless it has started: TensorFlow reads TF_XLA_FLAGS
+    once, as it first looks for its devices, so the variable holds the folder just until then. A program that
+    asked TensorFlow for its devices before the first model keeps XLA's programs nowhere (gptlite's own are
+    kept all the same)."""
+    import tensorflow as tf
+
+    before = os.environ.get("TF_XLA_FLAGS")
+    os.environ["TF_XLA_FLAGS"] = f"{before or ''} {_TF_FLAG}{where}".strip()
+    try:
+        # Refused once the runtime has started; before, it sets what is set already.
+        tf.config.set_visible_devices(tf.config.get_visible_devices())
+        tf.config.list_logical_devices()  # starts the runtime
+    except RuntimeError:
+        pass
+    finally:
+        if before is None:
+            os.environ.pop("TF_XLA_FLAGS", None)
+        else:
+            os.environ["TF_XLA_FLAGS"] = before
+
+
+def _made(where):
+    """`where`, made if it is missing, and then marked as gptlite's (MARK); a folder that cannot be made is left
+    to the backend, which says so or keeps nothing."""
+    try:
+        if not where.is_dir():
+            where.mkdir(parents=True)
+            (where / MARK).write_text("gptlite made this folder: it removes old or damaged entries here.\n")
+    except OSError:
+        pass
+    return where
+
+
+def is_ours(where):
+    """Whether gptlite made the folder `where` (and so may remove files in it)."""
+    return (pathlib.Path(where) / MARK).is_file()
 
 
 def _versioned(target, backend):
@@ -156,26 +236,73 @@ def programs_folder(backend):
     """Where gptlite keeps its traced decoding programs (see `gptlite.decode.compiled`) for `backend`, beside the
     backend's own compiled ones; None when the cache is off. Torch keeps none."""
     if backend == "tensorflow":
-        where = tensorflow_folder()
+        where = tensorflow_folder() or _started
     elif backend == "jax":
         import jax
 
         where = jax.config.jax_compilation_cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR")
     else:
         return None
-    return None if not where else pathlib.Path(where) / "gptlite-programs"
+    return None if not where else _made(pathlib.Path(where) / "gptlite-programs")
 
 
-def drop_damaged_entries():
-    """Remove TensorFlow cache entries that are not whole: XLA fails, rather than recompiles, a program whose
-    entry it cannot read (a write cut short, a full disk). Each entry is one protocol buffer: one that does
-    not parse to its end is damaged. Once a process, before its first program compiles; an entry checked
-    before (CHECKED lists its size and time) is not read again."""
+def tidy(backend):
+    """Once a process, before its first program compiles, in the folders gptlite made: TensorFlow's damaged entries
+    removed (`drop_damaged_entries`), and the oldest entries of every version's folder beside this one's while the
+    cache holds more than its limit (`drop_oldest_entries`)."""
     global _checked
-    where = tensorflow_folder()
-    if _checked or where is None or not where.is_dir():
+    if _checked:
         return
     _checked = True
+    where = programs_folder(backend)
+    if where is None:
+        return
+    if backend == "tensorflow":
+        drop_damaged_entries(where.parent)
+    drop_oldest_entries(where.parent.parent, limit_bytes())
+
+
+def limit_bytes():
+    """How many bytes the cache holds at most: GPTLITE_COMPILE_CACHE_MEGABYTES, or LIMIT_MEGABYTES."""
+    named = os.environ.get(LIMIT_VARIABLE, "").strip()
+    try:
+        return int(float(named) * 2**20) if named else LIMIT_MEGABYTES * 2**20
+    except ValueError:
+        return LIMIT_MEGABYTES * 2**20
+
+
+def drop_oldest_entries(root, limit):
+    """Remove the oldest files (by the time each was written, or read from by gptlite) of the folders gptlite made in
+    `root` (one per backend, version and CPU, and their own folders) until they hold at most `limit` bytes."""
+    files = []
+    try:
+        folders = [folder for folder in pathlib.Path(root).iterdir() if folder.is_dir() and is_ours(folder)]
+        for folder in folders:
+            for path in folder.rglob("*"):
+                if path.is_file() and path.name != MARK and is_ours(path.parent):
+                    stat = path.stat()
+                    files.append((stat.st_mtime_ns, stat.st_size, path))
+    except OSError:
+        return  # unreadable, or changed meanwhile by another process: tidied another time
+    total = sum(size for _, size, _ in files)
+    for _, size, path in sorted(files, key=lambda entry: entry[0]):
+        if total <= limit:
+            break
+        try:
+            path.unlink()
+        except OSError:
+            continue
+        total -= size
+
+
+def drop_damaged_entries(where):
+    """Remove TensorFlow cache entries in `where` that are not whole, where gptlite made that folder: XLA fails,
+    rather than recompiles, a program whose entry it cannot read (a write cut short, a full disk). Each entry is
+    one protocol buffer: one that does not parse to its end is damaged. An entry checked before (CHECKED lists
+    its size and time) is not read again."""
+    where = pathlib.Path(where)
+    if not where.is_dir() or not is_ours(where):
+        return
     index = where / CHECKED
     try:
         known = json.loads(index.read_text())

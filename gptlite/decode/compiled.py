@@ -247,7 +247,7 @@ def _array(value):
 def _entry_name(name, xla, model, layout, shapes):
     described = {"program": repr(name), "xla": xla, "model": _architecture(model), "inputs": layout,
                  "shapes": shapes, "code": _code_fingerprint(), "keras": keras.__version__,
-                 "backend": keras.backend.backend()}
+                 "backend": keras.backend.backend(), "backend version": backend_version()}
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
@@ -262,6 +262,11 @@ def _architecture(model):
     config = getattr(model, "config", None)
     weights = [[list(variable.shape), variable.dtype] for variable in model.variables]
     return [layers, None if config is None else repr(config), weights]
+
+
+def backend_version():
+    """The version of Keras's backend: a program it traced may mean something else to another version."""
+    return importlib.import_module(keras.backend.backend()).__version__
 
 
 @functools.cache
@@ -292,10 +297,16 @@ def _read(path, backend):
         header = json.loads(header_line)
         if hashlib.sha256(payload).hexdigest() != header["sha256"]:
             raise ValueError("its checksum does not match")
-        return _load(backend, header, payload)
+        program = _load(backend, header, payload)
     except Exception:  # damaged, cut short, or written by other code: traced again, and written anew
-        path.unlink(missing_ok=True)
+        if compile_cache.is_ours(path.parent):
+            path.unlink(missing_ok=True)
         return None
+    try:
+        os.utime(path)  # used now: the cache's oldest entries go first when it is full
+    except OSError:
+        pass
+    return program
 
 
 def _write(path, header, payload):

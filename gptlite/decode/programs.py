@@ -37,8 +37,7 @@ class Programs:
         # Weakly, so that the model's entry in _programs can go when the model does.
         self._model = weakref.ref(model)
         self.variables = model.variables  # the weights its programs read, in order
-        if keras.backend.backend() == "tensorflow":
-            compile_cache.drop_damaged_entries()
+        compile_cache.tidy(keras.backend.backend())
         self._compiled = {}
 
     @property

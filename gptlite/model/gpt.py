@@ -7,6 +7,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from gptlite.backend import compile_cache
 from gptlite.errors import ConfigError, InputError
 from gptlite.model.attention import CachePlacement, PackedTexts
 from gptlite.model.blocks import EncoderBlock, TransformerBlock
@@ -66,6 +67,9 @@ class _Transformer(keras.Model):
             if tokenizer is None:
                 raise ConfigError("a model without a tokenizer needs its vocab_size")
             config = dataclasses.replace(config, vocab_size=tokenizer.vocabulary_size)
+        # The first model of a process keeps its compiled programs on disk from its first operation on (by default;
+        # see gptlite.compile_cache): TensorFlow reads where they go as its runtime starts.
+        compile_cache.start(keras.backend.backend())
         super().__init__(**kwargs)
         self.config = config
         vocab_size, block_size, n_embd = config.vocab_size, config.block_size, config.n_embd

@@ -1,3 +1,4 @@
+import os
 from importlib import metadata
 
 from gptlite.backend import compile_cache
@@ -29,3 +30,49 @@ def test_the_cache_folder_still_comes_when_no_distribution_names_the_backend(mon
     monkeypatch.setenv("TF_XLA_FLAGS", "")
     compile_cache.use(tmp_path, backend="tensorflow")
     assert compile_cache.tensorflow_folder().name.startswith("tensorflow-unknown-")
+
+
+def _entry(folder, name, size, written, data=b"\x08"):
+    path = folder / name
+    path.write_bytes(data * size)
+    os.utime(path, ns=(written, written))
+    return path
+
+
+def test_the_oldest_entries_go_when_the_cache_is_full_and_only_in_folders_gptlite_made(tmp_path):
+    ours = compile_cache._made(tmp_path / "tensorflow-1.0-cpu")
+    programs = compile_cache._made(ours / "gptlite-programs")
+    older_version = compile_cache._made(tmp_path / "tensorflow-0.9-cpu")
+    users = tmp_path / "my-own-folder"  # a folder of the user's beside them: never touched
+    users.mkdir()
+    mine = _entry(users, "notes.pb", 500, 1)
+    oldest = _entry(older_version, "a.pb", 300, 2)
+    old = _entry(ours, "b.pb", 300, 3)
+    newer = _entry(programs, "c.program", 300, 4)
+    newest = _entry(ours, "d.pb", 300, 5)
+    compile_cache.drop_oldest_entries(tmp_path, limit=650)
+    assert not oldest.exists() and not old.exists()
+    assert newer.exists() and newest.exists() and mine.exists()
+    assert compile_cache.is_ours(ours) and not compile_cache.is_ours(users)
+
+
+def test_a_damaged_entry_is_removed_only_from_a_folder_gptlite_made(tmp_path):
+    users = tmp_path / "xla"  # named to TensorFlow by the user: TF_XLA_FLAGS
+    users.mkdir()
+    cut_short = b"\x0a\x64abc"  # field 1, 100 bytes long, of which 3 came
+    theirs = _entry(users, "xla_compile_cache__1.pb", 1, 1, cut_short)
+    compile_cache.drop_damaged_entries(users)
+    assert theirs.exists()
+    ours = compile_cache._made(tmp_path / "tensorflow-1.0-cpu")
+    damaged = _entry(ours, "xla_compile_cache__2.pb", 1, 1, cut_short)
+    whole = ours / "xla_compile_cache__3.pb"
+    whole.write_bytes(b"\x08\x01")  # field 1, a varint: 1
+    compile_cache.drop_damaged_entries(ours)
+    assert not damaged.exists() and whole.exists()
+
+
+def test_the_cache_s_limit_comes_from_the_environment_in_megabytes(monkeypatch):
+    monkeypatch.setenv(compile_cache.LIMIT_VARIABLE, "1.5")
+    assert compile_cache.limit_bytes() == 1.5 * 2**20
+    monkeypatch.delenv(compile_cache.LIMIT_VARIABLE)
+    assert compile_cache.limit_bytes() == compile_cache.LIMIT_MEGABYTES * 2**20

@@ -145,3 +145,65 @@ def test_a_tensorflow_whose_internals_moved_fails_the_self_test_and_says_so_once
         assert compiled.private_layer() is False  # checked once: no second warning
     finally:
         compiled.private_layer.cache_clear()
+
+
+_AS_README_SHOWS = """
+import json, os, sys
+import keras
+before = dict(os.environ)  # as the backend left it at its import
+import gptlite
+from gptlite.decode.programs import programs_for
+
+model = keras.saving.load_model(sys.argv[1])
+text = gptlite.generate(model, "the", 10, temperature=0)
+programs = programs_for(model)
+print(json.dumps({"text": text, "traced": programs.traces, "loaded": programs.loads,
+                  "environment unchanged": dict(os.environ) == before}))
+"""
+
+
+@pytest.mark.long
+@NEEDS_THE_PRIVATE_LAYER
+def test_a_library_s_second_process_traces_nothing_new_with_no_opt_in(tmp_path, tokenizer):
+    gptlite.save(_model(tokenizer, seed=5), tmp_path / "model.keras")
+    # A new machine's user: an empty home folder, no cache named anywhere.
+    home = tmp_path / "home"
+    environment = {name: value for name, value in os.environ.items()
+                   if name not in ("GPTLITE_COMPILE_CACHE", "TF_XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR")}
+    environment.update(HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"))
+    runs = []
+    for _ in range(2):
+        result = run_python("-c", _AS_README_SHOWS, str(tmp_path / "model.keras"), env=environment)
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs.append(json.loads(result.stdout.splitlines()[-1]))
+    first, second = runs
+    assert first["traced"] > 0 and first["loaded"] == 0
+    assert second == dict(first, traced=0, loaded=first["traced"])
+    assert first["environment unchanged"]
+    # In gptlite's own folder of the user's cache folder: its programs, and (under TensorFlow) XLA's machine code.
+    kept = [path.name for path in (home / ".cache" / "gptlite" / "compiled").rglob("*") if path.is_file()]
+    assert sum(name.endswith(".program") for name in kept) == first["traced"]
+    if keras.backend.backend() == "tensorflow":
+        assert any(name.startswith("xla_compile_cache") for name in kept)
+
+
+@NEEDS_THE_PRIVATE_LAYER
+def test_a_program_kept_by_another_version_of_the_backend_is_not_loaded(tokenizer, monkeypatch):
+    from gptlite.decode import compiled
+
+    model = _model(tokenizer, seed=6, n_kv_head=1)  # an architecture no other test decodes
+    monkeypatch.setattr(compiled, "_loaded", {})  # this process's programs forgotten: only the disk is left
+    monkeypatch.setattr(compiled, "backend_version", lambda: "0.0.1")
+    gptlite.generate(model, "the", 3, temperature=0)
+    assert programs_for(model).traces > 0 and programs_for(model).loads == 0
+    # A second model of that architecture, with the backend "upgraded": traced anew, nothing loaded.
+    monkeypatch.setattr(compiled, "_loaded", {})
+    monkeypatch.setattr(compiled, "backend_version", lambda: "0.0.2")
+    other = _model(tokenizer, seed=7, n_kv_head=1)
+    gptlite.generate(other, "the", 3, temperature=0)
+    assert programs_for(other).traces > 0 and programs_for(other).loads == 0
+    # The same version again: loaded.
+    monkeypatch.setattr(compiled, "_loaded", {})
+    third = _model(tokenizer, seed=8, n_kv_head=1)
+    gptlite.generate(third, "the", 3, temperature=0)
+    assert programs_for(third).traces == 0 and programs_for(third).loads > 0
