@@ -15,7 +15,8 @@ Importing gptlite does not import Keras, so that a program (gptlite's own
 commands among them) can still choose the Keras backend after it, and it
 changes nothing in the process: no environment variable, no log level
 (`gptlite.quiet()` keeps TensorFlow's start-up notices out, as the commands
-do; `gptlite.compile_cache.use()` keeps compiled programs on disk). Every
+do). The first model it makes or loads keeps compiled programs on disk for
+the next process (`gptlite.compile_cache`; `use(None)` first for none). Every
 name below is loaded on first use. `keras.saving.load_model` rebuilds a saved
 model once Keras knows gptlite's classes: at `import gptlite` where Keras was
 imported first, or at `gptlite.quiet()`, which starts Keras; `gptlite.load`

@@ -11,7 +11,7 @@ import os
 import sys
 import threading
 
-from gptlite.backend.notices import is_start_up_notice, NATIVE_LOG_LINE
+from gptlite.backend.notices import is_false_alarm, is_start_up_notice, NATIVE_LOG_LINE
 from gptlite.errors import InputError
 
 BACKENDS = ("tensorflow", "jax", "torch")
@@ -53,29 +53,6 @@ def choose_compile_cache(args):
 
 
 _holding_back = False  # whether hold_back_false_alarms has rearranged this process's standard error
-
-
-# What TensorFlow logs as errors about the compile cache's entries that are none (see is_false_alarm).
-FALSE_ALARMS = ("Loading XLA:CPU AOT result. Target machine feature",
-                "Error parsing text-format tensorflow.XlaSerializedCacheEntry")
-
-
-def is_false_alarm(line):
-    """Whether a line of the backend's native log is an error that TensorFlow logs about a sound entry of the
-    compile cache, which it then uses:
-
-    - XLA's refusal of its own cached program's CPU features: each time it
-      loads a program on a CPU whose tuning flags (such as
-      +prefer-no-gather) it counts as features the CPU lacks, although the
-      program was compiled on this very CPU. The cache folder is per kind of
-      CPU (gptlite.compile_cache), so the warning never applies to ours.
-    - A failed text-format parse of an entry: TensorFlow reads each entry as
-      text first and then as the binary it is (ReadTextOrBinaryProto), and
-      the text parser logs its failure.
-    """
-    native = NATIVE_LOG_LINE.fullmatch(line)
-    return bool(native) and native.group(2).startswith(FALSE_ALARMS) \
-        and not os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0").strip() in ("", "0")
 
 
 def is_held_back(line):

@@ -44,7 +44,7 @@ def test_the_backends_start_up_notices_are_held_back_and_other_lines_kept(monkey
 
 
 def test_tensorflow_s_false_alarms_about_its_compile_cache_are_dropped_and_other_errors_kept(monkeypatch):
-    from gptlite.cli.startup import is_false_alarm
+    from gptlite.backend.notices import is_false_alarm
 
     refusal = ("E0000 00:00:1795546615.845089   29239 cpu_aot_loader.cc:220] Loading XLA:CPU AOT result. Target "
                "machine feature +prefer-no-gather is not  supported on the host machine.")
@@ -55,6 +55,8 @@ def test_tensorflow_s_false_alarms_about_its_compile_cache_are_dropped_and_other
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
     assert is_false_alarm(refusal) and is_false_alarm(text_first)
     assert not is_false_alarm(error) and not is_false_alarm("a line of text")
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL")  # a Python program's default
+    assert is_false_alarm(refusal) and is_false_alarm(text_first)
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")  # a user who asks for everything gets it
     assert not is_false_alarm(refusal) and not is_false_alarm(text_first)
 
