@@ -1,12 +1,15 @@
 """`gptlite serve` from the moment it says it is ready: is it at full speed then?
 
-    python benchmarks/serve_ready.py [--shape cpu|wide] [--clients 16] [--requests 8] [--tokens 64]
+    python benchmarks/serve_ready.py [--shape cpu|wide] [--clients 16] [--requests 8] [--tokens 64] [--rounds 3]
                                      [--late 5 60] [--measure first interleaved clients] [--code DIR]
 
 A model of --shape with random weights (see benchmarks/serve.py) is served
 by `gptlite serve` in a process of its own, started anew for each
-measurement, once on an empty compile cache folder (cold) and once on the
-folder a first start filled (warm). Each start reports when /health first
+measurement as on a new machine: HOME and XDG_CACHE_HOME point into a new
+empty folder (cold), or into the one a first start filled (warm), and no
+compile cache is named, so the server keeps its programs in gptlite's
+default folder there. Each kind of measurement runs --rounds cold and warm
+starts; the report gives medians. Each start reports when /health first
 answered (any status) and when it first said ready (200). The moment it is
 ready:
 
@@ -110,6 +113,13 @@ def measure(kind, model, cache, args):
     return result
 
 
+def medians(results):
+    """The median of each number the rounds measured (a nested result: the first round's)."""
+    return {key: statistics.median(result[key] for result in results)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+            for key, value in results[0].items()}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=["cpu", "wide"], default="cpu")
@@ -117,6 +127,7 @@ def main():
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--max-batch", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3, help="starts of each kind, cold and warm; medians reported")
     parser.add_argument("--late", type=float, nargs="*", default=[5, 60],
                         help="seconds after ready to send the interleaved requests again (warm start)")
     parser.add_argument("--measure", nargs="*", choices=["first", "interleaved", "clients"],
@@ -133,14 +144,18 @@ def main():
         launch_and_stop = launch(model, warm_cache, args.code, args.max_batch)[0]
         stop(launch_and_stop)  # the warm starts' cache, filled
         for kind in args.measure:
-            cold_cache = pathlib.Path(tempfile.mkdtemp(dir=folder))
-            late = args.late
-            if kind == "interleaved":
-                args.late = []
-            report[f"{kind}_cold"] = measure(kind, model, cold_cache, args)
-            args.late = late
-            report[f"{kind}_warm"] = measure(kind, model, warm_cache, args)
-            print(json.dumps({key: report[key] for key in (f"{kind}_cold", f"{kind}_warm")}), flush=True)
+            rounds = {"cold": [], "warm": []}
+            for _ in range(args.rounds):
+                cold_cache = pathlib.Path(tempfile.mkdtemp(dir=folder))  # a new, empty home folder
+                late = args.late
+                if kind == "interleaved":
+                    args.late = []
+                rounds["cold"].append(measure(kind, model, cold_cache, args))
+                args.late = late
+                rounds["warm"].append(measure(kind, model, warm_cache, args))
+                print(json.dumps({"kind": kind, "cold": rounds["cold"][-1], "warm": rounds["warm"][-1]}), flush=True)
+            for start, results in rounds.items():
+                report[f"{kind}_{start}"] = medians(results)
 
         if "clients" in args.measure:
             import keras

@@ -34,8 +34,8 @@ import sys
 
 ENVIRONMENT_VARIABLE = "GPTLITE_COMPILE_CACHE"
 LIMIT_VARIABLE = "GPTLITE_COMPILE_CACHE_MEGABYTES"
-# How large the cache grows, in all, before its oldest entries go (a model of GPT-2 small's shape fills about 50 MB,
-# a server of the `cpu` preset's about 15; see docs/generation.md).
+# How large the cache grows, in all, before its oldest entries go (a first generate of GPT-2 small's shape keeps 2.8
+# MB, a server of the `cpu` preset's shape 8.7 MB; see docs/generation.md).
 LIMIT_MEGABYTES = 2048
 # The file that marks a folder gptlite made: the only folders where it removes files.
 MARK = "MADE-BY-GPTLITE"
