@@ -19,7 +19,7 @@ ALLOWED = {
     "files": set(),
     "backend": set(),  # the backend's notices and compile cache: plain Python, before Keras starts
     "text": set(),  # tokenizers, chat templates, token ids back to text
-    "model": {"text"},  # the shape, the layers, GPT and Seq2Seq
+    "model": {"backend", "text"},  # the shape, the layers, GPT and Seq2Seq (its first one starts the compile cache)
     "weights": {"files", "model", "text"},  # model.keras, GPT-2, the Llama family, GGUF
     "data": {"files", "text", "weights"},  # text, pairs, conversations, synthetic tasks
     "decode": {"backend", "data", "model", "text"},  # sampling, compiled programs, the engine, generate, chat
