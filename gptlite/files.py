@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import tempfile
+import zipfile
 
 from gptlite.errors import InputError, MissingFileError, RunExistsError
 
@@ -108,3 +109,14 @@ def read_json(path):
         return json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as error:
         raise InputError(f"{path} is not valid JSON: {error}") from None
+
+
+def check_model_file(path):
+    """Refuse a path that is not a model file: missing, a folder, or not a zip archive (as a .keras file is)."""
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise MissingFileError(f"no such model file: {path}")
+    if path.is_dir():
+        raise InputError(f"{path} is a folder; give the model.keras file inside it")
+    if not zipfile.is_zipfile(path):
+        raise InputError(f"{path} is not a .keras model file (not a zip archive)")

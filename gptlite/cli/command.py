@@ -14,12 +14,14 @@ from gptlite.cli.startup import check_backend, choose_backend, choose_compile_ca
 from gptlite.errors import GPTLiteError, TrainingDiverged, TrainingInterrupted
 
 
-def command(prog, make_parser, run, automatic_backend=None):
+def command(prog, make_parser, run, automatic_backend=None, check=None):
     """The `main(argv=None)` of a command whose parser `make_parser(prog)` makes and whose work `run(args)` does;
-    `automatic_backend(args)`, where given, picks the backend when none is named (see `choose_backend`).
+    `automatic_backend(args)`, where given, picks the backend when none is named (see `choose_backend`), and
+    `check(args)`, where given, refuses what it can before the backend starts (a GPTLiteError).
 
-    argv is parsed once, and the run file it names read once, before Keras starts: `--help` and a mistake in
-    the flags answer at once, and the backend and the compile cache are known before the backend starts."""
+    argv is parsed once, and the run file it names read once, before Keras starts: `--help`, a mistake in the
+    flags and what `check` refuses answer at once, and the backend and the compile cache are known before the
+    backend starts."""
 
     def main(argv=None, whole_process=None):
         # Called with no argv, the command is the process's own (a console script, `python -m`, train.py), as it
@@ -27,9 +29,14 @@ def command(prog, make_parser, run, automatic_backend=None):
         whole_process = argv is None if whole_process is None else whole_process
         argv = sys.argv[1:] if argv is None else list(argv)
         parser = make_parser(prog)
+        args = None
         try:
             args = parse(parser, argv)
-        except GPTLiteError as error:  # the run file
+            if check is not None:
+                check(args)
+        except GPTLiteError as error:  # the run file, or what `check` refuses
+            if getattr(args, "debug", False):
+                raise
             print(f"{prog}: error: {as_flags(str(error), parser)}", file=sys.stderr)
             return 2
         choose_backend(prog, args.backend, automatic_backend and (lambda: automatic_backend(args)))
@@ -54,6 +61,14 @@ def command(prog, make_parser, run, automatic_backend=None):
         return 0
 
     return main
+
+
+def check_model(args):
+    """A command's `check` (see `command`) where it loads the model file `args.model`: a path that is no model
+    file is refused before the backend starts."""
+    from gptlite.files import check_model_file
+
+    check_model_file(args.model)
 
 
 def print_piece(text):

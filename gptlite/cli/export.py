@@ -3,7 +3,7 @@
 import json
 import pathlib
 
-from gptlite.cli.command import command
+from gptlite.cli.command import check_model, command
 from gptlite.cli.flags import add_backend_flags, Parser
 from gptlite.errors import ConfigError, RunExistsError
 from gptlite.weights import GGUF_OUTTYPES
@@ -60,4 +60,4 @@ def run(args):
               f"(batch, up to {model.config.block_size} tokens, int32) to the next token's logits")
 
 
-main = command("gptlite-export", make_parser, run)
+main = command("gptlite-export", make_parser, run, check=check_model)

@@ -2,7 +2,7 @@
 
 import pathlib
 
-from gptlite.cli.command import command, print_piece
+from gptlite.cli.command import check_model, command, print_piece
 from gptlite.cli.flags import add_backend_flags, add_compile_cache_flags, add_unknown_flag, Parser
 from gptlite.errors import InputError
 from gptlite.model.config import ATTENTION_PARTS
@@ -181,4 +181,4 @@ def _draw_attention(args):
     print(f"wrote {args.attention} ({maps.title} for {written_for})")
 
 
-main = command("gptlite-generate", make_parser, run)
+main = command("gptlite-generate", make_parser, run, check=check_model)

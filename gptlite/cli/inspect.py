@@ -4,7 +4,7 @@ import json
 import pathlib
 import sys
 
-from gptlite.cli.command import command
+from gptlite.cli.command import check_model, command
 from gptlite.cli.flags import add_backend_flags, add_unknown_flag, Parser
 from gptlite.errors import InputError
 
@@ -82,4 +82,4 @@ def _report_text(report):
     return "\n".join(lines)
 
 
-main = command("gptlite-inspect", make_parser, run)
+main = command("gptlite-inspect", make_parser, run, check=check_model)

@@ -187,4 +187,17 @@ def automatic_backend(args):
     return backend, f"backend: {backend}, {reason} (--backend chooses another)"
 
 
-main = command("gptlite-train", make_parser, run, automatic_backend)
+def check(args):
+    """Refuse a text that is not there, and a folder that holds a run, before the backend starts (seconds): `run`
+    refuses them all the same."""
+    from gptlite.errors import MissingFileError
+    from gptlite.training.run_folder import check_folder
+
+    for path in [] if args.synthetic else args.texts:
+        if not path.exists():
+            raise MissingFileError(f"no such file: {path}")
+    if not args.resume:
+        check_folder(pathlib.Path(args.out), args.overwrite)
+
+
+main = command("gptlite-train", make_parser, run, automatic_backend, check)

@@ -15,17 +15,10 @@ import numpy as np
 
 from gptlite.errors import InputError
 from gptlite.model.layers import layers_within
+from gptlite.training.run_folder import (  # noqa: F401 (the names of its files, where they were)
+    CHECKPOINT, CHECKPOINT_FILES, FORMAT_1_ADAPTERS, FORMAT_1_STATE, FORMAT_1_WEIGHTS)
 
-# One file: every variable of the model and of its optimizer as it is (adapters and frozen kernels apart,
-# dropout's random state included), in their order, and the run's document (step, settings, history), all
-# copied at one step; a NumPy archive.
-CHECKPOINT = "checkpoint.npz"
 CHECKPOINT_FORMAT = 2
-# What checkpoints of format 1 held: the document, Keras's weights file (LoRA layers merged) and the adapters.
-FORMAT_1_STATE = "checkpoint.json"
-FORMAT_1_WEIGHTS = "checkpoint.weights.h5"
-FORMAT_1_ADAPTERS = "checkpoint.adapters.npz"
-CHECKPOINT_FILES = (CHECKPOINT, FORMAT_1_STATE, FORMAT_1_WEIGHTS, FORMAT_1_ADAPTERS)
 
 
 @dataclasses.dataclass

@@ -14,7 +14,6 @@ the task (`gptlite.tasks`: a language model, chat or seq2seq) reads and encodes 
 import contextlib
 import dataclasses
 import functools
-import os
 import pathlib
 import shutil
 import tempfile
@@ -25,10 +24,11 @@ from gptlite.data import pairs
 from gptlite.errors import ConfigError, InputError, MissingFileError, RunExistsError
 from gptlite.tasks.task import named
 from gptlite.training import fit, run_config
-from gptlite.training.checkpoints import CHECKPOINT, CHECKPOINT_FILES, FORMAT_1_STATE, read_checkpoint
+from gptlite.training.checkpoints import read_checkpoint
 from gptlite.training.distribute import check_accumulation, data_parallel, on_gpu
 from gptlite.training.history import check_tensorboard
 from gptlite.training.plan import RunArguments, plan_run
+from gptlite.training.run_folder import check_folder, CHECKPOINT_FILES, holds_a_run
 from gptlite.training.settings import PRESETS, TrainingConfig
 from gptlite.weights import pretrained
 
@@ -141,7 +141,7 @@ def run(asked, verbose=1):
     task.check(asked)
     checkpoint = read_checkpoint(asked.out_dir) if asked.resume else None
     if not asked.resume:  # refused before a model is read, and before a chat run reads its conversations (seconds)
-        _check_folder(asked.out_dir, asked.overwrite)
+        check_folder(asked.out_dir, asked.overwrite)
     start = pretrained.from_pretrained(asked.init_from) if asked.init_from and not checkpoint else None
     data, sizing = task.read(asked, asked.seed(checkpoint), not (checkpoint or start), say)
     plan = plan_run(asked, task, checkpoint, start and start.config, sizing,
@@ -193,26 +193,8 @@ def _starting_model(plan, start, say):
     return model
 
 
-def _check_folder(out_dir, overwrite):
-    """Refuse an `out_dir` that holds a run (unless told to replace it), or that cannot be written to.
-
-    Nothing is made yet: `_make_folder` does that once the text and settings have passed.
-    """
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InputError(f"`out_dir` {out_dir} is a file, not a folder")
-    existing = [out_dir / name for name in ("model.keras", CHECKPOINT, FORMAT_1_STATE) if (out_dir / name).exists()]
-    if existing and not overwrite:
-        raise RunExistsError(f"{existing[0]} already exists; set `resume=True` to continue that run, "
-                             f"`overwrite=True` to replace it, or choose another `out_dir`")
-    nearest = next(folder for folder in (out_dir, *out_dir.absolute().parents) if folder.exists())
-    if not nearest.is_dir():
-        raise InputError(f"cannot write to `out_dir` {out_dir}: {nearest} is a file")
-    if not os.access(nearest, os.W_OK | os.X_OK):
-        raise InputError(f"cannot write to `out_dir` {out_dir}: permission denied")
-
-
 def _make_folder(out_dir, overwrite):
-    """Make `out_dir`, checked by `_check_folder`; replacing a run, remove its checkpoint."""
+    """Make `out_dir`, checked by `run_folder.check_folder`; replacing a run, remove its checkpoint."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=out_dir).close()
@@ -231,8 +213,7 @@ def _removed_if_refused(out_dir):
     try:
         yield
     except (ConfigError, InputError, MissingFileError, RunExistsError):
-        trained = any((out_dir / name).exists() for name in ("model.keras", CHECKPOINT, FORMAT_1_STATE))
-        if not existed and out_dir.is_dir() and not trained:
+        if not existed and out_dir.is_dir() and not holds_a_run(out_dir):
             shutil.rmtree(out_dir, ignore_errors=True)
         raise
 

@@ -1,13 +1,12 @@
 """Writing and reading `model.keras` files; exporting a model as a TensorFlow SavedModel."""
 
 import pathlib
-import zipfile
 
 import keras
 import numpy as np
 
-from gptlite.errors import ConfigError, InputError, MissingFileError
-from gptlite.files import atomic_directory, atomic_path
+from gptlite.errors import ConfigError, InputError
+from gptlite.files import atomic_directory, atomic_path, check_model_file
 from gptlite.model.gpt import is_model, only_a_gpt
 from gptlite.model.layers import layers_within
 
@@ -57,12 +56,7 @@ def load(path):
     Loading runs in Keras's safe mode: nothing in the file can run code.
     """
     path = pathlib.Path(path)
-    if not path.exists():
-        raise MissingFileError(f"no such model file: {path}")
-    if path.is_dir():
-        raise InputError(f"{path} is a folder; give the model.keras file inside it")
-    if not zipfile.is_zipfile(path):
-        raise InputError(f"{path} is not a .keras model file (not a zip archive)")
+    check_model_file(path)
     try:
         model = keras.saving.load_model(path, compile=False)
     except Exception as error:  # Keras raises many types for a damaged file.

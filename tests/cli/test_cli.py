@@ -81,6 +81,12 @@ def test_existing_model_is_not_overwritten(trained_run):
     assert "already exists" in result.stderr and "--overwrite" in result.stderr
     assert len(result.stderr.splitlines()) == 1, result.stderr  # no start-up notices of the backend's around it
     assert hashlib.sha256((out / "model.keras").read_bytes()).hexdigest() == before
+    # Refused before the backend starts: at once, not after seconds of importing Keras.
+    script = ("import sys; from gptlite.cli import train_main; status = train_main(sys.argv[1:]); "
+              "print('keras' in sys.modules); sys.exit(status)")
+    result = run_python("-c", script, str(text_file), *TRAIN_FLAGS, "--out", str(out))
+    assert result.returncode == 2 and "already exists" in result.stderr
+    assert result.stdout.split() == ["False"]
 
 
 @ONCE
@@ -94,6 +100,20 @@ def test_user_mistakes_give_one_line_and_exit_status_2(args, message):
     assert result.returncode == 2
     lines = result.stderr.splitlines()  # the error alone: the backend's start-up notices are held back
     assert len(lines) == 1 and "error:" in lines[0] and message in lines[0], result.stderr
+
+
+@pytest.mark.parametrize("command,args,message", [
+    ("train_main", ["no/such/file.txt"], "no such file: no/such/file.txt"),
+    ("generate_main", ["--model", "no/such/model.keras"], "no such model file"),
+    ("serve_main", ["."], "is a folder; give the model.keras file inside it"),
+    ("eval_main", ["README.md"], "is not a .keras model file"),
+])
+def test_a_missing_model_or_text_is_refused_before_the_backend_starts(command, args, message):
+    script = (f"import sys; from gptlite.cli import {command}; status = {command}(sys.argv[1:]); "
+              "print('keras' in sys.modules); sys.exit(status)")
+    result = run_python("-c", script, *args)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert result.stdout.split() == ["False"]
 
 
 def test_in_process_errors_for_bad_flags(capsys, tmp_path, trained_run):
