@@ -89,8 +89,9 @@ def _apply(backend=None):
         if not named and tensorflow_folder() is not None:
             return
         flags = [flag for flag in os.environ.get("TF_XLA_FLAGS", "").split() if not flag.startswith(_TF_FLAG)]
-        if target is not None:
-            flags.append(_TF_FLAG + str(_made(_versioned(target, "tensorflow"))))
+        made = None if target is None else _made(_versioned(target, "tensorflow"))
+        if made is not None:
+            flags.append(_TF_FLAG + str(made))
         if flags:
             os.environ["TF_XLA_FLAGS"] = " ".join(flags)
         else:
@@ -98,10 +99,11 @@ def _apply(backend=None):
     elif backend == "jax":
         if not named and "JAX_COMPILATION_CACHE_DIR" in os.environ:
             return
-        if target is None:
+        made = None if target is None else _made(_versioned(target, "jax"))
+        if made is None:
             os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
         else:
-            os.environ["JAX_COMPILATION_CACHE_DIR"] = str(_made(_versioned(target, "jax")))
+            os.environ["JAX_COMPILATION_CACHE_DIR"] = str(made)
             # JAX keeps only programs that took a second to compile unless told otherwise; ours take less.
             os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
             os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
@@ -134,8 +136,8 @@ def start(backend):
         named = tensorflow_folder()
         if named is not None:  # by `use` (a command) or by the user, before TensorFlow started: it reads it
             _started = named
-        elif target is not None:
-            _started = _made(_versioned(target, "tensorflow"))
+        elif target is not None and _made(_versioned(target, "tensorflow")) is not None:
+            _started = _versioned(target, "tensorflow")
             _start_tensorflow(_started)
     elif backend == "jax":
         import jax
@@ -143,8 +145,8 @@ def start(backend):
         named = jax.config.jax_compilation_cache_dir
         if named:
             _started = pathlib.Path(named)
-        elif target is not None:
-            _started = _made(_versioned(target, "jax"))
+        elif target is not None and _made(_versioned(target, "jax")) is not None:
+            _started = _versioned(target, "jax")
             jax.config.update("jax_compilation_cache_dir", str(_started))
             jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
             jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
@@ -173,15 +175,16 @@ def _start_tensorflow(where):
 
 
 def _made(where):
-    """`where`, made if it is missing, and then marked as gptlite's (MARK); a folder that cannot be made is left
-    to the backend, which says so or keeps nothing."""
+    """`where`, made if it is missing (and then marked as gptlite's, MARK), where it is a folder this process can
+    write to; else None, and nothing is kept there: TensorFlow fails every program whose cache folder it cannot
+    write (a home folder that is read-only, or a file)."""
     try:
         if not where.is_dir():
             where.mkdir(parents=True)
             (where / MARK).write_text("gptlite made this folder: it removes old or damaged entries here.\n")
     except OSError:
-        pass
-    return where
+        return None
+    return where if os.access(where, os.W_OK | os.X_OK) else None
 
 
 def is_ours(where):

@@ -187,6 +187,19 @@ def test_a_library_s_second_process_traces_nothing_new_with_no_opt_in(tmp_path, 
         assert any(name.startswith("xla_compile_cache") for name in kept)
 
 
+def test_a_cache_folder_that_cannot_be_made_keeps_nothing_and_decodes_all_the_same(tmp_path, tokenizer):
+    gptlite.save(_model(tokenizer, seed=5), tmp_path / "model.keras")
+    not_a_folder = tmp_path / "home"
+    not_a_folder.write_text("a file where the home folder would be")
+    environment = {name: value for name, value in os.environ.items()
+                   if name not in ("GPTLITE_COMPILE_CACHE", "TF_XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR")}
+    environment.update(HOME=str(not_a_folder), XDG_CACHE_HOME=str(not_a_folder / ".cache"))
+    result = run_python("-c", _AS_README_SHOWS, str(tmp_path / "model.keras"), env=environment)
+    assert result.returncode == 0, result.stderr[-3000:]
+    written = json.loads(result.stdout.splitlines()[-1])
+    assert written["traced"] > 0 and written["loaded"] == 0 and written["environment unchanged"]
+
+
 @NEEDS_THE_PRIVATE_LAYER
 def test_a_program_kept_by_another_version_of_the_backend_is_not_loaded(tokenizer, monkeypatch):
     from gptlite.decode import compiled
