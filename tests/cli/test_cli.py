@@ -293,9 +293,11 @@ def test_export_command_writes_a_saved_model_once(capsys, tmp_path, trained_run)
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="only torch lacks a SavedModel export")
 def test_export_under_torch_says_which_backend_to_use(capsys, tmp_path, tiny_model):
     from gptlite.cli import main
+    from gptlite.weights import saving
 
     with pytest.raises(gptlite.ConfigError, match="KERAS_BACKEND=tensorflow"):
-        gptlite.weights.saving.export_saved_model(tiny_model, tmp_path / "exported")
+        saving.export_saved_model(tiny_model, tmp_path / "exported")
+    gptlite.save(tiny_model, tmp_path / "model.keras")
     assert main(["export", "--model", str(tmp_path / "model.keras"), "--out", str(tmp_path / "exported")]) == 2
     assert "KERAS_BACKEND=tensorflow" in capsys.readouterr().err
     assert not (tmp_path / "exported").exists()
