@@ -4,7 +4,7 @@
 
 The workload of benchmarks/serve.py's clients, without HTTP, without a
 worker thread or its batch window, and without clients on the same cores:
-a `gptlite.decode.engine.Engine` (short caches, mixed settings, as the server's)
+a `gptlite.decode.engine.Engine` set as the server's (`ENGINE_SETTINGS`)
 admits --rows rows of an empty prompt at once and steps until each has
 --tokens new tokens; then the same for one row. Each is timed --rounds
 times after a first, compiling, wave; prints tokens per second of each
@@ -25,12 +25,13 @@ def wave(model, rows, tokens):
     """Seconds to admit `rows` empty prompts and draw `tokens` new tokens for each."""
     from gptlite.decode.engine import Engine
     from gptlite.decode.sampling import SamplingConfig
+    from gptlite.serving.worker import ENGINE_SETTINGS
 
     configs = [SamplingConfig(temperature=TEMPERATURES[row % len(TEMPERATURES)],
                               top_p=TOP_PS[row // len(TEMPERATURES) % len(TOP_PS)], seed=row) for row in range(rows)]
     prompt = model.tokenizer.encode("\n")
     started = time.perf_counter()
-    engine = Engine(model, rows, short_caches=True, mixed_settings=True)
+    engine = Engine(model, rows, **ENGINE_SETTINGS)
     drawn = engine.admit([prompt] * rows, configs)
     made = 1
     while made < tokens:

@@ -51,6 +51,9 @@ PRIVATE_APIS_VARIABLE = "GPTLITE_PRIVATE_APIS"
 _loaded = {}
 # The thread of the last `prepare` that started one, whichever function's: a new one starts after it has ended.
 _last_preparing = None
+# Held while a program is made (traced or loaded): threads that decode at once (a server's warm-up) make one program
+# at a time, each once, and run theirs side by side.
+_making = threading.RLock()
 
 
 class Compiled:
@@ -128,9 +131,11 @@ class Compiled:
         # dtype as they come); the layout and standard shapes that name a program are made for new keys only.
         key = (_structure(args, inputs), tuple((tuple(value.shape), value.dtype) for value in inputs))
         if key not in self._programs:
-            shapes = tuple((tuple(int(size) for size in value.shape), keras.backend.standardize_dtype(value.dtype))
-                           for value in inputs)
-            self._programs[key] = self._program(_layout(args), shapes)
+            with _making:
+                if key not in self._programs:
+                    shapes = tuple((tuple(int(size) for size in value.shape),
+                                    keras.backend.standardize_dtype(value.dtype)) for value in inputs)
+                    self._programs[key] = self._program(_layout(args), shapes)
         return key, self._programs[key], inputs
 
     def _program(self, layout, shapes):

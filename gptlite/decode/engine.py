@@ -108,17 +108,21 @@ class Engine:
     Programs leave out the top-k, top-p and min-p filters where no row uses
     them; with `mixed_settings` (rows that come and go with any settings,
     as a server's do) one program decides at each step instead, so that no
-    row's arrival needs another compiled.
+    row's arrival needs another compiled. `compiled_prefill`: the prefill
+    compiles (XLA) where the model's is a plain graph (a GPT's, so that a
+    process's first token waits for no compiler): for a process that builds
+    its programs before it decodes (a server's warm-up), whose admissions
+    then cost about a third.
     """
 
     def __init__(self, model, capacity=1, *, resizable=False, short_caches=False, use_cache=True, slide=1,
-                 mixed_settings=False):
+                 mixed_settings=False, compiled_prefill=False):
         self.model = model
         self.programs = programs_for(model)
         self.block_size = model.config.block_size
         self.vocabulary_size = model.config.vocab_size
         self.resizable, self.short_caches, self.use_cache, self.slide = resizable, short_caches, use_cache, slide
-        self.mixed_settings = mixed_settings
+        self.mixed_settings, self.compiled_prefill = mixed_settings, compiled_prefill
         self.capacity = capacity
         self.rows = {}  # row handle -> its slot
         self._next_handle = 0
@@ -163,7 +167,7 @@ class Engine:
         sources = None if sources is None else pad(np.asarray(sources, np.int32))
         if starting and next_steps and sources is None:
             self._prepare_step(window, lengths, settings, seeds, count, next_steps, logprobs)
-        prefill = self.programs.prefill(logprobs, *self._needs(settings))
+        prefill = self.programs.prefill(logprobs, *self._needs(settings), compiled=self.compiled_prefill)
         # An engine of short caches prefills at their spans too: fewer programs, for a process that decodes long.
         narrowest = SHORTEST_CACHE if self.short_caches else NARROWEST_PREFILL
         pending, cache, context, *scores = prefill(prompt_columns(window, lengths, sources, narrowest), lengths,

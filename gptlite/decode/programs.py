@@ -62,14 +62,16 @@ class Programs:
         return sum(program.loads for program in self._compiled.values())
 
     def _get(self, key, function, xla=True):
-        if key not in self._compiled:
-            self._compiled[key] = Compiled(key, function, self.model, xla=xla)
-        return self._compiled[key]
+        # setdefault: two threads asking at once (a server's warm-up) get one Compiled
+        return self._compiled.get(key) or self._compiled.setdefault(key, Compiled(key, function, self.model, xla=xla))
 
-    def prefill(self, logprobs=False, filtering=True, penalised=False, sampling=True):
+    def prefill(self, logprobs=False, filtering=True, penalised=False, sampling=True, compiled=False):
+        """The prefill program; `compiled`: with XLA even where the model's prefill is a plain graph (see
+        `Engine`)."""
         needs = dict(logprobs=logprobs, filtering=filtering, penalised=penalised, sampling=sampling)
-        return self._get(("prefill", *needs.values()), functools.partial(self._sample_prefill, **needs),
-                         xla=self.model.prefill_compiles)
+        xla = compiled or self.model.prefill_compiles
+        return self._get(("prefill", *needs.values(), *(["xla"] if xla else [])),
+                         functools.partial(self._sample_prefill, **needs), xla=xla)
 
     @property
     def beam_prefill(self):

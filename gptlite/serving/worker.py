@@ -19,6 +19,9 @@ from gptlite.tasks.task import of_model
 
 # Tokens per engine call at most: new requests join the batch between calls.
 DECODE_STEPS = 32
+# How the worker's engine decodes (see `Engine`): caches as short as its rows need, rows of any sampling settings
+# in one program, and prefills compiled too, as the warm-up builds them before the server says it is ready.
+ENGINE_SETTINGS = dict(short_caches=True, mixed_settings=True, compiled_prefill=True)
 
 
 class QueueFull(Exception):
@@ -98,20 +101,25 @@ class Worker:
         self.task = of_model(model)  # what the rows of its requests read: prompts, or a Seq2Seq's sources
         self.jobs = queue.Queue()
         self.waiting = 0
-        self.compiling = 0  # warm-up plans still to compile (see warm_up)
+        self.compiling = 0  # warm-up plans not built yet (see warm_up)
         self.planned = 0  # warm-up plans in all
         self._on_ready = None
         self._lock = threading.Lock()
         self._admissible = collections.deque()  # jobs taken from the queue, waiting for room in the batch
+        self._freed = False  # whether rows ended in the last call (see _run)
         self._warm_plans = collections.deque()  # (batch size, prefill width) still to build before ready
         # Every request's rows, keyed by their _Choice, join one running batch.
-        self.engine = Engine(model, resizable=True, short_caches=True, mixed_settings=True)
+        self.engine = Engine(model, resizable=True, **ENGINE_SETTINGS)
         self.rows = TextRows(self.engine, model.tokenizer)
         self._thread = threading.Thread(target=self._run, name="gptlite-decode", daemon=True)
+        # Builds warm-up plans beside the worker's thread (see warm_up).
+        self._helper = threading.Thread(target=self._warm_beside, name="gptlite-warm-up", daemon=True)
 
     def start(self):
         if not self._thread.is_alive():
             self._thread.start()
+        if self._warm_plans and not self._helper.is_alive() and self._helper.ident is None:
+            self._helper.start()
 
     def submit(self, job):
         with self._lock:
@@ -132,14 +140,18 @@ class Worker:
         """Plan the programs the worker will meet, to compile before it says it is ready (`ready`): for each
         batch size it can grow to, the prefill of each width with the cached step after it and the rows
         that join a running batch, and a full window's recomputing step. `on_ready()` is called on the
-        worker's thread once they are built (at once, here, where there is nothing to build).
+        thread that built the last of them (at once, here, where there is nothing to build).
 
-        Requests that come meanwhile are served between two plans (one
-        waits for the plan being compiled at most, then for its own
-        programs). On a warm compile cache each plan's programs are loaded,
-        not traced or compiled (see `gptlite.decode.compiled`). Programs that only
-        some requests need (log-probabilities, a repetition penalty) are
-        built when first asked for.
+        Two threads build the plans: the worker's, between requests, and a
+        helper beside it, so that one plan's programs are traced (Python,
+        one at a time) while another's compile or first run (the backend's
+        own code, which the other core runs). Requests that come meanwhile
+        are served between two plans (one waits for the plan being compiled
+        at most, then for its own programs). On a warm compile cache each
+        plan's programs are loaded, not traced or compiled (see
+        `gptlite.decode.compiled`). Programs that only some requests need
+        (log-probabilities, a repetition penalty) are built when first asked
+        for.
         """
         import keras
 
@@ -172,12 +184,24 @@ class Worker:
             self._on_ready()
             self._on_ready = None
 
+    def _warm_beside(self):
+        while True:
+            try:
+                if not self._warm_next():
+                    return
+            except Exception:  # a plan that fails leaves its programs to be built when first needed
+                traceback.print_exc()
+
     def _warm_next(self):
-        capacity, width = self._warm_plans.popleft()
+        """Build the next warm-up plan's programs, if one is left (then True)."""
+        try:
+            capacity, width = self._warm_plans.popleft()
+        except IndexError:  # the other thread took the last
+            return False
         block_size = self.model.config.block_size
         length = block_size if width is None else max(1, width - 1)
         try:
-            engine = Engine(self.model, capacity, short_caches=True, mixed_settings=True)
+            engine = Engine(self.model, capacity, **ENGINE_SETTINGS)
             # One row starts the batch, then rows join it as a running batch's do, in every power of two that
             # fits (1, 2, .. capacity / 2), so that placing them into its free slots is built too.
             def admit(count):
@@ -191,15 +215,22 @@ class Worker:
                 joining *= 2
             engine.step(1)
         finally:
-            self.compiling = len(self._warm_plans)
-            if not self._warm_plans:
+            with self._lock:
+                self.compiling -= 1
+                ready = self.compiling == 0
+            if ready:
                 self._ready()
+        return True
 
     def _run(self):
         while True:
             try:
                 idle = not self.rows and not self._admissible
-                self._take(block=idle and not self._warm_plans)
+                # Rows that ended in the last call have freed slots: their clients' next requests are likely on
+                # their way. Waiting a batch window for them lets them join together, now, rather than one
+                # call later and apart, each then ending in a call of its own.
+                freed, self._freed = self._freed and bool(self.rows), False
+                self._take(block=idle and not self._warm_plans, wait=freed)
                 self._admit()
                 if self.rows:
                     self._step()
@@ -209,11 +240,14 @@ class Worker:
                 traceback.print_exc()
                 self._fail_all(f"decoding failed: {type(error).__name__}: {error}")
 
-    def _take(self, block):
+    def _take(self, block, wait=False):
         """Move queued jobs to the admissible ones, and run calls at once. An idle worker
-        waits for the first job, then `batch_window_ms` for others to prefill with it."""
-        deadline = None
+        waits for the first job, then `batch_window_ms` for others to prefill with it; with `wait`,
+        it waits `batch_window_ms` for jobs at once, until they would fill the batch."""
+        deadline = time.monotonic() + self.settings.batch_window_ms / 1000 if wait else None
         while True:
+            if wait and len(self.rows) + sum(len(job.rows) for job in self._admissible) >= self.settings.max_batch:
+                return
             try:
                 if block and deadline is None:
                     item = self.jobs.get()
@@ -314,6 +348,7 @@ class Worker:
             self._finish_choice(choice, row)
 
     def _finish_choice(self, choice, row):
+        self._freed = True
         job = choice.job
         job.reasons[choice.index], job.completion_tokens[choice.index] = row.finish_reason, row.tokens
         job.live -= 1

@@ -236,6 +236,8 @@ def test_health_says_ready_once_requests_need_no_program_built(fluent_model):
     from gptlite.decode.programs import programs_for
 
     settings = serving.ServeSettings(max_batch=4, batch_window_ms=50)
+    programs = programs_for(fluent_model)
+    made_before, built_before = programs.traces + programs.loads, programs.built
     worker = serving.Worker(fluent_model, settings)
     worker.warm_up()
     compiles = keras.backend.backend() != "torch"
@@ -252,6 +254,8 @@ def test_health_says_ready_once_requests_need_no_program_built(fluent_model):
                 assert time.monotonic() < deadline, "the server never became ready"
                 time.sleep(0.05)
             assert health.json()["status"] == "ok" and health.json()["compiling"] == 0
+            if compiles:  # two threads built the plans, and no program twice (each traced or loaded once at most)
+                assert programs.traces + programs.loads - made_before <= programs.built - built_before
             traces = programs_for(fluent_model).traces
             # Requests of every batch size up to the largest, sampled, greedy and filtered, some past the window.
             bodies = [{"prompt": "the cat", "max_tokens": 30, "temperature": 0.7, "top_p": 0.9, "stream": True},
