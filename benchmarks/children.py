@@ -6,6 +6,7 @@ line, last.
 """
 
 import json
+import os
 import pathlib
 import resource
 import statistics
@@ -14,6 +15,17 @@ import sys
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
+# What would name a compile cache for a process: a new user has none of them.
+NAMES_A_CACHE = ("GPTLITE_COMPILE_CACHE", "TF_XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR")
+
+
+def new_machine(home):
+    """This process's environment as on a machine that never ran gptlite: `home` (made if missing) for the home
+    and cache folders, and no compile cache named."""
+    pathlib.Path(home).mkdir(parents=True, exist_ok=True)
+    environment = {name: value for name, value in os.environ.items() if name not in NAMES_A_CACHE}
+    environment.update(HOME=str(home), XDG_CACHE_HOME=str(pathlib.Path(home) / ".cache"))
+    return environment
 
 
 def run_child(label, command, env, python=sys.executable):

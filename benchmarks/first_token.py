@@ -20,17 +20,16 @@ side by side).
 
 import argparse
 import json
-import os
 import pathlib
 import statistics
 import subprocess
 import sys
 import tempfile
 
+from children import new_machine
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CHARACTERS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-# What would name a compile cache for the process: a new user has none of them.
-NAMES_A_CACHE = ("GPTLITE_COMPILE_CACHE", "TF_XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR", "XDG_CACHE_HOME")
 SHAPES = {"cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64), "gpt2": None}
 
 CHILD = """
@@ -71,9 +70,7 @@ def make_model(shape, folder):
 
 def run(code, model, tokens, home):
     """One fresh process with `home` for its home and cache folders; what it reports."""
-    home.mkdir(exist_ok=True)
-    environment = {name: value for name, value in os.environ.items() if name not in NAMES_A_CACHE}
-    environment.update(HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"), TF_CPP_MIN_LOG_LEVEL="2")
+    environment = dict(new_machine(home), TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run([sys.executable, "-c", CHILD, str(code), str(model), str(tokens)], env=environment,
                             capture_output=True, text=True, cwd=tempfile.gettempdir())
     if result.returncode:

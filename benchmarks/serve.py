@@ -37,6 +37,8 @@ import tempfile
 import threading
 import time
 
+from children import new_machine
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SHAPES = {"cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64),
           "wide": dict(n_layer=6, n_head=6, n_embd=384, block_size=256)}
@@ -68,10 +70,7 @@ def start_server(model, port, max_batch, max_queue, cache, code=REPO, flags=()):
     """Launch `gptlite serve` as on a new machine, its home folder `cache` (empty on a cold start: the compile cache
     is gptlite's default folder in it, and no cache is named); (process, seconds from launch to /health's first
     answer, seconds until it says it is ready, its warm-up done)."""
-    names_a_cache = ("GPTLITE_COMPILE_CACHE", "TF_XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR")
-    environment = {name: value for name, value in os.environ.items() if name not in names_a_cache}
-    pathlib.Path(cache).mkdir(parents=True, exist_ok=True)
-    environment.update(HOME=str(cache), XDG_CACHE_HOME=str(pathlib.Path(cache) / ".cache"))
+    environment = new_machine(cache)
     started = time.perf_counter()
     # Its output goes to a file: a pipe that nobody reads until the end would stop a server that logs much.
     log = tempfile.TemporaryFile("w+")

@@ -1,7 +1,7 @@
 """`gptlite serve` from the moment it says it is ready: is it at full speed then?
 
     python benchmarks/serve_ready.py [--shape cpu|wide] [--clients 16] [--requests 8] [--tokens 64] [--rounds 3]
-                                     [--late 5 60] [--measure first interleaved clients] [--code DIR]
+                                     [--late 5 60] [--measure first interleaved clients] [--code DIR ...]
 
 A model of --shape with random weights (see benchmarks/serve.py) is served
 by `gptlite serve` in a process of its own, started anew for each
@@ -27,6 +27,9 @@ ready:
   text, errors, and the aggregate tokens per second, beside the decode
   engine's own ceiling for that many rows (benchmarks/batch_ceiling.py's
   wave, in this process, after the servers): their ratio.
+
+With several --code folders (checkouts to compare), each round measures
+each in turn, so that the machine's slower and faster minutes fall on all.
 """
 
 import argparse
@@ -86,8 +89,8 @@ def interleaved(url):
     return dict(short_s=short, long_s=long["seconds"], ratio=short / long["seconds"])
 
 
-def measure(kind, model, cache, args):
-    process, port, answered, ready = launch(model, cache, args.code, args.max_batch)
+def measure(kind, model, cache, code, args):
+    process, port, answered, ready = launch(model, cache, code, args.max_batch)
     url = f"http://127.0.0.1:{port}"
     result = dict(health_answered_s=answered, ready_s=ready)
     try:
@@ -132,30 +135,33 @@ def main():
                         help="seconds after ready to send the interleaved requests again (warm start)")
     parser.add_argument("--measure", nargs="*", choices=["first", "interleaved", "clients"],
                         default=["first", "interleaved", "clients"], help="which measurements (default: all)")
-    parser.add_argument("--code", type=pathlib.Path, default=REPO,
-                        help="serve with the gptlite found in this folder (a checkout of other code, to compare)")
+    parser.add_argument("--code", type=pathlib.Path, nargs="+", default=[REPO],
+                        help="serve with the gptlite found in each folder (checkouts of other code, to compare): "
+                             "measured in turns, each round")
     args = parser.parse_args()
 
-    report = dict(shape=args.shape, code=str(args.code), tokens=args.tokens, clients=args.clients,
-                  requests=args.requests)
+    report = dict(shape=args.shape, tokens=args.tokens, clients=args.clients, requests=args.requests)
     with tempfile.TemporaryDirectory() as folder:
         model = make_model(args.shape, folder)
-        warm_cache = pathlib.Path(folder) / "warm"
-        launch_and_stop = launch(model, warm_cache, args.code, args.max_batch)[0]
-        stop(launch_and_stop)  # the warm starts' cache, filled
+        warm_caches = {}
+        for code in args.code:
+            warm_caches[code] = pathlib.Path(tempfile.mkdtemp(dir=folder))
+            stop(launch(model, warm_caches[code], code, args.max_batch)[0])  # the warm starts' cache, filled
         for kind in args.measure:
-            rounds = {"cold": [], "warm": []}
+            rounds = {(code, start): [] for code in args.code for start in ("cold", "warm")}
             for _ in range(args.rounds):
-                cold_cache = pathlib.Path(tempfile.mkdtemp(dir=folder))  # a new, empty home folder
-                late = args.late
-                if kind == "interleaved":
-                    args.late = []
-                rounds["cold"].append(measure(kind, model, cold_cache, args))
-                args.late = late
-                rounds["warm"].append(measure(kind, model, warm_cache, args))
-                print(json.dumps({"kind": kind, "cold": rounds["cold"][-1], "warm": rounds["warm"][-1]}), flush=True)
-            for start, results in rounds.items():
-                report[f"{kind}_{start}"] = medians(results)
+                for code in args.code:
+                    cold_cache = pathlib.Path(tempfile.mkdtemp(dir=folder))  # a new, empty home folder
+                    late = args.late
+                    if kind == "interleaved":
+                        args.late = []
+                    rounds[code, "cold"].append(measure(kind, model, cold_cache, code, args))
+                    args.late = late
+                    rounds[code, "warm"].append(measure(kind, model, warm_caches[code], code, args))
+                    print(json.dumps({"kind": kind, "code": str(code), "cold": rounds[code, "cold"][-1],
+                                      "warm": rounds[code, "warm"][-1]}), flush=True)
+            for (code, start), results in rounds.items():
+                report.setdefault(str(code), {})[f"{kind}_{start}"] = medians(results)
 
         if "clients" in args.measure:
             import keras
@@ -166,7 +172,9 @@ def main():
             wave(engine_model, args.clients, args.tokens)  # compiles
             seconds = statistics.median(wave(engine_model, args.clients, args.tokens) for _ in range(5))
             report["ceiling_tokens_per_s"] = args.clients * args.tokens / seconds
-            report["served_over_ceiling"] = report["clients_warm"]["tokens_per_s"] / report["ceiling_tokens_per_s"]
+            for code in args.code:
+                report[str(code)]["served_over_ceiling"] = (report[str(code)]["clients_warm"]["tokens_per_s"]
+                                                            / report["ceiling_tokens_per_s"])
     print(json.dumps(report, indent=1))
 
 

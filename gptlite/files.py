@@ -77,14 +77,20 @@ def not_decodable(path, encoding, raw, offset, line):
     )
 
 
+def check_exists(paths):
+    """Refuse, in one line, the first of `paths` that is not there."""
+    for path in map(pathlib.Path, paths):
+        if not path.exists():
+            raise MissingFileError(f"no such file: {path}")
+
+
 def read_text(path, encoding="utf-8", errors="strict"):
     """The whole file as a string, or a `GPTLiteError` that says what is wrong with it.
 
     `errors="replace"` decodes bad bytes as U+FFFD instead of refusing the file.
     """
     path = pathlib.Path(path)
-    if not path.exists():
-        raise MissingFileError(f"no such file: {path}")
+    check_exists([path])
     if path.is_dir():
         raise InputError(f"{path} is a folder; give a text file")
     try:

@@ -190,12 +190,10 @@ def automatic_backend(args):
 def check(args):
     """Refuse a text that is not there, and a folder that holds a run, before the backend starts (seconds): `run`
     refuses them all the same."""
-    from gptlite.errors import MissingFileError
+    from gptlite.files import check_exists
     from gptlite.training.run_folder import check_folder
 
-    for path in [] if args.synthetic else args.texts:
-        if not path.exists():
-            raise MissingFileError(f"no such file: {path}")
+    check_exists([] if args.synthetic else args.texts)
     if not args.resume:
         check_folder(pathlib.Path(args.out), args.overwrite)
 

@@ -10,8 +10,8 @@ import sysconfig
 import keras
 import numpy as np
 
-from gptlite.errors import InputError, MissingFileError
-from gptlite.files import atomic_path, not_decodable
+from gptlite.errors import InputError
+from gptlite.files import atomic_path, check_exists, not_decodable
 from gptlite.text.tokenizers import known_text
 
 VALIDATION_FRACTION = 0.1
@@ -51,9 +51,8 @@ def text_files(paths):
     """The files that `paths` name: each a file, or a folder whose files are all taken
     (recursively, in sorted path order, hidden ones left out)."""
     files = []
+    check_exists(paths)
     for path in map(pathlib.Path, paths):
-        if not path.exists():
-            raise MissingFileError(f"no such file: {path}")
         if path.is_dir():
             found = sorted(
                 p for p in path.rglob("*")
