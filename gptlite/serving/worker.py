@@ -106,7 +106,6 @@ class Worker:
         self._on_ready = None
         self._lock = threading.Lock()
         self._admissible = collections.deque()  # jobs taken from the queue, waiting for room in the batch
-        self._freed = False  # whether rows ended in the last call (see _run)
         self._warm_plans = collections.deque()  # (batch size, prefill width) still to build before ready
         # Every request's rows, keyed by their _Choice, join one running batch.
         self.engine = Engine(model, resizable=True, **ENGINE_SETTINGS)
@@ -226,11 +225,7 @@ class Worker:
         while True:
             try:
                 idle = not self.rows and not self._admissible
-                # Rows that ended in the last call have freed slots: their clients' next requests are likely on
-                # their way. Waiting a batch window for them lets them join together, now, rather than one
-                # call later and apart, each then ending in a call of its own.
-                freed, self._freed = self._freed and bool(self.rows), False
-                self._take(block=idle and not self._warm_plans, wait=freed)
+                self._take(block=idle and not self._warm_plans)
                 self._admit()
                 if self.rows:
                     self._step()
@@ -240,14 +235,11 @@ class Worker:
                 traceback.print_exc()
                 self._fail_all(f"decoding failed: {type(error).__name__}: {error}")
 
-    def _take(self, block, wait=False):
+    def _take(self, block):
         """Move queued jobs to the admissible ones, and run calls at once. An idle worker
-        waits for the first job, then `batch_window_ms` for others to prefill with it; with `wait`,
-        it waits `batch_window_ms` for jobs at once, until they would fill the batch."""
-        deadline = time.monotonic() + self.settings.batch_window_ms / 1000 if wait else None
+        waits for the first job, then `batch_window_ms` for others to prefill with it."""
+        deadline = None
         while True:
-            if wait and len(self.rows) + sum(len(job.rows) for job in self._admissible) >= self.settings.max_batch:
-                return
             try:
                 if block and deadline is None:
                     item = self.jobs.get()
@@ -348,7 +340,6 @@ class Worker:
             self._finish_choice(choice, row)
 
     def _finish_choice(self, choice, row):
-        self._freed = True
         job = choice.job
         job.reasons[choice.index], job.completion_tokens[choice.index] = row.finish_reason, row.tokens
         job.live -= 1
