@@ -112,7 +112,7 @@ class Engine:
     compiles (XLA) where the model's is a plain graph (a GPT's, so that a
     process's first token waits for no compiler): for a process that builds
     its programs before it decodes (a server's warm-up), whose admissions
-    then cost about a third.
+    then cost less than half.
     """
 
     def __init__(self, model, capacity=1, *, resizable=False, short_caches=False, use_cache=True, slide=1,
