@@ -114,5 +114,23 @@ def time_training(model, config, vocabulary_size, warmup_steps):
             "peak_rss_mb": peaks[-1]}
 
 
+def cpu_ticks():
+    """The machine's CPU time so far from /proc/stat, in ticks: (all of it, the part of it "stolen", that the
+    hypervisor of a virtual machine gave to other machines while this one had work); (0, 0) without /proc/stat."""
+    try:
+        with open("/proc/stat") as file:
+            fields = [int(value) for value in file.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return 0, 0
+    return sum(fields), fields[7]  # user nice system idle iowait irq softirq steal
+
+
+def stolen_share(before):
+    """The share of the machine's CPU time stolen since `before` (a `cpu_ticks()`): on a shared host, figures
+    measured while it is high are slower by about that much, and noisier."""
+    total, stolen = cpu_ticks()
+    return round((stolen - before[1]) / max(1, total - before[0]), 3)
+
+
 def peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux

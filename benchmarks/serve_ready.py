@@ -30,6 +30,9 @@ ready:
 
 With several --code folders (checkouts to compare), each round measures
 each in turn, so that the machine's slower and faster minutes fall on all.
+Each round, and the report, say what share of the machine's CPU time was
+stolen meanwhile (a virtual machine's host giving it to others: see
+`children.stolen_share`).
 """
 
 import argparse
@@ -43,6 +46,7 @@ import tempfile
 import threading
 import time
 
+from children import cpu_ticks, stolen_share
 from serve import REPO, complete, free_port, load_phase, make_model, start_server
 
 INTERLEAVED_LONG = 1000
@@ -141,6 +145,7 @@ def main():
     args = parser.parse_args()
 
     report = dict(shape=args.shape, tokens=args.tokens, clients=args.clients, requests=args.requests)
+    started = cpu_ticks()
     with tempfile.TemporaryDirectory() as folder:
         model = make_model(args.shape, folder)
         warm_caches = {}
@@ -152,6 +157,7 @@ def main():
             for _ in range(args.rounds):
                 for code in args.code:
                     cold_cache = pathlib.Path(tempfile.mkdtemp(dir=folder))  # a new, empty home folder
+                    round_started = cpu_ticks()
                     late = args.late
                     if kind == "interleaved":
                         args.late = []
@@ -159,7 +165,8 @@ def main():
                     args.late = late
                     rounds[code, "warm"].append(measure(kind, model, warm_caches[code], code, args))
                     print(json.dumps({"kind": kind, "code": str(code), "cold": rounds[code, "cold"][-1],
-                                      "warm": rounds[code, "warm"][-1]}), flush=True)
+                                      "warm": rounds[code, "warm"][-1],
+                                      "stolen_share": stolen_share(round_started)}), flush=True)
             for (code, start), results in rounds.items():
                 report.setdefault(str(code), {})[f"{kind}_{start}"] = medians(results)
 
@@ -175,6 +182,7 @@ def main():
             for code in args.code:
                 report[str(code)]["served_over_ceiling"] = (report[str(code)]["clients_warm"]["tokens_per_s"]
                                                             / report["ceiling_tokens_per_s"])
+    report["stolen_share"] = stolen_share(started)
     print(json.dumps(report, indent=1))
 
 

@@ -117,7 +117,7 @@ class Worker:
     def start(self):
         if not self._thread.is_alive():
             self._thread.start()
-        if self._warm_plans and not self._helper.is_alive() and self._helper.ident is None:
+        if self._warm_plans and self._helper.ident is None:  # not started yet
             self._helper.start()
 
     def submit(self, job):
