@@ -212,6 +212,12 @@ class Worker:
             while len(engine.rows) + joining <= capacity:
                 admit(joining)
                 joining *= 2
+            if capacity >= 4:
+                # Then more than half a batch joins one row left: the worker's batch, which shrank to fit that
+                # row, grows back to take them (as when the clients of rows that ended together come back).
+                for handle in list(engine.rows)[1:]:
+                    engine.retire(handle)
+                admit(capacity - 1)
             engine.step(1)
         finally:
             with self._lock:

@@ -275,6 +275,17 @@ def test_health_says_ready_once_requests_need_no_program_built(fluent_model):
             assert [answer.status_code for answer in answers] == [200] * len(bodies)
             if compiles:
                 assert programs_for(fluent_model).traces == traces  # served by the programs built before ready
+                # More than half a batch joining one running row (the clients of rows that ended together coming
+                # back): the worker's batch, shrunk to that row, grows back to take them. Built before ready too.
+                from gptlite.serving.worker import ENGINE_SETTINGS
+
+                engine = gptlite.Engine(fluent_model, resizable=True, **ENGINE_SETTINGS)
+                ids = list(fluent_model.tokenizer.encode("the cat"))
+                engine.admit([ids], [gptlite.SamplingConfig(seed=0)])
+                engine.admit([ids] * 3, [gptlite.SamplingConfig(seed=1)] * 3)
+                assert engine.capacity == 4
+                engine.step(1)
+                assert programs_for(fluent_model).traces == traces
     finally:
         running.stop()
 
