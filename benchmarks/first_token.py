@@ -1,6 +1,7 @@
 """A fresh process's first answer: load a model.keras, stream 10 new tokens, on a cold and a warm compile cache.
 
-    python benchmarks/first_token.py [--shape cpu|smallest|deeper|gpt2] [--rounds 3] [--tokens 10] [--code DIR] [--parts]
+    python benchmarks/first_token.py [--shape cpu|smallest|deeper|gpt2] [--rounds 3] [--tokens 10] [--code DIR]
+                                     [--parts]
 
 Each round runs two fresh processes as a new user's program would run on a
 new machine: HOME and XDG_CACHE_HOME point into a new empty folder of the
@@ -74,7 +75,8 @@ def timed(self, *args):
     return outputs
 compiled.Compiled.__call__ = timed
 def parts():
-    return {f"{name}_{which}_s": seconds for name, times in runs.items() for which, seconds in zip(["first", "second"], times)}
+    return {f"{name}_{which}_s": seconds for name, times in runs.items()
+            for which, seconds in zip(["first", "second"], times)}
 """).replace("generate_s=done - loaded)", "generate_s=done - loaded, **parts())")
 
 

@@ -231,8 +231,9 @@ def test_every_public_name_and_every_module_works_as_the_first_thing_a_process_d
              for module in modules]
     codes = [code + "".join(f"; gptlite.{name}" for name in names.get(module, [])[1:])
              for code, module in zip(codes, modules)]
+    # A timeout: a child stuck on a lock that a thread of the parent held at the fork fails the test, not the suite.
     result = subprocess.run([sys.executable, "-c", FIRST_IN_A_FORK, json.dumps(codes)], capture_output=True,
-                            text=True, cwd=REPO, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+                            text=True, cwd=REPO, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     failures = json.loads(result.stdout.strip().splitlines()[-1])
     assert not failures, "\n".join(f"{code}\n{error}" for code, error in failures)
