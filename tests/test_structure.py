@@ -227,10 +227,8 @@ def test_every_public_name_and_every_module_works_as_the_first_thing_a_process_d
                      if path.stem not in ("__init__", "__main__"))
     modules += ["cli"]
     assert set(names) <= set(modules)
-    codes = [f"import gptlite; gptlite.{names[module][0]}" if module in names else f"import gptlite.{module}"
-             for module in modules]
-    codes = [code + "".join(f"; gptlite.{name}" for name in names.get(module, [])[1:])
-             for code, module in zip(codes, modules)]
+    codes = ["; ".join(["import gptlite", *(f"gptlite.{name}" for name in names[module])]) if module in names
+             else f"import gptlite.{module}" for module in modules]
     # A timeout: a child stuck on a lock that a thread of the parent held at the fork fails the test, not the suite.
     result = subprocess.run([sys.executable, "-c", FIRST_IN_A_FORK, json.dumps(codes)], capture_output=True,
                             text=True, cwd=REPO, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=600)
