@@ -16,7 +16,7 @@ PACKAGE = REPO / "gptlite"
 ALLOWED = {
     "errors": set(),
     "files": set(),
-    "backend": set(),  # the backend's notices and compile cache: plain Python, before Keras starts
+    "backend": set(),  # the backend's notices, compile cache and devices: plain Python, before Keras starts
     "text": set(),  # tokenizers, chat templates, token ids back to text
     "model": {"backend", "text"},  # the shape, the layers, GPT and Seq2Seq (its first one starts the compile cache)
     "weights": {"files", "model", "text"},  # model.keras, GPT-2, the Llama family, GGUF
@@ -24,7 +24,8 @@ ALLOWED = {
     "decode": {"backend", "data", "model", "text"},  # sampling, compiled programs, the engine, generate, chat
     "evaluation": {"data", "decode", "files", "model", "text"},  # scores, inspection
     "tasks": {"data", "decode", "evaluation", "model", "text"},  # one kind of run each: lm, chat, seq2seq
-    "training": {"data", "decode", "evaluation", "files", "model", "tasks", "text", "weights"},  # settings, plan, fit
+    # settings, plan, fit
+    "training": {"backend", "data", "decode", "evaluation", "files", "model", "tasks", "text", "weights"},
     "serving": {"data", "decode", "evaluation", "tasks", "text", "weights"},  # the HTTP server
     "cli": {"backend", "data", "decode", "evaluation", "files", "model", "serving", "tasks", "text", "training",
             "weights"},

@@ -1,3 +1,4 @@
-"""Starting Keras's backend: its native notices held back, and compiled programs kept on disk.
+"""Starting Keras's backend: its native notices held back, compiled programs kept on disk, and which device it
+computes on.
 
-Nothing here imports Keras."""
+Importing these modules imports no Keras."""

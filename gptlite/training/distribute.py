@@ -8,15 +8,6 @@ import keras
 from gptlite.errors import ConfigError
 
 
-def on_gpu():
-    """Whether this process computes on a GPU (a CUDA device). Keras lists devices for TensorFlow and JAX, not torch."""
-    if keras.backend.backend() == "torch":
-        import torch
-
-        return torch.cuda.is_available()
-    return any(kind in device.lower() for device in keras.distribution.list_devices() for kind in ("gpu", "cuda"))
-
-
 def mirrored():
     """Whether a TensorFlow strategy with more than one replica is in scope."""
     import tensorflow as tf

@@ -20,12 +20,13 @@ import tempfile
 
 import keras
 
+from gptlite.backend.devices import on_gpu
 from gptlite.data import pairs
 from gptlite.errors import ConfigError, InputError, MissingFileError, RunExistsError
 from gptlite.tasks.task import named
 from gptlite.training import fit, run_config
 from gptlite.training.checkpoints import read_checkpoint
-from gptlite.training.distribute import check_accumulation, data_parallel, on_gpu
+from gptlite.training.distribute import check_accumulation, data_parallel
 from gptlite.training.history import check_tensorboard
 from gptlite.training.plan import RunArguments, plan_run
 from gptlite.training.run_folder import check_folder, CHECKPOINT_FILES, holds_a_run

@@ -141,6 +141,27 @@ def test_a_row_admitted_into_a_running_batch_gets_the_text_it_gets_alone(fluent_
     assert engine.rows == {} and engine.step() == {}
 
 
+def test_a_batch_shrinks_at_its_next_step_once_few_rows_are_left_and_the_last_row_keeps_its_text(fluent_model):
+    prompts = ["a cat", "the big dog ", "one", "a red hat on"]
+    configs = [SamplingConfig(temperature=0.9, seed=seed) for seed in range(len(prompts))]
+    engine = Engine(fluent_model, resizable=True, short_caches=True, mixed_settings=True)
+    drawn = engine.admit([ids_of(fluent_model, prompt) for prompt in prompts], configs)
+    *ended, last = drawn
+    found = list(drawn[last].ids)
+    for _ in range(2):
+        found += list(engine.step(8)[last].ids)
+    for row in ended:
+        engine.retire(row)
+    assert engine.capacity == 4  # rows ending together free their slots with no resize between
+    found += list(engine.step(8)[last].ids)
+    assert engine.capacity == 1
+    while len(found) < 30:
+        found += list(engine.step(8)[last].ids)
+    alone = Engine(fluent_model)
+    alone_drawn = alone.admit([ids_of(fluent_model, prompts[3])], [configs[3]])
+    assert found[:30] == engine_tokens(alone, alone_drawn, list(alone_drawn), 30)[next(iter(alone_drawn))]
+
+
 def test_a_seq2seq_row_admitted_into_a_running_batch_reads_its_own_source(tiny_seq2seq):
     """A server's Seq2Seq rows join one running batch: each row's source goes with it into its slot."""
     from gptlite.decode.generation import source_ids
