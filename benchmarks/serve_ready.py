@@ -26,7 +26,11 @@ ready:
   mixed as in benchmarks/serve.py: p50 and p99 of the time to the first
   text, errors, and the aggregate tokens per second, beside the decode
   engine's own ceiling for that many rows (benchmarks/batch_ceiling.py's
-  wave, in this process, after the servers): their ratio.
+  wave, in this process, after the servers): their ratio. The CPU time
+  the server and the clients (threads of this process) used, and the
+  ratio the cores allow at most while the clients run beside the engine
+  (their CPU time and the engine's at its ceiling on every core, HTTP
+  costing the server nothing).
 
 With several --code folders (checkouts to compare), each round measures
 each in turn, so that the machine's slower and faster minutes fall on all.
@@ -114,7 +118,10 @@ def measure(kind, model, cache, code, args):
                 sent = time.perf_counter() - at_ready
                 result[f"after_{late:g}_s"] = {**interleaved(url), "sent_after_ready_s": sent}
         else:
+            server_cpu, clients_cpu = cpu_seconds(process.pid), time.process_time()
             result.update(load_phase(url, args.clients, args.requests, args.tokens))
+            result.update(server_cpu_s=cpu_seconds(process.pid) - server_cpu,
+                          clients_cpu_s=time.process_time() - clients_cpu)
     finally:
         stop(process)
     return result
@@ -177,11 +184,20 @@ def main():
 
             engine_model = keras.saving.load_model(model)
             wave(engine_model, args.clients, args.tokens)  # compiles
+            cpu = time.process_time()
             seconds = statistics.median(wave(engine_model, args.clients, args.tokens) for _ in range(5))
-            report["ceiling_tokens_per_s"] = args.clients * args.tokens / seconds
+            tokens = args.clients * args.tokens
+            report["ceiling_tokens_per_s"] = tokens / seconds
+            report["ceiling_cpu_s_per_token"] = (time.process_time() - cpu) / (5 * tokens)
             for code in args.code:
-                report[str(code)]["served_over_ceiling"] = (report[str(code)]["clients_warm"]["tokens_per_s"]
-                                                            / report["ceiling_tokens_per_s"])
+                warm = report[str(code)]["clients_warm"]
+                report[str(code)]["served_over_ceiling"] = warm["tokens_per_s"] / report["ceiling_tokens_per_s"]
+                # The most the cores allow while the clients run beside the engine: their CPU time and the
+                # engine's at its ceiling, packed onto every core, with HTTP costing the server nothing.
+                served = warm["complete"] * args.tokens
+                busy = warm["clients_cpu_s"] + served * report["ceiling_cpu_s_per_token"]
+                report[str(code)]["cores_allow_over_ceiling"] = (
+                    min(1.0, served / (busy / os.cpu_count()) / report["ceiling_tokens_per_s"]))
     report["stolen_share"] = stolen_share(started)
     print(json.dumps(report, indent=1))
 
