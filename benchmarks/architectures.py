@@ -1,4 +1,5 @@
-"""Architectures side by side: GPT-2's layout, each modern switch alone, and all of them together.
+"""Architectures side by side: GPT-2's layout, each modern switch alone, all of them together, and each
+layout with the Muon optimizer.
 
     python benchmarks/architectures.py [TEXT] [--preset cpu] [--rounds 1] [--max-iters N]
         [--variants gpt2 rotary ...] [--backend tensorflow]
@@ -39,6 +40,8 @@ VARIANTS = {
     "llama": {"position": "rotary", "norm": "rms", "mlp": "swiglu"},
     "modern": {name: value for name, value in PRESETS["modern"].items() if PRESETS["cpu"].get(name) != value},
 }
+# The optimizer beside each layout: Keras's Muon for the blocks' matrices (see docs/training.md).
+VARIANTS.update({"muon": {"optimizer": "muon"}, "modern_muon": {**VARIANTS["modern"], "optimizer": "muon"}})
 MEASURES = {"parameters": "parameters", "val_loss": "val loss", "bits_per_character": "bits/char",
             "ms_per_iter": "ms/iter", "kv_cache_kb": "KV cache KB"}
 

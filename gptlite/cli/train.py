@@ -12,7 +12,7 @@ from gptlite.training import settings
 
 SUMMARY = "train a GPT on text files (or a seq2seq model on pairs) and save it as model.keras"
 SETTING_CHOICES = {"position": list(config.POSITIONS), "norm": list(config.NORMS), "mlp": list(config.MLPS),
-                   "precision": list(settings.PRECISIONS)}
+                   "precision": list(settings.PRECISIONS), "optimizer": list(settings.OPTIMIZERS)}
 # Settings whose flags say more than their defaults.
 SETTING_HELP = {
     "grad_accum": "each optimizer step adds up the gradients of N batches of --batch-size (default: 1): a batch "
@@ -23,6 +23,8 @@ SETTING_HELP = {
     "lora_targets": f"which projections of each block get adapters, comma-separated from "
                     f"{','.join(config.LORA_TARGETS)} (default: all); 'embedding' also trains the token "
                     f"embedding whole, 'norms' every norm's scale (and shift)",
+    "optimizer": "adamw (the default) or muon: Muon for the blocks' weight matrices (each update orthogonalised), "
+                 "AdamW for the embeddings, the output head, norms and biases; the same learning rate for both",
     "warmup_iters": "steps of linear learning-rate warm-up (presets: 100, or 5 for tiny; unless given, at most a "
                     "fifth of --max-iters)",
     "position": "learned (a trained table, GPT-2's; the default), sinusoidal (a fixed table) or rotary (RoPE: "

@@ -1,6 +1,6 @@
-"""The optimizer a run trains with (`make_optimizer`: AdamW, weight decay on matrices only) and its learning-rate
-schedule; `FlatAdamW`, Keras's AdamW over one flat vector: the same update, as a few operations whatever the number
-of variables."""
+"""The optimizer a run trains with (`make_optimizer`: AdamW or Muon, weight decay on matrices only) and its
+learning-rate schedule; `FlatAdamW`, Keras's AdamW over one flat vector: the same update, as a few operations
+whatever the number of variables."""
 
 import keras
 import numpy as np
@@ -110,24 +110,27 @@ class _PerOptimizerStep(keras.optimizers.schedules.LearningRateSchedule):
 
 
 def make_optimizer(model, config):
-    """AdamW with clipping at global norm 1.0, decaying only weight matrices.
+    """AdamW (or Muon, see `settings.OPTIMIZERS`) with clipping at global norm 1.0, decaying only weight matrices.
 
     Decaying biases, norms or embeddings pulls them towards zero for no gain in
     generalisation, so they are left out. With `grad_accum` above 1, Keras
     adds up that many micro-batches' gradients and applies their mean (clipped)
     once. `model` must be built.
     """
-    # LoRA trains a few small adapter matrices: one update over their
-    # concatenation holds less memory than one per matrix (FlatAdamW).
-    flat = config.lora_rank and not (keras.backend.backend() == "tensorflow" and mirrored())
-    optimizer = (FlatAdamW if flat else keras.optimizers.AdamW)(
-        learning_rate=learning_rate_schedule(config),
-        weight_decay=config.weight_decay,
-        beta_1=0.9,
-        beta_2=config.beta2,
-        global_clipnorm=1.0,
-        gradient_accumulation_steps=config.grad_accum if config.grad_accum > 1 else None,
-    )
+    common = dict(learning_rate=learning_rate_schedule(config), weight_decay=config.weight_decay,
+                  global_clipnorm=1.0,
+                  gradient_accumulation_steps=config.grad_accum if config.grad_accum > 1 else None)
+    if config.optimizer == "muon":
+        # Muon moves only 2-D variables, and leaves those whose path names an embedding (the token and position
+        # tables, and an untied head: the embedding layer's reverse matrix) to AdamW. Its updates are scaled to
+        # AdamW's size (rms_rate), so both take the run's learning rate and weight decay.
+        optimizer = keras.optimizers.Muon(**common, adam_weight_decay=config.weight_decay, adam_beta_1=0.9,
+                                          adam_beta_2=config.beta2, exclude_embeddings=True)
+    else:
+        # LoRA trains a few small adapter matrices: one update over their
+        # concatenation holds less memory than one per matrix (FlatAdamW).
+        flat = config.lora_rank and not (keras.backend.backend() == "tensorflow" and mirrored())
+        optimizer = (FlatAdamW if flat else keras.optimizers.AdamW)(**common, beta_1=0.9, beta_2=config.beta2)
     embedding_tables = [
         v for v in model.embedding.trainable_variables
         if v.name in ("embeddings", "position_embeddings")

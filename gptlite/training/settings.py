@@ -16,6 +16,9 @@ from gptlite.model.config import GPTConfig, lora_targets
 # Keras dtype policies: mixed ones keep float32 weights and optimizer state,
 # and compute in 16 bits; float16 also scales the loss (Keras does it in compile).
 PRECISIONS = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+# adamw: AdamW for every weight. muon: Keras's Muon (momentum, then each update orthogonalised by Newton-Schulz
+# iterations) for the blocks' weight matrices, and AdamW for the embeddings, the output head, norms and biases.
+OPTIMIZERS = ("adamw", "muon")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +31,7 @@ class TrainingConfig:
     lr: float = 1e-3  # peak learning rate, reached after warm-up
     min_lr: float = 1e-4  # learning rate at the end of the cosine decay
     warmup_iters: int = 100  # steps of linear warm-up
+    optimizer: str = "adamw"  # one of OPTIMIZERS
     beta2: float = 0.99  # AdamW's second-moment decay; 0.99 suits small batches
     weight_decay: float = 0.1  # AdamW decay, on weight matrices only
     eval_interval: int = 250  # steps between validation-loss evaluations
@@ -52,10 +56,13 @@ class TrainingConfig:
         require("beta2", self.beta2, lambda v: 0 <= v < 1, "in [0, 1)")
         require("weight_decay", self.weight_decay, lambda v: v >= 0, "zero or positive")
         require("precision", self.precision, lambda v: v in PRECISIONS, f"one of {', '.join(PRECISIONS)}")
+        require("optimizer", self.optimizer, lambda v: v in OPTIMIZERS, f"one of {', '.join(OPTIMIZERS)}")
         require("lora_rank", self.lora_rank, lambda v: v == 0 or is_count(v),
                  "zero (off) or a positive whole number")
         require("lora_alpha", self.lora_alpha, lambda v: v is None or v > 0, "positive")
         lora_targets(self.lora_targets)
+        if self.lora_rank and self.optimizer != "adamw":
+            raise ConfigError(f"LoRA's adapters train with the adamw optimizer, not {self.optimizer}")
 
 
 PRESETS = {
@@ -186,8 +193,9 @@ def resolve_settings(preset=None, overrides=None, checkpoint=None, default_prese
     saved = {name: checkpoint["model_config"].get(name, getattr(GPTConfig, name)) for name in MODEL_SHAPE_SETTINGS}
     # The optimizer state saved with float16 has a loss scale that the others lack.
     saved["precision"] = checkpoint["training_config"].get("precision", "fp32")
-    # Adapters are weights of their own, in the checkpoint, and so are the gradient accumulators.
-    for name in ("lora_rank", "lora_targets", "grad_accum"):
+    # Adapters are weights of their own, in the checkpoint, and so are the gradient accumulators and each
+    # optimizer's moments.
+    for name in ("lora_rank", "lora_targets", "grad_accum", "optimizer"):
         saved[name] = checkpoint["training_config"].get(name, getattr(TrainingConfig, name))
     conflicts = {name: f"`{name}` is {saved[name]} in the checkpoint, {value} here"
                  for name, value in requested.items() if name in saved and value != saved[name]}

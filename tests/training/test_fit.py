@@ -148,14 +148,15 @@ class StopAtStep:
 TIMINGS = ("elapsed_s", "tokens_per_s", "run_tokens_per_s", *(f"{part}_s" for part in history.RunTime.PARTS))
 
 
-def small_run(tokenizer, text, out, stop_request=None, resume=False, model=None):
+def small_run(tokenizer, text, out, stop_request=None, resume=False, model=None, optimizer="adamw"):
     if model is None:
         keras.utils.set_random_seed(5)
     model = model or gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16,
                                  block_size=16, dropout=0.1, tokenizer=tokenizer)
     train_ids, validation_ids = lm.split(tokenizer.encode(text))
     config = gptlite.TrainingConfig(batch_size=8, max_iters=60, lr=3e-3, min_lr=3e-4, warmup_iters=5,
-                                    eval_interval=20, eval_iters=2, checkpoint_interval=40, seed=5)
+                                    eval_interval=20, eval_iters=2, checkpoint_interval=40, seed=5,
+                                    optimizer=optimizer)
     return model, fit.train(model, train_ids, validation_ids, config, out, verbose=0,
                                  resume=resume, stop_request=stop_request)
 
@@ -171,18 +172,50 @@ def test_same_seed_gives_identical_loss_history(tmp_path, tokenizer, text, unint
     assert without_time(again) == without_time(uninterrupted)
 
 
-def test_interrupted_and_resumed_run_matches_an_uninterrupted_one(tmp_path, tokenizer, text, uninterrupted):
+@pytest.fixture(scope="module")
+def uninterrupted_muon(tmp_path_factory, tokenizer, text):
+    return small_run(tokenizer, text, tmp_path_factory.mktemp("muon"), optimizer="muon")
+
+
+def test_muon_moves_the_blocks_matrices_adamw_the_rest_and_the_loss_falls(uninterrupted_muon, tokenizer):
+    model, rows = uninterrupted_muon
+    optimizer = model.optimizer
+    assert isinstance(optimizer, keras.optimizers.Muon)
+    # Keras's Muon gives a variable that it leaves to AdamW a second moment (a velocity) of its own.
+    # (Its lists follow the variables it was built with: the model's trainable ones.)
+    adamw = {variable.path for variable, velocity in zip(model.trainable_variables, optimizer.adam_velocities)
+             if velocity is not None}
+    for variable in model.trainable_variables:
+        matrix_of_a_block = len(variable.shape) == 2 and "embedding" not in variable.path
+        assert (variable.path not in adamw) == matrix_of_a_block, variable.path
+    uniform = math.log(tokenizer.vocabulary_size)
+    assert rows[-1]["val_loss"] < rows[0]["val_loss"] - 0.1 and rows[-1]["val_loss"] < uniform - 0.3
+
+
+def interrupted_and_resumed(tmp_path, tokenizer, text, optimizer):
+    """The rows of a small run stopped at step 27 and resumed in a fresh model, as in a new process."""
     keras.utils.set_random_seed(5)
     model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=16,
                         dropout=0.1, tokenizer=tokenizer)
     model.build((None, 16))
     with pytest.raises(gptlite.TrainingInterrupted, match="stopped at step 27 of 60"):
-        small_run(tokenizer, text, tmp_path, stop_request=StopAtStep(model, 27), model=model)
+        small_run(tokenizer, text, tmp_path, stop_request=StopAtStep(model, 27), model=model, optimizer=optimizer)
     assert checkpoints.read_checkpoint(tmp_path)["step"] == 27
+    # Everything comes from the checkpoint, the optimizer's state too.
+    return small_run(tokenizer, text, tmp_path, resume=True, optimizer=optimizer)[1]
 
-    # A fresh model, as in a new process: everything comes from the checkpoint.
-    _, resumed = small_run(tokenizer, text, tmp_path, resume=True)
 
+def test_interrupted_and_resumed_run_matches_an_uninterrupted_one(tmp_path, tokenizer, text, uninterrupted):
+    resumed = interrupted_and_resumed(tmp_path, tokenizer, text, "adamw")
+    assert [row["step"] for row in resumed] == [row["step"] for row in uninterrupted] == [20, 40, 60]
+    for got, want in zip(resumed, uninterrupted):
+        assert got["val_loss"] == pytest.approx(want["val_loss"], abs=1e-4)
+        assert got["train_loss"] == pytest.approx(want["train_loss"], abs=1e-4)
+
+
+def test_an_interrupted_muon_run_resumes_with_its_optimizer_state(tmp_path, tokenizer, text, uninterrupted_muon):
+    resumed = interrupted_and_resumed(tmp_path, tokenizer, text, "muon")
+    uninterrupted = uninterrupted_muon[1]
     assert [row["step"] for row in resumed] == [row["step"] for row in uninterrupted] == [20, 40, 60]
     for got, want in zip(resumed, uninterrupted):
         assert got["val_loss"] == pytest.approx(want["val_loss"], abs=1e-4)

@@ -54,6 +54,18 @@ def test_a_resumed_run_keeps_its_shape_and_precision_and_may_train_longer():
         resolve_settings(overrides={"grad_accum": 4}, checkpoint=checkpoint)
     assert "optimizer state was saved for other settings (`grad_accum` is 1 in the checkpoint, 4 here)" in str(
         refusal.value) and "shape" not in str(refusal.value)
+    # An older checkpoint has no optimizer setting either: it trained with AdamW, whose moments it holds.
+    assert resumed["optimizer"] == "adamw"
+    with pytest.raises(gptlite.ConfigError, match=r"optimizer state .* \(`optimizer` is adamw in the checkpoint, "
+                                                  r"muon here\)"):
+        resolve_settings(overrides={"optimizer": "muon"}, checkpoint=checkpoint)
+
+
+def test_an_optimizer_is_one_of_those_offered_and_lora_trains_with_adamw():
+    with pytest.raises(gptlite.ConfigError, match="optimizer must be one of adamw, muon"):
+        gptlite.TrainingConfig(optimizer="sgd")
+    with pytest.raises(gptlite.ConfigError, match="LoRA's adapters train with the adamw optimizer, not muon"):
+        gptlite.TrainingConfig(lora_rank=4, optimizer="muon")
 
 
 def test_a_presets_warm_up_fits_a_short_run_and_a_given_one_is_kept():
