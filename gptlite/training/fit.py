@@ -192,6 +192,7 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
     callbacks: more Keras callbacks, given to every `fit` call.
     """
     called = time.perf_counter()
+    out_dir = pathlib.Path(out_dir)
     task = of_data(train_ids)
     _check(model, config, task, peak_flops)
     if not model.built:

@@ -33,7 +33,7 @@ def tiny_run(tmp_path_factory, text, tokenizer):
     train_ids, validation_ids = lm.split(tokenizer.encode(text))
     config = gptlite.TrainingConfig(batch_size=16, max_iters=130, lr=3e-3, min_lr=3e-4, warmup_iters=10,
                                     eval_interval=40, eval_iters=4, seed=0)
-    rows = fit.train(model, train_ids, validation_ids, config, out, verbose=0)
+    rows = fit.train(model, train_ids, validation_ids, config, str(out), verbose=0)  # a folder's name will do
     return model, rows, out
 
 
