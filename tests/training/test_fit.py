@@ -192,8 +192,9 @@ def test_muon_moves_the_blocks_matrices_adamw_the_rest_and_the_loss_falls(uninte
     assert rows[-1]["val_loss"] < rows[0]["val_loss"] - 0.1 and rows[-1]["val_loss"] < uniform - 0.3
 
 
-def interrupted_and_resumed(tmp_path, tokenizer, text, optimizer):
-    """The rows of a small run stopped at step 27 and resumed in a fresh model, as in a new process."""
+def assert_resumes_as_uninterrupted(tmp_path, tokenizer, text, optimizer, uninterrupted):
+    """A small run stopped at step 27 and resumed in a fresh model, as in a new process, gets the losses of
+    `uninterrupted` (the rows of the same run, whole)."""
     keras.utils.set_random_seed(5)
     model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=16,
                         dropout=0.1, tokenizer=tokenizer)
@@ -202,24 +203,19 @@ def interrupted_and_resumed(tmp_path, tokenizer, text, optimizer):
         small_run(tokenizer, text, tmp_path, stop_request=StopAtStep(model, 27), model=model, optimizer=optimizer)
     assert checkpoints.read_checkpoint(tmp_path)["step"] == 27
     # Everything comes from the checkpoint, the optimizer's state too.
-    return small_run(tokenizer, text, tmp_path, resume=True, optimizer=optimizer)[1]
+    resumed = small_run(tokenizer, text, tmp_path, resume=True, optimizer=optimizer)[1]
+    assert [row["step"] for row in resumed] == [row["step"] for row in uninterrupted] == [20, 40, 60]
+    for got, want in zip(resumed, uninterrupted):
+        assert got["val_loss"] == pytest.approx(want["val_loss"], abs=1e-4)
+        assert got["train_loss"] == pytest.approx(want["train_loss"], abs=1e-4)
 
 
 def test_interrupted_and_resumed_run_matches_an_uninterrupted_one(tmp_path, tokenizer, text, uninterrupted):
-    resumed = interrupted_and_resumed(tmp_path, tokenizer, text, "adamw")
-    assert [row["step"] for row in resumed] == [row["step"] for row in uninterrupted] == [20, 40, 60]
-    for got, want in zip(resumed, uninterrupted):
-        assert got["val_loss"] == pytest.approx(want["val_loss"], abs=1e-4)
-        assert got["train_loss"] == pytest.approx(want["train_loss"], abs=1e-4)
+    assert_resumes_as_uninterrupted(tmp_path, tokenizer, text, "adamw", uninterrupted)
 
 
 def test_an_interrupted_muon_run_resumes_with_its_optimizer_state(tmp_path, tokenizer, text, uninterrupted_muon):
-    resumed = interrupted_and_resumed(tmp_path, tokenizer, text, "muon")
-    uninterrupted = uninterrupted_muon[1]
-    assert [row["step"] for row in resumed] == [row["step"] for row in uninterrupted] == [20, 40, 60]
-    for got, want in zip(resumed, uninterrupted):
-        assert got["val_loss"] == pytest.approx(want["val_loss"], abs=1e-4)
-        assert got["train_loss"] == pytest.approx(want["train_loss"], abs=1e-4)
+    assert_resumes_as_uninterrupted(tmp_path, tokenizer, text, "muon", uninterrupted_muon[1])
 
 
 class HeldDisk:
