@@ -13,6 +13,8 @@ and round r uses seed 1337 + r. Reports, with medians over the rounds:
 - val loss after the last step, and bits per character (val loss / ln 2:
   one token is one character);
 - ms/iter, the median step, and its ratio to GPT-2's layout;
+- training s: training's own clock at its last step (evaluations included),
+  so that variants of unequal steps compare at their wall time;
 - KV cache: the key/value cache's bytes at the full context for one row, in
   float32 (n_layer x 2 x key/value heads x head size x context x 4).
 """
@@ -40,10 +42,14 @@ VARIANTS = {
     "llama": {"position": "rotary", "norm": "rms", "mlp": "swiglu"},
     "modern": {name: value for name, value in PRESETS["modern"].items() if PRESETS["cpu"].get(name) != value},
 }
-# The optimizer beside each layout: Keras's Muon for the blocks' matrices (see docs/training.md).
-VARIANTS.update({"muon": {"optimizer": "muon"}, "modern_muon": {**VARIANTS["modern"], "optimizer": "muon"}})
+# The optimizer beside each layout: Keras's Muon for the blocks' matrices (see docs/training.md), at the
+# preset's steps, and at the steps its slower step fits in AdamW's wall time (its step measured at about
+# 1.33x AdamW's on 2 cores: benchmarks/journal.md), its schedule over those.
+VARIANTS.update({"muon": {"optimizer": "muon"}, "modern_muon": {**VARIANTS["modern"], "optimizer": "muon"},
+                 "muon_1500": {"optimizer": "muon", "max_iters": 1500},
+                 "modern_muon_1500": {**VARIANTS["modern"], "optimizer": "muon", "max_iters": 1500}})
 MEASURES = {"parameters": "parameters", "val_loss": "val loss", "bits_per_character": "bits/char",
-            "ms_per_iter": "ms/iter", "kv_cache_kb": "KV cache KB"}
+            "ms_per_iter": "ms/iter", "train_s": "training s", "kv_cache_kb": "KV cache KB"}
 
 
 def measure(text, settings, seed):
@@ -98,7 +104,7 @@ def main():
             value = figures[name][key]
             cell = f"{value:,.0f}" if key in ("parameters", "kv_cache_kb") else f"{value:.4f}" \
                 if key in ("val_loss", "bits_per_character") else f"{value:.1f}"
-            if name != first and key in ("ms_per_iter", "kv_cache_kb", "parameters"):
+            if name != first and key in ("ms_per_iter", "train_s", "kv_cache_kb", "parameters"):
                 cell += f" ({value / figures[first][key]:.2f}x)"
             cells.append(cell)
         settings = ", ".join(f"{k}={v}" for k, v in VARIANTS[name].items()) or "GPT-2's layout"

@@ -175,7 +175,7 @@ def run_gptlite(text_path, settings, precision, seed):
         lambda: keras.ops.cast(np.random.default_rng(0).normal(size=(MATMUL_SIZE, MATMUL_SIZE)), compute_dtype),
     )
     return {**summarise([clock.first, *clock.times], settings, parameters, ceiling),
-            "val_loss": rows[-1]["val_loss"], "parameters": parameters}
+            "val_loss": rows[-1]["val_loss"], "parameters": parameters, "train_s": rows[-1]["elapsed_s"]}
 
 
 def main():
