@@ -37,6 +37,7 @@ VARIANTS = {
     "rotary": {"position": "rotary"},
     "rms": {"norm": "rms"},
     "swiglu": {"mlp": "swiglu"},
+    "relu2": {"mlp": "relu2"},
     "gqa": {"n_kv_head": 2},
     "qk_norm": {"qk_norm": True},
     "llama": {"position": "rotary", "norm": "rms", "mlp": "swiglu"},
@@ -48,6 +49,10 @@ VARIANTS = {
 VARIANTS.update({"muon": {"optimizer": "muon"}, "modern_muon": {**VARIANTS["modern"], "optimizer": "muon"},
                  "muon_1500": {"optimizer": "muon", "max_iters": 1500},
                  "modern_muon_1500": {**VARIANTS["modern"], "optimizer": "muon", "max_iters": 1500}})
+# Beside the best of those: ReLU² for SwiGLU, and Muon at twice the peak learning rate.
+VARIANTS.update({"modern_relu2": {**VARIANTS["modern"], "mlp": "relu2"},
+                 "modern_relu2_muon_1500": {**VARIANTS["modern_muon_1500"], "mlp": "relu2"},
+                 "modern_muon_1500_lr6e-3": {**VARIANTS["modern_muon_1500"], "lr": 6e-3}})
 MEASURES = {"parameters": "parameters", "val_loss": "val loss", "bits_per_character": "bits/char",
             "ms_per_iter": "ms/iter", "train_s": "training s", "kv_cache_kb": "KV cache KB"}
 

@@ -27,7 +27,7 @@ class GPTConfig:
     rope_theta: float = 10000.0  # rotary positions' base
     norm: str = "layer"  # "layer" (LayerNorm) or "rms" (RMSNorm)
     norm_epsilon: float = 1e-5  # added to the variance in every norm
-    mlp: str = "gelu"  # feed-forward: "gelu" (GPT-2's) or "swiglu" (Llama's)
+    mlp: str = "gelu"  # feed-forward: "gelu" (GPT-2's), "swiglu" (Llama's) or "relu2" (ReLU squared)
     mlp_hidden_size: int = None  # the feed-forward's hidden width; None: 4 n_embd for gelu, about 8/3 for swiglu
     n_kv_head: int = None  # key/value heads (grouped-query attention); None: n_head; 1: multi-query
     qk_norm: bool = False  # RMS-normalise each head's queries and keys
@@ -90,7 +90,9 @@ class GPTConfig:
 # The architecture's choices, which gptlite.model.layers builds.
 POSITIONS = ("learned", "sinusoidal", "rotary")
 NORMS = ("layer", "rms")
-MLPS = ("gelu", "swiglu")
+MLPS = ("gelu", "swiglu", "relu2")
+# Each feed-forward's name in words, for messages and summaries.
+MLP_NAMES = {"gelu": "GELU", "swiglu": "SwiGLU", "relu2": "ReLU²"}
 
 
 # The projections LoRA may adapt in each block: the fused query/key/value

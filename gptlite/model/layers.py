@@ -59,9 +59,9 @@ def layers_within(layer):
 
 
 def feed_forward_width(width, mlp):
-    """The feed-forward's hidden width F by default: 4C for GELU; for SwiGLU, whose three matrices would
-    otherwise hold 1.5x GELU's two, 8C/3 rounded up to a multiple of 16 (the same weights, near enough)."""
-    if mlp == "gelu":
+    """The feed-forward's hidden width F by default: 4C for GELU and ReLU²; for SwiGLU, whose three matrices
+    would otherwise hold 1.5x GELU's two, 8C/3 rounded up to a multiple of 16 (the same weights, near enough)."""
+    if mlp != "swiglu":
         return 4 * width
     return -(-8 * width // (3 * 16)) * 16
 
@@ -350,12 +350,13 @@ class FeedForward(keras.layers.Layer):
     mlp "gelu" (GPT-2's): x -> gelu(x W1) W2, with W1 `expand` (C, F) and
     W2 `contract` (F, C). mlp "swiglu" (Shazeer 2020; Llama's):
     x -> (silu(x W_gate) * (x W_up)) W_down, with W_gate and W_up side by
-    side in `expand` (C, 2F): one matmul; W_down is `contract`.
+    side in `expand` (C, 2F): one matmul; W_down is `contract`. mlp "relu2"
+    (So et al. 2021, Primer; the speedrun's): x -> relu(x W1)² W2.
 
     Args:
         dropout: rate for the output.
         bias: whether the projections have biases.
-        mlp: "gelu" or "swiglu".
+        mlp: "gelu", "swiglu" or "relu2".
         hidden_size: F (None: `feed_forward_width`'s default for the width).
     """
 
@@ -386,6 +387,8 @@ class FeedForward(keras.layers.Layer):
         if self.mlp == "swiglu":
             gate, up = ops.split(self.expand(x), 2, axis=-1)  # each (B, T, F)
             hidden = ops.silu(gate) * up
+        elif self.mlp == "relu2":
+            hidden = ops.square(ops.relu(self.expand(x)))  # (B, T, F)
         else:
             # A large model's LoRA step runs without XLA on TensorFlow (training.compile_for_training).
             adapted = self.expand.lora_enabled or self.contract.lora_enabled

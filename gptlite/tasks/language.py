@@ -9,6 +9,7 @@ from gptlite.data import lm
 from gptlite.decode import generation
 from gptlite.errors import InputError
 from gptlite.evaluation import scores
+from gptlite.model.config import MLP_NAMES
 from gptlite.model.gpt import GPT
 from gptlite.tasks import DEFAULT_BPE_VOCABULARY
 from gptlite.tasks.task import Task, Training
@@ -118,7 +119,7 @@ def _heads(config):
 def _architecture(config):
     """The architecture's switches, in a few words: "learned positions, LayerNorm, GELU" for GPT-2's."""
     words = [f"{config.position} positions", {"layer": "LayerNorm", "rms": "RMSNorm"}[config.norm],
-             {"gelu": "GELU", "swiglu": "SwiGLU"}[config.mlp]]
+             MLP_NAMES[config.mlp]]
     return ", ".join(words + (["QK-norm"] if config.qk_norm else []))
 
 

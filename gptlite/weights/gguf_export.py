@@ -38,6 +38,7 @@ import numpy as np
 
 from gptlite.errors import ConfigError, RunExistsError
 from gptlite.files import atomic_path
+from gptlite.model.config import MLP_NAMES
 from gptlite.model.gpt import only_a_gpt
 from gptlite.model.layers import weight_array
 from gptlite.text.bpe import BPETokenizer, PretrainedTokenizer
@@ -95,7 +96,7 @@ def architecture_of(config):
     if config.position != "rotary":
         missing = [reason for failed, reason in [
             (config.norm != "layer", "RMSNorm with table positions"),
-            (config.mlp != "gelu", "a SwiGLU feed-forward with table positions"),
+            (config.mlp != "gelu", f"a {MLP_NAMES[config.mlp]} feed-forward with table positions"),
             (config.qk_norm, "QK-norm with table positions"),
             (config.head_dim not in (None, config.n_embd // config.n_head),
              f"heads {config.head_dim} wide with table positions"),

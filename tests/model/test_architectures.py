@@ -26,6 +26,9 @@ COMBINATIONS = [
     ("sinusoidal", "layer", "gelu", 2, False, False, True),
     ("rotary", "layer", "gelu", 1, False, False, True),
     ("rotary", "layer", "gelu", 4, False, False, True),
+    ("learned", "layer", "relu2", 4, True, False, False),
+    ("sinusoidal", "rms", "relu2", 2, False, True, True),
+    ("rotary", "rms", "relu2", 1, True, True, False),
 ]
 # Heads wider than n_embd / n_head (Qwen3's), with the modern switches.
 WIDE_HEADS = ("rotary", "rms", "swiglu", 2, True, False, True, 8)

@@ -343,6 +343,19 @@ def test_swiglu_feed_forward_matches_numpy():
     np.testing.assert_allclose(keras.ops.convert_to_numpy(feed_forward(x)), expected, atol=1e-5)
 
 
+def test_relu2_feed_forward_matches_numpy_and_is_as_wide_as_gelu_by_default():
+    rng = np.random.default_rng(9)
+    x = rng.normal(size=(2, 3, 8)).astype("float32")
+    feed_forward = layers.FeedForward(bias=True, mlp="relu2")
+    feed_forward.build(x.shape)
+    _random_weights(feed_forward, rng)
+    expand, contract = feed_forward.expand.kernel.numpy(), feed_forward.contract.kernel.numpy()
+    assert expand.shape == (8, 32) and contract.shape == (32, 8)
+    hidden = np.maximum(x @ expand + feed_forward.expand.bias.numpy(), 0.0) ** 2
+    expected = hidden @ contract + feed_forward.contract.bias.numpy()
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(feed_forward(x)), expected, rtol=1e-5, atol=1e-5)
+
+
 def test_swiglu_default_width_keeps_about_the_weights_of_gelu():
     for width in (64, 128, 384, 576, 768):
         hidden = layers.feed_forward_width(width, "swiglu")

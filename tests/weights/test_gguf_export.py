@@ -260,6 +260,11 @@ def test_what_llama_cpp_cannot_run_is_refused_in_one_line_and_an_existing_file_i
     with pytest.raises(gptlite.ConfigError, match="RMSNorm with table positions") as refused:
         gptlite.export_gguf(odd, path)
     assert "\n" not in str(refused.value)
+    squared = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=32, block_size=8,
+                          position="rotary", norm="rms", mlp="relu2", tokenizer=tokenizer)
+    squared.build((None, 8))
+    with pytest.raises(gptlite.ConfigError, match="a ReLU² feed-forward"):
+        gptlite.export_gguf(squared, path)
     with pytest.raises(gptlite.ConfigError, match="outtype"):
         gptlite.export_gguf(model, path, outtype="q4_0")
     assert not path.exists()
