@@ -33,8 +33,8 @@ SETTING_HELP = {
     "norm": "layer (LayerNorm, GPT-2's; the default) or rms (RMSNorm, Llama's)",
     "norm_epsilon": "added to the variance in every norm (default: 1e-5)",
     "mlp": "the feed-forward: gelu (GPT-2's; the default), swiglu (Llama's) or relu2 (ReLU squared)",
-    "mlp_hidden_size": "the feed-forward's hidden width (default: 4 x --n-embd for gelu and relu2, 8/3 x rounded up to a "
-                       "multiple of 16 for swiglu)",
+    "mlp_hidden_size": "the feed-forward's hidden width (default: 4 x --n-embd for gelu and relu2, 8/3 x rounded "
+                       "up to a multiple of 16 for swiglu)",
     "n_kv_head": "key/value heads, shared by groups of query heads (grouped-query attention; 1: multi-query); the "
                  "key/value cache holds N heads (default: --n-head)",
     "qk_norm": "RMS-normalise each head's queries and keys (default: off)",

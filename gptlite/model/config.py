@@ -28,7 +28,7 @@ class GPTConfig:
     norm: str = "layer"  # "layer" (LayerNorm) or "rms" (RMSNorm)
     norm_epsilon: float = 1e-5  # added to the variance in every norm
     mlp: str = "gelu"  # feed-forward: "gelu" (GPT-2's), "swiglu" (Llama's) or "relu2" (ReLU squared)
-    mlp_hidden_size: int = None  # the feed-forward's hidden width; None: 4 n_embd for gelu, about 8/3 for swiglu
+    mlp_hidden_size: int = None  # the feed-forward's hidden width; None: 4 n_embd (gelu, relu2), about 8/3 (swiglu)
     n_kv_head: int = None  # key/value heads (grouped-query attention); None: n_head; 1: multi-query
     qk_norm: bool = False  # RMS-normalise each head's queries and keys
     qkv_bias: bool = None  # biases on the query/key/value projection; None: as `bias`
