@@ -30,6 +30,12 @@ from gptlite.training.settings import PRESETS
 from children import in_turns, medians, run_child
 from train import DEFAULT_TEXT, run_gptlite, settings_for
 
+
+def beyond_cpu(preset):
+    """What a preset sets beyond the cpu preset's: the settings that make it a variant of it."""
+    return {name: value for name, value in PRESETS[preset].items() if PRESETS["cpu"].get(name) != value}
+
+
 # Each variant's settings over the preset's. n_kv_head 2 of the cpu preset's 4 heads halves the cache.
 # "modern" is what the modern preset sets beyond the cpu preset's: all five switches.
 VARIANTS = {
@@ -41,14 +47,13 @@ VARIANTS = {
     "gqa": {"n_kv_head": 2},
     "qk_norm": {"qk_norm": True},
     "llama": {"position": "rotary", "norm": "rms", "mlp": "swiglu"},
-    "modern": {name: value for name, value in PRESETS["modern"].items() if PRESETS["cpu"].get(name) != value},
+    "modern": beyond_cpu("modern"),
 }
 # The optimizer beside each layout: Keras's Muon for the blocks' matrices (see docs/training.md), at the
 # preset's steps, and at the steps its slower step fits in AdamW's wall time (its step measured at about
-# 1.33x AdamW's on 2 cores: benchmarks/journal.md), its schedule over those.
+# 1.33x AdamW's on 2 cores: benchmarks/journal.md), its schedule over those; the laptop preset is the last.
 VARIANTS.update({"muon": {"optimizer": "muon"}, "modern_muon": {**VARIANTS["modern"], "optimizer": "muon"},
-                 "muon_1500": {"optimizer": "muon", "max_iters": 1500},
-                 "modern_muon_1500": {**VARIANTS["modern"], "optimizer": "muon", "max_iters": 1500}})
+                 "muon_1500": {"optimizer": "muon", "max_iters": 1500}, "modern_muon_1500": beyond_cpu("laptop")})
 # Beside the best of those: ReLU² for SwiGLU, and Muon at twice the peak learning rate.
 VARIANTS.update({"modern_relu2": {**VARIANTS["modern"], "mlp": "relu2"},
                  "modern_relu2_muon_1500": {**VARIANTS["modern_muon_1500"], "mlp": "relu2"},
