@@ -2,16 +2,20 @@
 layout with the Muon optimizer.
 
     python benchmarks/architectures.py [TEXT] [--preset cpu] [--rounds 1] [--max-iters N]
-        [--variants gpt2 rotary ...] [--backend tensorflow]
+        [--variants gpt2 rotary ...] [--backend tensorflow] [--vocab-size N]
 
 Every variant trains the preset's budget (its steps, batch, context and
 width) on TEXT (default: Tiny Shakespeare), in a child process of its own,
-through `benchmarks/train.py`'s `run_gptlite`, exactly as train.py trains.
+through `benchmarks/train.py`'s `run_gptlite`, exactly as train.py trains:
+on the text's characters, or with `--vocab-size N` on a byte-level BPE
+vocabulary of N tokens learned from it.
 The rounds take the variants in turn, so that machine noise hits all alike,
 and round r uses seed 1337 + r. Reports, with medians over the rounds:
 - parameters (without a position table, which is looked up, not multiplied);
-- val loss after the last step, and bits per character (val loss / ln 2:
-  one token is one character);
+- val loss after the last step (nats per token), and bits per byte of the
+  validation text (val loss x its tokens / its UTF-8 bytes / ln 2), which
+  compares across vocabularies (on ASCII text, by characters, it is bits per
+  character);
 - ms/iter, the median step, and its ratio to GPT-2's layout;
 - training s: training's own clock at its last step (evaluations included),
   so that variants of unequal steps compare at their wall time;
@@ -58,19 +62,20 @@ VARIANTS.update({"muon": {"optimizer": "muon"}, "modern_muon": {**VARIANTS["mode
 VARIANTS.update({"modern_relu2": {**VARIANTS["modern"], "mlp": "relu2"},
                  "modern_relu2_muon_1500": {**VARIANTS["modern_muon_1500"], "mlp": "relu2"},
                  "modern_muon_1500_lr6e-3": {**VARIANTS["modern_muon_1500"], "lr": 6e-3}})
-MEASURES = {"parameters": "parameters", "val_loss": "val loss", "bits_per_character": "bits/char",
+MEASURES = {"parameters": "parameters", "val_loss": "val loss", "bits_per_byte": "bits/byte",
             "ms_per_iter": "ms/iter", "train_s": "training s", "kv_cache_kb": "KV cache KB"}
 
 
-def measure(text, settings, seed):
-    """One variant's run: `run_gptlite`'s figures, with bits per character and the cache's size."""
+def measure(text, settings, seed, vocab_size=None):
+    """One variant's run: `run_gptlite`'s figures, with bits per byte and the cache's size."""
     import gptlite
     from gptlite.training.settings import split_settings
 
-    result = run_gptlite(text, settings, "fp32", seed)
+    result = run_gptlite(text, settings, "fp32", seed, vocab_size)
     config = gptlite.GPTConfig(**split_settings(settings)[0])
     cache_bytes = config.n_layer * 2 * config.kv_heads * config.head_size * config.block_size * 4
-    return {**result, "bits_per_character": result["val_loss"] / math.log(2), "kv_cache_kb": cache_bytes / 1024}
+    bits_per_byte = result["val_loss"] * result["validation_tokens_per_byte"] / math.log(2)
+    return {**result, "bits_per_byte": bits_per_byte, "kv_cache_kb": cache_bytes / 1024}
 
 
 def main():
@@ -81,6 +86,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--max-iters", type=int)
     parser.add_argument("--backend", default="tensorflow")
+    parser.add_argument("--vocab-size", type=int, help="a byte-level BPE vocabulary of this many tokens")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=1337, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -91,7 +97,7 @@ def main():
     base["warmup_iters"] = min(base["warmup_iters"], base["max_iters"] // 5)
 
     if args.child:
-        print(json.dumps(measure(args.text, {**base, **VARIANTS[args.child]}, args.seed)))
+        print(json.dumps(measure(args.text, {**base, **VARIANTS[args.child]}, args.seed, args.vocab_size)))
         return
 
     env = dict(os.environ, KERAS_BACKEND=args.backend)
@@ -99,12 +105,14 @@ def main():
     def run(name, round_index):
         command = [__file__, str(args.text.resolve()), "--child", name, "--preset", args.preset,
                    "--seed", str(1337 + round_index)]
-        return run_child(name, command + (["--max-iters", str(args.max_iters)] if args.max_iters else []), env)
+        command += ["--max-iters", str(args.max_iters)] if args.max_iters else []
+        return run_child(name, command + (["--vocab-size", str(args.vocab_size)] if args.vocab_size else []), env)
 
     first = args.variants[0]
     figures = medians(in_turns(args.variants, args.rounds, run), MEASURES)
     print(f"\n{args.preset} preset's budget ({base['max_iters']} steps, batch {base['batch_size']}, context "
-          f"{base['block_size']}), {args.backend}, fp32; medians of {args.rounds} (seeds 1337..{1336 + args.rounds}); "
+          f"{base['block_size']}), {args.backend}, fp32, "
+          f"{f'BPE {args.vocab_size:,}' if args.vocab_size else 'characters'}; medians of {args.rounds} (seeds 1337..{1336 + args.rounds}); "
           f"ratios to {first}\n")
     print("| variant | settings | " + " | ".join(MEASURES.values()) + " |")
     print("|---|---|" + "---:|" * len(MEASURES))
@@ -113,7 +121,7 @@ def main():
         for key in MEASURES:
             value = figures[name][key]
             cell = f"{value:,.0f}" if key in ("parameters", "kv_cache_kb") else f"{value:.4f}" \
-                if key in ("val_loss", "bits_per_character") else f"{value:.1f}"
+                if key in ("val_loss", "bits_per_byte") else f"{value:.1f}"
             if name != first and key in ("ms_per_iter", "train_s", "kv_cache_kb", "parameters"):
                 cell += f" ({value / figures[first][key]:.2f}x)"
             cells.append(cell)

@@ -1,15 +1,20 @@
-"""Validation loss against training time: gptlite's `cpu` preset beside nanoGPT's loop, drawn as one plot.
+"""Validation loss against training time: gptlite as `train.py TEXT` trains beside nanoGPT's loop, drawn as one plot.
 
-    python benchmarks/loss_curve.py [TEXT] [--out benchmarks/plots/loss_vs_time.png] [--max-iters 2000]
+    python benchmarks/loss_curve.py [TEXT] [--preset NAME] [--rounds 1] [--max-iters N]
+        [--out benchmarks/plots/loss_vs_time.png]
 
-Two runs, each a child process of its own started with HOME and XDG_CACHE_HOME in a new empty folder, one
-after the other: nanoGPT's model and loop re-written in PyTorch (`torch_reference.py`, eager, nanoGPT's CPU
-configuration for Tiny Shakespeare: 4 x 4 x 128, context 64, batch 12, learning rate 1e-3), its validation
-loss measured every 250 steps over 20 batches; and gptlite as `train.py TEXT` trains (`train_on_text`, the
-`cpu` preset), its loss read from the run's history.csv. The time axis is seconds since each run's first step
-was asked for (gptlite's `elapsed_s`: its compile and its evaluations count; the reference's: its evaluations
-count), so the curves compare what each run spends to reach a loss. Prints each run's points, and writes the
-plot.
+Two runs a round, each a child process of its own started with HOME and XDG_CACHE_HOME in a new empty folder,
+one after the other: nanoGPT's model and loop re-written in PyTorch (`torch_reference.py`, eager, nanoGPT's CPU
+configuration for Tiny Shakespeare: 4 x 4 x 128, context 64, batch 12, 2,000 steps, learning rate 1e-3), its
+validation loss measured every 250 steps over 20 batches; and gptlite as `train.py TEXT` trains
+(`train_on_text` with the default preset, or --preset's), its loss read from the run's history.csv. --max-iters
+sets both runs' steps (otherwise nanoGPT's 2,000 and the preset's own). Round r uses seed 1337 + r.
+
+The plot's time axis (round 1) is seconds since each run's first step was asked for (gptlite's `elapsed_s`: its
+compile and its evaluations count; the reference's: its evaluations count), so the curves compare what each
+run spends to reach a loss. The table adds each run's whole wall time, from the child process's start to its
+exit (Python's start, imports, reading the text, saving the model: what a person waits for), as medians over
+the rounds with gptlite's ratio to the loop's.
 """
 
 import argparse
@@ -17,7 +22,9 @@ import csv
 import json
 import os
 import pathlib
+import statistics
 import tempfile
+import time
 
 from children import run_child
 
@@ -25,7 +32,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 SHAKESPEARE = HERE.parent.parent / "shared" / "data" / "tinyshakespeare.txt"
 REFERENCE = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, dropout=0.0, batch_size=12, lr=1e-3, min_lr=1e-4,
                  warmup_iters=100, beta2=0.99, weight_decay=0.1)
-EVAL_INTERVAL, EVAL_BATCHES = 250, 20
+EVAL_INTERVAL, EVAL_BATCHES, REFERENCE_STEPS = 250, 20, 2000
 
 
 def reference_points(text_path, max_iters, seed):
@@ -47,12 +54,13 @@ def reference_points(text_path, max_iters, seed):
     return points
 
 
-def gptlite_points(text_path, max_iters, seed):
-    """gptlite's (seconds, validation loss) at each evaluation, as train.py trains."""
+def gptlite_points(text_path, max_iters, seed, preset=None):
+    """gptlite's (seconds, validation loss) at each evaluation, as train.py trains (`preset`: the default's)."""
     import gptlite
 
     out = pathlib.Path(tempfile.mkdtemp(prefix="loss-curve-"))
-    gptlite.train_on_text([text_path], out, {"max_iters": max_iters, "seed": seed}, verbose=0)
+    settings = {"seed": seed, **({"max_iters": max_iters} if max_iters else {})}
+    gptlite.train_on_text([text_path], out, settings, preset=preset, verbose=0)
     with open(out / "history.csv") as file:
         return [(float(row["elapsed_s"]), float(row["val_loss"]), int(row["step"])) for row in csv.DictReader(file)]
 
@@ -77,25 +85,48 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("text", nargs="?", default=str(SHAKESPEARE))
     parser.add_argument("--out", type=pathlib.Path, default=HERE / "plots" / "loss_vs_time.png")
-    parser.add_argument("--max-iters", type=int, default=2000)
-    parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--max-iters", type=int)
+    parser.add_argument("--preset", help="gptlite's preset (default: train.py's default)")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=1337, help=argparse.SUPPRESS)
     parser.add_argument("--child", choices=["reference", "gptlite"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        points = (reference_points if args.child == "reference" else gptlite_points)(args.text, args.max_iters,
-                                                                                      args.seed)
+        if args.child == "reference":
+            points = reference_points(args.text, args.max_iters or REFERENCE_STEPS, args.seed)
+        else:
+            points = gptlite_points(args.text, args.max_iters, args.seed, args.preset)
         print(json.dumps({"points": points}))
         return
-    curves = {}
-    for child, label in (("reference", "nanoGPT's loop (PyTorch, eager)"), ("gptlite", "gptlite, cpu preset")):
-        home = tempfile.mkdtemp(prefix="loss-curve-home-")
-        env = {**os.environ, "HOME": home, "XDG_CACHE_HOME": f"{home}/.cache"}
-        curves[label] = run_child(child, [__file__, args.text, "--max-iters", str(args.max_iters), "--seed",
-                                          str(args.seed), "--child", child], env)
-        curves[label] = curves[label]["points"]
-        for seconds, loss, step in curves[label]:
-            print(f"{label}: step {step}, {seconds:.1f} s, validation loss {loss:.4f}", flush=True)
-    draw(curves, args.out)
+    from gptlite.training.settings import DEFAULT_PRESET
+
+    labels = {"reference": "nanoGPT's loop (PyTorch, eager)", "gptlite": f"gptlite, {args.preset or DEFAULT_PRESET} "
+              f"preset{'' if args.preset else ' (the default)'}"}
+    runs = {child: [] for child in labels}  # per round: (points, wall seconds from start to exit)
+    for round_index in range(args.rounds):
+        for child, label in labels.items():
+            home = tempfile.mkdtemp(prefix="loss-curve-home-")
+            env = {**os.environ, "HOME": home, "XDG_CACHE_HOME": f"{home}/.cache"}
+            command = [__file__, args.text, "--seed", str(1337 + round_index), "--child", child]
+            command += (["--max-iters", str(args.max_iters)] if args.max_iters else []) + \
+                (["--preset", args.preset] if args.preset else [])
+            started = time.perf_counter()
+            points = run_child(child, command, env)["points"]
+            runs[child].append((points, time.perf_counter() - started))
+            for seconds, loss, step in points:
+                print(f"round {round_index + 1}, {label}: step {step}, {seconds:.1f} s, validation loss {loss:.4f}",
+                      flush=True)
+            print(f"round {round_index + 1}, {label}: {runs[child][-1][1]:.1f} s from start to exit", flush=True)
+    print(f"\nmedians of {args.rounds} (seeds 1337..{1336 + args.rounds}); wall: the child process's start to exit\n")
+    print("| run | steps | validation loss (each seed) | median | wall s | ratio |")
+    print("|---|---:|---|---:|---:|---:|")
+    reference_wall = statistics.median(wall for _, wall in runs["reference"])
+    for child, label in labels.items():
+        losses = [points[-1][1] for points, _ in runs[child]]
+        wall = statistics.median(wall for _, wall in runs[child])
+        print(f"| {label} | {runs[child][0][0][-1][2]:,} | {' / '.join(f'{loss:.3f}' for loss in losses)} | "
+              f"{statistics.median(losses):.3f} | {wall:.1f} | {wall / reference_wall:.2f}x |")
+    draw({label: runs[child][0][0] for child, label in labels.items()}, args.out)
     print(f"wrote {args.out}")
 
 

@@ -123,7 +123,9 @@ def run_reference(text_path, settings, precision, seed):
     return {**summarise(step_times, settings, trainer.parameter_count(), ceiling), "val_loss": val_loss}
 
 
-def run_gptlite(text_path, settings, precision, seed):
+def run_gptlite(text_path, settings, precision, seed, vocab_size=None):
+    """One training run as train.py trains; with `vocab_size`, on a byte-level BPE vocabulary of that many tokens
+    learned from the text as train.py learns it (otherwise on its characters)."""
     import keras
     import numpy as np
 
@@ -152,8 +154,12 @@ def run_gptlite(text_path, settings, precision, seed):
             self.last = now
 
     text = files.read_text(text_path)
-    tokenizer = gptlite.CharTokenizer.from_text(text)
+    if vocab_size:
+        tokenizer = gptlite.BPETokenizer.train(lm.Corpus.from_text(text).sample(lm.BPE_SAMPLE_BYTES), vocab_size)
+    else:
+        tokenizer = gptlite.CharTokenizer.from_text(text)
     train_ids, validation_ids = lm.split(tokenizer.encode(text))
+    validation_bytes = len(tokenizer.decode(list(validation_ids)).encode("utf-8"))
     model_settings, training_settings = split_settings(
         {**settings, "seed": seed, "precision": precision}
     )
@@ -175,7 +181,8 @@ def run_gptlite(text_path, settings, precision, seed):
         lambda: keras.ops.cast(np.random.default_rng(0).normal(size=(MATMUL_SIZE, MATMUL_SIZE)), compute_dtype),
     )
     return {**summarise([clock.first, *clock.times], settings, parameters, ceiling),
-            "val_loss": rows[-1]["val_loss"], "parameters": parameters, "train_s": rows[-1]["elapsed_s"]}
+            "val_loss": rows[-1]["val_loss"], "parameters": parameters, "train_s": rows[-1]["elapsed_s"],
+            "validation_tokens_per_byte": len(validation_ids) / validation_bytes}
 
 
 def main():
