@@ -66,7 +66,7 @@ class Task:
     called = "a language model"  # what a model of this task is, in words
     reads = "prompt"  # what it is given to write from: a "prompt" it continues, or a "source" it writes a target for
     converses = False  # whether it holds a conversation (a chat model: one with a chat template)
-    default_preset = "cpu"  # the preset a run takes where it names none
+    default_preset = "laptop"  # the preset a run takes where it names none (settings.DEFAULT_PRESET)
     measures_mfu = False  # whether its FLOPs per token are known, for model FLOPs utilisation
 
     def check(self, asked):

@@ -130,6 +130,10 @@ def plan_run(asked, task, checkpoint=None, pretrained=None, sizing=None, on_gpu=
                           f"`task='{saved_task}'`")
     model_settings, training_settings = split_settings(resolve_settings(
         asked.preset, asked.settings, checkpoint, task.default_preset, asked.synthetic, pretrained, sizing))
+    # Before the settings are checked together: a new model's adapters are the mistake, whatever else they meet.
+    if training_settings.get("lora_rank") and not (pretrained or checkpoint):
+        raise ConfigError("`lora_rank` trains adapters beside a pretrained model's frozen weights; a new model's "
+                          "are random, so give `init_from` too, or leave `lora_rank` out to train every weight")
     training_config = TrainingConfig(**training_settings)
     if checkpoint:
         vocab_size = checkpoint["model_config"].get("vocab_size")
@@ -139,9 +143,6 @@ def plan_run(asked, task, checkpoint=None, pretrained=None, sizing=None, on_gpu=
     if checkpoint and checkpoint["step"] >= training_config.max_iters:
         raise InputError(f"the run in {asked.out_dir} has already done its {checkpoint['step']} steps; "
                          f"set a larger `max_iters` to train it further")
-    if training_config.lora_rank and not (pretrained or checkpoint):
-        raise ConfigError("`lora_rank` trains adapters beside a pretrained model's frozen weights; a new model's "
-                          "are random, so give `init_from` too, or leave `lora_rank` out to train every weight")
     tensorboard = asked.out_dir / "tensorboard" if asked.tensorboard is True else asked.tensorboard or None
     new_model = not (pretrained or checkpoint)
     return RunPlan(asked, task, model_config, training_config, checkpoint,

@@ -71,7 +71,7 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
         task="seq2seq", one file of source<TAB>target lines.
     settings: a dict of `GPTConfig` and `TrainingConfig` fields that override
         the preset's (`{"max_iters": 500, "n_layer": 2}`).
-    preset: one of `gptlite.PRESETS` ("cpu", the default for a GPT, "laptop", "modern", "gpu", "tiny",
+    preset: one of `gptlite.PRESETS` ("laptop", the default for a GPT, "cpu", "modern", "gpu", "tiny",
         "seq2seq").
     task: "lm" for a GPT (the default), "seq2seq" for an encoder-decoder; `synthetic`
         ("addition", "reverse" or "sort") trains a Seq2Seq on a built-in task.

@@ -2,8 +2,9 @@ import pytest
 
 import gptlite
 from gptlite.tasks.task import Sizing
-from gptlite.training.settings import (PRESETS, SYNTHETIC_MAX_ITERS, SYNTHETIC_TASKS, default_settings,
-                                       resolve_settings, split_settings)
+from gptlite.tasks import task as tasks
+from gptlite.training.settings import (DEFAULT_PRESET, PRESETS, SYNTHETIC_MAX_ITERS, SYNTHETIC_TASKS,
+                                       default_settings, resolve_settings, split_settings)
 
 pytestmark = pytest.mark.once("settings are plain Python")
 
@@ -17,7 +18,7 @@ def test_every_preset_is_a_valid_model_and_schedule():
 
 def test_each_synthetic_task_trains_the_seq2seq_preset_for_its_own_steps():
     assert set(SYNTHETIC_MAX_ITERS) == set(SYNTHETIC_TASKS)
-    assert default_settings() == PRESETS["cpu"]
+    assert default_settings() == PRESETS[DEFAULT_PRESET]
     assert default_settings("seq2seq") == PRESETS["seq2seq"]
     for task, steps in SYNTHETIC_MAX_ITERS.items():
         settings = default_settings("seq2seq", synthetic=task)
@@ -26,7 +27,11 @@ def test_each_synthetic_task_trains_the_seq2seq_preset_for_its_own_steps():
 
 
 def test_settings_come_from_the_defaults_then_the_preset_then_overrides():
-    assert resolve_settings() == PRESETS["cpu"]
+    assert resolve_settings() == PRESETS[DEFAULT_PRESET] == PRESETS["laptop"]
+    assert tasks.named().default_preset == DEFAULT_PRESET  # a language model's run takes it
+    # A preset named brings nothing of the default's: the cpu preset is GPT-2's layout, trained by AdamW.
+    assert resolve_settings("cpu") == PRESETS["cpu"]
+    assert gptlite.TrainingConfig(**split_settings(resolve_settings("cpu"))[1]).optimizer == "adamw"
     tiny = resolve_settings("tiny", {"max_iters": 70, "lr": None})
     assert tiny == {**PRESETS["tiny"], "max_iters": 70}  # None means: not given
     assert resolve_settings(overrides={"n_layer": 1}, default_preset="seq2seq", synthetic="reverse") == {
@@ -89,3 +94,10 @@ def test_settings_a_task_sized_from_its_data_lie_under_the_preset_and_the_overri
     assert resolve_settings(default_preset="seq2seq", sizing=longest) == {**PRESETS["seq2seq"], "block_size": 23}
     assert resolve_settings("tiny", default_preset="seq2seq", sizing=longest)["block_size"] == PRESETS["tiny"][
         "block_size"]
+
+
+def test_a_pretrained_model_fine_tunes_with_adamw_whatever_the_default_presets_optimizer():
+    pretrained = gptlite.GPTConfig(vocab_size=50, **split_settings(PRESETS["tiny"])[0])
+    assert resolve_settings(pretrained=pretrained)["optimizer"] == "adamw"
+    with_adapters = resolve_settings(overrides={"lora_rank": 4}, pretrained=pretrained)
+    assert gptlite.TrainingConfig(**split_settings(with_adapters)[1]).lora_rank == 4  # LoRA refuses Muon
