@@ -26,7 +26,7 @@ import statistics
 import tempfile
 import time
 
-from children import run_child
+from children import new_machine, run_child
 
 HERE = pathlib.Path(__file__).resolve().parent
 SHAKESPEARE = HERE.parent.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -105,8 +105,7 @@ def main():
     runs = {child: [] for child in labels}  # per round: (points, wall seconds from start to exit)
     for round_index in range(args.rounds):
         for child, label in labels.items():
-            home = tempfile.mkdtemp(prefix="loss-curve-home-")
-            env = {**os.environ, "HOME": home, "XDG_CACHE_HOME": f"{home}/.cache"}
+            env = new_machine(tempfile.mkdtemp(prefix="loss-curve-home-"))
             command = [__file__, args.text, "--seed", str(1337 + round_index), "--child", child]
             command += (["--max-iters", str(args.max_iters)] if args.max_iters else []) + \
                 (["--preset", args.preset] if args.preset else [])

@@ -30,7 +30,7 @@ from gptlite.training.distribute import check_accumulation, data_parallel
 from gptlite.training.history import check_tensorboard
 from gptlite.training.plan import RunArguments, plan_run
 from gptlite.training.run_folder import check_folder, CHECKPOINT_FILES, holds_a_run
-from gptlite.training.settings import PRESETS, TrainingConfig
+from gptlite.training.settings import OPTIMIZER_NAMES, PRESETS, TrainingConfig
 from gptlite.weights import pretrained
 
 
@@ -238,7 +238,8 @@ def _schedule(training_config, checkpoint, replicas):
         + f"{training_config.max_iters} steps of batch {training_config.batch_size}"
         + (f" split across {replicas} devices" if replicas else "")
         + (f", {accumulated} batches a step ({training_config.batch_size * accumulated} sequences)"
-           if accumulated > 1 else "") + "; "
+           if accumulated > 1 else "")
+        + f" by {OPTIMIZER_NAMES[training_config.optimizer]}; "
         f"validation loss every {training_config.eval_interval} steps, "
         f"checkpoint every {training_config.checkpoint_interval}"
     )

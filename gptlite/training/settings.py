@@ -19,6 +19,8 @@ PRECISIONS = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float1
 # adamw: AdamW for every weight. muon: Keras's Muon (momentum, then each update orthogonalised by Newton-Schulz
 # iterations) for the blocks' weight matrices, and AdamW for the embeddings, the output head, norms and biases.
 OPTIMIZERS = ("adamw", "muon")
+OPTIMIZER_NAMES = {"adamw": "AdamW", "muon": "Muon (AdamW for embeddings, norms and biases)"}  # as a run says it
+assert tuple(OPTIMIZER_NAMES) == OPTIMIZERS
 
 
 @dataclasses.dataclass(frozen=True)
