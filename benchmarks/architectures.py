@@ -114,10 +114,10 @@ def main():
 
     first = args.variants[0]
     figures = medians(in_turns(args.variants, args.rounds, run), MEASURES)
+    tokens = f"BPE {args.vocab_size:,}" if args.vocab_size else "characters"
     print(f"\n{args.preset} preset's budget ({base['max_iters']} steps, batch {base['batch_size']}, context "
-          f"{base['block_size']}), {args.backend}, fp32, "
-          f"{f'BPE {args.vocab_size:,}' if args.vocab_size else 'characters'}; medians of {args.rounds} (seeds 1337..{1336 + args.rounds}); "
-          f"ratios to {first}\n")
+          f"{base['block_size']}), {args.backend}, fp32, {tokens}; medians of {args.rounds} "
+          f"(seeds 1337..{1336 + args.rounds}); ratios to {first}\n")
     print("| variant | settings | " + " | ".join(MEASURES.values()) + " |")
     print("|---|---|" + "---:|" * len(MEASURES))
     for name in args.variants:
