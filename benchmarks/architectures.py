@@ -62,10 +62,13 @@ VARIANTS.update({"muon": {"optimizer": "muon"}, "modern_muon": {**VARIANTS["mode
 VARIANTS.update({"modern_relu2": {**VARIANTS["modern"], "mlp": "relu2"},
                  "modern_relu2_muon_1500": {**VARIANTS["modern_muon_1500"], "mlp": "relu2"},
                  "modern_muon_1500_lr6e-3": {**VARIANTS["modern_muon_1500"], "lr": 6e-3}})
-# The laptop preset with an output head of its own, and with a smaller batch for the steps its quicker step fits
-# in the same time (Muon's share of a step does not shrink with the batch: about 1,950 steps of 8 rows).
+# The laptop preset with an output head of its own, and with a smaller or larger batch for the steps its step
+# fits in the same time (Muon's share of a step does not change with the batch: about 1,950 steps of 8 rows,
+# 840 of 24, 500 of 48).
 VARIANTS.update({"laptop_untied": {**VARIANTS["modern_muon_1500"], "tie_weights": False},
-                 "laptop_batch8": {**VARIANTS["modern_muon_1500"], "batch_size": 8, "max_iters": 1950}})
+                 "laptop_batch8": {**VARIANTS["modern_muon_1500"], "batch_size": 8, "max_iters": 1950},
+                 "laptop_batch24": {**VARIANTS["modern_muon_1500"], "batch_size": 24, "max_iters": 840},
+                 "laptop_batch48": {**VARIANTS["modern_muon_1500"], "batch_size": 48, "max_iters": 500}})
 MEASURES = {"parameters": "parameters", "val_loss": "val loss", "bits_per_byte": "bits/byte",
             "ms_per_iter": "ms/iter", "train_s": "training s", "kv_cache_kb": "KV cache KB"}
 
