@@ -22,11 +22,10 @@ import csv
 import json
 import os
 import pathlib
-import statistics
 import tempfile
 import time
 
-from children import new_machine, run_child
+from children import in_turns, medians, new_machine, run_child
 
 HERE = pathlib.Path(__file__).resolve().parent
 SHAKESPEARE = HERE.parent.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -102,30 +101,29 @@ def main():
 
     labels = {"reference": "nanoGPT's loop (PyTorch, eager)", "gptlite": f"gptlite, {args.preset or DEFAULT_PRESET} "
               f"preset{'' if args.preset else ' (the default)'}"}
-    runs = {child: [] for child in labels}  # per round: (points, wall seconds from start to exit)
-    for round_index in range(args.rounds):
-        for child, label in labels.items():
-            env = new_machine(tempfile.mkdtemp(prefix="loss-curve-home-"))
-            command = [__file__, args.text, "--seed", str(1337 + round_index), "--child", child]
-            command += (["--max-iters", str(args.max_iters)] if args.max_iters else []) + \
-                (["--preset", args.preset] if args.preset else [])
-            started = time.perf_counter()
-            points = run_child(child, command, env)["points"]
-            runs[child].append((points, time.perf_counter() - started))
-            for seconds, loss, step in points:
-                print(f"round {round_index + 1}, {label}: step {step}, {seconds:.1f} s, validation loss {loss:.4f}",
-                      flush=True)
-            print(f"round {round_index + 1}, {label}: {runs[child][-1][1]:.1f} s from start to exit", flush=True)
+    def run(child, round_index):
+        """One run from a new machine's empty home folder: its points, last loss and steps, and its wall time."""
+        command = [__file__, args.text, "--seed", str(1337 + round_index), "--child", child]
+        command += (["--max-iters", str(args.max_iters)] if args.max_iters else []) + \
+            (["--preset", args.preset] if args.preset else [])
+        started = time.perf_counter()
+        points = run_child(child, command, new_machine(tempfile.mkdtemp(prefix="loss-curve-home-")))["points"]
+        wall = time.perf_counter() - started  # the child's start to its exit
+        for seconds, loss, step in points:
+            print(f"round {round_index + 1}, {labels[child]}: step {step}, {seconds:.1f} s, validation loss "
+                  f"{loss:.4f}", flush=True)
+        return {"val_loss": points[-1][1], "steps": points[-1][2], "wall_s": wall, "points": points}
+
+    runs = in_turns(list(labels), args.rounds, run)
+    figures = medians(runs, ("val_loss", "wall_s"))
     print(f"\nmedians of {args.rounds} (seeds 1337..{1336 + args.rounds}); wall: the child process's start to exit\n")
     print("| run | steps | validation loss (each seed) | median | wall s | ratio |")
     print("|---|---:|---|---:|---:|---:|")
-    reference_wall = statistics.median(wall for _, wall in runs["reference"])
     for child, label in labels.items():
-        losses = [points[-1][1] for points, _ in runs[child]]
-        wall = statistics.median(wall for _, wall in runs[child])
-        print(f"| {label} | {runs[child][0][0][-1][2]:,} | {' / '.join(f'{loss:.3f}' for loss in losses)} | "
-              f"{statistics.median(losses):.3f} | {wall:.1f} | {wall / reference_wall:.2f}x |")
-    draw({label: runs[child][0][0] for child, label in labels.items()}, args.out)
+        losses = " / ".join(f"{result['val_loss']:.3f}" for result in runs[child])
+        print(f"| {label} | {runs[child][0]['steps']:,} | {losses} | {figures[child]['val_loss']:.3f} | "
+              f"{figures[child]['wall_s']:.1f} | {figures[child]['wall_s'] / figures['reference']['wall_s']:.2f}x |")
+    draw({label: runs[child][0]["points"] for child, label in labels.items()}, args.out)
     print(f"wrote {args.out}")
 
 
