@@ -12,10 +12,12 @@ vocabulary of N tokens learned from it.
 The rounds take the variants in turn, so that machine noise hits all alike,
 and round r uses seed 1337 + r. Reports, with medians over the rounds:
 - parameters (without a position table, which is looked up, not multiplied);
-- val loss after the last step (nats per token), and bits per byte of the
-  validation text (val loss x its tokens / its UTF-8 bytes / ln 2), which
-  compares across vocabularies (on ASCII text, by characters, it is bits per
-  character);
+- val loss after the last step (nats per token: the run's own, a mean over
+  a few random batches of the validation split), and the held-out loss, the
+  last weights scored on the whole validation split as `gptlite eval` scores
+  a text (windows of the context overlapping by half), with its bits per
+  byte, which compare across vocabularies (on ASCII text, by characters, they
+  are bits per character);
 - ms/iter, the median step, and its ratio to GPT-2's layout;
 - training s: training's own clock at its last step (evaluations included),
   so that variants of unequal steps compare at their wall time;
@@ -25,7 +27,6 @@ and round r uses seed 1337 + r. Reports, with medians over the rounds:
 
 import argparse
 import json
-import math
 import os
 import pathlib
 
@@ -55,21 +56,36 @@ VARIANTS = {
 }
 # The optimizer beside each layout: Keras's Muon for the blocks' matrices (see docs/training.md), at the
 # preset's steps, and at the steps its slower step fits in AdamW's wall time (its step measured at about
-# 1.33x AdamW's on 2 cores: benchmarks/journal.md), its schedule over those; the laptop preset is the last.
+# 1.33x AdamW's on 2 cores: benchmarks/journal.md), its schedule over those; then the laptop preset, which
+# trains that model at a context of 128 (below).
 VARIANTS.update({"muon": {"optimizer": "muon"}, "modern_muon": {**VARIANTS["modern"], "optimizer": "muon"},
-                 "muon_1500": {"optimizer": "muon", "max_iters": 1500}, "modern_muon_1500": beyond_cpu("laptop")})
+                 "muon_1500": {"optimizer": "muon", "max_iters": 1500},
+                 "modern_muon_1500": {**VARIANTS["modern"], "optimizer": "muon", "max_iters": 1500},
+                 "laptop": beyond_cpu("laptop")})
 # Beside the best of those: ReLU² for SwiGLU, and Muon at twice the peak learning rate.
 VARIANTS.update({"modern_relu2": {**VARIANTS["modern"], "mlp": "relu2"},
                  "modern_relu2_muon_1500": {**VARIANTS["modern_muon_1500"], "mlp": "relu2"},
                  "modern_muon_1500_lr6e-3": {**VARIANTS["modern_muon_1500"], "lr": 6e-3}})
-# The laptop preset with an output head of its own, and with a smaller or larger batch for the steps its step
-# fits in the same time (Muon's share of a step does not change with the batch: about 1,950 steps of 8 rows,
-# 840 of 24, 500 of 48).
+# The modern switches with Muon at a context of 64 (modern_muon_1500) with an output head of its own, and with a
+# smaller or larger batch for the steps its step fits in the same time (Muon's share of a step does not change
+# with the batch: about 1,950 steps of 8 rows, 840 of 24, 500 of 48).
 VARIANTS.update({"laptop_untied": {**VARIANTS["modern_muon_1500"], "tie_weights": False},
                  "laptop_batch8": {**VARIANTS["modern_muon_1500"], "batch_size": 8, "max_iters": 1950},
                  "laptop_batch24": {**VARIANTS["modern_muon_1500"], "batch_size": 24, "max_iters": 840},
                  "laptop_batch48": {**VARIANTS["modern_muon_1500"], "batch_size": 48, "max_iters": 500}})
-MEASURES = {"parameters": "parameters", "val_loss": "val loss", "bits_per_byte": "bits/byte",
+# The same at longer contexts, its rows fewer so that a step holds as many tokens (12 x 64): each
+# position then sees more of the text before it, at a little more attention per token.
+VARIANTS.update({"laptop_ctx128": {**VARIANTS["modern_muon_1500"], "block_size": 128, "batch_size": 6},
+                 "laptop_ctx256": {**VARIANTS["modern_muon_1500"], "block_size": 256, "batch_size": 3}})
+# Muon with 3 Newton-Schulz iterations for Keras's 5: a cheaper step, at two of those contexts.
+VARIANTS.update({f"{name}_ns3": {**VARIANTS[name], "newton_schulz_steps": 3}
+                 for name in ("modern_muon_1500", "laptop_ctx128")})
+# The longer contexts for the steps their slower steps fit in the laptop preset's time (1.05x and 1.27x its
+# step on 2 cores: benchmarks/journal.md).
+VARIANTS.update({"laptop_ctx128_1400": {**VARIANTS["laptop_ctx128"], "max_iters": 1400},
+                 "laptop_ctx256_1200": {**VARIANTS["laptop_ctx256"], "max_iters": 1200}})
+MEASURES = {"parameters": "parameters", "val_loss": "val loss", "held_out_loss": "held-out loss",
+            "bits_per_byte": "held-out bits/byte",
             "ms_per_iter": "ms/iter", "train_s": "training s", "kv_cache_kb": "KV cache KB"}
 
 
@@ -81,8 +97,7 @@ def measure(text, settings, seed, vocab_size=None):
     result = run_gptlite(text, settings, "fp32", seed, vocab_size)
     config = gptlite.GPTConfig(**split_settings(settings)[0])
     cache_bytes = config.n_layer * 2 * config.kv_heads * config.head_size * config.block_size * 4
-    bits_per_byte = result["val_loss"] * result["validation_tokens_per_byte"] / math.log(2)
-    return {**result, "bits_per_byte": bits_per_byte, "kv_cache_kb": cache_bytes / 1024}
+    return {**result, "bits_per_byte": result["held_out_bits_per_byte"], "kv_cache_kb": cache_bytes / 1024}
 
 
 def main():
@@ -128,7 +143,7 @@ def main():
         for key in MEASURES:
             value = figures[name][key]
             cell = f"{value:,.0f}" if key in ("parameters", "kv_cache_kb") else f"{value:.4f}" \
-                if key in ("val_loss", "bits_per_byte") else f"{value:.1f}"
+                if key in ("val_loss", "held_out_loss", "bits_per_byte") else f"{value:.1f}"
             if name != first and key in ("ms_per_iter", "train_s", "kv_cache_kb", "parameters"):
                 cell += f" ({value / figures[first][key]:.2f}x)"
             cells.append(cell)

@@ -125,7 +125,8 @@ def make_optimizer(model, config):
         # tables, and an untied head: the embedding layer's reverse matrix) to AdamW. Its updates are scaled to
         # AdamW's size (rms_rate), so both take the run's learning rate and weight decay.
         optimizer = keras.optimizers.Muon(**common, adam_weight_decay=config.weight_decay, adam_beta_1=0.9,
-                                          adam_beta_2=config.beta2, exclude_embeddings=True)
+                                          adam_beta_2=config.beta2, exclude_embeddings=True,
+                                          ns_steps=config.newton_schulz_steps)
     else:
         # LoRA trains a few small adapter matrices: one update over their
         # concatenation holds less memory than one per matrix (FlatAdamW).

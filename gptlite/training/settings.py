@@ -34,6 +34,7 @@ class TrainingConfig:
     min_lr: float = 1e-4  # learning rate at the end of the cosine decay
     warmup_iters: int = 100  # steps of linear warm-up
     optimizer: str = "adamw"  # one of OPTIMIZERS
+    newton_schulz_steps: int = 5  # Muon's orthogonalising iterations per update (Keras's default)
     beta2: float = 0.99  # AdamW's second-moment decay; 0.99 suits small batches
     weight_decay: float = 0.1  # AdamW decay, on weight matrices only
     eval_interval: int = 250  # steps between validation-loss evaluations
@@ -59,6 +60,7 @@ class TrainingConfig:
         require("weight_decay", self.weight_decay, lambda v: v >= 0, "zero or positive")
         require("precision", self.precision, lambda v: v in PRECISIONS, f"one of {', '.join(PRECISIONS)}")
         require("optimizer", self.optimizer, lambda v: v in OPTIMIZERS, f"one of {', '.join(OPTIMIZERS)}")
+        require("newton_schulz_steps", self.newton_schulz_steps, is_count, "a positive whole number")
         require("lora_rank", self.lora_rank, lambda v: v == 0 or is_count(v),
                  "zero (off) or a positive whole number")
         require("lora_alpha", self.lora_alpha, lambda v: v is None or v > 0, "positive")

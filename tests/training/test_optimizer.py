@@ -69,3 +69,25 @@ def test_weight_decay_applies_to_weight_matrices_only(tiny_model):
         is_embedding = variable.name in ("embeddings", "position_embeddings")
         should_decay = len(variable.shape) == 2 and not is_embedding
         assert (variable.path in decayed) == should_decay, variable.path
+
+
+def test_muons_newton_schulz_steps_change_the_matrices_update_alone(tiny_model):
+    """Fewer orthogonalising iterations give another update of each block's matrix; the weights AdamW moves
+    (embeddings, norms) move the same."""
+    gradients = [keras.ops.convert_to_tensor(np.random.default_rng(2).normal(size=v.shape).astype("float32"))
+                 for v in tiny_model.trainable_variables]
+    start = [keras.ops.convert_to_numpy(v) for v in tiny_model.trainable_variables]
+    moved = {}
+    for steps in (1, 5):
+        config = gptlite.TrainingConfig(optimizer="muon", newton_schulz_steps=steps, warmup_iters=0)
+        optimizer = make_optimizer(tiny_model, config)
+        assert optimizer.get_config()["ns_steps"] == steps
+        optimizer.apply(gradients, tiny_model.trainable_variables)
+        moved[steps] = [keras.ops.convert_to_numpy(v) for v in tiny_model.trainable_variables]
+        for variable, value in zip(tiny_model.trainable_variables, start):
+            variable.assign(value)
+    for variable, one, five in zip(tiny_model.trainable_variables, moved[1], moved[5]):
+        by_muon = len(variable.shape) == 2 and "embedding" not in variable.path
+        assert not np.allclose(one, five) if by_muon else np.array_equal(one, five), variable.path
+    with pytest.raises(gptlite.ConfigError, match="newton_schulz_steps must be a positive whole number"):
+        gptlite.TrainingConfig(optimizer="muon", newton_schulz_steps=0)

@@ -66,6 +66,19 @@ def test_a_resumed_run_keeps_its_shape_and_precision_and_may_train_longer():
         resolve_settings(overrides={"optimizer": "muon"}, checkpoint=checkpoint)
 
 
+def test_muons_newton_schulz_steps_are_kept_on_resume_unless_given_and_may_change():
+    # Its state (momentum) does not depend on the iterations: a resumed run may take another count.
+    checkpoint = {"model_config": dict(PRESETS["tiny"]),
+                  "training_config": {**split_settings(PRESETS["tiny"])[1], "optimizer": "muon",
+                                      "newton_schulz_steps": 4}}
+    assert resolve_settings(checkpoint=checkpoint)["newton_schulz_steps"] == 4
+    assert resolve_settings(overrides={"newton_schulz_steps": 2}, checkpoint=checkpoint)["newton_schulz_steps"] == 2
+    # A checkpoint written before the setting existed trained with Keras's 5.
+    del checkpoint["training_config"]["newton_schulz_steps"]
+    resumed = split_settings(resolve_settings(checkpoint=checkpoint))[1]
+    assert gptlite.TrainingConfig(**resumed).newton_schulz_steps == 5
+
+
 def test_an_optimizer_is_one_of_those_offered_and_lora_trains_with_adamw():
     with pytest.raises(gptlite.ConfigError, match="optimizer must be one of adamw, muon"):
         gptlite.TrainingConfig(optimizer="sgd")
