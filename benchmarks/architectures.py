@@ -56,8 +56,8 @@ VARIANTS = {
 }
 # The optimizer beside each layout: Keras's Muon for the blocks' matrices (see docs/training.md), at the
 # preset's steps, and at the steps its slower step fits in AdamW's wall time (its step measured at about
-# 1.33x AdamW's on 2 cores: benchmarks/journal.md), its schedule over those; then the laptop preset, which
-# trains that model at a context of 128 (below).
+# 1.33x AdamW's on 2 cores: benchmarks/journal.md), its schedule over those (modern_muon_1500: the
+# laptop preset's settings, named as the laptop preset too).
 VARIANTS.update({"muon": {"optimizer": "muon"}, "modern_muon": {**VARIANTS["modern"], "optimizer": "muon"},
                  "muon_1500": {"optimizer": "muon", "max_iters": 1500},
                  "modern_muon_1500": {**VARIANTS["modern"], "optimizer": "muon", "max_iters": 1500},

@@ -159,7 +159,6 @@ def run_gptlite(text_path, settings, precision, seed, vocab_size=None):
     else:
         tokenizer = gptlite.CharTokenizer.from_text(text)
     train_ids, validation_ids = lm.split(tokenizer.encode(text))
-    validation_bytes = len(tokenizer.decode(list(validation_ids)).encode("utf-8"))
     model_settings, training_settings = split_settings(
         {**settings, "seed": seed, "precision": precision}
     )
@@ -189,8 +188,7 @@ def run_gptlite(text_path, settings, precision, seed, vocab_size=None):
     return {**summarise([clock.first, *clock.times], settings, parameters, ceiling),
             "val_loss": rows[-1]["val_loss"], "held_out_loss": held_out.loss,
             "held_out_bits_per_byte": held_out.bits_per_byte, "parameters": parameters,
-            "train_s": rows[-1]["elapsed_s"],
-            "validation_tokens_per_byte": len(validation_ids) / validation_bytes}
+            "train_s": rows[-1]["elapsed_s"]}
 
 
 def main():
