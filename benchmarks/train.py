@@ -172,8 +172,8 @@ def run_gptlite(text_path, settings, precision, seed, vocab_size=None):
     with tempfile.TemporaryDirectory() as out_dir:
         rows = fit.train(model, train_ids, validation_ids, config, out_dir, verbose=0, callbacks=[clock])
         # The whole validation split, as `gptlite eval` scores a text (windows of the context overlapping by
-        # half): the run's own validation loss is a mean over a few random batches, too few to rank two
-        # recipes whose difference is near its spread from seed to seed.
+        # half): the run's own validation loss is a mean over a few random windows, every position of each
+        # counted, so it reads lower for a longer context whatever the model, and ranks close recipes by chance.
         held_out = pathlib.Path(out_dir) / "validation.txt"
         held_out.write_text(tokenizer.decode(list(validation_ids)), encoding="utf-8")
         held_out = gptlite.evaluate(model, held_out).total
