@@ -56,19 +56,16 @@ VARIANTS = {
 }
 # The optimizer beside each layout: Keras's Muon for the blocks' matrices (see docs/training.md), at the
 # preset's steps, and at the steps its slower step fits in AdamW's wall time (its step measured at about
-# 1.33x AdamW's on 2 cores: benchmarks/journal.md), its schedule over those (modern_muon_1500: the
-# laptop preset's settings, named as the laptop preset too).
+# 1.33x AdamW's on 2 cores: benchmarks/journal.md), its schedule over those; the laptop preset is the last.
 VARIANTS.update({"muon": {"optimizer": "muon"}, "modern_muon": {**VARIANTS["modern"], "optimizer": "muon"},
-                 "muon_1500": {"optimizer": "muon", "max_iters": 1500},
-                 "modern_muon_1500": {**VARIANTS["modern"], "optimizer": "muon", "max_iters": 1500},
-                 "laptop": beyond_cpu("laptop")})
+                 "muon_1500": {"optimizer": "muon", "max_iters": 1500}, "modern_muon_1500": beyond_cpu("laptop")})
 # Beside the best of those: ReLU² for SwiGLU, and Muon at twice the peak learning rate.
 VARIANTS.update({"modern_relu2": {**VARIANTS["modern"], "mlp": "relu2"},
                  "modern_relu2_muon_1500": {**VARIANTS["modern_muon_1500"], "mlp": "relu2"},
                  "modern_muon_1500_lr6e-3": {**VARIANTS["modern_muon_1500"], "lr": 6e-3}})
-# The modern switches with Muon at a context of 64 (modern_muon_1500) with an output head of its own, and with a
-# smaller or larger batch for the steps its step fits in the same time (Muon's share of a step does not change
-# with the batch: about 1,950 steps of 8 rows, 840 of 24, 500 of 48).
+# The laptop preset with an output head of its own, and with a smaller or larger batch for the steps its step
+# fits in the same time (Muon's share of a step does not change with the batch: about 1,950 steps of 8 rows,
+# 840 of 24, 500 of 48).
 VARIANTS.update({"laptop_untied": {**VARIANTS["modern_muon_1500"], "tie_weights": False},
                  "laptop_batch8": {**VARIANTS["modern_muon_1500"], "batch_size": 8, "max_iters": 1950},
                  "laptop_batch24": {**VARIANTS["modern_muon_1500"], "batch_size": 24, "max_iters": 840},
@@ -77,7 +74,7 @@ VARIANTS.update({"laptop_untied": {**VARIANTS["modern_muon_1500"], "tie_weights"
 # position then sees more of the text before it, at a little more attention per token.
 VARIANTS.update({"laptop_ctx128": {**VARIANTS["modern_muon_1500"], "block_size": 128, "batch_size": 6},
                  "laptop_ctx256": {**VARIANTS["modern_muon_1500"], "block_size": 256, "batch_size": 3}})
-# Muon with 3 Newton-Schulz iterations for Keras's 5: a cheaper step, at two of those contexts.
+# Muon with 3 Newton-Schulz iterations for Keras's 5 (fewer products a step), at two of those contexts.
 VARIANTS.update({f"{name}_ns3": {**VARIANTS[name], "newton_schulz_steps": 3}
                  for name in ("modern_muon_1500", "laptop_ctx128")})
 # The longer contexts for the steps their slower steps fit in the laptop preset's time (1.05x and 1.27x its

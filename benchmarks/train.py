@@ -174,9 +174,9 @@ def run_gptlite(text_path, settings, precision, seed, vocab_size=None):
         # The whole validation split, as `gptlite eval` scores a text (windows of the context overlapping by
         # half): the run's own validation loss is a mean over a few random windows, every position of each
         # counted, so it reads lower for a longer context whatever the model, and ranks close recipes by chance.
-        held_out = pathlib.Path(out_dir) / "validation.txt"
-        held_out.write_text(tokenizer.decode(list(validation_ids)), encoding="utf-8")
-        held_out = gptlite.evaluate(model, held_out).total
+        validation_text = pathlib.Path(out_dir) / "validation.txt"
+        validation_text.write_text(tokenizer.decode(list(validation_ids)), encoding="utf-8")
+        held_out = gptlite.evaluate(model, validation_text).total
     # Without a position table, which is looked up rather than multiplied.
     table = model.config.block_size * model.config.n_embd if model.config.position != "rotary" else 0
     parameters = model.count_params() - table
