@@ -1,5 +1,6 @@
 """`gptlite serve`: the OpenAI completions API over real HTTP, its refusals, batching, auth and shutdown."""
 
+import http.client
 import importlib.util
 import json
 import os
@@ -23,6 +24,7 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
 from gptlite import serving  # noqa: E402 (after the check that starlette is there)
+from gptlite.serving.app import KEEP_ALIVE_SECONDS  # noqa: E402
 
 ONCE = pytest.mark.once("the HTTP layer does not depend on the backend")
 
@@ -42,7 +44,8 @@ class Server:
         self.app = app
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    timeout_keep_alive=KEEP_ALIVE_SECONDS))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30
@@ -529,6 +532,15 @@ def test_a_real_process_serves_the_client_and_on_sigterm_finishes_the_request_in
             except httpx.TransportError:
                 pass
             time.sleep(0.2)
+        # An idle connection outlives the 5 s after which an HTTP client's pool drops it itself, so that the
+        # client, not the server, closes it: a request sent on it as the server closed it would be reset.
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        for pause in (6, 0):
+            connection.request("GET", "/health")  # the second on the same socket: it fails had the server closed it
+            response = connection.getresponse()
+            assert response.status == 200 and response.read() and connection.sock is not None  # kept alive
+            time.sleep(pause)
+        connection.close()
         # The official client against the real process, plain and streamed.
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         plain = client.completions.create(model="words", prompt="the", max_tokens=10, temperature=0.0)
