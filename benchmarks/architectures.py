@@ -103,7 +103,7 @@ def main():
     parser.add_argument("--preset", default="cpu")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--max-iters", type=int)
+    parser.add_argument("--max-iters", type=int, help="steps for every variant, over those a variant sets")
     parser.add_argument("--backend", default="tensorflow")
     parser.add_argument("--vocab-size", type=int, help="a byte-level BPE vocabulary of this many tokens")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -115,8 +115,12 @@ def main():
     base = settings_for(args.preset, overrides)
     base["warmup_iters"] = min(base["warmup_iters"], base["max_iters"] // 5)
 
+    def variant(name):
+        """A variant's settings; --max-iters wins over its own steps (its evaluations at that interval)."""
+        return {**VARIANTS[name], **({"max_iters": args.max_iters} if args.max_iters else {})}
+
     if args.child:
-        print(json.dumps(measure(args.text, {**base, **VARIANTS[args.child]}, args.seed, args.vocab_size)))
+        print(json.dumps(measure(args.text, {**base, **variant(args.child)}, args.seed, args.vocab_size)))
         return
 
     env = dict(os.environ, KERAS_BACKEND=args.backend)
@@ -144,7 +148,7 @@ def main():
             if name != first and key in ("ms_per_iter", "train_s", "kv_cache_kb", "parameters"):
                 cell += f" ({value / figures[first][key]:.2f}x)"
             cells.append(cell)
-        settings = ", ".join(f"{k}={v}" for k, v in VARIANTS[name].items()) or "GPT-2's layout"
+        settings = ", ".join(f"{k}={v}" for k, v in variant(name).items()) or "GPT-2's layout"
         print(f"| {name} | {settings} | " + " | ".join(cells) + " |")
 
 
