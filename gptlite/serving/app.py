@@ -22,6 +22,7 @@ from gptlite.text import templates
 # it as the server closed it was reset (the client sees a connection error).
 KEEP_ALIVE_SECONDS = 75
 
+
 def create_app(model, model_name, settings=None, worker=None):
     """The Starlette application that serves `model` under `model_name`, its worker thread started."""
     from starlette.applications import Starlette
