@@ -17,12 +17,6 @@ from gptlite.serving.worker import Job, QueueFull, Worker
 from gptlite.tasks.task import of_model
 from gptlite.text import templates
 
-# How long an idle keep-alive connection stays open. Longer than the 5 s after which httpx (under the OpenAI
-# client) drops an idle connection itself: with uvicorn's own 5 s the two closed it together, and a request sent on
-# it as the server closed it was reset (the client sees a connection error).
-KEEP_ALIVE_SECONDS = 75
-
-
 def create_app(model, model_name, settings=None, worker=None):
     """The Starlette application that serves `model` under `model_name`, its worker thread started."""
     from starlette.applications import Starlette
@@ -286,10 +280,26 @@ def _chat_logprobs(logprobs):
                                                        logprobs["top_logprobs"])]}
 
 
+# How long an idle keep-alive connection stays open. Longer than the 5 s after which httpx (under the OpenAI
+# client) drops an idle connection itself: with uvicorn's own 5 s the two closed it together, and a request sent on
+# it as the server closed it was reset (the client sees a connection error).
+KEEP_ALIVE_SECONDS = 75
+
+
+def http_server(app, host, port, grace_seconds=30):
+    """uvicorn's server for `app`, as `serve` runs it: quiet below warnings, idle connections kept
+    KEEP_ALIVE_SECONDS, requests in flight given `grace_seconds` to finish when it stops."""
+    import uvicorn
+
+    return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                         timeout_keep_alive=KEEP_ALIVE_SECONDS,
+                                         timeout_graceful_shutdown=grace_seconds))
+
+
 def serve(model_path, host="127.0.0.1", port=8000, settings=None, grace_seconds=30, name=None, say=print):
     """Load the model, then serve it until SIGTERM or Ctrl-C (finishing requests in flight), compiling its programs
     while idle meanwhile."""
-    import uvicorn
+    import uvicorn  # noqa: F401 (first: without the serve extra this fails before the model loads)
 
     from gptlite.weights import saving
 
@@ -309,9 +319,7 @@ def serve(model_path, host="127.0.0.1", port=8000, settings=None, grace_seconds=
         say(f"warming up: building {worker.planned} decoding programs; /health says ready once they are built "
             f"(requests are served meanwhile)", flush=True)
     app = create_app(model, name, settings, worker)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_keep_alive=KEEP_ALIVE_SECONDS,
-                            timeout_graceful_shutdown=grace_seconds)
-    server = uvicorn.Server(config)
+    server = http_server(app, host, port, grace_seconds)
     # uvicorn stops on SIGTERM or SIGINT once the requests in flight are answered, then raises the
     # signal again for the handler it found: a stop asked for and done is then no failure.
     handled = (signal.SIGINT, signal.SIGTERM)

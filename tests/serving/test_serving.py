@@ -24,7 +24,6 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
 from gptlite import serving  # noqa: E402 (after the check that starlette is there)
-from gptlite.serving.app import KEEP_ALIVE_SECONDS  # noqa: E402
 
 ONCE = pytest.mark.once("the HTTP layer does not depend on the backend")
 
@@ -39,13 +38,12 @@ class Server:
     """An app served by uvicorn on a thread, on a free port of 127.0.0.1."""
 
     def __init__(self, app):
-        import uvicorn
+        from gptlite.serving.app import http_server
 
         self.app = app
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    timeout_keep_alive=KEEP_ALIVE_SECONDS))
+        self.server = http_server(app, "127.0.0.1", self.port)  # as `gptlite serve` runs it
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30
