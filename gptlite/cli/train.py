@@ -23,10 +23,11 @@ SETTING_HELP = {
     "lora_targets": f"which projections of each block get adapters, comma-separated from "
                     f"{','.join(config.LORA_TARGETS)} (default: all); 'embedding' also trains the token "
                     f"embedding whole, 'norms' every norm's scale (and shift)",
-    "optimizer": "adamw (the default) or muon: Muon for the blocks' weight matrices (each update orthogonalised), "
-                 "AdamW for the embeddings, the output head, norms and biases; the same learning rate for both",
+    "optimizer": "adamw or muon (the laptop preset's): Muon for the blocks' weight matrices (each update "
+                 "orthogonalised), AdamW for the embeddings, the output head, norms and biases; the same learning "
+                 "rate for both",
     "newton_schulz_steps": "with --optimizer muon: the Newton-Schulz iterations that orthogonalise each update "
-                           "(default: 5, Keras's)",
+                           "(presets: 3 for laptop, else 5, Keras's default)",
     "warmup_iters": "steps of linear learning-rate warm-up (presets: 100, or 5 for tiny; unless given, at most a "
                     "fifth of --max-iters)",
     "position": "learned (a trained table, GPT-2's; the default), sinusoidal (a fixed table) or rotary (RoPE: "
