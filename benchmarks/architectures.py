@@ -79,7 +79,7 @@ VARIANTS.update({"laptop_ctx128": {**VARIANTS["modern_muon_1500"], "block_size":
 # Muon with 3 Newton-Schulz iterations for Keras's 5 (fewer products a step), at two of those contexts.
 VARIANTS.update({f"{name}_ns3": {**VARIANTS[name], "newton_schulz_steps": 3}
                  for name in ("modern_muon_1500", "laptop_ctx128")})
-# 3 iterations for the steps their quicker step fits in the time of 5's 1,500 (0.80x-0.88x its step on 2
+# 3 iterations for the steps their quicker step fits in the time of 5's 1,500 (0.80x-0.91x its step on 2
 # cores: benchmarks/journal.md): the laptop preset; and for the steps of the 0.80x.
 VARIANTS.update({"laptop": beyond_cpu("laptop")})
 VARIANTS.update({"laptop_1870": {**VARIANTS["laptop"], "max_iters": 1870}})
