@@ -37,9 +37,8 @@ def main():
         model.build((None, model.config.block_size))
         compile_for_training(model, gptlite.TrainingConfig(**training_settings))
         models[count] = model
-    config = next(iter(models.values())).config
     rng = np.random.default_rng(0)
-    shape = (PRESETS[args.preset]["batch_size"], config.block_size)
+    shape = (PRESETS[args.preset]["batch_size"], PRESETS[args.preset]["block_size"])
     inputs, targets = rng.integers(0, args.vocab_size, size=shape), rng.integers(0, args.vocab_size, size=shape)
     for model in models.values():  # the compile, and a few steps past it
         for _ in range(5):
