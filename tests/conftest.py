@@ -221,6 +221,25 @@ def reverser(reverser_run):
     return reverser_run[0]
 
 
+# A test that needs what the dev extra leaves out (another backend, torch for transformers' models, llama.cpp,
+# Chromium) skips in the README's test command with a reason that starts so (pytest.importorskip's own reason
+# does too), and must be marked `extras`: .ci/run runs those again once the extras are installed (-m extras), and
+# an unmarked one would run in no suite of CI's at all.
+NEEDS = ("needs ", "could not import ")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.skipped and item.get_closest_marker("extras") is None and isinstance(report.longrepr, tuple):
+        reason = report.longrepr[2].removeprefix("Skipped: ")
+        if reason.startswith(NEEDS):
+            report.outcome = "failed"
+            report.longrepr = (f"{item.nodeid} skipped ({reason}) but is not marked extras: no stage of .ci/run "
+                               "would run it; mark it @pytest.mark.extras")
+    return report
+
+
 def pytest_collection_modifyitems(items):
     """A test of a run trained through the command line is slow: `-m "not slow"` leaves it out. A test marked
     `once(reason)` checks what no backend changes: the JAX and torch suites skip it, saying why. The tests

@@ -337,7 +337,8 @@ OTHER_BACKEND = "jax" if keras.backend.backend() != "jax" else "tensorflow"
 @pytest.mark.slow
 @pytest.mark.extras
 @ONCE
-@pytest.mark.skipif(importlib.util.find_spec(OTHER_BACKEND) is None, reason=f"{OTHER_BACKEND} is not installed")
+@pytest.mark.skipif(importlib.util.find_spec(OTHER_BACKEND) is None,
+                    reason=f"needs {OTHER_BACKEND} (the `{OTHER_BACKEND}` extra)")
 def test_backend_and_precision_flags_take_effect(tmp_path):
     text_file = tmp_path / "words.txt"
     text_file.write_text(make_text(2000))
@@ -351,7 +352,8 @@ def test_backend_and_precision_flags_take_effect(tmp_path):
 
 @pytest.mark.extras
 @ONCE
-@pytest.mark.skipif(importlib.util.find_spec(OTHER_BACKEND) is None, reason=f"{OTHER_BACKEND} is not installed")
+@pytest.mark.skipif(importlib.util.find_spec(OTHER_BACKEND) is None,
+                    reason=f"needs {OTHER_BACKEND} (the `{OTHER_BACKEND}` extra)")
 def test_the_cli_module_runs_on_the_backend_its_flag_names(tmp_path, tiny_model):
     import gptlite
 

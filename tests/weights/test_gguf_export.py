@@ -172,7 +172,7 @@ def in_llama_cpp(test):
     before any model is trained for it."""
     marks = [pytest.mark.extras,
              pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
-                                reason="llama-cpp-python (the `llama` extra) checks the files"),
+                                reason="needs llama-cpp-python (the `llama` extra) to check the files"),
              pytest.mark.once("llama.cpp reads the same file whichever backend wrote it")]
     for mark in marks:
         test = mark(test)

@@ -18,6 +18,8 @@ from gptlite.weights import gpt2
 # What the JAX and torch suites leave out: the mapping of weights and the files are the same on every backend, and
 # each backend's forward pass gives TensorFlow's logits for the same weights (tests/weights/test_saving.py).
 SAME_ON_EVERY_BACKEND = pytest.mark.once("weights map and files read alike on every backend")
+# transformers builds its GPT-2 with torch, which the dev extra leaves out: .ci/run runs these once it is there.
+WITH_TRANSFORMERS_MODELS = pytest.mark.extras
 
 # Unicode, runs of spaces, tabs, newlines, contractions, an emoji (4 UTF-8 bytes) and the end token.
 TRICKY = "  Héllo\n\n  wörld 😀 it's  the cat's\that<|endoftext|>Ünïcödé — “quoted”  \n"
@@ -58,6 +60,7 @@ def from_hugging_face(hugging_face_folder):
     return gptlite.from_pretrained(hugging_face_folder[0])
 
 
+@WITH_TRANSFORMERS_MODELS
 @SAME_ON_EVERY_BACKEND
 def test_a_hugging_face_gpt2_gives_its_logits_and_token_ids(hugging_face_folder, from_hugging_face, bpe):
     import torch
@@ -77,6 +80,7 @@ def test_a_hugging_face_gpt2_gives_its_logits_and_token_ids(hugging_face_folder,
     assert model.tokenizer.decode(model.tokenizer.encode(TRICKY)) == TRICKY
 
 
+@WITH_TRANSFORMERS_MODELS
 @SAME_ON_EVERY_BACKEND
 def test_greedy_text_is_transformers_greedy_text(hugging_face_folder, from_hugging_face):
     import torch
@@ -120,6 +124,7 @@ def test_a_kerashub_preset_gives_its_logits_and_token_ids(tmp_path, bpe):
     assert list(model.tokenizer.encode(text)) == list(keras.ops.convert_to_numpy(hub_tokenizer(text)))
 
 
+@WITH_TRANSFORMERS_MODELS
 @SAME_ON_EVERY_BACKEND
 def test_a_gpt_exports_to_hugging_face_and_back(tmp_path, bpe, tokenizer):
     torch = pytest.importorskip("torch")
@@ -144,6 +149,7 @@ def test_a_gpt_exports_to_hugging_face_and_back(tmp_path, bpe, tokenizer):
         np.testing.assert_allclose(_logits(gptlite.from_pretrained(folder), ids), _logits(model, ids), atol=1e-5)
 
 
+@WITH_TRANSFORMERS_MODELS
 @SAME_ON_EVERY_BACKEND
 def test_a_gpt_exports_as_a_kerashub_preset(tmp_path, from_hugging_face):
     keras_hub = pytest.importorskip("keras_hub")
@@ -169,6 +175,7 @@ def test_exports_gpt2_cannot_express_are_refused(tmp_path, tiny_model, tokenizer
     assert not (tmp_path / "untied").exists() and not (tmp_path / "char").exists()
 
 
+@WITH_TRANSFORMERS_MODELS
 @SAME_ON_EVERY_BACKEND
 def test_folders_gptlite_cannot_read_say_why(tmp_path, hugging_face_folder):
     folder = tmp_path / "gelu"
@@ -448,6 +455,7 @@ def test_a_resumed_lora_run_keeps_its_adapters_apart(tmp_path, base_model_file):
                                                                          "max_iters": 30}, resume=True, verbose=0)
 
 
+@WITH_TRANSFORMERS_MODELS
 @SAME_ON_EVERY_BACKEND
 def test_other_hugging_face_files_read_the_same(tmp_path, hugging_face_folder, from_hugging_face, bpe):
     """pytorch_model.bin for the weights, tokenizer.json for the tokenizer."""

@@ -114,12 +114,14 @@ print(json.dumps(keras.ops.convert_to_numpy(logits).tolist()))
 
 
 # TensorFlow's suite loads its file under each other backend, and each other backend's suite loads its own under
-# TensorFlow: every backend writes and reads once, without the pairs that repeat it.
+# TensorFlow: every backend writes and reads once, without the pairs that repeat it. (Under TensorFlow the others
+# are extras.)
+@pytest.mark.extras
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b != keras.backend.backend()
                                      and "tensorflow" in (b, keras.backend.backend())])
 def test_a_model_saved_under_one_backend_gives_the_same_logits_under_the_others(backend, tmp_path, tiny_model):
     if importlib.util.find_spec(backend) is None:
-        pytest.skip(f"{backend} is not installed (pip install -e '.[{backend}]')")
+        pytest.skip(f"needs {backend} (pip install -e '.[{backend}]')")
     gptlite.save(tiny_model, tmp_path / "model.keras")
     ids = [[1, 2, 3, 4, 5, 6], [6, 5, 4, 3, 2, 1]]
     result = subprocess.run(
