@@ -81,7 +81,9 @@ VARIANTS.update({f"{name}_ns3": {**VARIANTS[name], "newton_schulz_steps": 3}
                  for name in ("modern_muon_1500", "laptop_ctx128")})
 # 3 iterations for the steps their quicker step fits in the time of 5's 1,500 (0.80x-0.91x its step on 2
 # cores: benchmarks/journal.md): the laptop preset; and for the steps of the 0.80x.
-VARIANTS.update({"laptop": beyond_cpu("laptop"), "laptop_1870": {**beyond_cpu("laptop"), "max_iters": 1870}})
+# 2 iterations for the steps of their step (0.92x of 3's by a 200-step probe).
+VARIANTS.update({"laptop": beyond_cpu("laptop"), "laptop_1870": {**beyond_cpu("laptop"), "max_iters": 1870},
+                 "laptop_ns2_1840": {**beyond_cpu("laptop"), "newton_schulz_steps": 2, "max_iters": 1840}})
 # The longer contexts for the steps their slower steps fit in modern_muon_1500's time (1.05x and 1.27x its
 # step on 2 cores: benchmarks/journal.md).
 VARIANTS.update({"laptop_ctx128_1400": {**VARIANTS["laptop_ctx128"], "max_iters": 1400},
