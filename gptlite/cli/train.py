@@ -28,6 +28,8 @@ SETTING_HELP = {
                  "rate for both",
     "newton_schulz_steps": "with --optimizer muon: the Newton-Schulz iterations that orthogonalise each update "
                            "(presets: 3 for laptop, else 5, Keras's default)",
+    "muon_momentum": "with --optimizer muon: the share of its momentum each step keeps before adding the "
+                     "gradient (default: 0.95, Keras's)",
     "warmup_iters": "steps of linear learning-rate warm-up (presets: 100, or 5 for tiny; unless given, at most a "
                     "fifth of --max-iters)",
     "position": "learned (a trained table, GPT-2's; the default), sinusoidal (a fixed table) or rotary (RoPE: "

@@ -126,7 +126,7 @@ def make_optimizer(model, config):
         # AdamW's size (rms_rate), so both take the run's learning rate and weight decay.
         optimizer = keras.optimizers.Muon(**common, adam_weight_decay=config.weight_decay, adam_beta_1=0.9,
                                           adam_beta_2=config.beta2, exclude_embeddings=True,
-                                          ns_steps=config.newton_schulz_steps)
+                                          ns_steps=config.newton_schulz_steps, momentum=config.muon_momentum)
     else:
         # LoRA trains a few small adapter matrices: one update over their
         # concatenation holds less memory than one per matrix (FlatAdamW).

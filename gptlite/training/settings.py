@@ -35,6 +35,7 @@ class TrainingConfig:
     warmup_iters: int = 100  # steps of linear warm-up
     optimizer: str = "adamw"  # one of OPTIMIZERS
     newton_schulz_steps: int = 5  # Muon's orthogonalising iterations per update (Keras's default)
+    muon_momentum: float = 0.95  # Muon's momentum keeps this share of itself each step (Keras's default)
     beta2: float = 0.99  # AdamW's second-moment decay; 0.99 suits small batches
     weight_decay: float = 0.1  # AdamW decay, on weight matrices only
     eval_interval: int = 250  # steps between validation-loss evaluations
@@ -61,6 +62,7 @@ class TrainingConfig:
         require("precision", self.precision, lambda v: v in PRECISIONS, f"one of {', '.join(PRECISIONS)}")
         require("optimizer", self.optimizer, lambda v: v in OPTIMIZERS, f"one of {', '.join(OPTIMIZERS)}")
         require("newton_schulz_steps", self.newton_schulz_steps, is_count, "a positive whole number")
+        require("muon_momentum", self.muon_momentum, lambda v: 0 <= v < 1, "in [0, 1)")
         require("lora_rank", self.lora_rank, lambda v: v == 0 or is_count(v),
                  "zero (off) or a positive whole number")
         require("lora_alpha", self.lora_alpha, lambda v: v is None or v > 0, "positive")

@@ -14,7 +14,7 @@ def write(path, arguments=None, settings=None):
     run_config.write_run_config(path, {"sources": ["a.txt", TRICKY], "preset": "tiny", "distribute": False,
                                        "vocab_size": None, **(arguments or {})},
                                 {"max_iters": 30, "lr": 3e-3, "min_lr": 1e-05, "bias": True, "lora_alpha": None,
-                                 "position": "learned", **(settings or {})}, "jax")
+                                 "position": "learned", "muon_momentum": 0.9, **(settings or {})}, "jax")
 
 
 def test_a_run_file_reads_back_as_written(tmp_path):
@@ -24,7 +24,8 @@ def test_a_run_file_reads_back_as_written(tmp_path):
     assert config.arguments == {
         "sources": [pathlib.Path("a.txt"), pathlib.Path(TRICKY)],
         "preset": "tiny", "distribute": False,
-        "settings": {"max_iters": 30, "lr": 3e-3, "min_lr": 1e-05, "bias": True, "position": "learned"},
+        "settings": {"max_iters": 30, "lr": 3e-3, "min_lr": 1e-05, "bias": True, "position": "learned",
+                     "muon_momentum": 0.9},
     }
 
 

@@ -79,6 +79,19 @@ def test_muons_newton_schulz_steps_are_kept_on_resume_unless_given_and_may_chang
     assert gptlite.TrainingConfig(**resumed).newton_schulz_steps == 5
 
 
+def test_muons_momentum_is_kept_on_resume_unless_given_and_may_change():
+    # Its state (the momentum itself) has the same shape whatever its decay: a resumed run may take another.
+    checkpoint = {"model_config": dict(PRESETS["tiny"]),
+                  "training_config": {**split_settings(PRESETS["tiny"])[1], "optimizer": "muon",
+                                      "muon_momentum": 0.8}}
+    assert resolve_settings(checkpoint=checkpoint)["muon_momentum"] == 0.8
+    assert resolve_settings(overrides={"muon_momentum": 0.9}, checkpoint=checkpoint)["muon_momentum"] == 0.9
+    # A checkpoint written before the setting existed trained with Keras's 0.95.
+    del checkpoint["training_config"]["muon_momentum"]
+    resumed = split_settings(resolve_settings(checkpoint=checkpoint))[1]
+    assert gptlite.TrainingConfig(**resumed).muon_momentum == 0.95
+
+
 def test_an_optimizer_is_one_of_those_offered_and_lora_trains_with_adamw():
     with pytest.raises(gptlite.ConfigError, match="optimizer must be one of adamw, muon"):
         gptlite.TrainingConfig(optimizer="sgd")
