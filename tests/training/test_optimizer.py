@@ -71,48 +71,31 @@ def test_weight_decay_applies_to_weight_matrices_only(tiny_model):
         assert (variable.path in decayed) == should_decay, variable.path
 
 
-def test_muons_newton_schulz_steps_change_the_matrices_update_alone(tiny_model):
-    """Fewer orthogonalising iterations give another update of each block's matrix; the weights AdamW moves
+@pytest.mark.parametrize("setting,keras_name,values,refused,refusal", [
+    ("newton_schulz_steps", "ns_steps", (1, 5), (0,), "a positive whole number"),
+    ("muon_momentum", "momentum", (0.5, 0.95), (-0.1, 1.0), r"in \[0, 1\)"),
+])
+def test_muons_settings_change_the_matrices_updates_alone(tiny_model, setting, keras_name, values, refused, refusal):
+    """Another count of orthogonalising iterations, or another momentum (which weighs the first step's gradient
+    in the second step's update), moves each block's matrix elsewhere within two steps; the weights AdamW moves
     (embeddings, norms) move the same."""
-    gradients = [keras.ops.convert_to_tensor(np.random.default_rng(2).normal(size=v.shape).astype("float32"))
-                 for v in tiny_model.trainable_variables]
-    start = [keras.ops.convert_to_numpy(v) for v in tiny_model.trainable_variables]
-    moved = {}
-    for steps in (1, 5):
-        config = gptlite.TrainingConfig(optimizer="muon", newton_schulz_steps=steps, warmup_iters=0)
-        optimizer = make_optimizer(tiny_model, config)
-        assert optimizer.get_config()["ns_steps"] == steps
-        optimizer.apply(gradients, tiny_model.trainable_variables)
-        moved[steps] = [keras.ops.convert_to_numpy(v) for v in tiny_model.trainable_variables]
-        for variable, value in zip(tiny_model.trainable_variables, start):
-            variable.assign(value)
-    for variable, one, five in zip(tiny_model.trainable_variables, moved[1], moved[5]):
-        by_muon = len(variable.shape) == 2 and "embedding" not in variable.path
-        assert not np.allclose(one, five) if by_muon else np.array_equal(one, five), variable.path
-    with pytest.raises(gptlite.ConfigError, match="newton_schulz_steps must be a positive whole number"):
-        gptlite.TrainingConfig(optimizer="muon", newton_schulz_steps=0)
-
-
-def test_muons_momentum_changes_the_matrices_second_update_alone(tiny_model):
-    """Muon's momentum weighs the first step's gradient in the second step's update: another momentum moves
-    each block's matrix elsewhere by the second step; the weights AdamW moves (embeddings, norms) move the same."""
     rng = np.random.default_rng(3)
     gradients = [[keras.ops.convert_to_tensor(rng.normal(size=v.shape).astype("float32"))
                   for v in tiny_model.trainable_variables] for _ in range(2)]
     start = [keras.ops.convert_to_numpy(v) for v in tiny_model.trainable_variables]
-    moved = {}
-    for momentum in (0.5, 0.95):
-        config = gptlite.TrainingConfig(optimizer="muon", muon_momentum=momentum, warmup_iters=0)
-        optimizer = make_optimizer(tiny_model, config)
-        assert optimizer.get_config()["momentum"] == momentum
+    moved = []
+    for value in values:
+        optimizer = make_optimizer(tiny_model, gptlite.TrainingConfig(optimizer="muon", warmup_iters=0,
+                                                                      **{setting: value}))
+        assert optimizer.get_config()[keras_name] == value
         for step_gradients in gradients:
             optimizer.apply(step_gradients, tiny_model.trainable_variables)
-        moved[momentum] = [keras.ops.convert_to_numpy(v) for v in tiny_model.trainable_variables]
-        for variable, value in zip(tiny_model.trainable_variables, start):
-            variable.assign(value)
-    for variable, low, high in zip(tiny_model.trainable_variables, moved[0.5], moved[0.95]):
+        moved.append([keras.ops.convert_to_numpy(v) for v in tiny_model.trainable_variables])
+        for variable, initial in zip(tiny_model.trainable_variables, start):
+            variable.assign(initial)
+    for variable, first, second in zip(tiny_model.trainable_variables, *moved):
         by_muon = len(variable.shape) == 2 and "embedding" not in variable.path
-        assert not np.allclose(low, high) if by_muon else np.array_equal(low, high), variable.path
-    for momentum in (-0.1, 1.0):
-        with pytest.raises(gptlite.ConfigError, match=r"muon_momentum must be in \[0, 1\)"):
-            gptlite.TrainingConfig(optimizer="muon", muon_momentum=momentum)
+        assert not np.allclose(first, second) if by_muon else np.array_equal(first, second), variable.path
+    for value in refused:
+        with pytest.raises(gptlite.ConfigError, match=f"{setting} must be {refusal}"):
+            gptlite.TrainingConfig(optimizer="muon", **{setting: value})

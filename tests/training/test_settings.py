@@ -66,30 +66,18 @@ def test_a_resumed_run_keeps_its_shape_and_precision_and_may_train_longer():
         resolve_settings(overrides={"optimizer": "muon"}, checkpoint=checkpoint)
 
 
-def test_muons_newton_schulz_steps_are_kept_on_resume_unless_given_and_may_change():
-    # Its state (momentum) does not depend on the iterations: a resumed run may take another count.
+@pytest.mark.parametrize("setting,saved,given,keras_default", [("newton_schulz_steps", 4, 2, 5),
+                                                                 ("muon_momentum", 0.8, 0.9, 0.95)])
+def test_muons_settings_are_kept_on_resume_unless_given_and_may_change(setting, saved, given, keras_default):
+    # Muon's state (its momentum) has the same shape whatever either says: a resumed run may take another.
     checkpoint = {"model_config": dict(PRESETS["tiny"]),
-                  "training_config": {**split_settings(PRESETS["tiny"])[1], "optimizer": "muon",
-                                      "newton_schulz_steps": 4}}
-    assert resolve_settings(checkpoint=checkpoint)["newton_schulz_steps"] == 4
-    assert resolve_settings(overrides={"newton_schulz_steps": 2}, checkpoint=checkpoint)["newton_schulz_steps"] == 2
-    # A checkpoint written before the setting existed trained with Keras's 5.
-    del checkpoint["training_config"]["newton_schulz_steps"]
+                  "training_config": {**split_settings(PRESETS["tiny"])[1], "optimizer": "muon", setting: saved}}
+    assert resolve_settings(checkpoint=checkpoint)[setting] == saved
+    assert resolve_settings(overrides={setting: given}, checkpoint=checkpoint)[setting] == given
+    # A checkpoint written before the setting existed trained with Keras's default.
+    del checkpoint["training_config"][setting]
     resumed = split_settings(resolve_settings(checkpoint=checkpoint))[1]
-    assert gptlite.TrainingConfig(**resumed).newton_schulz_steps == 5
-
-
-def test_muons_momentum_is_kept_on_resume_unless_given_and_may_change():
-    # Its state (the momentum itself) has the same shape whatever its decay: a resumed run may take another.
-    checkpoint = {"model_config": dict(PRESETS["tiny"]),
-                  "training_config": {**split_settings(PRESETS["tiny"])[1], "optimizer": "muon",
-                                      "muon_momentum": 0.8}}
-    assert resolve_settings(checkpoint=checkpoint)["muon_momentum"] == 0.8
-    assert resolve_settings(overrides={"muon_momentum": 0.9}, checkpoint=checkpoint)["muon_momentum"] == 0.9
-    # A checkpoint written before the setting existed trained with Keras's 0.95.
-    del checkpoint["training_config"]["muon_momentum"]
-    resumed = split_settings(resolve_settings(checkpoint=checkpoint))[1]
-    assert gptlite.TrainingConfig(**resumed).muon_momentum == 0.95
+    assert getattr(gptlite.TrainingConfig(**resumed), setting) == keras_default
 
 
 def test_an_optimizer_is_one_of_those_offered_and_lora_trains_with_adamw():
