@@ -54,6 +54,11 @@ def is_count(value):
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
+def is_fraction(value):
+    """Whether `value` is a number in [0, 1): a dropout rate, or the share of a running mean kept each step."""
+    return 0 <= value < 1
+
+
 def require(name, value, is_valid, description):
     """Raise a ConfigError naming the setting unless `is_valid(value)`; `description` says what it must be."""
     try:

@@ -7,7 +7,7 @@ backend.
 
 import dataclasses
 
-from gptlite.errors import ConfigError, divisors_near, is_count, one_of, require
+from gptlite.errors import ConfigError, divisors_near, is_count, is_fraction, one_of, require
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +45,7 @@ class GPTConfig:
                 f"try n_head {divisors_near(self.n_embd, self.n_head)}"
             )
         for name in ("dropout", "attention_dropout"):
-            require(name, getattr(self, name), lambda v: 0.0 <= v < 1.0, "in [0, 1)")
+            require(name, getattr(self, name), is_fraction, "in [0, 1)")
         require("position", self.position, lambda v: v in POSITIONS, one_of(POSITIONS))
         require("norm", self.norm, lambda v: v in NORMS, one_of(NORMS))
         require("mlp", self.mlp, lambda v: v in MLPS, one_of(MLPS))

@@ -9,7 +9,7 @@ before it chooses the Keras backend.
 import dataclasses
 
 from gptlite.data import CHAT_SYNTHETIC_TASKS, SYNTHETIC_TASKS  # noqa: F401 (the choices a run offers)
-from gptlite.errors import ConfigError, is_count, require
+from gptlite.errors import ConfigError, is_count, is_fraction, require
 from gptlite.model.config import GPTConfig, lora_targets
 
 
@@ -57,12 +57,12 @@ class TrainingConfig:
             raise ConfigError(f"min_lr ({self.min_lr}) must not be above lr ({self.lr})")
         if self.warmup_iters >= self.max_iters:
             raise ConfigError(f"warmup_iters ({self.warmup_iters}) must be below max_iters ({self.max_iters})")
-        require("beta2", self.beta2, lambda v: 0 <= v < 1, "in [0, 1)")
+        for name in ("beta2", "muon_momentum"):
+            require(name, getattr(self, name), is_fraction, "in [0, 1)")
         require("weight_decay", self.weight_decay, lambda v: v >= 0, "zero or positive")
         require("precision", self.precision, lambda v: v in PRECISIONS, f"one of {', '.join(PRECISIONS)}")
         require("optimizer", self.optimizer, lambda v: v in OPTIMIZERS, f"one of {', '.join(OPTIMIZERS)}")
         require("newton_schulz_steps", self.newton_schulz_steps, is_count, "a positive whole number")
-        require("muon_momentum", self.muon_momentum, lambda v: 0 <= v < 1, "in [0, 1)")
         require("lora_rank", self.lora_rank, lambda v: v == 0 or is_count(v),
                  "zero (off) or a positive whole number")
         require("lora_alpha", self.lora_alpha, lambda v: v is None or v > 0, "positive")
