@@ -90,6 +90,14 @@ VARIANTS.update({"laptop_ctx128_1400": {**VARIANTS["laptop_ctx128"], "max_iters"
                  "laptop_ctx256_1200": {**VARIANTS["laptop_ctx256"], "max_iters": 1200}})
 # Muon's momentum at 0.9 for Keras's 0.95: the step's cost is the same.
 VARIANTS["laptop_momentum09"] = {**beyond_cpu("laptop"), "muon_momentum": 0.9}
+# The model's shape, one dimension at a time (4 heads and 2 key/value heads kept), for the steps each one's step
+# fits in laptop's 1,700 (its step 0.77x, 1.49x, 0.69x and 1.98x laptop's on 2 cores: `step_times.py`).
+VARIANTS.update({"laptop_layers3": {**beyond_cpu("laptop"), "n_layer": 3, "max_iters": 2210},
+                 "laptop_layers6": {**beyond_cpu("laptop"), "n_layer": 6, "max_iters": 1145},
+                 "laptop_width96": {**beyond_cpu("laptop"), "n_embd": 96, "max_iters": 2460},
+                 "laptop_width192": {**beyond_cpu("laptop"), "n_embd": 192, "max_iters": 857}})
+# Weight decay at twice the preset's 0.1.
+VARIANTS["laptop_decay02"] = {**beyond_cpu("laptop"), "weight_decay": 0.2}
 MEASURES = {"parameters": "parameters", "val_loss": "val loss", "held_out_loss": "held-out loss",
             "bits_per_byte": "held-out bits/byte",
             "ms_per_iter": "ms/iter", "train_s": "training s", "kv_cache_kb": "KV cache KB"}

@@ -243,8 +243,8 @@ def pytest_runtest_makereport(item, call):
 def pytest_collection_modifyitems(items):
     """A test of a run trained through the command line is slow: `-m "not slow"` leaves it out. A test marked
     `once(reason)` checks what no backend changes: the JAX and torch suites skip it, saying why. The tests
-    marked `long` go first: the suite runs in two processes, and one such test handed out last would leave
-    the other process idle while it runs. (They use no module's fixtures, so moving them splits none.)"""
+    marked `long` go first: the suite runs in several processes, and one such test handed out last would
+    leave the others idle while it runs. (They use no module's fixtures, so moving them splits none.)"""
     import keras
 
     other_backend = keras.backend.backend() != "tensorflow"
