@@ -367,36 +367,12 @@ def test_the_cli_module_runs_on_the_backend_its_flag_names(tmp_path, tiny_model)
 # --- seq2seq
 
 
-def reversal_file(path, count=2000, seed=0):
+def reversal_file(path, count=300, seed=0):
     from conftest import reversal_pairs
 
     pairs = reversal_pairs(count, seed)
     path.write_text("".join(f"{s}\t{t}\n" for s, t in zip(pairs.sources, pairs.targets)))
     return path
-
-
-@pytest.mark.slow
-@ONCE
-def test_seq2seq_trains_on_a_tsv_file_and_decodes_sources(tmp_path, capsys):
-    from gptlite.cli import generate_main
-
-    pairs_file = reversal_file(tmp_path / "pairs.tsv")
-    out = tmp_path / "run"
-    result = run_python("train.py", str(pairs_file), "--task", "seq2seq", "--preset", "tiny", "--max-iters", "20",
-                        "--eval-interval", "10", "--block-size", "10", "--out", str(out))
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "1,800 pairs, 200 held out" in result.stdout and "exact match" in result.stdout
-    assert "of 200 held-out pairs exactly" in result.stdout
-    with open(out / "history.csv") as file:
-        rows = list(csv.DictReader(file))
-    assert [row["step"] for row in rows] == ["10", "20"] and 0 <= float(rows[-1]["exact_match"]) <= 1
-
-    sources = tmp_path / "sources.txt"
-    sources.write_text("abc\nedcba\n\nbb\n")
-    assert generate_main(["--model", str(out / "model.keras"), "--source-file", str(sources)]) == 0
-    model = gptlite.load(out / "model.keras")
-    expected = "".join(f"{t}\n" for t in gptlite.generate_target(model, ["abc", "edcba", "", "bb"]))
-    assert capsys.readouterr().out == expected
 
 
 @ONCE
@@ -466,19 +442,31 @@ def test_source_and_prompt_go_to_the_right_kind_of_model(tmp_path, capsys, rever
 
 
 @ONCE
-def test_a_seq2seq_run_resumes_as_seq2seq_only(tmp_path, capsys):
-    from gptlite.cli import train_main
+def test_seq2seq_trains_on_a_tsv_file_resumes_as_seq2seq_only_and_decodes_sources(tmp_path, capsys):
+    from gptlite.cli import generate_main, train_main
 
-    pairs_file = reversal_file(tmp_path / "pairs.tsv", count=300)
+    pairs_file = reversal_file(tmp_path / "pairs.tsv")
+    out = tmp_path / "run"
     base = [str(pairs_file), "--task", "seq2seq", "--preset", "tiny", "--eval-interval", "6", "--eval-iters", "1",
-            "--out", str(tmp_path / "run")]
+            "--out", str(out)]
     assert train_main([*base, "--max-iters", "6"]) == 0
-    assert train_main([str(pairs_file), "--resume", "--out", str(tmp_path / "run")]) == 2
+    printed = capsys.readouterr().out
+    assert "270 pairs, 30 held out" in printed and "exact match" in printed
+    assert "of 30 held-out pairs exactly" in printed
+    assert train_main([str(pairs_file), "--resume", "--out", str(out)]) == 2
     assert "trains a seq2seq model; resume it with --task seq2seq" in capsys.readouterr().err
     assert train_main([*base, "--max-iters", "12", "--resume"]) == 0
     assert "resuming at step 6 of 12 steps" in capsys.readouterr().out
-    with open(tmp_path / "run" / "history.csv") as file:
-        assert [row["step"] for row in csv.DictReader(file)] == ["6", "12"]
+    with open(out / "history.csv") as file:
+        rows = list(csv.DictReader(file))
+    assert [row["step"] for row in rows] == ["6", "12"] and 0 <= float(rows[-1]["exact_match"]) <= 1
+
+    sources = tmp_path / "sources.txt"
+    sources.write_text("abc\nedcba\n\nbb\n")
+    assert generate_main(["--model", str(out / "model.keras"), "--source-file", str(sources)]) == 0
+    model = gptlite.load(out / "model.keras")
+    expected = "".join(f"{t}\n" for t in gptlite.generate_target(model, ["abc", "edcba", "", "bb"]))
+    assert capsys.readouterr().out == expected
 
 
 @ONCE

@@ -1,5 +1,8 @@
 """The decode engine: its plans, and its text against a plain full-forward decoder run beside it."""
 
+import json
+import os
+
 import keras
 import numpy as np
 import pytest
@@ -281,40 +284,36 @@ def test_cached_text_is_recomputed_text_as_the_cache_grows_and_is_cut(tokenizer)
 @NEEDS_THE_PRIVATE_LAYER
 def test_a_second_process_traces_nothing_on_a_warm_cache_and_survives_a_damaged_entry(tmp_path, tiny_model):
     gptlite.save(tiny_model, tmp_path / "model.keras")
-    script = ("import sys, gptlite; gptlite.compile_cache.use(); "
-              "from gptlite.decode.programs import programs_for; "
-              "m = gptlite.load(sys.argv[1]); print(gptlite.generate(m, 'the', 20, seed=3)); "
-              "p = programs_for(m); print('traced', p.traces, 'loaded', p.loads)")
-    cache = tmp_path / "cache"
-    import os
-
-    environment = dict(os.environ, GPTLITE_COMPILE_CACHE=str(cache))
-    runs = []
-    for damage in (False, False, True):
-        if damage:
-            for entry in cache.rglob("*"):
-                if entry.is_file():
-                    entry.write_bytes(entry.read_bytes()[:100])
-        result = run_python("-c", script, str(tmp_path / "model.keras"), env=environment)
-        assert result.returncode == 0, result.stderr[-2000:]
-        text, counts = result.stdout.rsplit("traced", 1)
-        traced, loaded = (int(word) for word in counts.split()[::2])
-        entries = [path.name for path in cache.rglob("*") if path.is_file() and path.name != "checked.json"]
-        runs.append((text, traced, loaded, sorted(entries)))
-    first, warm, damaged = runs
-    assert first[1] > 0 and first[2] == 0 and any(name.endswith(".program") for name in first[3])
-    # The second process traced nothing: it loaded every program, and compiled nothing new (no new entry).
-    assert warm == (first[0], 0, first[1], first[3])
-    # Every entry cut short: each is traced and compiled again, and writes the same text.
-    assert damaged[:3] == (first[0], first[1], 0)
-    # A model of another shape finds none of these programs: it traces and compiles its own, beside them.
+    # A model of another shape, for the last process: it finds none of the first model's programs.
     keras.utils.set_random_seed(0)
     other = gptlite.GPT(vocab_size=tiny_model.config.vocab_size, n_layer=1, n_head=2, n_embd=8, block_size=16,
                         tokenizer=tiny_model.tokenizer)
     other.build((None, 16))
     gptlite.save(other, tmp_path / "other.keras")
-    result = run_python("-c", script, str(tmp_path / "other.keras"), env=environment)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "traced 0 " not in result.stdout
-    entries = {path.name for path in cache.rglob("*") if path.is_file() and path.name != "checked.json"}
-    assert entries > set(damaged[3])
+    # Each model named on its command line in turn: a line of its text and what it traced and loaded.
+    script = ("import json, sys, gptlite\n"
+              "gptlite.compile_cache.use()\n"
+              "from gptlite.decode.programs import programs_for\n"
+              "for path in sys.argv[1:]:\n"
+              "    m = gptlite.load(path); text = gptlite.generate(m, 'the', 20, seed=3)\n"
+              "    p = programs_for(m); print(json.dumps([text, p.traces, p.loads]))")
+    cache = tmp_path / "cache"
+    environment = dict(os.environ, GPTLITE_COMPILE_CACHE=str(cache))
+    runs = []
+    for damage, models in ((False, ["model"]), (False, ["model"]), (True, ["model", "other"])):
+        if damage:
+            for entry in cache.rglob("*"):
+                if entry.is_file():
+                    entry.write_bytes(entry.read_bytes()[:100])
+        result = run_python("-c", script, *(str(tmp_path / f"{name}.keras") for name in models), env=environment)
+        assert result.returncode == 0, result.stderr[-2000:]
+        entries = sorted(path.name for path in cache.rglob("*") if path.is_file() and path.name != "checked.json")
+        runs += [(*json.loads(line), entries) for line in result.stdout.splitlines()[-len(models):]]
+    first, warm, damaged, another = runs
+    assert first[1] > 0 and first[2] == 0 and any(name.endswith(".program") for name in first[3])
+    # The second process traced nothing: it loaded every program, and compiled nothing new (no new entry).
+    assert warm == (first[0], 0, first[1], first[3])
+    # Every entry cut short: each is traced and compiled again, and writes the same text.
+    assert damaged[:3] == (first[0], first[1], 0)
+    # The model of another shape, after it in the same process, traced and compiled its own, beside them.
+    assert another[1] > 0 and set(another[3]) > set(first[3])
