@@ -98,6 +98,12 @@ VARIANTS.update({"laptop_layers3": {**beyond_cpu("laptop"), "n_layer": 3, "max_i
                  "laptop_width192": {**beyond_cpu("laptop"), "n_embd": 192, "max_iters": 857}})
 # Weight decay at twice the preset's 0.1.
 VARIANTS["laptop_decay02"] = {**beyond_cpu("laptop"), "weight_decay": 0.2}
+# AdamW's beta2 at 0.95 (nanoGPT's for GPT-2) for the preset's 0.99 (its for Tiny Shakespeare); the floor of the
+# schedule at 3e-4 or 1e-5 for 1e-4; 200 warm-up steps for 100.
+VARIANTS.update({"laptop_beta2_095": {**beyond_cpu("laptop"), "beta2": 0.95},
+                 "laptop_min_lr3e-4": {**beyond_cpu("laptop"), "min_lr": 3e-4},
+                 "laptop_min_lr1e-5": {**beyond_cpu("laptop"), "min_lr": 1e-5},
+                 "laptop_warmup200": {**beyond_cpu("laptop"), "warmup_iters": 200}})
 MEASURES = {"parameters": "parameters", "val_loss": "val loss", "held_out_loss": "held-out loss",
             "bits_per_byte": "held-out bits/byte",
             "ms_per_iter": "ms/iter", "train_s": "training s", "kv_cache_kb": "KV cache KB"}
