@@ -13,25 +13,29 @@ from gptlite.errors import ConfigError
 CHAT_PRESET = "modern"
 # A chat run from scratch that names no preset is sized from its conversations (`chat_settings`): the modern
 # preset's model (trained as the cpu preset, the arithmetic task answered 3% of held-out questions exactly after
-# 1,500 steps, against 91%; benchmarks/journal.md) with small batches; the shortest of CHAT_CONTEXTS that holds
-# CHAT_COVERED of the conversations whole; CHAT_EPOCHS passes over the packed rows, at least CHAT_MIN_STEPS
-# steps and at most CHAT_MAX_TOKENS tokens at a context of 128 (fewer above it and the same steps below it: see
-# chat_token_cost): 13.1 to 14.0 minutes launch to exit for the family's tasks at 128 on 2 cores of machine B
-# (AMD Zen 4; benchmarks/journal.md, "The whole family within 15 minutes"), 21.0 on 2 of an AMD Zen 2 (machine H, AVX2
-# alone, before tf.data's waits were mended: "Chat on an older CPU"), where 9,000 steps would fit 15 minutes by its
-# steps' speed, but left two seeds of four of the direct task at 79% and 81%; evaluated and saved about
-# CHAT_EVALUATIONS times, the validation loss over CHAT_VALIDATION_ROWS rows (as many as 20 batches of 32 gave).
+# 1,500 steps, against 91%; benchmarks/journal.md) with small batches, trained by Muon (CHAT_OPTIMIZER); the
+# shortest of CHAT_CONTEXTS that holds CHAT_COVERED of the conversations whole; CHAT_EPOCHS passes over the packed
+# rows, at least CHAT_MIN_STEPS steps and at most CHAT_MAX_TOKENS tokens at a context of 128 (fewer above it and
+# the same steps below it: see chat_token_cost), evaluated and saved about CHAT_EVALUATIONS times, the validation
+# loss over CHAT_VALIDATION_ROWS rows (as many as 20 batches of 32 gave).
+# Muon, since it learned each task of the family in half AdamW's steps or fewer (the direct task, whose jump moves
+# with the seed, by the median: 90% of held-out questions by step 2,400, 3,000 and 4,200 over three seeds, where
+# AdamW took 9,000, 11,000 and 6,000); so the cap is half AdamW's 12,000 steps: 14.0 minutes launch to exit on 2
+# cores of machine D (an Intel Xeon whose chat steps are slower than the Zen 2's), some 11 to 12 by the steps' speed
+# on an AMD Zen 2 (machine H, where AdamW's 12,000 steps took 21; benchmarks/journal.md, "Chat by Muon in half the
+# steps").
 # Small batches, since the same tokens in more steps learn the tasks sooner: with batches of 32, three seeds
 # answered 98%, 80% and 65% of the direct task's held-out questions exactly; with batches of 8 and the same
 # tokens, 100%, 90% and 93% (benchmarks/journal.md, "Chat tasks with batches of 8"). Contexts between 128 and 256,
 # since a file whose longest conversations were a little over 128 tokens went to 256, where its cap in tokens
 # took 20 minutes, not 12 (benchmarks/journal.md, "A file of another shape").
 CHAT_BATCH_SIZE = 8
+CHAT_OPTIMIZER = "muon"
 CHAT_CONTEXTS = (64, 128, 160, 192, 256)
 CHAT_COVERED = 0.99
 CHAT_EPOCHS = 20
 CHAT_MIN_STEPS = 1000
-CHAT_MAX_TOKENS = 3000 * 32 * 128
+CHAT_MAX_TOKENS = 1500 * 32 * 128
 # A token's training time at a context of 256 over one at 128 (the attention grows with the context, the rest
 # does not): 1.58 on machine B (benchmarks/journal.md, "A file of another shape"); taken as linear in between.
 CHAT_COST_AT_256 = 1.58
@@ -74,7 +78,7 @@ def chat_settings(lengths, reading=None):
                // 100 * 100)
     steps = min(most, max(CHAT_MIN_STEPS, -(-CHAT_EPOCHS * rows // batch_size // 100) * 100))
     interval = max(100, steps // CHAT_EVALUATIONS // 100 * 100)
-    chosen = {"batch_size": batch_size, "block_size": block_size, "max_iters": steps,
+    chosen = {"optimizer": CHAT_OPTIMIZER, "batch_size": batch_size, "block_size": block_size, "max_iters": steps,
               "eval_interval": interval, "checkpoint_interval": interval,
               "eval_iters": CHAT_VALIDATION_ROWS // batch_size}
     whole = sum(length <= block_size + 1 for length in lengths) / len(lengths)
@@ -82,9 +86,9 @@ def chat_settings(lengths, reading=None):
             + f"context {block_size} ({whole:.0%} fit whole; "
             f"{CHAT_COVERED:.0%} are at most {covered} tokens), {steps:,} steps of {batch_size} rows "
             f"({steps * batch_size / rows:.1f} passes over {rows:,} packed rows"
-            + ("; the most that trains in about 14 minutes on 2 cores of a recent CPU, more on an older one"
+            + ("; the most that trains in about 14 minutes on 2 cores of a slow CPU, less on a recent one"
                if steps == most else "")
-            + "), the modern preset's model; a setting given overrides these")
+            + "), the modern preset's model trained by Muon; a setting given overrides these")
     return chosen, line
 
 

@@ -268,7 +268,7 @@ def test_a_chat_run_on_a_file_is_sized_from_it_and_reports_its_held_out_answers(
     # 36 of the 40 conversations train (a tenth is held out), each of at most 32 tokens: the shortest context. The
     # answers' words are in few of them: characters.
     assert "chat settings sized from 36 conversations: characters, since " in out
-    assert "; context 64 (100% fit whole" in out
+    assert "; context 64 (100% fit whole" in out and " steps of batch 4 by Muon (" in out
     # The line names what the flags changed of what it chose.
     given = re.search(r"a setting given overrides these \(given: (.*)\)\n", out).group(1).split(", ")
     assert {"n_layer 1", "n_embd 16", "batch_size 4", "max_iters 4", "eval_iters 1"} <= set(given)
@@ -282,9 +282,6 @@ def test_a_chat_run_on_a_file_is_sized_from_it_and_reports_its_held_out_answers(
                  "--eval-iters", "1", "--val-file", str(tmp_path / "val.jsonl"), "--out", str(tmp_path / "val")]) == 0
     out = capsys.readouterr().out
     assert "40 conversations" in out and "37 held out" in out and "of 37 held-out questions" in out
-
-
-@ONCE
 
 
 @ONCE

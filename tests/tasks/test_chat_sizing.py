@@ -11,7 +11,7 @@ pytestmark = pytest.mark.once("chat sizing is plain Python")
 def test_a_chat_run_is_sized_from_its_conversations():
     # A small file of short conversations: the shortest context, the fewest steps.
     short, line = chat_settings([30] * 500)
-    assert short == {"batch_size": chat_sizing.CHAT_BATCH_SIZE, "block_size": 64,
+    assert short == {"optimizer": "muon", "batch_size": chat_sizing.CHAT_BATCH_SIZE, "block_size": 64,
                      "max_iters": chat_sizing.CHAT_MIN_STEPS, "eval_interval": 100, "checkpoint_interval": 100,
                      "eval_iters": 80}
     assert "context 64 (100% fit whole" in line and "1,000 steps of 8 rows" in line
@@ -24,9 +24,9 @@ def test_a_chat_run_is_sized_from_its_conversations():
     assert long["block_size"] == 256 and "0% fit whole" in line
     # Steps: twenty passes over the packed rows (conversations of 30 tokens fill a 65-token row 2 at a time),
     # rounded up to a hundred...
-    middle, line = chat_settings([30] * 8_000)
-    assert chat_sizing.packed_rows([30] * 8_000, 64) == 4_000 and chat_sizing.CHAT_EPOCHS == 20
-    assert middle["max_iters"] == 10_000 and "10,000 steps of 8 rows (20.0 passes over 4,000 packed rows)" in line
+    middle, line = chat_settings([30] * 4_000)
+    assert chat_sizing.packed_rows([30] * 4_000, 64) == 2_000 and chat_sizing.CHAT_EPOCHS == 20
+    assert middle["max_iters"] == 5_000 and "5,000 steps of 8 rows (20.0 passes over 2,000 packed rows)" in line
     # ... up to about 14 minutes' worth of tokens on 2 cores, evaluated and saved about ten times a run; a context
     # under 128 gets the steps of 128, whose steps take nearly as long.
     large, line = chat_settings([60] * 20_000)
