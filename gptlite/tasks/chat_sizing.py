@@ -19,8 +19,8 @@ CHAT_PRESET = "modern"
 # the same steps below it: see chat_token_cost), evaluated and saved about CHAT_EVALUATIONS times, the validation
 # loss over CHAT_VALIDATION_ROWS rows (as many as 20 batches of 32 gave).
 # Muon, since it learned each task of the family in half AdamW's steps or fewer (the direct task, whose jump moves
-# with the seed, by the median: 90% of held-out questions by step 2,400, 3,000, 3,600 and 4,200 over four seeds,
-# where AdamW took 9,000, 11,000, 11,000 and 6,000); so the cap is half AdamW's 12,000 steps: 14.0 minutes launch to exit on 2
+# with the seed, by the median: 90% of held-out questions by step 2,400, 3,000, 3,600, 4,200, 5,400 and 3,000 over
+# six seeds, where AdamW took 9,000, 11,000, 11,000, 6,000, 9,600 and 7,000); so the cap is half AdamW's 12,000 steps: 14.0 minutes launch to exit on 2
 # cores of machine D (an Intel Xeon whose chat steps are slower than the Zen 2's), some 11 to 12 by the steps' speed
 # on an AMD Zen 2 (machine H, where AdamW's 12,000 steps took 21; benchmarks/journal.md, "Chat by Muon in half the
 # steps").
