@@ -9,15 +9,24 @@ import sys
 import tempfile
 
 
+_SESSION_FOLDER = "GPTLITE_TESTS_COMPILE_CACHE"
+
+
 def _share_compiled_programs():
     """Keep compiled programs in a folder of this session's, for every test and child process, never the user's.
 
     Many tests train or decode the same tiny shapes, each in a function or a
     process of its own; TensorFlow and JAX then load the program compiled
     the first time instead of compiling it again. Set before either is imported.
+    One folder for the session's every process: pytest-xdist's workers
+    inherit it from the process that starts them (which made it, and removes
+    it at its end), so a program one worker compiled, the others load.
     """
-    folder = tempfile.mkdtemp(prefix="gptlite-tests-xla-")
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    folder = os.environ.get(_SESSION_FOLDER)
+    if folder is None:
+        folder = tempfile.mkdtemp(prefix="gptlite-tests-xla-")
+        os.environ[_SESSION_FOLDER] = folder
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
     os.environ["GPTLITE_COMPILE_CACHE"] = folder  # gptlite's own decode programs, and TensorFlow's training steps
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", f"{folder}/jax")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
