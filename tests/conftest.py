@@ -164,6 +164,30 @@ NEEDS_THE_PRIVATE_LAYER = pytest.mark.skipif(
     reason="with GPTLITE_PRIVATE_APIS=off, TensorFlow programs are neither kept on disk nor shared between models")
 
 
+def built_once(name, build):
+    """The folder `name`, filled by `build(folder)` in the first of the session's processes to ask; the others
+    wait for it and find it filled.
+
+    pytest-xdist's workers each build a session fixture of their own, so one
+    that trains for seconds costs that in every worker that uses it. A fixture
+    that keeps what it made in this folder costs it once a session. A build
+    that raised leaves the folder unmarked, and the next to ask builds again.
+    """
+    import fcntl
+
+    root = pathlib.Path(os.environ[_SESSION_FOLDER]) / "built"
+    root.mkdir(exist_ok=True)
+    folder, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, even if `build` raises
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
+
+
 def run_python(*args, cwd=REPO, timeout=300, env=None):
     """Run a Python command line in a fresh process (in `env`, or this one's environment); return the
     CompletedProcess."""
@@ -200,28 +224,36 @@ def reversal_pairs(count, seed=0):
 
 
 @pytest.fixture(scope="session")
-def reverser_run(seq2seq_tokenizer, tmp_path_factory):
-    """A tiny Seq2Seq trained by `fit.train` for a few seconds to reverse short strings.
+def reverser_run(seq2seq_tokenizer):
+    """A tiny Seq2Seq trained by `fit.train` for a few seconds to reverse short strings, once a session
+    (`built_once`): every process reads it back from the run's folder.
 
     Returns (model, evaluation rows, output folder, held-out PairSet).
     """
-    import keras
+    import pickle
 
     from gptlite.data import pairs
     from gptlite.evaluation import scores
     from gptlite.training import fit
 
-    keras.utils.set_random_seed(0)
-    model = gptlite.Seq2Seq(vocab_size=seq2seq_tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=32,
-                            block_size=8, tokenizer=seq2seq_tokenizer)
-    config = gptlite.TrainingConfig(batch_size=64, max_iters=300, lr=3e-3, min_lr=3e-4, warmup_iters=10,
-                                    eval_interval=150, eval_iters=4, checkpoint_interval=300)
-    train_set = pairs.encode(reversal_pairs(4000, seed=1), seq2seq_tokenizer, 8)
     held_out = pairs.encode(reversal_pairs(200, seed=2), seq2seq_tokenizer, 8)
-    out = tmp_path_factory.mktemp("reverser")
-    metrics = {"exact_match": lambda trained: scores.exact_matches(trained, held_out.pairs) / len(held_out)}
-    rows = fit.train(model, train_set, held_out, config, out, verbose=0, metrics=metrics)
-    return model, rows, out, held_out
+
+    def train(out):
+        import keras
+
+        keras.utils.set_random_seed(0)
+        model = gptlite.Seq2Seq(vocab_size=seq2seq_tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=32,
+                                block_size=8, tokenizer=seq2seq_tokenizer)
+        config = gptlite.TrainingConfig(batch_size=64, max_iters=300, lr=3e-3, min_lr=3e-4, warmup_iters=10,
+                                        eval_interval=150, eval_iters=4, checkpoint_interval=300)
+        train_set = pairs.encode(reversal_pairs(4000, seed=1), seq2seq_tokenizer, 8)
+        metrics = {"exact_match": lambda trained: scores.exact_matches(trained, held_out.pairs) / len(held_out)}
+        rows = fit.train(model, train_set, held_out, config, out, verbose=0, metrics=metrics)
+        (out / "rows.pickle").write_bytes(pickle.dumps(rows))
+
+    out = built_once("reverser", train)
+    rows = pickle.loads((out / "rows.pickle").read_bytes())
+    return gptlite.load(out / "model.keras"), rows, out, held_out
 
 
 @pytest.fixture(scope="session")

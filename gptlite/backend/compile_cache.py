@@ -200,11 +200,15 @@ def _versioned(target, backend):
 
 def _installed_version(module):
     """The version of the distribution that installed this top-level module, read without importing it: TensorFlow
-    comes as `tensorflow`, `tensorflow-cpu` or `tf-nightly`, among others."""
+    comes as `tensorflow`, `tensorflow-cpu` or `tf-nightly`, among others. The distribution named as the module is
+    asked first: mapping every installed distribution's modules takes a tenth of a second, at each start."""
     from importlib import metadata
 
-    names = [module, *metadata.packages_distributions().get(module, [])]
-    for name in names:
+    try:
+        return metadata.version(module)
+    except metadata.PackageNotFoundError:
+        pass
+    for name in metadata.packages_distributions().get(module, []):
         try:
             return metadata.version(name)
         except metadata.PackageNotFoundError:

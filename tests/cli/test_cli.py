@@ -3,13 +3,15 @@
 import csv
 import hashlib
 import importlib.util
+import json
+import subprocess
 
 import keras
 import pytest
 
 import gptlite
 
-from conftest import make_text, run_python
+from conftest import built_once, make_text, run_python
 
 # For tests of the commands themselves (most run them as subprocesses): what
 # they check does not depend on the backend, whose own tests run in every suite
@@ -20,13 +22,18 @@ TRAIN_FLAGS = ["--preset", "tiny", "--max-iters", "30", "--eval-interval", "15",
 
 
 @pytest.fixture(scope="module")
-def trained_run(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("cli")
-    text_file = folder / "words.txt"
-    text_file.write_text(make_text(3000))
-    out = folder / "run"
-    result = run_python("train.py", str(text_file), *TRAIN_FLAGS, "--out", str(out))
-    return result, text_file, out
+def trained_run():
+    """train.py's run on a text, in a child process, once a session (`built_once`): the tests only read it.
+
+    Returns (the child's CompletedProcess, the text file, the run's folder)."""
+    def train(folder):
+        (folder / "words.txt").write_text(make_text(3000))
+        result = run_python("train.py", str(folder / "words.txt"), *TRAIN_FLAGS, "--out", str(folder / "run"))
+        (folder / "result.json").write_text(json.dumps([result.args, result.returncode, result.stdout, result.stderr]))
+
+    folder = built_once("cli-run", train)
+    result = subprocess.CompletedProcess(*json.loads((folder / "result.json").read_text()))
+    return result, folder / "words.txt", folder / "run"
 
 
 def test_train_writes_model_history_and_plot(trained_run):
@@ -171,7 +178,6 @@ def test_a_run_file_trains_the_same_run_again_and_flags_win_over_it(capsys, tmp_
 @ONCE
 def test_sigterm_saves_a_checkpoint_and_resume_finishes_the_run(tmp_path, capsys):
     import signal
-    import subprocess
     import sys
 
     from conftest import REPO
@@ -513,8 +519,6 @@ def test_generate_draws_a_seq2seq_models_attention(capsys, tmp_path, reverser):
 
 @ONCE
 def test_inspect_prints_candidates_and_attention_per_position(capsys, tmp_path, trained_run):
-    import json
-
     from gptlite.cli import main
 
     model = str(trained_run[2] / "model.keras")
