@@ -4,6 +4,7 @@ import io
 import json
 import math
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -20,21 +21,27 @@ from gptlite.data import lm
 from gptlite.evaluation import scores
 from gptlite.training import checkpoints, distribute, fit, history, run
 from gptlite.training.settings import dtype_policy
-from conftest import REPO
+from conftest import REPO, built_once
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory, text, tokenizer):
-    """One short training run on the generated text, shared by the tests below."""
-    out = tmp_path_factory.mktemp("run")
-    keras.utils.set_random_seed(0)
-    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=2, n_head=2, n_embd=32, block_size=16,
-                        tokenizer=tokenizer)
-    train_ids, validation_ids = lm.split(tokenizer.encode(text))
-    config = gptlite.TrainingConfig(batch_size=16, max_iters=130, lr=3e-3, min_lr=3e-4, warmup_iters=10,
-                                    eval_interval=40, eval_iters=4, seed=0)
-    rows = fit.train(model, train_ids, validation_ids, config, str(out), verbose=0)  # a folder's name will do
-    return model, rows, out
+def tiny_run(text, tokenizer):
+    """One short training run on the generated text, shared by the tests below, once a session (`built_once`).
+
+    Returns (the trained model's config, the evaluation rows, the run's folder)."""
+    def train(out):
+        keras.utils.set_random_seed(0)
+        model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=2, n_head=2, n_embd=32, block_size=16,
+                            tokenizer=tokenizer)
+        train_ids, validation_ids = lm.split(tokenizer.encode(text))
+        config = gptlite.TrainingConfig(batch_size=16, max_iters=130, lr=3e-3, min_lr=3e-4, warmup_iters=10,
+                                        eval_interval=40, eval_iters=4, seed=0)
+        rows = fit.train(model, train_ids, validation_ids, config, str(out), verbose=0)  # a folder's name will do
+        (out / "run.pickle").write_bytes(pickle.dumps((model.config, rows)))
+
+    out = built_once("tiny-run", train)
+    model_config, rows = pickle.loads((out / "run.pickle").read_bytes())
+    return model_config, rows, out
 
 
 def test_training_lowers_validation_loss_by_a_clear_margin(tiny_run, tokenizer):
@@ -89,8 +96,8 @@ def test_run_stops_at_max_iters_with_a_final_evaluation(tiny_run):
     assert [row["step"] for row in rows] == [40, 80, 120, 130]
 
 
-def test_run_writes_history_plot_and_best_model(tiny_run, text):
-    model, rows, out = tiny_run
+def test_run_writes_history_plot_and_best_model(tiny_run, text, tokenizer):
+    model_config, rows, out = tiny_run
     with open(out / "history.csv") as file:
         written = list(csv.DictReader(file))
     assert [int(row["step"]) for row in written] == [row["step"] for row in rows]
@@ -110,10 +117,10 @@ def test_run_writes_history_plot_and_best_model(tiny_run, text):
     best = min(rows, key=lambda row: row["val_loss"])
     saved = gptlite.load(out / "model.keras")
     assert getattr(saved, "optimizer", None) is None  # a lean file: no optimizer state
-    assert saved.config == model.config
+    assert saved.config == model_config
     # The saved model is the best one: it scores that evaluation's loss again
     # on the same validation batches (seed + 1, as training draws them).
-    _, validation_ids = lm.split(model.tokenizer.encode(text))
+    _, validation_ids = lm.split(tokenizer.encode(text))
     batches = lm.RandomWindows(validation_ids, 16, 16, 4, seed=1)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     losses = [float(loss(y, saved(x))) for x, y in (batches[i] for i in range(4))]
