@@ -165,27 +165,27 @@ NEEDS_THE_PRIVATE_LAYER = pytest.mark.skipif(
 
 
 def built_once(name, build):
-    """The folder `name`, filled by `build(folder)` in the first of the session's processes to ask; the others
-    wait for it and find it filled.
+    """(the folder `name`, what `build(folder)` returned): built in the first of the session's processes to ask,
+    the others waiting for it and reading both back.
 
     pytest-xdist's workers each build a session fixture of their own, so one
     that trains for seconds costs that in every worker that uses it. A fixture
     that keeps what it made in this folder costs it once a session. A build
-    that raised leaves the folder unmarked, and the next to ask builds again.
+    that raised leaves nothing kept, and the next to ask builds again.
     """
     import fcntl
+    import pickle
 
     root = pathlib.Path(os.environ[_SESSION_FOLDER]) / "built"
     root.mkdir(exist_ok=True)
-    folder, done = root / name, root / f"{name}.done"
+    folder, returned = root / name, root / f"{name}.pickle"
     with open(root / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, even if `build` raises
-        if not done.exists():
+        if not returned.exists():
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir()
-            build(folder)
-            done.touch()
-    return folder
+            returned.write_bytes(pickle.dumps(build(folder)))
+    return folder, pickle.loads(returned.read_bytes())
 
 
 def run_python(*args, cwd=REPO, timeout=300, env=None):
@@ -230,8 +230,6 @@ def reverser_run(seq2seq_tokenizer):
 
     Returns (model, evaluation rows, output folder, held-out PairSet).
     """
-    import pickle
-
     from gptlite.data import pairs
     from gptlite.evaluation import scores
     from gptlite.training import fit
@@ -248,11 +246,9 @@ def reverser_run(seq2seq_tokenizer):
                                         eval_interval=150, eval_iters=4, checkpoint_interval=300)
         train_set = pairs.encode(reversal_pairs(4000, seed=1), seq2seq_tokenizer, 8)
         metrics = {"exact_match": lambda trained: scores.exact_matches(trained, held_out.pairs) / len(held_out)}
-        rows = fit.train(model, train_set, held_out, config, out, verbose=0, metrics=metrics)
-        (out / "rows.pickle").write_bytes(pickle.dumps(rows))
+        return fit.train(model, train_set, held_out, config, out, verbose=0, metrics=metrics)
 
-    out = built_once("reverser", train)
-    rows = pickle.loads((out / "rows.pickle").read_bytes())
+    out, rows = built_once("reverser", train)
     return gptlite.load(out / "model.keras"), rows, out, held_out
 
 

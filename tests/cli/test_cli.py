@@ -28,11 +28,9 @@ def trained_run():
     Returns (the child's CompletedProcess, the text file, the run's folder)."""
     def train(folder):
         (folder / "words.txt").write_text(make_text(3000))
-        result = run_python("train.py", str(folder / "words.txt"), *TRAIN_FLAGS, "--out", str(folder / "run"))
-        (folder / "result.json").write_text(json.dumps([result.args, result.returncode, result.stdout, result.stderr]))
+        return run_python("train.py", str(folder / "words.txt"), *TRAIN_FLAGS, "--out", str(folder / "run"))
 
-    folder = built_once("cli-run", train)
-    result = subprocess.CompletedProcess(*json.loads((folder / "result.json").read_text()))
+    folder, result = built_once("cli-run", train)
     return result, folder / "words.txt", folder / "run"
 
 
