@@ -65,14 +65,23 @@ def gptlite_points(text_path, max_iters, seed, preset=None):
 
 
 def draw(curves, path):
+    lines = {label: ([seconds for seconds, _, _ in points], [loss for _, loss, _ in points], {"marker": "o"})
+             for label, points in curves.items()}
+    draw_lines(lines, path, "seconds of training (2 CPU cores)")
+
+
+def draw_lines(lines, path, xlabel, title=None, size=(6, 4), **axes_settings):
+    """A PNG at `path` of validation losses: `lines` maps each label to (x values, losses, matplotlib's line
+    settings); `axes_settings` go to the axes (`ylim=(None, 3.5)`)."""
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(6, 4), dpi=100)
+    figure = Figure(figsize=size, dpi=100)
     axes = figure.subplots()
-    for label, points in curves.items():
-        axes.plot([seconds for seconds, _, _ in points], [loss for _, loss, _ in points], marker="o", label=label)
-    axes.set_xlabel("seconds of training (2 CPU cores)")
-    axes.set_ylabel("validation loss (nats per character)")
+    for label, (xs, losses, style) in lines.items():
+        axes.plot(xs, losses, label=label, **style)
+    axes.set(xlabel=xlabel, ylabel="validation loss (nats per character)", **axes_settings)
+    if title:
+        axes.set_title(title, fontsize=10)
     axes.grid(alpha=0.3)
     axes.legend()
     figure.tight_layout()

@@ -55,6 +55,7 @@ def run(args):
     if given[unread] is not None:
         raise InputError(f"{args.model} is {task.called}: give it `{task.reads}` TEXT, not `{unread}`")
     messages = sys.stderr if args.json else sys.stdout
+    print(f"model: {task.describe(model)}", file=messages)  # its shape and architecture switches
     if args.positions is not None:
         inspection.plot_positions(model, args.positions)
         print(f"wrote {args.positions} ({model.config.position} position encoding, "

@@ -11,7 +11,8 @@ from gptlite.model import config
 from gptlite.training import settings
 
 SUMMARY = "train a GPT on text files (or a seq2seq model on pairs) and save it as model.keras"
-SETTING_CHOICES = {"position": list(config.POSITIONS), "norm": list(config.NORMS), "mlp": list(config.MLPS),
+SETTING_CHOICES = {"position": list(config.POSITIONS), "norm": list(config.NORMS),
+                   "norm_position": list(config.NORM_POSITIONS), "mlp": list(config.MLPS),
                    "precision": list(settings.PRECISIONS), "optimizer": list(settings.OPTIMIZERS)}
 # Settings whose flags say more than their defaults.
 SETTING_HELP = {
@@ -37,6 +38,9 @@ SETTING_HELP = {
     "rope_theta": "rotary positions' base (default: 10000)",
     "norm": "layer (LayerNorm, GPT-2's; the default) or rms (RMSNorm, Llama's)",
     "norm_epsilon": "added to the variance in every norm (default: 1e-5)",
+    "norm_position": "pre (each sublayer reads a normalised input, x + f(norm(x)), and a final norm comes before "
+                     "the head; the default) or post (the sum is normalised, norm(x + f(x)), the original "
+                     "Transformer's; no final norm)",
     "mlp": "the feed-forward: gelu (GPT-2's; the default), swiglu (Llama's) or relu2 (ReLU squared)",
     "mlp_hidden_size": "the feed-forward's hidden width (default: 4 x --n-embd for gelu and relu2, 8/3 x rounded "
                        "up to a multiple of 16 for swiglu)",

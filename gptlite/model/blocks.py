@@ -1,5 +1,5 @@
-"""The transformer blocks: a pre-norm decoder block (self-attention, optional cross-attention, feed-forward)
-and the encoder's block, what GPT and Seq2Seq stack.
+"""The transformer blocks: a decoder block (self-attention, optional cross-attention, feed-forward), pre-norm
+or post-norm, and the encoder's block, what GPT and Seq2Seq stack.
 
 Shape letters in comments are those of `gptlite.model.layers`.
 """
@@ -15,16 +15,22 @@ from gptlite.model.layers import FeedForward, make_norm, register
 
 @register
 class TransformerBlock(keras.layers.Layer):
-    """Pre-norm block: x + self_attention(norm(x)), [x + cross_attention(norm(x), context),]
-    then x + feed_forward(norm(x)).
+    """A transformer block: self-attention, [cross-attention,] then a feed-forward, each added to the
+    residual stream and normalised, before it or after (`config.norm_position`):
+
+        pre-norm (the default):           post-norm (the original Transformer's "Add & Norm"):
+        x = x + self_attention(norm(x))   x = norm(x + self_attention(x))
+        x = x + feed_forward(norm(x))     x = norm(x + feed_forward(x))
 
     Normalising before each sublayer keeps the residual path an identity,
-    which lets deep stacks train without a careful learning-rate warm-up.
+    which lets deep stacks train without a careful learning-rate warm-up;
+    after it, every block's output is normalised, so the model needs no
+    final norm (see GPT).
 
     Args:
         config: the model's `GPTConfig`: what `Attention` reads, and the
-            norms' kind ("layer" or "rms"), their epsilon and bias, and the
-            feed-forward's kind and width (`FeedForward`).
+            norms' kind ("layer" or "rms"), their epsilon, bias and position,
+            and the feed-forward's kind and width (`FeedForward`).
         causal: self-attention sees only earlier positions; False sees every
             position that is not padding.
         cross_attention: a decoder block of an encoder–decoder: after
@@ -46,6 +52,7 @@ class TransformerBlock(keras.layers.Layer):
         self.config = GPTConfig.of(config)
         self.causal = causal
         self.has_cross_attention = cross_attention
+        self.post_norm = self.config.norm_position == "post"
 
     def build(self, input_shape):
         config = self.config
@@ -82,18 +89,29 @@ class TransformerBlock(keras.layers.Layer):
     def call(self, x, padding_mask=None, context=None, context_mask=None, packed=None, training=None,
              return_attention_scores=False):
         scores = return_attention_scores
-        attended = self.attention(self.attention_norm(x), context_mask=None if self.causal else padding_mask,
-                                  packed=packed, training=training, return_attention_scores=scores)
+        attended = self.attention(self._input(x, self.attention_norm),
+                                  context_mask=None if self.causal else padding_mask, packed=packed,
+                                  training=training, return_attention_scores=scores)
         attended, *weights = attended if scores else (attended,)
-        x = x + attended
+        x = self._add(x, attended, self.attention_norm)
         if self.has_cross_attention:
-            attended = self.cross_attention(self.cross_attention_norm(x), context, context_mask,
+            attended = self.cross_attention(self._input(x, self.cross_attention_norm), context, context_mask,
                                             training=training, return_attention_scores=scores)
             attended, *cross_weights = attended if scores else (attended,)
-            x = x + attended
+            x = self._add(x, attended, self.cross_attention_norm)
             weights += cross_weights
-        x = x + self.feed_forward(self.feed_forward_norm(x), training=training)
+        fed_forward = self.feed_forward(self._input(x, self.feed_forward_norm), training=training)
+        x = self._add(x, fed_forward, self.feed_forward_norm)
         return (x, *weights) if scores else x
+
+    def _input(self, x, norm):
+        """What a sublayer reads: the residual stream, normalised in a pre-norm block."""
+        return x if self.post_norm else norm(x)
+
+    def _add(self, x, sublayer_output, norm):
+        """The residual stream with a sublayer's output added, normalised after it in a post-norm block."""
+        x = x + sublayer_output
+        return norm(x) if self.post_norm else x
 
     def call_with_cache(self, x, cache, start_positions, cross_key_values=None, context_mask=None, placement=None):
         """As `call`, for inference, attending over a key/value cache; returns (x, cache).
@@ -102,11 +120,14 @@ class TransformerBlock(keras.layers.Layer):
         context's, from `cross_attention.key_values(context)`, computed once;
         so can `placement` be (see `Attention.call_with_cache`).
         """
-        attended, cache = self.attention.call_with_cache(self.attention_norm(x), cache, start_positions, placement)
-        x = x + attended
+        attended, cache = self.attention.call_with_cache(self._input(x, self.attention_norm), cache, start_positions,
+                                                         placement)
+        x = self._add(x, attended, self.attention_norm)
         if self.has_cross_attention:
-            x = x + self.cross_attention.attend(self.cross_attention_norm(x), cross_key_values, context_mask)
-        x = x + self.feed_forward(self.feed_forward_norm(x))
+            attended = self.cross_attention.attend(self._input(x, self.cross_attention_norm), cross_key_values,
+                                                   context_mask)
+            x = self._add(x, attended, self.cross_attention_norm)
+        x = self._add(x, self.feed_forward(self._input(x, self.feed_forward_norm)), self.feed_forward_norm)
         return x, cache
 
     def compute_output_shape(self, input_shape):

@@ -27,6 +27,7 @@ class GPTConfig:
     rope_theta: float = 10000.0  # rotary positions' base
     norm: str = "layer"  # "layer" (LayerNorm) or "rms" (RMSNorm)
     norm_epsilon: float = 1e-5  # added to the variance in every norm
+    norm_position: str = "pre"  # "pre": x + f(norm(x)), a final norm before the head; "post": norm(x + f(x)), none
     mlp: str = "gelu"  # feed-forward: "gelu" (GPT-2's), "swiglu" (Llama's) or "relu2" (ReLU squared)
     mlp_hidden_size: int = None  # the feed-forward's hidden width; None: 4 n_embd (gelu, relu2), about 8/3 (swiglu)
     n_kv_head: int = None  # key/value heads (grouped-query attention); None: n_head; 1: multi-query
@@ -48,6 +49,7 @@ class GPTConfig:
             require(name, getattr(self, name), is_fraction, "in [0, 1)")
         require("position", self.position, lambda v: v in POSITIONS, one_of(POSITIONS))
         require("norm", self.norm, lambda v: v in NORMS, one_of(NORMS))
+        require("norm_position", self.norm_position, lambda v: v in NORM_POSITIONS, one_of(NORM_POSITIONS))
         require("mlp", self.mlp, lambda v: v in MLPS, one_of(MLPS))
         require("rope_theta", self.rope_theta, lambda v: not isinstance(v, bool) and v > 1, "a number above 1")
         require("norm_epsilon", self.norm_epsilon, lambda v: not isinstance(v, bool) and 0 < v < 1,
@@ -90,6 +92,9 @@ class GPTConfig:
 # The architecture's choices, which gptlite.model.layers builds.
 POSITIONS = ("learned", "sinusoidal", "rotary")
 NORMS = ("layer", "rms")
+# Where each block normalises: before each sublayer, on its input (today's models), or after the residual
+# addition, on the sum (the original Transformer's "Add & Norm").
+NORM_POSITIONS = ("pre", "post")
 MLPS = ("gelu", "swiglu", "relu2")
 # Each feed-forward's name in words, for messages and summaries.
 MLP_NAMES = {"gelu": "GELU", "swiglu": "SwiGLU", "relu2": "ReLU²"}

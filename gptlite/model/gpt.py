@@ -1,5 +1,6 @@
 """The models: the GPT (embedding, a stack of transformer blocks, a final norm
-and the LM head) and the encoder–decoder Seq2Seq built from the same parts."""
+unless the blocks are post-norm, and the LM head) and the encoder–decoder
+Seq2Seq built from the same parts."""
 
 import dataclasses
 
@@ -43,7 +44,7 @@ def only_a_seq2seq(model, refusal):
 
 class _Transformer(keras.Model):
     """What GPT and Seq2Seq share: the config, the tokenizer, the embedding
-    (which is also the output layer), the decoder's blocks and final norm,
+    (which is also the output layer), the decoder's blocks and final norm (None after post-norm blocks),
     the key/value cache and the saved form.
     """
 
@@ -93,7 +94,15 @@ class _Transformer(keras.Model):
         self.final_norm = self._norm("final_norm")
 
     def _norm(self, name):
+        """A norm after a stack of blocks; None for post-norm blocks, whose every output is normalised already."""
+        if self.config.norm_position == "post":
+            return None
         return make_norm(self.config.norm, self.config.norm_epsilon, self.config.bias, self.dtype_policy, name)
+
+    @staticmethod
+    def _normalised(norm, x):
+        """x (B, T, C) through a stack's final norm, where it has one."""
+        return x if norm is None else norm(x)
 
     def _block(self, kind, name, **kwargs):
         return kind(self.config, dtype=self.dtype_policy, name=name, **kwargs)
@@ -107,7 +116,8 @@ class _Transformer(keras.Model):
         self.embedding.build((None, None))
         for block in self.blocks:
             block.build(hidden_shape)
-        self.final_norm.build(hidden_shape)
+        if self.final_norm is not None:
+            self.final_norm.build(hidden_shape)
         self.built = True
 
     @property
@@ -145,7 +155,7 @@ class _Transformer(keras.Model):
             x, layer_cache = block.call_with_cache(x, layer_cache, start_positions, placement=placement,
                                                    **block_cross)
             layer_caches.append(layer_cache)
-        return self.embedding.logits(self.final_norm(x)), tuple(layer_caches)
+        return self.embedding.logits(self._normalised(self.final_norm, x)), tuple(layer_caches)
 
     def enable_lora(self, rank, alpha=None, targets=LORA_TARGETS):
         """Train low-rank adapters on the decoder blocks' projections, with every other weight frozen.
@@ -225,7 +235,7 @@ class GPT(_Transformer):
         packed = None if positions is None else PackedTexts.of(positions)  # once for every block
         for block in self.blocks:
             x = block(x, packed=packed, training=training)
-        return self.embedding.logits(self.final_norm(x))  # (B, T, V)
+        return self.embedding.logits(self._normalised(self.final_norm, x))  # (B, T, V)
 
     def call_with_cache(self, token_ids, cache, start_positions):
         """Next-token logits for tokens placed at `start_positions`, and the updated cache.
@@ -306,7 +316,8 @@ class Seq2Seq(_Transformer):
         hidden_shape = (None, None, self.config.n_embd)
         for block in self.encoder_blocks:
             block.build(hidden_shape)
-        self.encoder_norm.build(hidden_shape)
+        if self.encoder_norm is not None:
+            self.encoder_norm.build(hidden_shape)
 
     def call(self, inputs, training=None):
         source_ids, target_ids = inputs["source_ids"], inputs["target_ids"]
@@ -325,14 +336,14 @@ class Seq2Seq(_Transformer):
         x = self.embedding_dropout(self.embedding(source_ids), training=training)  # (B, S, C)
         for block in self.encoder_blocks:
             x = block(x, padding_mask=source_mask, training=training)
-        return self.encoder_norm(x)
+        return self._normalised(self.encoder_norm, x)
 
     def decode(self, target_ids, encoded, source_mask, training=None):
         """Target ids so far (B, T), read with the encoder's output (B, S, C) -> next-token logits (B, T, V)."""
         x = self.embedding_dropout(self.embedding(target_ids), training=training)  # (B, T, C)
         for block in self.blocks:
             x = block(x, context=encoded, context_mask=source_mask, training=training)
-        return self.embedding.logits(self.final_norm(x))
+        return self.embedding.logits(self._normalised(self.final_norm, x))
 
     def attention_weights(self, inputs):
         """Every block's attention weights for the inputs of `call`, as a dict:
@@ -348,7 +359,7 @@ class Seq2Seq(_Transformer):
         for block in self.encoder_blocks:
             x, block_weights = block(x, padding_mask=source_mask, return_attention_scores=True)
             weights["encoder"].append(block_weights)
-        encoded = self.encoder_norm(x)
+        encoded = self._normalised(self.encoder_norm, x)
         x = self.embedding(target_ids)  # (B, T, C)
         for block in self.blocks:
             x, self_weights, cross_weights = block(x, context=encoded, context_mask=source_mask,

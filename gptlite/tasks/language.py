@@ -118,7 +118,8 @@ def _heads(config):
 
 def _architecture(config):
     """The architecture's switches, in a few words: "learned positions, LayerNorm, GELU" for GPT-2's."""
-    words = [f"{config.position} positions", {"layer": "LayerNorm", "rms": "RMSNorm"}[config.norm],
+    norm = {"layer": "LayerNorm", "rms": "RMSNorm"}[config.norm]
+    words = [f"{config.position} positions", norm if config.norm_position == "pre" else f"post-norm {norm}",
              MLP_NAMES[config.mlp]]
     return ", ".join(words + (["QK-norm"] if config.qk_norm else []))
 

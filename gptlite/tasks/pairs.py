@@ -97,7 +97,8 @@ class Pairs(Task):
 
     def describe(self, model):
         config = model.config
-        return (f"seq2seq, encoder and decoder of {config.n_layer} layers each, {config.n_head} heads, width "
+        blocks = "post-norm layers" if config.norm_position == "post" else "layers"
+        return (f"seq2seq, encoder and decoder of {config.n_layer} {blocks} each, {config.n_head} heads, width "
                 f"{config.n_embd}, sources and targets of up to {config.block_size} tokens, "
                 f"{model.count_params():,} parameters")
 

@@ -136,8 +136,8 @@ assert tuple(SYNTHETIC_MAX_ITERS) == SYNTHETIC_TASKS
 
 # Settings a resumed run cannot change: they decide the weights' shapes and meaning.
 MODEL_SHAPE_SETTINGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "tie_weights", "position",
-                        "rope_theta", "norm", "norm_epsilon", "mlp", "mlp_hidden_size", "n_kv_head", "qk_norm",
-                        "qkv_bias", "head_dim")
+                        "rope_theta", "norm", "norm_epsilon", "norm_position", "mlp", "mlp_hidden_size", "n_kv_head",
+                        "qk_norm", "qkv_bias", "head_dim")
 # What a run that starts from a pretrained model may set of its shape: a shorter context, and dropout.
 FINE_TUNING_SHAPE_SETTINGS = ("block_size", "dropout", "attention_dropout")
 # Training a run that starts from a pretrained model, unless the preset or overrides say otherwise:

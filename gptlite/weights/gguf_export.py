@@ -98,6 +98,7 @@ def architecture_of(config):
             (config.norm != "layer", "RMSNorm with table positions"),
             (config.mlp != "gelu", f"a {MLP_NAMES[config.mlp]} feed-forward with table positions"),
             (config.qk_norm, "QK-norm with table positions"),
+            (config.norm_position != "pre", "post-norm blocks (gpt2's normalise before each sublayer)"),
             (config.head_dim not in (None, config.n_embd // config.n_head),
              f"heads {config.head_dim} wide with table positions"),
         ] if failed]

@@ -181,6 +181,7 @@ def not_gpt2(config):
     return [reason for failed, reason in [
         (config.position != "learned", f"{config.position} positions (GPT-2 learns a table)"),
         (config.norm != "layer", "RMSNorm (GPT-2 uses LayerNorm)"),
+        (config.norm_position != "pre", "post-norm blocks (GPT-2's normalise before each sublayer)"),
         (config.norm_epsilon != LAYER_NORM_EPSILON, f"a norm epsilon of {config.norm_epsilon}"),
         (config.mlp != "gelu", f"a {MLP_NAMES[config.mlp]} feed-forward (GPT-2's is GELU)"),
         (config.mlp_hidden_size not in (None, 4 * config.n_embd), f"a feed-forward width of {config.mlp_hidden_size}"),

@@ -81,6 +81,7 @@ def family_of(config):
     reasons = [reason for failed, reason in [
         (config.position != "rotary", f"{config.position} positions (they use rotary ones)"),
         (config.norm != "rms", "LayerNorm (they use RMSNorm)"),
+        (config.norm_position != "pre", "post-norm blocks (they normalise before each sublayer)"),
         (config.mlp != "swiglu", f"a {MLP_NAMES[config.mlp]} feed-forward (they use SwiGLU)"),
         (config.qk_norm and (config.bias or config.qkv_bias), "QK-norm with biases"),
         (config.bias and config.qkv_bias is False, "biases everywhere but on the query, key and value projections"),

@@ -521,7 +521,8 @@ def test_inspect_prints_candidates_and_attention_per_position(capsys, tmp_path, 
 
     model = str(trained_run[2] / "model.keras")
     assert main(["inspect", model, "--prompt", "the cat", "--top", "2"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    model_line, *lines = capsys.readouterr().out.splitlines()
+    assert model_line.startswith("model: 2 layers, 2 heads") and "learned positions, LayerNorm, GELU" in model_line
     assert lines[0].startswith("7 positions; next-token probabilities")
     assert len(lines) == 1 + 7 * 3  # each position: its candidates, then one line per layer
     assert lines[1].startswith("   0 't'") and "next: " in lines[1] and lines[2].strip().startswith("layer 0: 't'@0 100%")
@@ -533,6 +534,7 @@ def test_inspect_prints_candidates_and_attention_per_position(capsys, tmp_path, 
     assert [row["token"] for row in report["positions"]] == list("the cat")
     assert all(len(row["next"]) == 5 for row in report["positions"])
     assert f"wrote {positions}" in captured.err and positions.read_bytes()[:4] == b"\x89PNG"
+    assert captured.err.startswith("model: ")  # beside the JSON, not in it
 
     assert main(["inspect", model]) == 2
     assert "give --prompt TEXT" in capsys.readouterr().err

@@ -38,9 +38,11 @@ def test_the_architecture_settings_are_flags_of_the_same_names():
 
     parser = train.make_parser("gptlite-train")
     args = parser.parse_args(["--position", "rotary", "--rope-theta", "500", "--norm", "rms", "--mlp", "swiglu",
-                              "--mlp-hidden-size", "96", "--n-kv-head", "1", "--qk-norm", "--no-qkv-bias"])
+                              "--mlp-hidden-size", "96", "--n-kv-head", "1", "--qk-norm", "--no-qkv-bias",
+                              "--norm-position", "post"])
     assert (args.position, args.rope_theta, args.norm, args.mlp, args.mlp_hidden_size, args.n_kv_head,
-            args.qk_norm, args.qkv_bias) == ("rotary", 500.0, "rms", "swiglu", 96, 1, True, False)
+            args.qk_norm, args.qkv_bias, args.norm_position) == ("rotary", 500.0, "rms", "swiglu", 96, 1, True,
+                                                                 False, "post")
     assert parser.parse_args([]).n_kv_head is None  # unset: the preset's, or n_head
     assert as_flags("n_head (6) must be divisible by n_kv_head (4)", parser) == \
         "--n-head (6) must be divisible by --n-kv-head (4)"

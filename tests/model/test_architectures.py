@@ -1,5 +1,5 @@
 """Every combination of the architecture's switches (positions, norm, feed-forward, key/value heads, QK-norm,
-biases, tied head) decodes with its cache as the whole forward pass computes, is causal, and saves and loads.
+biases, tied head, the norms before or after each sublayer) decodes with its cache as the whole forward pass computes, is causal, and saves and loads.
 
 The combinations are a pairwise covering set: every value of each switch meets every value of every other;
 one more has heads wider than n_embd / n_head."""
@@ -13,7 +13,7 @@ import pytest
 import gptlite
 from conftest import assert_greedy
 
-SWITCHES = ("position", "norm", "mlp", "n_kv_head", "qk_norm", "bias", "tie_weights", "head_dim")
+SWITCHES = ("position", "norm", "mlp", "n_kv_head", "qk_norm", "bias", "tie_weights", "head_dim", "norm_position")
 COMBINATIONS = [
     ("learned", "layer", "gelu", 4, False, False, True),  # GPT-2's, the defaults
     ("rotary", "rms", "swiglu", 2, True, False, False),
@@ -30,9 +30,12 @@ COMBINATIONS = [
     ("sinusoidal", "rms", "relu2", 2, False, True, True),
     ("rotary", "rms", "relu2", 1, True, True, False),
 ]
+# Each combination's norm position, chosen so that post-norm meets every value of every switch above too.
+NORM_POSITIONS = ["pre"] * 6 + ["post"] * 5 + ["pre", "post", "post"]
 # Heads wider than n_embd / n_head (Qwen3's), with the modern switches.
-WIDE_HEADS = ("rotary", "rms", "swiglu", 2, True, False, True, 8)
-COMBINATIONS = [combination + (None,) for combination in COMBINATIONS] + [WIDE_HEADS]
+WIDE_HEADS = ("rotary", "rms", "swiglu", 2, True, False, True, 8, "pre")
+COMBINATIONS = [combination + (None, where) for combination, where in zip(COMBINATIONS, NORM_POSITIONS)] + \
+    [WIDE_HEADS]
 BLOCK_SIZE = 16
 
 
@@ -105,12 +108,24 @@ def test_save_and_load_give_the_same_logits(model, tmp_path):
 
 
 # Decoding through the library for GPT-2's layout, the most modern one and multi-query attention with
-# rotary positions: the cache test above covers the rest; these compile decode loops, which takes seconds.
+# rotary positions and post-norm blocks: the cache test above covers the rest; these compile decode loops, which
+# takes seconds.
 @pytest.mark.parametrize("combination", [COMBINATIONS[0], COMBINATIONS[1], COMBINATIONS[9]], ids=_name)
 def test_greedy_generation_through_the_library_follows_the_forward_pass(combination, tokenizer):
     model = _build(combination, tokenizer.vocabulary)
     text = gptlite.generate(model, "the cat", max_new_tokens=24, temperature=0.0)
     assert_greedy(model, "the cat", text)
+
+
+def test_a_saved_post_norm_model_loads_and_writes_the_same_greedy_text(tokenizer, tmp_path):
+    model = _build(COMBINATIONS[9], tokenizer.vocabulary)  # post-norm
+    assert model.config.norm_position == "post"
+    model.save(tmp_path / "model.keras")
+    loaded = gptlite.load(tmp_path / "model.keras")
+    assert loaded.config == model.config and loaded.final_norm is None
+    written = gptlite.generate(loaded, "the cat", max_new_tokens=24, temperature=0.0)
+    assert written == gptlite.generate(model, "the cat", max_new_tokens=24, temperature=0.0)
+    assert_greedy(loaded, "the cat", written)
 
 
 def test_attention_maps_are_causal_distributions(model):
@@ -120,11 +135,13 @@ def test_attention_maps_are_causal_distributions(model):
     assert np.all(np.triu(weights, k=1) == 0)
 
 
-def test_a_seq2seq_model_with_the_modern_switches_decodes_with_its_cache_as_in_full():
+@pytest.mark.parametrize("norm_position", ["pre", "post"])
+def test_a_seq2seq_model_with_the_modern_switches_decodes_with_its_cache_as_in_full(norm_position):
     keras.utils.set_random_seed(12)
     tokenizer = gptlite.CharTokenizer("abcdefgh", special_tokens=("pad", "start", "end"))
+    switches = {**dict(zip(SWITCHES, COMBINATIONS[1])), "norm_position": norm_position}
     model = gptlite.Seq2Seq(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=4, n_embd=16, block_size=10,
-                            tokenizer=tokenizer, **dict(zip(SWITCHES, COMBINATIONS[1])))
+                            tokenizer=tokenizer, **switches)
     model.build()
     rng = np.random.default_rng(2)
     source = rng.integers(3, tokenizer.vocabulary_size, (2, 7)).astype("int32")

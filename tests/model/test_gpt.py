@@ -62,8 +62,8 @@ def test_a_packed_row_reads_each_text_as_if_it_were_alone(tokenizer, shape):
 
 
 @pytest.mark.parametrize("field,value", [("n_head", 3), ("n_layer", 0), ("dropout", 1.0), ("position", "alibi"),
-                                         ("norm", "batch"), ("mlp", "relu"), ("n_kv_head", 3), ("rope_theta", 0),
-                                         ("block_size", -4)])
+                                         ("norm", "batch"), ("norm_position", "middle"), ("mlp", "relu"),
+                                         ("n_kv_head", 3), ("rope_theta", 0), ("block_size", -4)])
 def test_config_rejects_impossible_values(field, value):
     with pytest.raises(gptlite.ConfigError, match=field):
         gptlite.GPTConfig(**{"n_embd": 16, "n_head": 2, field: value})

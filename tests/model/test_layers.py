@@ -267,6 +267,54 @@ def _random_weights(layer, rng, scale=0.3):
         weight.assign(rng.normal(scale=scale, size=weight.shape).astype("float32"))
 
 
+@pytest.mark.parametrize("norm_position", ["pre", "post"])
+def test_a_block_matches_numpy_with_its_norms_before_or_after_each_sublayer(norm_position):
+    rng = np.random.default_rng(10)
+    batch, length, width, heads = 2, 5, 8, 2
+    x = rng.normal(size=(batch, length, width)).astype("float32")
+    config = gptlite.GPTConfig(n_embd=width, n_head=heads, bias=True, mlp="relu2", norm_position=norm_position)
+    block = TransformerBlock(config)
+    block.build(x.shape)
+    _random_weights(block, rng)
+
+    def norm(layer, h):  # LayerNorm with a learned scale and shift
+        mean, variance = h.mean(-1, keepdims=True), h.var(-1, keepdims=True)
+        return (h - mean) / np.sqrt(variance + config.norm_epsilon) * layer.gamma.numpy() + layer.beta.numpy()
+
+    def attention(h):
+        qkv_kernel, qkv_bias = (w.numpy() for w in block.attention.qkv_projection.weights)
+        out_kernel, out_bias = (w.numpy() for w in block.attention.output_projection.weights)
+        to_heads = lambda t: t.reshape(batch, length, heads, width // heads).transpose(0, 2, 1, 3)
+        q, k, v = (to_heads(t) for t in np.split(h @ qkv_kernel + qkv_bias, 3, axis=-1))
+        merged = numpy_causal_attention(q, k, v)[0].transpose(0, 2, 1, 3).reshape(batch, length, width)
+        return merged @ out_kernel + out_bias
+
+    def feed_forward(h):
+        expand, contract = block.feed_forward.expand, block.feed_forward.contract
+        hidden = np.maximum(h @ expand.kernel.numpy() + expand.bias.numpy(), 0.0) ** 2
+        return hidden @ contract.kernel.numpy() + contract.bias.numpy()
+
+    if norm_position == "pre":  # x + f(norm(x))
+        h = x + attention(norm(block.attention_norm, x))
+        expected = h + feed_forward(norm(block.feed_forward_norm, h))
+    else:  # norm(x + f(x)): the original Transformer's "Add & Norm"
+        h = norm(block.attention_norm, x + attention(x))
+        expected = norm(block.feed_forward_norm, h + feed_forward(h))
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(block(x)), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_post_norm_models_have_no_norm_after_their_stacks(tokenizer):
+    shape = dict(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=8, block_size=8)
+    pre, post = (gptlite.GPT(**shape, norm_position=where) for where in ("pre", "post"))
+    for model in (pre, post):
+        model.build((None, 8))
+    # Every block has its norms either way; the pre-norm model one more, of width 8 (a scale and no shift).
+    assert pre.count_params() - post.count_params() == 8 and post.final_norm is None
+    seq2seq = gptlite.Seq2Seq(**{**shape, "vocab_size": None}, norm_position="post",
+                              tokenizer=gptlite.CharTokenizer("ab", special_tokens=("pad", "start", "end")))
+    assert seq2seq.encoder_norm is None and seq2seq.final_norm is None
+
+
 @pytest.mark.parametrize("kv_heads", [1, 2])
 def test_grouped_query_attention_matches_numpy_with_each_key_value_head_shared_by_its_group(kv_heads):
     rng = np.random.default_rng(4)

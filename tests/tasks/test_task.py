@@ -58,3 +58,15 @@ def test_a_seq2seq_servers_rows_read_their_sources_and_write_within_the_context(
     assert task.bounded(gptlite.SamplingConfig(max_new_tokens=50), 8).max_new_tokens == 7
     assert LanguageModel().bounded(gptlite.SamplingConfig(max_new_tokens=50), 8).max_new_tokens == 50
     assert dataclasses.is_dataclass(tasks.Sizing({"block_size": 8}))
+
+
+def test_a_task_describes_a_models_blocks_post_norm_or_not(tokenizer, seq2seq_tokenizer):
+    shape = dict(vocab_size=None, n_layer=1, n_head=2, n_embd=8, block_size=8)  # the tokenizer's vocabulary
+    for where, norm_words in (("pre", "learned positions, LayerNorm, GELU"),
+                              ("post", "learned positions, post-norm LayerNorm, GELU")):
+        model = gptlite.GPT(tokenizer=tokenizer, norm_position=where, **shape)
+        model.build((None, 8))
+        assert norm_words in tasks.of_model(model).describe(model)
+        seq2seq = gptlite.Seq2Seq(tokenizer=seq2seq_tokenizer, norm_position=where, **shape)
+        seq2seq.build()
+        assert ("post-norm layers" in tasks.of_model(seq2seq).describe(seq2seq)) == (where == "post")

@@ -62,7 +62,7 @@ def test_an_older_fine_tuning_run_file_drops_the_char_tokenizer_it_wrote_by_defa
 def test_the_architecture_settings_read_back_as_written(tmp_path):
     architecture = {name: value for name, value in gptlite.PRESETS["modern"].items()
                     if name in ("position", "norm", "mlp", "n_kv_head", "qk_norm")}
-    architecture.update(rope_theta=500.0, norm_epsilon=1e-6, mlp_hidden_size=96, qkv_bias=True)
+    architecture.update(rope_theta=500.0, norm_epsilon=1e-6, norm_position="post", mlp_hidden_size=96, qkv_bias=True)
     write(tmp_path / "config.toml", settings=architecture)
     settings = gptlite.read_run_config(tmp_path / "config.toml").arguments["settings"]
     assert {name: settings[name] for name in architecture} == architecture

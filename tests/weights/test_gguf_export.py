@@ -265,6 +265,12 @@ def test_what_llama_cpp_cannot_run_is_refused_in_one_line_and_an_existing_file_i
     squared.build((None, 8))
     with pytest.raises(gptlite.ConfigError, match="a ReLU² feed-forward"):
         gptlite.export_gguf(squared, path)
+    for position, norm, mlp in (("learned", "layer", "gelu"), ("rotary", "rms", "swiglu")):  # gpt2's, llama's
+        post_norm = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=32, block_size=8,
+                                position=position, norm=norm, mlp=mlp, norm_position="post", tokenizer=tokenizer)
+        post_norm.build((None, 8))
+        with pytest.raises(gptlite.ConfigError, match="post-norm blocks"):
+            gptlite.export_gguf(post_norm, path)
     with pytest.raises(gptlite.ConfigError, match="outtype"):
         gptlite.export_gguf(model, path, outtype="q4_0")
     assert not path.exists()

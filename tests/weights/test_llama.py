@@ -251,6 +251,12 @@ def test_a_model_neither_layout_holds_is_refused_on_export(tmp_path, tokenizer):
     model.build((None, 16))
     with pytest.raises(gptlite.ConfigError, match=r"GPT-2 cannot hold rotary positions.*LayerNorm"):
         gptlite.export_hugging_face(model, tmp_path / "out")
+    # The Llama family's layout but for post-norm blocks.
+    post_norm = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=16,
+                            position="rotary", norm="rms", mlp="swiglu", norm_position="post", tokenizer=tokenizer)
+    post_norm.build((None, 16))
+    with pytest.raises(gptlite.ConfigError, match=r"Llama, Qwen2 or Qwen3 folder cannot hold post-norm blocks"):
+        gptlite.export_hugging_face(post_norm, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 

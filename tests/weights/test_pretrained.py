@@ -169,10 +169,16 @@ def test_exports_gpt2_cannot_express_are_refused(tmp_path, tiny_model, tokenizer
         gptlite.export_hugging_face(untied, tmp_path / "untied")
     with pytest.raises(gptlite.ConfigError, match="byte-level BPE"):
         gptlite.export_kerashub(tiny_model, tmp_path / "char")
+    post_norm = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=16,
+                            norm_position="post", tokenizer=tokenizer)
+    post_norm.build((None, 16))
+    for export in (gptlite.export_hugging_face, gptlite.export_kerashub):
+        with pytest.raises(gptlite.ConfigError, match="post-norm blocks"):
+            export(post_norm, tmp_path / "post")
     (tmp_path / "taken").mkdir()
     with pytest.raises(gptlite.RunExistsError):
         gptlite.export_hugging_face(tiny_model, tmp_path / "taken")
-    assert not (tmp_path / "untied").exists() and not (tmp_path / "char").exists()
+    assert not any((tmp_path / name).exists() for name in ("untied", "char", "post"))
 
 
 @WITH_TRANSFORMERS_MODELS

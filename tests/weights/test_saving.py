@@ -102,6 +102,19 @@ def test_exported_saved_model_serves_next_token_logits_without_gptlite(tmp_path,
         saving.export_saved_model(tiny_model, out)
 
 
+@pytest.mark.skipif(keras.backend.backend() == "torch", reason="Keras exports SavedModels from tensorflow and jax")
+def test_a_post_norm_model_exports_as_a_saved_model(tmp_path, tokenizer):
+    import tensorflow as tf
+
+    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=8,
+                        norm_position="post", tokenizer=tokenizer)
+    model.build((None, 8))
+    saving.export_saved_model(model, tmp_path / "served")
+    ids = np.array([[1, 2, 3], [3, 2, 1]], "int32")
+    logits = tf.saved_model.load(str(tmp_path / "served")).signatures["serve"](token_ids=tf.constant(ids))["logits"]
+    np.testing.assert_allclose(logits.numpy(), np.asarray(model(ids))[:, -1], atol=1e-5)
+
+
 LOGITS_UNDER_BACKEND = """
 import json, sys
 import keras, numpy as np
