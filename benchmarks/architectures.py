@@ -109,10 +109,8 @@ VARIANTS.update({"laptop_beta2_095": {**beyond_cpu("laptop"), "beta2": 0.95},
 VARIANTS.update({"laptop_kv4": {**beyond_cpu("laptop"), "n_kv_head": 4},
                  "laptop_2300": {**beyond_cpu("laptop"), "max_iters": 2300}})
 # Post-norm blocks (the original Transformer's: each sum normalised, no final norm) in GPT-2's layout and in the
-# laptop preset's, and without the learning rate's warm-up, which post-norm is known to need.
+# laptop preset's; with and without warm-up, `norm_position.py`.
 VARIANTS.update({"post_norm": {"norm_position": "post"},
-                 "post_norm_warmup0": {"norm_position": "post", "warmup_iters": 0},
-                 "gpt2_warmup0": {"warmup_iters": 0},
                  "laptop_post_norm": {**beyond_cpu("laptop"), "norm_position": "post"}})
 MEASURES = {"parameters": "parameters", "val_loss": "val loss", "held_out_loss": "held-out loss",
             "bits_per_byte": "held-out bits/byte",

@@ -8,11 +8,10 @@ Four runs of the preset's budget on TEXT (default: Tiny Shakespeare), each as tr
 a child process of its own: the norms before each sublayer (`norm_position="pre"`, the default) or after each
 residual addition (`"post"`, the original Transformer's), each with the preset's warm-up (100 steps of a linear
 rise to the peak rate) and with none (`warmup_iters=0`: the peak rate from the first step). `--n-layer` and
-`--max-iters` change the preset's depth and steps, for a deeper model where post-norm is known to need its warm-up
-most. Every run is
-deterministic, so `--parallel` runs that many children at a time, and their times are not reported. Each run's
-validation loss comes from its history.csv, evaluated every `--eval-interval` steps so that the first hundred
-steps show.
+`--max-iters` change the preset's depth and steps, for a deeper model, where post-norm is known to need its
+warm-up most. Every run is deterministic, so `--parallel` runs that many children at a time, and their times are
+not reported. Each run's validation loss comes from its history.csv, evaluated every `--eval-interval` steps so
+that the first hundred steps show.
 """
 
 import argparse
