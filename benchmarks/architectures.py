@@ -108,10 +108,13 @@ VARIANTS.update({"laptop_beta2_095": {**beyond_cpu("laptop"), "beta2": 0.95},
 # laptop's 1,700 take 0.85x (the Tiny Shakespeare target's allowance: benchmarks/journal.md).
 VARIANTS.update({"laptop_kv4": {**beyond_cpu("laptop"), "n_kv_head": 4},
                  "laptop_2300": {**beyond_cpu("laptop"), "max_iters": 2300}})
-# Post-norm blocks (the original Transformer's: each sum normalised, no final norm) in GPT-2's layout and in the
-# laptop preset's; with and without warm-up, `norm_position.py`.
+# Post-norm blocks (the original Transformer's: each sum normalised, no final norm) in GPT-2's layout, in the
+# laptop preset's, and in each of its two halves (the modern switches by AdamW; GPT-2's layout by Muon); with and
+# without warm-up, `norm_position.py`.
 VARIANTS.update({"post_norm": {"norm_position": "post"},
-                 "laptop_post_norm": {**beyond_cpu("laptop"), "norm_position": "post"}})
+                 "laptop_post_norm": {**beyond_cpu("laptop"), "norm_position": "post"},
+                 "modern_post_norm": {**VARIANTS["modern"], "norm_position": "post"},
+                 "muon_1500_post_norm": {**VARIANTS["muon_1500"], "norm_position": "post"}})
 MEASURES = {"parameters": "parameters", "val_loss": "val loss", "held_out_loss": "held-out loss",
             "bits_per_byte": "held-out bits/byte",
             "ms_per_iter": "ms/iter", "train_s": "training s", "kv_cache_kb": "KV cache KB"}
