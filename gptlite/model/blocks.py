@@ -52,7 +52,6 @@ class TransformerBlock(keras.layers.Layer):
         self.config = GPTConfig.of(config)
         self.causal = causal
         self.has_cross_attention = cross_attention
-        self.post_norm = self.config.norm_position == "post"
 
     def build(self, input_shape):
         config = self.config
@@ -103,6 +102,11 @@ class TransformerBlock(keras.layers.Layer):
         fed_forward = self.feed_forward(self._input(x, self.feed_forward_norm), training=training)
         x = self._add(x, fed_forward, self.feed_forward_norm)
         return (x, *weights) if scores else x
+
+    @property
+    def post_norm(self):
+        """Whether each norm comes after its residual addition (`config.norm_position`)."""
+        return self.config.norm_position == "post"
 
     def _input(self, x, norm):
         """What a sublayer reads: the residual stream, normalised in a pre-norm block."""

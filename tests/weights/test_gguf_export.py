@@ -254,23 +254,19 @@ def test_what_llama_cpp_cannot_run_is_refused_in_one_line_and_an_existing_file_i
     with pytest.raises(gptlite.ConfigError, match="decoder-only"):
         gptlite.export_gguf(tiny_seq2seq, path)
     tokenizer = gptlite.CharTokenizer.from_text("abc ")
-    odd = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=32, block_size=8,
-                      norm="rms", tokenizer=tokenizer)
-    odd.build((None, 8))
-    with pytest.raises(gptlite.ConfigError, match="RMSNorm with table positions") as refused:
-        gptlite.export_gguf(odd, path)
-    assert "\n" not in str(refused.value)
-    squared = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=32, block_size=8,
-                          position="rotary", norm="rms", mlp="relu2", tokenizer=tokenizer)
-    squared.build((None, 8))
-    with pytest.raises(gptlite.ConfigError, match="a ReLU² feed-forward"):
-        gptlite.export_gguf(squared, path)
-    for position, norm, mlp in (("learned", "layer", "gelu"), ("rotary", "rms", "swiglu")):  # gpt2's, llama's
-        post_norm = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=32, block_size=8,
-                                position=position, norm=norm, mlp=mlp, norm_position="post", tokenizer=tokenizer)
-        post_norm.build((None, 8))
-        with pytest.raises(gptlite.ConfigError, match="post-norm blocks"):
-            gptlite.export_gguf(post_norm, path)
+
+    def refusal(match, **switches):
+        odd = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=32, block_size=8,
+                          tokenizer=tokenizer, **switches)
+        odd.build((None, 8))
+        with pytest.raises(gptlite.ConfigError, match=match) as refused:
+            gptlite.export_gguf(odd, path)
+        return str(refused.value)
+
+    assert "\n" not in refusal("RMSNorm with table positions", norm="rms")
+    refusal("a ReLU² feed-forward", position="rotary", norm="rms", mlp="relu2")
+    refusal("post-norm blocks", norm_position="post")  # gpt2's layout otherwise
+    refusal("post-norm blocks", position="rotary", norm="rms", mlp="swiglu", norm_position="post")  # llama's
     with pytest.raises(gptlite.ConfigError, match="outtype"):
         gptlite.export_gguf(model, path, outtype="q4_0")
     assert not path.exists()
