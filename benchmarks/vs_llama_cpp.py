@@ -1,6 +1,6 @@
 """gptlite's generation beside llama.cpp's on the same model, exported with `gptlite export --format gguf`.
 
-    python benchmarks/vs_llama_cpp.py [--shapes cpu gpt2 smollm2] [--new-tokens 200] [--repeats 3]
+    python benchmarks/vs_llama_cpp.py [--shapes cpu gpt2 smollm2] [--new-tokens 200] [--repeats 3] [--batch 16]
 
 Needs llama-cpp-python (pip install -e ".[llama]"; it builds llama.cpp from
 source). Random weights (speed only) in three shapes: the cpu preset's (4
@@ -14,7 +14,17 @@ q8_0 files through llama-cpp-python on 2 threads, each in a process of its
 own; one that crashes is reported so, and run again without llama.cpp's
 weight repacking (`llama-cli --no-repack`). "cold" is the first call (gptlite's
 compiling, llama.cpp's loading included); the rate is the median of
---repeats calls after it.
+--repeats calls after it. `--batch N` also times gptlite writing N texts at
+once at GPT-2 small's shape (the server's case), in tokens a second of all
+rows together.
+
+Batch-1 decoding reads every weight once a token, so its ceiling is the
+memory's read bandwidth over the bytes a token reads. The bandwidth is
+measured in the same run (two threads summing a 512 MB array, the best of
+five), and each rate is given as the fraction of it that it reaches: the
+weights' bytes (the GGUF file less the position table, which is only looked
+up; the token table is read whole, as the output layer) times tokens a
+second, over the bandwidth.
 """
 
 import argparse
@@ -24,9 +34,11 @@ import pathlib
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import keras
+import numpy as np
 
 import gptlite
 
@@ -54,8 +66,31 @@ def model_of(shape):
     model = gptlite.GPT(vocab_size=size, tokenizer=tokenizer, **SHAPES[shape])
     model.build((None, SHAPES[shape]["block_size"]))
     table = model.embedding.token_embedding.embeddings
-    table.assign(keras.ops.where(keras.ops.arange(size)[:, None] == tokenizer.end_token_id, 0.0, table))
+    table.assign(keras.ops.where(keras.ops.arange(size)[:, None] == tokenizer.end_token_id, 0.0, table.value))
     return model
+
+
+def read_bandwidth(threads=2, megabytes=512, tries=5):
+    """Bytes a second `threads` threads read from memory, summing disjoint parts of one array: the best of
+    `tries` (NumPy's reduction lets go of the interpreter's lock, so the threads run at once)."""
+    array = np.ones(megabytes * 2**20 // 4, np.float32)
+    best = 0.0
+    for _ in range(tries):
+        workers = [threading.Thread(target=np.add.reduce, args=(part,)) for part in np.array_split(array, threads)]
+        start = time.perf_counter()
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        best = max(best, array.nbytes / (time.perf_counter() - start))
+    return best
+
+
+def weight_bytes_per_token(model, file_bytes):
+    """What one batch-1 token reads: the file's bytes less its position table's, in the file's own precision."""
+    config = model.config
+    table = config.block_size * config.n_embd if config.position == "learned" else 0
+    return file_bytes * (1 - table / model.count_params())
 
 
 def open_llama_cpp(path, context, repack=True):
@@ -96,6 +131,8 @@ def main():
     parser.add_argument("--shapes", nargs="+", default=["cpu", "gpt2", "smollm2"], choices=["cpu", *SHAPES])
     parser.add_argument("--new-tokens", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=16,
+                        help="gptlite's rows at once beside batch 1 at GPT-2 small's shape (1: none)")
     parser.add_argument("--child", nargs=4, metavar=("FILE", "PROMPT_IDS", "NEW", "REPACK"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -103,6 +140,8 @@ def main():
         print(json.dumps(llama_cpp_rate(path, json.loads(prompt_ids), int(new), args.repeats, repack == "repack")))
         return
 
+    bandwidth = read_bandwidth()
+    print(f"memory read bandwidth, 2 threads: {bandwidth / 1e9:.1f} GB/s", flush=True)
     rows = []
     for shape in args.shapes:
         model = model_of(shape)
@@ -113,7 +152,15 @@ def main():
             return gptlite.generate(model, PROMPT, max_new_tokens=new, temperature=0.0)
 
         cold, seconds, _ = time_calls(ours, args.repeats)
-        rows.append((shape, "gptlite", "f32", new / seconds, cold, None))
+        f32_bytes = 4 * model.count_params()
+        rows.append((shape, "gptlite", "f32", new / seconds, cold, f32_bytes))
+        print(rows[-1], flush=True)
+        if args.batch > 1 and shape == "gpt2":
+            cold, seconds, _ = time_calls(
+                lambda: gptlite.generate(model, [PROMPT] * args.batch, max_new_tokens=new, temperature=0.0),
+                args.repeats)
+            rows.append((shape, "gptlite", f"f32, batch {args.batch}", args.batch * new / seconds, cold, f32_bytes))
+            print(rows[-1], flush=True)
         with tempfile.TemporaryDirectory() as folder:
             for outtype in OUTTYPES:
                 path = pathlib.Path(folder) / f"{shape}-{outtype}.gguf"
@@ -128,17 +175,22 @@ def main():
                         continue  # crashed: the same file without repacking next
                     cold, seconds = json.loads(child.stdout.strip().splitlines()[-1])
                     rows.append((shape, "llama.cpp", weights, new / seconds, cold, path.stat().st_size))
+                    print(rows[-1], flush=True)
                     break
+        # The weights' bytes a token reads, from each row's file (gptlite's own: 4 bytes a weight).
+        rows = [row[:5] + (weight_bytes_per_token(model, row[5]),) if row[0] == shape else row for row in rows]
         print(f"{shape}: {new} new tokens after a {len(prompt_ids)}-token prompt", flush=True)
 
-    print("| shape | engine | weights | tokens/s (median) | cold, s | file, MiB |")
-    print("|---|---|---|---:|---:|---:|")
-    for shape, engine, weights, rate, cold, size in rows:
+    print(f"Memory read bandwidth (2 threads): {bandwidth / 1e9:.1f} GB/s")
+    print("| shape | engine | weights | tokens/s (median) | cold, s | MB a token | of the bandwidth |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    for shape, engine, weights, rate, cold, read in rows:
+        batch_one = "batch" not in weights
+        share = f"{read * rate / bandwidth:.0%}" if rate is not None and batch_one else ""
         rate = "crashed" if rate is None else f"{rate:,.1f}"
         cold = "" if cold is None else f"{cold:.1f}"
-        size = "" if size is None else f"{size / 2**20:.1f}"
-        print(f"| {shape} | {engine} | {weights} | {rate} | {cold} | {size} |")
-    print(json.dumps(rows))
+        print(f"| {shape} | {engine} | {weights} | {rate} | {cold} | {read / 1e6:.0f} | {share} |")
+    print(json.dumps({"bandwidth": bandwidth, "rows": rows}))
 
 
 if __name__ == "__main__":

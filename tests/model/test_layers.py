@@ -145,6 +145,22 @@ def test_scaled_dot_product_attention_with_mask_matches_numpy():
     np.testing.assert_allclose(keras.ops.convert_to_numpy(weights), expected_weights, atol=1e-6)
 
 
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+def test_one_query_a_row_over_a_cache_matches_numpy(kv_heads):
+    # A decoding step's form: one query a row, each row seeing its own number of cached keys.
+    rng = np.random.default_rng(3)
+    q = rng.normal(size=(2, 4, 1, 8)).astype("float32")
+    k, v = (rng.normal(size=(2, kv_heads, 6, 8)).astype("float32") for _ in range(2))
+    visible = np.arange(6)[None, :] <= np.array([2, 5])[:, None]  # (B, S)
+    output, weights = scaled_dot_product_attention(q, k, v, visible[:, None, None, :])
+    shared_k, shared_v = (np.repeat(part, 4 // kv_heads, axis=1) for part in (k, v))
+    scores = np.where(visible[:, None, None, :], q @ shared_k.swapaxes(-1, -2) / np.sqrt(8), -np.inf)
+    expected_weights = np.exp(scores - scores.max(-1, keepdims=True))
+    expected_weights /= expected_weights.sum(-1, keepdims=True)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(weights), expected_weights, atol=1e-6)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(output), expected_weights @ shared_v, atol=1e-5)
+
+
 def test_attention_over_a_single_key_gives_it_all_the_weight_without_a_warning():
     rng = np.random.default_rng(2)
     q = rng.normal(size=(2, 3, 4, 5)).astype("float32")
