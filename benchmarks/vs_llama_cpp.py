@@ -152,7 +152,7 @@ def main():
             return gptlite.generate(model, PROMPT, max_new_tokens=new, temperature=0.0)
 
         cold, seconds, _ = time_calls(ours, args.repeats)
-        f32_bytes = 4 * model.count_params()
+        f32_bytes = weight_bytes_per_token(model, 4 * model.count_params())
         rows.append((shape, "gptlite", "f32", new / seconds, cold, f32_bytes))
         print(rows[-1], flush=True)
         if args.batch > 1 and shape == "gpt2":
@@ -170,15 +170,14 @@ def main():
                                             str(path), json.dumps(prompt_ids), str(new), repack],
                                            capture_output=True, text=True, cwd=pathlib.Path(__file__).parent)
                     weights = outtype if repack == "repack" else f"{outtype}, no repack"
+                    file_bytes = weight_bytes_per_token(model, path.stat().st_size)
                     if child.returncode:
-                        rows.append((shape, "llama.cpp", weights, None, None, path.stat().st_size))
+                        rows.append((shape, "llama.cpp", weights, None, None, file_bytes))
                         continue  # crashed: the same file without repacking next
                     cold, seconds = json.loads(child.stdout.strip().splitlines()[-1])
-                    rows.append((shape, "llama.cpp", weights, new / seconds, cold, path.stat().st_size))
+                    rows.append((shape, "llama.cpp", weights, new / seconds, cold, file_bytes))
                     print(rows[-1], flush=True)
                     break
-        # The weights' bytes a token reads, from each row's file (gptlite's own: 4 bytes a weight).
-        rows = [row[:5] + (weight_bytes_per_token(model, row[5]),) if row[0] == shape else row for row in rows]
         print(f"{shape}: {new} new tokens after a {len(prompt_ids)}-token prompt", flush=True)
 
     print(f"Memory read bandwidth (2 threads): {bandwidth / 1e9:.1f} GB/s")
