@@ -37,7 +37,9 @@ and on the host: which slot holds which row (`rows`), and each slot's length,
 count, activity and settings again (`HostRows`), from which each call is planned: which steps recompute and
 how long a cache the steps read (`short_caches`: a power of two from
 SHORTEST_CACHE up to block_size, enough for the longest active row, so that
-a batch of many short texts reads no empty cache; otherwise block_size).
+a batch of many short texts reads no empty cache; with a `reach`, the
+caller's bound on the rows' lengths, the span that holds it from the first
+call; otherwise block_size).
 
 Randomness is explicit: token t of a row draws its noise from (the row's
 seed, t) (`sampling.uniform_noise`), so a row's text depends on its seed
@@ -114,17 +116,23 @@ class Engine:
     compiles (XLA) where the model's is a plain graph (a GPT's, so that a
     process's first token waits for no compiler): for a process that builds
     its programs before it decodes (a server's warm-up), whose admissions
-    then cost less than half.
+    then cost less than half. `reach`: where the caller knows it, the most
+    positions a row will fill (a generation's longest prompt and its new
+    tokens): every call's cache then has `cache_span(reach)` slots from the
+    first, so that one program serves the whole generation and no step reads
+    the empty slots past it (a row that goes further lengthens the cache, as
+    with short caches).
     """
 
     def __init__(self, model, capacity=1, *, resizable=False, short_caches=False, use_cache=True, slide=1,
-                 mixed_settings=False, compiled_prefill=False):
+                 mixed_settings=False, compiled_prefill=False, reach=0):
         self.model = model
         self.programs = programs_for(model)
         self.block_size = model.config.block_size
         self.vocabulary_size = model.config.vocab_size
         self.resizable, self.short_caches, self.use_cache, self.slide = resizable, short_caches, use_cache, slide
         self.mixed_settings, self.compiled_prefill = mixed_settings, compiled_prefill
+        self.reach = min(int(reach), self.block_size)
         self.capacity = capacity
         self.rows = {}  # row handle -> its slot
         self._next_handle = 0
@@ -198,7 +206,7 @@ class Engine:
         state it will be given, as step() will make it, with a zero cache and zero pending tokens."""
         active = np.arange(len(window)) < count
         steps, kind, span = plan_steps(lengths[active], self.block_size, max_steps, self.use_cache, self.slide,
-                                       self.short_caches)
+                                       self.short_caches, reach=self.reach)
         state = DecodeState(window, lengths, self.model.empty_cache(len(window), span),
                             np.zeros(len(window), np.int32), settings, seeds, np.ones(len(window), np.int32), ())
         loop = self.programs.loop("sample", kind, self.slide, logprobs, *self._needs(settings.rows(active)))
@@ -269,7 +277,7 @@ class Engine:
             return {handle: Drawn(np.zeros(0, np.int32)) for handle in self.rows}
         active = self.host.active
         steps, kind, span = plan_steps(self.host.lengths[active], self.block_size, max_steps, self.use_cache,
-                                       self.slide, self.short_caches, limits[active])
+                                       self.slide, self.short_caches, limits[active], self.reach)
         state = self.state._replace(cache=fit_cache(self.state.cache, span))
         loop = self.programs.loop("sample", kind, self.slide, logprobs, *self._needs(self.host.settings.rows(active)))
         drawn, self.state, scores = loop(state, limits, np.int32(steps))
@@ -318,7 +326,7 @@ class Engine:
         sequences = keras.ops.convert_to_numpy(pending)[:, None]  # (N * beams, produced)
         while sequences.shape[1] < max_new_tokens and not keras.ops.convert_to_numpy(finished).all():
             steps, kind, span = plan_steps(lengths, self.block_size, max_new_tokens - sequences.shape[1],
-                                           self.use_cache, self.slide, self.short_caches)
+                                           self.use_cache, self.slide, self.short_caches, reach=self.reach)
             drawn, parents, window, device_lengths, cache, pending, scores, finished = self.programs.loop(
                 "beam", kind, self.slide)(window, device_lengths, fit_cache(cache, span), pending, context, scores,
                                           finished, end_token, np.int32(steps))
@@ -405,7 +413,7 @@ def fit_cache(cache, span):
     return cache
 
 
-def plan_steps(lengths, block_size, max_steps, use_cache, slide, short_caches=False, limits=None):
+def plan_steps(lengths, block_size, max_steps, use_cache, slide, short_caches=False, limits=None, reach=0):
     """The next call for rows of window `lengths`: (steps, steps kind, cache span).
 
     Which steps find a full window, and so must recompute it, follows from
@@ -417,7 +425,9 @@ def plan_steps(lengths, block_size, max_steps, use_cache, slide, short_caches=Fa
     cache has block_size slots, unless `short_caches`: a cached step writes
     at the longest window's length, so a call of cached steps then has
     `cache_span` of its last step's length + 1 slots (a waiting row's
-    included: its cache is kept); a recomputing one, block_size.
+    included: its cache is kept); a recomputing one, block_size. With a
+    `reach` (the most positions a row is expected to fill), the span is at
+    least `cache_span(reach)` and is planned as with short caches.
     """
     lengths = np.asarray(lengths)
     limits = np.full(len(lengths), max_steps) if limits is None else np.asarray(limits)
@@ -437,4 +447,6 @@ def plan_steps(lengths, block_size, max_steps, use_cache, slide, short_caches=Fa
         slots = max(slots, block_size if step_kind == RECOMPUTE else int(lengths.max(initial=0)) + 1)
         lengths = np.where(going, advanced_lengths(lengths, block_size, slide), lengths)
         steps += 1
-    return steps, kind, cache_span(slots, block_size) if short_caches else block_size
+    if short_caches or reach:
+        return steps, kind, cache_span(max(slots, reach), block_size)
+    return steps, kind, block_size

@@ -86,8 +86,8 @@ def generate(model, prompt="", max_new_tokens=None, sampling=None, *, unknown="e
         pieces = _beam_texts(model, prompts, config, unknown, use_cache, slide, num_beams)
     else:
         configs, rows_ids = _rows(model, prompts, config, unknown, slide)
-        rows = TextRows(Engine(model, len(prompts), use_cache=use_cache, slide=slide), model.tokenizer,
-                        streaming=False)
+        rows = TextRows(Engine(model, len(prompts), use_cache=use_cache, slide=slide, reach=_reach(rows_ids, configs)),
+                        model.tokenizer, streaming=False)
         written = rows.finish(rows.admit(range(len(prompts)), rows_ids, configs, next_steps=CHUNK_SIZE))
         pieces = [written[index] for index in range(len(prompts))]
     texts = [prompt_text + text for prompt_text, text in zip(prompts, pieces)]
@@ -128,8 +128,9 @@ class RowsStream:
         self.configs, self.rows_ids = _rows(model, prompts, sampling, unknown, slide, rows_ids)
         self.answers = answers
         self.prompt_tokens = [len(ids) for ids in self.rows_ids]
-        self.text_rows = TextRows(Engine(model, len(prompts), use_cache=use_cache, slide=slide), model.tokenizer,
-                                  streaming)
+        engine = Engine(model, len(prompts), use_cache=use_cache, slide=slide,
+                        reach=_reach(self.rows_ids, self.configs))
+        self.text_rows = TextRows(engine, model.tokenizer, streaming)
         self.finish_reasons = [None] * len(prompts)  # each row's, once it has ended: "stop" or "length"
         self.completion_tokens = [0] * len(prompts)
 
@@ -169,13 +170,20 @@ def _rows(model, prompts, sampling, unknown, slide, rows_ids=None):
     return configs, [prompt_ids(model.tokenizer, prompt, unknown) for prompt in prompts]
 
 
+def _reach(rows_ids, configs):
+    """The most positions a row will fill: its prompt and its new tokens (the engine's cache then holds no more;
+    one config is every row's)."""
+    configs = configs * len(rows_ids) if len(configs) == 1 else configs
+    return max(len(ids) + config.max_new_tokens for ids, config in zip(rows_ids, configs))
+
+
 def _beam_texts(model, prompts, config, unknown, use_cache, slide, num_beams):
     if not prompts:
         raise ConfigError("give at least one prompt")
     _check_slide(model, slide)
     check_beams(num_beams, model.tokenizer.vocabulary_size)
     rows_ids = [prompt_ids(model.tokenizer, prompt, unknown) for prompt in prompts]
-    engine = Engine(model, len(prompts), use_cache=use_cache, slide=slide)
+    engine = Engine(model, len(prompts), use_cache=use_cache, slide=slide, reach=_reach(rows_ids, [config]))
     sequences = engine.beam_search(rows_ids, config.max_new_tokens, num_beams, model.tokenizer.end_token_id)
     return [_text_of(model.tokenizer, config, ids) for ids in sequences]
 
@@ -236,7 +244,7 @@ def _decode_targets(model, source_ids, config, use_cache, num_beams):
     batch_size = min(len(source_ids), TARGET_BATCH)
     configs = config.for_rows(len(source_ids))  # every source a seed of its own, whichever batch it is in
     start = [model.tokenizer.start_token_id]
-    engine = Engine(model, batch_size, use_cache=use_cache)
+    engine = Engine(model, batch_size, use_cache=use_cache, reach=1 + config.max_new_tokens)  # a start token, a target
     for first in range(0, len(source_ids), batch_size):
         sources = source_ids[first:first + batch_size]
         if num_beams is not None:

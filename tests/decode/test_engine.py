@@ -49,6 +49,13 @@ def test_a_call_reads_a_cache_as_long_as_its_longest_row_reaches():
     assert plan_steps([57], 256, 32, True, 200, short_caches=True) == (32, CACHED, 128)
 
 
+def test_a_call_whose_rows_reach_is_known_reads_the_span_that_holds_it_from_the_first():
+    # Rows bound to reach 100 positions: 128 slots from the first step, so that one program serves them all.
+    assert plan_steps([3, 50], 256, 8, True, 1, reach=100) == (8, CACHED, 128)
+    assert plan_steps([3, 125], 256, 8, True, 1, reach=100) == (8, CACHED, 256)  # a row that goes further
+    assert plan_steps([256], 256, 8, True, 1, reach=100) == (8, RECOMPUTE, 256)  # a full window: all of it
+
+
 def test_a_gpt_prefill_reads_the_columns_its_longest_window_needs():
     from gptlite.decode.engine import NARROWEST_PREFILL, prompt_columns, windows
 
@@ -277,6 +284,9 @@ def test_cached_text_is_recomputed_text_as_the_cache_grows_and_is_cut(tokenizer)
     # 160 slots.
     short = decode(short_caches=True)
     assert short == decode(use_cache=False) == decode() == decode(compiled_prefill=True)
+    # Bound to reach 139 positions: 160 slots from the first step; to reach 80, 128 slots, then 160 as the
+    # longer row goes past it.
+    assert short == decode(reach=139) == decode(reach=80)
 
 
 @pytest.mark.long

@@ -293,6 +293,24 @@ def test_the_first_step_s_program_is_prepared_while_the_prefill_runs_and_no_othe
     assert prepared == []
 
 
+def test_a_generation_reads_a_cache_as_long_as_its_prompt_and_new_tokens_reach(tokenizer, monkeypatch):
+    from gptlite.decode import engine
+
+    spans = []
+    fit_cache = engine.fit_cache
+    monkeypatch.setattr(engine, "fit_cache", lambda cache, span: (spans.append(span), fit_cache(cache, span))[1])
+    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=8, block_size=160,
+                        tokenizer=tokenizer)
+    # A 3-token prompt: 20 new tokens fit in 64 slots, 100 in 128; past the window, all 160.
+    for decode, span in [(lambda: gptlite.generate(model, "the", 20, seed=1), 64),
+                         (lambda: "".join(gptlite.stream(model, "the", 100, seed=1)), 128),
+                         (lambda: gptlite.generate(model, ["the", "a"], 300, seed=1), 160),
+                         (lambda: gptlite.generate(model, "the", 20, num_beams=2), 64)]:
+        spans.clear()
+        decode()
+        assert set(spans) == {span}
+
+
 def test_a_model_that_generated_can_still_be_freed(tokenizer):
     import gc
     import weakref
