@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from gptlite.decode.generation import sample_next_token
+from gptlite.decode.sampling import RowSettings, sample_next_token, SamplingConfig
 from shapes import SIZES, VOCABULARY_SIZE, random_model
 
 ITERATIONS = 16
@@ -51,7 +51,7 @@ def main():
     keras.config.set_dtype_policy(args.dtype)
     block_size = SIZES[args.size]["block_size"]
     model = random_model(args.size)
-    settings = np.array([1.0, VOCABULARY_SIZE, 1.0], "float32")
+    settings = RowSettings.of([SamplingConfig(temperature=1.0)], VOCABULARY_SIZE)
     logits = np.random.default_rng(0).normal(size=(1, VOCABULARY_SIZE)).astype("float32")
     noise = np.random.default_rng(1).random((1, VOCABULARY_SIZE)).astype("float32")
     cache = model.empty_cache(1)

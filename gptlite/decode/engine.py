@@ -56,7 +56,7 @@ import numpy as np
 from keras import ops
 
 from gptlite.backend.devices import on_gpu
-from gptlite.decode.programs import CACHED, CHUNK_SIZE, programs_for, RECOMPUTE, RECOMPUTE_THEN_CACHED
+from gptlite.decode.programs import CACHED, CHUNK_SIZE, fit_cache, programs_for, RECOMPUTE, RECOMPUTE_THEN_CACHED
 from gptlite.decode.sampling import row_configs, RowSettings
 
 # The shortest cache a call reads.
@@ -177,7 +177,10 @@ class Engine:
         sources = None if sources is None else pad(np.asarray(sources, np.int32))
         if starting and next_steps and sources is None:
             self._prepare_step(window, lengths, settings, seeds, count, next_steps, logprobs)
-        prefill = self.programs.prefill(logprobs, *self._needs(settings), compiled=self.compiled_prefill)
+        # With a reach, the prefill writes the cache at the span every call will read, rather than each row's
+        # first call widening it (eagerly: as long as the loop's steps, at a small model's size).
+        span = cache_span(self.reach, self.block_size) if self.reach else None
+        prefill = self.programs.prefill(logprobs, *self._needs(settings), compiled=self.compiled_prefill, span=span)
         # An engine of short caches prefills at their spans too: fewer programs, for a process that decodes long.
         narrowest = SHORTEST_CACHE if self.short_caches else NARROWEST_PREFILL
         pending, cache, context, *scores = prefill(prompt_columns(window, lengths, sources, narrowest), lengths,
@@ -207,9 +210,11 @@ class Engine:
         active = np.arange(len(window)) < count
         steps, kind, span = plan_steps(lengths[active], self.block_size, max_steps, self.use_cache, self.slide,
                                        self.short_caches, reach=self.reach)
+        loop = self.programs.loop("sample", kind, self.slide, logprobs, *self._needs(settings.rows(active)))
+        if not self.programs.first_preparation(loop, len(window), span):
+            return  # prepared before in this process: its program is ready, and the state need not be made
         state = DecodeState(window, lengths, self.model.empty_cache(len(window), span),
                             np.zeros(len(window), np.int32), settings, seeds, np.ones(len(window), np.int32), ())
-        loop = self.programs.loop("sample", kind, self.slide, logprobs, *self._needs(settings.rows(active)))
         loop.prepare(state, _active_limits(active, max_steps), np.int32(steps))
 
     def _merge(self, new, count):
@@ -281,10 +286,12 @@ class Engine:
         state = self.state._replace(cache=fit_cache(self.state.cache, span))
         loop = self.programs.loop("sample", kind, self.slide, logprobs, *self._needs(self.host.settings.rows(active)))
         drawn, self.state, scores = loop(state, limits, np.int32(steps))
-        lengths = self.host.lengths
-        for step in range(steps):
-            lengths = np.where(step < limits, advanced_lengths(lengths, self.block_size, self.slide), lengths)
         taken = np.minimum(steps, limits)  # (S,)
+        lengths = self.host.lengths + taken  # cached steps: no window was full, each grew a token a step
+        if kind != CACHED:
+            lengths = self.host.lengths
+            for step in range(steps):
+                lengths = np.where(step < limits, advanced_lengths(lengths, self.block_size, self.slide), lengths)
         self.host = self.host._replace(lengths=lengths, produced=self.host.produced + taken)
         drawn = keras.ops.convert_to_numpy(drawn)
         scores = [keras.ops.convert_to_numpy(value) for value in scores]
@@ -399,20 +406,6 @@ def prompt_columns(window, lengths, sources, narrowest=NARROWEST_PREFILL):
     return window[:, :min(window.shape[1], max(narrowest, _power_of_two(longest)))]
 
 
-def fit_cache(cache, span):
-    """The cache with `span` slots: cut, or padded with zeros.
-
-    Cutting drops only slots past every active row's length, which no step
-    reads before writing them.
-    """
-    slots = ops.shape(cache[0])[3]
-    if slots > span:
-        return tuple(layer[:, :, :, :span] for layer in cache)
-    if slots < span:
-        return tuple(ops.pad(layer, [(0, 0), (0, 0), (0, 0), (0, span - slots), (0, 0)]) for layer in cache)
-    return cache
-
-
 def plan_steps(lengths, block_size, max_steps, use_cache, slide, short_caches=False, limits=None, reach=0):
     """The next call for rows of window `lengths`: (steps, steps kind, cache span).
 
@@ -431,6 +424,29 @@ def plan_steps(lengths, block_size, max_steps, use_cache, slide, short_caches=Fa
     """
     lengths = np.asarray(lengths)
     limits = np.full(len(lengths), max_steps) if limits is None else np.asarray(limits)
+    if use_cache and len(lengths) and int(lengths.max()) + max_steps <= block_size:
+        steps, kind, slots = _cached_call(lengths, max_steps, limits)
+    else:
+        steps, kind, slots = _call_step_by_step(lengths, block_size, max_steps, use_cache, slide, limits)
+    if short_caches or reach:
+        return steps, kind, cache_span(max(slots, reach), block_size)
+    return steps, kind, block_size
+
+
+def _cached_call(lengths, max_steps, limits):
+    """(steps, kind, slots) of a call in which no window fills, as `_call_step_by_step` finds them, at once
+    (most calls): every step is cached, and the call ends when its last going row has drawn its tokens. At
+    step s row b's window is lengths[b] + min(s, limits[b]) long and the step writes the slot after it (a
+    waiting row's included), so the last step's are the furthest."""
+    steps = min(max_steps, int(limits.max()))
+    if steps == 0:
+        return 0, None, 0
+    return steps, CACHED, int(np.max(lengths + np.minimum(steps - 1, np.maximum(limits, 0)))) + 1
+
+
+def _call_step_by_step(lengths, block_size, max_steps, use_cache, slide, limits):
+    """(steps, kind, slots): the call's steps, their kind and the cache slots its steps write, found by
+    following the windows step by step."""
     steps, kind, slots = 0, None, 0
     while steps < max_steps:
         going = limits > steps
@@ -447,6 +463,4 @@ def plan_steps(lengths, block_size, max_steps, use_cache, slide, short_caches=Fa
         slots = max(slots, block_size if step_kind == RECOMPUTE else int(lengths.max(initial=0)) + 1)
         lengths = np.where(going, advanced_lengths(lengths, block_size, slide), lengths)
         steps += 1
-    if short_caches or reach:
-        return steps, kind, cache_span(max(slots, reach), block_size)
-    return steps, kind, block_size
+    return steps, kind, slots

@@ -39,6 +39,7 @@ class Programs:
         self.variables = model.variables  # the weights its programs read, in order
         compile_cache.tidy(keras.backend.backend())
         self._compiled = {}
+        self._prepared = set()
 
     @property
     def model(self):
@@ -61,17 +62,25 @@ class Programs:
         """How many of its programs came from the compile cache's folder rather than being traced."""
         return sum(program.loads for program in self._compiled.values())
 
+    def first_preparation(self, program, batch_size, span):
+        """Whether `program` (a Compiled of these) is to be prepared for this batch size and cache span for the
+        first time: once it has, it is ready, and preparing it again would only make its inputs to find that."""
+        key = (program.name, batch_size, span)
+        first = key not in self._prepared
+        self._prepared.add(key)
+        return first
+
     def _get(self, key, function, xla=True):
         # setdefault: two threads asking at once (a server's warm-up) get one Compiled
         return self._compiled.get(key) or self._compiled.setdefault(key, Compiled(key, function, self.model, xla=xla))
 
-    def prefill(self, logprobs=False, filtering=True, penalised=False, sampling=True, compiled=False):
+    def prefill(self, logprobs=False, filtering=True, penalised=False, sampling=True, compiled=False, span=None):
         """The prefill program; `compiled`: with XLA even where the model's prefill is a plain graph (see
-        `Engine`)."""
+        `Engine`); `span`: the cache it gives has that many slots (None: as many as its columns)."""
         needs = dict(logprobs=logprobs, filtering=filtering, penalised=penalised, sampling=sampling)
         xla = compiled or self.model.prefill_compiles
-        return self._get(("prefill", *needs.values(), *(["xla"] if xla else [])),
-                         functools.partial(self._sample_prefill, **needs), xla=xla)
+        return self._get(("prefill", *needs.values(), *(["xla"] if xla else []), *([span] if span else [])),
+                         functools.partial(self._sample_prefill, **needs, span=span), xla=xla)
 
     @property
     def beam_prefill(self):
@@ -147,11 +156,14 @@ class Programs:
 
     # --- sampling
 
-    def _sample_prefill(self, prompt, lengths, sources, settings, seeds, logprobs, filtering, penalised, sampling):
+    def _sample_prefill(self, prompt, lengths, sources, settings, seeds, logprobs, filtering, penalised, sampling,
+                        span):
         """Run the windows' first columns, `prompt` (see `prompt_columns`), through the model;
-        draw each row's first new token (token 0)."""
+        draw each row's first new token (token 0). The cache is widened to `span` slots, if given."""
         context = self.model.decoding_context(sources)
         logits, cache = self._forward_window(prompt, context)
+        if span is not None and ops.shape(cache[0])[3] < span:
+            cache = fit_cache(cache, span)
         logits = _logits_at(logits, lengths - 1)
         vocabulary_size = self.model.config.vocab_size
         noise = uniform_noise(seeds, ops.zeros_like(seeds), vocabulary_size) if sampling else None  # (B, V)
@@ -229,6 +241,20 @@ class Programs:
         _, *state = _loop(body, steps, (window, lengths, cache, pending, scores, finished, empty, empty), steps_kind)
         window, lengths, cache, pending, scores, finished, drawn, parents = state
         return drawn, parents, window, lengths, cache, pending, scores, finished
+
+
+def fit_cache(cache, span):
+    """The cache with `span` slots: cut, or padded with zeros.
+
+    Cutting drops only slots past every active row's length, which no step
+    reads before writing them.
+    """
+    slots = ops.shape(cache[0])[3]
+    if slots > span:
+        return tuple(layer[:, :, :, :span] for layer in cache)
+    if slots < span:
+        return tuple(ops.pad(layer, [(0, 0), (0, 0), (0, 0), (0, span - slots), (0, 0)]) for layer in cache)
+    return cache
 
 
 def _placed_rows(state, new, taken, placed):

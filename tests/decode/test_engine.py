@@ -9,7 +9,7 @@ import pytest
 
 import gptlite
 from conftest import NEEDS_THE_PRIVATE_LAYER, TIE, last_logits, run_python
-from gptlite.decode.engine import CACHED, Engine, plan_steps, RECOMPUTE, RECOMPUTE_THEN_CACHED
+from gptlite.decode.engine import CACHED, cache_span, Engine, plan_steps, RECOMPUTE, RECOMPUTE_THEN_CACHED
 from gptlite.decode.sampling import RowSettings, sample_next_token, SamplingConfig, uniform_noise
 
 
@@ -36,8 +36,6 @@ def test_a_row_past_its_limit_decides_nothing_of_the_call():
 
 
 def test_a_call_reads_a_cache_as_long_as_its_longest_row_reaches():
-    from gptlite.decode.engine import cache_span
-
     assert [cache_span(slots, 256) for slots in (1, 64, 65, 128, 129, 256)] == [64, 64, 128, 128, 256, 256]
     assert cache_span(70, 96) == 96  # never longer than the window
     # Rows of 3 and 50 tokens, block 256: 8 steps write at 50 .. 57 (slots up to 58); 32 reach 82.
@@ -47,6 +45,22 @@ def test_a_call_reads_a_cache_as_long_as_its_longest_row_reaches():
     # After a slide of 200 from a full window, 57 tokens are left: the cache is short again.
     assert plan_steps([256], 256, 32, True, 200, short_caches=True) == (32, RECOMPUTE_THEN_CACHED, 256)
     assert plan_steps([57], 256, 32, True, 200, short_caches=True) == (32, CACHED, 128)
+
+
+def test_a_call_in_which_no_window_fills_is_planned_as_step_by_step():
+    from gptlite.decode.engine import _call_step_by_step
+
+    generator = np.random.default_rng(0)
+    for _ in range(300):
+        rows, block_size, max_steps = generator.integers(1, 5), 256, int(generator.integers(1, 33))
+        lengths = generator.integers(1, block_size - max_steps + 1, size=rows)
+        limits = generator.integers(0, max_steps + 1, size=rows)
+        reach = int(generator.integers(0, 200))
+        expected = _call_step_by_step(lengths, block_size, max_steps, True, 1, limits)
+        assert plan_steps(lengths, block_size, max_steps, True, 1, True, limits) == \
+            (*expected[:2], cache_span(expected[2], block_size))
+        assert plan_steps(lengths, block_size, max_steps, True, 1, limits=limits, reach=reach) == \
+            (*expected[:2], cache_span(max(expected[2], reach), block_size))
 
 
 def test_a_call_whose_rows_reach_is_known_reads_the_span_that_holds_it_from_the_first():

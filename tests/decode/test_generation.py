@@ -250,7 +250,9 @@ def test_prompt_length_settings_and_seed_never_recompile(fluent_model):
     gptlite.generate(fluent_model, "the", 20, seed=0, top_k=5)
     gptlite.generate(fluent_model, "the cat sat on the mat", 2, seed=0, top_k=5)
     programs = programs_for(fluent_model)
-    functions = [programs.prefill(False)] + [programs.loop("sample", kind, slide=1) for kind in ("cached", "recompute")]
+    # A generation's prefill writes the cache at the span its text reaches: here the whole 16-slot window.
+    prefill = programs.prefill(False, span=fluent_model.config.block_size)
+    functions = [prefill] + [programs.loop("sample", kind, slide=1) for kind in ("cached", "recompute")]
     # Built: traced here, loaded from the compile cache, or shared with another model of this architecture.
     counts = [(f.built, f.traces) for f in functions]
     assert min(built for built, _ in counts) >= 1
@@ -287,8 +289,10 @@ def test_the_first_step_s_program_is_prepared_while_the_prefill_runs_and_no_othe
         # One program prepared, the first step's, before the prefill ran; the step after the prefill called it.
         assert len(prepared) == 1 and prepared[0][0][0] == "sample"
         assert [name[0] for name, _ in called[:2]] == ["prefill", "sample"] and called[1] == prepared[0]
-    # Nothing to prepare where no step follows the prefill.
+    # Nothing to prepare where it was prepared before, or where no step follows the prefill.
     prepared.clear()
+    gptlite.generate(model, "the", 10, seed=1)
+    assert prepared == []
     gptlite.generate(model, "the", 1, seed=1)
     assert prepared == []
 
@@ -296,19 +300,28 @@ def test_the_first_step_s_program_is_prepared_while_the_prefill_runs_and_no_othe
 def test_a_generation_reads_a_cache_as_long_as_its_prompt_and_new_tokens_reach(tokenizer, monkeypatch):
     from gptlite.decode import engine
 
-    spans = []
+    spans, widened = [], []
     fit_cache = engine.fit_cache
-    monkeypatch.setattr(engine, "fit_cache", lambda cache, span: (spans.append(span), fit_cache(cache, span))[1])
+
+    def fit(cache, span):
+        spans.append(span)
+        widened.append(keras.ops.shape(cache[0])[3] < span)
+        return fit_cache(cache, span)
+
+    monkeypatch.setattr(engine, "fit_cache", fit)
     model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=8, block_size=160,
                         tokenizer=tokenizer)
     # A 3-token prompt: 20 new tokens fit in 64 slots, 100 in 128; past the window, all 160.
     for decode, span in [(lambda: gptlite.generate(model, "the", 20, seed=1), 64),
                          (lambda: "".join(gptlite.stream(model, "the", 100, seed=1)), 128),
-                         (lambda: gptlite.generate(model, ["the", "a"], 300, seed=1), 160),
-                         (lambda: gptlite.generate(model, "the", 20, num_beams=2), 64)]:
-        spans.clear()
+                         (lambda: gptlite.generate(model, ["the", "a"], 300, seed=1), 160)]:
+        spans.clear(), widened.clear()
         decode()
-        assert set(spans) == {span}
+        # The prefill wrote the cache at that span: no call had to widen it.
+        assert set(spans) == {span} and not any(widened)
+    spans.clear()
+    gptlite.generate(model, "the", 20, num_beams=2)
+    assert set(spans) == {64}
 
 
 def test_a_model_that_generated_can_still_be_freed(tokenizer):
