@@ -110,14 +110,16 @@ class Programs:
 
     # --- the model's step
 
-    def _forward(self, tokens, cache, positions, context):
-        return self.model.call_with_cache(tokens, cache, positions, *context)
+    def _forward(self, tokens, cache, positions, context, logits_at=None):
+        return self.model.call_with_cache(tokens, cache, positions, *context, logits_at=logits_at)
 
-    def _forward_window(self, window, context):
-        """The window's logits, and a cache of as many slots as the window has columns."""
+    def _forward_window(self, window, lengths, context):
+        """The logits (B, V) after each row's `lengths` tokens of the window, and a cache of as many slots as the
+        window has columns."""
         batch_size, width = ops.shape(window)
-        return self._forward(window, self.model.empty_cache(batch_size, width), ops.zeros((batch_size,), "int32"),
-                             context)
+        logits, cache = self._forward(window, self.model.empty_cache(batch_size, width),
+                                      ops.zeros((batch_size,), "int32"), context, logits_at=lengths - 1)
+        return logits[:, 0], cache
 
     def _advance(self, window, lengths, cache, tokens, context, recompute, slide, active=None):
         """Append tokens (B,) to the active rows' windows; return the logits after them (B, V) and the new state.
@@ -149,8 +151,8 @@ class Programs:
             lengths = ops.where(active, grown, lengths)
 
         if recompute:
-            logits, cache = self._forward_window(window, context)
-            return _logits_at(logits, lengths - 1), window, lengths, cache
+            logits, cache = self._forward_window(window, lengths, context)
+            return logits, window, lengths, cache
         logits, cache = self._forward(tokens[:, None], cache, positions, context)
         return logits[:, 0], window, lengths, cache
 
@@ -161,10 +163,9 @@ class Programs:
         """Run the windows' first columns, `prompt` (see `prompt_columns`), through the model;
         draw each row's first new token (token 0). The cache is widened to `span` slots, if given."""
         context = self.model.decoding_context(sources)
-        logits, cache = self._forward_window(prompt, context)
+        logits, cache = self._forward_window(prompt, lengths, context)
         if span is not None and ops.shape(cache[0])[3] < span:
             cache = fit_cache(cache, span)
-        logits = _logits_at(logits, lengths - 1)
         vocabulary_size = self.model.config.vocab_size
         noise = uniform_noise(seeds, ops.zeros_like(seeds), vocabulary_size) if sampling else None  # (B, V)
         seen = token_counts(prompt, lengths, self.model.config.vocab_size) if penalised else None
@@ -216,9 +217,9 @@ class Programs:
 
     def _beam_prefill(self, window, prompt, lengths, sources, scores, finished, end_token):
         context = self.model.decoding_context(sources)
-        logits, cache = self._forward_window(prompt, context)
+        logits, cache = self._forward_window(prompt, lengths, context)
         pending, _, scores, finished, (window, lengths, cache) = choose_beams(
-            _logits_at(logits, lengths - 1), scores, finished, end_token, (window, lengths, cache))
+            logits, scores, finished, end_token, (window, lengths, cache))
         # The context needs no reordering: a row's beams share their source.
         return pending, scores, finished, window, lengths, cache, context
 
@@ -286,15 +287,6 @@ def _record(drawn, step, values):
     column = ops.equal(ops.arange(ops.shape(drawn)[1]), step)
     column = ops.reshape(column, (1, -1) + (1,) * (len(ops.shape(drawn)) - 2))
     return ops.where(column, ops.expand_dims(ops.cast(values, drawn.dtype), 1), drawn)
-
-
-def _logits_at(logits, indices):
-    """logits (B, T, V), indices (B,) -> (B, V): row b's logits at position indices[b]."""
-    # Rows of the flattened logits rather than ops.take_along_axis, which on TensorFlow
-    # transposes int64 indices, and TensorFlow logs an error for that outside XLA.
-    rows, length = ops.shape(logits)[0], ops.shape(logits)[1]
-    flat = ops.reshape(logits, (-1, ops.shape(logits)[2]))  # (B*T, V)
-    return ops.take(flat, ops.arange(rows) * length + ops.cast(indices, "int32"), axis=0)
 
 
 # One Programs (compiled functions) per model, made on first use; they hold no decoding state.

@@ -143,8 +143,9 @@ class _Transformer(keras.Model):
         shape = (batch_size, 2, config.kv_heads, length, config.head_size)
         return tuple(ops.zeros(shape, dtype=self.compute_dtype) for _ in range(config.n_layer))
 
-    def _decode_with_cache(self, token_ids, cache, start_positions, **cross):
-        """Logits (B, T, V) for tokens placed at `start_positions` (B,), and the updated cache."""
+    def _decode_with_cache(self, token_ids, cache, start_positions, logits_at=None, **cross):
+        """Logits (B, T, V) for tokens placed at `start_positions` (B,), and the updated cache; with
+        `logits_at` (B,), row b's at its token logits_at[b] alone, (B, 1, V)."""
         x = self.embedding(token_ids, start_positions)  # (B, T, C)
         # Every block's cache has one shape: where the new keys and values go is worked out once.
         placement = CachePlacement.of(start_positions, ops.shape(token_ids)[1], cache[0])
@@ -155,6 +156,13 @@ class _Transformer(keras.Model):
             x, layer_cache = block.call_with_cache(x, layer_cache, start_positions, placement=placement,
                                                    **block_cross)
             layer_caches.append(layer_cache)
+        if logits_at is not None:
+            # One position a row through the head: a prompt's others' logits would cost a product with the
+            # whole token table each, and only its last token's choose anything. Rows of the flattened states
+            # rather than take_along_axis, whose int64 indices TensorFlow transposes, logging an error, outside XLA.
+            rows, length = ops.shape(x)[0], ops.shape(x)[1]
+            flat = ops.reshape(x, (-1, ops.shape(x)[2]))  # (B*T, C)
+            x = ops.take(flat, ops.arange(rows) * length + ops.cast(logits_at, "int32"), axis=0)[:, None]  # (B, 1, C)
         return self.embedding.logits(self._normalised(self.final_norm, x)), tuple(layer_caches)
 
     def enable_lora(self, rank, alpha=None, targets=LORA_TARGETS):
@@ -237,15 +245,16 @@ class GPT(_Transformer):
             x = block(x, packed=packed, training=training)
         return self.embedding.logits(self._normalised(self.final_norm, x))  # (B, T, V)
 
-    def call_with_cache(self, token_ids, cache, start_positions):
+    def call_with_cache(self, token_ids, cache, start_positions, logits_at=None):
         """Next-token logits for tokens placed at `start_positions`, and the updated cache.
 
         token_ids (B, T), start_positions (B,) with start_positions[b] + T no more than
         the cache's length, cache as from `empty_cache` -> logits (B, T, V), cache.
         Attention reads the whole cache, so a cache no longer than the text needs
-        makes a step cheaper.
+        makes a step cheaper. `logits_at` (B,): only row b's logits at its token
+        logits_at[b] are wanted (a prompt's last), (B, 1, V).
         """
-        return self._decode_with_cache(token_ids, cache, start_positions)
+        return self._decode_with_cache(token_ids, cache, start_positions, logits_at)
 
     def training_flops_per_token(self):
         """The FLOPs a training step spends per token at full context, estimated as nanoGPT does
@@ -401,9 +410,9 @@ class Seq2Seq(_Transformer):
         """Each decoder block's keys and values of the encoder's output: computed once per source."""
         return tuple(block.cross_attention.key_values(encoded) for block in self.blocks)
 
-    def call_with_cache(self, token_ids, cache, start_positions, cross_key_values, source_mask):
+    def call_with_cache(self, token_ids, cache, start_positions, cross_key_values, source_mask, logits_at=None):
         """As `GPT.call_with_cache`, the decoder attending also over the source
         through `cross_key_values` (from `cross_key_values`) and `source_mask`.
         """
-        return self._decode_with_cache(token_ids, cache, start_positions,
+        return self._decode_with_cache(token_ids, cache, start_positions, logits_at,
                                        cross_key_values=cross_key_values, context_mask=source_mask)

@@ -81,6 +81,11 @@ def test_cached_decoding_equals_the_whole_forward_pass(model):
     prefill = 6
     logits, cache = model.call_with_cache(ids[:, :prefill], model.empty_cache(2), np.zeros(2, "int32"))
     np.testing.assert_allclose(_numpy(logits), full[:, :prefill], atol=1e-4)
+    # Only the logits a prompt's rows choose from: row 0's after its 4th token, row 1's after its 6th.
+    some, same_cache = model.call_with_cache(ids[:, :prefill], model.empty_cache(2), np.zeros(2, "int32"),
+                                             logits_at=np.array([3, 5], "int32"))
+    np.testing.assert_allclose(_numpy(some)[:, 0], full[[0, 1], [3, 5]], atol=1e-4)
+    np.testing.assert_allclose(_numpy(same_cache[0]), _numpy(cache[0]), atol=1e-5)
     for position in range(prefill, BLOCK_SIZE - 2):
         logits, cache = model.call_with_cache(ids[:, position:position + 1], cache, np.full(2, position, "int32"))
         np.testing.assert_allclose(_numpy(logits)[:, 0], full[:, position], atol=1e-4)
