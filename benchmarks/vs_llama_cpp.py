@@ -1,6 +1,7 @@
 """gptlite's generation beside llama.cpp's on the same model, exported with `gptlite export --format gguf`.
 
     python benchmarks/vs_llama_cpp.py [--shapes cpu gpt2 smollm2] [--new-tokens 200] [--repeats 3] [--batch 16]
+        [--rounds 1]
 
 Needs llama-cpp-python (pip install -e ".[llama]"; it builds llama.cpp from
 source). Random weights (speed only) in three shapes: the cpu preset's (4
@@ -16,7 +17,11 @@ weight repacking (`llama-cli --no-repack`). "cold" is the first call (gptlite's
 compiling, llama.cpp's loading included); the rate is the median of
 --repeats calls after it. `--batch N` also times gptlite writing N texts at
 once at GPT-2 small's shape (the server's case), in tokens a second of all
-rows together.
+rows together. `--rounds N` measures every engine N times, in turn, each
+round after the last, since a shared machine's speed drifts within minutes:
+the table gives each rate's median over the rounds (its cold call, the
+first round's) and, for each shape, the median of the rounds' ratios of
+gptlite's rate to llama.cpp's f32.
 
 Batch-1 decoding reads every weight once a token, so its ceiling is the
 memory's read bandwidth over the bytes a token reads. The bandwidth is
@@ -31,6 +36,7 @@ import argparse
 import itertools
 import json
 import pathlib
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -131,6 +137,8 @@ def main():
     parser.add_argument("--shapes", nargs="+", default=["cpu", "gpt2", "smollm2"], choices=["cpu", *SHAPES])
     parser.add_argument("--new-tokens", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="times each engine is measured, in turn; the table gives the medians")
     parser.add_argument("--batch", type=int, default=16,
                         help="gptlite's rows at once beside batch 1 at GPT-2 small's shape (1: none)")
     parser.add_argument("--child", nargs=4, metavar=("FILE", "PROMPT_IDS", "NEW", "REPACK"), help=argparse.SUPPRESS)
@@ -142,46 +150,61 @@ def main():
 
     bandwidth = read_bandwidth()
     print(f"memory read bandwidth, 2 threads: {bandwidth / 1e9:.1f} GB/s", flush=True)
-    rows = []
+    rows, ratios = [], {}
     for shape in args.shapes:
         model = model_of(shape)
         prompt_ids = model.tokenizer.encode(PROMPT).tolist()
         new = min(args.new_tokens, model.config.block_size - len(prompt_ids))
-
-        def ours():
-            return gptlite.generate(model, PROMPT, max_new_tokens=new, temperature=0.0)
-
-        cold, seconds, _ = time_calls(ours, args.repeats)
         f32_bytes = weight_bytes_per_token(model, 4 * model.count_params())
-        rows.append((shape, "gptlite", "f32", new / seconds, cold, f32_bytes))
-        print(rows[-1], flush=True)
-        if args.batch > 1 and shape == "gpt2":
-            cold, seconds, _ = time_calls(
-                lambda: gptlite.generate(model, [PROMPT] * args.batch, max_new_tokens=new, temperature=0.0),
-                args.repeats)
-            rows.append((shape, "gptlite", f"f32, batch {args.batch}", args.batch * new / seconds, cold, f32_bytes))
-            print(rows[-1], flush=True)
+        # (engine, weights) -> [rate of each round], its first cold call, its bytes a token
+        rates, colds, reads = {}, {}, {}
+
+        def record(engine, weights, rate, cold, read):
+            rates.setdefault((engine, weights), []).append(rate)
+            colds.setdefault((engine, weights), cold)
+            reads[engine, weights] = read
+            print((shape, engine, weights, rate, cold), flush=True)
+
         with tempfile.TemporaryDirectory() as folder:
+            paths = {}
             for outtype in OUTTYPES:
-                path = pathlib.Path(folder) / f"{shape}-{outtype}.gguf"
-                gptlite.export_gguf(model, path, outtype)
-                for repack in ("repack", "no-repack"):
-                    child = subprocess.run([sys.executable, __file__, "--repeats", str(args.repeats), "--child",
-                                            str(path), json.dumps(prompt_ids), str(new), repack],
-                                           capture_output=True, text=True, cwd=pathlib.Path(__file__).parent)
-                    weights = outtype if repack == "repack" else f"{outtype}, no repack"
+                paths[outtype] = pathlib.Path(folder) / f"{shape}-{outtype}.gguf"
+                gptlite.export_gguf(model, paths[outtype], outtype)
+            repacks = {outtype: "repack" for outtype in OUTTYPES}  # "no-repack" once a file has crashed
+            for _ in range(args.rounds):
+                cold, seconds, _ = time_calls(
+                    lambda: gptlite.generate(model, PROMPT, max_new_tokens=new, temperature=0.0), args.repeats)
+                record("gptlite", "f32", new / seconds, cold, f32_bytes)
+                if args.batch > 1 and shape == "gpt2":
+                    cold, seconds, _ = time_calls(
+                        lambda: gptlite.generate(model, [PROMPT] * args.batch, max_new_tokens=new, temperature=0.0),
+                        args.repeats)
+                    record("gptlite", f"f32, batch {args.batch}", args.batch * new / seconds, cold, f32_bytes)
+                for outtype, path in paths.items():
                     file_bytes = weight_bytes_per_token(model, path.stat().st_size)
-                    if child.returncode:
-                        rows.append((shape, "llama.cpp", weights, None, None, file_bytes))
-                        continue  # crashed: the same file without repacking next
-                    cold, seconds = json.loads(child.stdout.strip().splitlines()[-1])
-                    rows.append((shape, "llama.cpp", weights, new / seconds, cold, file_bytes))
-                    print(rows[-1], flush=True)
-                    break
+                    for repack in ("repack", "no-repack") if repacks[outtype] == "repack" else ("no-repack",):
+                        weights = outtype if repack == "repack" else f"{outtype}, no repack"
+                        child = subprocess.run([sys.executable, __file__, "--repeats", str(args.repeats), "--child",
+                                                str(path), json.dumps(prompt_ids), str(new), repack],
+                                               capture_output=True, text=True, cwd=pathlib.Path(__file__).parent)
+                        if child.returncode:
+                            rates.setdefault(("llama.cpp", weights), [])
+                            reads["llama.cpp", weights] = file_bytes
+                            repacks[outtype] = "no-repack"
+                            continue  # crashed: the same file without repacking next
+                        cold, seconds = json.loads(child.stdout.strip().splitlines()[-1])
+                        record("llama.cpp", weights, new / seconds, cold, file_bytes)
+                        break
+        for (engine, weights), values in rates.items():
+            rate = statistics.median(values) if values else None
+            rows.append((shape, engine, weights, rate, colds.get((engine, weights)), reads[engine, weights]))
+        theirs = rates.get(("llama.cpp", "f32")) or rates.get(("llama.cpp", "f32, no repack"))
+        if theirs:
+            ratios[shape] = statistics.median(ours / their for ours, their in zip(rates["gptlite", "f32"], theirs))
         print(f"{shape}: {new} new tokens after a {len(prompt_ids)}-token prompt", flush=True)
 
-    print(f"Memory read bandwidth (2 threads): {bandwidth / 1e9:.1f} GB/s")
-    print("| shape | engine | weights | tokens/s (median) | cold, s | MB a token | of the bandwidth |")
+    print(f"Memory read bandwidth (2 threads): {bandwidth / 1e9:.1f} GB/s; medians of {args.rounds} rounds")
+    print("| shape | engine | weights | tokens/s | cold, s | MB a token | of the bandwidth |")
     print("|---|---|---|---:|---:|---:|---:|")
     for shape, engine, weights, rate, cold, read in rows:
         batch_one = "batch" not in weights
@@ -189,8 +212,9 @@ def main():
         rate = "crashed" if rate is None else f"{rate:,.1f}"
         cold = "" if cold is None else f"{cold:.1f}"
         print(f"| {shape} | {engine} | {weights} | {rate} | {cold} | {read / 1e6:.0f} | {share} |")
-    print(json.dumps({"bandwidth": bandwidth, "rows": rows}))
-
+    for shape, ratio in ratios.items():
+        print(f"{shape}: gptlite over llama.cpp's f32, the median of the rounds' ratios: {ratio:.2f}x")
+    print(json.dumps({"bandwidth": bandwidth, "rows": rows, "ratios": ratios}))
 
 if __name__ == "__main__":
     main()

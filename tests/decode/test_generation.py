@@ -322,6 +322,9 @@ def test_a_generation_reads_a_cache_as_long_as_its_prompt_and_new_tokens_reach(t
     spans.clear()
     gptlite.generate(model, "the", 20, num_beams=2)
     assert set(spans) == {64}
+    # The same greedy text as the window recomputed for every token.
+    assert gptlite.generate(model, "the", 100, temperature=0) == \
+        gptlite.generate(model, "the", 100, temperature=0, use_cache=False)
 
 
 def test_a_model_that_generated_can_still_be_freed(tokenizer):
