@@ -216,5 +216,6 @@ def main():
         print(f"{shape}: gptlite over llama.cpp's f32, the median of the rounds' ratios: {ratio:.2f}x")
     print(json.dumps({"bandwidth": bandwidth, "rows": rows, "ratios": ratios}))
 
+
 if __name__ == "__main__":
     main()

@@ -287,8 +287,9 @@ class Engine:
         loop = self.programs.loop("sample", kind, self.slide, logprobs, *self._needs(self.host.settings.rows(active)))
         drawn, self.state, scores = loop(state, limits, np.int32(steps))
         taken = np.minimum(steps, limits)  # (S,)
-        lengths = self.host.lengths + taken  # cached steps: no window was full, each grew a token a step
-        if kind != CACHED:
+        if kind == CACHED:  # no window was full: each grew a token a step it took
+            lengths = self.host.lengths + taken
+        else:
             lengths = self.host.lengths
             for step in range(steps):
                 lengths = np.where(step < limits, advanced_lengths(lengths, self.block_size, self.slide), lengths)

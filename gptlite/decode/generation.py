@@ -171,9 +171,7 @@ def _rows(model, prompts, sampling, unknown, slide, rows_ids=None):
 
 
 def _reach(rows_ids, configs):
-    """The most positions a row will fill: its prompt and its new tokens (the engine's cache then holds no more;
-    one config is every row's)."""
-    configs = configs * len(rows_ids) if len(configs) == 1 else configs
+    """The most positions a row will fill: its prompt and its new tokens (each row's config its own)."""
     return max(len(ids) + config.max_new_tokens for ids, config in zip(rows_ids, configs))
 
 
@@ -183,7 +181,8 @@ def _beam_texts(model, prompts, config, unknown, use_cache, slide, num_beams):
     _check_slide(model, slide)
     check_beams(num_beams, model.tokenizer.vocabulary_size)
     rows_ids = [prompt_ids(model.tokenizer, prompt, unknown) for prompt in prompts]
-    engine = Engine(model, len(prompts), use_cache=use_cache, slide=slide, reach=_reach(rows_ids, [config]))
+    reach = _reach(rows_ids, [config] * len(rows_ids))
+    engine = Engine(model, len(prompts), use_cache=use_cache, slide=slide, reach=reach)
     sequences = engine.beam_search(rows_ids, config.max_new_tokens, num_beams, model.tokenizer.end_token_id)
     return [_text_of(model.tokenizer, config, ids) for ids in sequences]
 
