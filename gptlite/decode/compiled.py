@@ -76,6 +76,7 @@ class Compiled:
         self._programs = {}  # (layout, shapes) of the inputs -> a program
         self._traced_here = {}  # entry name -> a program of the public floor (see private_layer)
         self._preparing = {}  # (layout, shapes) -> the thread that runs the program once (see prepare)
+        self._calls = {}  # (layout, shapes) -> how often it has been called on such inputs
 
     @property
     def built(self):
@@ -93,14 +94,49 @@ class Compiled:
         preparing = self._preparing.pop(key, None)
         if preparing is not None:
             preparing.join()
+        self._calls[key] = self._calls.get(key, 0) + 1
         return program(self._variables, inputs)
 
-    def prepare(self, *args):
+    def calls(self, *args):
+        """How often it has been called on inputs like `args` in this process."""
+        return self._calls.get(self._key(args)[0], 0)
+
+    def ready(self, *args):
+        """Whether its program for inputs like `args` is made and not being prepared: a call would not wait.
+        On torch, which compiles nothing, never."""
+        if self.backend == "torch":
+            return False
+        key, _ = self._key(args)
+        preparing = self._preparing.get(key)
+        return key in self._programs and (preparing is None or not preparing.is_alive())
+
+    def prepare(self, *args, aside=False):
         """Make the program for inputs like `args` ready without waiting for it: trace or load it here, then
         run it once on `args` on a thread of its own, so that the backend compiles it (or loads its machine
-        code) meanwhile; the first call with such inputs waits for that run. Nothing, where it is ready."""
+        code) meanwhile; the first call with such inputs waits for that run. Nothing, where it is ready.
+        `aside`: the thread traces or loads it too, after the last preparation has ended, and the caller waits
+        for nothing (see `ready`)."""
         global _last_preparing
         if self.backend == "torch":
+            return
+        if aside:
+            key, _ = self._key(args)
+            if key in self._programs or key in self._preparing:
+                return
+            previous = _last_preparing
+
+            def trace_and_run():
+                if previous is not None:
+                    previous.join()
+                try:
+                    _, program, inputs = self._find(args)
+                    program(self._variables, inputs)
+                except Exception:  # it stays unready: its callers go on with what they ran before
+                    pass
+
+            self._preparing[key] = _last_preparing = threading.Thread(target=trace_and_run,
+                                                                      name=f"gptlite-prepare-{self.name}")
+            self._preparing[key].start()
             return
         # One program prepared at a time beside the caller's work. A decode stopped before its first step (an
         # answer stopped at its first piece) leaves its run going; the next decode's would otherwise run beside it
@@ -126,10 +162,7 @@ class Compiled:
 
     def _find(self, args):
         """(key, program, flat inputs) for `args`: the program made (traced or loaded) if it is new."""
-        inputs = []
-        # Every call passes here: the key is quick to make (the containers' types, each array's shape and
-        # dtype as they come); the layout and standard shapes that name a program are made for new keys only.
-        key = (_structure(args, inputs), tuple((tuple(value.shape), value.dtype) for value in inputs))
+        key, inputs = self._key(args)
         if key not in self._programs:
             with _making:
                 if key not in self._programs:
@@ -137,6 +170,14 @@ class Compiled:
                                     keras.backend.standardize_dtype(value.dtype)) for value in inputs)
                     self._programs[key] = self._program(_layout(args), shapes)
         return key, self._programs[key], inputs
+
+    @staticmethod
+    def _key(args):
+        """(key, flat inputs) for `args`. Every call passes here: the key is quick to make (the containers' types,
+        each array's shape and dtype as they come); the layout and standard shapes that name a program are made
+        for new keys only."""
+        inputs = []
+        return (_structure(args, inputs), tuple((tuple(value.shape), value.dtype) for value in inputs)), inputs
 
     def _program(self, layout, shapes):
         model = self._model()

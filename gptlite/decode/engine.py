@@ -63,6 +63,9 @@ from gptlite.decode.sampling import row_configs, RowSettings
 SHORTEST_CACHE = 64
 # The narrowest prefill of a GPT's windows: a short prompt costs a short pass.
 NARROWEST_PREFILL = 8
+# Which of a process's prefills of one shape starts compiling it (see Engine._prefill): a process that decodes
+# once or twice compiles nothing more, one that goes on (a loop of calls, a chat, an evaluation) soon runs faster.
+PREFILL_THAT_COMPILES = 3
 
 
 @dataclasses.dataclass
@@ -180,11 +183,10 @@ class Engine:
         # With a reach, the prefill writes the cache at the span every call will read: the first step would
         # otherwise widen it eagerly, which at the cpu preset's size costs about a third of a call of 32 steps.
         span = cache_span(self.reach, self.block_size) if self.reach else None
-        prefill = self.programs.prefill(logprobs, *self._needs(settings), compiled=self.compiled_prefill, span=span)
         # An engine of short caches prefills at their spans too: fewer programs, for a process that decodes long.
         narrowest = SHORTEST_CACHE if self.short_caches else NARROWEST_PREFILL
-        pending, cache, context, *scores = prefill(prompt_columns(window, lengths, sources, narrowest), lengths,
-                                                   sources, settings, seeds)
+        inputs = (prompt_columns(window, lengths, sources, narrowest), lengths, sources, settings, seeds)
+        pending, cache, context, *scores = self._prefill(logprobs, settings, span, inputs)(*inputs)
         new = DecodeState(window, lengths, cache, pending, settings, seeds, np.ones(padded, np.int32), context)
         if starting:
             self.state = new
@@ -203,6 +205,22 @@ class Engine:
         scores = [keras.ops.convert_to_numpy(value)[:count, None] for value in scores] or [[None] * count] * 3
         return {handle: Drawn(tokens[index], *(value[index] for value in scores))
                 for index, handle in enumerate(handles)}
+
+    def _prefill(self, logprobs, settings, span, inputs):
+        """The prefill program for `inputs`. A GPT's is a plain graph, so that a process's first token waits for
+        no compiler; under TensorFlow, a process's PREFILL_THAT_COMPILES-th prefill of one shape starts compiling
+        it with XLA on a thread of its own, and the prefills after it run compiled once that is done (at the `cpu`
+        preset's size, about 1 ms against 3)."""
+        needs = (logprobs, *self._needs(settings))
+        prefill = self.programs.prefill(*needs, compiled=self.compiled_prefill, span=span)
+        if prefill.xla or keras.backend.backend() != "tensorflow":
+            return prefill
+        compiled = self.programs.prefill(*needs, compiled=True, span=span)
+        if compiled.ready(*inputs):
+            return compiled
+        if prefill.calls(*inputs) + 1 >= PREFILL_THAT_COMPILES:
+            compiled.prepare(*inputs, aside=True)
+        return prefill
 
     def _prepare_step(self, window, lengths, settings, seeds, count, max_steps, logprobs):
         """Prepare the program of the first `step(max_steps, logprobs)` after the prefill of a fresh batch: the

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import gptlite
-from conftest import NEEDS_THE_PRIVATE_LAYER, TIE, last_logits, run_python
+from conftest import NEEDS_THE_PRIVATE_LAYER, TIE, assert_greedy, last_logits, run_python
 from gptlite.decode.engine import CACHED, cache_span, Engine, plan_steps, RECOMPUTE, RECOMPUTE_THEN_CACHED
 from gptlite.decode.sampling import RowSettings, sample_next_token, SamplingConfig, uniform_noise
 
@@ -341,3 +341,35 @@ def test_a_second_process_traces_nothing_on_a_warm_cache_and_survives_a_damaged_
     assert damaged[:3] == (first[0], first[1], 0)
     # The model of another shape, after it in the same process, traced and compiled its own, beside them.
     assert another[1] > 0 and set(another[3]) > set(first[3])
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="a GPT's prefill is a plain graph on TensorFlow only")
+def test_a_process_s_third_prefill_of_one_shape_compiles_it_aside_and_the_later_ones_run_it(fluent_model, monkeypatch):
+    import threading
+
+    from gptlite.decode.compiled import Compiled
+
+    # A model of its own: its prefills are counted from its first.
+    model = gptlite.GPT(config=fluent_model.config, tokenizer=fluent_model.tokenizer)
+    model.build((None, fluent_model.config.block_size))
+    model.set_weights(fluent_model.get_weights())
+    prefills, call = [], Compiled.__call__
+    monkeypatch.setattr(Compiled, "__call__", lambda self, *args: (
+        prefills.append(self.xla) if self.name[0] == "prefill" else None, call(self, *args))[1])
+
+    def decode():
+        text = gptlite.generate(model, "the cat", max_new_tokens=20, temperature=0)
+        assert_greedy(model, "the cat", text)
+        return text
+
+    texts = [decode() for _ in range(3)]
+    assert prefills == [False, False, False]  # two plain graphs, and the third while its twin compiles aside
+    for thread in threading.enumerate():
+        if thread.name.startswith("gptlite-prepare") and "prefill" in thread.name:
+            thread.join()
+    texts += [decode(), decode()]
+    assert prefills == [False, False, False, True, True]
+    assert len(set(texts)) == 1
+    # Another shape of prompt counts on its own: its first prefill is a graph again.
+    gptlite.generate(model, "the cat sat on the mat", max_new_tokens=5, temperature=0)
+    assert prefills[-1] is False
