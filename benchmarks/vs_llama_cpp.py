@@ -20,9 +20,9 @@ in a process's first two calls of a shape and compiled once its compile,
 started aside at the third, is done (docs/generation.md): its "2nd call"
 row is the second call's rate, and its "f32" rate, from the fourth call
 on, runs compiled in every round after the first, where the compile may
-still be going (it ends before llama.cpp is timed). `--batch N` also times gptlite writing N texts at
-once at GPT-2 small's shape (the server's case), in tokens a second of all
-rows together. `--rounds N` measures every engine N times, in turn, each
+still be going (it ends before llama.cpp is timed). `--batch N` also times
+gptlite writing N texts at once at GPT-2 small's shape (the server's case),
+in tokens a second of all rows together. `--rounds N` measures every engine N times, in turn, each
 round after the last, since a shared machine's speed drifts within minutes:
 the table gives each rate's median over the rounds (its cold call, the
 first round's) and, for each shape, the median of the rounds' ratios of
