@@ -98,25 +98,30 @@ def tiny_model(tokenizer):
 
 @pytest.fixture(scope="session")
 def fluent_model(tokenizer, text):
-    """A tiny GPT trained for a few seconds on `text`, so that what it writes depends on its context.
+    """A tiny GPT trained for a few seconds on `text`, so that what it writes depends on its context; trained once
+    a session (`built_once`), every process reading it back.
 
     Greedy decoding from random weights mostly repeats one character, which
     would let a wrong context go unnoticed.
     """
-    import keras
+    def train(folder):
+        import keras
 
-    keras.utils.set_random_seed(1)
-    model = gptlite.GPT(
-        vocab_size=tokenizer.vocabulary_size, n_layer=2, n_head=2, n_embd=32, block_size=16,
-        tokenizer=tokenizer,
-    )
-    ids = tokenizer.encode(text).astype("int32")
-    starts = np.random.default_rng(0).integers(0, len(ids) - 17, size=8192)
-    windows = ids[starts[:, None] + np.arange(17)]  # (N, 17)
-    model.compile(optimizer=keras.optimizers.Adam(1e-2),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    model.fit(windows[:, :-1], windows[:, 1:], batch_size=64, epochs=1, verbose=0)
-    return model
+        keras.utils.set_random_seed(1)
+        model = gptlite.GPT(
+            vocab_size=tokenizer.vocabulary_size, n_layer=2, n_head=2, n_embd=32, block_size=16,
+            tokenizer=tokenizer,
+        )
+        ids = tokenizer.encode(text).astype("int32")
+        starts = np.random.default_rng(0).integers(0, len(ids) - 17, size=8192)
+        windows = ids[starts[:, None] + np.arange(17)]  # (N, 17)
+        model.compile(optimizer=keras.optimizers.Adam(1e-2),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(windows[:, :-1], windows[:, 1:], batch_size=64, epochs=1, verbose=0)
+        gptlite.save(model, folder / "model.keras")
+
+    folder, _ = built_once("fluent", train)
+    return gptlite.load(folder / "model.keras")
 
 
 # Two computations of the same logits (a cache against a whole forward pass, one batch shape against
@@ -277,18 +282,41 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
-def pytest_collection_modifyitems(items):
-    """A test of a run trained through the command line is slow: `-m "not slow"` leaves it out. A test marked
-    `once(reason)` checks what no backend changes: the JAX and torch suites skip it, saying why. The tests
-    marked `long` go first: the suite runs in several processes, and one such test handed out last would
-    leave the others idle while it runs. (They use no module's fixtures, so moving them splits none.)"""
+# Session fixtures that train a model for seconds: every test that reads one is slow by nature.
+TRAINING_FIXTURES = ("trained_run", "reverser_run", "tiny_run", "uninterrupted", "uninterrupted_muon",
+                     "one_batch_of_16")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--whole", action="store_true",
+                     help="run the whole suite: the tests marked slow too (training, child processes, llama.cpp, "
+                          "the browser, many compiles), which `python -m pytest` leaves out")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Without `--whole`, the tests marked `slow` (each slow by nature: it trains, starts a child process, runs
+    llama.cpp or a browser, or compiles programs for many shapes) are left out: `python -m pytest` is the fast
+    loop, `python -m pytest --whole` the suite CI runs. A test that reads a model trained for the session is slow.
+    A test marked `once(reason)` checks what no backend changes: the JAX and torch suites skip it, saying why.
+    The tests marked `long` go first: the suite runs in several processes, and one such test handed out last
+    would leave the others idle while it runs. (They use no module's fixtures, so moving them splits none.)"""
     import keras
 
     other_backend = keras.backend.backend() != "tensorflow"
     for item in items:
-        if "trained_run" in getattr(item, "fixturenames", ()):
+        if set(TRAINING_FIXTURES) & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
         once = item.get_closest_marker("once")
         if once is not None and other_backend:
             item.add_marker(pytest.mark.skip(reason=f"{once.args[0]}: run in the tensorflow suite only"))
+    if not config.getoption("whole"):
+        slow = [item for item in items if item.get_closest_marker("slow") is not None]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if item.get_closest_marker("slow") is None]
     items.sort(key=lambda item: item.get_closest_marker("long") is None)  # stable: the rest keep their order
+
+
+def pytest_report_header(config):
+    if not config.getoption("whole"):
+        return "the fast loop: the tests marked slow are left out (deselected); --whole runs every test"

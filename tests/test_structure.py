@@ -154,6 +154,7 @@ def test_importing_gptlite_leaves_the_backend_open_and_the_import_system_as_it_w
     assert result.stdout.strip() == "ok", result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first", ["import keras, gptlite", "import gptlite; gptlite.quiet(); import keras",
                                    "import gptlite, keras; gptlite.load"])
 def test_keras_loads_a_saved_model_once_gptlite_is_imported_after_it_or_has_started_it(first):
@@ -215,6 +216,7 @@ print(json.dumps(failures))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.once("the order of gptlite's own imports is the same on every backend")
 def test_every_public_name_and_every_module_works_as_the_first_thing_a_process_does():
     """No import order can break a name: each module of the package, and each public name through its module,
@@ -238,10 +240,10 @@ def test_every_public_name_and_every_module_works_as_the_first_thing_a_process_d
     assert not failures, "\n".join(f"{code}\n{error}" for code, error in failures)
 
 
-def test_ci_runs_the_readmes_test_command_as_the_readme_gives_it_before_installing_anything_else():
+def test_ci_runs_the_readmes_whole_suite_command_as_the_readme_gives_it_before_installing_anything_else():
     readme = (REPO / "README.md").read_text()
     lines = [line.strip() for line in readme.splitlines() if line.startswith('    pip install -e ".[dev]"')]
-    assert lines == ['pip install -e ".[dev]" && python -m pytest']
+    assert lines == ['pip install -e ".[dev]" && python -m pytest --whole']
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     ran = [number for number, line in enumerate(ci) if line.startswith(lines[0])]
     assert len(ran) == 1, ".ci/run must run the README's test command as the README writes it, once"

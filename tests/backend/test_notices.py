@@ -14,6 +14,7 @@ from gptlite.backend.notices import NATIVE_LOG_LINE
 TENSORFLOW_ONLY = pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TensorFlow's notices")
 
 
+@pytest.mark.slow
 @TENSORFLOW_ONLY
 def test_quiet_keeps_tensorflows_start_up_notices_out_and_import_alone_changes_nothing():
     environment = {name: value for name, value in os.environ.items() if name != "TF_CPP_MIN_LOG_LEVEL"}

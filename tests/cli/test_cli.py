@@ -45,6 +45,7 @@ def test_train_writes_model_history_and_plot(trained_run):
     assert (out / "model.keras").stat().st_size > 0
 
 
+@pytest.mark.slow
 @ONCE
 def test_generate_streams_prompt_then_text_and_repeats_with_a_seed(trained_run, capsys):
     from gptlite.cli import generate_main
@@ -63,6 +64,7 @@ def test_generate_streams_prompt_then_text_and_repeats_with_a_seed(trained_run, 
     assert capsys.readouterr().out == first.stdout
 
 
+@pytest.mark.slow
 @ONCE
 def test_streamed_and_unstreamed_output_are_the_same(capsys, trained_run):
     from gptlite.cli import generate_main
@@ -144,6 +146,7 @@ def test_in_process_errors_for_bad_flags(capsys, tmp_path, trained_run):
     assert capsys.readouterr().err.count("\n") == 1
 
 
+@pytest.mark.slow
 @ONCE
 def test_a_run_file_trains_the_same_run_again_and_flags_win_over_it(capsys, tmp_path):
     from gptlite.cli import train_main
@@ -263,6 +266,7 @@ def test_stop_flag_ends_the_printed_text(capsys, trained_run):
     assert capsys.readouterr().out == free[: free.index("\n", len("the"))] + "\n"
 
 
+@pytest.mark.slow
 @ONCE
 def test_beam_and_cache_flags(capsys, trained_run):
     from gptlite.cli import generate_main
@@ -409,6 +413,7 @@ def test_seq2seq_flag_mistakes_get_one_line(tmp_path, capsys, flags, message):
     assert error.count("\n") == 1 and message in error
 
 
+@pytest.mark.slow
 @ONCE
 def test_a_synthetic_task_trains_for_its_own_steps_unless_told(tmp_path, capsys, monkeypatch):
     from gptlite.cli import train_main
@@ -429,6 +434,7 @@ def test_a_synthetic_task_trains_for_its_own_steps_unless_told(tmp_path, capsys,
     assert steps == [SYNTHETIC_MAX_ITERS["reverse"], 700, PRESETS["tiny"]["max_iters"]]
 
 
+@pytest.mark.slow
 @ONCE
 def test_source_and_prompt_go_to_the_right_kind_of_model(tmp_path, capsys, reverser, tiny_model):
     from gptlite.cli import generate_main
@@ -448,6 +454,7 @@ def test_source_and_prompt_go_to_the_right_kind_of_model(tmp_path, capsys, rever
         reverser, ["abc"] * 3, temperature=2.0, seed=1, top_k=200)
 
 
+@pytest.mark.slow
 @ONCE
 def test_seq2seq_trains_on_a_tsv_file_resumes_as_seq2seq_only_and_decodes_sources(tmp_path, capsys):
     from gptlite.cli import generate_main, train_main

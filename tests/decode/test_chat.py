@@ -213,6 +213,7 @@ def test_a_model_without_a_template_cannot_chat(tiny_model, tmp_path, capsys):
     assert "has no chat template" in error and error.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_a_chat_run_trains_on_a_conversations_file_and_keeps_its_template(tmp_path, text):
     lines = text.splitlines()
     path = tmp_path / "chats.jsonl"
@@ -252,6 +253,7 @@ def test_a_bpe_runs_sizing_counts_its_own_tokens():
     assert len(conversations.pack(tokenizer, chats, 32)) == chat_sizing.packed_rows(lengths, 32)
 
 
+@pytest.mark.slow
 @ONCE
 def test_a_chat_run_on_a_file_is_sized_from_it_and_reports_its_held_out_answers(tmp_path, text, capsys):
     from gptlite.cli.train import main
@@ -284,6 +286,7 @@ def test_a_chat_run_on_a_file_is_sized_from_it_and_reports_its_held_out_answers(
     assert "40 conversations" in out and "37 held out" in out and "of 37 held-out questions" in out
 
 
+@pytest.mark.slow
 @ONCE
 def test_a_run_on_answers_in_repeated_words_reads_bpe_tokens_with_digits_apart_and_is_sized_by_them(tmp_path, capsys):
     from gptlite.cli.train import main
@@ -314,6 +317,7 @@ def test_a_run_on_answers_in_repeated_words_reads_bpe_tokens_with_digits_apart_a
     assert line.startswith("chat settings sized from 72 conversations: context 128 (")
 
 
+@pytest.mark.slow
 @ONCE
 def test_a_saved_model_fine_tunes_on_conversations_with_lora_and_a_bad_file_touches_nothing(tmp_path, tiny_model,
                                                                                              capsys):

@@ -52,6 +52,7 @@ def test_a_model_that_gains_adapters_after_decoding_decodes_with_them(tokenizer)
     assert programs_for(model).variables == model.variables
 
 
+@pytest.mark.slow
 def test_a_decode_stopped_before_its_first_step_leaves_no_program_running_beside_the_next(tokenizer, monkeypatch):
     import threading
     import time
@@ -116,6 +117,7 @@ print(json.dumps(texts))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the private layer loads TensorFlow programs")
 def test_with_the_private_layer_off_every_way_of_decoding_gives_the_same_greedy_text():
     pytest.importorskip("starlette", reason="serving needs gptlite[serve]")
@@ -170,6 +172,7 @@ def _new_machine(home):
     return dict(environment, HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"))
 
 
+@pytest.mark.slow
 @pytest.mark.long
 @NEEDS_THE_PRIVATE_LAYER
 def test_a_library_s_second_process_traces_nothing_new_with_no_opt_in(tmp_path, tokenizer):
@@ -192,6 +195,7 @@ def test_a_library_s_second_process_traces_nothing_new_with_no_opt_in(tmp_path, 
         assert any(name.startswith("xla_compile_cache") for name in kept)
 
 
+@pytest.mark.slow
 def test_a_cache_folder_that_cannot_be_made_keeps_nothing_and_decodes_all_the_same(tmp_path, tokenizer):
     gptlite.save(_model(tokenizer, seed=5), tmp_path / "model.keras")
     not_a_folder = tmp_path / "home"

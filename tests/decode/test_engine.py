@@ -165,6 +165,7 @@ def test_a_row_admitted_into_a_running_batch_gets_the_text_it_gets_alone(fluent_
     assert engine.rows == {} and engine.step() == {}
 
 
+@pytest.mark.slow
 def test_a_batch_shrinks_at_its_next_step_once_few_rows_are_left_and_the_last_row_keeps_its_text(fluent_model):
     prompts = ["a cat", "the big dog ", "one", "a red hat on"]
     configs = [SamplingConfig(temperature=0.9, seed=seed) for seed in range(len(prompts))]
@@ -186,6 +187,7 @@ def test_a_batch_shrinks_at_its_next_step_once_few_rows_are_left_and_the_last_ro
     assert found[:30] == engine_tokens(alone, alone_drawn, list(alone_drawn), 30)[next(iter(alone_drawn))]
 
 
+@pytest.mark.slow
 def test_a_seq2seq_row_admitted_into_a_running_batch_reads_its_own_source(tiny_seq2seq):
     """A server's Seq2Seq rows join one running batch: each row's source goes with it into its slot."""
     from gptlite.decode.generation import source_ids
@@ -238,6 +240,7 @@ def test_a_row_that_waits_past_its_limit_goes_on_with_the_text_it_gets_without_o
     assert [tokens[:30] for tokens in waited] == [tokens[:30] for tokens in plain]
 
 
+@pytest.mark.slow
 def test_rows_with_mixed_settings_in_one_batch_each_match_their_own_single_row_result(fluent_model):
     configs = [SamplingConfig(20, temperature=0.0), SamplingConfig(20, temperature=1.2, top_k=5, seed=1),
                SamplingConfig(20, temperature=0.7, top_p=0.8, seed=2),
@@ -252,6 +255,7 @@ def test_rows_with_mixed_settings_in_one_batch_each_match_their_own_single_row_r
         assert prompt + text == gptlite.generate(fluent_model, prompt, sampling=config)
 
 
+@pytest.mark.slow
 def test_a_seeded_row_gives_the_same_text_whatever_shares_its_batch(fluent_model):
     alone = gptlite.generate(fluent_model, "the cat", 30, temperature=1.0, seed=7)
     from gptlite.decode.generation import RowsStream
@@ -282,6 +286,7 @@ def test_log_probabilities_agree_with_a_full_forward_pass(fluent_model):
             ids.append(int(token))
 
 
+@pytest.mark.slow
 def test_cached_text_is_recomputed_text_as_the_cache_grows_and_is_cut(tokenizer):
     keras.utils.set_random_seed(3)
     model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=160,
@@ -303,6 +308,7 @@ def test_cached_text_is_recomputed_text_as_the_cache_grows_and_is_cut(tokenizer)
     assert short == decode(reach=139) == decode(reach=80)
 
 
+@pytest.mark.slow
 @pytest.mark.long
 @pytest.mark.skipif(keras.backend.backend() == "torch", reason="torch compiles nothing")
 @NEEDS_THE_PRIVATE_LAYER
@@ -343,6 +349,7 @@ def test_a_second_process_traces_nothing_on_a_warm_cache_and_survives_a_damaged_
     assert another[1] > 0 and set(another[3]) > set(first[3])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="a GPT's prefill is a plain graph on TensorFlow only")
 def test_a_process_s_third_prefill_of_one_shape_compiles_it_aside_and_the_later_ones_run_it(fluent_model, monkeypatch):
     import threading

@@ -115,6 +115,7 @@ def test_top_p_outside_its_range_is_refused(fluent_model):
             gptlite.stream(fluent_model, "the", top_p=top_p)
 
 
+@pytest.mark.slow
 def test_interleaved_streams_each_repeat_their_seed(fluent_model):
     alone = gptlite.generate(fluent_model, "the", max_new_tokens=40, temperature=1.0, seed=11)
     first = gptlite.stream(fluent_model, "the", max_new_tokens=40, temperature=1.0, seed=11)
@@ -148,6 +149,7 @@ def test_stop_in_a_batch_stops_each_row(fluent_model):
         assert text == prompt + (continuation if end < 0 else continuation[:end])
 
 
+@pytest.mark.slow
 def test_same_seed_gives_the_same_text_with_and_without_the_cache(fluent_model):
     # 40 tokens from a 16-token context: most are drawn after the window has slid.
     sample = lambda **kw: gptlite.generate(fluent_model, ["the", "a red"], max_new_tokens=40, temperature=1.0,
@@ -168,6 +170,7 @@ def beam_search_by_full_recomputation(model, prompt, new_tokens, beams):
     return model.tokenizer.decode(candidates[0][1])
 
 
+@pytest.mark.slow
 def test_beam_search_equals_a_search_by_full_recomputation(fluent_model):
     prompts = ["the", "a dog ran"]
     found = gptlite.generate(fluent_model, prompts, max_new_tokens=24, num_beams=3)
@@ -223,6 +226,7 @@ def test_text_ends_before_the_end_token(fluent_model, monkeypatch):
     assert gptlite.generate(fluent_model, "the", max_new_tokens=40, num_beams=1) == expected
 
 
+@pytest.mark.slow
 def test_a_wider_slide_recomputes_once_per_slide(fluent_model):
     prompts = ["the", "dog ran to the big red hat and"]
     found = gptlite.generate(fluent_model, prompts, max_new_tokens=40, temperature=0, slide=6)
@@ -241,6 +245,7 @@ def test_slides_outside_the_window_are_refused(fluent_model, slide):
         gptlite.stream(fluent_model, "the", slide=slide)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(keras.backend.backend() == "torch", reason="torch runs the decode functions eagerly")
 def test_prompt_length_settings_and_seed_never_recompile(fluent_model):
     from gptlite.decode.programs import programs_for
@@ -265,6 +270,7 @@ def test_prompt_length_settings_and_seed_never_recompile(fluent_model):
     assert [(f.built, f.traces) for f in functions] == counts
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(keras.backend.backend() == "torch", reason="torch decodes eagerly: there is nothing to prepare")
 def test_the_first_step_s_program_is_prepared_while_the_prefill_runs_and_no_other(tokenizer, monkeypatch):
     from gptlite.decode.compiled import Compiled
@@ -298,6 +304,7 @@ def test_the_first_step_s_program_is_prepared_while_the_prefill_runs_and_no_othe
     assert prepared == []
 
 
+@pytest.mark.slow
 def test_a_generation_reads_a_cache_as_long_as_its_prompt_and_new_tokens_reach(tokenizer, monkeypatch):
     from gptlite.decode import engine
 
@@ -374,6 +381,7 @@ def greedy_targets_by_recomputation(model, sources):
     return texts, tied
 
 
+@pytest.mark.slow
 def test_seq2seq_cached_greedy_decoding_equals_full_recomputation(reverser, tiny_seq2seq):
     from conftest import reversal_pairs
 
@@ -394,6 +402,7 @@ def test_seq2seq_trained_reverser_is_mostly_right(reverser_run):
     assert np.mean([got == want for got, want in zip(decoded, held_out.pairs.targets)]) > 0.8
 
 
+@pytest.mark.slow
 def test_seq2seq_sampling_is_seeded_with_or_without_cache(reverser):
     sources = ["abc", "edcba", "aabb"] * 4
     settings = dict(temperature=3.0, seed=5)
@@ -404,6 +413,7 @@ def test_seq2seq_sampling_is_seeded_with_or_without_cache(reverser):
     assert len(set(sampled)) > 3  # the same source, sampled again, can come out differently
 
 
+@pytest.mark.slow
 def test_seq2seq_sources_beyond_one_batch_decode_as_in_one(reverser, monkeypatch):
     from conftest import reversal_pairs
 
@@ -413,6 +423,7 @@ def test_seq2seq_sources_beyond_one_batch_decode_as_in_one(reverser, monkeypatch
     assert list(gptlite.decode.generation.iter_targets(reverser, sources)) == together
 
 
+@pytest.mark.slow
 def test_seq2seq_beam_search_of_width_one_is_greedy(reverser):
     sources = ["abc", "dea", "eeddcc"]
     assert gptlite.generate_target(reverser, sources, num_beams=1) == gptlite.generate_target(reverser, sources)

@@ -112,6 +112,7 @@ def test_the_eval_command_prints_a_table_or_json_and_refuses_bad_input(tmp_path,
     assert main(["eval", str(tmp_path / "model.keras"), str(tmp_path / "odd.txt"), "--unknown", "replace"]) == 0
 
 
+@pytest.mark.slow
 def test_a_seq2seq_model_is_scored_on_pairs_by_exact_match_and_loss_per_target_token(tmp_path, reverser, capsys):
     from conftest import reversal_pairs
     from gptlite.cli import main
@@ -148,6 +149,7 @@ def test_a_seq2seq_model_is_scored_on_pairs_by_exact_match_and_loss_per_target_t
         assert message in error and error.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_a_chat_model_is_scored_on_its_answers_and_their_exactness(tmp_path, tiny_model, capsys, monkeypatch):
     from gptlite.cli import main
     from gptlite.data import conversations

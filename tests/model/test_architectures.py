@@ -115,6 +115,7 @@ def test_save_and_load_give_the_same_logits(model, tmp_path):
 # Decoding through the library for GPT-2's layout, the most modern one and multi-query attention with
 # rotary positions and post-norm blocks: the cache test above covers the rest; these compile decode loops, which
 # takes seconds.
+@pytest.mark.slow
 @pytest.mark.parametrize("combination", [COMBINATIONS[0], COMBINATIONS[1], COMBINATIONS[9]], ids=_name)
 def test_greedy_generation_through_the_library_follows_the_forward_pass(combination, tokenizer):
     model = _build(combination, tokenizer.vocabulary)

@@ -99,6 +99,7 @@ print(type(model).__name__, model.tokenizer.vocabulary == sys.argv[4], model.con
 """
 
 
+@pytest.mark.slow
 def test_save_and_load_in_a_fresh_process_gives_identical_logits(tmp_path, tokenizer):
     keras.utils.set_random_seed(3)
     # Untied, sinusoidal and biased: every optional weight is in the file.
@@ -189,6 +190,7 @@ print(type(model).__name__, gptlite.generate_target(model, sys.argv[2]))
 """
 
 
+@pytest.mark.slow
 def test_seq2seq_save_and_load_in_a_fresh_process(tmp_path, reverser):
     path = tmp_path / "model.keras"
     gptlite.save(reverser, path)

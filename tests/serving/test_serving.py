@@ -68,6 +68,7 @@ def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
+@pytest.mark.slow
 def test_the_openai_client_gets_the_text_generate_writes_for_the_same_seed(client, fluent_model):
     completion = client.completions.create(model="words", prompt="the cat", max_tokens=12, temperature=0.8, seed=4)
     assert completion.choices[0].text == gptlite.generate(fluent_model, "the cat", max_new_tokens=12,
@@ -100,6 +101,7 @@ def test_each_choice_stops_on_its_stop_string_or_its_length(client):
     assert completion.usage.prompt_tokens == len("the ") + len("a ")
 
 
+@pytest.mark.slow
 def test_requests_join_the_running_batch_whatever_their_settings(server, fluent_model, monkeypatch):
     worker = server.app.state.worker
     engine = worker.engine
@@ -136,6 +138,7 @@ def test_requests_join_the_running_batch_whatever_their_settings(server, fluent_
     assert engine.rows == {}  # every row retired
 
 
+@pytest.mark.slow
 def test_logprobs_and_echo_come_as_openai_gives_them(client, fluent_model):
     from conftest import last_logits
 
@@ -233,6 +236,7 @@ def test_every_bad_request_gets_a_4xx_saying_what_is_wrong_and_the_server_keeps_
         assert http.post("/v1/completions", json={"prompt": "the", "max_tokens": 2}).status_code == 200
 
 
+@pytest.mark.slow
 def test_health_says_ready_once_requests_need_no_program_built(fluent_model):
     from gptlite.decode.programs import programs_for
 
@@ -303,6 +307,7 @@ def chat_server(fluent_model):
 CHAT = [{"role": "system", "content": "be a cat"}, {"role": "user", "content": "the cat"}]
 
 
+@pytest.mark.slow
 @ONCE  # the chat endpoint's own code; the engine under it is every suite's (the client's text above)
 def test_the_openai_client_chats_plain_and_streamed(chat_server):
     from gptlite.decode import chat
@@ -418,6 +423,7 @@ def test_a_full_queue_answers_503_with_retry_after(fluent_model):
         running.stop()
 
 
+@pytest.mark.slow
 def test_a_seq2seq_model_answers_the_same_endpoint_reading_prompts_as_sources(reverser, monkeypatch):
     running = Server(serving.create_app(reverser, "reverser", serving.ServeSettings(truncate="none")))
     failures = []  # what the worker caught on the way: it must be nothing
@@ -444,6 +450,7 @@ def test_a_seq2seq_model_answers_the_same_endpoint_reading_prompts_as_sources(re
         running.stop()
 
 
+@pytest.mark.slow
 def test_a_seq2seq_servers_requests_join_one_running_batch_with_their_real_finish_reasons(reverser):
     from gptlite.decode.programs import programs_for
 
@@ -511,8 +518,8 @@ sys.exit(main(["serve", *sys.argv[1:]]))
 """
 
 
-@ONCE
 @pytest.mark.slow
+@ONCE
 def test_a_real_process_serves_the_client_and_on_sigterm_finishes_the_request_in_flight(tmp_path, fluent_model):
     gptlite.save(fluent_model, tmp_path / "model.keras")
     port = free_port()
@@ -594,6 +601,7 @@ def browser():
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.mark.slow
 @pytest.mark.extras
 @ONCE
 def test_the_page_in_a_browser_streams_text_and_draws_attention(server, tmp_path, browser):
@@ -636,6 +644,7 @@ def test_the_page_in_a_browser_streams_text_and_draws_attention(server, tmp_path
     print(f"screenshot of the page: {screenshot}")
 
 
+@pytest.mark.slow
 @pytest.mark.extras
 @ONCE
 def test_the_chat_page_in_a_browser_streams_answers_as_bubbles_and_draws_the_conversations_attention(

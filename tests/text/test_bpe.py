@@ -56,6 +56,7 @@ print(json.dumps([model.tokenizer.decode(model.tokenizer.encode(t)) for t in tex
 """
 
 
+@pytest.mark.slow
 def test_a_bpe_tokenizer_comes_back_with_the_model_in_a_new_process(bpe, tmp_path):
     model = gptlite.GPT(vocab_size=bpe.vocabulary_size, n_layer=1, n_head=1, n_embd=8, block_size=8, tokenizer=bpe)
     model.build((None, 8))

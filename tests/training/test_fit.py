@@ -51,6 +51,7 @@ def test_training_lowers_validation_loss_by_a_clear_margin(tiny_run, tokenizer):
     assert rows[-1]["val_loss"] < rows[0]["val_loss"] - 0.3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_16_bit_precision_trains_about_as_well_as_fp32(tmp_path, text, tokenizer, tiny_run, precision):
     if precision == "fp16" and keras.backend.backend() == "jax":
@@ -171,6 +172,7 @@ def uninterrupted(tmp_path_factory, tokenizer, text):
     return small_run(tokenizer, text, tmp_path_factory.mktemp("whole"))[1]
 
 
+@pytest.mark.slow
 def test_same_seed_gives_identical_loss_history(tmp_path, tokenizer, text, uninterrupted):
     _, again = small_run(tokenizer, text, tmp_path)
     without_time = lambda rows: [{k: v for k, v in row.items() if k not in TIMINGS} for row in rows]
@@ -215,10 +217,12 @@ def assert_resumes_as_uninterrupted(tmp_path, tokenizer, text, optimizer, uninte
         assert got["train_loss"] == pytest.approx(want["train_loss"], abs=1e-4)
 
 
+@pytest.mark.slow
 def test_interrupted_and_resumed_run_matches_an_uninterrupted_one(tmp_path, tokenizer, text, uninterrupted):
     assert_resumes_as_uninterrupted(tmp_path, tokenizer, text, "adamw", uninterrupted)
 
 
+@pytest.mark.slow
 def test_an_interrupted_muon_run_resumes_with_its_optimizer_state(tmp_path, tokenizer, text, uninterrupted_muon):
     assert_resumes_as_uninterrupted(tmp_path, tokenizer, text, "muon", uninterrupted_muon[1])
 
@@ -292,6 +296,7 @@ def run_with(tokenizer, text, out, callbacks=(), stop_request=None, resume=False
     return model, rows
 
 
+@pytest.mark.slow
 def test_steps_go_on_while_a_checkpoint_is_written_and_it_holds_its_own_step(tmp_path, tokenizer, text,
                                                                              uninterrupted, monkeypatch):
     # From the first write on (step 20's best model, then its checkpoint), the disk syncs nothing for 10 steps.
@@ -320,6 +325,7 @@ def test_steps_go_on_while_a_checkpoint_is_written_and_it_holds_its_own_step(tmp
         assert got["train_loss"] == pytest.approx(want["train_loss"], abs=1e-4)
 
 
+@pytest.mark.slow
 def test_a_stop_during_a_write_waits_for_it_and_leaves_every_file_whole(tmp_path, tokenizer, text, monkeypatch):
     # The disk is let go only once the run waits for its writes (step 25's checkpoint for step 20's, then the
     # run's end for all): a run that did not wait would end before any file of step 25 were on disk.
@@ -334,6 +340,7 @@ def test_a_stop_during_a_write_waits_for_it_and_leaves_every_file_whole(tmp_path
     assert not [name for name in os.listdir(tmp_path) if name.startswith(".")]  # no temporary file left
 
 
+@pytest.mark.slow
 def test_a_failed_write_stops_the_run_and_leaves_the_last_good_checkpoint(tmp_path, tokenizer, text, monkeypatch):
     fsync, replace = os.fsync, os.replace
     full = threading.Event()
@@ -357,6 +364,7 @@ def test_a_failed_write_stops_the_run_and_leaves_the_last_good_checkpoint(tmp_pa
     assert gptlite.load(tmp_path / "model.keras").config.n_embd == 16
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_the_earlier_format_still_resumes(tmp_path, tokenizer, text, uninterrupted):
     """Format 1, as earlier versions wrote it: Keras's weights file with the optimizer state, and a document."""
     keras.utils.set_random_seed(5)
@@ -413,6 +421,7 @@ def one_batch_of_16(tmp_path_factory, tokenizer, text):
     return accumulating_run(tokenizer, text, tmp_path_factory.mktemp("batch16"), 16, 1)
 
 
+@pytest.mark.slow
 def test_two_micro_batches_of_8_take_the_steps_one_batch_of_16_takes(tmp_path, tokenizer, text, one_batch_of_16):
     whole, whole_rows = one_batch_of_16
     accumulated, accumulated_rows = accumulating_run(tokenizer, text, tmp_path, 8, 2)
@@ -437,6 +446,7 @@ def _initial_weights(tokenizer):
     return [keras.ops.convert_to_numpy(weight) for weight in model.weights]
 
 
+@pytest.mark.slow
 def test_a_checkpoint_whose_optimizer_state_does_not_fit_is_refused(tmp_path, tokenizer, text):
     # Accumulating gradients adds optimizer variables: Keras would only warn and start the optimizer afresh.
     accumulating_run(tokenizer, text, tmp_path, 8, 2)
@@ -444,6 +454,7 @@ def test_a_checkpoint_whose_optimizer_state_does_not_fit_is_refused(tmp_path, to
         accumulating_run(tokenizer, text, tmp_path, 8, 1, max_iters=10, resume=True)
 
 
+@pytest.mark.slow
 def test_an_accumulating_run_stops_between_optimizer_steps_and_resumes(tmp_path, tokenizer, text):
     class StopAtOnce:
         signal_number = signal.SIGINT
@@ -457,6 +468,7 @@ def test_an_accumulating_run_stops_between_optimizer_steps_and_resumes(tmp_path,
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 10
 
 
+@pytest.mark.slow
 @pytest.mark.once("the event files are written the same on every backend, and a resumed run's steps on each are "
                    "test_interrupted_and_resumed_run_matches_an_uninterrupted_one's")
 def test_tensorboard_holds_each_evaluation_and_its_curve_carries_on_after_resume(tmp_path, tokenizer, text):

@@ -52,6 +52,7 @@ for count in range(10_000):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("delay", [0.0, 0.01, 0.04])
 def test_a_kill_during_saves_never_leaves_a_broken_model(tmp_path, delay):
     path = tmp_path / "model.keras"
@@ -86,6 +87,7 @@ print(json.dumps(logits.numpy().tolist()))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(keras.backend.backend() == "torch", reason="Keras exports SavedModels from tensorflow and jax")
 def test_exported_saved_model_serves_next_token_logits_without_gptlite(tmp_path, tiny_model):
     out = tmp_path / "served"
@@ -165,6 +167,7 @@ def test_a_model_saved_before_the_architecture_settings_loads_and_gives_its_reco
 MADE = json.loads((FIXTURES / "made_models.json").read_text())["models"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(MADE))
 def test_a_model_saved_before_the_package_was_rearranged_loads_and_writes_its_recorded_greedy_text(name):
     """Models of every kind saved by an earlier gptlite (tests/fixtures/make_models.py, at the commit that
