@@ -52,7 +52,7 @@ _LAZY = {
     "read_conversations": "data.conversations", "chat_ready": "data.conversations",
     # decode/
     "generate": "decode.generation", "generate_target": "decode.generation", "stream": "decode.generation",
-    "RowsStream": "decode.generation", "SamplingConfig": "decode.sampling", "Engine": "decode.engine",
+    "RowsStream": "decode.generation", "SamplingConfig": "decode.settings", "Engine": "decode.engine",
     "reply": "decode.chat", "stream_reply": "decode.chat", "Conversation": "decode.chat",
     # weights/
     "load": "weights.saving", "save": "weights.saving", "from_pretrained": "weights.pretrained",

@@ -6,7 +6,7 @@ import signal
 import sys
 
 from gptlite.cli.command import check_model, command, print_piece
-from gptlite.cli.flags import add_backend_flags, add_compile_cache_flags, Parser
+from gptlite.cli.flags import add_backend_flags, add_compile_cache_flags, add_sampling_flags, Parser, sampling_config
 
 SUMMARY = "talk with a chat model in the terminal (/reset starts over, Ctrl-C stops an answer, /bye or Ctrl-D leaves)"
 # What a user types to leave, as other chat programs have it.
@@ -21,13 +21,8 @@ def make_parser(prog):
     parser.add_argument("model", type=pathlib.Path, nargs="?", default=pathlib.Path("out/model.keras"),
                         help="the model file (default: out/model.keras)")
     parser.add_argument("--system", default=None, metavar="TEXT", help="a system message to open the conversation")
-    parser.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
-                        help="the longest answer in tokens (default: 200)")
-    parser.add_argument("--temperature", type=float, default=None,
-                        help="below 1 is safer, above 1 wilder; 0 always takes the likeliest token (default: 1)")
-    parser.add_argument("--top-k", type=int, default=None, metavar="K", help="sample among the K likeliest tokens")
-    parser.add_argument("--top-p", type=float, default=None, metavar="P", help="nucleus sampling (default: 1, off)")
-    parser.add_argument("--seed", type=int, default=None, help="make the answers repeatable")
+    add_sampling_flags(parser, notes={"max_new_tokens": "the longest answer",
+                                      "stop": "besides the chat template's end of turn"})
     add_compile_cache_flags(parser)
     add_backend_flags(parser)
     return parser
@@ -35,12 +30,10 @@ def make_parser(prog):
 
 def run(args):
     from gptlite.decode import chat
-    from gptlite.decode.sampling import SamplingConfig
     from gptlite.errors import InputError
     from gptlite.weights import saving
 
-    names = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
-    sampling = SamplingConfig(**{name: getattr(args, name) for name in names if getattr(args, name) is not None})
+    sampling = sampling_config(args)  # checked before the model loads, so that a bad flag fails at once
     model = saving.load(args.model)
     conversation = chat.Conversation(model, system=args.system, sampling=sampling)
     print(f"talking with {args.model}: /reset starts over, Ctrl-C stops an answer, /bye or Ctrl-D leaves", flush=True)

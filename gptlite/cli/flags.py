@@ -10,6 +10,7 @@ import pathlib
 import re
 
 from gptlite.cli.startup import BACKENDS
+from gptlite.decode.settings import SAMPLING_FIELDS, SamplingConfig
 from gptlite.text import UNKNOWN_CHOICES
 
 # Library arguments that a command spells otherwise.
@@ -41,6 +42,31 @@ def add_compile_cache_flags(parser):
                             "GPTLITE_COMPILE_CACHE, else gptlite/compiled in the user's cache folder)")
     group.add_argument("--no-compile-cache", dest="compile_cache", action="store_false",
                        help="compile afresh each start and keep nothing on disk")
+
+
+def add_sampling_flags(parser, notes=None):
+    """A flag for each sampling setting (`decode.settings.SamplingConfig`'s fields), named as the setting, with
+    its help; `notes` adds a command's own words to a setting's help (by the setting's name). A flag left out
+    leaves the setting at SamplingConfig's default (`sampling_settings`)."""
+    notes = notes or {}
+    for name, field in SAMPLING_FIELDS.items():
+        help_text = field.metadata["help"] + (f"; {notes[name]}" if name in notes else "")
+        flag, metavar = "--" + name.replace("_", "-"), field.metadata["metavar"]
+        if field.type is tuple:  # a list of strings: the flag once for each
+            parser.add_argument(flag, action="append", default=[], metavar=metavar, help=help_text)
+        else:
+            parser.add_argument(flag, type=field.type, default=None, metavar=metavar, help=help_text)
+
+
+def sampling_settings(args):
+    """The sampling settings that `add_sampling_flags`'s flags give, as SamplingConfig's keyword arguments: those
+    left out keep its defaults."""
+    return {name: getattr(args, name) for name in SAMPLING_FIELDS if getattr(args, name) not in (None, [])}
+
+
+def sampling_config(args):
+    """The SamplingConfig that `add_sampling_flags`'s flags ask for, checked."""
+    return SamplingConfig(**sampling_settings(args))
 
 
 def add_unknown_flag(parser, which):

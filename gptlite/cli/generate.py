@@ -3,7 +3,8 @@
 import pathlib
 
 from gptlite.cli.command import check_model, command, print_piece
-from gptlite.cli.flags import add_backend_flags, add_compile_cache_flags, add_unknown_flag, Parser
+from gptlite.cli.flags import (add_backend_flags, add_compile_cache_flags, add_sampling_flags, add_unknown_flag,
+                               Parser, sampling_config, sampling_settings)
 from gptlite.errors import InputError
 from gptlite.model.config import ATTENTION_PARTS
 
@@ -21,27 +22,11 @@ def make_parser(prog):
                         help="for a seq2seq model: the source to write the target of")
     parser.add_argument("--source-file", type=pathlib.Path, default=None, metavar="FILE",
                         help="for a seq2seq model: a file of sources, one a line; prints one target a line")
-    parser.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
-                        help="tokens to add to the prompt (default: 200); a seq2seq target has at most its "
-                             "model's block size less one (its default)")
-    parser.add_argument("--temperature", type=float, default=None,
-                        help="below 1 is safer, above 1 wilder; 0 always takes the likeliest token "
-                             "(default: 1; for a seq2seq model, 0)")
-    parser.add_argument("--top-k", type=int, default=None, metavar="K",
-                        help="sample only among the K likeliest tokens (default: all)")
-    parser.add_argument("--top-p", type=float, default=None, metavar="P",
-                        help="sample only among the likeliest tokens whose probabilities add up to P "
-                             "(nucleus sampling; default: 1, off)")
-    parser.add_argument("--min-p", type=float, default=None, metavar="P",
-                        help="sample only among tokens at least P times as likely as the likeliest (default: 0, off)")
-    parser.add_argument("--repetition-penalty", type=float, default=None, metavar="R",
-                        help="above 1, make tokens already in the context less likely (default: 1, off)")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="make the samples repeatable (default: different each run)")
+    add_sampling_flags(parser, notes={
+        "max_new_tokens": "a seq2seq target has at most its model's block size less one (its default)",
+        "temperature": "a seq2seq model's default is 0"})
     parser.add_argument("--num-samples", type=int, default=1, metavar="N",
                         help="how many samples to draw, together in one batch (default: 1)")
-    parser.add_argument("--stop", action="append", default=[], metavar="STRING",
-                        help="end the text just before STRING appears (may be given more than once)")
     parser.add_argument("--num-beams", type=int, default=None, metavar="N",
                         help="instead of sampling, search for the likeliest text with N beams "
                              "(1 is greedy; the sampling flags do not apply; printed when complete)")
@@ -111,19 +96,6 @@ def run(args):
         texts = generation.generate(model, [prompt] * args.num_samples, **sampling)
         print_piece(SAMPLE_DIVIDER.join(texts))
     print()
-
-
-def sampling_settings(args):
-    """The sampling settings that flags give: those left out keep SamplingConfig's defaults."""
-    names = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")
-    given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
-    return {**given, "stop": args.stop}
-
-
-def sampling_config(args):
-    from gptlite.decode.sampling import SamplingConfig
-
-    return SamplingConfig(**sampling_settings(args))
 
 
 def _generate_targets(args, model):

@@ -15,7 +15,7 @@ model's context.
 
 from gptlite.data.conversations import prompt_ids
 from gptlite.decode.generation import RowsStream, sampling_config
-from gptlite.decode.sampling import SamplingConfig
+from gptlite.decode.settings import SamplingConfig
 from gptlite.errors import ConfigError, GPTLiteError
 from gptlite.text import templates
 

@@ -22,7 +22,8 @@ import numpy as np
 
 from gptlite.decode.engine import CHUNK_SIZE, Engine
 from gptlite.decode.rows import RowText, TextRows
-from gptlite.decode.sampling import check_beams, SamplingConfig
+from gptlite.decode.sampling import check_beams
+from gptlite.decode.settings import SamplingConfig
 from gptlite.errors import ConfigError, InputError
 from gptlite.model.gpt import only_a_gpt, only_a_seq2seq
 from gptlite.text.tokenizers import known_text

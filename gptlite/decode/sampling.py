@@ -1,5 +1,5 @@
-"""Choosing the next token: the sampling settings (`SamplingConfig`), the
-sampler, the noise it draws from, and beam search's choice of beams.
+"""Choosing the next token: the sampler, the noise it draws from, each row's settings as tensors, and beam
+search's choice of beams (the settings themselves, `SamplingConfig`, are declared in `decode.settings`).
 
 The sampler is written with `keras.ops`, to be traced into the compiled
 decode loop. Every setting is a tensor with one value per row, so rows with
@@ -7,79 +7,13 @@ different settings decode in one batch and changing one never recompiles.
 """
 
 import collections
-import dataclasses
-import math
 
 import keras
 import numpy as np
 from keras import ops
 
+from gptlite.decode.settings import SamplingConfig, TOP_LOGPROBS
 from gptlite.errors import ConfigError
-from gptlite.text.continuation import stop_strings
-
-# Log-probabilities of this many likeliest tokens come with each token when asked for (OpenAI's most).
-TOP_LOGPROBS = 5
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplingConfig:
-    """How a row's new tokens are chosen, checked when made; the library, the command line and the server
-    share these defaults.
-
-    temperature 0 takes the likeliest token; otherwise logits are divided by
-    it, then only the `top_k` likeliest tokens are kept (None: all), of
-    those the smallest set whose probability reaches `top_p` (the nucleus),
-    and of those the ones at least `min_p` times as likely as the likeliest.
-    `repetition_penalty` above 1 makes tokens already in the context less
-    likely (a positive logit is divided by it, a negative one multiplied, as
-    in the CTRL paper). `seed` makes the text repeatable (None: different
-    each time); `stop` strings end the text just before the first of them.
-    """
-
-    max_new_tokens: int = 200
-    temperature: float = 1.0
-    top_k: int = None
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int = None
-    stop: tuple = ()
-
-    def __post_init__(self):
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, (int, np.integer)) \
-                or self.max_new_tokens < 0:
-            raise ConfigError(f"max_new_tokens must be zero or a positive whole number, got {self.max_new_tokens!r}",
-                              "max_new_tokens")
-        if not (_is_finite_number(self.temperature) and self.temperature >= 0):
-            raise ConfigError(f"temperature must be 0 (greedy) or positive, got {self.temperature!r}", "temperature")
-        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer))
-                                       or self.top_k < 1):
-            raise ConfigError(f"top_k must be a whole number of at least 1, got {self.top_k!r}", "top_k")
-        if not (_is_number(self.top_p) and 0 < self.top_p <= 1):
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}", "top_p")
-        if not (_is_number(self.min_p) and 0 <= self.min_p <= 1):
-            raise ConfigError(f"min_p must be in [0, 1], got {self.min_p!r}", "min_p")
-        if not (_is_finite_number(self.repetition_penalty) and self.repetition_penalty > 0):
-            raise ConfigError(f"repetition_penalty must be a positive number (1 is none), got "
-                              f"{self.repetition_penalty!r}", "repetition_penalty")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))):
-            raise ConfigError(f"seed must be a whole number or None, got {self.seed!r}", "seed")
-        object.__setattr__(self, "stop", tuple(stop_strings(self.stop)))
-
-    def replace(self, **changes):
-        """A copy with `changes`, checked; a name that is no setting raises a ConfigError."""
-        unknown = sorted(set(changes) - {field.name for field in dataclasses.fields(self)})
-        if unknown:
-            raise ConfigError(f"unknown sampling setting {unknown[0]!r}; the settings are "
-                              f"{', '.join(field.name for field in dataclasses.fields(self))}")
-        return dataclasses.replace(self, **changes)
-
-    def for_rows(self, count):
-        """`count` copies of this config, one for each row that shares it: the first row's seed is `seed` (None:
-        a random one), the others' are made from it, so that no two rows draw the same noise."""
-        seed = int(np.random.default_rng().integers(2**31)) if self.seed is None else int(self.seed) % 2**31
-        seeds = [seed] + [(seed * 1_000_003 + index) % 2**31 for index in range(1, count)]
-        return [dataclasses.replace(self, seed=row_seed) for row_seed in seeds]
 
 
 def row_configs(sampling, count):
@@ -260,17 +194,6 @@ def choose_beams(logits, scores, finished, end_token, state):
     finished = ops.logical_or(ops.take(finished, parents, axis=0), ops.equal(tokens, end_token))
     state = keras.tree.map_structure(lambda tensor: ops.take(tensor, parents, axis=0), state)
     return tokens, ops.cast(parents, "int32"), scores, finished, state
-
-
-def _is_number(value):
-    return isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
-
-
-def _is_finite_number(value):
-    try:
-        return _is_number(value) and math.isfinite(value)
-    except OverflowError:  # a whole number too large for a float
-        return False
 
 
 def check_beams(num_beams, vocabulary_size):

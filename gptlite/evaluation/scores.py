@@ -37,7 +37,7 @@ import numpy as np
 
 from gptlite.data import conversations, lm, pairs
 from gptlite.decode import chat, generation
-from gptlite.decode.sampling import SamplingConfig
+from gptlite.decode.settings import SamplingConfig
 from gptlite.errors import InputError
 from gptlite.text.tokenizers import known_text
 

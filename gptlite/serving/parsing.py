@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from gptlite.data import conversations
-from gptlite.decode.sampling import SamplingConfig, TOP_LOGPROBS
+from gptlite.decode.settings import is_whole_number_setting, SAMPLING_FIELDS, SamplingConfig, TOP_LOGPROBS
 from gptlite.errors import ConfigError, first_line, InputError
 from gptlite.tasks.task import of_model
 from gptlite.text import templates
@@ -16,9 +16,11 @@ from gptlite.text import templates
 # OpenAI's default max_tokens; every sampling setting left out takes SamplingConfig's default.
 DEFAULTS = dict(max_tokens=16, n=1)
 MAX_BODY_BYTES = 1 << 20
-FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "n", "stop",
-          "seed", "stream", "user", "echo", "logprobs", "presence_penalty", "frequency_penalty", "best_of",
-          "logit_bias", "suffix", "stream_options"}
+# A request's sampling settings, each by the name it has there (max_new_tokens is OpenAI's max_tokens): every field
+# of SamplingConfig.
+REQUEST_NAMES = {field.metadata["request"] or name: name for name, field in SAMPLING_FIELDS.items()}
+FIELDS = {"model", "prompt", "n", "stream", "user", "echo", "logprobs", "presence_penalty", "frequency_penalty",
+          "best_of", "logit_bias", "suffix", "stream_options", *REQUEST_NAMES}
 # Fields of OpenAI's request that are accepted only at the value that changes nothing.
 NEUTRAL = {"presence_penalty": (0, None), "frequency_penalty": (0, None), "best_of": (1, None), "logit_bias": (None,),
            "suffix": (None,)}
@@ -111,30 +113,23 @@ def parse_completion(body, model, model_name, settings):
     return Completion(prompts, sampling, n, stream, logprobs, echo)
 
 
-# The API's limits where they are narrower than the library's: OpenAI's for temperature, stop and seed, the
-# server's for max_tokens; top_k and the penalty as the sampler's tensors hold them. (low or None, high).
-API_LIMITS = {"temperature": (None, 2.0), "repetition_penalty": (None, 100.0), "top_k": (None, 2**31 - 1),
-              "seed": (-2**63, 2**63 - 1)}
-SAMPLING_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "top_k", "seed", "stop")
-WHOLE_FIELDS = ("top_k", "seed")
-
-
 def _sampling(body, settings):
     """The request's SamplingConfig, which checks its settings' kinds and ranges; here, only the API's own
-    limits, and JSON's one kind of number: a whole float (16.0) counts as a whole number."""
+    limits (each field's `limits` and `most`, the server's for max_tokens), and JSON's one kind of number: a
+    whole float (16.0) counts as a whole number."""
     max_tokens = _number(body, "max_tokens", int, 0, settings.max_tokens_limit)
-    asked = {name: body[name] for name in SAMPLING_FIELDS if body.get(name) is not None}
-    for name in WHOLE_FIELDS:
-        if isinstance(asked.get(name), float) and asked[name].is_integer():
-            asked[name] = int(asked[name])
-    for name, (low, high) in API_LIMITS.items():
-        value = asked.get(name)
-        if _is_number(value) and (value > high or low is not None and value < low):
+    asked = {name: body[request] for request, name in REQUEST_NAMES.items()
+             if name != "max_new_tokens" and body.get(request) is not None}
+    for name, value in asked.items():
+        if is_whole_number_setting(name) and isinstance(value, float) and value.is_integer():
+            asked[name] = int(value)
+        low, high = SAMPLING_FIELDS[name].metadata["limits"] or (None, None)
+        if high is not None and _is_number(value) and (value > high or low is not None and value < low):
             limits = f"at most {high}" if low is None else f"from {low} to {high}"
             raise RequestError(400, f"{name} must be {limits}, got {_shown(value)}", name)
-    stop = asked.get("stop", "")
-    if not (isinstance(stop, str) or isinstance(stop, list) and len(stop) <= 4):
-        raise RequestError(400, "stop must be a string or a list of up to 4 strings", "stop")
+        most = SAMPLING_FIELDS[name].metadata["most"]
+        if most is not None and not (isinstance(value, str) or isinstance(value, list) and len(value) <= most):
+            raise RequestError(400, f"{name} must be a string or a list of up to {most} strings", name)
     try:
         return SamplingConfig(max_new_tokens=max_tokens, **asked)
     except ConfigError as error:

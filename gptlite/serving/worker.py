@@ -12,7 +12,7 @@ import numpy as np
 
 from gptlite.decode.engine import Engine, SHORTEST_CACHE
 from gptlite.decode.rows import TextRows
-from gptlite.decode.sampling import SamplingConfig
+from gptlite.decode.settings import SamplingConfig
 from gptlite.errors import GPTLiteError
 from gptlite.serving.parsing import Completion
 from gptlite.tasks.task import of_model

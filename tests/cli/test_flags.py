@@ -46,3 +46,31 @@ def test_the_architecture_settings_are_flags_of_the_same_names():
     assert parser.parse_args([]).n_kv_head is None  # unset: the preset's, or n_head
     assert as_flags("n_head (6) must be divisible by n_kv_head (4)", parser) == \
         "--n-head (6) must be divisible by --n-kv-head (4)"
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_every_sampling_setting_is_a_flag_of_each_command_that_writes(command):
+    import dataclasses
+    import importlib
+
+    from gptlite.cli.flags import parse, sampling_config
+    from gptlite.decode.settings import SamplingConfig
+
+    parser = importlib.import_module(f"gptlite.cli.{command}").make_parser(f"gptlite-{command}")
+    flags = {option for action in parser._actions for option in action.option_strings}
+    for field in dataclasses.fields(SamplingConfig):
+        assert "--" + field.name.replace("_", "-") in flags
+    asked = ["--max-new-tokens", "7", "--temperature", "0.5", "--top-k", "3", "--top-p", "0.9", "--min-p", "0.05",
+             "--repetition-penalty", "1.3", "--seed", "4", "--stop", "\n\n", "--stop", "END"]
+    assert sampling_config(parse(parser, asked)) == SamplingConfig(
+        max_new_tokens=7, temperature=0.5, top_k=3, top_p=0.9, min_p=0.05, repetition_penalty=1.3, seed=4,
+        stop=("\n\n", "END"))
+    assert sampling_config(parse(parser, [])) == SamplingConfig()  # every flag left out: the defaults
+
+
+def test_every_sampling_setting_is_a_field_of_a_request_to_the_server():
+    from gptlite.decode.settings import SAMPLING_SETTINGS
+    from gptlite.serving.parsing import FIELDS, REQUEST_NAMES
+
+    assert set(REQUEST_NAMES.values()) == set(SAMPLING_SETTINGS)
+    assert set(REQUEST_NAMES) <= FIELDS and "max_tokens" in REQUEST_NAMES
