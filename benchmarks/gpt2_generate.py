@@ -41,7 +41,7 @@ def gpt2_sized_tokenizer(vocabulary_size=VOCABULARY_SIZE):
     vocabulary[merged] = len(alphabet)
     vocabulary.update({f"<unused{index}>": index for index in range(len(alphabet) + 1, vocabulary_size - 1)})
     vocabulary[gptlite.BPETokenizer.END_TOKEN] = vocabulary_size - 1
-    return gpt2.bpe_tokenizer(vocabulary, [(alphabet[0], alphabet[1])])
+    return gptlite.BPETokenizer.from_vocabulary_and_merges(vocabulary, [(alphabet[0], alphabet[1])])
 
 
 def gpt2_sized_model():

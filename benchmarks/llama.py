@@ -42,7 +42,6 @@ WARMUP_STEPS = 2
 def tokenizer_of_the_size():
     """A byte-level BPE tokenizer with 49,152 ids: the 256 bytes, one merge, placeholders, the end token."""
     import gptlite
-    from gptlite.weights import gpt2
     from tokenizers import pre_tokenizers
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
@@ -50,7 +49,7 @@ def tokenizer_of_the_size():
     vocabulary[alphabet[0] + alphabet[1]] = len(alphabet)
     vocabulary.update({f"<unused{index}>": index for index in range(len(alphabet) + 1, VOCABULARY_SIZE - 1)})
     vocabulary[gptlite.BPETokenizer.END_TOKEN] = VOCABULARY_SIZE - 1
-    return gpt2.bpe_tokenizer(vocabulary, [(alphabet[0], alphabet[1])])
+    return gptlite.BPETokenizer.from_vocabulary_and_merges(vocabulary, [(alphabet[0], alphabet[1])])
 
 
 def llama_model(block_size=CONTEXT, dtype=None):

@@ -6,7 +6,7 @@ import pathlib
 
 from gptlite.cli.command import command, print_piece
 from gptlite.cli.flags import add_backend_flags, add_unknown_flag, Parser
-from gptlite import tasks
+from gptlite import tasks, text
 from gptlite.model import config
 from gptlite.training import settings
 
@@ -90,13 +90,13 @@ def make_parser(prog):
 
 def _add_run_flags(parser):
     """The flags of how a run reads its text, starts, and records, besides what it trains on and the settings."""
-    parser.add_argument("--tokenizer", choices=tasks.TOKENIZERS, default=None,
+    parser.add_argument("--tokenizer", choices=list(text.TOKENIZERS), default=None,
                         help="char: one token per character (the default); bpe: byte-level byte-pair "
                              "encoding learned from the text, for large or many-language corpora (a chat run's "
                              "keeps each digit apart). A new chat model without --preset chooses by its answers' "
                              "words (docs/chat.md)")
     parser.add_argument("--vocab-size", type=int, default=None, metavar="N",
-                        help=f"tokens in a BPE vocabulary (default: {tasks.DEFAULT_BPE_VOCABULARY})")
+                        help=f"tokens in a BPE vocabulary (default: {text.DEFAULT_BPE_VOCABULARY})")
     parser.add_argument("--preset", choices=sorted(settings.PRESETS), default=None,
                         help=f"model size and schedule (default: {settings.DEFAULT_PRESET})")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out"),

@@ -14,8 +14,9 @@ from gptlite.model.attention import CachePlacement, PackedTexts
 from gptlite.model.blocks import EncoderBlock, TransformerBlock
 from gptlite.model.config import ATTENTION_PARTS, GPTConfig, LORA_TARGETS, lora_targets
 from gptlite.model.layers import layers_within, make_norm, NORM_LAYERS, register, TokenAndPositionEmbedding
-from gptlite.text import templates, tokenizers
-from gptlite.text import bpe  # noqa: F401 (registers with Keras the BPE tokenizers that a saved model holds)
+from gptlite.text import load_tokenizer_classes, templates, tokenizers
+
+load_tokenizer_classes()  # Keras must know every tokenizer class that a saved model may hold
 
 
 # Stored in every saved model; raised when the saved form changes incompatibly.

@@ -8,6 +8,3 @@ Nothing here imports Keras: the command line reads the choices below before it s
 
 # What a run trains: a GPT on text, an encoder-decoder, a GPT on conversations.
 TASKS = ("lm", "seq2seq", "chat")
-# The tokenizers a new run can fit, and a new BPE vocabulary's size.
-TOKENIZERS = ("char", "bpe")
-DEFAULT_BPE_VOCABULARY = 4096

@@ -10,7 +10,7 @@ from gptlite.errors import ConfigError
 from gptlite.evaluation import scores
 from gptlite.model.config import lora_targets
 from gptlite.tasks import chat_sizing
-from gptlite.tasks.language import LanguageModel, bpe, fitted_tokenizer, tokens_of
+from gptlite.tasks.language import fitted_tokenizer, LanguageModel
 from gptlite.tasks.task import Sizing, Training, VAL_FILE_REFUSAL
 from gptlite.text import templates
 
@@ -63,9 +63,9 @@ class Chat(LanguageModel):
         if tokenizer is None:
             tokenizer, reading = chat_sizing.chat_tokenizer(
                 conversations.repeated_answer_words(data.conversations, chat_sizing.CHAT_REPEATED))
-        # Sized by the tokens the model will read: a BPE vocabulary is learned first, then counted with.
-        if tokenizer == "bpe":
-            data.tokenizer = bpe(data.corpus(), asked.vocab_size, True, say)
+        # Sized by the tokens the model will read: the tokenizer is fitted first (a BPE vocabulary learned), then
+        # counted with.
+        data.tokenizer = fitted_tokenizer(data.corpus(), tokenizer, asked.vocab_size, True, say)
         sized, line = chat_sizing.chat_settings(
             conversations.default_template_lengths(data.conversations, data.tokenizer), reading)
         return data, Sizing(sized, chat_sizing.CHAT_PRESET, line)
@@ -75,7 +75,7 @@ class Chat(LanguageModel):
         digit a token of its own); the template's markers are added after."""
         if data.tokenizer is not None:
             return data.tokenizer
-        return fitted_tokenizer(data.corpus(), plan, True, say)
+        return fitted_tokenizer(data.corpus(), plan.tokenizer, plan.vocab_size, True, say)
 
     def adapted(self, model, plan, say):
         """A model without a chat template gets the default one, its turn markers new tokens (a resumed run's
@@ -114,7 +114,7 @@ class Chat(LanguageModel):
         make_folder()
         answers = int(train_rows.trained[:, 1:].sum())
         cut = train_rows.cut + (validation_rows.cut if data.validation is not None else 0)
-        line = (f"training on {data.name}: {rows.conversations:,} conversations ({tokens_of(model)}, "
+        line = (f"training on {data.name}: {rows.conversations:,} conversations ({tokenizer.tokens_are}, "
                 f"{tokenizer.vocabulary_size:,} in the vocabulary) {packed} of {block_size + 1} tokens, "
                 f"{answers:,} of the training tokens answers' (the loss counts those); "
                 f"{len(train_rows):,} rows train / {len(validation_rows):,} validation"

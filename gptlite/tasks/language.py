@@ -11,10 +11,8 @@ from gptlite.errors import InputError
 from gptlite.evaluation import scores
 from gptlite.model.config import MLP_NAMES
 from gptlite.model.gpt import GPT
-from gptlite.tasks import DEFAULT_BPE_VOCABULARY
 from gptlite.tasks.task import Task, Training
-from gptlite.text.bpe import BPETokenizer
-from gptlite.text.tokenizers import CharTokenizer
+from gptlite.text import tokenizer_class
 
 # How a run samples its model, at each TensorBoard evaluation and at its end.
 SAMPLING = dict(max_new_tokens=300, temperature=0.8, top_k=200)
@@ -48,7 +46,7 @@ class LanguageModel(Task):
 
     def tokenizer(self, plan, data, say):
         """A new model's tokenizer, fitted to the text."""
-        return fitted_tokenizer(self.corpus(plan), plan, False, say)
+        return fitted_tokenizer(self.corpus(plan), plan.tokenizer, plan.vocab_size, False, say)
 
     def sampler(self, plan):
         """What a run samples of its model, at each TensorBoard evaluation and at its end."""
@@ -70,7 +68,7 @@ class LanguageModel(Task):
         train_ids, validation_ids = lm.split(token_ids)
         lm.check_enough_tokens(train_ids, validation_ids, model.config.block_size)
         line = (f"training on {corpus.name}: {len(train_ids) + len(validation_ids):,} tokens "
-                f"({tokens_of(model)}, {model.tokenizer.vocabulary_size:,} in the vocabulary); "
+                f"({model.tokenizer.tokens_are}, {model.tokenizer.vocabulary_size:,} in the vocabulary); "
                 f"{len(train_ids):,} train / {len(validation_ids):,} validation")
         return Training(train_ids, validation_ids, line, {}, self.sampler(plan))
 
@@ -104,12 +102,6 @@ def sample_text(model, seed):
     return generation.generate(model, "", seed=seed, **SAMPLING)
 
 
-def tokens_of(model):
-    """What the model's tokens are, in a few words."""
-    return {CharTokenizer: "characters", BPETokenizer: "byte-level BPE tokens"}.get(
-        type(model.tokenizer), "the pretrained model's tokens")
-
-
 def _heads(config):
     if config.kv_heads == config.n_head:
         return f"{config.n_head} heads"
@@ -130,28 +122,15 @@ def _parameters(model):
     return f"{total:,} parameters" + (f", {trainable:,} of them trained" if trainable != total else "")
 
 
-def fitted_tokenizer(corpus, plan, digits_apart, say):
-    """A tokenizer fitted to the corpus, as the plan chooses: its characters, or a BPE vocabulary learned from it
-    (`digits_apart`: each digit a token of its own)."""
-    return bpe(corpus, plan.vocab_size, digits_apart, say) if plan.tokenizer == "bpe" else _characters(corpus)
-
-
-def _characters(corpus):
-    """A character vocabulary of the corpus's text."""
+def fitted_tokenizer(corpus, name, vocab_size, digits_apart, say):
+    """A new tokenizer of the kind `name` (one of `text.TOKENIZERS`) fitted to the corpus: `vocab_size` tokens
+    where it learns a vocabulary (a BPE's, from a sample of the text), `digits_apart` each digit a token."""
+    kind = tokenizer_class(name)
     if not corpus.size:  # said before any tokenizer is learned from it
         raise InputError(f"{corpus.name} has no text in it")
-    fitted = CharTokenizer.from_texts(corpus.pieces())
-    if not fitted.vocabulary.strip():
-        raise InputError(f"{corpus.name} has no text in it")
-    return fitted
-
-
-def bpe(corpus, vocab_size, digits_apart, say):
-    """A byte-level BPE vocabulary learned from the corpus (`BPETokenizer.train`)."""
-    if not corpus.size:  # said before any tokenizer is learned from it
-        raise InputError(f"{corpus.name} has no text in it")
-    vocab_size = vocab_size or DEFAULT_BPE_VOCABULARY
-    say(f"learning a {vocab_size:,}-token byte-level BPE vocabulary from {corpus.name} "
-        f"(a sample of up to {lm.BPE_SAMPLE_BYTES // 2**20} MB{'; each digit a token' if digits_apart else ''})",
-        flush=True)
-    return BPETokenizer.train(corpus.sample(lm.BPE_SAMPLE_BYTES), vocab_size, sys.stdout.isatty(), digits_apart)
+    if not kind.learns_from_a_sample:
+        return kind.fit(corpus.pieces(), vocab_size, digits_apart, what=corpus.name)
+    say(f"learning {kind.fitting_words(vocab_size, digits_apart)} from {corpus.name} "
+        f"(a sample of up to {lm.BPE_SAMPLE_BYTES // 2**20} MB)", flush=True)
+    return kind.fit(corpus.sample(lm.BPE_SAMPLE_BYTES), vocab_size, digits_apart, sys.stdout.isatty(),
+                    what=corpus.name)

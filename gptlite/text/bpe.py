@@ -1,5 +1,5 @@
 """Byte-level BPE tokenizers, over the `tokenizers` library: one learned from a run's text (`BPETokenizer`), and
-a pretrained model's tokenizer.json (`PretrainedTokenizer`). Each offers the interface `text.tokenizers` describes.
+a pretrained model's tokenizer.json (`PretrainedTokenizer`). Each is a `text.tokenizers.Tokenizer`.
 """
 
 import itertools
@@ -10,11 +10,12 @@ import keras
 import numpy as np
 
 from gptlite.errors import ConfigError, InputError
-from gptlite.text.tokenizers import smallest_id_dtype, with_special_tokens
+from gptlite.text import DEFAULT_BPE_VOCABULARY
+from gptlite.text.tokenizers import smallest_id_dtype, Tokenizer, with_special_tokens
 
 
 @keras.saving.register_keras_serializable(package="gptlite")
-class BPETokenizer:
+class BPETokenizer(Tokenizer):
     """Byte-level byte-pair encoding, learned from the training text.
 
     Text is taken as UTF-8 bytes, so any text encodes, and decodes back to
@@ -25,9 +26,10 @@ class BPETokenizer:
     so `model.keras` carries it.
     """
 
+    name = "bpe"
+    tokens_are = "byte-level BPE tokens"
+    learns_from_a_sample = True
     END_TOKEN = "<|endoftext|>"
-    start_token_id = pad_token_id = None
-    text_start_ids = []
     SMALLEST_VOCABULARY = 257  # the 256 bytes and the end token
 
     def __init__(self, definition, chat_template=None):
@@ -51,6 +53,31 @@ class BPETokenizer:
                 not cls.SMALLEST_VOCABULARY <= vocabulary_size <= 2**20:
             raise ConfigError(f"vocab_size must be from {cls.SMALLEST_VOCABULARY} to {2**20:,} for a byte-level BPE "
                               f"vocabulary (every byte and the end token), got {vocabulary_size!r}")
+
+    @classmethod
+    def fitting_words(cls, vocabulary_size, digits_apart):
+        return (f"a {vocabulary_size or DEFAULT_BPE_VOCABULARY:,}-token byte-level BPE vocabulary"
+                + ("; each digit a token" if digits_apart else ""))
+
+    @classmethod
+    def fit(cls, texts, vocabulary_size=None, digits_apart=False, show_progress=False, what="the text"):
+        """A vocabulary of `vocabulary_size` tokens (None: DEFAULT_BPE_VOCABULARY) learned from the texts
+        (`train`)."""
+        return cls.train(texts, vocabulary_size or DEFAULT_BPE_VOCABULARY, show_progress, digits_apart)
+
+    @classmethod
+    def from_vocabulary_and_merges(cls, vocabulary, merges):
+        """A byte-level BPE tokenizer of GPT-2's kind from its vocabulary (token -> id) and merges ("a b" or
+        (a, b)), as GPT-2's files and KerasHub's presets hold them."""
+        from tokenizers import Tokenizer as Definition, decoders, models, pre_tokenizers
+
+        merges = [tuple(merge.split(" ")) if isinstance(merge, str) else tuple(merge) for merge in merges]
+        tokenizer = Definition(models.BPE(dict(vocabulary), merges))
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        if cls.END_TOKEN in vocabulary:
+            tokenizer.add_special_tokens([cls.END_TOKEN])  # keeps its id
+        return cls(tokenizer.to_str())
 
     @classmethod
     def train(cls, texts, vocabulary_size, show_progress=False, digits_apart=False):
@@ -145,9 +172,6 @@ class BPETokenizer:
         ids = [int(i) for i in np.asarray(ids).reshape(-1)]
         return self._tokenizer.decode(ids, skip_special_tokens=False)
 
-    def decode_after(self, ids):
-        return self.decode(ids)
-
     def character_count(self, ids):
         """How many characters `ids` decode to, counted without decoding: a token
         holding the first byte of a character's UTF-8 bytes counts it; the end token counts none."""
@@ -173,9 +197,24 @@ class BPETokenizer:
             config["chat_template"] = self.chat_template
         return config
 
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)
+    def byte_level_bpe(self):
+        model = json.loads(self.definition)["model"]
+        if model.get("type") != "BPE":
+            raise ConfigError("this model's tokenizer is not byte-level BPE")
+        merges = [" ".join(merge) if isinstance(merge, list) else merge for merge in model["merges"]]
+        return model["vocab"], merges
+
+    def gguf_fields(self):
+        from gptlite.text import forms
+
+        fields = forms.byte_level_fields(json.loads(self.definition))
+        fields.update(end=self.end_token_id, begin=self.end_token_id, add_begin=False)
+        return fields
+
+    def hugging_face_files(self, block_size):
+        from gptlite.text import forms
+
+        return forms.gpt2_files(self, block_size)
 
 
 # Unicode's White_Space characters, which are what `\s` matches in the library's splitting pattern.
@@ -222,7 +261,7 @@ def _byte_level_bytes():
 
 
 @keras.saving.register_keras_serializable(package="gptlite")
-class PretrainedTokenizer:
+class PretrainedTokenizer(Tokenizer):
     """A pretrained model's own tokenizer, whatever its kind: any `tokenizers` definition (a tokenizer.json).
 
     Byte-level BPE as in SmolLM2 and Qwen, SentencePiece-style BPE with byte
@@ -241,7 +280,7 @@ class PretrainedTokenizer:
             (None: none), kept for rendering conversations.
     """
 
-    start_token_id = pad_token_id = None
+    tokens_are = "the pretrained model's tokens"
 
     def __init__(self, definition, vocabulary_size=None, begin_token=None, end_token=None, chat_template=None):
         from tokenizers import Tokenizer
@@ -327,6 +366,16 @@ class PretrainedTokenizer:
         return {"definition": self.definition, "vocabulary_size": self.vocabulary_size,
                 "begin_token": self.begin_token, "end_token": self.end_token, "chat_template": self.chat_template}
 
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)
+    def gguf_fields(self):
+        from gptlite.text import forms
+
+        definition = json.loads(self.definition)
+        byte_fallback = definition.get("model", {}).get("byte_fallback")
+        fields = (forms.sentencepiece_fields if byte_fallback else forms.byte_level_fields)(definition)
+        fields.update(end=self.end_token_id, begin=self.begin_token_id, add_begin=bool(self.text_start_ids))
+        return fields
+
+    def hugging_face_files(self, block_size):
+        from gptlite.text import forms
+
+        return forms.pretrained_files(self, block_size)

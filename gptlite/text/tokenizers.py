@@ -1,29 +1,11 @@
 """Tokenizers: text to integer ids and back.
 
-Every tokenizer offers the same small interface, so the model, data and
-generation code never ask which kind they hold:
-
-    tokenizer.vocabulary_size          -> int
-    tokenizer.end_token_id             -> int, or None without one
-    tokenizer.start_token_id, .pad_token_id  -> the same (the seq2seq model needs them)
-    tokenizer.unknown_characters(text) -> the characters of text it cannot encode
-    tokenizer.encode(text)             -> 1-D numpy integer array
-    tokenizer.encode_batch(texts)      -> a list of them
-    tokenizer.decode(ids)              -> str
-    tokenizer.decode_after(ids)        -> str, the text ids add after earlier text (a tokenizer that drops
-                                          the space a text starts with keeps it here)
-    tokenizer.character_count(ids)     -> int, the characters the ids stand for (special tokens: none)
-    tokenizer.text_start_ids           -> list of ids a text starts with (a pretrained model's
-                                          beginning-of-text token; none for the others)
-    tokenizer.added_tokens             -> texts that are one token each wherever they appear (turn markers)
-    tokenizer.chat_template            -> the Jinja chat template it renders conversations with, or None
-    tokenizer.with_chat_tokens(markers, template) -> a copy with the markers added (new ids after the others)
-                                          and the template
-    tokenizer.get_config() / from_config(config)
-
-A tokenizer is serialized into the model's config, so `model.keras` carries it. Here: `CharTokenizer`, and
-the pieces every tokenizer shares (added tokens, the smallest id dtype); `text.bpe`: the byte-level BPE
-tokenizers, learned here (`BPETokenizer`) or a pretrained model's (`PretrainedTokenizer`).
+Every tokenizer is a `Tokenizer`: the interface below is all that the model, data, decoding, tasks and exports
+ask of one, so that none of them asks which kind it holds. A tokenizer is serialized into the model's config, so
+`model.keras` carries it. Here: the interface, `CharTokenizer`, and the pieces every tokenizer shares (added
+tokens, the smallest id dtype); `text.bpe`: the byte-level BPE tokenizers, learned here (`BPETokenizer`) or a
+pretrained model's (`PretrainedTokenizer`); `text.forms`: what the exports write of each. A tokenizer that a run
+can fit (`fit`) has a `name`, and a line in `text.TOKENIZERS`.
 """
 
 import re
@@ -33,6 +15,111 @@ import numpy as np
 
 from gptlite.errors import ConfigError, InputError
 from gptlite.text import UNKNOWN_CHOICES
+
+
+class Tokenizer:
+    """What every tokenizer offers. A new one subclasses this, implements each method that raises
+    NotImplementedError, and registers with Keras (`keras.saving.register_keras_serializable(package="gptlite")`).
+
+        vocabulary_size                -> int
+        end_token_id                   -> int, or None without one (generation then runs to its length)
+        start_token_id, pad_token_id   -> the same (a Seq2Seq needs both, and pad_token_id 0)
+        text_start_ids                 -> ids a text starts with (a pretrained model's beginning-of-text token)
+        added_tokens                   -> texts that are one token each wherever they appear (turn markers)
+        chat_template                  -> the Jinja chat template it renders conversations with, or None
+        tokens_are                     -> what its tokens are, in a few words ("characters"), for what runs say
+        unknown_characters(text)       -> the characters of text it cannot encode
+        encode(text), encode_batch(texts), decode(ids)
+        decode_after(ids)              -> the text ids add after earlier text
+        character_count(ids)           -> how many characters the ids stand for (special tokens: none)
+        pieces(ids)                    -> each token's text, one string per id (for reports and the server's page)
+        with_chat_tokens(markers, template) -> a copy with the markers added (new ids after the others)
+        get_config(), from_config(config)
+
+    A run fits a new one to its text with `fit` (where the class has a `name`, its `tokenizer` setting); the
+    exports ask it for their forms: `gguf_fields` (llama.cpp), `hugging_face_files` (transformers),
+    `byte_level_bpe` (GPT-2's vocabulary and merges, for GPT-2's and KerasHub's forms). What it has no form for,
+    it refuses with a ConfigError that says so.
+    """
+
+    name = None  # the `tokenizer` setting that fits a new one to a run's text; None: no run fits one
+    tokens_are = "tokens"
+    start_token_id = pad_token_id = end_token_id = None
+    text_start_ids = []
+    added_tokens = ()
+    chat_template = None
+
+    # --- a new one, fitted to a run's text
+
+    # Whether fitting learns from a sample of the text (`fitting_words` says what it learns), rather than reading
+    # all of it.
+    learns_from_a_sample = False
+
+    @classmethod
+    def check_vocabulary_size(cls, vocabulary_size):
+        """Refuse a `vocab_size` this kind cannot have (by default, any: its vocabulary is what its text holds)."""
+        raise ConfigError(f"`vocab_size` sets the size of a learned vocabulary (`tokenizer='bpe'`); a {cls.name} "
+                          f"tokenizer's is what its text holds")
+
+    @classmethod
+    def fitting_words(cls, vocabulary_size, digits_apart):
+        """What fitting learns, in words ("a 4,096-token byte-level BPE vocabulary"), or None: it only reads."""
+        return None
+
+    @classmethod
+    def fit(cls, texts, vocabulary_size=None, digits_apart=False, show_progress=False, what="the text"):
+        """A tokenizer fitted to an iterable of strings (`what` names them in errors): `vocabulary_size` tokens
+        (None: the kind's default), each digit a token of its own with `digits_apart`."""
+        raise NotImplementedError
+
+    # --- reading and writing text
+
+    def unknown_characters(self, text):
+        raise NotImplementedError
+
+    def encode(self, text):
+        raise NotImplementedError
+
+    def encode_batch(self, texts):
+        return [self.encode(text) for text in texts]
+
+    def decode(self, ids):
+        raise NotImplementedError
+
+    def decode_after(self, ids):
+        return self.decode(ids)
+
+    def character_count(self, ids):
+        raise NotImplementedError
+
+    def pieces(self, ids):
+        raise NotImplementedError
+
+    def with_chat_tokens(self, markers, template):
+        raise NotImplementedError
+
+    def get_config(self):
+        raise NotImplementedError
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    # --- its forms in other programs
+
+    def gguf_fields(self):
+        """What a GGUF file says of it (`text.forms`): a dict of llama.cpp's tokenizer model, pre-tokenizer,
+        tokens, their types, merges and special ids."""
+        raise ConfigError(f"a tokenizer of {self.tokens_are} has no GGUF form here")
+
+    def hugging_face_files(self, block_size):
+        """The files of its Hugging Face form, by name: what `AutoTokenizer.from_pretrained` loads."""
+        raise ConfigError(f"a tokenizer of {self.tokens_are} has no Hugging Face form here")
+
+    def byte_level_bpe(self):
+        """Its vocabulary (token -> id) and merges ("a b"), as GPT-2's files hold them: only a byte-level BPE
+        tokenizer has them."""
+        raise ConfigError(f"a GPT-2 tokenizer is byte-level BPE; this model's tokens are {self.tokens_are}")
 
 
 def known_text(tokenizer, text, unknown, what):
@@ -55,7 +142,7 @@ def known_text(tokenizer, text, unknown, what):
 
 
 @keras.saving.register_keras_serializable(package="gptlite")
-class CharTokenizer:
+class CharTokenizer(Tokenizer):
     """One token per Unicode character seen in the training text.
 
     Ids are given in code-point order, so the same text always gives the
@@ -66,9 +153,9 @@ class CharTokenizer:
     generation runs to its length or a stop string.
     """
 
+    name = "char"
+    tokens_are = "characters"
     SPECIAL_TOKENS = ("pad", "start", "end")
-    start_token_id = pad_token_id = None
-    text_start_ids = []
 
     def __init__(self, vocabulary, special_tokens=(), added_tokens=(), chat_template=None):
         if isinstance(vocabulary, (list, tuple)):
@@ -104,6 +191,19 @@ class CharTokenizer:
         if not characters:
             raise InputError("cannot build a vocabulary from empty text")
         return cls("".join(sorted(characters)), special_tokens)
+
+    @classmethod
+    def fit(cls, texts, vocabulary_size=None, digits_apart=False, show_progress=False, what="the text"):
+        """The characters of the texts (a character is a token whatever `digits_apart` says); text of nothing but
+        white space is refused."""
+        if vocabulary_size is not None:
+            cls.check_vocabulary_size(vocabulary_size)
+        characters = set()
+        for text in texts:
+            characters.update(text)
+        if not "".join(characters).strip():
+            raise InputError(f"{what} has no text in it")
+        return cls("".join(sorted(characters)))
 
     @property
     def vocabulary_size(self):
@@ -151,9 +251,6 @@ class CharTokenizer:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         return "".join(self._characters[ids])
 
-    def decode_after(self, ids):
-        return self.decode(ids)
-
     def character_count(self, ids):
         """How many characters `ids` decode to: one for each id but the special and added tokens'."""
         ids = np.asarray(ids)
@@ -176,9 +273,15 @@ class CharTokenizer:
             config["chat_template"] = self.chat_template
         return config
 
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)
+    def gguf_fields(self):
+        from gptlite.text import forms
+
+        return forms.character_fields(self)
+
+    def hugging_face_files(self, block_size):
+        from gptlite.text import forms
+
+        return forms.character_files(self, block_size)
 
 
 def code_points(text):

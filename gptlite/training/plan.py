@@ -16,8 +16,7 @@ import pathlib
 from gptlite.errors import ConfigError, InputError
 from gptlite.data.conversations import LONG_CONVERSATIONS
 from gptlite.model.config import GPTConfig
-from gptlite.tasks import TOKENIZERS
-from gptlite.text.bpe import BPETokenizer
+from gptlite.text import DEFAULT_TOKENIZER, tokenizer_class, TOKENIZERS
 from gptlite.training.history import DEFAULT_PEAK_FLOPS
 from gptlite.training.settings import TrainingConfig, dtype_policy, resolve_settings, split_settings
 
@@ -54,14 +53,14 @@ class RunArguments:
         if self.resume and self.overwrite:
             raise ConfigError("`resume=True` and `overwrite=True` contradict each other; choose one")
         if self.tokenizer not in (None, *TOKENIZERS):
-            raise ConfigError(f"tokenizer must be 'char' or 'bpe', got {self.tokenizer!r}")
+            raise ConfigError(f"tokenizer must be one of {', '.join(map(repr, TOKENIZERS))}, got {self.tokenizer!r}")
         if self.init_from and not self.resume:  # a resumed run's weights are in its checkpoint
             self._check_init_from()
-        if self.vocab_size is not None and (self.tokenizer != "bpe" or self.resume):
-            raise ConfigError("`vocab_size` sets the size of a new BPE vocabulary: it goes with `tokenizer='bpe'`, "
-                              "and not with `resume=True`")
-        if self.tokenizer == "bpe" and self.vocab_size is not None:
-            BPETokenizer.check_vocabulary_size(self.vocab_size)
+        if self.vocab_size is not None:
+            if self.resume:
+                raise ConfigError("`vocab_size` sets the size of a new vocabulary: it goes with a new run, not with "
+                                  "`resume=True`")
+            tokenizer_class(self.tokenizer or DEFAULT_TOKENIZER).check_vocabulary_size(self.vocab_size)
         if self.peak_flops is not None and not self.peak_flops > 0:
             raise ConfigError(f"peak_flops must be positive, got {self.peak_flops!r}")
 
@@ -102,7 +101,7 @@ class RunPlan:
     model_config: GPTConfig  # the model's shape; a new model's vocab_size is its tokenizer's (None here)
     training_config: TrainingConfig
     checkpoint: dict = None  # the checkpoint a resumed run continues from
-    tokenizer: str = None  # a new model's: "char" or "bpe"; None: the model's own
+    tokenizer: str = None  # a new model's: one of `text.TOKENIZERS`; None: the model's own
     tensorboard: pathlib.Path = None  # where TensorBoard's event files go, or None
     peak_flops: float = None  # what MFU is measured against, or None
     sizing: object = None  # the settings the task sized from its data (a `tasks.task.Sizing`), or None
@@ -146,7 +145,7 @@ def plan_run(asked, task, checkpoint=None, pretrained=None, sizing=None, on_gpu=
     tensorboard = asked.out_dir / "tensorboard" if asked.tensorboard is True else asked.tensorboard or None
     new_model = not (pretrained or checkpoint)
     return RunPlan(asked, task, model_config, training_config, checkpoint,
-                   tokenizer=asked.tokenizer or ("char" if new_model else None), tensorboard=tensorboard,
+                   tokenizer=asked.tokenizer or (DEFAULT_TOKENIZER if new_model else None), tensorboard=tensorboard,
                    peak_flops=_peak_flops(asked, task, on_gpu), sizing=sizing)
 
 

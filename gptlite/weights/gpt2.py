@@ -13,7 +13,6 @@ Keras's Dense shapes (inputs first). `gptlite.weights.pretrained` chooses betwee
 this family and the Llama family (`gptlite.weights.llama`).
 """
 
-import json
 import pathlib
 
 import numpy as np
@@ -152,30 +151,6 @@ def load_gpt2_arrays(model, arrays):
         weight.assign(value.astype(weight.dtype))
 
 
-def bpe_tokenizer(vocabulary, merges):
-    """gptlite's byte-level BPE tokenizer from GPT-2's vocabulary (token -> id) and merges ("a b" or (a, b))."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    merges = [tuple(merge.split(" ")) if isinstance(merge, str) else tuple(merge) for merge in merges]
-    tokenizer = Tokenizer(models.BPE(dict(vocabulary), merges))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    if BPETokenizer.END_TOKEN in vocabulary:
-        tokenizer.add_special_tokens([BPETokenizer.END_TOKEN])  # keeps its id
-    return BPETokenizer(tokenizer.to_str())
-
-
-def vocabulary_and_merges(tokenizer):
-    """A byte-level BPE tokenizer's vocabulary (token -> id) and merges ("a b"), as GPT-2's files hold them."""
-    if not isinstance(tokenizer, BPETokenizer):
-        raise ConfigError(f"a GPT-2 tokenizer is byte-level BPE; this model's is a {type(tokenizer).__name__}")
-    model = json.loads(tokenizer.definition)["model"]
-    if model.get("type") != "BPE":
-        raise ConfigError("this model's tokenizer is not byte-level BPE")
-    merges = [" ".join(merge) if isinstance(merge, list) else merge for merge in model["merges"]]
-    return model["vocab"], merges
-
-
 def not_gpt2(config):
     """What of a GPT's settings GPT-2's layout cannot hold, as a list of reasons (none: it is GPT-2's)."""
     return [reason for failed, reason in [
@@ -229,7 +204,7 @@ def read_kerashub(preset):
     if backbone.intermediate_dim != 4 * backbone.hidden_dim:
         raise InputError(f"{preset}: gptlite's GPT cannot express a feed-forward width of "
                          f"{backbone.intermediate_dim}")
-    tokenizer = bpe_tokenizer(hub_tokenizer.vocabulary, hub_tokenizer.merges)
+    tokenizer = BPETokenizer.from_vocabulary_and_merges(hub_tokenizer.vocabulary, hub_tokenizer.merges)
     return shape, tokenizer, _kerashub_arrays(backbone)
 
 
@@ -280,7 +255,7 @@ def export_kerashub(model, directory):
     import keras_hub
 
     _check_exportable(model)
-    vocabulary, merges = vocabulary_and_merges(model.tokenizer)
+    vocabulary, merges = model.tokenizer.byte_level_bpe()
     if BPETokenizer.END_TOKEN not in vocabulary:
         raise ConfigError(f"KerasHub's GPT-2 tokenizer needs the {BPETokenizer.END_TOKEN} token, which this "
                           f"vocabulary lacks")

@@ -303,15 +303,3 @@ def export_folder(model, directory, write_tokenizer):
             {"bos_token_id": hf_config["bos_token_id"], "eos_token_id": end}, indent=2))
         save_file(arrays, str(folder / "model.safetensors"), metadata={"format": "pt"})
         write_tokenizer(folder)
-
-
-def write_pretrained_tokenizer(tokenizer, folder, block_size):
-    """A `PretrainedTokenizer`'s tokenizer.json and tokenizer_config.json (tokens and chat template)."""
-    (folder / "tokenizer.json").write_text(tokenizer.definition, encoding="utf-8")
-    tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": block_size,
-                        "bos_token": tokenizer.begin_token, "eos_token": tokenizer.end_token,
-                        "add_bos_token": bool(tokenizer.text_start_ids)}
-    if tokenizer.chat_template is not None:
-        tokenizer_config["chat_template"] = tokenizer.chat_template
-    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False),
-                                                  encoding="utf-8")

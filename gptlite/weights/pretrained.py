@@ -15,7 +15,7 @@ import numpy as np
 from gptlite.errors import ConfigError, first_line, InputError, MissingFileError
 from gptlite.files import atomic_directory, read_json
 from gptlite.model.gpt import GPT, is_model, only_a_gpt
-from gptlite.text.bpe import BPETokenizer, PretrainedTokenizer
+from gptlite.text.bpe import BPETokenizer
 from gptlite.text.tokenizers import CharTokenizer
 from gptlite.weights import gpt2, llama, saving
 
@@ -151,7 +151,7 @@ def _read_hugging_face_tokenizer(folder, vocabulary_size):
         merges = model["merges"]
     else:
         raise MissingFileError(f"{folder} has no tokenizer: vocab.json and merges.txt, or tokenizer.json")
-    return _checked_size(gpt2.bpe_tokenizer(vocabulary, merges), vocabulary_size, folder)
+    return _checked_size(BPETokenizer.from_vocabulary_and_merges(vocabulary, merges), vocabulary_size, folder)
 
 
 def _checked_size(tokenizer, vocabulary_size, folder):
@@ -232,10 +232,8 @@ def export_hugging_face(model, directory):
     config = model.config
 
     def write_tokenizer(folder):
-        if isinstance(model.tokenizer, PretrainedTokenizer):
-            llama.write_pretrained_tokenizer(model.tokenizer, folder, config.block_size)
-        else:
-            _write_hugging_face_tokenizer(model.tokenizer, folder, config.block_size)
+        for name, text in model.tokenizer.hugging_face_files(config.block_size).items():
+            (folder / name).write_text(text, encoding="utf-8")
 
     gpt2_problems = gpt2.not_gpt2(config)
     if gpt2_problems:
@@ -252,35 +250,3 @@ def export_hugging_face(model, directory):
         save_file({name: np.ascontiguousarray(array) for name, array in arrays.items()},
                   str(folder / "model.safetensors"), metadata={"format": "pt"})
         write_tokenizer(folder)
-
-
-def _write_hugging_face_tokenizer(tokenizer, folder, block_size):
-    tokenizer_config = {"model_max_length": block_size, "add_prefix_space": False}
-    if isinstance(tokenizer, BPETokenizer):
-        vocabulary, merges = gpt2.vocabulary_and_merges(tokenizer)
-        (folder / "vocab.json").write_text(json.dumps(vocabulary, ensure_ascii=False), encoding="utf-8")
-        (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
-        (folder / "tokenizer.json").write_text(gpt2.bpe_tokenizer(vocabulary, merges).definition, encoding="utf-8")
-        end = BPETokenizer.END_TOKEN
-        tokenizer_config.update(tokenizer_class="GPT2Tokenizer", bos_token=end, eos_token=end, unk_token=end)
-    else:
-        (folder / "tokenizer.json").write_text(_char_definition(tokenizer), encoding="utf-8")
-        tokenizer_config.update(tokenizer_class="PreTrainedTokenizerFast")
-    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
-
-
-def _char_definition(tokenizer):
-    """A `tokenizers` definition that encodes one id per character, as a CharTokenizer does."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models
-
-    specials = [f"<{name}>" for name in tokenizer.special_tokens]
-    vocabulary = {token: index for index, token in enumerate(specials + list(tokenizer.vocabulary))}
-    # A BPE model without merges: every character is a token of its own, and the text is one
-    # word (no pre-tokenizer), so nothing is split off or dropped; Fuse joins the pieces back.
-    char_tokenizer = Tokenizer(models.BPE(vocabulary, []))
-    char_tokenizer.decoder = decoders.Fuse()
-    if specials:
-        char_tokenizer.add_special_tokens([AddedToken(token, special=True) for token in specials])
-    return char_tokenizer.to_str()
-
-

@@ -29,6 +29,7 @@ def text_files(tmp_path_factory):
     return [folder / "a.txt", folder / "more"]
 
 
+@pytest.mark.slow
 @ONCE
 def test_a_run_from_files_and_folders_writes_its_model_and_can_go_on(tmp_path, text_files):
     run = gptlite.train_on_text(text_files, tmp_path, TINY, preset="tiny", verbose=0)
@@ -66,6 +67,7 @@ def test_a_folder_that_holds_a_run_is_refused_before_the_model_to_start_from_is_
     assert (tmp_path / "run" / "model.keras").read_bytes() == b"a user's earlier model"
 
 
+@pytest.mark.slow
 @ONCE
 def test_a_seq2seq_run_from_a_pairs_file_measures_exact_match(tmp_path):
     source = pairs_file(tmp_path / "pairs.tsv", reversal_pairs(600, seed=3))
@@ -80,10 +82,10 @@ def test_a_seq2seq_run_from_a_pairs_file_measures_exact_match(tmp_path):
 @pytest.mark.parametrize("options,message", [
     (dict(settings={"max_iters": 0}), "max_iters must be a positive whole number"),
     (dict(settings={"max_iter": 5}), "unknown settings: max_iter"),
-    (dict(tokenizer="words"), "tokenizer must be 'char' or 'bpe'"),
+    (dict(tokenizer="words"), "tokenizer must be one of 'char', 'bpe'"),
     (dict(synthetic="reverse", task="lm"), "leave out `task='lm'`"),
     (dict(resume=True, overwrite=True), "contradict"),
-    (dict(vocab_size=300), "`vocab_size` sets the size of a new BPE vocabulary"),
+    (dict(vocab_size=300), "`vocab_size` sets the size of a learned vocabulary"),
     (dict(settings={"lora_rank": 4}), "`lora_rank` trains adapters beside a pretrained model's frozen weights"),
     (dict(tokenizer="bpe", vocab_size=10), "vocab_size must be from 257"),
 ])
@@ -118,6 +120,7 @@ def test_a_run_refused_after_reading_its_text_leaves_no_folder(tmp_path, text_fi
 
 
 # The seq2seq preset's model trains in every suite as the reverser (conftest), through the same training loop.
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", [preset if preset != "seq2seq" else pytest.param(preset, marks=ONCE)
                                     for preset in sorted(gptlite.PRESETS)])
 def test_every_preset_trains_a_step_on_this_backend(tmp_path, text_files, preset):

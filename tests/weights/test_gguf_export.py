@@ -53,7 +53,7 @@ def _byte_level_tokenizer(splitting):
     end of text a special token."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from gptlite.weights.gguf_export import QWEN2_SPLIT
+    from gptlite.text.forms import QWEN2_SPLIT
 
     tokenizer = Tokenizer(models.BPE())
     if splitting == "qwen2":
@@ -170,7 +170,7 @@ def exported(models, tmp_path_factory):
 def in_llama_cpp(test):
     """A test that runs the files in llama.cpp: where llama-cpp-python is installed, under TensorFlow. Decided
     before any model is trained for it."""
-    marks = [pytest.mark.extras,
+    marks = [pytest.mark.extras, pytest.mark.slow,
              pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
                                 reason="needs llama-cpp-python (the `llama` extra) to check the files"),
              pytest.mark.once("llama.cpp reads the same file whichever backend wrote it")]
@@ -276,6 +276,7 @@ def test_what_llama_cpp_cannot_run_is_refused_in_one_line_and_an_existing_file_i
     assert path.read_text() == "an earlier file"
 
 
+@pytest.mark.slow
 @SAME_ON_EVERY_BACKEND
 def test_the_export_command_writes_gguf_and_refuses_outtype_elsewhere(tmp_path):
     model_path = tmp_path / "model.keras"

@@ -49,7 +49,7 @@ def hugging_face_folder(tmp_path_factory, bpe):
                                      initializer_range=0.3)
     reference = transformers.GPT2LMHeadModel(config).eval()
     reference.save_pretrained(folder)
-    vocabulary, merges = gpt2.vocabulary_and_merges(bpe)
+    vocabulary, merges = bpe.byte_level_bpe()
     (folder / "vocab.json").write_text(json.dumps(vocabulary), encoding="utf-8")
     (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
     return folder, reference
@@ -105,7 +105,7 @@ def test_greedy_text_is_transformers_greedy_text(hugging_face_folder, from_huggi
 @SAME_ON_EVERY_BACKEND
 def test_a_kerashub_preset_gives_its_logits_and_token_ids(tmp_path, bpe):
     keras_hub = pytest.importorskip("keras_hub")
-    vocabulary, merges = gpt2.vocabulary_and_merges(bpe)
+    vocabulary, merges = bpe.byte_level_bpe()
     keras.utils.set_random_seed(0)
     backbone = keras_hub.models.GPT2Backbone(vocabulary_size=bpe.vocabulary_size, num_layers=2, num_heads=2,
                                              hidden_dim=32, intermediate_dim=128, max_sequence_length=48)
@@ -219,6 +219,7 @@ def exported_folders(tmp_path_factory, bpe, tokenizer):
     return folders
 
 
+@pytest.mark.slow
 def test_a_char_models_hugging_face_export_comes_back_exactly_and_fine_tunes(tmp_path, exported_folders, text):
     folder, model = exported_folders["char"]
     back = gptlite.from_pretrained(folder)
@@ -318,6 +319,7 @@ def _mean_loss(model, text):
     return float(np.mean(keras.ops.convert_to_numpy(losses)))
 
 
+@pytest.mark.slow
 def test_fine_tuning_a_saved_model_learns_the_new_text_and_leaves_the_source_alone(tmp_path, base_model_file):
     new_text = make_text(3000, seed=7).replace("cat", "cot")
     (tmp_path / "new.txt").write_text(new_text)
@@ -349,6 +351,7 @@ def test_fine_tuning_refuses_to_change_the_shape(tmp_path, base_model_file, sett
     assert not (tmp_path / "tuned").exists()
 
 
+@pytest.mark.slow
 @SAME_ON_EVERY_BACKEND
 def test_characters_a_pretrained_char_model_never_saw_are_refused_or_handled(tmp_path, base_model_file):
     (tmp_path / "new.txt").write_text(make_text(3000).replace("cat", "çat"))
@@ -360,6 +363,7 @@ def test_characters_a_pretrained_char_model_never_saw_are_refused_or_handled(tmp
     assert run.history[-1]["step"] == 10
 
 
+@pytest.mark.slow
 def test_lora_trains_only_the_adapters_and_saves_merged_weights(tmp_path, base_model_file):
     (tmp_path / "new.txt").write_text(make_text(3000, seed=8))
     source = gptlite.load(base_model_file)
@@ -389,6 +393,7 @@ def test_lora_trains_only_the_adapters_and_saves_merged_weights(tmp_path, base_m
     np.testing.assert_allclose(_logits(merged, ids), _logits(model, ids), atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="only TensorFlow's LoRA step may go without XLA")
 def test_a_small_models_lora_step_runs_under_xla_and_trains_as_without(tmp_path, base_model_file, monkeypatch):
     from gptlite.training import fit
@@ -408,6 +413,7 @@ def test_a_small_models_lora_step_runs_under_xla_and_trains_as_without(tmp_path,
                                    rtol=1e-3)
 
 
+@pytest.mark.slow
 def test_lora_may_train_the_token_embedding_whole_beside_the_adapters(tmp_path, base_model_file):
     (tmp_path / "new.txt").write_text(make_text(3000, seed=10))
     source = gptlite.load(base_model_file)
@@ -426,6 +432,7 @@ def test_lora_may_train_the_token_embedding_whole_beside_the_adapters(tmp_path, 
                               init_from=base_model_file, verbose=0)
 
 
+@pytest.mark.slow
 def test_lora_may_train_every_norm_whole_beside_the_adapters(tmp_path, base_model_file):
     (tmp_path / "new.txt").write_text(make_text(3000, seed=12))
     source = gptlite.load(base_model_file)
@@ -445,6 +452,7 @@ def test_lora_may_train_every_norm_whole_beside_the_adapters(tmp_path, base_mode
     _assert_same(saved.final_norm.weights[0], model.final_norm.weights[0])
 
 
+@pytest.mark.slow
 def test_a_resumed_lora_run_keeps_its_adapters_apart(tmp_path, base_model_file):
     (tmp_path / "new.txt").write_text(make_text(3000, seed=9))
     settings = {**FINE_TUNE, "lora_rank": 2}
