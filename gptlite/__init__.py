@@ -38,8 +38,8 @@ from gptlite.errors import (  # plain Python: no Keras
 from gptlite.backend import compile_cache  # noqa: F401 (plain Python: gptlite.compile_cache.use() before Keras)
 from gptlite.model.config import GPTConfig  # plain Python: no Keras
 from gptlite.training.settings import PRESETS, TrainingConfig  # plain Python: no Keras
+from gptlite.version import __version__  # noqa: F401
 
-__version__ = "0.1.0"
 
 # Each public name that is loaded on first use, and the module that defines it.
 _LAZY = {
@@ -49,7 +49,7 @@ _LAZY = {
     "Linear": "model.layers", "RMSNorm": "model.layers", "TokenAndPositionEmbedding": "model.layers",
     # text/, data/
     "BPETokenizer": "text.bpe", "CharTokenizer": "text.tokenizers", "PretrainedTokenizer": "text.bpe",
-    "read_conversations": "data.conversations", "chat_ready": "data.conversations",
+    "read_conversations": "data.conversations", "chat_ready": "weights.pretrained",
     # decode/
     "generate": "decode.generation", "generate_target": "decode.generation", "stream": "decode.generation",
     "RowsStream": "decode.generation", "SamplingConfig": "decode.settings", "Engine": "decode.engine",

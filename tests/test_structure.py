@@ -11,29 +11,32 @@ import pytest
 from conftest import REPO
 
 PACKAGE = REPO / "gptlite"
-# The package's rooms (its folders, and the few modules at its root), lowest first, and the rooms each may import
-# from: imports run one way, from the model up to the command line. `errors` may be imported by any.
-ALLOWED = {
-    "errors": set(),
-    "files": set(),
-    "backend": set(),  # the backend's notices, compile cache and devices: plain Python, before Keras starts
-    "text": set(),  # tokenizers, chat templates, token ids back to text
-    "model": {"backend", "text"},  # the shape, the layers, GPT and Seq2Seq (its first one starts the compile cache)
-    "weights": {"files", "model", "text"},  # model.keras, GPT-2, the Llama family, GGUF
-    "data": {"files", "text", "weights"},  # text, pairs, conversations, synthetic tasks
-    "decode": {"backend", "data", "model", "text"},  # sampling, compiled programs, the engine, generate, chat
-    "evaluation": {"data", "decode", "files", "model", "text"},  # scores, inspection
-    "tasks": {"data", "decode", "evaluation", "model", "text"},  # one kind of run each: lm, chat, seq2seq
-    # settings, plan, fit
-    "training": {"backend", "data", "decode", "evaluation", "files", "model", "tasks", "text", "weights"},
-    "serving": {"data", "decode", "evaluation", "tasks", "text", "weights"},  # the HTTP server
-    "cli": {"backend", "data", "decode", "evaluation", "files", "model", "serving", "tasks", "text", "training",
-            "weights"},
-    "__main__": {"cli"},
-}
 # The most rooms, and modules in one room, a reader meets.
 MOST_ROOMS = 20
 MOST_MODULES_IN_A_ROOM = 12
+# The house's own limits: a module a reader takes in whole, a function one screen.
+MOST_LINES_IN_A_MODULE = 500
+MOST_LINES_IN_A_FUNCTION = 80
+
+
+def room_levels():
+    """The package's rooms (its folders, and the few modules at its root), lowest first, level by level, as
+    docs/development.md draws them: imports run one way, from a room to the rooms of the levels before its own.
+    That line of the docs is the one statement of the rule; the tests below read it."""
+    lines = [line.strip() for line in (REPO / "docs" / "development.md").read_text().splitlines()
+             if line.strip().startswith("errors,") and "→" in line]
+    assert len(lines) == 1, "docs/development.md draws the rooms' order on one line, from errors to the cli"
+    return [[room.strip() for room in level.split(",")] for level in lines[0].split("→")]
+
+
+def allowed_rooms():
+    """Each room, and the rooms it may import from: those of every level before its own."""
+    allowed, below = {}, set()
+    for level in room_levels():
+        for room in level:
+            allowed[room] = set(below)
+        below |= set(level)
+    return allowed
 
 
 def imported_rooms(path):
@@ -41,8 +44,10 @@ def imported_rooms(path):
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "gptlite":
-            if node.module == "gptlite":
-                found.update(alias.name for alias in node.names)
+            if node.module == "gptlite":  # a room by its name, else a name of the package's root, whose
+                # __init__ imports from the rooms: a circle
+                found.update(alias.name if (PACKAGE / alias.name).is_dir() or (PACKAGE / f"{alias.name}.py").exists()
+                             else "gptlite" for alias in node.names)
             else:
                 found.add(node.module.split(".")[1])
         elif isinstance(node, ast.Import):
@@ -60,12 +65,67 @@ def rooms():
 
 
 def test_every_room_imports_only_the_rooms_below_it():
-    found = rooms()
-    assert set(found) == set(ALLOWED), "a room was added or removed: give it its place in ALLOWED"
+    found, allowed = rooms(), allowed_rooms()
+    assert set(found) == set(allowed), "a room was added or removed: give it its place in docs/development.md's order"
     for room, paths in sorted(found.items()):
         for path in paths:
-            unexpected = imported_rooms(path) - ALLOWED[room] - {"errors", room}
+            unexpected = imported_rooms(path) - allowed[room] - {"errors", room}
             assert not unexpected, f"{path.relative_to(PACKAGE)} imports from {sorted(unexpected)}"
+
+
+def _module_name(path):
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_imports():
+    """Each module of the package (by its dotted name) and the modules of the package it imports, anywhere in it
+    (functions included): `from gptlite.data import lm` imports gptlite.data.lm, `from gptlite.data import
+    SYNTHETIC_TASKS` gptlite.data's __init__."""
+    modules = {_module_name(path): path for path in PACKAGE.glob("**/*.py")}
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "gptlite":
+                for alias in node.names:
+                    whole = f"{node.module}.{alias.name}"
+                    edges.add(whole if whole in modules else node.module)
+            elif isinstance(node, ast.Import):
+                edges.update(alias.name for alias in node.names if alias.name.split(".")[0] == "gptlite")
+        graph[name] = edges - {name}
+    return graph
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    """No circle of imports, between rooms or inside one: a module is read after every module it imports."""
+    graph, visiting, done = module_imports(), [], set()
+
+    def visit(module):
+        assert module not in visiting, f"an import circle: {' -> '.join(visiting[visiting.index(module):])} -> {module}"
+        if module not in done:
+            visiting.append(module)
+            for imported in sorted(graph.get(module, ())):
+                visit(imported)
+            visiting.pop()
+            done.add(module)
+
+    for module in sorted(graph):
+        visit(module)
+
+
+def test_no_module_is_too_long_to_read_whole_nor_a_function_a_screen():
+    long_modules, long_functions = [], []
+    for path in sorted(PACKAGE.glob("**/*.py")):
+        source = path.read_text()
+        if len(source.splitlines()) > MOST_LINES_IN_A_MODULE:
+            long_modules.append(f"{path.relative_to(PACKAGE)}: {len(source.splitlines())} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MOST_LINES_IN_A_FUNCTION:
+                    long_functions.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}: {length} lines")
+    assert not long_modules and not long_functions, long_modules + long_functions
 
 
 def test_a_reader_meets_few_rooms_of_few_modules_each():
@@ -93,22 +153,6 @@ def test_importing_a_room_starts_no_keras():
     assert result.stdout.strip() == "False", result.stderr[-2000:]
 
 
-def test_the_allowed_imports_form_no_circle():
-    visiting, done = set(), set()
-
-    def visit(module):
-        assert module not in visiting, f"an import circle through {module}"
-        if module not in done:
-            visiting.add(module)
-            for below in ALLOWED[module]:
-                visit(below)
-            visiting.remove(module)
-            done.add(module)
-
-    for module in ALLOWED:
-        visit(module)
-
-
 def test_library_errors_name_settings_never_flags():
     """Only the command line knows flags, and its `as_flags` writes them: no raised message has a `--name`."""
     offenders = []
@@ -125,25 +169,54 @@ def test_library_errors_name_settings_never_flags():
     assert not offenders, offenders
 
 
-def test_only_the_tasks_and_the_models_ask_what_kind_a_model_or_its_data_is():
+def _class_names(paths):
+    return {node.name for path in paths for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ClassDef)}
+
+
+def kind_questions(path, kinds):
+    """Where a file asks which kind of model, data, score or tokenizer it holds, in every form: isinstance or
+    issubclass on one of `kinds` (class names), type(x) compared, a class's name compared (`__name__ ==`, or a
+    string of one of `kinds`), what a model is (`.writes_targets`, `.chats`), what a task's model reads
+    (`reads ==`) or whether it converses (`.converses`), and the model room's old checks (`only_a_*`,
+    `is_model`)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        where = f"{path.relative_to(PACKAGE)}:{getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Attribute) and node.attr in ("writes_targets", "chats", "converses"):
+            found.append(f"{where}: .{node.attr}")
+        elif isinstance(node, ast.Name) and (node.id.startswith("only_a_") or node.id == "is_model"):
+            found.append(f"{where}: {node.id}")
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("isinstance", "issubclass") \
+                and len(node.args) == 2:
+            named = {getattr(name, "id", getattr(name, "attr", None)) for name in ast.walk(node.args[1])}
+            if named & kinds:
+                found.append(f"{where}: {node.func.id} on {sorted(named & kinds)}")
+        elif isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            for side in sides:
+                if isinstance(side, ast.Attribute) and side.attr in ("__name__", "reads"):
+                    found.append(f"{where}: .{side.attr} compared")
+                elif isinstance(side, ast.Call) and getattr(side.func, "id", "") == "type":
+                    found.append(f"{where}: type() compared")
+                elif isinstance(side, ast.Constant) and side.value in kinds:
+                    found.append(f"{where}: {side.value!r} compared")
+    return found
+
+
+def test_only_the_tasks_and_the_models_ask_what_kind_a_model_its_data_or_its_tokenizer_is():
     """What differs between a language model, a chat and a seq2seq run is decided in `tasks/` (and by the models
-    themselves): elsewhere no `model.writes_targets` or `model.chats`, and no isinstance on a model, data or score."""
-    kinds = set()
-    for path in [PACKAGE / "model" / "gpt.py", *sorted((PACKAGE / "data").glob("*.py")),
-                 PACKAGE / "evaluation" / "scores.py"]:
-        kinds |= {node.name for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)}
-    assert {"GPT", "Seq2Seq", "PairSet", "Score"} <= kinds
+    themselves, `model/`); what differs between tokenizers, by the tokenizers (`text/`): elsewhere no form of the
+    question (`kind_questions`) is asked, of a model, its data, a score or a tokenizer."""
+    kinds = _class_names([PACKAGE / "model" / "gpt.py", *sorted((PACKAGE / "data").glob("*.py")),
+                          PACKAGE / "evaluation" / "scores.py"])
+    tokenizers = _class_names([PACKAGE / "text" / "tokenizers.py", PACKAGE / "text" / "bpe.py"])
+    assert {"GPT", "Seq2Seq", "PairSet", "Score"} <= kinds and {"CharTokenizer", "BPETokenizer"} <= tokenizers
     offenders = []
     for path in sorted(PACKAGE.glob("**/*.py")):
-        if path.relative_to(PACKAGE).parts[0] in ("tasks", "model"):
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr in ("writes_targets", "chats"):
-                offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: .{node.attr}")
-            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "isinstance" and len(node.args) == 2:
-                named = {getattr(name, "id", getattr(name, "attr", None)) for name in ast.walk(node.args[1])}
-                if named & kinds:
-                    offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: isinstance on {named & kinds}")
+        room = path.relative_to(PACKAGE).parts[0]
+        if room not in ("tasks", "model"):
+            offenders += kind_questions(path, kinds | (set() if room == "text" else tokenizers))
     assert not offenders, offenders
 
 

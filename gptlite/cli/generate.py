@@ -9,7 +9,6 @@ from gptlite.errors import InputError
 from gptlite.model.config import ATTENTION_PARTS
 
 SUMMARY = "sample text from a trained model (a seq2seq model: its target for a source), streaming it"
-SAMPLE_DIVIDER = "\n" + "-" * 40 + "\n"
 
 
 def make_parser(prog):
@@ -56,101 +55,31 @@ def make_parser(prog):
 
 
 def run(args):
-    from gptlite.decode import generation
-    from gptlite.tasks.task import of_model
+    from gptlite.files import read_text
+    from gptlite.tasks.task import of_model, Writing
     from gptlite.weights import saving
 
     drawing = [name for name in ("layer", "head", "part") if getattr(args, name) is not None]
     if drawing and args.attention is None:
         raise InputError(f"`{drawing[0]}` chooses what `attention` FILE draws; give `attention` too")
-    if args.attention is not None:
-        _draw_attention(args)
-        return
     if args.num_samples < 1:
         raise InputError(f"`num_samples` must be at least 1, got {args.num_samples}")
     if args.num_beams is not None and args.num_beams < 1:
         raise InputError(f"`num_beams` must be at least 1, got {args.num_beams}")
     if args.num_beams is not None and args.num_samples > 1:
         raise InputError("`num_beams` finds one text; it cannot be combined with `num_samples`")
-    # Checked before the model loads, so that a bad flag fails at once.
-    config = sampling_config(args)
+    sampling_config(args)  # checked before the model loads, so that a bad flag fails at once
+    asked = Writing(args.prompt, args.source, None if args.source_file is None else
+                    read_text(args.source_file).splitlines(), args.num_samples, args.num_beams, args.stream,
+                    args.slide, args.unknown, args.use_cache)
     model = saving.load(args.model)
     task = of_model(model)
-    if task.reads == "source":
-        _generate_targets(args, model)
+    if args.attention is not None:
+        drawn = task.draw_attention(model, args.attention, asked, args.part, args.layer, args.head, args.model)
+        print(f"wrote {args.attention} ({drawn})")
         return
-    if args.source is not None or args.source_file is not None:
-        raise InputError(f"{args.model} is {task.called}: give it `prompt` TEXT to continue, not a source")
-    prompt = args.prompt or ""
-    sampling = dict(sampling=config, unknown=args.unknown, use_cache=args.use_cache, slide=args.slide)
-    if args.num_beams is not None:
-        # The best beam can change up to the last step, so nothing can be shown before it.
-        print_piece(generation.generate(model, prompt, num_beams=args.num_beams, **sampling))
-    elif args.stream and args.num_samples == 1:
-        pieces = generation.stream(model, prompt, **sampling)
-        print_piece(prompt)
-        for piece in pieces:
-            print_piece(piece)
-    else:
-        # Several samples are drawn in one batch, so they are printed when complete.
-        texts = generation.generate(model, [prompt] * args.num_samples, **sampling)
-        print_piece(SAMPLE_DIVIDER.join(texts))
-    print()
-
-
-def _generate_targets(args, model):
-    """Print a seq2seq model's target for each source, one a line (--num-samples of them for each)."""
-    from gptlite.decode import generation
-    from gptlite.files import read_text
-
-    if args.prompt is not None:
-        raise InputError(f"{args.model} is a seq2seq model: give it `source` TEXT or `source_file` FILE, "
-                         f"not `prompt`")
-    if (args.source is None) == (args.source_file is None):
-        raise InputError(f"{args.model} is a seq2seq model: give it one of `source` TEXT and `source_file` FILE")
-    if args.slide != 1:
-        raise InputError("`slide` moves a language model's context window; a seq2seq target never outgrows its own")
-    if args.source is not None:
-        sources = [args.source]
-    else:
-        sources = read_text(args.source_file).splitlines()
-    settings = {name: value for name, value in sampling_settings(args).items() if name != "max_new_tokens"}
-    targets = generation.iter_targets(
-        model, [source for source in sources for _ in range(args.num_samples)], args.max_new_tokens,
-        unknown=args.unknown, use_cache=args.use_cache, num_beams=args.num_beams, **settings)
-    for target in targets:
-        print(target, flush=True)
-
-
-def _draw_attention(args):
-    from gptlite.decode import generation
-    from gptlite.evaluation import inspection
-    from gptlite.tasks.task import of_model
-    from gptlite.text.tokenizers import known_text
-    from gptlite.weights import saving
-
-    model = saving.load(args.model)
-    task = of_model(model)
-    if task.reads == "source":
-        if args.prompt is not None or args.source is None:
-            raise InputError(f"{args.model} is {task.called}: `attention` draws its attention for `source` TEXT")
-        text, target = args.source, generation.generate_target(model, args.source, unknown=args.unknown)
-    else:
-        if args.prompt is None or args.source is not None:
-            raise InputError(f"{args.model} is {task.called}: `attention` draws its attention over `prompt` TEXT")
-        if args.part not in (None, "decoder"):
-            raise InputError(f"{args.model} is a language model: it has causal self-attention only, no `part`")
-        text, target = args.prompt, None
-    maps = inspection.attention_maps(model, text, part=args.part, target=target, unknown=args.unknown)
-    inspection.plot_attention(maps, args.attention, layer=args.layer, head=args.head)
-    if target is not None:
-        written_for = f"{text!r} -> {target!r}"
-    else:
-        known_prompt = known_text(model.tokenizer, text, args.unknown, "prompt")
-        prompt_length = len(model.tokenizer.encode(known_prompt))
-        written_for = f"{len(maps.tokens)} tokens" if prompt_length == len(maps.tokens) else \
-            f"the last {len(maps.tokens)} of {prompt_length} tokens, the model's context"
-    print(f"wrote {args.attention} ({maps.title} for {written_for})")
+    for piece in task.write(model, asked, sampling_settings(args), args.model):
+        print_piece(piece)
 
 
 main = command("gptlite-generate", make_parser, run, check=check_model)

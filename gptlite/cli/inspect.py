@@ -49,11 +49,7 @@ def run(args):
         raise InputError("`target` goes with `source`")
     model = saving.load(args.model)
     task = of_model(model)
-    given = {"prompt": args.prompt, "source": args.source}
-    text = given.pop(task.reads)
-    unread = next(iter(given))
-    if given[unread] is not None:
-        raise InputError(f"{args.model} is {task.called}: give it `{task.reads}` TEXT, not `{unread}`")
+    text = task.given_text(args.prompt, args.source, args.model)
     messages = sys.stderr if args.json else sys.stdout
     print(f"model: {task.describe(model)}", file=messages)  # its shape and architecture switches
     if args.positions is not None:

@@ -1,7 +1,7 @@
 """Conversations as training data: read, rendered through a chat template, with the loss on the answers alone.
 
     conversations = read_conversations("chats.jsonl")   # [[{"role": ..., "content": ...}, ...], ...]
-    model = chat_ready(model)                           # the default template and its tokens, if it has none
+    model = gptlite.chat_ready(model)                   # the default template and its tokens, if it has none
     rows = pack(model.tokenizer, conversations, model.config.block_size)
 
 A conversations file is JSON Lines, one conversation a line, in OpenAI's
@@ -61,25 +61,11 @@ def read_conversations(path, encoding="utf-8"):
     return conversations
 
 
-def chat_ready(model, seed=0):
-    """The GPT `model` if its tokenizer has a chat template; else a copy with the default template, its turn
-    markers added to the tokenizer as tokens of their own and the embedding grown by their rows."""
-    from gptlite.weights.pretrained import with_tokenizer
-
-    tokenizer = model.tokenizer
-    if tokenizer is None:
-        raise ConfigError("the model has no tokenizer, so it cannot read conversations")
-    if templates.template_of(tokenizer) is not None:
-        return model
-    return with_tokenizer(model, tokenizer.with_chat_tokens(templates.TURN_MARKERS, templates.DEFAULT_TEMPLATE),
-                          seed)
-
-
 def encode(tokenizer, messages):
     """A conversation's token ids (N,) and which of them are trained (N,), the assistant's."""
     segments = _segments(tokenizer, messages)
     ids, trained = [], []
-    start = _start_ids(tokenizer, segments[0][0] if segments else "")
+    start = templates.start_ids(tokenizer, segments[0][0] if segments else "")
     if start:
         ids.append(np.asarray(start, np.int64))
         trained.append(np.zeros(len(start), bool))
@@ -89,22 +75,6 @@ def encode(tokenizer, messages):
             ids.append(part)
             trained.append(np.full(len(part), is_answer))
     return np.concatenate(ids), np.concatenate(trained)
-
-
-def prompt_ids(tokenizer, messages):
-    """The ids a model reads before its answer to `messages`: the conversation and what opens an answer."""
-    return rendered_ids(tokenizer, templates.render_for(tokenizer, messages, add_generation_prompt=True))
-
-
-def rendered_ids(tokenizer, text):
-    """The ids of a conversation's rendered text, as the model reads it."""
-    return [*_start_ids(tokenizer, text), *np.asarray(tokenizer.encode(text)).tolist()]
-
-
-def _start_ids(tokenizer, text):
-    """The beginning-of-text ids a conversation's text needs, unless its template writes them itself."""
-    begin = getattr(tokenizer, "begin_token", None)
-    return [] if begin is not None and text.startswith(begin) else list(tokenizer.text_start_ids)
 
 
 def _segments(tokenizer, messages):

@@ -13,11 +13,11 @@ terminal or a page: the oldest turns are dropped when it outgrows the
 model's context.
 """
 
-from gptlite.data.conversations import prompt_ids
 from gptlite.decode.generation import RowsStream, sampling_config
 from gptlite.decode.settings import SamplingConfig
 from gptlite.errors import ConfigError, GPTLiteError
 from gptlite.text import templates
+from gptlite.text.templates import answer_prompt_ids
 
 # The share of the context a conversation's history leaves free for the answer.
 ANSWER_SHARE = 4
@@ -32,7 +32,7 @@ def answer_rows(model, conversations, sampling=None, streaming=True):
     tokenizer = model.tokenizer
     if tokenizer is None:
         raise ConfigError("the model has no tokenizer")
-    rows_ids = [prompt_ids(tokenizer, messages) for messages in conversations]
+    rows_ids = [answer_prompt_ids(tokenizer, messages) for messages in conversations]
     # One config for every row: its seed makes each row's, as generate does.
     configs = list(sampling) if isinstance(sampling, (list, tuple)) else sampling_config(sampling)
     return RowsStream(model, [""] * len(rows_ids), configs, streaming=streaming, rows_ids=rows_ids, answers=True)
@@ -123,7 +123,7 @@ class Conversation:
         """Drop the oldest turns until the history leaves room for an answer; how many messages went."""
         room = self.model.config.block_size - self.model.config.block_size // ANSWER_SHARE
         dropped = 0
-        while len(self.turns) > 1 and len(prompt_ids(self.model.tokenizer, self.messages)) > room:
+        while len(self.turns) > 1 and len(answer_prompt_ids(self.model.tokenizer, self.messages)) > room:
             cut = 2 if len(self.turns) > 2 and self.turns[1]["role"] == "assistant" else 1
             self.turns = self.turns[cut:]
             dropped += cut

@@ -25,7 +25,6 @@ from gptlite.decode.rows import RowText, TextRows
 from gptlite.decode.sampling import check_beams
 from gptlite.decode.settings import SamplingConfig
 from gptlite.errors import ConfigError, InputError
-from gptlite.model.gpt import only_a_gpt, only_a_seq2seq
 from gptlite.text.tokenizers import known_text
 
 # Sources decoded per call at most; a longer list is split into calls of
@@ -160,7 +159,7 @@ def _rows(model, prompts, sampling, unknown, slide, rows_ids=None):
     the caller has encoded them (a conversation's, say)."""
     if not prompts:
         raise ConfigError("give at least one prompt")
-    only_a_gpt(model, f"a {type(model).__name__} writes targets with generate_target; it continues no prompt")
+    model.check_continues_text(f"a {type(model).__name__} writes targets with generate_target; it continues no prompt")
     configs = list(sampling) if isinstance(sampling, (list, tuple)) else \
         sampling_config(sampling).for_rows(len(prompts))
     if len(configs) != len(prompts) or not all(isinstance(config, SamplingConfig) for config in configs):
@@ -210,7 +209,7 @@ def iter_targets(model, sources, max_new_tokens=None, sampling=None, *, unknown=
     """As `generate_target` for a list of sources: an iterator that gives each
     target as soon as its batch of TARGET_BATCH is decoded. Everything is checked at once.
     """
-    only_a_seq2seq(model, f"generate_target needs a Seq2Seq model, not a {type(model).__name__}; a GPT continues a "
+    model.check_writes_targets(f"generate_target needs a Seq2Seq model, not a {type(model).__name__}; a GPT continues a "
                           f"prompt with generate")
     sources = list(sources)
     if not sources:

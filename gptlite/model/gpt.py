@@ -23,24 +23,14 @@ load_tokenizer_classes()  # Keras must know every tokenizer class that a saved m
 FORMAT_VERSION = 1
 
 
-def is_model(value):
-    """Whether `value` is a gptlite model (a GPT or a Seq2Seq). What kind of run it makes, callers ask its task
-    (`gptlite.tasks.task.of_model`); what only one kind has, the checks below."""
-    return isinstance(value, _Transformer)
-
-
-def only_a_gpt(model, refusal):
-    """Refuse (a ConfigError saying `refusal`) a model that writes targets from sources, for what only a language
-    model has: a prompt to continue, a decoder-only form (GGUF, GPT-2's, Hugging Face's)."""
-    if model.writes_targets:
-        raise ConfigError(refusal)
-
-
-def only_a_seq2seq(model, refusal):
-    """Refuse (a ConfigError saying `refusal`) a model that continues a prompt, for what only a Seq2Seq does: write
-    a target for a source."""
-    if not model.writes_targets:
-        raise ConfigError(refusal)
+def checked_model(value, refusal):
+    """`value` where it is a gptlite model (a GPT or a Seq2Seq); anything else raises `refusal`, the error the
+    caller would give (a file that holds another Keras model, an argument of another kind). What kind of run a
+    model makes, callers ask its task (`gptlite.tasks.task.of_model`); what only one kind of model does, the model
+    itself (`check_continues_text`, `check_writes_targets`)."""
+    if not isinstance(value, _Transformer):
+        raise refusal
+    return value
 
 
 class _Transformer(keras.Model):
@@ -93,6 +83,18 @@ class _Transformer(keras.Model):
         self.blocks = [self._block(TransformerBlock, f"block_{i}", cross_attention=self._CROSS_ATTENTION)
                        for i in range(config.n_layer)]
         self.final_norm = self._norm("final_norm")
+
+    def check_continues_text(self, refusal):
+        """Refuse (a ConfigError saying `refusal`) what only a model that continues text does (a prompt to
+        continue, a decoder-only form: GGUF, GPT-2's, Hugging Face's), where this model writes targets."""
+        if self.writes_targets:
+            raise ConfigError(refusal)
+
+    def check_writes_targets(self, refusal):
+        """Refuse (a ConfigError saying `refusal`) what only a model that writes a target for a source does, where
+        this model continues text."""
+        if not self.writes_targets:
+            raise ConfigError(refusal)
 
     def _norm(self, name):
         """A norm after a stack of blocks; None for post-norm blocks, whose every output is normalised already."""

@@ -162,7 +162,8 @@ class _Endpoints:
 
         # 503 while warming, as a load balancer's probe expects of a server not ready for traffic yet.
         status = self.worker.status()
-        return JSONResponse({**status, "model": self.model_name, "chat": self.task.converses},
+        chats = self.task.request_refusal("messages") is None
+        return JSONResponse({**status, "model": self.model_name, "chat": chats},
                             status_code=200 if status["status"] == "ok" else 503)
 
     async def attention(self, request):
@@ -173,7 +174,8 @@ class _Endpoints:
         self.check_key(request)
         body = await _read_json(request)
         tokenizer = self.model.tokenizer
-        if isinstance(body, dict) and "messages" in body and self.task.converses:  # a conversation, as it reads it
+        # A conversation, as the model reads it.
+        if isinstance(body, dict) and "messages" in body and self.task.request_refusal("messages") is None:
             try:
                 body = {"text": templates.render_for(tokenizer, body["messages"])}
             except InputError as error:
@@ -181,8 +183,9 @@ class _Endpoints:
         text = body.get("text") if isinstance(body, dict) else None
         if not isinstance(text, str) or not text:
             raise RequestError(400, "text must be a non-empty string", "text")
-        if self.task.reads == "source":
-            raise RequestError(400, "the attention view draws a language model's self-attention")
+        refusal = self.task.request_refusal("attention")
+        if refusal is not None:
+            raise RequestError(400, refusal)
         if tokenizer.unknown_characters(text):
             raise RequestError(400, "the text has characters the model never saw", "text")
         maps = await asyncio.wrap_future(self.worker.call(lambda m: inspection.attention_maps(m, text)))

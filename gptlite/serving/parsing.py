@@ -7,7 +7,6 @@ import math
 
 import numpy as np
 
-from gptlite.data import conversations
 from gptlite.decode.settings import is_whole_number_setting, SAMPLING_FIELDS, SamplingConfig, TOP_LOGPROBS
 from gptlite.errors import ConfigError, first_line, InputError
 from gptlite.tasks.task import of_model
@@ -96,9 +95,10 @@ def parse_completion(body, model, model_name, settings):
             raise RequestError(400, f"{name} must be true or false", name)
     if len(prompts) * n > settings.max_batch * 4:
         raise RequestError(400, f"{len(prompts)} prompts x n={n} is more than {settings.max_batch * 4} choices", "n")
-    if task.reads == "source" and (echo or logprobs is not None):
-        name = "echo" if echo else "logprobs"
-        raise RequestError(400, f"{name} is for a language model's completions; this model writes targets", name)
+    for name, asked in (("echo", echo), ("logprobs", logprobs is not None)):
+        refusal = task.request_refusal(name) if asked else None
+        if refusal is not None:
+            raise RequestError(400, refusal, name)
     tokenizer = model.tokenizer
     for prompt_text in prompts:
         unknown_characters = tokenizer.unknown_characters(prompt_text)
@@ -107,7 +107,7 @@ def parse_completion(body, model, model_name, settings):
                                "prompt")
         # A prompt longer than the context is read as its last tokens, unless `truncate` says no; a source never.
         too_long = len(tokenizer.encode(prompt_text)) > model.config.block_size
-        if too_long and (settings.truncate == "none" or task.reads == "source"):
+        if too_long and not task.cuts_long_texts(settings.truncate):
             raise RequestError(400, f"a {task.reads} is longer than the model's context of {model.config.block_size} "
                                     f"tokens", "prompt")
     return Completion(prompts, sampling, n, stream, logprobs, echo)
@@ -152,9 +152,9 @@ def parse_chat_completion(body, model, model_name, settings):
     unknown = sorted(set(body) - CHAT_FIELDS)
     if unknown:
         raise RequestError(400, f"unknown field {unknown[0]!r}", unknown[0])
-    if not of_model(model).converses:
-        raise RequestError(400, "this model has no chat template: it continues text and cannot hold a "
-                                "conversation; use /v1/completions, or fine-tune it on conversations", "messages")
+    refusal = of_model(model).request_refusal("messages")
+    if refusal is not None:
+        raise RequestError(400, refusal, "messages")
     if not isinstance(body.get("logprobs", False), bool):
         raise RequestError(400, "logprobs must be true or false", "logprobs")
     top = _number(body, "top_logprobs", int, 0, TOP_LOGPROBS, default=None)
@@ -165,7 +165,7 @@ def parse_chat_completion(body, model, model_name, settings):
     try:
         messages = templates.check_messages(body.get("messages"), "messages")
         prompt = templates.render_for(model.tokenizer, messages, add_generation_prompt=True)
-        ids = conversations.rendered_ids(model.tokenizer, prompt)
+        ids = templates.rendered_ids(model.tokenizer, prompt)
     except InputError as error:
         raise RequestError(400, str(error), "messages") from None
     asked = {name: value for name, value in body.items()

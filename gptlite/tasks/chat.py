@@ -13,6 +13,7 @@ from gptlite.tasks import chat_sizing
 from gptlite.tasks.language import fitted_tokenizer, LanguageModel
 from gptlite.tasks.task import Sizing, Training, VAL_FILE_REFUSAL
 from gptlite.text import templates
+from gptlite.weights import pretrained
 
 
 @dataclasses.dataclass
@@ -34,7 +35,6 @@ class Chat(LanguageModel):
     """A GPT that learns to answer in conversations."""
 
     name = "chat"
-    converses = True
 
     def check(self, asked):
         if len(asked.sources) != 1 if not asked.synthetic else asked.sources:
@@ -83,7 +83,7 @@ class Chat(LanguageModel):
         if plan.checkpoint:
             return model
         had_template = model.tokenizer is not None and model.tokenizer.chat_template is not None
-        model = conversations.chat_ready(model, plan.seed)
+        model = pretrained.chat_ready(model, plan.seed)
         if not had_template:
             config = plan.training_config
             frozen = config.lora_rank and "embedding" not in lora_targets(config.lora_targets)
@@ -137,6 +137,9 @@ class Chat(LanguageModel):
             for (messages, want), got, right in list(zip(questions, answered, exact))[:shown]:
                 yield f"  {messages[-1]['content']!r} -> {got!r}" + ("" if right else f"   (expected {want!r})") + "\n"
         yield f"talk with it: gptlite chat {run.out_dir / 'model.keras'}\n"
+
+    def request_refusal(self, field):
+        return None  # a conversation, a completion's extras and the attention view: a chat model takes each
 
     def batches(self, data, block_size, batch_size, count, **kwargs):
         return conversations.ConversationBatches(data, batch_size, count, **kwargs)

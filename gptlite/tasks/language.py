@@ -7,15 +7,19 @@ import numpy as np
 
 from gptlite.data import lm
 from gptlite.decode import generation
+from gptlite.decode.settings import SamplingConfig
 from gptlite.errors import InputError
-from gptlite.evaluation import scores
+from gptlite.evaluation import inspection, scores
 from gptlite.model.config import MLP_NAMES
 from gptlite.model.gpt import GPT
 from gptlite.tasks.task import Task, Training
 from gptlite.text import tokenizer_class
+from gptlite.text.tokenizers import known_text
 
 # How a run samples its model, at each TensorBoard evaluation and at its end.
 SAMPLING = dict(max_new_tokens=300, temperature=0.8, top_k=200)
+# Between the samples `write` prints together.
+SAMPLE_DIVIDER = "\n" + "-" * 40 + "\n"
 # Token ids counted at once when measuring how many characters a token stands for.
 COUNTING_CHUNK = 1 << 22
 
@@ -82,6 +86,38 @@ class LanguageModel(Task):
         yield "sample from the final model:\n\n"
         yield from generation.stream(run.model, "", seed=run.training_config.seed, **SAMPLING)
         yield "\n"
+
+    def write(self, model, asked, settings, model_name="the model"):
+        """The prompt continued: streamed (the prompt first), or whole where beams search for it (the best beam
+        can change up to the last step) or several samples are drawn together (in one batch)."""
+        prompt = self.given_text(asked.prompt, asked.source, model_name) or ""
+        if asked.sources is not None:
+            raise InputError(f"{model_name} is {self.called}: give it `prompt` TEXT to continue, not sources")
+        options = dict(sampling=SamplingConfig(**settings), unknown=asked.unknown, use_cache=asked.use_cache,
+                       slide=asked.slide)
+        if asked.num_beams is not None:
+            yield generation.generate(model, prompt, num_beams=asked.num_beams, **options)
+        elif asked.stream and asked.num_samples == 1:
+            pieces = generation.stream(model, prompt, **options)  # checked before the prompt is shown
+            yield prompt
+            yield from pieces
+        else:
+            yield SAMPLE_DIVIDER.join(generation.generate(model, [prompt] * asked.num_samples, **options))
+        yield "\n"
+
+    def draw_attention(self, model, path, asked, part=None, layer=None, head=None, model_name="the model"):
+        """The attention over the prompt's tokens (its last block_size): causal self-attention, the one part."""
+        prompt = self.given_text(asked.prompt, asked.source, model_name)
+        if prompt is None:
+            raise InputError(f"{model_name} is {self.called}: `attention` draws its attention over `prompt` TEXT")
+        if part not in (None, "decoder"):
+            raise InputError(f"{model_name} is {self.called}: it has causal self-attention only, no `part`")
+        maps = inspection.attention_maps(model, prompt, part=part, unknown=asked.unknown)
+        inspection.plot_attention(maps, path, layer=layer, head=head)
+        length = len(model.tokenizer.encode(known_text(model.tokenizer, prompt, asked.unknown, "prompt")))
+        drawn = f"{len(maps.tokens)} tokens" if length == len(maps.tokens) else \
+            f"the last {len(maps.tokens)} of {length} tokens, the model's context"
+        return f"{maps.title} for {drawn}"
 
     def batches(self, data, block_size, batch_size, count, **kwargs):
         return lm.RandomWindows(data, block_size, batch_size, count, **kwargs)

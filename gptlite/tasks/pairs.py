@@ -8,8 +8,8 @@ import numpy as np
 
 from gptlite.data import pairs
 from gptlite.decode import generation
-from gptlite.errors import ConfigError
-from gptlite.evaluation import scores
+from gptlite.errors import ConfigError, InputError
+from gptlite.evaluation import inspection, scores
 from gptlite.model.gpt import Seq2Seq
 from gptlite.tasks.task import Sizing, Task, Training
 from gptlite.text.tokenizers import CharTokenizer
@@ -109,6 +109,47 @@ class Pairs(Task):
 
     def warm_rows(self, tokenizer, block_size, length, count):
         return [[tokenizer.start_token_id]] * count, np.full((count, block_size), tokenizer.start_token_id, np.int32)
+
+    def write(self, model, asked, settings, model_name="the model"):
+        """A target for each source (`num_samples` of each), a line each, as it is decoded: at most block_size - 1
+        tokens unless `max_new_tokens` says fewer."""
+        if asked.prompt is not None:
+            raise InputError(f"{model_name} is {self.called}: give it `source` TEXT or `source_file` FILE, not "
+                             f"`prompt`")
+        if (asked.source is None) == (asked.sources is None):
+            raise InputError(f"{model_name} is {self.called}: give it one of `source` TEXT and `source_file` FILE")
+        if asked.slide != 1:
+            raise InputError("`slide` moves a language model's context window; a seq2seq target never outgrows its "
+                             "own")
+        sources = [asked.source] if asked.source is not None else asked.sources
+        settings = dict(settings)
+        max_new_tokens = settings.pop("max_new_tokens", None)
+        targets = generation.iter_targets(
+            model, [source for source in sources for _ in range(asked.num_samples)], max_new_tokens,
+            unknown=asked.unknown, use_cache=asked.use_cache, num_beams=asked.num_beams, **settings)
+        for target in targets:
+            yield target + "\n"
+
+    def draw_attention(self, model, path, asked, part=None, layer=None, head=None, model_name="the model"):
+        """The attention of the source and the target the model writes for it (greedy): cross-attention by
+        default, the encoder's or the decoder's by `part`."""
+        source = self.given_text(asked.prompt, asked.source, model_name)
+        if source is None:
+            raise InputError(f"{model_name} is {self.called}: `attention` draws its attention for `source` TEXT")
+        target = generation.generate_target(model, source, unknown=asked.unknown)
+        maps = inspection.attention_maps(model, source, part=part, target=target, unknown=asked.unknown)
+        inspection.plot_attention(maps, path, layer=layer, head=head)
+        return f"{maps.title} for {source!r} -> {target!r}"
+
+    def request_refusal(self, field):
+        if field in ("echo", "logprobs"):
+            return f"{field} is for a language model's completions; this model writes targets"
+        if field == "attention":
+            return "the attention view draws a language model's self-attention"
+        return super().request_refusal(field)
+
+    def cuts_long_texts(self, truncate):
+        return False  # a source is read whole, or not at all
 
     def bounded(self, sampling, block_size):
         """A target of at most block_size - 1 tokens: the decoder's window holds it after the start token."""

@@ -15,10 +15,10 @@ from gptlite.data import CHAT_SYNTHETIC_TASKS, chat_tasks, SYNTHETIC_TASKS
 from gptlite.data.conversations import ChatRows
 from gptlite.data.pairs import PairSet
 from gptlite.decode.generation import prompt_ids
-from gptlite.errors import ConfigError
+from gptlite.errors import ConfigError, InputError
 from gptlite.evaluation import scores
-from gptlite.model.gpt import is_model
-from gptlite.tasks import TASKS
+from gptlite.model.gpt import checked_model
+from gptlite.tasks import every_task, task_named, TASKS
 
 
 VAL_FILE_REFUSAL = ("`val_file` holds conversations to validate a chat run on: it goes with task='chat' and a file "
@@ -57,15 +57,15 @@ class Task:
     A run asks its task, in order: `check` (refuse what the task cannot take, before anything is read),
     `read` (the data a new model is sized from, and the settings sized from it), `model` (a new model, or the
     checkpoint's), `adapted` (the model as the task trains it), `training` (its data encoded and described),
-    `describe` and, at its end, `closing_words`; the training loop asks `batches`, `ignored_class` and
-    `characters_per_token`; `evaluate` scores a model on files; the server asks `bounded`, `decoding_rows` and
-    `warm_rows`; the commands ask what a model `reads` and is `called`.
+    `describe` and, at its end, `closing_words`, and `check_checkpoint` of a run it resumes; the training loop asks
+    `batches`, `ignored_class` and `characters_per_token`; `evaluate` scores a model on files; the commands ask
+    for the text a model reads (`given_text`), what it writes (`write`) and its attention (`draw_attention`); the
+    server asks `request_refusal`, `cuts_long_texts`, `bounded`, `decoding_rows` and `warm_rows`.
     """
 
     name = None
     called = "a language model"  # what a model of this task is, in words
     reads = "prompt"  # what it is given to write from: a "prompt" it continues, or a "source" it writes a target for
-    converses = False  # whether it holds a conversation (a chat model: one with a chat template)
     default_preset = "laptop"  # the preset a run takes where it names none (settings.DEFAULT_PRESET)
     measures_mfu = False  # whether its FLOPs per token are known, for model FLOPs utilisation
 
@@ -100,6 +100,54 @@ class Task:
     def closing_words(self, run):
         """What a run says of its final model at its end (`training.run.TrainedRun`), in pieces as they come."""
         raise NotImplementedError
+
+    def check_checkpoint(self, checkpoint, out_dir):
+        """Refuse to resume the run in `out_dir` whose `checkpoint` (a checkpoint document) trained a model of
+        another kind than this task's."""
+        saved = checkpoint.get("model_class", "GPT")
+        if saved != self.model_class.__name__:
+            task = next(task for task in every_task() if task.model_class.__name__ == saved)
+            raise ConfigError(f"the run in {out_dir} trains {task.called}; resume it with `task='{task.name}'`")
+
+    # --- the commands: what a model is given, and what they make of it
+
+    def given_text(self, prompt=None, source=None, model_name="the model"):
+        """The text of `prompt` and `source` that a model of this task reads (a language model's prompt, a
+        Seq2Seq's source), None where it is not given; the other one given is an InputError naming the model
+        (`model_name`: its file)."""
+        given = {"prompt": prompt, "source": source}
+        text = given.pop(self.reads)
+        (unread, value), = given.items()
+        if value is not None:
+            raise InputError(f"{model_name} is {self.called}: give it `{self.reads}` TEXT, not `{unread}`")
+        return text
+
+    def write(self, model, asked, settings, model_name="the model"):
+        """The text that `generate.py` prints for what it was `asked` (a `Writing`), in pieces as they come, ending
+        with a line break; `settings`: the sampling settings given (SamplingConfig's fields), the rest its
+        defaults."""
+        raise NotImplementedError
+
+    def draw_attention(self, model, path, asked, part=None, layer=None, head=None, model_name="the model"):
+        """Draw the model's attention over what it was `asked` (a `Writing`: its prompt or source) to `path`, as
+        `generate.py --attention` does; what was drawn, in words."""
+        raise NotImplementedError
+
+    # --- the server: what a request may hold
+
+    def request_refusal(self, field):
+        """Why a request to the server may not hold `field` for a model of this task, or None where it may:
+        "messages" (a conversation, for /v1/chat/completions), "echo" and "logprobs" (of a completion), "attention"
+        (the page's attention view)."""
+        if field == "messages":
+            return ("this model has no chat template: it continues text and cannot hold a conversation; use "
+                    "/v1/completions, or fine-tune it on conversations")
+        return None
+
+    def cuts_long_texts(self, truncate):
+        """Whether a text longer than the model's context is read as its last tokens, where the server's
+        `truncate` setting allows it (rather than refused)."""
+        return truncate != "none"
 
     # --- decoding, as the server does it
 
@@ -145,8 +193,7 @@ def evaluate(model, sources=(), encoding="utf-8", errors="strict", unknown="erro
     unknown: characters a char vocabulary lacks are an error ("error"), left
     out ("skip") or spaces ("replace"). verbose=1 shows a progress bar.
     """
-    if not is_model(model):
-        raise ConfigError(f"evaluate scores a GPT or a Seq2Seq, not a {type(model).__name__}")
+    checked_model(model, ConfigError(f"evaluate scores a GPT or a Seq2Seq, not a {type(model).__name__}"))
     sources = [sources] if isinstance(sources, (str, pathlib.Path)) else list(sources)
     if synthetic is not None:
         if sources:
@@ -175,28 +222,37 @@ def named(task=None, synthetic=None):
         if task in ("lm", "chat"):
             raise ConfigError(f"the synthetic {synthetic} task trains a seq2seq model; leave out `task={task!r}`")
         task = "seq2seq"
-    return _task(task or "lm")
+    return task_named(task or "lm")
 
 
 def of_model(model):
     """What a model does: writes targets from sources (seq2seq), holds conversations (chat: it has a chat
     template), or continues text (lm)."""
     if model.writes_targets:
-        return _task("seq2seq")
-    return _task("chat" if model.chats else "lm")
+        return task_named("seq2seq")
+    return task_named("chat" if model.chats else "lm")
 
 
 def of_data(data):
     """The task whose training data `data` is: encoded pairs, packed conversations, or token ids."""
     if isinstance(data, PairSet):
-        return _task("seq2seq")
-    return _task("chat" if isinstance(data, ChatRows) else "lm")
+        return task_named("seq2seq")
+    return task_named("chat" if isinstance(data, ChatRows) else "lm")
 
 
-def _task(name):
-    # Imported here: each task's module builds on `Task` above.
-    from gptlite.tasks.chat import Chat
-    from gptlite.tasks.language import LanguageModel
-    from gptlite.tasks.pairs import Pairs
+@dataclasses.dataclass(frozen=True)
+class Writing:
+    """What `generate.py` asks a model to write from, and how: a language model's `prompt` (None: from nothing);
+    a Seq2Seq's `source`, or `sources` (one target each); `num_samples` of each, or one found by `num_beams`;
+    streamed or not; the context window moved `slide` tokens at a time; characters the model lacks an error, left
+    out or spaces (`unknown`); with the key/value cache or not."""
 
-    return {"lm": LanguageModel, "chat": Chat, "seq2seq": Pairs}[name]()
+    prompt: str = None
+    source: str = None
+    sources: list = None
+    num_samples: int = 1
+    num_beams: int = None
+    stream: bool = True
+    slide: int = 1
+    unknown: str = "error"
+    use_cache: bool = True

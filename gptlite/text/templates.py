@@ -130,6 +130,22 @@ def render_for(tokenizer, messages, add_generation_prompt=False):
     return render(template, check_messages(messages), add_generation_prompt, **special_tokens_of(tokenizer))
 
 
+def answer_prompt_ids(tokenizer, messages):
+    """The ids a model reads before its answer to `messages`: the conversation and what opens an answer."""
+    return rendered_ids(tokenizer, render_for(tokenizer, messages, add_generation_prompt=True))
+
+
+def rendered_ids(tokenizer, text):
+    """The ids of a conversation's rendered text, as the model reads it."""
+    return [*start_ids(tokenizer, text), *(int(token) for token in tokenizer.encode(text))]
+
+
+def start_ids(tokenizer, text):
+    """The beginning-of-text ids a conversation's text needs, unless its template writes them itself."""
+    begin = getattr(tokenizer, "begin_token", None)
+    return [] if begin is not None and text.startswith(begin) else list(tokenizer.text_start_ids)
+
+
 def turn_end(tokenizer):
     """The text that ends an answer: the first of the tokenizer's added tokens that its template writes after an
     answer ("<|end|>" for the default template, "<|im_end|>" for ChatML's), else its end-of-text token's text

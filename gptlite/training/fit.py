@@ -160,7 +160,7 @@ SLOW_DISK = ("the disk is slower than the checkpoints: each waits for the one be
 
 
 def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=False, stop_request=None,
-          callbacks=(), metrics=None, peak_flops=None, tensorboard=None, sample=None):
+          callbacks=(), metrics=None, peak_flops=None, tensorboard=None, sample=None, task=None):
     """Train `model` with `model.fit`; return the evaluation records.
 
     A GPT trains on token ids (1-D arrays) or packed conversations
@@ -190,10 +190,11 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
         evaluation, with `sample` (a function of the model returning text)
         as a text sample if given.
     callbacks: more Keras callbacks, given to every `fit` call.
+    task: the run's `tasks.task.Task` (None: the one whose data `train_ids` is).
     """
     called = time.perf_counter()
     out_dir = pathlib.Path(out_dir)
-    task = of_data(train_ids)
+    task = task or of_data(train_ids)
     _check(model, config, task, peak_flops)
     if not model.built:
         model.build((None, model.config.block_size))

@@ -123,10 +123,8 @@ def plan_run(asked, task, checkpoint=None, pretrained=None, sizing=None, on_gpu=
     """The `RunPlan` of a run `asked` (checked) to train `task`, resuming `checkpoint` (a checkpoint document) or
     starting from a `pretrained` model's `GPTConfig`, with settings the task sized from its data (`sizing`, a
     `tasks.task.Sizing`); `on_gpu`: whether the run computes on a GPU (the gpu preset measures MFU there)."""
-    if checkpoint and checkpoint.get("model_class", "GPT") != task.model_class.__name__:
-        saved_task = "seq2seq" if checkpoint.get("model_class") == "Seq2Seq" else "lm"
-        raise ConfigError(f"the run in {asked.out_dir} trains a {saved_task} model; resume it with "
-                          f"`task='{saved_task}'`")
+    if checkpoint:
+        task.check_checkpoint(checkpoint, asked.out_dir)
     model_settings, training_settings = split_settings(resolve_settings(
         asked.preset, asked.settings, checkpoint, task.default_preset, asked.synthetic, pretrained, sizing))
     # Before the settings are checked together: a new model's adapters are the mistake, whatever else they meet.

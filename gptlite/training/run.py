@@ -180,7 +180,7 @@ def _train(plan, data, start, say, verbose):
             + _schedule(config, plan.checkpoint, replicas), flush=True)
         history = fit.train(model, training.train, training.validation, config, out_dir, verbose=verbose,
                             resume=bool(plan.checkpoint), peak_flops=plan.peak_flops, tensorboard=plan.tensorboard,
-                            metrics=training.metrics, sample=training.sample)
+                            metrics=training.metrics, sample=training.sample, task=task)
     return TrainedRun(model, history, out_dir, config, training.held_out, training.held_out_questions, task)
 
 

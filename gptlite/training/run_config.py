@@ -18,6 +18,7 @@ from gptlite.errors import ConfigError, InputError, MissingFileError
 from gptlite.files import atomic_path
 from gptlite.model.config import GPTConfig
 from gptlite.training.settings import TrainingConfig
+from gptlite.version import __version__
 
 try:
     import tomllib
@@ -49,9 +50,7 @@ class RunConfig:
 
 def write_run_config(path, arguments, settings, backend):
     """Write a run's `train_on_text` arguments and resolved settings to `path` as TOML, atomically."""
-    import gptlite
-
-    lines = [HEADER, _line("gptlite_version", gptlite.__version__), _line("backend", backend), ""]
+    lines = [HEADER, _line("gptlite_version", __version__), _line("backend", backend), ""]
     lines += [_line(name, arguments[name]) for name in ARGUMENTS if arguments.get(name) is not None]
     lines += ["", "[settings]"]
     lines += [_line(name, settings[name]) for name in SETTINGS if settings.get(name) is not None]

@@ -37,7 +37,6 @@ import numpy as np
 from gptlite.errors import ConfigError, RunExistsError
 from gptlite.files import atomic_path
 from gptlite.model.config import MLP_NAMES
-from gptlite.model.gpt import only_a_gpt
 from gptlite.model.layers import weight_array
 from gptlite.text import forms
 from gptlite.weights import GGUF_OUTTYPES, gpt2, llama
@@ -60,7 +59,7 @@ def export_gguf(model, path, outtype=DEFAULT_OUTTYPE):
 
     if outtype not in OUTTYPES:
         raise ConfigError(f"outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
-    only_a_gpt(model, f"llama.cpp runs decoder-only models; a {type(model).__name__} writes targets from sources, "
+    model.check_continues_text(f"llama.cpp runs decoder-only models; a {type(model).__name__} writes targets from sources, "
                       f"which it cannot run")
     architecture = architecture_of(model.config)
     tensors = _gpt2_tensors(model) if architecture == "gpt2" else _llama_tensors(model, architecture)

@@ -20,7 +20,6 @@ import numpy as np
 from gptlite.errors import ConfigError, first_line, InputError, MissingFileError
 from gptlite.files import atomic_directory
 from gptlite.model.config import MLP_NAMES
-from gptlite.model.gpt import only_a_gpt
 from gptlite.model.layers import weight_array
 from gptlite.text.bpe import BPETokenizer
 
@@ -169,7 +168,7 @@ def not_gpt2(config):
 
 
 def _check_exportable(model):
-    only_a_gpt(model, f"only a GPT has GPT-2's form, not a {type(model).__name__}")
+    model.check_continues_text(f"only a GPT has GPT-2's form, not a {type(model).__name__}")
     problems = not_gpt2(model.config)
     if problems:
         raise ConfigError(f"GPT-2's layout cannot hold {'; '.join(problems)}")

@@ -8,13 +8,15 @@ and tokenizer); each family's layout is its own module's: `gptlite.weights.gpt2`
 
 import dataclasses
 import json
+import os
 import pathlib
 
 import numpy as np
 
 from gptlite.errors import ConfigError, first_line, InputError, MissingFileError
 from gptlite.files import atomic_directory, read_json
-from gptlite.model.gpt import GPT, is_model, only_a_gpt
+from gptlite.model.gpt import GPT
+from gptlite.text import templates
 from gptlite.text.bpe import BPETokenizer
 from gptlite.text.tokenizers import CharTokenizer
 from gptlite.weights import gpt2, llama, saving
@@ -33,12 +35,14 @@ def from_pretrained(name_or_path, block_size=None, dropout=None, dtype=None):
     dropout: the dropout to train with (default: a gptlite model's own, 0 for GPT-2).
     dtype: the Keras dtype policy to build it with (default: Keras's, float32).
     """
-    source = name_or_path if is_model(name_or_path) else None
-    path = pathlib.Path(name_or_path) if source is None else None
+    named = isinstance(name_or_path, (str, os.PathLike))  # else a model
+    path = pathlib.Path(name_or_path) if named else None
+    source = None if named else name_or_path
     if path is not None and (path.is_file() or path.suffix == ".keras"):
         source = saving.load(path)
     if source is not None:
-        only_a_gpt(source, f"{path or 'the model'} holds a {type(source).__name__}; only a GPT can be fine-tuned")
+        source.check_continues_text(f"{path or 'the model'} holds a {type(source).__name__}; only a GPT can be "
+                                    f"fine-tuned")
     if source is not None:
         settings = {name: value for name, value in dataclasses.asdict(source.config).items() if name != "vocab_size"}
         tokenizer = source.tokenizer
@@ -228,7 +232,7 @@ def export_hugging_face(model, directory):
     """
     from safetensors.numpy import save_file
 
-    only_a_gpt(model, f"only a GPT has a Hugging Face form here, not a {type(model).__name__}")
+    model.check_continues_text(f"only a GPT has a Hugging Face form here, not a {type(model).__name__}")
     config = model.config
 
     def write_tokenizer(folder):
@@ -250,3 +254,15 @@ def export_hugging_face(model, directory):
         save_file({name: np.ascontiguousarray(array) for name, array in arrays.items()},
                   str(folder / "model.safetensors"), metadata={"format": "pt"})
         write_tokenizer(folder)
+
+
+def chat_ready(model, seed=0):
+    """The GPT `model` if its tokenizer has a chat template; else a copy with the default template, its turn
+    markers added to the tokenizer as tokens of their own and the embedding grown by their rows."""
+    tokenizer = model.tokenizer
+    if tokenizer is None:
+        raise ConfigError("the model has no tokenizer, so it cannot read conversations")
+    if templates.template_of(tokenizer) is not None:
+        return model
+    return with_tokenizer(model, tokenizer.with_chat_tokens(templates.TURN_MARKERS, templates.DEFAULT_TEMPLATE),
+                          seed)

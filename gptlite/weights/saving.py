@@ -7,7 +7,7 @@ import numpy as np
 
 from gptlite.errors import ConfigError, InputError
 from gptlite.files import atomic_directory, atomic_path, check_model_file
-from gptlite.model.gpt import is_model, only_a_gpt
+from gptlite.model.gpt import checked_model
 from gptlite.model.layers import layers_within
 
 
@@ -61,8 +61,9 @@ def load(path):
         model = keras.saving.load_model(path, compile=False)
     except Exception as error:  # Keras raises many types for a damaged file.
         raise InputError(f"cannot load {path}: {str(error).splitlines()[0]}") from error
-    if not is_model(model) or model.tokenizer is None:
-        raise InputError(f"{path} holds a {type(model).__name__}, not a gptlite model")
+    refusal = InputError(f"{path} holds a {type(model).__name__}, not a gptlite model")
+    if checked_model(model, refusal).tokenizer is None:
+        raise refusal
     return model
 
 
@@ -80,7 +81,7 @@ def export_saved_model(model, directory):
     import tensorflow as tf
 
     check_export_backend()
-    only_a_gpt(model, f"only a GPT exports as a SavedModel for now, not a {type(model).__name__}")
+    model.check_continues_text(f"only a GPT exports as a SavedModel for now, not a {type(model).__name__}")
     options = {}
     if keras.backend.backend() == "jax":
         # jax2tf must be told the length's bound, or slicing the position table fails to convert.

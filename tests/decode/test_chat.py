@@ -37,7 +37,7 @@ CONVERSATION = [{"role": "system", "content": "be a cat"}, {"role": "user", "con
 
 @pytest.fixture(scope="module")
 def chat_model(tiny_model):
-    return conversations.chat_ready(tiny_model)
+    return gptlite.chat_ready(tiny_model)
 
 
 def test_a_model_without_a_template_gets_the_default_one_and_its_markers_as_tokens(tiny_model, chat_model):
@@ -52,7 +52,7 @@ def test_a_model_without_a_template_gets_the_default_one_and_its_markers_as_toke
     new = chat_model.embedding.token_embedding.embeddings.numpy()
     np.testing.assert_array_equal(new[:len(old)], old)
     assert len({tuple(row) for row in new[len(old):]}) == len(templates.TURN_MARKERS)
-    assert conversations.chat_ready(chat_model) is chat_model  # it has a template now
+    assert gptlite.chat_ready(chat_model) is chat_model  # it has a template now
 
 
 def test_a_grown_model_computes_what_it_did_on_text_without_markers(tokenizer):
@@ -63,7 +63,7 @@ def test_a_grown_model_computes_what_it_did_on_text_without_markers(tokenizer):
     model = gptlite.GPT(vocab_size=bpe.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=16,
                         tie_weights=False, tokenizer=bpe)
     model.build((None, 16))
-    grown = conversations.chat_ready(model)
+    grown = gptlite.chat_ready(model)
     assert grown.config.vocab_size == model.config.vocab_size + len(templates.TURN_MARKERS)
     ids = np.asarray([bpe.encode("the cat sat on a mat")], "int32")
     before = keras.ops.convert_to_numpy(model(ids))
@@ -83,8 +83,8 @@ def test_the_tokenizer_and_its_template_survive_saving(chat_model, tmp_path):
     loaded = gptlite.load(tmp_path / "chat.keras")
     assert loaded.tokenizer.chat_template == templates.DEFAULT_TEMPLATE
     assert loaded.tokenizer.added_tokens == chat_model.tokenizer.added_tokens
-    assert conversations.prompt_ids(loaded.tokenizer, CONVERSATION[:2]) == \
-        conversations.prompt_ids(chat_model.tokenizer, CONVERSATION[:2])
+    assert templates.answer_prompt_ids(loaded.tokenizer, CONVERSATION[:2]) == \
+        templates.answer_prompt_ids(chat_model.tokenizer, CONVERSATION[:2])
 
 
 @ONCE

@@ -96,7 +96,6 @@ import json, sys
 import keras
 import gptlite
 from gptlite import serving
-from gptlite.data import conversations
 from gptlite.decode import compiled
 from starlette.testclient import TestClient
 
@@ -108,7 +107,7 @@ model.build((None, 16))
 texts = {"private layer": compiled.private_layer()}
 texts["generate"] = gptlite.generate(model, ["the", "a cat"], 6, temperature=0)
 texts["stream"] = "".join(gptlite.stream(model, "the", 6, temperature=0))
-chat = conversations.chat_ready(model)
+chat = gptlite.chat_ready(model)
 texts["reply"] = gptlite.reply(chat, [{"role": "user", "content": "the cat"}], max_new_tokens=6, temperature=0)
 with TestClient(serving.create_app(model, "tiny")) as client:
     answer = client.post("/v1/completions", json={"prompt": "the", "max_tokens": 6, "temperature": 0})
@@ -133,20 +132,20 @@ def test_with_the_private_layer_off_every_way_of_decoding_gives_the_same_greedy_
 
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the private layer loads TensorFlow programs")
 def test_a_tensorflow_whose_internals_moved_fails_the_self_test_and_says_so_once(monkeypatch):
-    from gptlite.decode import compiled
+    from gptlite.decode import program_bytes
 
     def moved(header, payload):
         raise AttributeError("module 'tensorflow.python.eager.context' has no attribute 'context'")
 
-    monkeypatch.setattr(compiled, "_load_tensorflow", moved)
-    monkeypatch.delenv(compiled.PRIVATE_APIS_VARIABLE, raising=False)
-    compiled.private_layer.cache_clear()
+    monkeypatch.setattr(program_bytes, "load_tensorflow", moved)
+    monkeypatch.delenv(program_bytes.PRIVATE_APIS_VARIABLE, raising=False)
+    program_bytes.private_layer.cache_clear()
     try:
         with pytest.warns(RuntimeWarning, match="each process traces its own"):
-            assert compiled.private_layer() is False
-        assert compiled.private_layer() is False  # checked once: no second warning
+            assert program_bytes.private_layer() is False
+        assert program_bytes.private_layer() is False  # checked once: no second warning
     finally:
-        compiled.private_layer.cache_clear()
+        program_bytes.private_layer.cache_clear()
 
 
 _AS_README_SHOWS = """

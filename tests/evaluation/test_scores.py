@@ -156,7 +156,7 @@ def test_a_chat_model_is_scored_on_its_answers_and_their_exactness(tmp_path, tin
     from gptlite.decode import chat
     from gptlite.evaluation import scores
 
-    model = conversations.chat_ready(tiny_model)
+    model = gptlite.chat_ready(tiny_model)
     chats = [[{"role": "user", "content": "the cat"}, {"role": "assistant", "content": "sat"}],
              [{"role": "user", "content": "a"}, {"role": "assistant", "content": "ran"},
               {"role": "user", "content": "to"}, {"role": "assistant", "content": "mat"}]]  # 17 tokens: the context

@@ -297,9 +297,7 @@ def test_health_says_ready_once_requests_need_no_program_built(fluent_model):
 
 @pytest.fixture(scope="module")
 def chat_server(fluent_model):
-    from gptlite.data import conversations
-
-    running = Server(serving.create_app(conversations.chat_ready(fluent_model), "chat", serving.ServeSettings()))
+    running = Server(serving.create_app(gptlite.chat_ready(fluent_model), "chat", serving.ServeSettings()))
     yield running
     running.stop()
 
@@ -335,9 +333,9 @@ def test_the_openai_client_chats_plain_and_streamed(chat_server):
 
 
 def conversations_prompt(model, messages):
-    from gptlite.data import conversations
+    from gptlite.text import templates
 
-    return conversations.prompt_ids(model.tokenizer, messages)
+    return templates.answer_prompt_ids(model.tokenizer, messages)
 
 
 def test_bad_conversations_get_a_400_and_a_model_without_a_template_says_it_cannot_chat(chat_server, server):

@@ -26,18 +26,39 @@ def test_a_runs_task_follows_its_task_and_synthetic_settings():
 
 
 def test_a_models_task_is_what_it_does(tiny_model, tiny_seq2seq):
-    chat_model = conversations.chat_ready(tiny_model)
+    chat_model = gptlite.chat_ready(tiny_model)
     assert [type(tasks.of_model(model)) for model in (tiny_model, chat_model, tiny_seq2seq)] == [
         LanguageModel, Chat, Pairs]
-    assert [tasks.of_model(model).reads for model in (tiny_model, chat_model, tiny_seq2seq)] == [
-        "prompt", "prompt", "source"]
-    assert [tasks.of_model(model).converses for model in (tiny_model, chat_model, tiny_seq2seq)] == [
-        False, True, False]
+    language, chat, seq2seq = (tasks.of_model(model) for model in (tiny_model, chat_model, tiny_seq2seq))
+    # What each reads of a command's text, refusing the other kind's.
+    assert language.given_text(prompt="the") == chat.given_text(prompt="the") == "the"
+    assert seq2seq.given_text(source="abc") == "abc" and language.given_text() is None
+    with pytest.raises(gptlite.InputError, match="m.keras is a seq2seq model: give it `source` TEXT, not `prompt`"):
+        seq2seq.given_text(prompt="the", model_name="m.keras")
+    with pytest.raises(gptlite.InputError, match="is a language model: give it `prompt` TEXT, not `source`"):
+        language.given_text(source="abc")
+    # What a request to the server may hold for each.
+    fields = ("messages", "echo", "logprobs", "attention")
+    assert [chat.request_refusal(field) for field in fields] == [None] * 4
+    assert [language.request_refusal(field) is None for field in fields] == [False, True, True, True]
+    assert [seq2seq.request_refusal(field) is None for field in fields] == [False, False, False, False]
+    assert language.cuts_long_texts("left") and not language.cuts_long_texts("none")
+    assert not seq2seq.cuts_long_texts("left")
+
+
+def test_a_run_resumes_only_as_the_kind_of_model_it_trained():
+    tasks.named("lm").check_checkpoint({"model_class": "GPT"}, "runs/a")
+    tasks.named("chat").check_checkpoint({}, "runs/a")  # a checkpoint from before the model's class was written
+    with pytest.raises(gptlite.ConfigError, match="the run in runs/a trains a seq2seq model; resume it with "
+                                                  "`task='seq2seq'`"):
+        tasks.named("lm").check_checkpoint({"model_class": "Seq2Seq"}, "runs/a")
+    with pytest.raises(gptlite.ConfigError, match="trains a language model; resume it with `task='lm'`"):
+        tasks.named("seq2seq").check_checkpoint({"model_class": "GPT"}, "runs/a")
 
 
 def test_the_datas_task_batches_it_and_says_what_the_loss_leaves_out(tiny_model, tiny_seq2seq, seq2seq_tokenizer):
     ids = np.arange(200, dtype=np.int32) % tiny_model.config.vocab_size
-    rows = conversations.pack(conversations.chat_ready(tiny_model).tokenizer,
+    rows = conversations.pack(gptlite.chat_ready(tiny_model).tokenizer,
                               [[{"role": "user", "content": "the cat"}, {"role": "assistant", "content": "sat"}]], 15)
     pair_set = pairs.encode(pairs.Pairs(["ab", "ba"], ["ba", "ab"]), seq2seq_tokenizer, 8)
     assert [type(tasks.of_data(data)) for data in (ids, rows, pair_set)] == [LanguageModel, Chat, Pairs]

@@ -280,15 +280,15 @@ def test_fine_tuning_a_llama_folder_with_lora_keeps_its_tokenizer_and_chat_templ
 
 @SAME_ON_EVERY_BACKEND
 def test_a_folder_with_a_chat_template_chats_with_it(folder, model):
-    from gptlite.data import conversations
     from gptlite.decode import chat
+    from gptlite.text import templates
 
     _, _, _, hf_tokenizer = folder
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "The quick brown fox?"}]
-    assert conversations.chat_ready(model) is model  # its own template: no tokens added
+    assert gptlite.chat_ready(model) is model  # its own template: no tokens added
     rendered = hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     # The text transformers renders, as the model reads any text: after its beginning token, where it has one.
-    assert conversations.prompt_ids(model.tokenizer, messages) == \
+    assert templates.answer_prompt_ids(model.tokenizer, messages) == \
         [*model.tokenizer.text_start_ids, *model.tokenizer.encode(rendered).tolist()]
     answer = chat.reply(model, messages, max_new_tokens=6, temperature=0.0)
     assert "<|im_end|>" not in answer  # the answer ends before the template's end of turn, if it writes one
