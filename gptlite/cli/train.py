@@ -5,7 +5,7 @@ import dataclasses
 import pathlib
 
 from gptlite.cli.command import command, print_piece
-from gptlite.cli.flags import add_backend_flags, add_unknown_flag, Parser
+from gptlite.cli.flags import add_backend_flags, add_unknown_flag, FLAG_ALIASES, Parser
 from gptlite import tasks, text
 from gptlite.model import config
 from gptlite.training import settings
@@ -159,15 +159,15 @@ def _add_setting_flags(parser):
 
 
 def run(args):
-    from gptlite.training import run
+    from gptlite.training import plan, run
 
-    trained = run.train_on_text(
-        args.texts, args.out, {name: getattr(args, name) for name in settings.SETTING_NAMES},
-        preset=args.preset, task=args.task, synthetic=args.synthetic, tokenizer=args.tokenizer,
-        vocab_size=args.vocab_size, encoding=args.encoding, errors=args.errors, init_from=args.init_from,
-        unknown=args.unknown, distribute=args.distribute, resume=args.resume, overwrite=args.overwrite,
-        tensorboard=args.tensorboard_dir or args.tensorboard or None, mfu=args.mfu, peak_flops=args.peak_flops,
-        long_conversations=args.long_conversations, val_file=args.val_file)
+    # Each argument of the run from its flag, named as the argument is but for FLAG_ALIASES'; the settings from
+    # theirs, and tensorboard from two.
+    made = {"settings": {name: getattr(args, name) for name in settings.SETTING_NAMES},
+            "tensorboard": args.tensorboard_dir or args.tensorboard or None}
+    arguments = {name: made[name] if name in made else getattr(args, FLAG_ALIASES.get(name, name))
+                 for name in plan.RUN_ARGUMENTS}
+    trained = run.train_on_text(**arguments)
     best = trained.best
     print(
         f"\nbest validation loss {best['val_loss']:.4f} at step {best['step']}; "

@@ -21,10 +21,10 @@ not read back whole (its checksum) is removed and traced again.
 
 Loading a TensorFlow program from bytes is an optional layer over a public floor: TensorFlow has no public API
 that adds a function's definition to a process and calls it by name, so it uses `tensorflow.python.eager`,
-checked once by a self-test (`program_bytes.private_layer`). Where that fails (a TensorFlow that changed its internals), or
-GPTLITE_PRIVATE_APIS=off, each program is traced in each process with `tf.function` and called as tf.function
-calls it, for its own model; nothing is kept on disk, so a second process starts slower, and a warning says so
-once. JAX's programs use public APIs only (`jax.export`, `jax.jit`).
+checked once by a self-test (`program_bytes.private_layer`). Where that fails (a TensorFlow that changed its
+internals), or GPTLITE_PRIVATE_APIS=off, each program is traced in each process with `tf.function` and called as
+tf.function calls it, for its own model; nothing is kept on disk, so a second process starts slower, and a
+warning says so once. JAX's programs use public APIs only (`jax.export`, `jax.jit`).
 """
 
 import functools

@@ -212,10 +212,10 @@ class Engine:
         it with XLA on a thread of its own, and the prefills after it run compiled once that is done (at the `cpu`
         preset's size, about 1 ms against 3)."""
         needs = (logprobs, *self._needs(settings))
-        prefill = self.programs.prefill(*needs, compiled=self.compiled_prefill, span=span)
+        prefill = self.programs.prefill(*needs, compiled_prefill=self.compiled_prefill, span=span)
         if prefill.xla or keras.backend.backend() != "tensorflow":
             return prefill
-        compiled = self.programs.prefill(*needs, compiled=True, span=span)
+        compiled = self.programs.prefill(*needs, compiled_prefill=True, span=span)
         if compiled.ready(*inputs):
             return compiled
         if prefill.calls(*inputs) + 1 >= PREFILL_THAT_COMPILES:

@@ -2,7 +2,7 @@
 prompt, `generate_target` writes a Seq2Seq's target for a source.
 
 All of them decode through one `gptlite.decode.engine.Engine` and turn each row's
-tokens into text the same way (`RowText`): a row's text ends before the
+tokens into text the same way (`NewText`): a row's text ends before the
 tokenizer's end token, before its first stop string, or at its
 max_new_tokens, and decoding ends once every row has ended. Sampling
 settings come as one `SamplingConfig` (or as its fields by name):
@@ -21,7 +21,7 @@ engine's per-row windows and compiled loops.
 import numpy as np
 
 from gptlite.decode.engine import CHUNK_SIZE, Engine
-from gptlite.decode.rows import RowText, TextRows
+from gptlite.decode.rows import NewText, TextRows
 from gptlite.decode.sampling import check_beams
 from gptlite.decode.settings import SamplingConfig
 from gptlite.errors import ConfigError, InputError
@@ -260,7 +260,7 @@ def _decode_targets(model, source_ids, config, use_cache, num_beams):
 
 def _text_of(tokenizer, config, ids):
     """The text of a whole row of token ids, ended as a decoded row's is."""
-    row = RowText(tokenizer, config, streaming=False)
+    row = NewText(tokenizer, config, streaming=False)
     return row.add(ids) + row.continuation.finish()
 
 

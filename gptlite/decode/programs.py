@@ -74,17 +74,18 @@ class Programs:
         # setdefault: two threads asking at once (a server's warm-up) get one Compiled
         return self._compiled.get(key) or self._compiled.setdefault(key, Compiled(key, function, self.model, xla=xla))
 
-    def prefill(self, logprobs=False, filtering=True, penalised=False, sampling=True, compiled=False, span=None):
-        """The prefill program; `compiled`: with XLA even where the model's prefill is a plain graph (see
+    def prefill(self, logprobs=False, filtering=True, penalised=False, sampling=True, compiled_prefill=False,
+                span=None):
+        """The prefill program; `compiled_prefill`: with XLA even where the model's prefill is a plain graph (see
         `Engine`); `span`: the cache it gives has that many slots (None: as many as its columns)."""
         needs = dict(logprobs=logprobs, filtering=filtering, penalised=penalised, sampling=sampling)
-        xla = compiled or self.model.prefill_compiles
+        xla = compiled_prefill or self.model.compiled_prefill
         return self._get(("prefill", *needs.values(), *(["xla"] if xla else []), *([span] if span else [])),
                          functools.partial(self._sample_prefill, **needs, span=span), xla=xla)
 
     @property
     def beam_prefill(self):
-        return self._get("beam prefill", self._beam_prefill, xla=self.model.prefill_compiles)
+        return self._get("beam prefill", self._beam_prefill, xla=self.model.compiled_prefill)
 
     def loop(self, kind, steps_kind, slide, logprobs=False, filtering=True, penalised=False, sampling=True):
         """The compiled decode loop of `kind` ("sample" or "beam") for one kind of steps.

@@ -24,7 +24,7 @@ from gptlite.text import templates
 from gptlite.text.continuation import Continuation
 
 
-class RowText:
+class NewText:
     """One row's new text, token by token: it ends before the tokenizer's end token, before its first stop
     string, or at its max_new_tokens. `finish_reason` is then "stop" (end token or stop string) or "length";
     `tokens` counts the tokens it took."""
@@ -86,7 +86,7 @@ class TextRows:
 
     def __init__(self, engine, tokenizer, streaming=True):
         self.engine, self.tokenizer, self.streaming = engine, tokenizer, streaming
-        self._rows = {}  # engine row -> (key, RowText)
+        self._rows = {}  # engine row -> (key, NewText)
         self._handles = {}  # key -> engine row
 
     def __len__(self):
@@ -110,7 +110,7 @@ class TextRows:
                               for values in (answers, self.streaming if streaming is None else streaming))
         configs = [ending_at_turn_end(self.tokenizer, config) if answer else config
                    for config, answer in zip(configs, answers)]
-        texts = [RowText(self.tokenizer, config, row_streaming) for config, row_streaming in zip(configs, streaming)]
+        texts = [NewText(self.tokenizer, config, row_streaming) for config, row_streaming in zip(configs, streaming)]
         written = {key: Written([], Drawn(np.zeros(0, np.int32)), 0, text.finish_reason)
                    for key, text in zip(keys, texts) if text.ended}
         live = [index for index, text in enumerate(texts) if not text.ended]

@@ -144,12 +144,12 @@ class Attention(keras.layers.Layer):
         self.config = config = GPTConfig.of(config)
         self.causal = causal
         self.cross = cross
-        self.n_head, self.n_kv_head, self.head_size = config.n_head, config.kv_heads, config.head_size
+        self.n_head, self.kv_heads, self.head_size = config.n_head, config.kv_heads, config.head_size
         self.rotary = config.position == "rotary" and not cross
 
     def build(self, input_shape):
         config, width = self.config, self.config.n_embd
-        heads, kv_heads, size = self.n_head, self.n_kv_head, self.head_size
+        heads, kv_heads, size = self.n_head, self.kv_heads, self.head_size
 
         def linear(units, bias, name, input_width=width):
             layer = Linear(units, use_bias=bias, dtype=self.dtype_policy, name=name)
@@ -189,9 +189,9 @@ class Attention(keras.layers.Layer):
             # The backend's fused attention (torch's scaled_dot_product_attention,
             # flash where it can; under XLA the same ops as below), on heads
             # that need no transposing.
-            if self.n_kv_head != self.n_head and keras.backend.backend() != "jax":
+            if self.kv_heads != self.n_head and keras.backend.backend() != "jax":
                 # JAX's takes fewer key/value heads as they are; the others' repeat them, or, for one, cannot.
-                groups = self.n_head // self.n_kv_head
+                groups = self.n_head // self.kv_heads
                 key, value = ops.repeat(key, groups, axis=2), ops.repeat(value, groups, axis=2)
             attended = ops.dot_product_attention(query, key, value, mask=mask, is_causal=mask is None)  # (B, T, H, D)
             merged = self.output_projection(ops.reshape(attended, (-1, length, self.n_head * self.head_size)))
@@ -226,11 +226,11 @@ class Attention(keras.layers.Layer):
     def _project(self, x, angles):
         """Causal attention's queries (B, T, H, D), keys and values (B, T, K, D) of x, normed and rotated."""
         length = ops.shape(x)[1]
-        qkv = ops.reshape(self.qkv_projection(x), (-1, length, self.n_head + 2 * self.n_kv_head,
+        qkv = ops.reshape(self.qkv_projection(x), (-1, length, self.n_head + 2 * self.kv_heads,
                                                    self.head_size))
         # Split rather than indexed three times: without XLA, TensorFlow's gradient of each index writes
         # a zero tensor of the whole (B, T, H + 2K, D); a split's gradient is one concatenation.
-        query, key, value = ops.split(qkv, [self.n_head, self.n_head + self.n_kv_head], axis=2)
+        query, key, value = ops.split(qkv, [self.n_head, self.n_head + self.kv_heads], axis=2)
         return self._normed_and_rotated(query, "query", angles), self._normed_and_rotated(key, "key", angles), value
 
     def _angles(self, positions):
@@ -249,7 +249,7 @@ class Attention(keras.layers.Layer):
     def key_values(self, context):
         """The context's keys and values, (B, 2, K, S, D): computed once, attended from any number of queries."""
         length = ops.shape(context)[1]
-        key_value = ops.reshape(self.key_value_projection(context), (-1, length, 2 * self.n_kv_head,
+        key_value = ops.reshape(self.key_value_projection(context), (-1, length, 2 * self.kv_heads,
                                                                       self.head_size))
         key, value = ops.split(key_value, 2, axis=2)  # each (B, S, K, D)
         key = self._normed_and_rotated(key, "key", self._angles(ops.arange(length)))

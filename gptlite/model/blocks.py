@@ -73,7 +73,7 @@ class TransformerBlock(keras.layers.Layer):
             self.cross_attention = attention("cross_attention", causal=False, cross=True)
         self.feed_forward_norm = norm("feed_forward_norm")
         self.feed_forward = FeedForward(dropout=config.dropout, bias=config.bias, mlp=config.mlp,
-                                        hidden_size=config.mlp_hidden_size, dtype=self.dtype_policy,
+                                        mlp_hidden_size=config.mlp_hidden_size, dtype=self.dtype_policy,
                                         name="feed_forward")
         self.feed_forward.build(input_shape)
 

@@ -46,7 +46,7 @@ class _Transformer(keras.Model):
     writes_targets = False
     # Whether its prefill is compiled (XLA) rather than a plain graph on TensorFlow: a GPT's is quick to build, so
     # that the first token comes without waiting for a compiler; a Seq2Seq's targets come whole, so its compiles.
-    prefill_compiles = False
+    compiled_prefill = False
 
     def __init__(self, *, tokenizer=None, config=None, **kwargs):
         # The shape: a GPTConfig given whole, or its fields (as a saved model gives them), with its defaults; the
@@ -311,7 +311,7 @@ class Seq2Seq(_Transformer):
 
     _CROSS_ATTENTION = True
     writes_targets = True
-    prefill_compiles = True
+    compiled_prefill = True
     PAD_ID = 0
 
     def __init__(self, *, tokenizer=None, **kwargs):

@@ -190,12 +190,16 @@ class RMSNorm(keras.layers.Layer):
         return config
 
 
+# Settings a layer saved before it took GPTConfig's names called otherwise.
+_FORMER_NAMES = {"use_bias": "bias", "vocabulary_size": "vocab_size", "sequence_length": "block_size",
+                 "embedding_dim": "n_embd", "hidden_size": "mlp_hidden_size"}
+
+
 def settings_by_their_names(config):
-    """A saved layer's config with the settings' names of layers saved before they took GPTConfig's:
-    `use_bias` is `bias`, `rotary=True` is `position="rotary"`."""
-    config = dict(config)
-    if "use_bias" in config:
-        config["bias"] = config.pop("use_bias")
+    """A saved layer's config with the settings' names of layers saved before they took GPTConfig's
+    (`_FORMER_NAMES`: `use_bias` is `bias`, `sequence_length` is `block_size`, ...), and `rotary=True` as
+    `position="rotary"`."""
+    config = {_FORMER_NAMES.get(name, name): value for name, value in config.items()}
     if "rotary" in config:
         config["position"] = "rotary" if config.pop("rotary") else "learned"
     return config
@@ -216,24 +220,24 @@ NORM_LAYERS = (RMSNorm, keras.layers.LayerNormalization)
 class TokenAndPositionEmbedding(keras.layers.Layer):
     """Token embedding, with the position table added where positions are one, and the output head.
 
-    Args:
-        vocabulary_size: number of token ids.
-        sequence_length: the longest sequence the position table covers.
-        embedding_dim: model width C.
+    Args (named as GPTConfig names them):
+        vocab_size: number of token ids, V.
+        block_size: the longest sequence the position table covers.
+        n_embd: model width C.
         position: "learned" (a trained table), "sinusoidal" (the fixed table
             of `positions.sinusoidal_position_encoding`, computed once), or
             "rotary" (no table: attention rotates queries and keys).
         tie_weights: whether `logits()` reuses the token embedding matrix as
             the output projection (True) or has a matrix of its own.
 
-    Call: token ids (B, T) with T <= sequence_length -> embeddings (B, T, C).
+    Call: token ids (B, T) with T <= block_size -> embeddings (B, T, C).
     """
 
     def __init__(
         self,
-        vocabulary_size,
-        sequence_length,
-        embedding_dim,
+        vocab_size,
+        block_size,
+        n_embd,
         position="learned",
         tie_weights=True,
         **kwargs,
@@ -241,16 +245,16 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         super().__init__(**kwargs)
         if position not in POSITIONS:
             raise ValueError(f"position must be one of {', '.join(POSITIONS)}, got {position!r}")
-        self.vocabulary_size = vocabulary_size
-        self.sequence_length = sequence_length
-        self.embedding_dim = embedding_dim
+        self.vocab_size = vocab_size
+        self.block_size = block_size
+        self.n_embd = n_embd
         self.position = position
         self.tie_weights = tie_weights
         # Keras's ReversibleEmbedding holds the embedding and, tied or not, the
         # output projection, so both paths save and load the same way.
         self.token_embedding = keras.layers.ReversibleEmbedding(
-            vocabulary_size,
-            embedding_dim,
+            vocab_size,
+            n_embd,
             tie_weights=tie_weights,
             embeddings_initializer=_normal_init(),
             reverse_dtype="float32",
@@ -264,7 +268,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         if self.position == "learned":
             self.position_embeddings = self.add_weight(
                 name="position_embeddings",
-                shape=(self.sequence_length, self.embedding_dim),
+                shape=(self.block_size, self.n_embd),
                 initializer=_normal_init(),
             )
         elif self.position == "sinusoidal":
@@ -272,12 +276,12 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             # outside any traced function, and it travels inside model.keras.
             self.position_embeddings = self.add_weight(
                 name="position_encoding",
-                shape=(self.sequence_length, self.embedding_dim),
+                shape=(self.block_size, self.n_embd),
                 initializer="zeros",
                 trainable=False,
             )
             self.position_embeddings.assign(
-                position_kinds.sinusoidal_position_encoding(self.sequence_length, self.embedding_dim)
+                position_kinds.sinusoidal_position_encoding(self.block_size, self.n_embd)
             )
 
     def call(self, token_ids, start_positions=None, positions=None):
@@ -292,7 +296,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         if start_positions is not None:
             positions = token_positions(start_positions, length)  # (B, T)
         if positions is None:
-            added = ops.slice(table, (0, 0), (length, self.embedding_dim))  # (T, C)
+            added = ops.slice(table, (0, 0), (length, self.n_embd))  # (T, C)
         else:
             added = ops.take(table, positions, axis=0)  # (B, T, C)
         return tokens + ops.cast(added, tokens.dtype)
@@ -302,18 +306,22 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         return self.token_embedding(hidden, reverse=True)
 
     def compute_output_shape(self, input_shape):
-        return (*input_shape, self.embedding_dim)
+        return (*input_shape, self.n_embd)
 
     def get_config(self):
         config = super().get_config()
         config.update(
-            vocabulary_size=self.vocabulary_size,
-            sequence_length=self.sequence_length,
-            embedding_dim=self.embedding_dim,
+            vocab_size=self.vocab_size,
+            block_size=self.block_size,
+            n_embd=self.n_embd,
             position=self.position,
             tie_weights=self.tie_weights,
         )
         return config
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**settings_by_their_names(config))
 
 
 def gelu(x, recompute_gradient=False):
@@ -357,21 +365,21 @@ class FeedForward(keras.layers.Layer):
         dropout: rate for the output.
         bias: whether the projections have biases.
         mlp: "gelu", "swiglu" or "relu2".
-        hidden_size: F (None: `feed_forward_width`'s default for the width).
+        mlp_hidden_size: F (None: `feed_forward_width`'s default for the width).
     """
 
-    def __init__(self, dropout=0.0, bias=True, mlp="gelu", hidden_size=None, **kwargs):
+    def __init__(self, dropout=0.0, bias=True, mlp="gelu", mlp_hidden_size=None, **kwargs):
         super().__init__(**kwargs)
         if mlp not in MLPS:
             raise ValueError(f"mlp must be one of {', '.join(MLPS)}, got {mlp!r}")
         self.dropout = dropout
         self.bias = bias
         self.mlp = mlp
-        self.hidden_size = hidden_size
+        self.mlp_hidden_size = mlp_hidden_size
 
     def build(self, input_shape):
         width = input_shape[-1]
-        hidden = self.hidden_size or feed_forward_width(width, self.mlp)
+        hidden = self.mlp_hidden_size or feed_forward_width(width, self.mlp)
         self.expand = Linear(hidden * (2 if self.mlp == "swiglu" else 1), use_bias=self.bias,
                              dtype=self.dtype_policy, name="expand")
         self.expand.build(input_shape)
@@ -400,7 +408,7 @@ class FeedForward(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(dropout=self.dropout, bias=self.bias, mlp=self.mlp, hidden_size=self.hidden_size)
+        config.update(dropout=self.dropout, bias=self.bias, mlp=self.mlp, mlp_hidden_size=self.mlp_hidden_size)
         return config
 
     @classmethod

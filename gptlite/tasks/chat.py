@@ -75,7 +75,7 @@ class Chat(LanguageModel):
         digit a token of its own); the template's markers are added after."""
         if data.tokenizer is not None:
             return data.tokenizer
-        return fitted_tokenizer(data.corpus(), plan.tokenizer, plan.vocab_size, True, say)
+        return fitted_tokenizer(data.corpus(), plan.tokenizer, plan.asked.vocab_size, True, say)
 
     def adapted(self, model, plan, say):
         """A model without a chat template gets the default one, its turn markers new tokens (a resumed run's
@@ -100,7 +100,7 @@ class Chat(LanguageModel):
         """The conversations packed into train and validation rows, before the folder is made (a refusal leaves
         an earlier run as it is), and the held-out questions each evaluation answers."""
         tokenizer, block_size = model.tokenizer, model.config.block_size
-        long = plan.long_conversations
+        long = plan.asked.long_conversations
         if data.validation is None:  # a synthetic task: its validation rows come from its training conversations
             rows = conversations.pack(tokenizer, data.conversations, block_size, long)
             train_rows, validation_rows = conversations.split(rows, seed=plan.seed)

@@ -37,7 +37,7 @@ class LanguageModel(Task):
     def corpus(self, plan):
         """The run's text, read once: its files, or about 2 MB of the Python standard library's sources."""
         if self._corpus is None:
-            self._corpus = (lm.Corpus.from_files(plan.sources, plan.encoding, plan.errors) if plan.sources else
+            self._corpus = (lm.Corpus.from_files(plan.asked.sources, plan.asked.encoding, plan.asked.errors) if plan.asked.sources else
                             lm.Corpus.from_text(lm.default_corpus(), "the Python standard library's sources"))
         return self._corpus
 
@@ -50,7 +50,7 @@ class LanguageModel(Task):
 
     def tokenizer(self, plan, data, say):
         """A new model's tokenizer, fitted to the text."""
-        return fitted_tokenizer(self.corpus(plan), plan.tokenizer, plan.vocab_size, False, say)
+        return fitted_tokenizer(self.corpus(plan), plan.tokenizer, plan.asked.vocab_size, False, say)
 
     def sampler(self, plan):
         """What a run samples of its model, at each TensorBoard evaluation and at its end."""
@@ -61,11 +61,11 @@ class LanguageModel(Task):
         corpus = self.corpus(plan)
         make_folder()
         try:
-            token_ids = lm.encode_corpus(corpus, model.tokenizer, plan.out_dir, sys.stdout.isatty(), plan.unknown)
+            token_ids = lm.encode_corpus(corpus, model.tokenizer, plan.out_dir, sys.stdout.isatty(), plan.asked.unknown)
         except InputError as error:
             if plan.checkpoint and any(model.tokenizer.unknown_characters(piece) for piece in corpus.pieces()):
                 raise InputError(f"{error}: resume with the text the run started on") from None
-            if plan.init_from and not plan.checkpoint and plan.unknown == "error":
+            if plan.asked.init_from and not plan.checkpoint and plan.asked.unknown == "error":
                 raise InputError(f"{error}: the pretrained model never saw them; `unknown='skip'` leaves them out, "
                                  f"`unknown='replace'` makes them spaces") from None
             raise

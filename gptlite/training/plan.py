@@ -18,6 +18,7 @@ from gptlite.data.conversations import LONG_CONVERSATIONS
 from gptlite.model.config import GPTConfig
 from gptlite.text import DEFAULT_TOKENIZER, tokenizer_class, TOKENIZERS
 from gptlite.training.history import DEFAULT_PEAK_FLOPS
+from gptlite.training.run_config import ARGUMENTS
 from gptlite.training.settings import TrainingConfig, dtype_policy, resolve_settings, split_settings
 
 
@@ -85,11 +86,17 @@ class RunArguments:
         return next((value for value in (given, saved) if value is not None), TrainingConfig.seed)
 
     def as_dict(self):
-        """The arguments a run's config.toml records."""
-        return dict(sources=[str(source) for source in self.sources], task=self.task, synthetic=self.synthetic,
-                    preset=self.preset, tokenizer=self.tokenizer, vocab_size=self.vocab_size, encoding=self.encoding,
-                    errors=self.errors, init_from=self.init_from and str(self.init_from), unknown=self.unknown,
-                    distribute=self.distribute)
+        """The arguments a run's config.toml records (`run_config.ARGUMENTS`), as TOML holds them."""
+        def plain(value):
+            if isinstance(value, (tuple, list)):
+                return [plain(item) for item in value]
+            return str(value) if isinstance(value, pathlib.PurePath) else value
+
+        return {name: plain(getattr(self, name)) for name in ARGUMENTS}
+
+
+# Every argument of a run, by its name: `train_on_text` takes these, the command line fills them from its flags.
+RUN_ARGUMENTS = tuple(field.name for field in dataclasses.fields(RunArguments))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,15 +113,7 @@ class RunPlan:
     peak_flops: float = None  # what MFU is measured against, or None
     sizing: object = None  # the settings the task sized from its data (a `tasks.task.Sizing`), or None
 
-    # What the tasks read of the arguments.
     out_dir = property(lambda self: self.asked.out_dir)
-    sources = property(lambda self: self.asked.sources)
-    encoding = property(lambda self: self.asked.encoding)
-    errors = property(lambda self: self.asked.errors)
-    unknown = property(lambda self: self.asked.unknown)
-    vocab_size = property(lambda self: self.asked.vocab_size)
-    init_from = property(lambda self: self.asked.init_from)
-    long_conversations = property(lambda self: self.asked.long_conversations)
     seed = property(lambda self: self.training_config.seed)
     dtype = property(lambda self: dtype_policy(self.training_config.precision))
 

@@ -14,6 +14,7 @@ the task (`gptlite.tasks`: a language model, chat or seq2seq) reads and encodes 
 import contextlib
 import dataclasses
 import functools
+import inspect
 import pathlib
 import shutil
 import tempfile
@@ -28,7 +29,7 @@ from gptlite.training import fit, run_config
 from gptlite.training.checkpoints import read_checkpoint
 from gptlite.training.distribute import check_accumulation, data_parallel
 from gptlite.training.history import check_tensorboard
-from gptlite.training.plan import RunArguments, plan_run
+from gptlite.training.plan import RUN_ARGUMENTS, RunArguments, plan_run
 from gptlite.training.run_folder import check_folder, CHECKPOINT_FILES, holds_a_run
 from gptlite.training.settings import OPTIMIZER_NAMES, PRESETS, TrainingConfig
 from gptlite.weights import pretrained
@@ -59,10 +60,7 @@ class TrainedRun:
         return self.task.closing_words(self)
 
 
-def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task=None, synthetic=None,
-                  tokenizer=None, vocab_size=None, encoding="utf-8", errors="strict", init_from=None,
-                  unknown="error", distribute=False, resume=False, overwrite=False, tensorboard=None, mfu=None,
-                  peak_flops=None, long_conversations="cut", val_file=None, verbose=1):
+def train_on_text(sources=(), out_dir="out", settings=None, *, verbose=1, **arguments):
     """Train a model on the text of `sources` and write it to `out_dir`; a `TrainedRun`.
 
     sources: text files or folders of them (a folder's files in sorted path
@@ -122,13 +120,32 @@ def train_on_text(sources=(), out_dir="out", settings=None, *, preset=None, task
         bfloat16 peak, 312e12). Giving `peak_flops` asks for it; unasked, the
         gpu preset records it on a GPU.
     verbose: 0 prints nothing; 1 says what it trains and each evaluation.
+
+    Its keyword arguments are `plan.RunArguments`' fields, with their defaults (its signature says so).
     """
+    unknown = sorted(set(arguments) - set(RUN_ARGUMENTS))
+    if unknown:
+        raise ConfigError(f"train_on_text has no argument {unknown[0]!r}; its arguments are "
+                          f"{', '.join(RUN_ARGUMENTS)} and verbose")
     sources = [pathlib.Path(source) for source in ([sources] if isinstance(sources, (str, pathlib.Path))
                                                    else sources)]
-    asked = RunArguments(tuple(sources), pathlib.Path(out_dir), settings, preset, task, synthetic, tokenizer,
-                         vocab_size, encoding, errors, init_from, unknown, distribute, resume, overwrite, tensorboard,
-                         mfu, peak_flops, long_conversations, val_file)
-    return run(asked, verbose)
+    return run(RunArguments(sources=tuple(sources), out_dir=pathlib.Path(out_dir), settings=settings, **arguments),
+               verbose)
+
+
+def _door_signature():
+    """train_on_text's signature as a reader sees it (`help`, `inspect.signature`): sources, out_dir and settings,
+    then every other field of RunArguments by keyword with its default, then verbose."""
+    leading = {"sources": (), "out_dir": "out", "settings": None}
+    parameters = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default)
+                  for name, default in leading.items()]
+    parameters += [inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, default=field.default)
+                   for field in dataclasses.fields(RunArguments) if field.name not in leading]
+    parameters.append(inspect.Parameter("verbose", inspect.Parameter.KEYWORD_ONLY, default=1))
+    return inspect.Signature(parameters)
+
+
+train_on_text.__signature__ = _door_signature()
 
 
 def run(asked, verbose=1):
@@ -191,7 +208,7 @@ def _starting_model(plan, start, say):
     model = start
     if wanted != (start.config.block_size, start.config.dropout, start.dtype_policy.name):
         model = pretrained.from_pretrained(start, *wanted)
-    say(f"starting from {plan.init_from}")
+    say(f"starting from {plan.asked.init_from}")
     return model
 
 

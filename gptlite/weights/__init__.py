@@ -3,6 +3,95 @@
 Nothing here imports Keras: the command line reads the choices below before it starts a backend.
 """
 
+import dataclasses
+import importlib
+import json
+import pathlib
+
+from gptlite.errors import ConfigError
+
 # How a GGUF file stores the weight matrices (`gguf_export`): float32, float16, or llama.cpp's 8-bit blocks of 32
 # weights with a 16-bit scale each.
 GGUF_OUTTYPES = ("f32", "f16", "q8_0")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportFormat:
+    """A form `gptlite export` writes: the module of weights/ that writes it and its function there
+    (`function(model, out)`, or `function(model, out, outtype)` where it has `outtypes`), what it is, what the
+    command says once it is written (`said`: {out}, {name} the file's or folder's name, {mib} its size, and
+    {architecture}, the architecture a Hugging Face config.json names), how it may store its matrices
+    (`outtypes`, the function's own default where none is asked; `outtype_help`) and what refuses, before a model
+    loads, what cannot work (`check`, a function of its module)."""
+
+    module: str
+    function: str
+    help: str
+    said: str
+    outtypes: tuple = ()
+    outtype_help: str = None
+    check: str = None
+
+
+# Every form `gptlite export` writes, by its `format`, the default first. A new form is one module of weights/ and
+# one line here: the command's choices, its help and its refusals are made from them.
+EXPORT_FORMATS = {
+    "saved_model": ExportFormat(
+        "saving", "export_saved_model", "a TensorFlow SavedModel, token ids in, next-token logits out (the default)",
+        "wrote {out}: load it with tf.saved_model.load; its 'serve' signature maps token_ids (batch, up to the "
+        "model's context, int32) to the next token's logits", check="check_export_backend"),
+    "gguf": ExportFormat(
+        "gguf_export", "export_gguf", "one GGUF file that llama.cpp, Ollama and LM Studio run",
+        "wrote {out} ({mib:.1f} MiB): run it with llama.cpp (llama-cli -m {out}), or in Ollama with a Modelfile of "
+        "one line, FROM ./{name}", outtypes=GGUF_OUTTYPES,
+        outtype_help="how the weight matrices are stored: f32, f16 (the default: half the size) or q8_0 (8-bit, "
+                     "about a quarter)"),
+    "hf": ExportFormat(
+        "pretrained", "export_hugging_face", "a Hugging Face folder, GPT-2 for GPT-2's layout, Llama, Qwen2 or Qwen3 "
+        "for a Llama-family one (transformers' AutoModelForCausalLM and AutoTokenizer load it)",
+        "wrote {out}, a {architecture}: load it with transformers.AutoModelForCausalLM.from_pretrained and "
+        "AutoTokenizer.from_pretrained"),
+    "kerashub": ExportFormat(
+        "gpt2", "export_kerashub", "a KerasHub GPT-2 preset (GPT2CausalLM.from_preset)",
+        "wrote {out}: load it with keras_hub.models.GPT2CausalLM.from_preset"),
+}
+
+
+def check_export(format, outtype=None):
+    """Refuse, before a model is loaded, an export that cannot be written: an unknown `format`, an `outtype` the
+    format does not take, a backend it cannot be written from."""
+    if format not in EXPORT_FORMATS:
+        raise ConfigError(f"format must be one of {', '.join(EXPORT_FORMATS)}, got {format!r}")
+    chosen = EXPORT_FORMATS[format]
+    if outtype is not None and outtype not in chosen.outtypes:
+        if chosen.outtypes:
+            raise ConfigError(f"outtype must be one of {', '.join(chosen.outtypes)}, got {outtype!r}")
+        takers = "|".join(name for name, kind in EXPORT_FORMATS.items() if kind.outtypes)
+        raise ConfigError(f"`outtype` is for `format={takers}`: how its weight matrices are stored")
+    if chosen.check is not None:
+        getattr(importlib.import_module(f"gptlite.weights.{chosen.module}"), chosen.check)()
+
+
+def export(model, format, out, outtype=None):
+    """Write `model` in `format` (one of EXPORT_FORMATS) to `out`, which must not exist; what to say of it."""
+    check_export(format, outtype)
+    chosen, out = EXPORT_FORMATS[format], pathlib.Path(out)
+    write = getattr(importlib.import_module(f"gptlite.weights.{chosen.module}"), chosen.function)
+    if outtype is not None:
+        write(model, out, outtype)
+    else:
+        write(model, out)
+    return chosen.said.format(out=out, name=out.name, mib=_size(out) / 2**20, architecture=_architecture(out))
+
+
+def _size(path):
+    return path.stat().st_size if path.is_file() else sum(part.stat().st_size for part in path.rglob("*")
+                                                          if part.is_file())
+
+
+def _architecture(folder):
+    """The architecture a Hugging Face folder's config.json names, or None."""
+    try:
+        return json.loads((folder / "config.json").read_text())["architectures"][0]
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None

@@ -213,15 +213,15 @@ def test_untied_embedding_has_its_own_output_matrix():
 
 
 LAYER_CASES = [
-    (layers.TokenAndPositionEmbedding, dict(vocabulary_size=11, sequence_length=8, embedding_dim=4,
-                                            position="sinusoidal", tie_weights=False), (2, 5), "int32"),
+    (layers.TokenAndPositionEmbedding, dict(vocab_size=11, block_size=8, n_embd=4, position="sinusoidal",
+                                            tie_weights=False), (2, 5), "int32"),
     (Attention, dict(config=gptlite.GPTConfig(n_embd=8, n_head=2, dropout=0.1, attention_dropout=0.05)),
      (2, 5, 8), "float32"),
     (Attention, dict(config=gptlite.GPTConfig(n_embd=16, n_head=4, n_kv_head=2, qkv_bias=True, position="rotary",
                                               rope_theta=500.0, qk_norm=True, norm_epsilon=1e-6)),
      (2, 5, 16), "float32"),
     (layers.FeedForward, dict(dropout=0.2, bias=True), (2, 5, 8), "float32"),
-    (layers.FeedForward, dict(bias=False, mlp="swiglu", hidden_size=12), (2, 5, 8), "float32"),
+    (layers.FeedForward, dict(bias=False, mlp="swiglu", mlp_hidden_size=12), (2, 5, 8), "float32"),
     (TransformerBlock,
      dict(config=gptlite.GPTConfig(n_embd=8, n_head=4, dropout=0.1, norm_epsilon=1e-6, attention_dropout=0.1)),
      (2, 5, 8), "float32"),
@@ -256,6 +256,17 @@ def test_layer_config_round_trip_gives_same_layer(cls, kwargs, shape, dtype):
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(layer(x)), keras.ops.convert_to_numpy(clone(x)))
 
 
+@pytest.mark.parametrize("cls,saved,named", [
+    (layers.TokenAndPositionEmbedding, dict(vocabulary_size=11, sequence_length=8, embedding_dim=4),
+     dict(vocab_size=11, block_size=8, n_embd=4)),
+    (layers.FeedForward, dict(hidden_size=12, use_bias=False), dict(mlp_hidden_size=12, bias=False)),
+])
+def test_a_layer_saved_under_its_settings_former_names_loads_under_gptconfigs(cls, saved, named):
+    earlier = {name: value for name, value in cls(**named).get_config().items() if name not in named}
+    config = cls.from_config({**earlier, **saved}).get_config()
+    assert {name: config[name] for name in named} == named and not set(saved) & set(config)
+
+
 @pytest.mark.parametrize("cls", [Attention, TransformerBlock, EncoderBlock])
 def test_a_layer_takes_the_models_config_and_keeps_each_setting_under_its_name(cls):
     config = gptlite.GPTConfig(n_embd=16, n_head=4, n_kv_head=2, position="rotary", qk_norm=True)
@@ -263,7 +274,7 @@ def test_a_layer_takes_the_models_config_and_keeps_each_setting_under_its_name(c
     assert layer.config is config
     layer.build((None, 3, 16))
     attention = layer if cls is Attention else layer.attention
-    assert attention.config is config and attention.n_kv_head == config.kv_heads == 2
+    assert attention.config is config and attention.kv_heads == config.kv_heads == 2
 
 
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="only TensorFlow's gradient is recomputed")
@@ -397,7 +408,7 @@ def test_rms_norm_matches_numpy():
 def test_swiglu_feed_forward_matches_numpy():
     rng = np.random.default_rng(7)
     x = rng.normal(size=(2, 3, 8)).astype("float32")
-    feed_forward = layers.FeedForward(bias=False, mlp="swiglu", hidden_size=12)
+    feed_forward = layers.FeedForward(bias=False, mlp="swiglu", mlp_hidden_size=12)
     feed_forward.build(x.shape)
     _random_weights(feed_forward, rng)
     expand, contract = feed_forward.expand.kernel.numpy(), feed_forward.contract.kernel.numpy()

@@ -136,3 +136,18 @@ def test_every_preset_trains_a_step_on_this_backend(tmp_path, text_files, preset
     run = gptlite.train_on_text(sources, tmp_path / "run", small, preset=preset, task=task, verbose=0)
     assert run.training_config.precision == gptlite.PRESETS[preset].get("precision", "fp32")
     assert run.history[-1]["step"] == 2 and np.isfinite(run.history[-1]["val_loss"])
+
+
+def test_the_doors_arguments_are_the_runs_each_by_keyword_and_nothing_else(tmp_path):
+    import dataclasses
+    import inspect
+
+    from gptlite.training.plan import RunArguments
+
+    parameters = inspect.signature(gptlite.train_on_text).parameters
+    fields = {field.name: field.default for field in dataclasses.fields(RunArguments)}
+    assert list(parameters) == [*fields, "verbose"]
+    assert all(parameters[name].default == default for name, default in fields.items() if name != "out_dir")
+    with pytest.raises(gptlite.ConfigError, match="train_on_text has no argument 'max_iters'"):
+        gptlite.train_on_text([], tmp_path / "run", max_iters=10)
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,44 @@
+"""The forms `gptlite export` writes (`gptlite.weights.EXPORT_FORMATS`): each a function of a module of weights/,
+checked before a model loads."""
+
+import importlib
+
+import pytest
+
+import gptlite
+from gptlite.weights import check_export, EXPORT_FORMATS
+
+
+@pytest.mark.once("the table is plain Python")
+def test_every_export_format_names_a_function_that_writes_it():
+    assert list(EXPORT_FORMATS)[0] == "saved_model"  # the command's default
+    for name, kind in EXPORT_FORMATS.items():
+        module = importlib.import_module(f"gptlite.weights.{kind.module}")
+        assert callable(getattr(module, kind.function)), name
+        assert kind.check is None or callable(getattr(module, kind.check)), name
+        assert bool(kind.outtypes) == (kind.outtype_help is not None), name
+
+
+@pytest.mark.once("the table is plain Python")
+def test_an_export_that_cannot_be_written_is_refused_before_a_model_loads():
+    with pytest.raises(gptlite.ConfigError, match="format must be one of saved_model, gguf, hf, kerashub"):
+        check_export("onnx")
+    with pytest.raises(gptlite.ConfigError, match="`outtype` is for `format=gguf`"):
+        check_export("hf", "q8_0")
+    with pytest.raises(gptlite.ConfigError, match="outtype must be one of f32, f16, q8_0"):
+        check_export("gguf", "q4_0")
+    check_export("gguf", "q8_0")
+
+
+def test_the_command_offers_every_format_and_writes_the_one_asked(tmp_path, tiny_model, capsys):
+    from gptlite.cli import export
+
+    parser = export.make_parser("gptlite-export")
+    choices = next(action.choices for action in parser._actions if action.dest == "format")
+    assert list(choices) == list(EXPORT_FORMATS)
+    gptlite.save(tiny_model, tmp_path / "model.keras")
+    assert export.main(["--model", str(tmp_path / "model.keras"), "--format", "gguf", "--outtype", "f32",
+                        "--out", str(tmp_path / "tiny.gguf")]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith(f"wrote {tmp_path / 'tiny.gguf'} (") and "FROM ./tiny.gguf" in said
+    assert (tmp_path / "tiny.gguf").read_bytes()[:4] == b"GGUF"
