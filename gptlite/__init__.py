@@ -15,8 +15,9 @@ Importing gptlite does not import Keras, so that a program (gptlite's own
 commands among them) can still choose the Keras backend after it, and it
 changes nothing in the process: no environment variable, no log level
 (`gptlite.quiet()` keeps TensorFlow's start-up notices out, as the commands
-do). The first model it makes or loads keeps compiled programs on disk for
-the next process (`gptlite.compile_cache`; `use(None)` first for none). Every
+do). A saved model it loads, a run, or a first decode program keeps
+compiled programs on disk for the next process
+(`gptlite.compile_cache`; `use(None)` first for none). Every
 name below is loaded on first use. `keras.saving.load_model` rebuilds a saved
 model once Keras knows gptlite's classes: at `import gptlite` where Keras was
 imported first, or at `gptlite.quiet()`, which starts Keras; `gptlite.load`

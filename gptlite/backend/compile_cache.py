@@ -12,14 +12,17 @@ version and kind of CPU, so that an upgrade never reads another version's
 programs, nor a machine another CPU's.
 
 It is on by default, for a Python program as for the commands. Importing
-gptlite sets nothing; the first gptlite model a process builds (or loads)
-starts it (`start`): under TensorFlow, which reads where its programs go
-once, as its runtime starts, by starting that runtime then with the folder
-named, and the process's environment as it was; where the program had
-started TensorFlow's runtime before, XLA's programs are not kept, gptlite's
-own still are. The commands call `use()` at their start, before Keras. To
-keep nothing, `gptlite.compile_cache.use(None)` before the first model, or
-GPTLITE_COMPILE_CACHE=off.
+gptlite sets nothing, and building a model touches neither the disk nor the
+process; a process starts the cache (`start`) where it loads a saved model to
+use it (`GPT.from_config`, which `gptlite.load` and `keras.saving.load_model`
+call), starts a training run, or makes its first decode program. Under
+TensorFlow, which reads where its programs go once, as its runtime starts,
+`start` starts that runtime then with the folder named, and the process's
+environment as it was; where the program had started TensorFlow's runtime
+before (a model it built itself), XLA's programs are not kept, gptlite's own
+still are. The commands call
+`use()` at their start, before Keras. To keep nothing,
+`gptlite.compile_cache.use(None)` first, or GPTLITE_COMPILE_CACHE=off.
 
 The folders gptlite makes hold a file MARK; gptlite removes files (a
 damaged entry, the oldest entries past LIMIT_MEGABYTES, or
@@ -125,8 +128,8 @@ def start_jax():
 
 def start(backend):
     """Keep this process's compiled programs on disk unless it has been told not to (see the module's docstring):
-    called as the first gptlite model is made, with Keras's backend, before that model's first operation. Once a
-    process; it changes no environment variable."""
+    called, with Keras's backend, where a model is loaded to be used, a run starts or a first program is made.
+    Once a process; it changes no environment variable."""
     global _started
     if _started is not None:
         return

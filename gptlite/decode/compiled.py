@@ -176,6 +176,8 @@ class Compiled:
         return (structure_of(args, inputs), tuple((tuple(value.shape), value.dtype) for value in inputs)), inputs
 
     def _program(self, layout, shapes):
+        # A process keeps its programs on disk from its first on (see gptlite.compile_cache), unless told not to.
+        compile_cache.start(self.backend)
         model = self._model()
         entry = _entry_name(self.name, self.xla, model, layout, shapes)
         if self.backend == "tensorflow" and not private_layer():  # the public floor: programs of this model's own

@@ -59,9 +59,6 @@ class _Transformer(keras.Model):
             if tokenizer is None:
                 raise ConfigError("a model without a tokenizer needs its vocab_size")
             config = dataclasses.replace(config, vocab_size=tokenizer.vocabulary_size)
-        # The first model of a process keeps its compiled programs on disk from its first operation on (by default;
-        # see gptlite.compile_cache): TensorFlow reads where they go as its runtime starts.
-        compile_cache.start(keras.backend.backend())
         super().__init__(**kwargs)
         self.config = config
         vocab_size, block_size, n_embd = config.vocab_size, config.block_size, config.n_embd
@@ -212,6 +209,10 @@ class _Transformer(keras.Model):
 
     @classmethod
     def from_config(cls, config):
+        # A saved model loaded (by gptlite.load or keras.saving.load_model) is loaded to be used: this process keeps
+        # its compiled programs on disk from here on (gptlite.compile_cache), TensorFlow's XLA programs too, whose
+        # runtime reads where they go as it starts, in the model's first operation. Building a model starts nothing.
+        compile_cache.start(keras.backend.backend())
         config = dict(config)
         saved_format = config.pop("format_version", FORMAT_VERSION)
         if saved_format > FORMAT_VERSION:

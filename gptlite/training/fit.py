@@ -13,6 +13,7 @@ import time
 
 import keras
 
+from gptlite.backend import compile_cache
 from gptlite.data.lm import fed_to_keras
 from gptlite.errors import ConfigError, TrainingDiverged, TrainingInterrupted
 from gptlite.tasks.task import of_data
@@ -193,6 +194,7 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
     task: the run's `tasks.task.Task` (None: the one whose data `train_ids` is).
     """
     called = time.perf_counter()
+    compile_cache.start(keras.backend.backend())  # see gptlite.compile_cache
     out_dir = pathlib.Path(out_dir)
     task = task or of_data(train_ids)
     _check(model, config, task, peak_flops)

@@ -21,6 +21,7 @@ import tempfile
 
 import keras
 
+from gptlite.backend import compile_cache
 from gptlite.backend.devices import on_gpu
 from gptlite.data import pairs
 from gptlite.errors import ConfigError, InputError, MissingFileError, RunExistsError
@@ -155,6 +156,7 @@ def run(asked, verbose=1):
     nothing and leaves an earlier run in that folder as it was.
     """
     say = print if verbose else (lambda *args, **kwargs: None)
+    compile_cache.start(keras.backend.backend())  # before the run's first operation: TensorFlow reads it then
     asked.check()
     task = named(asked.task, asked.synthetic)
     task.check(asked)

@@ -213,35 +213,55 @@ def _kerashub_arrays(backbone):
             for name, (parts, shape) in _kerashub_parts(backbone).items()}
 
 
+# Where a GPT2Backbone keeps each of GPT-2's weights, by the variables' names (Keras's public `Variable.path`, the
+# names a preset's weights file keeps them under), rather than through keras-hub's private layer attributes: a
+# GPT-2 name -> (the names of the variables that make it, joined along the last axis; its shape in GPT-2), "{i}"
+# standing for a block's number. GPT-2's fused query/key/value kernel (C, 3C) and bias (3C,) are KerasHub's three
+# (C, H, D) kernels and (H, D) biases; its attention output kernel (C, C) is KerasHub's (H, D, C); every other
+# weight is one variable as it is. Checked with keras-hub 0.32.
+_KERASHUB_NAMES = {
+    "wte.weight": (["token_embedding/embeddings"], None),
+    "wpe.weight": (["position_embedding/embeddings"], None),
+    "ln_f.weight": (["layer_norm/gamma"], None),
+    "ln_f.bias": (["layer_norm/beta"], None),
+    "h.{i}.attn.c_attn.weight": ([f"transformer_layer_{{i}}/self_attention/{part}/kernel"
+                                  for part in ("query", "key", "value")], "C, C"),
+    "h.{i}.attn.c_attn.bias": ([f"transformer_layer_{{i}}/self_attention/{part}/bias"
+                                for part in ("query", "key", "value")], "C"),
+    "h.{i}.attn.c_proj.weight": (["transformer_layer_{i}/self_attention/attention_output/kernel"], "C, C"),
+    "h.{i}.attn.c_proj.bias": (["transformer_layer_{i}/self_attention/attention_output/bias"], None),
+    "h.{i}.ln_1.weight": (["transformer_layer_{i}/self_attention_layer_norm/gamma"], None),
+    "h.{i}.ln_1.bias": (["transformer_layer_{i}/self_attention_layer_norm/beta"], None),
+    "h.{i}.ln_2.weight": (["transformer_layer_{i}/feedforward_layer_norm/gamma"], None),
+    "h.{i}.ln_2.bias": (["transformer_layer_{i}/feedforward_layer_norm/beta"], None),
+    "h.{i}.mlp.c_fc.weight": (["transformer_layer_{i}/feedforward_intermediate_dense/kernel"], None),
+    "h.{i}.mlp.c_fc.bias": (["transformer_layer_{i}/feedforward_intermediate_dense/bias"], None),
+    "h.{i}.mlp.c_proj.weight": (["transformer_layer_{i}/feedforward_output_dense/kernel"], None),
+    "h.{i}.mlp.c_proj.bias": (["transformer_layer_{i}/feedforward_output_dense/bias"], None),
+}
+
+
 def _kerashub_parts(backbone):
-    """Where a GPT2Backbone keeps each of GPT-2's weights: name -> (variables, the shape each has in GPT-2).
+    """Where a GPT2Backbone keeps each of GPT-2's weights: name -> (variables, the shape each has in GPT-2), found
+    by their names (`_KERASHUB_NAMES`); a backbone that names them otherwise is an InputError saying so."""
+    import keras_hub
 
-    GPT-2's weight is the variables reshaped and joined along the last axis:
-    its fused query/key/value kernel (C, 3C) and bias (3C,) are KerasHub's
-    three (C, H, D) kernels and (H, D) biases; its attention output kernel
-    (C, C) is KerasHub's (H, D, C); every other weight is one variable as it is.
-    """
-    width = backbone.hidden_dim
+    variables = {variable.path: variable for variable in backbone.weights}
 
-    def whole(variable):
-        return [variable], tuple(variable.shape)
+    def named(name):
+        # A backbone inside a task model names its variables under the task's name too.
+        found = [variable for path, variable in variables.items() if path == name or path.endswith("/" + name)]
+        if len(found) != 1:
+            raise InputError(f"this KerasHub GPT-2 has {len(found)} weights named {name}, where gptlite reads one "
+                             f"(checked with keras-hub 0.32; this is {keras_hub.__version__})")
+        return found[0]
 
-    parts = {"wte.weight": whole(backbone.token_embedding.embeddings),
-             "wpe.weight": whole(backbone.position_embedding.position_embeddings),
-             "ln_f.weight": whole(backbone.layer_norm.gamma), "ln_f.bias": whole(backbone.layer_norm.beta)}
-    for index, layer in enumerate(backbone.transformer_layers):
-        prefix = f"h.{index}."
-        attention = layer._self_attention_layer
-        query_key_value = (attention.query_dense, attention.key_dense, attention.value_dense)
-        parts[prefix + "attn.c_attn.weight"] = [dense.kernel for dense in query_key_value], (width, width)
-        parts[prefix + "attn.c_attn.bias"] = [dense.bias for dense in query_key_value], (width,)
-        parts[prefix + "attn.c_proj.weight"] = [attention.output_dense.kernel], (width, width)
-        parts[prefix + "attn.c_proj.bias"] = whole(attention.output_dense.bias)
-        for name, norm in (("ln_1.", layer._self_attention_layer_norm), ("ln_2.", layer._feedforward_layer_norm)):
-            parts[prefix + name + "weight"], parts[prefix + name + "bias"] = whole(norm.gamma), whole(norm.beta)
-        for name, dense in (("mlp.c_fc.", layer._feedforward_intermediate_dense),
-                            ("mlp.c_proj.", layer._feedforward_output_dense)):
-            parts[prefix + name + "weight"], parts[prefix + name + "bias"] = whole(dense.kernel), whole(dense.bias)
+    width, parts = backbone.hidden_dim, {}
+    shapes = {"C": (width,), "C, C": (width, width)}
+    for name, (paths, shape) in _KERASHUB_NAMES.items():
+        for block in range(backbone.num_layers) if "{i}" in name else [None]:
+            found = [named(path.format(i=block)) for path in paths]
+            parts[name.format(i=block)] = found, shapes[shape] if shape else tuple(found[0].shape)
     return parts
 
 

@@ -1,5 +1,8 @@
+import json
 import os
 from importlib import metadata
+
+import pytest
 
 from gptlite.backend import compile_cache
 
@@ -76,3 +79,34 @@ def test_the_cache_s_limit_comes_from_the_environment_in_megabytes(monkeypatch):
     assert compile_cache.limit_bytes() == 1.5 * 2**20
     monkeypatch.delenv(compile_cache.LIMIT_VARIABLE)
     assert compile_cache.limit_bytes() == compile_cache.LIMIT_MEGABYTES * 2**20
+
+
+# A fresh process as on a new machine: it builds a model and runs it (nothing may appear in the cache folder), then
+# saves, loads and decodes it (the folder fills). Prints JSON: the cache's files after each.
+BUILD_THEN_LOAD = r"""
+import json, os, pathlib, sys
+import keras, gptlite
+
+cache = pathlib.Path(os.environ["XDG_CACHE_HOME"]) / "gptlite"
+tokenizer = gptlite.CharTokenizer.from_text("the cat sat on a mat")
+model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=1, n_embd=8, block_size=8,
+                    tokenizer=tokenizer)
+model.predict_on_batch(tokenizer.encode("the cat").astype("int32")[None])
+built = sorted(str(path) for path in cache.rglob("*")) if cache.exists() else []
+gptlite.save(model, sys.argv[1])
+gptlite.generate(keras.saving.load_model(sys.argv[1]), "the", max_new_tokens=3, temperature=0)
+print(json.dumps([built, len(list(cache.rglob("*.program")))]))
+"""
+
+
+@pytest.mark.slow
+def test_building_a_model_writes_nothing_and_loading_one_keeps_its_programs(tmp_path):
+    from conftest import run_python
+
+    environment = {name: value for name, value in os.environ.items()
+                   if not name.startswith(("GPTLITE_", "TF_XLA", "JAX_COMPILATION"))}
+    environment.update(HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "cache"), TF_CPP_MIN_LOG_LEVEL="3")
+    result = run_python("-c", BUILD_THEN_LOAD, str(tmp_path / "model.keras"), env=environment)
+    assert result.returncode == 0, result.stderr[-2000:]
+    built, programs = json.loads(result.stdout.strip().splitlines()[-1])
+    assert built == [] and programs > 0
