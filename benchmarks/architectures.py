@@ -30,91 +30,11 @@ import json
 import os
 import pathlib
 
-from gptlite.training.settings import PRESETS
 
-from children import in_turns, medians, run_child
-from train import DEFAULT_TEXT, run_gptlite, settings_for
-
-
-def beyond_cpu(preset):
-    """What a preset sets beyond the cpu preset's: the settings that make it a variant of it."""
-    return {name: value for name, value in PRESETS[preset].items() if PRESETS["cpu"].get(name) != value}
+from helpers import in_turns, medians, run_child
+from helpers.runs import DEFAULT_TEXT, run_gptlite, settings_for, VARIANTS
 
 
-# Each variant's settings over the preset's. n_kv_head 2 of the cpu preset's 4 heads halves the cache.
-# "modern" is what the modern preset sets beyond the cpu preset's: all five switches.
-VARIANTS = {
-    "gpt2": {},
-    "rotary": {"position": "rotary"},
-    "rms": {"norm": "rms"},
-    "swiglu": {"mlp": "swiglu"},
-    "relu2": {"mlp": "relu2"},
-    "gqa": {"n_kv_head": 2},
-    "qk_norm": {"qk_norm": True},
-    "llama": {"position": "rotary", "norm": "rms", "mlp": "swiglu"},
-    "modern": beyond_cpu("modern"),
-}
-# The optimizer beside each layout: Keras's Muon for the blocks' matrices (see docs/training.md), at the
-# preset's steps, and at the steps its slower step fits in AdamW's wall time (its step measured at about
-# 1.33x AdamW's on 2 cores: benchmarks/journal.md), its schedule over those; modern_muon_1500 was the laptop
-# preset until its Newton-Schulz iterations went from 5 to 3 (below).
-VARIANTS.update({"muon": {"optimizer": "muon"}, "modern_muon": {**VARIANTS["modern"], "optimizer": "muon"},
-                 "muon_1500": {"optimizer": "muon", "max_iters": 1500},
-                 "modern_muon_1500": {**VARIANTS["modern"], "optimizer": "muon", "max_iters": 1500}})
-# Beside the best of those: ReLU² for SwiGLU, and Muon at twice the peak learning rate.
-VARIANTS.update({"modern_relu2": {**VARIANTS["modern"], "mlp": "relu2"},
-                 "modern_relu2_muon_1500": {**VARIANTS["modern_muon_1500"], "mlp": "relu2"},
-                 "modern_muon_1500_lr6e-3": {**VARIANTS["modern_muon_1500"], "lr": 6e-3}})
-# modern_muon_1500 with an output head of its own, and with a smaller or larger batch for the steps its step
-# fits in the same time (Muon's share of a step does not change with the batch: about 1,950 steps of 8 rows,
-# 840 of 24, 500 of 48).
-VARIANTS.update({"laptop_untied": {**VARIANTS["modern_muon_1500"], "tie_weights": False},
-                 "laptop_batch8": {**VARIANTS["modern_muon_1500"], "batch_size": 8, "max_iters": 1950},
-                 "laptop_batch24": {**VARIANTS["modern_muon_1500"], "batch_size": 24, "max_iters": 840},
-                 "laptop_batch48": {**VARIANTS["modern_muon_1500"], "batch_size": 48, "max_iters": 500}})
-# The same at longer contexts, its rows fewer so that a step holds as many tokens (12 x 64): each
-# position then sees more of the text before it, at a little more attention per token.
-VARIANTS.update({"laptop_ctx128": {**VARIANTS["modern_muon_1500"], "block_size": 128, "batch_size": 6},
-                 "laptop_ctx256": {**VARIANTS["modern_muon_1500"], "block_size": 256, "batch_size": 3}})
-# Muon with 3 Newton-Schulz iterations for Keras's 5 (fewer products a step), at two of those contexts.
-VARIANTS.update({f"{name}_ns3": {**VARIANTS[name], "newton_schulz_steps": 3}
-                 for name in ("modern_muon_1500", "laptop_ctx128")})
-# 3 iterations for the steps their quicker step fits in the time of 5's 1,500 (0.80x-0.91x its step on 2
-# cores: benchmarks/journal.md): the laptop preset; and for the steps of the 0.80x.
-# 2 iterations for the steps of their step (0.92x of 3's by a 200-step probe).
-VARIANTS.update({"laptop": beyond_cpu("laptop"), "laptop_1870": {**beyond_cpu("laptop"), "max_iters": 1870},
-                 "laptop_ns2_1840": {**beyond_cpu("laptop"), "newton_schulz_steps": 2, "max_iters": 1840}})
-# The longer contexts for the steps their slower steps fit in modern_muon_1500's time (1.05x and 1.27x its
-# step on 2 cores: benchmarks/journal.md).
-VARIANTS.update({"laptop_ctx128_1400": {**VARIANTS["laptop_ctx128"], "max_iters": 1400},
-                 "laptop_ctx256_1200": {**VARIANTS["laptop_ctx256"], "max_iters": 1200}})
-# Muon's momentum at 0.9 for Keras's 0.95: the step's cost is the same.
-VARIANTS["laptop_momentum09"] = {**beyond_cpu("laptop"), "muon_momentum": 0.9}
-# The model's shape, one dimension at a time (4 heads and 2 key/value heads kept), for the steps each one's step
-# fits in laptop's 1,700 (its step 0.77x, 1.49x, 0.69x and 1.98x laptop's on 2 cores: `step_times.py`).
-VARIANTS.update({"laptop_layers3": {**beyond_cpu("laptop"), "n_layer": 3, "max_iters": 2210},
-                 "laptop_layers6": {**beyond_cpu("laptop"), "n_layer": 6, "max_iters": 1145},
-                 "laptop_width96": {**beyond_cpu("laptop"), "n_embd": 96, "max_iters": 2460},
-                 "laptop_width192": {**beyond_cpu("laptop"), "n_embd": 192, "max_iters": 857}})
-# Weight decay at twice the preset's 0.1.
-VARIANTS["laptop_decay02"] = {**beyond_cpu("laptop"), "weight_decay": 0.2}
-# AdamW's beta2 at 0.95 (nanoGPT's for GPT-2) for the preset's 0.99 (its for Tiny Shakespeare); the floor of the
-# schedule at 3e-4 or 1e-5 for 1e-4; 200 warm-up steps for 100.
-VARIANTS.update({"laptop_beta2_095": {**beyond_cpu("laptop"), "beta2": 0.95},
-                 "laptop_min_lr3e-4": {**beyond_cpu("laptop"), "min_lr": 3e-4},
-                 "laptop_min_lr1e-5": {**beyond_cpu("laptop"), "min_lr": 1e-5},
-                 "laptop_warmup200": {**beyond_cpu("laptop"), "warmup_iters": 200}})
-# Full multi-head attention (4 key/value heads for 2); the steps of 1.15x nanoGPT's wall time on a Zen 4, where
-# laptop's 1,700 take 0.85x (the Tiny Shakespeare target's allowance: benchmarks/journal.md).
-VARIANTS.update({"laptop_kv4": {**beyond_cpu("laptop"), "n_kv_head": 4},
-                 "laptop_2300": {**beyond_cpu("laptop"), "max_iters": 2300}})
-# Post-norm blocks (the original Transformer's: each sum normalised, no final norm) in GPT-2's layout, in the
-# laptop preset's, and in each of its two halves (the modern switches by AdamW; GPT-2's layout by Muon); with and
-# without warm-up, `norm_position.py`.
-VARIANTS.update({"post_norm": {"norm_position": "post"},
-                 "laptop_post_norm": {**beyond_cpu("laptop"), "norm_position": "post"},
-                 "modern_post_norm": {**VARIANTS["modern"], "norm_position": "post"},
-                 "muon_1500_post_norm": {**VARIANTS["muon_1500"], "norm_position": "post"}})
 MEASURES = {"parameters": "parameters", "val_loss": "val loss", "held_out_loss": "held-out loss",
             "bits_per_byte": "held-out bits/byte",
             "ms_per_iter": "ms/iter", "train_s": "training s", "kv_cache_kb": "KV cache KB"}

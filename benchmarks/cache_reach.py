@@ -22,7 +22,7 @@ import numpy as np
 
 from gptlite.decode.engine import Engine
 from gptlite.decode.sampling import SamplingConfig
-from vs_llama_cpp import model_of, PROMPT
+from helpers.models import model_of, PROMPT
 
 
 def decode(model, rows_ids, new_tokens, reach):

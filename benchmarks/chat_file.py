@@ -22,7 +22,7 @@ import sys
 
 import numpy as np
 
-from chat_tasks import run_training
+from helpers import run_training
 
 HELD_OUT = 300
 # A question and the sentence that answers it, for each way of asking.

@@ -30,12 +30,10 @@ import csv
 import json
 import pathlib
 import re
-import subprocess
 import sys
 import tempfile
-import time
 
-from serve import free_port, in_threads, start_server
+from helpers import free_port, in_threads, run_training, start_server
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -44,7 +42,6 @@ def main():
     arguments = sys.argv[1:]
     extra = arguments[arguments.index("--") + 1:] if "--" in arguments else []
     arguments = arguments[:arguments.index("--")] if "--" in arguments else arguments
-    sys.path.insert(0, str(REPO))
     from gptlite.data import CHAT_SYNTHETIC_TASKS, chat_tasks
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -107,16 +104,6 @@ def main():
                             "exact_by_step": _exact_by_step(out / "history.csv")}
             print(json.dumps({task: report[task]}), flush=True)
     print(json.dumps(report, indent=1))
-
-
-def run_training(command):
-    """Run a training command; (its completed process, its wall time in seconds). A failed one ends the
-    benchmark with its output's end."""
-    started = time.perf_counter()
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-    if result.returncode:
-        sys.exit(result.stdout[-2000:] + result.stderr[-3000:])
-    return result, time.perf_counter() - started
 
 
 def _exact_by_step(path):

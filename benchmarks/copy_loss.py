@@ -13,7 +13,6 @@ ask exactly this of made-up words (benchmarks/journal.md, "Chat tasks").
 
 import argparse
 import pathlib
-import sys
 
 import numpy as np
 
@@ -26,7 +25,6 @@ def main():
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--letters", type=int, default=30)
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO))
     import keras
 
     import gptlite

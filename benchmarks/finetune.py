@@ -21,17 +21,16 @@ import os
 import statistics
 import sys
 
-from children import in_turns, run_child, time_steps, time_training
+from helpers import in_turns, run_child, time_steps
+from helpers.runs import GPT2_SMALL, measure_gptlite, WARMUP_STEPS
 
-GPT2_SMALL = dict(n_layer=12, n_head=12, n_embd=768, vocab_size=50257)
-WARMUP_STEPS = 2
 
 
 def measure_reference(args):
     import numpy as np
     import torch
 
-    from torch_reference import ReferenceTrainer
+    from helpers.torch_reference import ReferenceTrainer
 
     settings = dict(GPT2_SMALL, block_size=args.block_size, batch_size=args.batch_size, dropout=0.0, lr=1e-4,
                     min_lr=1e-5, warmup_iters=2, max_iters=1000, beta2=0.99, weight_decay=0.1)
@@ -39,23 +38,6 @@ def measure_reference(args):
     ids = np.random.default_rng(0).integers(0, GPT2_SMALL["vocab_size"], 200_000)
     trainer = ReferenceTrainer(ids, ids, GPT2_SMALL["vocab_size"], settings)
     return time_steps(trainer.step, args.steps, WARMUP_STEPS)
-
-
-def measure_gptlite(args, rank):
-    import keras
-
-    import gptlite
-    from gptlite.training.settings import dtype_policy, TrainingConfig
-
-    config = TrainingConfig(batch_size=args.batch_size, max_iters=WARMUP_STEPS + args.steps, lr=1e-4, min_lr=1e-5,
-                            warmup_iters=1, eval_interval=10_000, checkpoint_interval=10_000, eval_iters=1,
-                            precision=args.precision, lora_rank=rank)
-    keras.utils.set_random_seed(0)
-    model = gptlite.GPT(block_size=args.block_size, bias=True, dtype=dtype_policy(args.precision), **GPT2_SMALL)
-    model.build((None, args.block_size))
-    if rank:
-        model.enable_lora(rank)
-    return time_training(model, config, GPT2_SMALL["vocab_size"], WARMUP_STEPS)
 
 
 def main():

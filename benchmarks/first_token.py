@@ -21,7 +21,7 @@ side by side). `--parts`: where those seconds go, each decode program's
 first run timed alone (the prefill's, then the decode loop's; gptlite
 otherwise runs the loop's first run beside the prefill, see
 `Compiled.prepare`), beside its second run. The report says what share of
-the machine's CPU time was stolen meanwhile (see `children.stolen_share`).
+the machine's CPU time was stolen meanwhile (see `helpers.stolen_share`).
 """
 
 import argparse
@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 
-from children import cpu_ticks, new_machine, stolen_share
+from helpers import cpu_ticks, new_machine, stolen_share, with_code
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CHARACTERS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
@@ -45,13 +45,12 @@ SHAPES = {"cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64),
 CHILD = """
 import json, sys, time
 started = time.perf_counter()
-sys.path.insert(0, sys.argv[1])
 import keras
 import gptlite
 imported = time.perf_counter()
-model = keras.saving.load_model(sys.argv[2])
+model = keras.saving.load_model(sys.argv[1])
 loaded = time.perf_counter()
-pieces = gptlite.stream(model, "ROMEO:", int(sys.argv[3]), temperature=1.0, seed=1)
+pieces = gptlite.stream(model, "ROMEO:", int(sys.argv[2]), temperature=1.0, seed=1)
 next(pieces)
 first = time.perf_counter()
 for _ in pieces:
@@ -81,11 +80,10 @@ def parts():
 
 
 def make_model(shape, folder):
-    sys.path.insert(0, str(REPO))
     import gptlite
 
     if shape == "gpt2":
-        from gpt2_generate import gpt2_sized_model
+        from helpers.models import gpt2_sized_model
 
         model = gpt2_sized_model()
     else:
@@ -98,8 +96,8 @@ def make_model(shape, folder):
 
 def run(code, model, tokens, home, child=CHILD):
     """One fresh process with `home` for its home and cache folders; what it reports."""
-    environment = dict(new_machine(home), TF_CPP_MIN_LOG_LEVEL="2")
-    result = subprocess.run([sys.executable, "-c", child, str(code), str(model), str(tokens)], env=environment,
+    environment = with_code(dict(new_machine(home), TF_CPP_MIN_LOG_LEVEL="2"), code)
+    result = subprocess.run([sys.executable, "-c", child, str(model), str(tokens)], env=environment,
                             capture_output=True, text=True, cwd=tempfile.gettempdir())
     if result.returncode:
         sys.exit(result.stderr[-3000:])

@@ -30,7 +30,7 @@ import time
 import keras
 
 import gptlite
-from shapes import SIZES, random_model
+from helpers.models import SIZES, random_model
 
 def timed(model, batch_size, new_tokens, seed, use_cache, slide):
     """(seconds to the first token or None, seconds in all, the texts)."""

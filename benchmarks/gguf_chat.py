@@ -3,7 +3,7 @@
     python benchmarks/gguf_chat.py runs/arithmetic/model.keras
 
 Takes a model trained with `python -m gptlite train --synthetic arithmetic`
-(benchmarks/chat_arithmetic.py leaves one in --out), writes it as f32, f16
+(benchmarks/probe_chat_arithmetic.py leaves one in --out), writes it as f32, f16
 and q8_0 GGUF files, and asks the task's 300 held-out questions (number
 pairs no training conversation holds) greedily: of gptlite
 (`chat.greedy_answers`), and of llama.cpp through llama-cpp-python's chat
@@ -14,11 +14,10 @@ llama-cpp-python (pip install -e ".[llama]").
 
 import argparse
 import pathlib
-import sys
 import tempfile
 import time
 
-from vs_llama_cpp import open_llama_cpp
+from helpers.llama_cpp import open_llama_cpp
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -27,7 +26,6 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", type=pathlib.Path)
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO))
     import gptlite
     from gptlite.data import chat_tasks
     from gptlite.decode import chat

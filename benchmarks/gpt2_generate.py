@@ -18,44 +18,14 @@ import json
 import pathlib
 import tempfile
 
-import keras
 import numpy as np
 
 import gptlite
 from gptlite.weights import gpt2, pretrained
 
-from children import time_calls
+from helpers import time_calls
+from helpers.models import gpt2_sized_model
 
-GPT2_SMALL = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024)
-VOCABULARY_SIZE = 50257
-
-
-def gpt2_sized_tokenizer(vocabulary_size=VOCABULARY_SIZE):
-    """A byte-level tokenizer with GPT-2's 50,257 ids (or `vocabulary_size`): the 256 bytes, one merge,
-    placeholders, the end token."""
-    from tokenizers import pre_tokenizers
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocabulary = {symbol: index for index, symbol in enumerate(alphabet)}
-    merged = alphabet[0] + alphabet[1]  # one merge, which KerasHub's tokenizer needs
-    vocabulary[merged] = len(alphabet)
-    vocabulary.update({f"<unused{index}>": index for index in range(len(alphabet) + 1, vocabulary_size - 1)})
-    vocabulary[gptlite.BPETokenizer.END_TOKEN] = vocabulary_size - 1
-    return gptlite.BPETokenizer.from_vocabulary_and_merges(vocabulary, [(alphabet[0], alphabet[1])])
-
-
-def gpt2_sized_model():
-    """A gptlite GPT of GPT-2 small's shape with random weights (seed 0) that never ends early.
-
-    The end token's embedding (the tied head's row) is zero: other random rows score above it.
-    """
-    keras.utils.set_random_seed(0)
-    tokenizer = gpt2_sized_tokenizer()
-    model = gptlite.GPT(vocab_size=VOCABULARY_SIZE, bias=True, tokenizer=tokenizer, **GPT2_SMALL)
-    model.build((None, GPT2_SMALL["block_size"]))
-    table = model.embedding.token_embedding.embeddings
-    table.assign(keras.ops.where(keras.ops.arange(VOCABULARY_SIZE)[:, None] == tokenizer.end_token_id, 0.0, table))
-    return model
 
 
 def main():

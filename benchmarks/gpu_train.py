@@ -44,7 +44,7 @@ def reference_child(text_path, max_iters, eval_interval, eval_iters, out_dir):
     import torch
 
     from gptlite.training.settings import PRESETS
-    from torch_reference import ReferenceTrainer, character_splits
+    from helpers.torch_reference import ReferenceTrainer, character_splits
 
     settings = {**PRESETS["gpu"], "max_iters": max_iters, "eval_interval": eval_interval}
     train_ids, validation_ids, vocabulary_size = character_splits(pathlib.Path(text_path).read_text(encoding="utf-8"))
@@ -138,7 +138,6 @@ def main():
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    sys.path.insert(0, str(HERE.parent))
     if args.child:
         print(json.dumps(reference_child(args.text, args.max_iters, args.eval_interval, args.reference_eval_iters,
                                           args.out)))

@@ -30,7 +30,7 @@ import pathlib
 import sys
 import tempfile
 
-from children import in_turns, medians, run_child, time_calls, time_steps, time_training
+from helpers import in_turns, medians, run_child, time_calls, time_steps, time_training
 
 SMOLLM2_135M = dict(n_layer=30, n_head=9, n_kv_head=3, n_embd=576, mlp_hidden_size=1536, position="rotary",
                     rope_theta=100000.0, norm="rms", mlp="swiglu", tie_weights=True, bias=False)

@@ -25,7 +25,7 @@ import pathlib
 import tempfile
 import time
 
-from children import in_turns, medians, new_machine, run_child
+from helpers import draw_lines, in_turns, medians, new_machine, run_child
 
 HERE = pathlib.Path(__file__).resolve().parent
 SHAKESPEARE = HERE.parent.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -40,7 +40,7 @@ def reference_points(text_path, max_iters, seed):
 
     import torch
 
-    from torch_reference import ReferenceTrainer, character_splits
+    from helpers.torch_reference import ReferenceTrainer, character_splits
 
     torch.set_num_threads(os.cpu_count())
     train_ids, validation_ids, vocab_size = character_splits(pathlib.Path(text_path).read_text())
@@ -68,25 +68,6 @@ def draw(curves, path):
     lines = {label: ([seconds for seconds, _, _ in points], [loss for _, loss, _ in points], {"marker": "o"})
              for label, points in curves.items()}
     draw_lines(lines, path, "seconds of training (2 CPU cores)")
-
-
-def draw_lines(lines, path, xlabel, title=None, size=(6, 4), **axes_settings):
-    """A PNG at `path` of validation losses: `lines` maps each label to (x values, losses, matplotlib's line
-    settings); `axes_settings` go to the axes (`ylim=(None, 3.5)`)."""
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=size, dpi=100)
-    axes = figure.subplots()
-    for label, (xs, losses, style) in lines.items():
-        axes.plot(xs, losses, label=label, **style)
-    axes.set(xlabel=xlabel, ylabel="validation loss (nats per character)", **axes_settings)
-    if title:
-        axes.set_title(title, fontsize=10)
-    axes.grid(alpha=0.3)
-    axes.legend()
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, format="png")
 
 
 def main():

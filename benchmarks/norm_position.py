@@ -22,8 +22,8 @@ import os
 import pathlib
 import tempfile
 
-from children import run_child
-from loss_curve import draw_lines
+from helpers import run_child
+from helpers import draw_lines
 
 HERE = pathlib.Path(__file__).resolve().parent
 SHAKESPEARE = HERE.parent.parent / "shared" / "data" / "tinyshakespeare.txt"

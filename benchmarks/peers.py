@@ -22,7 +22,7 @@ import keras_hub
 import numpy as np
 
 import gptlite
-from shapes import SIZES, VOCABULARY_SIZE, random_model
+from helpers.models import SIZES, VOCABULARY_SIZE, random_model
 
 def gptlite_runner(size, batch_size):
     model = random_model(size)

@@ -16,7 +16,7 @@ import statistics
 import tempfile
 import time
 
-from serve import make_model
+from helpers import make_model
 
 
 def main():

@@ -25,7 +25,7 @@ ready:
   requests of --tokens tokens one after another, temperature and top_p
   mixed as in benchmarks/serve.py: p50 and p99 of the time to the first
   text, errors, and the aggregate tokens per second, beside the decode
-  engine's own ceiling for that many rows (benchmarks/batch_ceiling.py's
+  engine's own ceiling for that many rows (benchmarks/probe_batch_ceiling.py's
   wave, in this process, after the servers): their ratio. The CPU time
   the server and the clients (threads of this process) used, and the
   ratio the cores allow at most while the clients run beside the engine
@@ -36,7 +36,7 @@ With several --code folders (checkouts to compare), each round measures
 each in turn, so that the machine's slower and faster minutes fall on all.
 Each round, and the report, say what share of the machine's CPU time was
 stolen meanwhile (a virtual machine's host giving it to others: see
-`children.stolen_share`).
+`helpers.stolen_share`).
 """
 
 import argparse
@@ -50,8 +50,8 @@ import tempfile
 import threading
 import time
 
-from children import cpu_ticks, stolen_share
-from serve import REPO, complete, free_port, load_phase, make_model, start_server
+from helpers import cpu_ticks, stolen_share
+from helpers import REPO, complete, free_port, load_phase, make_model, start_server
 
 INTERLEAVED_LONG = 1000
 INTERLEAVED_SHORT = 8
@@ -180,7 +180,7 @@ def main():
         if "clients" in args.measure:
             import keras
 
-            from batch_ceiling import wave
+            from helpers import wave
 
             engine_model = keras.saving.load_model(model)
             wave(engine_model, args.clients, args.tokens)  # compiles

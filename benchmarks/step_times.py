@@ -21,8 +21,7 @@ import gptlite
 from gptlite.training.fit import compile_for_training
 from gptlite.training.settings import split_settings
 
-from architectures import VARIANTS
-from train import settings_for
+from helpers.runs import settings_for, VARIANTS
 
 
 def main():

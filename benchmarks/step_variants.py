@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 
-from children import in_turns, run_child
+from helpers import in_turns, run_child
 
 HERE = pathlib.Path(__file__).resolve().parent
 DEFAULT_TEXT = HERE.parents[1] / "shared" / "data" / "tinyshakespeare.txt"
@@ -59,7 +59,7 @@ def windows(ids, length, batch_size, rng):
 
 
 def reference_ms(ids, vocabulary_size, settings, steps, warmup, precision):
-    from torch_reference import ReferenceTrainer
+    from helpers.torch_reference import ReferenceTrainer
 
     trainer = ReferenceTrainer(ids, ids[:10_000], vocabulary_size, {**settings, "lr": 1e-3}, precision)
     for _ in range(warmup):

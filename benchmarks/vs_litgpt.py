@@ -36,7 +36,7 @@ import os
 import statistics
 import sys
 
-from children import in_turns, run_child, time_calls, time_steps
+from helpers import in_turns, run_child, time_calls, time_steps
 
 VOCABULARY_SIZE = 50257
 SHAPE = dict(n_layer=12, n_head=12, n_embd=768)
@@ -108,7 +108,7 @@ def litgpt_step(steps, rank):
 
 def gptlite_generation(new_tokens):
     import gptlite
-    from gpt2_generate import gpt2_sized_model
+    from helpers.models import gpt2_sized_model
 
     model = gpt2_sized_model()  # context 1024, as CONTEXT
     prompt = "Hello"
@@ -122,7 +122,7 @@ def gptlite_generation(new_tokens):
 
 
 def gptlite_step(steps, rank):
-    from finetune import measure_gptlite
+    from helpers.runs import measure_gptlite
 
     settings = argparse.Namespace(batch_size=1, block_size=256, steps=steps, precision="fp32")
     return measure_gptlite(settings, rank)

@@ -48,37 +48,15 @@ import tempfile
 import threading
 import time
 
-import keras
 import numpy as np
 
 import gptlite
 
-from children import time_calls
-from gpt2_generate import gpt2_sized_tokenizer
-from shapes import random_model
+from helpers import time_calls
+from helpers.llama_cpp import open_llama_cpp
+from helpers.models import LARGE_SHAPES as SHAPES, model_of, PROMPT
 
-SHAPES = {
-    "gpt2": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, bias=True),
-    "smollm2": dict(n_layer=30, n_head=9, n_kv_head=3, n_embd=576, mlp_hidden_size=1536, block_size=2048,
-                    position="rotary", norm="rms", mlp="swiglu", rope_theta=100000.0),
-}
-VOCABULARY_SIZES = {"gpt2": 50257, "smollm2": 49152}
 OUTTYPES = ("f32", "f16", "q8_0")
-PROMPT = "HELLO"  # in the cpu shape's 65 characters too
-
-
-def model_of(shape):
-    """A random-weight GPT of the shape; a large vocabulary's end token is never the likeliest (its row is zero)."""
-    if shape == "cpu":
-        return random_model("cpu")
-    keras.utils.set_random_seed(0)
-    size = VOCABULARY_SIZES[shape]
-    tokenizer = gpt2_sized_tokenizer(size)
-    model = gptlite.GPT(vocab_size=size, tokenizer=tokenizer, **SHAPES[shape])
-    model.build((None, SHAPES[shape]["block_size"]))
-    table = model.embedding.token_embedding.embeddings
-    table.assign(keras.ops.where(keras.ops.arange(size)[:, None] == tokenizer.end_token_id, 0.0, table.value))
-    return model
 
 
 def read_bandwidth(threads=2, megabytes=512, tries=5):
@@ -102,25 +80,6 @@ def weight_bytes_per_token(model, file_bytes):
     config = model.config
     table = config.block_size * config.n_embd if config.position == "learned" else 0
     return file_bytes * (1 - table / model.count_params())
-
-
-def open_llama_cpp(path, context, repack=True):
-    """llama-cpp-python's Llama on 2 threads; `repack=False` keeps the weights as the file has them, as
-    `llama-cli --no-repack` does (on machine D, llama.cpp 0.3.36 crashes on q8_0 weights it repacks)."""
-    import llama_cpp
-
-    defaults = llama_cpp.llama_cpp.llama_model_default_params
-
-    def params():
-        chosen = defaults()
-        chosen.use_extra_bufts = repack
-        return chosen
-
-    llama_cpp.llama.llama_cpp.llama_model_default_params = params
-    try:
-        return llama_cpp.Llama(model_path=str(path), n_ctx=context, n_threads=2, verbose=False)
-    finally:
-        llama_cpp.llama.llama_cpp.llama_model_default_params = defaults
 
 
 def llama_cpp_rate(path, prompt_ids, new_tokens, repeats, repack=True):

@@ -1,6 +1,6 @@
 """The synthetic arithmetic chat task from scratch: training time, exact answers through the server, first chunk.
 
-    python benchmarks/chat_arithmetic.py [--out runs/arithmetic] [--max-iters N] [--turns 20]
+    python benchmarks/probe_chat_arithmetic.py [--out runs/arithmetic] [--max-iters N] [--turns 20]
 
 Trains a new model with `python -m gptlite train --synthetic arithmetic`
 (its default settings unless --max-iters says) and reports the wall time of
@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from serve import free_port, in_threads, start_server
+from helpers import free_port, in_threads, start_server
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -34,7 +34,6 @@ def main():
     parser.add_argument("--max-iters", type=int, default=None)
     parser.add_argument("--turns", type=int, default=20)
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO))
     import httpx
 
     from gptlite.data import chat_tasks

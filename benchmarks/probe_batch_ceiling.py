@@ -1,6 +1,6 @@
 """How much a batch of rows can gain over one row on this machine: the decode engine alone, no server.
 
-    python benchmarks/batch_ceiling.py [--shape cpu|wide] [--rows 16] [--tokens 64] [--rounds 5]
+    python benchmarks/probe_batch_ceiling.py [--shape cpu|wide] [--rows 16] [--tokens 64] [--rounds 5]
 
 The workload of benchmarks/serve.py's clients, without HTTP, without a
 worker thread or its batch window, and without clients on the same cores:
@@ -16,28 +16,8 @@ import argparse
 import json
 import statistics
 import tempfile
-import time
 
-from serve import TEMPERATURES, TOP_PS, make_model
-
-
-def wave(model, rows, tokens):
-    """Seconds to admit `rows` empty prompts and draw `tokens` new tokens for each."""
-    from gptlite.decode.engine import Engine
-    from gptlite.decode.sampling import SamplingConfig
-    from gptlite.serving.worker import ENGINE_SETTINGS
-
-    configs = [SamplingConfig(temperature=TEMPERATURES[row % len(TEMPERATURES)],
-                              top_p=TOP_PS[row // len(TEMPERATURES) % len(TOP_PS)], seed=row) for row in range(rows)]
-    prompt = model.tokenizer.encode("\n")
-    started = time.perf_counter()
-    engine = Engine(model, rows, **ENGINE_SETTINGS)
-    drawn = engine.admit([prompt] * rows, configs)
-    made = 1
-    while made < tokens:
-        drawn = engine.step(min(32, tokens - made))
-        made += len(next(iter(drawn.values())).ids)
-    return time.perf_counter() - started
+from helpers import make_model, wave
 
 
 def main():

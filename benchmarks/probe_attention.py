@@ -1,7 +1,7 @@
 """Fused attention (`keras.ops.dot_product_attention`) against step-by-step attention, in training.
 
-    KERAS_BACKEND=torch python benchmarks/attention.py --preset gpu --batch-size 8 --precision bf16 --steps 5
-    KERAS_BACKEND=torch python benchmarks/attention.py --preset cpu --steps 40
+    KERAS_BACKEND=torch python benchmarks/probe_attention.py --preset gpu --batch-size 8 --precision bf16 --steps 5
+    KERAS_BACKEND=torch python benchmarks/probe_attention.py --preset cpu --steps 40
 
 One model, random tokens; the two kinds alternate --rounds times in one
 process (the attention layers' class is swapped between `fit` calls), so

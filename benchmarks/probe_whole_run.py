@@ -1,6 +1,6 @@
 """A whole training run against its steps: do checkpoints, evaluations and the disk cost the run its speed?
 
-    python benchmarks/whole_run.py [TEXT] [--steps 300 800] [--slow-fsync 0 5] [--rounds 2] [--code DIR]
+    python benchmarks/probe_whole_run.py [TEXT] [--steps 300 800] [--slow-fsync 0 5] [--rounds 2] [--code DIR]
                                    [--reference]
 
 Each run is a child process of its own, the runs taken in turns round by
@@ -36,14 +36,15 @@ import subprocess
 import sys
 import tempfile
 
+from helpers import with_code
+
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
 DEFAULT_TEXT = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 GPTLITE = """
 import json, os, statistics, sys, time
-code, text, out, steps, slow = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
-sys.path.insert(0, code)
+text, out, steps, slow = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 if slow:
     fsync = os.fsync
     def slow_fsync(descriptor):
@@ -66,11 +67,9 @@ print(json.dumps(dict(wall_s=wall, step_s=step_s, parts=parts, evaluations=evalu
 
 REFERENCE = """
 import json, os, statistics, sys, time
-here, text, out, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-sys.path.insert(0, here)
-sys.path.insert(0, os.path.dirname(here))
+text, out, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 import torch
-from torch_reference import ReferenceTrainer, character_splits
+from helpers.torch_reference import ReferenceTrainer, character_splits
 from gptlite.training.settings import PRESETS
 settings = {**PRESETS["cpu"], "max_iters": steps, "lr": 1e-3}
 train_ids, validation_ids, vocabulary_size = character_splits(open(text, encoding="utf-8").read())
@@ -98,11 +97,11 @@ print(json.dumps(dict(wall_s=wall, step_s=statistics.median(step_times[1:]), par
 def run(kind, code, text, steps, slow):
     with tempfile.TemporaryDirectory() as out:
         if kind == "reference":
-            command = [sys.executable, "-c", REFERENCE, str(HERE), str(text), out, str(steps)]
+            command = [sys.executable, "-c", REFERENCE, str(text), out, str(steps)]
         else:
-            command = [sys.executable, "-c", GPTLITE, str(code), str(text), str(pathlib.Path(out) / "run"),
-                       str(steps), str(slow)]
-        environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+            command = [sys.executable, "-c", GPTLITE, str(text), str(pathlib.Path(out) / "run"), str(steps), str(slow)]
+        # The reference imports this folder's helpers; gptlite's run imports the checkout `code`'s gptlite.
+        environment = with_code(dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), HERE if kind == "reference" else code)
         result = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=tempfile.gettempdir())
     if result.returncode:
         sys.exit(result.stderr[-3000:])

@@ -1,6 +1,6 @@
 """Training and generation speed of the cpu preset under each Keras backend, side by side.
 
-    python benchmarks/backends.py [TEXT] [--backends tensorflow jax torch] [--rounds 3]
+    python benchmarks/probe_backends.py [TEXT] [--backends tensorflow jax torch] [--rounds 3]
         [--steps 200] [--warmup 50]
 
 A backend is fixed for the life of a process, so each measurement runs in a
@@ -25,7 +25,7 @@ import pathlib
 import statistics
 import time
 
-from children import in_turns, medians, run_child
+from helpers import in_turns, medians, run_child
 
 HERE = pathlib.Path(__file__).resolve().parent
 DEFAULT_TEXT = HERE.parents[1] / "shared" / "data" / "tinyshakespeare.txt"
@@ -46,7 +46,7 @@ def measure(text_path, steps, warmup):
     from gptlite.data import lm
     from gptlite.training import fit
     from gptlite.training.settings import PRESETS, split_settings
-    from shapes import random_model
+    from helpers.models import random_model
 
     class StepTimer(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):

@@ -1,6 +1,6 @@
 """Time gptlite's training step under `model.fit`, with `jit_compile` off and on, side by side.
 
-    python benchmarks/train_step.py [TEXT] [--preset cpu] [--steps 300] [--warmup 100] [--rounds 2]
+    python benchmarks/probe_train_step.py [TEXT] [--preset cpu] [--steps 300] [--warmup 100] [--rounds 2]
 
 Runs alternate (off, on, off, on, ...) in one process so that machine noise
 hits both alike; prints ms/step per run and the median of each setting.

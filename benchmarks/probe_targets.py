@@ -1,6 +1,6 @@
 """Seq2seq decoding speed: targets/s of `generate_target` over a list of sources, as a run's evaluation decodes them.
 
-    python benchmarks/targets.py [--sources 1000] [--repeats 3] [--beams N]
+    python benchmarks/probe_targets.py [--sources 1000] [--repeats 3] [--beams N]
 
 The model has random weights (speed only) and the seq2seq preset's shape
 (encoder and decoder of 2 blocks, 4 heads, width 128) with a block size of 21,

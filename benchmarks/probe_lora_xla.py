@@ -1,6 +1,6 @@
 """A LoRA step on TensorFlow with XLA and without, at model sizes from the chat base's to GPT-2 small's.
 
-    python benchmarks/lora_xla.py [--rounds 2] [--shapes small,wide,gpu,gpt2]
+    python benchmarks/probe_lora_xla.py [--rounds 2] [--shapes small,wide,gpu,gpt2]
 
 `gptlite.training.fit.compile_for_training` runs a LoRA step under XLA on
 TensorFlow only for models of at most `LORA_XLA_MAX_PARAMETERS`; this
@@ -25,8 +25,8 @@ import os
 import statistics
 import sys
 
-from children import in_turns, run_child, time_training
-from finetune import GPT2_SMALL
+from helpers import in_turns, run_child, time_training
+from helpers.runs import GPT2_SMALL
 
 MODERN = dict(position="rotary", norm="rms", mlp="swiglu", n_kv_head=2, qk_norm=True, bias=False)
 SHAPES = {  # name: (model settings, batch size, rank, targets)

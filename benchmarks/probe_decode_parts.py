@@ -1,6 +1,6 @@
 """Time the parts of a decode step apart, compiled with XLA, at batch 1.
 
-    python benchmarks/decode_parts.py [--size cpu|big] [--dtype float32|bfloat16]
+    python benchmarks/probe_decode_parts.py [--size cpu|big] [--dtype float32|bfloat16]
 
 Prints milliseconds for: the sampler alone (a call), one cached decode step
 (a call), a forward pass over the whole window (a call), and, inside one
@@ -23,7 +23,7 @@ import tensorflow as tf
 from keras import ops
 
 from gptlite.decode.sampling import RowSettings, sample_next_token, SamplingConfig
-from shapes import SIZES, VOCABULARY_SIZE, random_model
+from helpers.models import SIZES, VOCABULARY_SIZE, random_model
 
 ITERATIONS = 16
 

@@ -1,6 +1,6 @@
 """`gptlite serve` of two codes side by side, once warm: the same load phases sent to each by turns.
 
-    python benchmarks/serve_beside.py --code BEFORE [--rounds 8] [--requests 20] [--tokens 64] [--shape cpu|wide]
+    python benchmarks/probe_serve_beside.py --code BEFORE [--rounds 8] [--requests 20] [--tokens 64] [--shape cpu|wide]
 
 Both servers (this checkout's gptlite and the one in --code) run at once,
 each in a process of its own on its own compile cache folder, started a
@@ -27,9 +27,7 @@ import statistics
 import sys
 import tempfile
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-
-import serve  # noqa: E402  (this folder's serving benchmark: its servers, models and load phases)
+import helpers
 
 PHASES = [("1 client, streamed", 1, True), ("16 clients, streamed", 16, True),
           ("1 client, whole", 1, False), ("16 clients, whole", 16, False)]
@@ -41,30 +39,30 @@ def main():
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--requests", type=int, default=20, help="requests per client in a phase")
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--shape", choices=sorted(serve.SHAPES), default="cpu")
+    parser.add_argument("--shape", choices=sorted(helpers.SERVE_SHAPES), default="cpu")
     parser.add_argument("--max-batch", type=int, default=16)
     args = parser.parse_args()
-    codes = {"this": serve.REPO, "other": args.code.resolve()}
+    codes = {"this": helpers.REPO, "other": args.code.resolve()}
 
     servers, urls = {}, {}
     with tempfile.TemporaryDirectory() as folder:
-        model = serve.make_model(args.shape, folder)
+        model = helpers.make_model(args.shape, folder)
         try:
             for name, code in codes.items():
-                cache, port = pathlib.Path(folder) / f"compile-cache-{name}", serve.free_port()
-                first, *_ = serve.start_server(model, port, args.max_batch, 2 * args.max_batch, cache, code)
+                cache, port = pathlib.Path(folder) / f"compile-cache-{name}", helpers.free_port()
+                first, *_ = helpers.start_server(model, port, args.max_batch, 2 * args.max_batch, cache, code)
                 first.send_signal(signal.SIGTERM)
                 first.wait(120)
-                servers[name], *_ = serve.start_server(model, port, args.max_batch, 2 * args.max_batch, cache, code)
+                servers[name], *_ = helpers.start_server(model, port, args.max_batch, 2 * args.max_batch, cache, code)
                 urls[name] = f"http://127.0.0.1:{port}"
                 for _, clients, stream in PHASES:
-                    serve.load_phase(urls[name], clients, 2, args.tokens, stream)
+                    helpers.load_phase(urls[name], clients, 2, args.tokens, stream)
             figures = {(name, phase): [] for name in codes for phase, _, _ in PHASES}
             for number in range(args.rounds):
                 order = list(codes) if number % 2 == 0 else list(codes)[::-1]
                 for phase, clients, stream in PHASES:
                     for name in order:
-                        result = serve.load_phase(urls[name], clients, args.requests, args.tokens, stream)
+                        result = helpers.load_phase(urls[name], clients, args.requests, args.tokens, stream)
                         if result["complete"] != result["requests"] or result["errors_5xx"]:
                             sys.exit(f"{name} answered {result['complete']} of {result['requests']} requests whole")
                         figures[name, phase].append(round(result["tokens_per_s"]))
