@@ -81,3 +81,64 @@ def test_unknown_characters_are_refused_skipped_or_replaced():
     assert known_text(tokenizer, "axyb", "replace", "prompt") == "a  b"
     with pytest.raises(gptlite.ConfigError, match="unknown"):
         known_text(tokenizer, "ab", "ignore", "prompt")
+
+
+def _byte_tokenizer_module():
+    """A module holding a tokenizer written as a new one is: one class implementing `Tokenizer` (a token per
+    UTF-8 byte, for the sake of the test), registered with Keras."""
+    import types
+
+    import keras
+
+    from gptlite.text.tokenizers import Tokenizer
+
+    @keras.saving.register_keras_serializable(package="gptlite-tests")
+    class BytesTokenizer(Tokenizer):
+        name = "bytes"
+        tokens_are = "UTF-8 bytes"
+        vocabulary_size = 256
+
+        @classmethod
+        def fit(cls, texts, vocabulary_size=None, digits_apart=False, show_progress=False, what="the text"):
+            return cls()
+
+        def unknown_characters(self, text):
+            return []
+
+        def encode(self, text):
+            return np.frombuffer(text.encode("utf-8"), np.uint8).copy()
+
+        def decode(self, ids):
+            return bytes(int(i) for i in np.ravel(ids)).decode("utf-8", errors="replace")
+
+        def character_count(self, ids):
+            return int(np.count_nonzero((np.asarray(ids) & 0xC0) != 0x80))
+
+        def pieces(self, ids):
+            return [self.decode([i]) for i in np.ravel(ids)]
+
+        def get_config(self):
+            return {}
+
+    module = types.ModuleType("gptlite.text.bytes_for_a_test")
+    module.BytesTokenizer = BytesTokenizer
+    return module
+
+
+@pytest.mark.slow
+def test_a_tokenizer_added_as_one_class_and_one_registry_line_trains_saves_and_writes(tmp_path, monkeypatch):
+    import sys
+
+    from gptlite import text
+
+    monkeypatch.setitem(sys.modules, "gptlite.text.bytes_for_a_test", _byte_tokenizer_module())
+    monkeypatch.setitem(text.TOKENIZERS, "bytes", ("bytes_for_a_test", "BytesTokenizer"))
+    (tmp_path / "words.txt").write_text("the cat sat on the mat, the dog ran to the sun. " * 40)
+    run = gptlite.train_on_text([tmp_path / "words.txt"], tmp_path / "run", {"max_iters": 4, "eval_interval": 4},
+                                preset="tiny", tokenizer="bytes", verbose=0)
+    model = gptlite.load(tmp_path / "run" / "model.keras")
+    assert type(model.tokenizer).__name__ == "BytesTokenizer" and model.config.vocab_size == 256
+    assert run.model.tokenizer.tokens_are == "UTF-8 bytes"
+    assert gptlite.generate(model, "the ", max_new_tokens=5, temperature=0).startswith("the ")
+    with pytest.raises(gptlite.ConfigError, match="tokens are UTF-8 bytes"):  # no GPT-2 form: it says so
+        model.tokenizer.byte_level_bpe()
