@@ -109,4 +109,5 @@ def test_building_a_model_writes_nothing_and_loading_one_keeps_its_programs(tmp_
     result = run_python("-c", BUILD_THEN_LOAD, str(tmp_path / "model.keras"), env=environment)
     assert result.returncode == 0, result.stderr[-2000:]
     built, programs = json.loads(result.stdout.strip().splitlines()[-1])
-    assert built == [] and programs > 0
+    assert built == []
+    assert (programs > 0) == (os.environ.get("KERAS_BACKEND", "tensorflow") != "torch")  # torch compiles nothing
