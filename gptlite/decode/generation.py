@@ -209,8 +209,8 @@ def iter_targets(model, sources, max_new_tokens=None, sampling=None, *, unknown=
     """As `generate_target` for a list of sources: an iterator that gives each
     target as soon as its batch of TARGET_BATCH is decoded. Everything is checked at once.
     """
-    model.check_writes_targets(f"generate_target needs a Seq2Seq model, not a {type(model).__name__}; a GPT continues a "
-                          f"prompt with generate")
+    model.check_writes_targets(f"generate_target needs a Seq2Seq model, not a {type(model).__name__}; a GPT "
+                               f"continues a prompt with generate")
     sources = list(sources)
     if not sources:
         raise ConfigError("give at least one source")

@@ -102,7 +102,7 @@ SAMPLING_SETTINGS = tuple(SAMPLING_FIELDS)
 
 def is_whole_number_setting(name):
     """Whether a sampling setting takes a whole number (top_k, seed, max_new_tokens)."""
-    return SAMPLING_FIELDS[name].type in (int, "int")
+    return SAMPLING_FIELDS[name].type is int
 
 
 def _is_number(value):

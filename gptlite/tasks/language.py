@@ -37,7 +37,8 @@ class LanguageModel(Task):
     def corpus(self, plan):
         """The run's text, read once: its files, or about 2 MB of the Python standard library's sources."""
         if self._corpus is None:
-            self._corpus = (lm.Corpus.from_files(plan.asked.sources, plan.asked.encoding, plan.asked.errors) if plan.asked.sources else
+            asked = plan.asked
+            self._corpus = (lm.Corpus.from_files(asked.sources, asked.encoding, asked.errors) if asked.sources else
                             lm.Corpus.from_text(lm.default_corpus(), "the Python standard library's sources"))
         return self._corpus
 
@@ -61,7 +62,8 @@ class LanguageModel(Task):
         corpus = self.corpus(plan)
         make_folder()
         try:
-            token_ids = lm.encode_corpus(corpus, model.tokenizer, plan.out_dir, sys.stdout.isatty(), plan.asked.unknown)
+            token_ids = lm.encode_corpus(corpus, model.tokenizer, plan.out_dir, sys.stdout.isatty(),
+                                         plan.asked.unknown)
         except InputError as error:
             if plan.checkpoint and any(model.tokenizer.unknown_characters(piece) for piece in corpus.pieces()):
                 raise InputError(f"{error}: resume with the text the run started on") from None

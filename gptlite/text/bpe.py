@@ -198,11 +198,12 @@ class BPETokenizer(Tokenizer):
         return config
 
     def byte_level_bpe(self):
+        from gptlite.text import forms
+
         model = json.loads(self.definition)["model"]
         if model.get("type") != "BPE":
             raise ConfigError("this model's tokenizer is not byte-level BPE")
-        merges = [" ".join(merge) if isinstance(merge, list) else merge for merge in model["merges"]]
-        return model["vocab"], merges
+        return model["vocab"], forms.merges_of(model)
 
     def gguf_fields(self):
         from gptlite.text import forms

@@ -46,7 +46,7 @@ def byte_level_fields(definition):
                           f"tokenizer is a {model.get('type')} of another kind")
     tokens, types = _vocabulary(definition, TokenType)
     return dict(model="gpt2", pre=_pre_tokenizer_name(definition.get("pre_tokenizer")), tokens=tokens,
-                types=types, merges=_merges(model))
+                types=types, merges=merges_of(model))
 
 
 def sentencepiece_fields(definition):
@@ -67,7 +67,7 @@ def sentencepiece_fields(definition):
             types[index] = TokenType.BYTE
         elif token == unknown:
             types[index] = TokenType.UNKNOWN
-    ranks = {"".join(merge.split(" ", 1)): rank for rank, merge in enumerate(_merges(model))}
+    ranks = {"".join(merge.split(" ", 1)): rank for rank, merge in enumerate(merges_of(model))}
     scores = [-float(ranks.get(token, len(ranks) + index)) for index, token in enumerate(tokens)]
     return dict(model="llama", pre=None, tokens=tokens, types=types, merges=None, scores=scores, space_prefix=True,
                 unknown=tokens.index(unknown) if unknown in tokens else None)
@@ -91,7 +91,8 @@ def _vocabulary(definition, TokenType):
     return tokens, types
 
 
-def _merges(model):
+def merges_of(model):
+    """A tokenizer.json model's merges as GPT-2's merges.txt writes them ("a b"), whichever form it holds them in."""
     return [" ".join(merge) if isinstance(merge, list) else merge for merge in model.get("merges", [])]
 
 

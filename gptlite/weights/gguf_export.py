@@ -59,8 +59,8 @@ def export_gguf(model, path, outtype=DEFAULT_OUTTYPE):
 
     if outtype not in OUTTYPES:
         raise ConfigError(f"outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
-    model.check_continues_text(f"llama.cpp runs decoder-only models; a {type(model).__name__} writes targets from sources, "
-                      f"which it cannot run")
+    model.check_continues_text(f"llama.cpp runs decoder-only models; a {type(model).__name__} writes targets from "
+                               f"sources, which it cannot run")
     architecture = architecture_of(model.config)
     tensors = _gpt2_tensors(model) if architecture == "gpt2" else _llama_tensors(model, architecture)
     tokenizer = _tokenizer_fields(model.tokenizer, model.config.vocab_size)
