@@ -217,6 +217,11 @@ class BPETokenizer(Tokenizer):
 
         return forms.gpt2_files(self, block_size)
 
+    def web_form(self):
+        from gptlite.text import forms
+
+        return forms.byte_level_web_form(json.loads(self.definition))
+
 
 # Unicode's White_Space characters, which are what `\s` matches in the library's splitting pattern.
 _WHITESPACE = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
@@ -380,3 +385,8 @@ class PretrainedTokenizer(Tokenizer):
         from gptlite.text import forms
 
         return forms.pretrained_files(self, block_size)
+
+    def web_form(self):
+        from gptlite.text import forms
+
+        return forms.byte_level_web_form(json.loads(self.definition))

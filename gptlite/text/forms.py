@@ -159,3 +159,85 @@ def pretrained_files(tokenizer, block_size):
         config["chat_template"] = tokenizer.chat_template
     return {"tokenizer.json": tokenizer.definition,
             "tokenizer_config.json": json.dumps(config, indent=2, ensure_ascii=False)}
+
+
+# --- the web page's tokenizer (weights/web/gptlite.js reads it)
+
+# Unicode's White_Space characters: what `\s` matches in the `tokenizers` library's patterns. A browser's `\s`
+# differs (it takes U+FEFF and leaves U+0085), so the page's patterns name them.
+WHITESPACE = "\\t\\n\\x0b\\x0c\\r \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000"
+# GPT-2's splitting, which a ByteLevel pre-tokenizer applies where it `use_regex`.
+GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+
+
+def character_web_form(tokenizer):
+    """A character vocabulary as the page reads it: the special tokens' names, the characters, the added tokens,
+    in id order."""
+    return {"kind": "characters", "specials": [f"<{name}>" for name in tokenizer.special_tokens],
+            "characters": list(tokenizer.vocabulary), "added": list(tokenizer.added_tokens)}
+
+
+def byte_level_web_form(definition):
+    """A byte-level BPE tokenizer.json as the page reads it: its splitting as browser patterns (each isolates its
+    matches from the text between them, in turn), its vocabulary, merges and added tokens. A tokenizer whose
+    splitting or model the page does not follow is a ConfigError."""
+    model = definition.get("model") or {}
+    if model.get("type") != "BPE" or '"ByteLevel"' not in json.dumps(definition.get("pre_tokenizer")) \
+            or definition.get("normalizer") is not None or model.get("continuing_subword_prefix") \
+            or model.get("end_of_word_suffix") or model.get("dropout"):
+        raise ConfigError("the web page reads byte-level BPE (gptlite's own, GPT-2's, SmolLM2's, Qwen's) and "
+                          "character vocabularies; this model's tokenizer is of another kind")
+    pre_tokenizer = definition["pre_tokenizer"]
+    splits = []
+    for step in pre_tokenizer.get("pretokenizers", [pre_tokenizer]):
+        kind = step.get("type")
+        if kind == "ByteLevel":
+            if step.get("add_prefix_space"):
+                raise ConfigError("the web page's tokenizer puts no space before a text; this one's does")
+            if step.get("use_regex", True):
+                splits.append(browser_pattern(GPT2_SPLIT))
+        elif kind == "Digits":
+            splits.append(r"\p{N}" if step.get("individual_digits") else r"\p{N}+")
+        elif kind == "Split" and "Regex" in step.get("pattern", {}) and step.get("behavior") == "Isolated" \
+                and not step.get("invert"):
+            splits.append(browser_pattern(step["pattern"]["Regex"]))
+        else:
+            raise ConfigError(f"the web page's tokenizer cannot split text as this one does ({kind})")
+    return {"kind": "byte_level_bpe", "splits": splits, "vocabulary": model["vocab"], "merges": merges_of(model),
+            "ignore_merges": bool(model.get("ignore_merges")),
+            "added": {token["content"]: token["id"] for token in definition.get("added_tokens", [])}}
+
+
+def browser_pattern(pattern):
+    """A `tokenizers` (Oniguruma) splitting pattern as a browser's regular expression (flags "gu"): `\\s` as
+    Unicode's White_Space, and case-blind groups `(?i:...)` of plain letters spelled out."""
+    def case_blind(match):
+        return "(?:" + re.sub(r"[A-Za-z]", lambda letter: f"[{letter[0].lower()}{letter[0].upper()}]",
+                              match[1]) + ")"
+
+    pattern = re.sub(r"\(\?i:([A-Za-z'|]*)\)", case_blind, pattern)
+    if "(?i" in pattern:
+        raise ConfigError("the web page's tokenizer cannot follow this tokenizer's case-blind splitting")
+    out, in_class = [], False
+    index = 0
+    while index < len(pattern):
+        character = pattern[index]
+        if character == "\\" and index + 1 < len(pattern):
+            escaped = pattern[index + 1]
+            if escaped == "s":
+                out.append(WHITESPACE if in_class else f"[{WHITESPACE}]")
+            elif escaped == "S":
+                if in_class:
+                    raise ConfigError("the web page's tokenizer cannot follow \\S within a class")
+                out.append(f"[^{WHITESPACE}]")
+            else:
+                out.append(pattern[index:index + 2])
+            index += 2
+            continue
+        if character == "[" and not in_class:
+            in_class = True
+        elif character == "]" and in_class:
+            in_class = False
+        out.append(character)
+        index += 1
+    return "".join(out)

@@ -38,7 +38,8 @@ class Tokenizer:
 
     A run fits a new one to its text with `fit` (where the class has a `name`, its `tokenizer` setting); the
     exports ask it for their forms: `gguf_fields` (llama.cpp), `hugging_face_files` (transformers),
-    `byte_level_bpe` (GPT-2's vocabulary and merges, for GPT-2's and KerasHub's forms). What it has no form for,
+    `byte_level_bpe` (GPT-2's vocabulary and merges, for GPT-2's and KerasHub's forms), `web_form` (the web
+    page's). What it has no form for,
     it refuses with a ConfigError that says so.
     """
 
@@ -115,6 +116,10 @@ class Tokenizer:
     def hugging_face_files(self, block_size):
         """The files of its Hugging Face form, by name: what `AutoTokenizer.from_pretrained` loads."""
         raise ConfigError(f"a tokenizer of {self.tokens_are} has no Hugging Face form here")
+
+    def web_form(self):
+        """What the web page's tokenizer (weights/web/gptlite.js) reads of it: a dict (`text.forms`)."""
+        raise ConfigError(f"the web page has no tokenizer of {self.tokens_are}")
 
     def byte_level_bpe(self):
         """Its vocabulary (token -> id) and merges ("a b"), as GPT-2's files hold them: only a byte-level BPE
@@ -282,6 +287,11 @@ class CharTokenizer(Tokenizer):
         from gptlite.text import forms
 
         return forms.character_files(self, block_size)
+
+    def web_form(self):
+        from gptlite.text import forms
+
+        return forms.character_web_form(self)
 
 
 def code_points(text):

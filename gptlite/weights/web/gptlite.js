@@ -1,0 +1,335 @@
+// gptlite in a web page: the tokenizer, the sampler and the decoding loop, as gptlite writes text in Python.
+//
+// The model is `model.onnx`, one decoding step (gptlite/weights/onnx_graph.py): the new tokens and the cache of
+// the tokens before them in, the next token's logits, the cache and the attention weights out. Nothing here
+// knows the page: page.js draws it; Node imports this file to check the tokenizer against Python's.
+
+// --- tokenizers: text to ids and back, as gptlite's (text/forms.py writes what they read)
+
+function addedPattern(added) {
+  // Added tokens (turn markers) are one token wherever they stand, the longest first.
+  if (added.length === 0) return null;
+  const escaped = [...added].sort((a, b) => b.length - a.length).map((t) => t.replace(/[.*+?^${}()|[\]\\]/g, "\\$&"));
+  return new RegExp(`(${escaped.join("|")})`, "u");
+}
+
+function aroundAdded(text, pattern, addedIds, encodePlain) {
+  if (pattern === null) return encodePlain(text);
+  const ids = [];
+  text.split(pattern).forEach((part, index) => {
+    if (index % 2) ids.push(addedIds.get(part));
+    else if (part) ids.push(...encodePlain(part));
+  });
+  return ids;
+}
+
+export class CharacterTokenizer {
+  constructor(form) {
+    this.specials = form.specials;
+    this.characters = form.characters;
+    this.added = form.added;
+    this.ids = new Map(this.characters.map((c, i) => [c, i + this.specials.length]));
+    const first = this.specials.length + this.characters.length;
+    this.addedIds = new Map(this.added.map((t, i) => [t, first + i]));
+    this.pattern = addedPattern(this.added);
+    this.texts = [...this.specials.map(() => ""), ...this.characters, ...this.added];
+  }
+
+  // The characters of `text` that have no id, in order of first appearance.
+  unknownCharacters(text) {
+    const plain = this.pattern === null ? text : text.split(this.pattern).filter((_, i) => i % 2 === 0).join("");
+    return [...new Set([...plain].filter((c) => !this.ids.has(c)))];
+  }
+
+  encode(text) {
+    return aroundAdded(text, this.pattern, this.addedIds, (part) => [...part].map((c) => {
+      const id = this.ids.get(c);
+      if (id === undefined) throw new Error(`the text has characters the model's vocabulary lacks: ${c}`);
+      return id;
+    }));
+  }
+
+  // A decoder that turns ids into text as they come (characters need no waiting).
+  decoder() {
+    return { add: (id) => this.texts[id] ?? "", finish: () => "" };
+  }
+
+  piece(id) { return id < this.specials.length ? this.specials[id] : this.texts[id] ?? ""; }
+}
+
+// GPT-2's byte-level alphabet: each byte as one printable character.
+function byteAlphabet() {
+  const visible = [];
+  for (let b = 33; b <= 126; b++) visible.push(b);
+  for (let b = 161; b <= 172; b++) visible.push(b);
+  for (let b = 174; b <= 255; b++) visible.push(b);
+  const toCharacter = new Array(256);
+  let hidden = 0;
+  for (let b = 0; b < 256; b++) {
+    toCharacter[b] = visible.includes(b) ? String.fromCharCode(b) : String.fromCharCode(256 + hidden++);
+  }
+  return toCharacter;
+}
+
+export class ByteLevelBPE {
+  constructor(form) {
+    this.vocabulary = new Map(Object.entries(form.vocabulary));
+    this.ranks = new Map(form.merges.map((merge, rank) => [merge, rank]));
+    this.ignoreMerges = form.ignore_merges;
+    this.splits = form.splits.map((pattern) => new RegExp(pattern, "gu"));
+    this.addedIds = new Map(Object.entries(form.added));
+    this.pattern = addedPattern([...this.addedIds.keys()]);
+    this.byteCharacter = byteAlphabet();
+    this.characterByte = new Map(this.byteCharacter.map((c, b) => [c, b]));
+    this.tokens = [];
+    for (const [token, id] of this.vocabulary) this.tokens[id] = token;
+    this.addedById = new Map([...this.addedIds].map(([token, id]) => [id, token]));
+    this.encoder = new TextEncoder();
+    this.cache = new Map();
+  }
+
+  unknownCharacters() { return []; }  // every text is bytes, and every byte has a token
+
+  encode(text) {
+    return aroundAdded(text, this.pattern, this.addedIds, (part) => {
+      const ids = [];
+      for (const piece of this.split(part)) ids.push(...this.word(piece));
+      return ids;
+    });
+  }
+
+  // The splitting steps in turn: each isolates its matches from the text between them.
+  split(text) {
+    let pieces = [text];
+    for (const pattern of this.splits) {
+      const next = [];
+      for (const piece of pieces) {
+        let last = 0;
+        for (const match of piece.matchAll(pattern)) {
+          if (match[0].length === 0) continue;
+          if (match.index > last) next.push(piece.slice(last, match.index));
+          next.push(match[0]);
+          last = match.index + match[0].length;
+        }
+        if (last < piece.length) next.push(piece.slice(last));
+      }
+      pieces = next;
+    }
+    return pieces;
+  }
+
+  // One piece's ids: its bytes as alphabet characters, merged pair by pair, the pair of lowest rank first.
+  word(piece) {
+    const known = this.cache.get(piece);
+    if (known) return known;
+    let parts = [...this.encoder.encode(piece)].map((b) => this.byteCharacter[b]);
+    const whole = parts.join("");
+    if (this.ignoreMerges && this.vocabulary.has(whole)) return [this.vocabulary.get(whole)];
+    while (parts.length > 1) {
+      let best = -1;
+      let bestRank = Infinity;
+      for (let i = 0; i < parts.length - 1; i++) {
+        const rank = this.ranks.get(`${parts[i]} ${parts[i + 1]}`);
+        if (rank !== undefined && rank < bestRank) { bestRank = rank; best = i; }
+      }
+      if (best < 0) break;
+      const [left, right] = [parts[best], parts[best + 1]];
+      const merged = [];
+      for (let i = 0; i < parts.length; i++) {
+        if (i < parts.length - 1 && parts[i] === left && parts[i + 1] === right) { merged.push(left + right); i++; }
+        else merged.push(parts[i]);
+      }
+      parts = merged;
+    }
+    const ids = parts.map((part) => {
+      const id = this.vocabulary.get(part);
+      if (id === undefined) throw new Error(`the tokenizer has no token for ${JSON.stringify(part)}`);
+      return id;
+    });
+    if (this.cache.size < 100000) this.cache.set(piece, ids);
+    return ids;
+  }
+
+  bytesOf(id) {
+    const added = this.addedById.get(id);
+    if (added !== undefined) return this.encoder.encode(added);
+    const token = this.tokens[id] ?? "";
+    return Uint8Array.from([...token].map((c) => this.characterByte.get(c) ?? 0));
+  }
+
+  // A decoder that turns ids into text as they come, holding back a character's first bytes until its last.
+  decoder() {
+    const utf8 = new TextDecoder("utf-8");
+    return { add: (id) => utf8.decode(this.bytesOf(id), { stream: true }), finish: () => utf8.decode() };
+  }
+
+  piece(id) { return new TextDecoder("utf-8").decode(this.bytesOf(id)); }
+}
+
+export function makeTokenizer(form) {
+  if (form.kind === "characters") return new CharacterTokenizer(form);
+  if (form.kind === "byte_level_bpe") return new ByteLevelBPE(form);
+  throw new Error(`no tokenizer of kind ${form.kind}`);
+}
+
+// --- sampling: gptlite's sampler (decode/sampling.py), its noise a hash of the seed and the token's index
+
+function shifted(x, bits) { return x >>> bits; }
+
+function mixed(x) {
+  // lowbias32, in int32 arithmetic as Keras computes it.
+  x = Math.imul(x ^ shifted(x, 16), 0x7feb352d);
+  x = Math.imul(x ^ shifted(x, 15), -2073254261);
+  return x ^ shifted(x, 16);
+}
+
+const GOLDEN = -1640531527;
+
+// Uniform noise in (0, 1), one number per vocabulary entry, for token `index` of the row seeded `seed`.
+export function uniformNoise(seed, index, vocabularySize) {
+  const key = mixed(mixed(seed | 0) ^ (index | 0));
+  const noise = new Float32Array(vocabularySize);
+  for (let v = 0; v < vocabularySize; v++) {
+    const bits = mixed(key ^ Math.imul(v, GOLDEN));
+    noise[v] = Math.fround((bits >>> 8) + 0.5) * (1 / 16777216);
+  }
+  return noise;
+}
+
+function argmax(values) {
+  let best = 0;
+  for (let i = 1; i < values.length; i++) if (values[i] > values[best]) best = i;
+  return best;
+}
+
+// The next token from float logits (V,), as gptlite's `sample_next_token` draws it for one row: repetition penalty
+// on the tokens `seen` in the window, then greedy at temperature 0, else the arg-max of the kept scaled logits plus
+// Gumbel noise (top_k, top_p and min_p filter what is kept).
+export function sampleNext(logits, settings, noise, seen) {
+  const vocabularySize = logits.length;
+  let values = Float32Array.from(logits);
+  const penalty = settings.repetition_penalty ?? 1;
+  if (penalty !== 1 && seen) {
+    for (const id of seen) values[id] = values[id] > 0 ? values[id] / penalty : values[id] * penalty;
+  }
+  if (settings.temperature === 0) return argmax(values);
+  const temperature = Math.max(settings.temperature, 1e-6);
+  const scaled = values.map((v) => v / temperature);
+  const topK = settings.top_k == null ? vocabularySize : Math.min(settings.top_k, vocabularySize);
+  const topP = settings.top_p ?? 1;
+  const minP = settings.min_p ?? 0;
+  let kept = scaled;
+  if (topK < vocabularySize || topP < 1 || minP > 0) {
+    const descending = Float32Array.from(scaled).sort().reverse();
+    const kth = descending[Math.max(1, Math.min(topK, vocabularySize)) - 1];
+    let nucleusFloor = Infinity;
+    if (topP >= 1) nucleusFloor = descending[vocabularySize - 1];
+    else {
+      const top = descending[0];
+      let total = 0;
+      for (const v of descending) total += Math.exp(v - top);
+      let above = 0;
+      for (const v of descending) {
+        if (above >= topP) break;
+        nucleusFloor = v;
+        above += Math.exp(v - top) / total;
+      }
+    }
+    const minPFloor = minP > 0 ? descending[0] + Math.log(Math.max(minP, 1e-30)) : -Infinity;
+    const floor = Math.max(kth, nucleusFloor, minPFloor);
+    kept = scaled.map((v) => (v >= floor ? v : -1e9));
+  }
+  let best = 0;
+  let bestValue = -Infinity;
+  for (let v = 0; v < vocabularySize; v++) {
+    const value = kept[v] - Math.log(-Math.log(noise[v]));
+    if (value > bestValue) { bestValue = value; best = v; }
+  }
+  return best;
+}
+
+// The `count` likeliest next tokens and their probabilities (temperature 1, nothing filtered).
+export function topCandidates(logits, count) {
+  let top = -Infinity;
+  for (const v of logits) if (v > top) top = v;
+  let total = 0;
+  for (const v of logits) total += Math.exp(v - top);
+  const order = [...logits.keys()].sort((a, b) => logits[b] - logits[a]).slice(0, count);
+  return order.map((id) => ({ id, probability: Math.exp(logits[id] - top) / total }));
+}
+
+// --- decoding: the prompt in one call, then one call a token over the cache; past the window, the last
+// block_size tokens again, as gptlite's `generate` does with its default slide of one token
+
+export class Writer {
+  // ort: onnxruntime-web's module; session: an InferenceSession of model.onnx; config: the export's config.json.
+  constructor(ort, session, config) {
+    this.ort = ort;
+    this.session = session;
+    this.config = config;
+  }
+
+  emptyCache() {
+    const { n_layer: layers, kv_heads: heads, head_size: size } = this.config;
+    const cache = {};
+    for (let i = 0; i < layers; i++) {
+      for (const part of ["key", "value"]) {
+        cache[`past_${part}_${i}`] = new this.ort.Tensor("float32", new Float32Array(0), [1, heads, 0, size]);
+      }
+    }
+    return cache;
+  }
+
+  async step(ids, cache) {
+    const feeds = { input_ids: new this.ort.Tensor("int64", BigInt64Array.from(ids, BigInt), [1, ids.length]),
+      ...cache };
+    const out = await this.session.run(feeds);
+    const next = {};
+    for (const name of Object.keys(cache)) next[name] = out[name.replace("past_", "present_")];
+    return { logits: out.logits.data, cache: next, attention: out.attention };
+  }
+
+  // Yields {token, logits, attention, windowStart} for each new token; `shouldStop()` ends it between tokens.
+  async *write(promptIds, settings, shouldStop = () => false) {
+    const block = this.config.block_size;
+    const context = [...promptIds];
+    let windowStart = Math.max(0, context.length - block);
+    let { logits, cache, attention } = await this.step(context.slice(windowStart), this.emptyCache());
+    const seed = ((settings.seed ?? 0) % 2147483648 + 2147483648) % 2147483648;
+    const stops = new Set(this.config.stop_ids ?? []);
+    for (let produced = 0; produced < settings.max_new_tokens; produced++) {
+      const noise = settings.temperature === 0 ? null : uniformNoise(seed, produced, logits.length);
+      const seen = settings.repetition_penalty !== 1 ? new Set(context.slice(windowStart)) : null;
+      const token = sampleNext(logits, settings, noise, seen);
+      if (stops.has(token)) return;
+      yield { token, logits, attention, windowStart };
+      context.push(token);
+      if (produced + 1 >= settings.max_new_tokens || shouldStop()) return;
+      if (context.length <= block) ({ logits, cache, attention } = await this.step([token], cache));
+      else {
+        windowStart = context.length - block;
+        ({ logits, cache, attention } = await this.step(context.slice(windowStart), this.emptyCache()));
+      }
+    }
+  }
+}
+
+// The ids a prompt is read as: the tokenizer's start of text first, an empty prompt a new line (or the first id).
+export function promptIds(tokenizer, config, prompt) {
+  if (!prompt) {
+    if (config.text_start_ids.length) return [...config.text_start_ids];
+    return tokenizer.unknownCharacters("\n").length ? [0] : [tokenizer.encode("\n")[0]];
+  }
+  return [...config.text_start_ids, ...tokenizer.encode(prompt)];
+}
+
+// A conversation's text as the model's template renders it, from the pieces the export read off the template:
+// messages [{role, content}] alternate user, assistant, ..., user.
+export function chatText(chat, messages) {
+  let text = chat.before;
+  messages.forEach((message, index) => {
+    if (index > 0) text += index % 2 ? chat.after_user : chat.after_answer;
+    text += message.content;
+  });
+  return text + chat.answer_opens;
+}

@@ -1,0 +1,142 @@
+"""A static web page that writes with a GPT in the reader's browser: the model as ONNX (`onnx_graph`), run by
+ONNX Runtime Web's WebAssembly build; the tokenizer, the sampler and the decoding loop in JavaScript
+(`web/gptlite.js`), as gptlite's own, so the page writes the text Python writes.
+
+    gptlite export --model runs/mine/model.keras --format web --out site/
+    python -m http.server -d site     # or any static host: no code runs on the server
+
+The folder holds index.html, page.js, gptlite.js, model.onnx, tokenizer.json, config.json, ONNX Runtime Web's
+files (ort/, its licence beside them) and a README. Nothing is fetched from elsewhere at run time.
+"""
+
+import json
+import pathlib
+import shutil
+
+from gptlite.errors import ConfigError, RunExistsError
+from gptlite.files import atomic_directory
+from gptlite.text import templates
+from gptlite.weights import onnx_graph
+
+OUTTYPES = onnx_graph.OUTTYPES
+DEFAULT_OUTTYPE = "f32"
+PAGE_FILES = ("index.html", "page.js", "gptlite.js")
+# ONNX Runtime Web 1.30.0 (npm onnxruntime-web), its WebAssembly build with SIMD: the files the page loads.
+RUNTIME_FILES = ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm", "LICENSE")
+# One ONNX file holds at most 2 GiB (protobuf's limit); a page's WebAssembly memory is 4 GiB.
+MOST_WEIGHT_BYTES = 2**31 - 2**26
+# The most new tokens the page writes in one go: the decoding loop keeps every token's attention to show.
+MOST_NEW_TOKENS = 4096
+# What the page's settings may be: the server's request limits where the setting has them.
+LIMITS = {
+    "max_new_tokens": dict(whole=True, least=1, most=MOST_NEW_TOKENS, says=f"a whole number from 1 to "
+                                                                           f"{MOST_NEW_TOKENS}"),
+    "temperature": dict(whole=False, least=0, most=2, says="a number from 0 to 2"),
+    "top_k": dict(whole=True, least=1, most=None, says="a whole number of at least 1, or empty for all"),
+    "top_p": dict(whole=False, least=0, most=1, says="a number from 0 to 1"),
+    "min_p": dict(whole=False, least=0, most=1, says="a number from 0 to 1"),
+    "repetition_penalty": dict(whole=False, least=0.01, most=100, says="a number from 0.01 to 100"),
+    "seed": dict(whole=True, least=0, most=2**31 - 1, says=f"a whole number from 0 to {2**31 - 1}"),
+}
+_HERE = pathlib.Path(__file__).parent / "web"
+
+
+def export_web(model, out, outtype=DEFAULT_OUTTYPE):
+    """Write the page's folder for a GPT at `out`, which must not exist; the folder appears whole or not at all.
+
+    outtype: "f32" (the default) or "f16" (half the download; the page widens the weights to float32 as it loads
+    them). A model the page cannot run (a Seq2Seq, a tokenizer it cannot follow, weights past ONNX's 2 GiB) is a
+    ConfigError saying why, before anything is written.
+    """
+    import onnx
+
+    if outtype not in OUTTYPES:
+        raise ConfigError(f"outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
+    model.check_continues_text(f"the web page continues a prompt with a decoder-only GPT; a {type(model).__name__} "
+                               f"writes targets from sources, which it does not run")
+    out = pathlib.Path(out)
+    if out.exists():
+        raise RunExistsError(f"{out} already exists; choose another `out`")
+    weight_bytes = model.count_params() * (4 if outtype == "f32" else 2)
+    if weight_bytes > MOST_WEIGHT_BYTES:
+        raise ConfigError(f"the page's model is one ONNX file, at most 2 GiB; this model's weights take "
+                          f"{weight_bytes / 2**30:.1f} GiB as {outtype}" + (" (try outtype f16)" if outtype == "f32"
+                                                                           else ""))
+    tokenizer_form = model.tokenizer.web_form()
+    config = page_config(model, outtype)
+    graph = onnx_graph.decoder_graph(model, outtype)
+    with atomic_directory(out) as folder:
+        onnx.save_model(graph, str(folder / "model.onnx"))
+        del graph
+        (folder / "tokenizer.json").write_text(json.dumps(tokenizer_form, ensure_ascii=False))
+        (folder / "config.json").write_text(json.dumps(config, indent=1, ensure_ascii=False))
+        for name in PAGE_FILES:
+            shutil.copyfile(_HERE / name, folder / name)
+        (folder / "ort").mkdir()
+        for name in RUNTIME_FILES:
+            shutil.copyfile(_HERE / "ort" / name, folder / "ort" / name)
+        (folder / "README.md").write_text(_README.format(name=config["name"]))
+
+
+def page_config(model, outtype):
+    """What the page reads of the model besides its weights and tokenizer: its shape, the ids a text starts with
+    and those that end one, a chat model's template as pieces, and the settings' limits."""
+    config, tokenizer = model.config, model.tokenizer
+    chat = chat_pieces(tokenizer) if model.chats else None
+    stops = [tokenizer.end_token_id] if tokenizer.end_token_id is not None else []
+    if chat is not None:
+        stops += [int(i) for i in tokenizer.encode(templates.turn_end(tokenizer))][:1]
+    name = getattr(model, "name", None) or "gptlite"
+    return dict(
+        name=name, about=f"a {config.n_layer}-layer GPT of {model.count_params():,} weights, {config.block_size} "
+                         f"tokens of context, {tokenizer.tokens_are}; it runs in this page ({outtype})",
+        n_layer=config.n_layer, n_head=config.n_head, kv_heads=config.kv_heads, head_size=config.head_size,
+        block_size=config.block_size, vocab_size=config.vocab_size,
+        text_start_ids=[int(i) for i in tokenizer.text_start_ids], stop_ids=sorted(set(stops)), chat=chat,
+        limits=LIMITS)
+
+
+def chat_pieces(tokenizer):
+    """A chat template as the texts between a conversation's messages, which the page joins (`chatText` in
+    gptlite.js): before the first message, after each question, after each answer, and what opens an answer.
+    Read off the template by rendering conversations of sentinel messages; a template that renders a turn
+    otherwise the further into the conversation it is cannot be read so, and is a ConfigError."""
+    sentinels = [f"gptlite-message-{index}" for index in range(5)]
+
+    def rendered(count):
+        messages = [{"role": "user" if index % 2 == 0 else "assistant", "content": sentinels[index]}
+                    for index in range(count)]
+        return templates.render_for(tokenizer, messages, add_generation_prompt=True)
+
+    three = rendered(3)
+    positions = [three.index(sentinel) for sentinel in sentinels[:3]]
+    before = three[:positions[0]]
+    after_user = three[positions[0] + len(sentinels[0]):positions[1]]
+    after_answer = three[positions[1] + len(sentinels[1]):positions[2]]
+    answer_opens = three[positions[2] + len(sentinels[2]):]
+    pieces = dict(before=before, after_user=after_user, after_answer=after_answer, answer_opens=answer_opens,
+                  start_ids=[int(i) for i in templates.start_ids(tokenizer, three)])
+    for count in (1, 5):
+        joined = before + "".join((after_user if index % 2 else after_answer) * (index > 0) + sentinels[index]
+                                  for index in range(count)) + answer_opens
+        if joined != rendered(count):
+            raise ConfigError("the web page joins a chat template's turns as texts between messages; this model's "
+                              "template writes a turn otherwise the further into a conversation it is")
+    return pieces
+
+
+_README = """# {name}, in a web page
+
+This folder is a static web site: a page that writes with the model `{name}` in the reader's browser, with no
+server-side code and nothing fetched from elsewhere. Serve it with any static host, for example
+
+    python -m http.server -d .
+
+and open http://localhost:8000/. A link can carry the prompt and the settings, and `run=1` writes at once:
+
+    http://localhost:8000/?prompt=ROMEO%3A&max_new_tokens=200&temperature=0&seed=1&run=1
+
+Files: index.html, page.js and gptlite.js (the page, the tokenizer, the sampler and the decoding loop),
+model.onnx (the model's decoding step), tokenizer.json, config.json, and ort/ (ONNX Runtime Web 1.30.0's
+WebAssembly build, MIT licence in ort/LICENSE). Written by gptlite's `gptlite export --format web`.
+"""
