@@ -1,6 +1,7 @@
 """Shared fixtures: small texts and tiny models, built once per test session."""
 
 import atexit
+import importlib.util
 import os
 import pathlib
 import shutil
@@ -191,6 +192,36 @@ def built_once(name, build):
             folder.mkdir()
             returned.write_bytes(pickle.dumps(build(folder)))
     return folder, pickle.loads(returned.read_bytes())
+
+
+@pytest.fixture
+def browser():
+    """Headless Chromium under Selenium (Debian's chromium and chromium-driver); the test is skipped where either
+    is missing. Chromium's temporary files go in a folder of their own, removed after: left in /tmp they pile up
+    run after run. That folder's path stays short (tempfile's): Chromium keeps a Unix socket in it, whose path
+    may not pass 108 characters, which a test's tmp_path under pytest-xdist does."""
+    import shutil
+
+    if importlib.util.find_spec("selenium") is None or not shutil.which("chromedriver"):
+        pytest.skip("needs selenium and Debian's chromium and chromium-driver (.ci/run installs them)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,1300"):
+        options.add_argument(argument)
+    if shutil.which("chromium"):
+        options.binary_location = shutil.which("chromium")
+    folder = tempfile.mkdtemp(prefix="gptlite-chromium-")
+    try:
+        driver = webdriver.Chrome(service=Service(shutil.which("chromedriver"),
+                                                  env={**os.environ, "TMPDIR": folder}), options=options)
+        try:
+            yield driver
+        finally:
+            driver.quit()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def run_python(*args, cwd=REPO, timeout=300, env=None):

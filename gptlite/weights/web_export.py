@@ -63,7 +63,7 @@ def export_web(model, out, outtype=DEFAULT_OUTTYPE):
                           f"{weight_bytes / 2**30:.1f} GiB as {outtype}" + (" (try outtype f16)" if outtype == "f32"
                                                                            else ""))
     tokenizer_form = model.tokenizer.web_form()
-    config = page_config(model, outtype)
+    config = page_config(model, outtype, out.name)
     graph = onnx_graph.decoder_graph(model, outtype)
     with atomic_directory(out) as folder:
         onnx.save_model(graph, str(folder / "model.onnx"))
@@ -78,7 +78,7 @@ def export_web(model, out, outtype=DEFAULT_OUTTYPE):
         (folder / "README.md").write_text(_README.format(name=config["name"]))
 
 
-def page_config(model, outtype):
+def page_config(model, outtype, name):
     """What the page reads of the model besides its weights and tokenizer: its shape, the ids a text starts with
     and those that end one, a chat model's template as pieces, and the settings' limits."""
     config, tokenizer = model.config, model.tokenizer
@@ -86,7 +86,6 @@ def page_config(model, outtype):
     stops = [tokenizer.end_token_id] if tokenizer.end_token_id is not None else []
     if chat is not None:
         stops += [int(i) for i in tokenizer.encode(templates.turn_end(tokenizer))][:1]
-    name = getattr(model, "name", None) or "gptlite"
     return dict(
         name=name, about=f"a {config.n_layer}-layer GPT of {model.count_params():,} weights, {config.block_size} "
                          f"tokens of context, {tokenizer.tokens_are}; it runs in this page ({outtype})",

@@ -1,14 +1,11 @@
 """`gptlite serve`: the OpenAI completions API over real HTTP, its refusals, batching, auth and shutdown."""
 
 import http.client
-import importlib.util
 import json
-import os
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -567,36 +564,6 @@ def test_a_real_process_serves_the_client_and_on_sigterm_finishes_the_request_in
         assert process.wait(60) == 0
     finally:
         process.kill()
-
-
-@pytest.fixture
-def browser():
-    """Headless Chromium under Selenium (Debian's chromium and chromium-driver); the test is skipped where either
-    is missing. Chromium's temporary files go in a folder of their own, removed after: left in /tmp they pile up
-    run after run. That folder's path stays short (tempfile's): Chromium keeps a Unix socket in it, whose path
-    may not pass 108 characters, which a test's tmp_path under pytest-xdist does."""
-    import shutil
-
-    if importlib.util.find_spec("selenium") is None or not shutil.which("chromedriver"):
-        pytest.skip("needs selenium and Debian's chromium and chromium-driver (.ci/run installs them)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,1300"):
-        options.add_argument(argument)
-    if shutil.which("chromium"):
-        options.binary_location = shutil.which("chromium")
-    folder = tempfile.mkdtemp(prefix="gptlite-chromium-")
-    try:
-        driver = webdriver.Chrome(service=Service(shutil.which("chromedriver"),
-                                                  env={**os.environ, "TMPDIR": folder}), options=options)
-        try:
-            yield driver
-        finally:
-            driver.quit()
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.mark.slow

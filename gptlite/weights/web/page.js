@@ -109,6 +109,7 @@ async function generate() {
   }
   const seconds = (performance.now() - started) / 1000;
   if (config.chat) conversation.push({ role: "assistant", content: answer });
+  output.dataset.ids = JSON.stringify(tokens.map((token) => token.id));
   output.dataset.firstTokenSeconds = ((firstToken ?? 0) / 1000).toFixed(3);
   output.dataset.tokensPerSecond = tokens.length > 1 ? ((tokens.length - 1) / (seconds - firstToken / 1000)).toFixed(2) : "0";
   $("speed").textContent = `${tokens.length} tokens in ${seconds.toFixed(2)} s, ${(tokens.length / seconds).toFixed(1)} tokens/s`;

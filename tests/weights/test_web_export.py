@@ -1,0 +1,309 @@
+"""The web export: the decoding step as ONNX beside Keras's logits for every switch, the page's JavaScript (its
+tokenizer, chat template, noise and sampler) beside Python's under Node, the refusals, and the page itself in
+headless Chromium writing what gptlite writes.
+"""
+
+import functools
+import http.server
+import json
+import shutil
+import subprocess
+import threading
+import time
+import urllib.parse
+
+import keras
+import numpy as np
+import pytest
+
+import gptlite
+from conftest import last_logits, REPO, TIE
+from test_gguf_export import _train, _untrained, KINDS, TEXT, TRICKY, _conversations, _tokenizer
+from gptlite.text import templates
+from gptlite.weights import onnx_graph, web_export
+
+SAME_ON_EVERY_BACKEND = pytest.mark.once("the graph is written from the weights, alike on every backend")
+LIBRARY = REPO / "gptlite" / "weights" / "web" / "gptlite.js"
+# Each kind of model the page runs: the GGUF tests' kinds, and post-norm blocks, which llama.cpp has not.
+WEB_KINDS = {**{kind: KINDS[kind][:2] for kind in ("char", "bpe", "modern", "llama", "qwen2", "smollm2", "lora",
+                                                    "chat", "chat_bpe")},
+             "post_norm": (dict(norm_position="post", mlp="relu2"), "char")}
+
+
+def _model(kind):
+    if kind in KINDS:
+        return _untrained(kind)
+    settings, tokenizer_kind = WEB_KINDS[kind]
+    tokenizer = _tokenizer(tokenizer_kind)
+    keras.utils.set_random_seed(0)
+    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, tokenizer=tokenizer, n_layer=2, n_head=4, n_embd=64,
+                        block_size=64, **settings)
+    model.build((None, 64))
+    return model
+
+
+def _session(model, outtype="f32"):
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    return onnxruntime.InferenceSession(onnx_graph.decoder_graph(model, outtype).SerializeToString(), options,
+                                        providers=["CPUExecutionProvider"])
+
+
+def _onnx_logits(session, model, ids, prompt_length):
+    """The graph's logits after each of ids[prompt_length - 1:]: the prompt in one call, then a call a token."""
+    config = model.config
+    feeds = {name: np.zeros((1, config.kv_heads, 0, config.head_size), np.float32)
+             for name in onnx_graph.cache_names(config.n_layer)}
+    names = [output.name for output in session.get_outputs()]
+    logits, attention = [], []
+    for start, end in [(0, prompt_length)] + [(t, t + 1) for t in range(prompt_length, len(ids))]:
+        out = dict(zip(names, session.run(None, {"input_ids": np.asarray([ids[start:end]], np.int64), **feeds})))
+        feeds = {name: out[name.replace("past_", "present_")] for name in feeds}
+        logits.append(out["logits"][0])
+        attention.append(out["attention"])
+    return np.array(logits), attention
+
+
+@SAME_ON_EVERY_BACKEND
+@pytest.mark.parametrize("kind", sorted(WEB_KINDS))
+def test_the_graph_gives_kerass_logits_for_the_prompt_and_each_cached_step(kind):
+    model = _model(kind)
+    ids = [int(i) for i in model.tokenizer.encode((_conversations() if "chat" in kind else TEXT)[:300])][:30]
+    logits, attention = _onnx_logits(_session(model), model, ids, 12)
+    expected = keras.ops.convert_to_numpy(model(np.asarray([ids], "int32")))[0, 11:]
+    scale = np.abs(expected).max()
+    assert np.abs(logits - expected).max() <= 1e-4 * scale
+    # The attention weights: every block's and head's, each row a distribution over the keys up to its own.
+    assert attention[0].shape == (2, 4, 12, 12) and attention[-1].shape == (2, 4, 1, len(ids))
+    assert np.allclose(attention[0].sum(-1), 1, atol=1e-5) and np.all(np.triu(attention[0][0, 0], 1) == 0)
+    expected_weights = keras.ops.convert_to_numpy(model.attention_weights(np.asarray([ids[:12]], "int32")))
+    assert np.abs(attention[0] - expected_weights[:, 0]).max() <= 1e-4
+
+
+@SAME_ON_EVERY_BACKEND
+def test_f16_weights_halve_the_file_and_keep_the_logits_near():
+    model = _model("char")
+    full, half = (onnx_graph.decoder_graph(model, outtype).ByteSize() for outtype in ("f32", "f16"))
+    assert half < 0.6 * full
+    ids = [int(i) for i in model.tokenizer.encode(TEXT[:20])]
+    logits, _ = _onnx_logits(_session(model, "f16"), model, ids, len(ids))
+    expected = keras.ops.convert_to_numpy(model(np.asarray([ids], "int32")))[0, -1]
+    assert np.abs(logits[0] - expected).max() <= 1e-2 * np.abs(expected).max()
+
+
+# --- the page's JavaScript under Node
+
+def _node(request):
+    if shutil.which("node") is None:
+        pytest.skip("needs Node.js")
+    done = subprocess.run(["node", str(REPO / "tests" / "weights" / "web_node.mjs"), str(LIBRARY)],
+                          input=json.dumps(request), capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+TEXTS = [TRICKY, "ROMEO:\nBut soft, what light...", "  naïve café 🙂 x²\r\n\ttabs\u00a0and\u2003spaces  ",
+         "digits 1234567 and 3.14, it's 'quoted' THEY'RE", "", " ", "\n\n\n", "<|user|>1+2<|end|>", "12+30", "<|assistant|>42<|end|><|user|>"]
+
+
+@SAME_ON_EVERY_BACKEND
+@pytest.mark.parametrize("kind", ["char", "bpe", "qwen2", "smollm", "chat", "chat_bpe"])
+def test_the_pages_tokenizer_gives_pythons_ids(kind):
+    tokenizer = _tokenizer(kind)
+    texts = [text for text in TEXTS if not tokenizer.unknown_characters(text)]
+    if kind in ("bpe", "qwen2", "smollm"):
+        texts.append(TEXT[:3000])
+    assert len(texts) >= 4
+    answer = _node({"tokenizer": tokenizer.web_form(), "texts": texts})
+    for text, ids in zip(texts, answer["ids"]):
+        assert ids == [int(i) for i in tokenizer.encode(text)], text
+
+
+@SAME_ON_EVERY_BACKEND
+@pytest.mark.parametrize("kind", ["chat", "chat_bpe"])
+def test_the_pages_chat_gives_the_templates_ids(kind):
+    tokenizer = _tokenizer(kind)
+    messages = [{"role": "user", "content": "1+2"}, {"role": "assistant", "content": "3"},
+                {"role": "user", "content": "40+2"}]
+    pieces = web_export.chat_pieces(tokenizer)
+    for count in (1, 3):
+        answer = _node({"tokenizer": tokenizer.web_form(), "chat": pieces, "messages": messages[:count]})
+        assert answer["ids"] == templates.answer_prompt_ids(tokenizer, messages[:count])
+
+
+@SAME_ON_EVERY_BACKEND
+def test_the_pages_noise_is_pythons_to_the_bit_and_its_sampler_chooses_as_pythons():
+    from gptlite.decode.sampling import RowSettings, sample_next_token, uniform_noise
+    from gptlite.decode.settings import SamplingConfig
+
+    pairs = [[0, 0], [1, 0], [1, 1], [12345, 199], [2**31 - 1, 7]]
+    noise = _node({"noise": pairs, "vocabulary_size": 50})["noise"]
+    for (seed, index), row in zip(pairs, noise):
+        assert np.array_equal(np.float32(row), keras.ops.convert_to_numpy(uniform_noise(seed, index, 50)))
+    rng = np.random.default_rng(0)
+    cases, expected = [], []
+    for case in range(60):
+        # Logits apart by more than float rounding, so that no choice is a tie.
+        logits = rng.permutation(np.arange(40, dtype=np.float32)) * 0.25 + rng.normal(size=40).astype(np.float32) * 0.01
+        settings = dict(temperature=float(rng.choice([0, 0.5, 1.0, 1.5])), top_k=[None, 5, 20][case % 3],
+                        top_p=[1.0, 0.9, 0.5][case // 3 % 3], min_p=[0.0, 0.05][case % 2],
+                        repetition_penalty=[1.0, 1.3][case // 2 % 2])
+        seed, index = int(rng.integers(2**31)), int(rng.integers(500))
+        seen = sorted(set(rng.integers(0, 40, size=6).tolist()))
+        cases.append(dict(logits=logits.tolist(), settings=settings, noise_of=[seed, index], seen=seen))
+        counts = np.zeros((1, 40), np.float32)
+        counts[0, seen] = 1
+        row = RowSettings.of([SamplingConfig(**settings)], 40)
+        token = sample_next_token(logits[None], row, uniform_noise([seed], [index], 40), counts)
+        expected.append(int(keras.ops.convert_to_numpy(token)[0]))
+    assert _node({"sample": cases})["tokens"] == expected
+
+
+# --- refusals
+
+def test_what_the_page_cannot_run_is_refused_before_anything_is_written(tmp_path, tiny_seq2seq):
+    with pytest.raises(gptlite.ConfigError, match="decoder-only"):
+        gptlite.export_web(tiny_seq2seq, tmp_path / "seq2seq")
+    sentencepiece = _model("char")
+    sentencepiece.tokenizer = _tokenizer("sentencepiece")
+    with pytest.raises(gptlite.ConfigError, match="byte-level BPE"):
+        gptlite.export_web(sentencepiece, tmp_path / "sentencepiece")
+    with pytest.raises(gptlite.ConfigError, match="outtype must be one of f32, f16"):
+        gptlite.export_web(_model("char"), tmp_path / "q8", outtype="q8_0")
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "mine.txt").write_text("kept")
+    with pytest.raises(gptlite.RunExistsError, match="already exists"):
+        gptlite.export_web(_model("char"), earlier)
+    assert [path.name for path in tmp_path.iterdir()] == ["earlier"] and (earlier / "mine.txt").read_text() == "kept"
+
+
+def test_a_template_the_page_cannot_join_is_refused():
+    counting = "{% for m in messages %}{{ loop.index }}:{{ m['content'] }}|{% endfor %}>"
+    tokenizer = gptlite.CharTokenizer.from_text("0123456789:|>abcdefghijklmnopqrstuvwxyz-+").with_chat_tokens(
+        templates.TURN_MARKERS, counting)
+    with pytest.raises(gptlite.ConfigError, match="joins a chat template's turns"):
+        web_export.chat_pieces(tokenizer)
+
+
+@pytest.mark.slow
+def test_the_export_command_writes_the_folder_and_refuses_an_existing_one(tmp_path):
+    from conftest import run_python
+
+    model = _model("char")
+    gptlite.save(model, tmp_path / "model.keras")
+    done = run_python("-m", "gptlite", "export", "--model", str(tmp_path / "model.keras"), "--format", "web",
+                      "--outtype", "f16", "--out", str(tmp_path / "site"))
+    assert done.returncode == 0, done.stderr
+    assert "wrote" in done.stdout and "http.server" in done.stdout
+    files = sorted(str(path.relative_to(tmp_path / "site")) for path in (tmp_path / "site").rglob("*")
+                   if path.is_file())
+    assert files == sorted(["README.md", "config.json", "gptlite.js", "index.html", "model.onnx", "page.js",
+                            "tokenizer.json", *(f"ort/{name}" for name in web_export.RUNTIME_FILES)])
+    again = run_python("-m", "gptlite", "export", "--model", str(tmp_path / "model.keras"), "--format", "web",
+                       "--out", str(tmp_path / "site"))
+    assert again.returncode != 0 and "already exists" in again.stderr and "Traceback" not in again.stderr
+
+
+# --- the page in a browser
+
+PROMPTS = ["the cat sat on", "a big hat ", ""]
+BROWSER_KINDS = ("char", "bpe", "modern", "post_norm", "chat")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """Each kind's model trained for a few seconds and its page, all under one folder served from 127.0.0.1:
+    (the folder's address, kind -> model)."""
+    root = tmp_path_factory.mktemp("sites")
+    models = {}
+    for kind in BROWSER_KINDS:
+        model = _model(kind)
+        _train(model, model.tokenizer, text=_conversations() if kind == "chat" else TEXT)
+        gptlite.export_web(model, root / kind)
+        models[kind] = model
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}", models
+    server.shutdown()
+
+
+def _written(browser, url, **query):
+    """What the page at `url` writes for the query (`run=1`): (its state, the text in #output, the message)."""
+    from selenium.webdriver.common.by import By
+
+    browser.get(f"{url}/?{urllib.parse.urlencode({**query, 'run': 1})}")
+    output = browser.find_element(By.ID, "output")
+    deadline = time.monotonic() + 120
+    while output.get_attribute("data-state") not in ("done", "error") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # textContent, not Selenium's .text, which trims the white space a model may write at the ends.
+    return (output.get_attribute("data-state"), output.get_attribute("textContent"),
+            browser.find_element(By.ID, "message").text)
+
+
+def assert_greedy_ids(model, prompt_ids, new_ids):
+    """Each new id is the likeliest after the window before it (the last block_size ids), by Keras's whole forward
+    pass, up to a tie (TIE): true of a correct decoder on any CPU, whatever it writes."""
+    context, windows = list(prompt_ids), []
+    for token in new_ids:
+        windows.append(context[-model.config.block_size:])
+        context.append(token)
+    logits = np.concatenate([last_logits(model, windows[start:start + 64]) for start in range(0, len(windows), 64)])
+    chosen = logits[np.arange(len(new_ids)), new_ids]
+    assert np.all(chosen >= logits.max(axis=1) - TIE), np.flatnonzero(chosen < logits.max(axis=1) - TIE)[:5]
+
+
+@pytest.mark.slow
+@pytest.mark.extras
+@SAME_ON_EVERY_BACKEND
+@pytest.mark.parametrize("kind", BROWSER_KINDS)
+def test_the_page_writes_greedily_what_python_writes(site, browser, kind):
+    url, models = site
+    model = models[kind]
+    for prompt in (["1+2", "17+25"] if kind == "chat" else PROMPTS):
+        state, text, message = _written(browser, f"{url}/{kind}", prompt=prompt, max_new_tokens=200, temperature=0)
+        assert state == "done", message
+        ids = json.loads(browser.find_element("id", "output").get_attribute("data-ids"))
+        if kind == "chat":
+            prompt_ids = templates.answer_prompt_ids(model.tokenizer, [{"role": "user", "content": prompt}])
+            assert ids and len(ids) < 200  # an answer ends at its end of turn
+            python = gptlite.reply(model, [{"role": "user", "content": prompt}], 200, temperature=0)
+        else:
+            from gptlite.decode.generation import prompt_ids as ids_of
+
+            prompt_ids = ids_of(model.tokenizer, prompt)
+            assert len(ids) == 200
+            python = gptlite.generate(model, prompt, 200, temperature=0)[len(prompt):]
+        assert_greedy_ids(model, prompt_ids, ids)
+        assert text == (prompt if kind != "chat" else "") + model.tokenizer.decode(ids)
+        # The same text as Python's wherever no step is a tie (on this machine, every one so far).
+        assert (text[len(prompt):] if kind != "chat" else text) == python or _has_a_tie(model, prompt_ids, ids)
+
+
+def _has_a_tie(model, prompt_ids, ids):
+    context, windows = list(prompt_ids), []
+    for token in ids:
+        windows.append(context[-model.config.block_size:])
+        context.append(token)
+    top_two = np.sort(last_logits(model, windows), axis=1)[:, -2:]
+    return bool(np.any(top_two[:, 1] - top_two[:, 0] < TIE))
+
+
+@pytest.mark.slow
+@pytest.mark.extras
+@SAME_ON_EVERY_BACKEND
+def test_the_page_refuses_bad_input_in_a_line_and_writes_a_seeded_sample_as_python(site, browser):
+    url, models = site
+    state, _, message = _written(browser, f"{url}/char", prompt="Ω unknown", max_new_tokens=20)
+    assert state == "error" and "never saw in training" in message and "Ω" in message
+    state, _, message = _written(browser, f"{url}/char", prompt="the", max_new_tokens=10**6)
+    assert state == "error" and "max_new_tokens must be a whole number from 1 to" in message
+    state, text, message = _written(browser, f"{url}/char", prompt="the", max_new_tokens=100, temperature=0.8,
+                                    seed=7, top_k=20, top_p=0.9)
+    assert state == "done", message
+    assert text == gptlite.generate(models["char"], "the", 100, temperature=0.8, seed=7, top_k=20, top_p=0.9)

@@ -1,0 +1,27 @@
+// The web page's JavaScript (gptlite/weights/web/gptlite.js) under Node, for tests/weights/test_web_export.py:
+// reads one JSON request on standard input, writes one JSON answer.
+//   {"tokenizer": form, "texts": [...]}                       -> {"ids": [[...], ...]}
+//   {"tokenizer": form, "chat": pieces, "messages": [...]}    -> {"ids": [...]}
+//   {"noise": [[seed, index], ...], "vocabulary_size": V}     -> {"noise": [[...], ...]}
+//   {"sample": [{logits, settings, noise_of: [seed, index] | null, seen}, ...]} -> {"tokens": [...]}
+import { readFileSync } from "node:fs";
+import { pathToFileURL } from "node:url";
+
+const [, , library] = process.argv;
+const web = await import(pathToFileURL(library).href);
+const request = JSON.parse(readFileSync(0, "utf8"));
+let answer;
+if (request.texts) {
+  const tokenizer = web.makeTokenizer(request.tokenizer);
+  answer = { ids: request.texts.map((text) => tokenizer.encode(text)) };
+} else if (request.chat) {
+  const tokenizer = web.makeTokenizer(request.tokenizer);
+  answer = { ids: [...request.chat.start_ids, ...tokenizer.encode(web.chatText(request.chat, request.messages))] };
+} else if (request.noise) {
+  answer = { noise: request.noise.map(([seed, index]) => [...web.uniformNoise(seed, index, request.vocabulary_size)]) };
+} else {
+  answer = { tokens: request.sample.map(({ logits, settings, noise_of: noiseOf, seen }) => web.sampleNext(
+    Float32Array.from(logits), settings, noiseOf && web.uniformNoise(noiseOf[0], noiseOf[1], logits.length),
+    seen && new Set(seen))) };
+}
+process.stdout.write(JSON.stringify(answer));
