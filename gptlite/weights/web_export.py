@@ -82,7 +82,7 @@ def page_config(model, outtype, name):
     """What the page reads of the model besides its weights and tokenizer: its shape, the ids a text starts with
     and those that end one, a chat model's template as pieces, and the settings' limits."""
     config, tokenizer = model.config, model.tokenizer
-    chat = chat_pieces(tokenizer) if model.chats else None
+    chat = chat_pieces(tokenizer) if templates.template_of(tokenizer) is not None else None
     stops = [tokenizer.end_token_id] if tokenizer.end_token_id is not None else []
     if chat is not None:
         stops += [int(i) for i in tokenizer.encode(templates.turn_end(tokenizer))][:1]
