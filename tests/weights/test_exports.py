@@ -21,12 +21,14 @@ def test_every_export_format_names_a_function_that_writes_it():
 
 @pytest.mark.once("the table is plain Python")
 def test_an_export_that_cannot_be_written_is_refused_before_a_model_loads():
-    with pytest.raises(gptlite.ConfigError, match="format must be one of saved_model, gguf, hf, kerashub"):
+    with pytest.raises(gptlite.ConfigError, match="format must be one of saved_model, gguf, hf, web, kerashub"):
         check_export("onnx")
-    with pytest.raises(gptlite.ConfigError, match="`outtype` is for `format=gguf`"):
+    with pytest.raises(gptlite.ConfigError, match="`outtype` is for `format=gguf|web`"):
         check_export("hf", "q8_0")
     with pytest.raises(gptlite.ConfigError, match="outtype must be one of f32, f16, q8_0"):
         check_export("gguf", "q4_0")
+    with pytest.raises(gptlite.ConfigError, match="outtype must be one of f32, f16, got 'q8_0'"):
+        check_export("web", "q8_0")
     check_export("gguf", "q8_0")
 
 
