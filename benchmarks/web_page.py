@@ -31,6 +31,11 @@ OUTTYPES = {"laptop": ("f32",), "gpt2": ("f32", "f16")}
 PROMPT = "HELLO"
 
 
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # the requests are not news
+        pass
+
+
 def laptop_model():
     keras.utils.set_random_seed(0)
     laptop = {key: gptlite.PRESETS["laptop"][key] for key in ("n_layer", "n_head", "n_embd", "block_size", "position",
@@ -84,8 +89,7 @@ def main():
     print(f"# {version}; one thread (no cross-origin isolation)")
     with tempfile.TemporaryDirectory() as folder:
         root = pathlib.Path(folder)
-        handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=folder)
-        handler.log_message = lambda *a: None
+        handler = functools.partial(_QuietHandler, directory=folder)
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         for shape in args.shapes:

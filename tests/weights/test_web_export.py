@@ -30,6 +30,11 @@ WEB_KINDS = {**{kind: KINDS[kind][:2] for kind in ("char", "bpe", "modern", "lla
              "post_norm": (dict(norm_position="post", mlp="relu2"), "char")}
 
 
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # the requests are not news
+        pass
+
+
 def _model(kind):
     if kind in KINDS:
         return _untrained(kind)
@@ -224,8 +229,7 @@ def site(tmp_path_factory):
         _train(model, model.tokenizer, text=_conversations() if kind == "chat" else TEXT)
         gptlite.export_web(model, root / kind)
         models[kind] = model
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *args: None
+    handler = functools.partial(_QuietHandler, directory=str(root))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_port}", models

@@ -254,7 +254,14 @@ export function topCandidates(logits, count) {
   for (const v of logits) if (v > top) top = v;
   let total = 0;
   for (const v of logits) total += Math.exp(v - top);
-  const order = [...logits.keys()].sort((a, b) => logits[b] - logits[a]).slice(0, count);
+  // One pass keeping the best `count` (a sort of GPT-2's 50,257 logits a token costs milliseconds).
+  const order = [];
+  for (let id = 0; id < logits.length; id++) {
+    if (order.length === count && logits[id] <= logits[order[count - 1]]) continue;
+    let at = order.length === count ? count - 1 : order.length;
+    while (at > 0 && logits[order[at - 1]] < logits[id]) { order[at] = order[at - 1]; at--; }
+    order[at] = id;
+  }
   return order.map((id) => ({ id, probability: Math.exp(logits[id] - top) / total }));
 }
 

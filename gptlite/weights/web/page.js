@@ -82,7 +82,9 @@ async function generate() {
   $("stop").disabled = false;
   const output = $("output");
   const decoder = tokenizer.decoder();
-  output.textContent = config.chat ? "" : prompt;
+  // One text node, appended to: setting textContent again would copy the whole text at every token.
+  const written = document.createTextNode(config.chat ? "" : prompt);
+  output.replaceChildren(written);
   output.dataset.state = "writing";
   say("writing...");
   const started = performance.now();
@@ -93,15 +95,17 @@ async function generate() {
       if (firstToken === null) firstToken = performance.now() - started;
       const text = decoder.add(step.token);
       answer += text;
-      output.textContent += text;
+      if (text) written.appendData(text);
       tokens.push({ id: step.token, candidates: topCandidates(step.logits, 5), attention: step.attention,
         windowStart: step.windowStart, position: asked.ids.length + tokens.length - 1 });
-      const seconds = (performance.now() - started) / 1000;
-      $("speed").textContent = `${tokens.length} tokens, ${(tokens.length / seconds).toFixed(1)} tokens/s`;
+      if (tokens.length % 16 === 0) {
+        const seconds = (performance.now() - started) / 1000;
+        $("speed").textContent = `${tokens.length} tokens, ${(tokens.length / seconds).toFixed(1)} tokens/s`;
+      }
     }
     const rest = decoder.finish();
     answer += rest;
-    output.textContent += rest;
+    if (rest) written.appendData(rest);
   } catch (failure) {
     say(`the model failed: ${failure.message}`, "error");
     $("generate").disabled = false;
