@@ -46,7 +46,7 @@ def laptop_model():
     return model
 
 
-def in_browser(url, tokens):
+def _browser():
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -54,18 +54,38 @@ def in_browser(url, tokens):
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
         options.add_argument(argument)
     options.binary_location = shutil.which("chromium")
-    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+
+
+def _written(driver, url, prompt, tokens, **settings):
+    """The page at `url` opened with the prompt and settings, run, and waited for: its #output element."""
+    query = urllib.parse.urlencode(dict(prompt=prompt, max_new_tokens=tokens, run=1, **settings))
+    driver.get(f"{url}/?{query}")
+    output = driver.find_element("id", "output")
+    deadline = time.monotonic() + 600
+    while output.get_attribute("data-state") not in ("done", "error") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert output.get_attribute("data-state") == "done", driver.find_element("id", "message").text
+    return output
+
+
+def in_browser(url, tokens):
+    """A fresh browser's page load, greedy: seconds to ready and to the first token, and tokens/s after it."""
+    driver = _browser()
     try:
-        query = urllib.parse.urlencode(dict(prompt=PROMPT, max_new_tokens=tokens, temperature=0, run=1))
-        driver.get(f"{url}/?{query}")
-        output = driver.find_element("id", "output")
-        deadline = time.monotonic() + 600
-        while output.get_attribute("data-state") not in ("done", "error") and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert output.get_attribute("data-state") == "done", driver.find_element("id", "message").text
+        output = _written(driver, url, PROMPT, tokens, temperature=0)
         ready = float(output.get_attribute("data-ready-seconds"))
         return dict(ready=ready, first=ready + float(output.get_attribute("data-first-token-seconds")),
                     rate=float(output.get_attribute("data-tokens-per-second")))
+    finally:
+        driver.quit()
+
+
+def in_browser_text(url, prompt, tokens, **settings):
+    """The text a fresh browser's page writes for the prompt and settings."""
+    driver = _browser()
+    try:
+        return _written(driver, url, prompt, tokens, **settings).get_attribute("textContent")
     finally:
         driver.quit()
 

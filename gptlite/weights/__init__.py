@@ -54,8 +54,9 @@ EXPORT_FORMATS = {
     "web": ExportFormat(
         "web_export", "export_web", "a static web page that writes with the model in the reader's browser (ONNX, "
         "ONNX Runtime Web): no server-side code", "wrote {out} ({mib:.1f} MiB): serve it with any static host "
-        "(python -m http.server -d {out}) and open it in a browser", outtypes=("f32", "f16"),
-        outtype_help="the model's weights as f32 (the default) or f16 (half the download, widened as it loads)"),
+        "(python -m http.server -d {out}) and open it in a browser", outtypes=("f32", "f16", "int8"),
+        outtype_help="the model's weights as f32 (the default), f16 (half the download) or int8 (about a quarter), "
+                     "widened to f32 as the page loads them"),
     "kerashub": ExportFormat(
         "gpt2", "export_kerashub", "a KerasHub GPT-2 preset (GPT2CausalLM.from_preset)",
         "wrote {out}: load it with keras_hub.models.GPT2CausalLM.from_preset"),

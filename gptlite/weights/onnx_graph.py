@@ -17,20 +17,22 @@ Here the export holds the weights about twice (the arrays and the graph's bytes)
 
 Every architecture switch of a GPT is written (learned, sinusoidal or rotary positions; LayerNorm or RMSNorm;
 GELU, SwiGLU or ReLU²; grouped-query attention; QK-norm; pre- or post-norm; tied or untied head); LoRA adapters
-go in merged. Matrices are stored as float32, or as float16 (`outtype="f16"`) that the runtime widens to float32
-once, as it loads the graph: every product is computed in float32 either way.
+go in merged. Matrices are stored as float32, as float16 (`outtype="f16"`), or as 8-bit integers with a float32
+scale for each column (`"int8"`, a table's for each row), which the runtime widens to float32 once, as it loads
+the graph: every product is computed in float32 each way, and only the download shrinks.
 """
 
-import math
 
 import numpy as np
 
 from gptlite.model.layers import weight_array
 from gptlite.model.positions import rotary_angles
 
-# ONNX's operator set: 17 has LayerNormalization; every operator used here runs in onnxruntime-web's WebAssembly.
-OPSET = 17
-OUTTYPES = ("f32", "f16")
+# ONNX's operator set: 23 has Attention (grouped-query, with a cache), RotaryEmbedding and RMSNormalization, each
+# one operator where opset 17 took ten or more: onnxruntime-web's WebAssembly pays for each operator it runs, and a
+# small model's step is mostly that. Every operator used here runs there.
+OPSET = 23
+OUTTYPES = ("f32", "f16", "int8")
 
 
 def decoder_graph(model, outtype="f32"):
@@ -42,7 +44,7 @@ def decoder_graph(model, outtype="f32"):
     proto = onnx.helper.make_model(
         onnx.helper.make_graph(graph.nodes, "gptlite_decoder", graph.inputs, graph.outputs, graph.initializers),
         opset_imports=[onnx.helper.make_opsetid("", OPSET)], producer_name="gptlite")
-    proto.ir_version = 8  # what onnxruntime-web reads at opset 17
+    proto.ir_version = 10  # opset 23's
     return proto
 
 
@@ -78,20 +80,17 @@ class _Graph:
         keys = self.node("Range", [self.constant(0), end, self.constant(1)])
         self.visible = self.node("LessOrEqual", [self.node("Unsqueeze", [keys, self.constant([0])]),
                                                  self.node("Unsqueeze", [positions, self.constant([1])])])
-        self.weights_shape = self.node("Concat", [self.constant([1, config.n_head]), self.node(
-            "Unsqueeze", [tokens, self.constant([0])]), self.node("Unsqueeze", [end, self.constant([0])])], axis=0)
         embedding = model.embedding
-        x = self.node("Gather", [self.weight("token_embedding", weight_array(embedding.token_embedding, "embeddings")),
-                                 "input_ids"])  # (1, T, C)
+        tokens_table = self.weight("token_embedding", weight_array(embedding.token_embedding, "embeddings"), rows=True)
+        x = self.node("Gather", [tokens_table, "input_ids"])  # (1, T, C)
         if embedding.position_embeddings is not None:  # learned or sinusoidal: a table, added
-            table = self.weight("position_table", weight_array(embedding, "position_embeddings"))
+            table = self.weight("position_table", weight_array(embedding, "position_embeddings"), rows=True)
             x = self.node("Add", [x, self.node("Gather", [table, positions])])
         self.rotation = None
         if config.position == "rotary":
             angles = np.asarray(rotary_angles(np.arange(config.block_size), size, config.rope_theta), np.float32)
-            self.rotation = [self.node("Unsqueeze", [self.node("Gather", [self.initializer(name, table), positions]),
-                                                     self.constant([1])])  # (T, 1, D/2)
-                             for name, table in (("rotary_cos", np.cos(angles)), ("rotary_sin", np.sin(angles)))]
+            self.rotation = [self.initializer("rotary_cos", np.cos(angles)), self.initializer("rotary_sin", np.sin(
+                angles)), self.node("Unsqueeze", [positions, self.constant([0])])]  # (block_size, D/2) twice, (1, T)
         weights = []
         for index, block in enumerate(model.blocks):
             x, block_weights = self.block(block, index, x)
@@ -101,7 +100,7 @@ class _Graph:
         last = self.node("Sub", [tokens, self.constant(1)])
         x = self.node("Gather", [x, last], axis=1)  # (1, C): only the last token's logits choose anything
         if config.tie_weights:
-            logits = self.node("Gemm", [x, f"{self.prefix}token_embedding"], transB=1)
+            logits = self.node("Gemm", [x, tokens_table], transB=1)
         else:
             logits = self.node("MatMul", [x, self.weight("output_head", weight_array(embedding.token_embedding,
                                                                                      "reverse_embeddings"))])
@@ -124,7 +123,8 @@ class _Graph:
         return x, weights
 
     def attention(self, layer, index, x):
-        """Causal self-attention over the cache and the new tokens: (1, T, C) -> (1, T, C), weights (1, H, T, S)."""
+        """Causal self-attention over the cache and the new tokens: (1, T, C) -> (1, T, C), weights (1, H, T, S).
+        ONNX's own Attention (grouped-query where K < H) appends the new keys and values to the cache."""
         config = self.config
         heads, kv, size = config.n_head, config.kv_heads, config.head_size
         name = f"block_{index}.attention"
@@ -134,50 +134,29 @@ class _Graph:
         if config.qk_norm:
             query = self.norm(layer.query_norm, query, f"{name}.query_norm")
             key = self.norm(layer.key_norm, key, f"{name}.key_norm")
-        if self.rotation is not None:
-            query, key = self.rotated(query), self.rotated(key)
         query, key, value = (self.node("Transpose", [part], perm=[0, 2, 1, 3]) for part in (query, key, value))
-        key = self.node("Concat", [f"past_key_{index}", key], axis=2)  # (1, K, S, D)
-        value = self.node("Concat", [f"past_value_{index}", value], axis=2)
+        if self.rotation is not None:  # (1, H|K, T, D), dimension i turned with i + D/2
+            query, key = (self.node("RotaryEmbedding", [part, *self.rotation], interleaved=0) for part in (query, key))
+        attended, key, value, weights = self.node(
+            "Attention", [query, key, value, self.visible, f"past_key_{index}", f"past_value_{index}"], outputs=4,
+            qk_matmul_output_mode=3)  # (1, H, T, D), the cache (1, K, S, D) twice, the weights (1, H, T, S)
         self.output(key, f"present_key_{index}", [1, kv, "past_and_tokens", size])
         self.output(value, f"present_value_{index}", [1, kv, "past_and_tokens", size])
-        groups = heads // kv
-        # Query heads k G .. k G + G - 1 share key/value head k: (1, K, G, T, D) against (1, K, 1, S, D).
-        query = self.node("Reshape", [query, self.constant([1, kv, groups, -1, size])])
-        key_t = self.node("Transpose", [self.node("Unsqueeze", [key, self.constant([2])])], perm=[0, 1, 2, 4, 3])
-        scores = self.node("Mul", [self.node("MatMul", [query, key_t]),
-                                   self.constant(np.float32(1 / math.sqrt(size)))])  # (1, K, G, T, S)
-        lowest = self.constant(np.finfo(np.float32).min)
-        weights = self.node("Softmax", [self.node("Where", [self.visible, scores, lowest])], axis=-1)
-        attended = self.node("MatMul", [weights, self.node("Unsqueeze", [value, self.constant([2])])])
-        attended = self.node("Reshape", [self.node("Transpose", [self.node("Reshape", [
-            attended, self.constant([1, heads, -1, size])])], perm=[0, 2, 1, 3]), self.constant([1, -1, heads * size])])
-        by_head = self.node("Reshape", [weights, self.weights_shape])  # (1, H, T, S)
-        return self.linear(layer.output_projection, attended, f"{name}.output"), by_head
-
-    def rotated(self, x):
-        """Heads (1, T, H, D) turned by their positions: dimension i with i + D/2, as `positions.rotate`."""
-        cos, sin = self.rotation
-        first, second = self.node("Split", [x], axis=-1, outputs=2)
-        return self.node("Concat", [
-            self.node("Sub", [self.node("Mul", [first, cos]), self.node("Mul", [second, sin])]),
-            self.node("Add", [self.node("Mul", [second, cos]), self.node("Mul", [first, sin])])], axis=-1)
+        attended = self.node("Reshape", [self.node("Transpose", [attended], perm=[0, 2, 1, 3]),
+                                         self.constant([1, -1, heads * size])])
+        return self.linear(layer.output_projection, attended, f"{name}.output"), weights
 
     def feed_forward(self, layer, index, x):
         name = f"block_{index}.feed_forward"
         expanded = self.linear(layer.expand, x, f"{name}.expand")
         if layer.mlp == "swiglu":
-            gate, up = self.node("Split", [expanded], axis=-1, outputs=2)
+            gate, up = self.node("Split", [expanded], axis=-1, outputs=2, num_outputs=2)
             hidden = self.node("Mul", [self.node("Mul", [gate, self.node("Sigmoid", [gate])]), up])
         elif layer.mlp == "relu2":
             rectified = self.node("Relu", [expanded])
             hidden = self.node("Mul", [rectified, rectified])
-        else:  # GPT-2's tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-            cubed = self.node("Mul", [self.node("Mul", [expanded, expanded]), expanded])
-            inner = self.node("Mul", [self.node("Add", [expanded, self.node("Mul", [
-                cubed, self.constant(np.float32(0.044715))])]), self.constant(np.float32(math.sqrt(2 / math.pi)))])
-            hidden = self.node("Mul", [self.node("Mul", [expanded, self.constant(np.float32(0.5))]),
-                                       self.node("Add", [self.node("Tanh", [inner]), self.constant(np.float32(1))])])
+        else:  # GPT-2's tanh approximation
+            hidden = self.node("Gelu", [expanded], approximate="tanh")
         return self.linear(layer.contract, hidden, f"{name}.contract")
 
     def linear(self, layer, x, name):
@@ -195,10 +174,8 @@ class _Graph:
             if layer.beta is not None:
                 inputs.append(self.initializer(f"{name}.beta", weight_array(layer, "beta")))
             return self.node("LayerNormalization", inputs, axis=-1, epsilon=float(layer.epsilon))
-        mean_square = self.node("ReduceMean", [self.node("Mul", [x, x])], axes=[-1], keepdims=1)
-        scale = self.node("Reciprocal", [self.node("Sqrt", [self.node("Add", [mean_square, self.constant(
-            np.float32(layer.epsilon))])])])
-        return self.node("Mul", [self.node("Mul", [x, scale]), self.initializer(f"{name}.gamma", gamma)])
+        return self.node("RMSNormalization", [x, self.initializer(f"{name}.gamma", gamma)], axis=-1,
+                         epsilon=float(layer.epsilon))
 
     # --- writing nodes and weights
 
@@ -220,13 +197,24 @@ class _Graph:
         self.initializers.append(numpy_helper.from_array(np.array(array, order="C"), full))  # 0-d stays 0-d
         return full
 
-    def weight(self, name, matrix):
-        """A matrix, stored in the graph's `outtype` and used as float32."""
+    def weight(self, name, matrix, rows=False):
+        """A matrix, stored in the graph's `outtype` and used as float32: f16 widened, int8 times a float32 scale
+        for each column (each row with `rows`: a table's entries). The runtime folds the widening into the weights
+        as it loads the graph, so every step reads float32."""
+        matrix = np.asarray(matrix, np.float32)
         if self.outtype == "f32":
-            return self.initializer(name, np.asarray(matrix, np.float32))
-        stored = self.initializer(name + ".f16", np.asarray(matrix, np.float16))
-        self.nodes.append(self.helper.make_node("Cast", [stored], [self.prefix + name], name=name + ".cast",
-                                                to=self.proto.FLOAT))
+            return self.initializer(name, matrix)
+        if self.outtype == "f16":
+            stored = self.initializer(name + ".f16", matrix.astype(np.float16))
+            self.nodes.append(self.helper.make_node("Cast", [stored], [self.prefix + name], name=name + ".cast",
+                                                    to=self.proto.FLOAT))
+            return self.prefix + name
+        scale = np.abs(matrix).max(axis=1 if rows else 0, keepdims=True) / 127  # (R, 1) or (1, C)
+        scale = np.where(scale > 0, scale, 1).astype(np.float32)
+        stored = self.initializer(name + ".int8", np.clip(np.rint(matrix / scale), -127, 127).astype(np.int8))
+        widened = self.node("Cast", [stored], to=self.proto.FLOAT)
+        self.nodes.append(self.helper.make_node("Mul", [widened, self.initializer(name + ".scale", scale)],
+                                                [self.prefix + name], name=name + ".scaled"))
         return self.prefix + name
 
     def constant(self, value):

@@ -44,8 +44,8 @@ _HERE = pathlib.Path(__file__).parent / "web"
 def export_web(model, out, outtype=DEFAULT_OUTTYPE):
     """Write the page's folder for a GPT at `out`, which must not exist; the folder appears whole or not at all.
 
-    outtype: "f32" (the default) or "f16" (half the download; the page widens the weights to float32 as it loads
-    them). A model the page cannot run (a Seq2Seq, a tokenizer it cannot follow, weights past ONNX's 2 GiB) is a
+    outtype: "f32" (the default), "f16" (half the download) or "int8" (about a quarter): the page widens the
+    weights to float32 as it loads them. A model the page cannot run (a Seq2Seq, a tokenizer it cannot follow, weights past ONNX's 2 GiB) is a
     ConfigError saying why, before anything is written.
     """
     import onnx
@@ -57,7 +57,7 @@ def export_web(model, out, outtype=DEFAULT_OUTTYPE):
     out = pathlib.Path(out)
     if out.exists():
         raise RunExistsError(f"{out} already exists; choose another `out`")
-    weight_bytes = model.count_params() * (4 if outtype == "f32" else 2)
+    weight_bytes = model.count_params() * {"f32": 4, "f16": 2, "int8": 1}[outtype]
     if weight_bytes > MOST_WEIGHT_BYTES:
         raise ConfigError(f"the page's model is one ONNX file, at most 2 GiB; this model's weights take "
                           f"{weight_bytes / 2**30:.1f} GiB as {outtype}" + (" (try outtype f16)" if outtype == "f32"

@@ -27,7 +27,7 @@ def test_an_export_that_cannot_be_written_is_refused_before_a_model_loads():
         check_export("hf", "q8_0")
     with pytest.raises(gptlite.ConfigError, match="outtype must be one of f32, f16, q8_0"):
         check_export("gguf", "q4_0")
-    with pytest.raises(gptlite.ConfigError, match="outtype must be one of f32, f16, got 'q8_0'"):
+    with pytest.raises(gptlite.ConfigError, match="outtype must be one of f32, f16, int8, got 'q8_0'"):
         check_export("web", "q8_0")
     check_export("gguf", "q8_0")
 

@@ -19,6 +19,7 @@ import pytest
 import gptlite
 from conftest import last_logits, REPO, TIE
 from test_gguf_export import _train, _untrained, KINDS, TEXT, TRICKY, _conversations, _tokenizer
+from test_pretrained import bpe, hugging_face_folder  # noqa: F401 (fixtures: a tiny GPT-2 saved by transformers)
 from gptlite.text import templates
 from gptlite.weights import onnx_graph, web_export
 
@@ -88,14 +89,14 @@ def test_the_graph_gives_kerass_logits_for_the_prompt_and_each_cached_step(kind)
 
 
 @SAME_ON_EVERY_BACKEND
-def test_f16_weights_halve_the_file_and_keep_the_logits_near():
-    model = _model("char")
-    full, half = (onnx_graph.decoder_graph(model, outtype).ByteSize() for outtype in ("f32", "f16"))
-    assert half < 0.6 * full
+@pytest.mark.parametrize("outtype, share, tolerance", [("f16", 0.6, 1e-2), ("int8", 0.35, 5e-2)])
+def test_smaller_weights_shrink_the_file_and_keep_the_logits_near(outtype, share, tolerance):
+    model = _model("modern")
+    assert onnx_graph.decoder_graph(model, outtype).ByteSize() < share * onnx_graph.decoder_graph(model).ByteSize()
     ids = [int(i) for i in model.tokenizer.encode(TEXT[:20])]
-    logits, _ = _onnx_logits(_session(model, "f16"), model, ids, len(ids))
+    logits, _ = _onnx_logits(_session(model, outtype), model, ids, len(ids))
     expected = keras.ops.convert_to_numpy(model(np.asarray([ids], "int32")))[0, -1]
-    assert np.abs(logits[0] - expected).max() <= 1e-2 * np.abs(expected).max()
+    assert np.abs(logits[0] - expected).max() <= tolerance * np.abs(expected).max()
 
 
 # --- the page's JavaScript under Node
@@ -166,6 +167,18 @@ def test_the_pages_noise_is_pythons_to_the_bit_and_its_sampler_chooses_as_python
     assert _node({"sample": cases})["tokens"] == expected
 
 
+@pytest.mark.extras
+@SAME_ON_EVERY_BACKEND
+def test_a_gpt2_imported_from_a_hugging_face_folder_reads_and_runs_in_the_page_as_in_gptlite(hugging_face_folder):
+    model = gptlite.from_pretrained(hugging_face_folder[0])
+    answer = _node({"tokenizer": model.tokenizer.web_form(), "texts": TEXTS})
+    assert answer["ids"] == [[int(i) for i in model.tokenizer.encode(text)] for text in TEXTS]
+    ids = [int(i) for i in model.tokenizer.encode(TRICKY)][:model.config.block_size]
+    logits, _ = _onnx_logits(_session(model), model, ids, len(ids) - 4)
+    expected = keras.ops.convert_to_numpy(model(np.asarray([ids], "int32")))[0, len(ids) - 5:]
+    assert np.abs(logits - expected).max() <= 1e-4 * np.abs(expected).max()
+
+
 # --- refusals
 
 def test_what_the_page_cannot_run_is_refused_before_anything_is_written(tmp_path, tiny_seq2seq):
@@ -175,7 +188,7 @@ def test_what_the_page_cannot_run_is_refused_before_anything_is_written(tmp_path
     sentencepiece.tokenizer = _tokenizer("sentencepiece")
     with pytest.raises(gptlite.ConfigError, match="byte-level BPE"):
         gptlite.export_web(sentencepiece, tmp_path / "sentencepiece")
-    with pytest.raises(gptlite.ConfigError, match="outtype must be one of f32, f16"):
+    with pytest.raises(gptlite.ConfigError, match="outtype must be one of f32, f16, int8"):
         gptlite.export_web(_model("char"), tmp_path / "q8", outtype="q8_0")
     earlier = tmp_path / "earlier"
     earlier.mkdir()

@@ -113,7 +113,13 @@ async function generate() {
     return;
   }
   const seconds = (performance.now() - started) / 1000;
-  if (config.chat) conversation.push({ role: "assistant", content: answer });
+  if (config.chat) {
+    conversation.push({ role: "assistant", content: answer });
+    // The conversation so far above the answer box; the next message continues it.
+    $("conversation").textContent = conversation.map((m) => `${m.role === "user" ? "you" : "model"}: ${m.content}`)
+      .join("\n");
+    $("prompt").value = "";
+  }
   output.dataset.ids = JSON.stringify(tokens.map((token) => token.id));
   output.dataset.firstTokenSeconds = ((firstToken ?? 0) / 1000).toFixed(3);
   output.dataset.tokensPerSecond = tokens.length > 1 ? ((tokens.length - 1) / (seconds - firstToken / 1000)).toFixed(2) : "0";
