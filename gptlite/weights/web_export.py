@@ -45,8 +45,8 @@ def export_web(model, out, outtype=DEFAULT_OUTTYPE):
     """Write the page's folder for a GPT at `out`, which must not exist; the folder appears whole or not at all.
 
     outtype: "f32" (the default), "f16" (half the download) or "int8" (about a quarter): the page widens the
-    weights to float32 as it loads them. A model the page cannot run (a Seq2Seq, a tokenizer it cannot follow, weights past ONNX's 2 GiB) is a
-    ConfigError saying why, before anything is written.
+    weights to float32 as it loads them. A model the page cannot run (a Seq2Seq, a tokenizer it cannot follow,
+    weights past ONNX's 2 GiB) is a ConfigError saying why, before anything is written.
     """
     import onnx
 
@@ -85,7 +85,12 @@ def page_config(model, outtype, name):
     chat = chat_pieces(tokenizer) if templates.template_of(tokenizer) is not None else None
     stops = [tokenizer.end_token_id] if tokenizer.end_token_id is not None else []
     if chat is not None:
-        stops += [int(i) for i in tokenizer.encode(templates.turn_end(tokenizer))][:1]
+        # An answer ends at the template's end of turn: one token (a turn marker) the loop stops at, or a text
+        # the page cuts the answer before, as a stop string.
+        end_of_turn = templates.turn_end(tokenizer)
+        ids = [int(i) for i in tokenizer.encode(end_of_turn)] if end_of_turn else []
+        stops += ids if len(ids) == 1 else []
+        chat["stop_text"] = end_of_turn if len(ids) > 1 else None
     return dict(
         name=name, about=f"a {config.n_layer}-layer GPT of {model.count_params():,} weights, {config.block_size} "
                          f"tokens of context, {tokenizer.tokens_are}; it runs in this page ({outtype})",

@@ -37,6 +37,13 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 
 def _model(kind):
+    if kind == "lora":  # adapters beside the weights, which the graph holds merged
+        model = _untrained(kind)
+        model.enable_lora(4)
+        for weight in model.trainable_weights:
+            if weight.path.endswith("lora_b"):
+                weight.assign(np.random.default_rng(0).normal(0, 0.05, weight.shape).astype("float32"))
+        return model
     if kind in KINDS:
         return _untrained(kind)
     settings, tokenizer_kind = WEB_KINDS[kind]
@@ -114,6 +121,10 @@ TEXTS = [TRICKY, "ROMEO:\nBut soft, what light...", "  naïve café 🙂 x²\r\n
          "digits 1234567 and 3.14, it's 'quoted' THEY'RE", "", " ", "\n\n\n", "<|user|>1+2<|end|>", "12+30", "<|assistant|>42<|end|><|user|>"]
 
 
+NEEDS_NODE = pytest.mark.extras  # skipped where `node` is not on the PATH (.ci/run's machines have it)
+
+
+@NEEDS_NODE
 @SAME_ON_EVERY_BACKEND
 @pytest.mark.parametrize("kind", ["char", "bpe", "qwen2", "smollm", "chat", "chat_bpe"])
 def test_the_pages_tokenizer_gives_pythons_ids(kind):
@@ -127,6 +138,7 @@ def test_the_pages_tokenizer_gives_pythons_ids(kind):
         assert ids == [int(i) for i in tokenizer.encode(text)], text
 
 
+@NEEDS_NODE
 @SAME_ON_EVERY_BACKEND
 @pytest.mark.parametrize("kind", ["chat", "chat_bpe"])
 def test_the_pages_chat_gives_the_templates_ids(kind):
@@ -139,6 +151,7 @@ def test_the_pages_chat_gives_the_templates_ids(kind):
         assert answer["ids"] == templates.answer_prompt_ids(tokenizer, messages[:count])
 
 
+@NEEDS_NODE
 @SAME_ON_EVERY_BACKEND
 def test_the_pages_noise_is_pythons_to_the_bit_and_its_sampler_chooses_as_pythons():
     from gptlite.decode.sampling import RowSettings, sample_next_token, uniform_noise
@@ -324,3 +337,14 @@ def test_the_page_refuses_bad_input_in_a_line_and_writes_a_seeded_sample_as_pyth
                                     seed=7, top_k=20, top_p=0.9)
     assert state == "done", message
     assert text == gptlite.generate(models["char"], "the", 100, temperature=0.8, seed=7, top_k=20, top_p=0.9)
+    # Inside: each token written, the last chosen, its attention over the prompt and its five likeliest candidates.
+    from selenium.webdriver.common.by import By
+
+    spans = browser.find_elements(By.CSS_SELECTOR, "#tokens .token")
+    assert len(spans) == 100 and "chosen" in spans[-1].get_attribute("class")
+    share = float(browser.find_element(By.ID, "prompt-share").text.split(": ")[1].rstrip("%"))
+    assert 0 <= share <= 100.001
+    candidates = browser.find_elements(By.CSS_SELECTOR, "#candidates li")
+    assert len(candidates) == 5
+    spans[10].click()
+    assert "chosen" in spans[10].get_attribute("class") and "chosen" not in spans[-1].get_attribute("class")

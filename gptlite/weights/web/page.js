@@ -6,7 +6,8 @@ const $ = (id) => document.getElementById(id);
 const SETTINGS = ["max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed"];
 let writer, tokenizer, config;
 let stopping = false;
-let tokens = [];  // what the last call wrote: {id, text, candidates, attention row}
+let tokens = [];  // what the last call wrote: {id, candidates, attention, windowStart}
+let promptLength = 0;  // the ids before them
 const conversation = [];
 
 function say(text, state) {
@@ -78,6 +79,7 @@ async function generate() {
   if (asked.error) { say(asked.error, "error"); return; }
   stopping = false;
   tokens = [];
+  promptLength = asked.ids.length;
   $("generate").disabled = true;
   $("stop").disabled = false;
   const output = $("output");
@@ -90,20 +92,28 @@ async function generate() {
   const started = performance.now();
   let firstToken = null;
   let answer = "";
+  let cut = false;
   try {
     for await (const step of writer.write(asked.ids, settings, () => stopping)) {
       if (firstToken === null) firstToken = performance.now() - started;
       const text = decoder.add(step.token);
       answer += text;
       if (text) written.appendData(text);
+      const stop = config.chat?.stop_text ? answer.indexOf(config.chat.stop_text) : -1;
+      if (stop >= 0) {  // the end of the turn, written as text: the answer ends before it
+        written.deleteData(written.length - (answer.length - stop), answer.length - stop);
+        answer = answer.slice(0, stop);
+        cut = true;
+        break;
+      }
       tokens.push({ id: step.token, candidates: topCandidates(step.logits, 5), attention: step.attention,
-        windowStart: step.windowStart, position: asked.ids.length + tokens.length - 1 });
+        windowStart: step.windowStart });
       if (tokens.length % 16 === 0) {
         const seconds = (performance.now() - started) / 1000;
         $("speed").textContent = `${tokens.length} tokens, ${(tokens.length / seconds).toFixed(1)} tokens/s`;
       }
     }
-    const rest = decoder.finish();
+    const rest = cut ? "" : decoder.finish();
     answer += rest;
     if (rest) written.appendData(rest);
   } catch (failure) {
@@ -152,16 +162,17 @@ function inspect(index) {
   // The row of the query that chose this token: the last of its call's.
   const offset = ((layer * heads + head) * rows + rows - 1) * keys;
   const weights = token.attention.data.subarray(offset, offset + keys);
+  // Written token i stands at position promptLength + i, key promptLength + i - windowStart of this row; the row
+  // is the query's that chose token `index`, so it sees the tokens written before it.
   const spans = $("tokens").children;
-  const firstWritten = token.position - index;  // the position of the first token written
   for (let i = 0; i < spans.length; i++) {
-    const key = firstWritten + i - token.windowStart;
+    const key = promptLength + i - token.windowStart;
     const weight = i < index && key >= 0 && key < keys ? weights[key] : 0;
     spans[i].style.background = `rgba(220, 90, 30, ${Math.min(1, weight * 1.5).toFixed(3)})`;
     spans[i].classList.toggle("chosen", i === index);
   }
-  const prompt = [...weights.subarray(0, Math.max(0, firstWritten - token.windowStart))].reduce((a, b) => a + b, 0);
-  $("prompt-share").textContent = `attention on the prompt: ${(prompt * 100).toFixed(1)}%`;
+  const onPrompt = weights.subarray(0, Math.max(0, promptLength - token.windowStart)).reduce((a, b) => a + b, 0);
+  $("prompt-share").textContent = `attention on the prompt: ${(onPrompt * 100).toFixed(1)}%`;
   const list = $("candidates");
   list.textContent = "";
   for (const candidate of token.candidates) {
