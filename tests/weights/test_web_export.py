@@ -194,7 +194,7 @@ def test_a_gpt2_imported_from_a_hugging_face_folder_reads_and_runs_in_the_page_a
 
 # --- refusals
 
-def test_what_the_page_cannot_run_is_refused_before_anything_is_written(tmp_path, tiny_seq2seq):
+def test_what_the_page_cannot_run_is_refused_before_anything_is_written(tmp_path, tiny_seq2seq, monkeypatch):
     with pytest.raises(gptlite.ConfigError, match="decoder-only"):
         gptlite.export_web(tiny_seq2seq, tmp_path / "seq2seq")
     sentencepiece = _model("char")
@@ -203,12 +203,35 @@ def test_what_the_page_cannot_run_is_refused_before_anything_is_written(tmp_path
         gptlite.export_web(sentencepiece, tmp_path / "sentencepiece")
     with pytest.raises(gptlite.ConfigError, match="outtype must be one of f32, f16, int8"):
         gptlite.export_web(_model("char"), tmp_path / "q8", outtype="q8_0")
+    monkeypatch.setattr(web_export, "MOST_WEIGHT_BYTES", 1000)  # as if the model were past ONNX's one file
+    with pytest.raises(gptlite.ConfigError, match="one ONNX file, at most 2 GiB.*try outtype f16"):
+        gptlite.export_web(_model("char"), tmp_path / "large")
+    monkeypatch.undo()
     earlier = tmp_path / "earlier"
     earlier.mkdir()
     (earlier / "mine.txt").write_text("kept")
     with pytest.raises(gptlite.RunExistsError, match="already exists"):
         gptlite.export_web(_model("char"), earlier)
     assert [path.name for path in tmp_path.iterdir()] == ["earlier"] and (earlier / "mine.txt").read_text() == "kept"
+
+
+@pytest.mark.once("a packaging question")
+def test_the_package_ships_every_file_the_page_needs():
+    """The files an export copies (the page's and ONNX Runtime Web's, its licence among them) are in the folder
+    and in pyproject.toml's package data, so that a wheel holds them: a user with no npm exports a working page."""
+    import fnmatch
+
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][
+        "gptlite.weights"]
+    folder = REPO / "gptlite" / "weights" / "web"
+    for name in [*web_export.PAGE_FILES, *(f"ort/{name}" for name in web_export.RUNTIME_FILES)]:
+        assert (folder / name).is_file(), name
+        assert any(fnmatch.fnmatch(f"web/{name}", pattern) for pattern in patterns), name
 
 
 def test_a_template_the_page_cannot_join_is_refused():
