@@ -39,8 +39,7 @@ class Tokenizer:
     A run fits a new one to its text with `fit` (where the class has a `name`, its `tokenizer` setting); the
     exports ask it for their forms: `gguf_fields` (llama.cpp), `hugging_face_files` (transformers),
     `byte_level_bpe` (GPT-2's vocabulary and merges, for GPT-2's and KerasHub's forms), `web_form` (the web
-    page's). What it has no form for,
-    it refuses with a ConfigError that says so.
+    page's). What it has no form for, it refuses with a ConfigError that says so.
     """
 
     name = None  # the `tokenizer` setting that fits a new one to a run's text; None: no run fits one
