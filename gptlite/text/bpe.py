@@ -389,4 +389,6 @@ class PretrainedTokenizer(Tokenizer):
     def web_form(self):
         from gptlite.text import forms
 
-        return forms.byte_level_web_form(json.loads(self.definition))
+        definition = json.loads(self.definition)
+        byte_fallback = definition.get("model", {}).get("byte_fallback")
+        return (forms.sentencepiece_web_form if byte_fallback else forms.byte_level_web_form)(definition)

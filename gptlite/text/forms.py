@@ -170,6 +170,11 @@ WHITESPACE = "\\t\\n\\x0b\\x0c\\r \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029
 GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 
 
+_WEB_KINDS = ("the web page reads byte-level BPE (gptlite's own, GPT-2's, SmolLM2's, Qwen's), SentencePiece-style "
+              "BPE that puts \"▁\" before a text and for each space (Llama's, TinyLlama's) and character "
+              "vocabularies; this model's tokenizer is of another kind")
+
+
 def character_web_form(tokenizer):
     """A character vocabulary as the page reads it: the special tokens' names, the characters, the added tokens,
     in id order."""
@@ -185,8 +190,7 @@ def byte_level_web_form(definition):
     if model.get("type") != "BPE" or '"ByteLevel"' not in json.dumps(definition.get("pre_tokenizer")) \
             or definition.get("normalizer") is not None or model.get("continuing_subword_prefix") \
             or model.get("end_of_word_suffix") or model.get("dropout"):
-        raise ConfigError("the web page reads byte-level BPE (gptlite's own, GPT-2's, SmolLM2's, Qwen's) and "
-                          "character vocabularies; this model's tokenizer is of another kind")
+        raise ConfigError(_WEB_KINDS)
     pre_tokenizer = definition["pre_tokenizer"]
     splits = []
     for step in pre_tokenizer.get("pretokenizers", [pre_tokenizer]):
@@ -206,6 +210,24 @@ def byte_level_web_form(definition):
     return {"kind": "byte_level_bpe", "splits": splits, "vocabulary": model["vocab"], "merges": merges_of(model),
             "ignore_merges": bool(model.get("ignore_merges")),
             "added": {token["content"]: token["id"] for token in definition.get("added_tokens", [])}}
+
+
+def sentencepiece_web_form(definition):
+    """A SentencePiece-style BPE tokenizer.json (Llama's, TinyLlama's) as the page reads it: its vocabulary,
+    merges, added tokens and unknown token. The page follows the normalizer these files have ("▁" before each
+    text, "▁" for each space), BPE over the whole text, and bytes as <0xXX> tokens for characters the vocabulary
+    lacks; a tokenizer.json otherwise made is a ConfigError."""
+    model = definition.get("model") or {}
+    normalizers = (definition.get("normalizer") or {}).get("normalizers", [])
+    follows = [step.get("type") for step in normalizers] == ["Prepend", "Replace"] and \
+        normalizers[0].get("prepend") == "▁" and normalizers[1].get("pattern", {}).get("String") == " " and \
+        normalizers[1].get("content") == "▁"
+    if model.get("type") != "BPE" or not model.get("byte_fallback") or not follows \
+            or definition.get("pre_tokenizer") is not None or model.get("dropout"):
+        raise ConfigError(_WEB_KINDS)
+    added = {token["content"]: token["id"] for token in definition.get("added_tokens", [])}
+    return {"kind": "sentencepiece_bpe", "vocabulary": model["vocab"], "merges": merges_of(model), "added": added,
+            "unknown": model["vocab"].get(model.get("unk_token"), added.get(model.get("unk_token")))}
 
 
 def browser_pattern(pattern):

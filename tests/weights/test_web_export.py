@@ -26,8 +26,8 @@ from gptlite.weights import onnx_graph, web_export
 SAME_ON_EVERY_BACKEND = pytest.mark.once("the graph is written from the weights, alike on every backend")
 LIBRARY = REPO / "gptlite" / "weights" / "web" / "gptlite.js"
 # Each kind of model the page runs: the GGUF tests' kinds, and post-norm blocks, which llama.cpp has not.
-WEB_KINDS = {**{kind: KINDS[kind][:2] for kind in ("char", "bpe", "modern", "llama", "qwen2", "smollm2", "lora",
-                                                    "chat", "chat_bpe")},
+WEB_KINDS = {**{kind: KINDS[kind][:2] for kind in ("char", "bpe", "modern", "llama", "qwen2", "smollm2", "tinyllama",
+                                                    "lora", "chat", "chat_bpe")},
              "post_norm": (dict(norm_position="post", mlp="relu2"), "char")}
 
 
@@ -126,16 +126,18 @@ NEEDS_NODE = pytest.mark.extras  # skipped where `node` is not on the PATH (.ci/
 
 @NEEDS_NODE
 @SAME_ON_EVERY_BACKEND
-@pytest.mark.parametrize("kind", ["char", "bpe", "qwen2", "smollm", "chat", "chat_bpe"])
-def test_the_pages_tokenizer_gives_pythons_ids(kind):
+@pytest.mark.parametrize("kind", ["char", "bpe", "qwen2", "smollm", "sentencepiece", "chat", "chat_bpe"])
+def test_the_pages_tokenizer_gives_pythons_ids_and_text(kind):
     tokenizer = _tokenizer(kind)
     texts = [text for text in TEXTS if not tokenizer.unknown_characters(text)]
-    if kind in ("bpe", "qwen2", "smollm"):
+    if kind in ("bpe", "qwen2", "smollm", "sentencepiece"):
         texts.append(TEXT[:3000])
     assert len(texts) >= 4
     answer = _node({"tokenizer": tokenizer.web_form(), "texts": texts})
-    for text, ids in zip(texts, answer["ids"]):
+    for text, ids, decoded in zip(texts, answer["ids"], answer["texts"]):
         assert ids == [int(i) for i in tokenizer.encode(text)], text
+        # The text of those ids as it follows earlier text, which is how the page writes each new token.
+        assert decoded == tokenizer.decode_after(ids), text
 
 
 @NEEDS_NODE
@@ -197,10 +199,14 @@ def test_a_gpt2_imported_from_a_hugging_face_folder_reads_and_runs_in_the_page_a
 def test_what_the_page_cannot_run_is_refused_before_anything_is_written(tmp_path, tiny_seq2seq, monkeypatch):
     with pytest.raises(gptlite.ConfigError, match="decoder-only"):
         gptlite.export_web(tiny_seq2seq, tmp_path / "seq2seq")
-    sentencepiece = _model("char")
-    sentencepiece.tokenizer = _tokenizer("sentencepiece")
-    with pytest.raises(gptlite.ConfigError, match="byte-level BPE"):
-        gptlite.export_web(sentencepiece, tmp_path / "sentencepiece")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = Tokenizer(models.WordLevel({"[UNK]": 0, "the": 1, "cat": 2}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    by_words = _model("char")
+    by_words.tokenizer = gptlite.PretrainedTokenizer(words.to_str())
+    with pytest.raises(gptlite.ConfigError, match="byte-level BPE .*, SentencePiece-style BPE"):
+        gptlite.export_web(by_words, tmp_path / "words")
     with pytest.raises(gptlite.ConfigError, match="outtype must be one of f32, f16, int8"):
         gptlite.export_web(_model("char"), tmp_path / "q8", outtype="q8_0")
     monkeypatch.setattr(web_export, "MOST_WEIGHT_BYTES", 1000)  # as if the model were past ONNX's one file
@@ -264,7 +270,7 @@ def test_the_export_command_writes_the_folder_and_refuses_an_existing_one(tmp_pa
 # --- the page in a browser
 
 PROMPTS = ["the cat sat on", "a big hat ", ""]
-BROWSER_KINDS = ("char", "bpe", "modern", "post_norm", "chat")
+BROWSER_KINDS = ("char", "bpe", "modern", "tinyllama", "post_norm", "chat")
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 // The web page's JavaScript (gptlite/weights/web/gptlite.js) under Node, for tests/weights/test_web_export.py:
 // reads one JSON request on standard input, writes one JSON answer.
-//   {"tokenizer": form, "texts": [...]}                       -> {"ids": [[...], ...]}
+//   {"tokenizer": form, "texts": [...]}                       -> {"ids": [[...], ...], "texts": [...]}: the ids
+//                                                                and those ids decoded back, as the page writes
 //   {"tokenizer": form, "chat": pieces, "messages": [...]}    -> {"ids": [...]}
 //   {"noise": [[seed, index], ...], "vocabulary_size": V}     -> {"noise": [[...], ...]}
 //   {"sample": [{logits, settings, noise_of: [seed, index] | null, seen}, ...]} -> {"tokens": [...]}
@@ -13,7 +14,12 @@ const request = JSON.parse(readFileSync(0, "utf8"));
 let answer;
 if (request.texts) {
   const tokenizer = web.makeTokenizer(request.tokenizer);
-  answer = { ids: request.texts.map((text) => tokenizer.encode(text)) };
+  const ids = request.texts.map((text) => tokenizer.encode(text));
+  const decoded = ids.map((row) => {
+    const decoder = tokenizer.decoder();
+    return row.map((id) => decoder.add(id)).join("") + decoder.finish();
+  });
+  answer = { ids, texts: decoded };
 } else if (request.chat) {
   const tokenizer = web.makeTokenizer(request.tokenizer);
   answer = { ids: [...request.chat.start_ids, ...tokenizer.encode(web.chatText(request.chat, request.messages))] };

@@ -71,6 +71,28 @@ function byteAlphabet() {
   return toCharacter;
 }
 
+// BPE's merges over a word's symbols: the adjacent pair of lowest rank merged, everywhere, again and again.
+function merged(symbols, ranks) {
+  let parts = symbols;
+  while (parts.length > 1) {
+    let best = -1;
+    let bestRank = Infinity;
+    for (let i = 0; i < parts.length - 1; i++) {
+      const rank = ranks.get(`${parts[i]} ${parts[i + 1]}`);
+      if (rank !== undefined && rank < bestRank) { bestRank = rank; best = i; }
+    }
+    if (best < 0) break;
+    const [left, right] = [parts[best], parts[best + 1]];
+    const next = [];
+    for (let i = 0; i < parts.length; i++) {
+      if (i < parts.length - 1 && parts[i] === left && parts[i + 1] === right) { next.push(left + right); i++; }
+      else next.push(parts[i]);
+    }
+    parts = next;
+  }
+  return parts;
+}
+
 export class ByteLevelBPE {
   constructor(form) {
     this.vocabulary = new Map(Object.entries(form.vocabulary));
@@ -122,26 +144,10 @@ export class ByteLevelBPE {
   word(piece) {
     const known = this.cache.get(piece);
     if (known) return known;
-    let parts = [...this.encoder.encode(piece)].map((b) => this.byteCharacter[b]);
-    const whole = parts.join("");
+    const characters = [...this.encoder.encode(piece)].map((b) => this.byteCharacter[b]);
+    const whole = characters.join("");
     if (this.ignoreMerges && this.vocabulary.has(whole)) return [this.vocabulary.get(whole)];
-    while (parts.length > 1) {
-      let best = -1;
-      let bestRank = Infinity;
-      for (let i = 0; i < parts.length - 1; i++) {
-        const rank = this.ranks.get(`${parts[i]} ${parts[i + 1]}`);
-        if (rank !== undefined && rank < bestRank) { bestRank = rank; best = i; }
-      }
-      if (best < 0) break;
-      const [left, right] = [parts[best], parts[best + 1]];
-      const merged = [];
-      for (let i = 0; i < parts.length; i++) {
-        if (i < parts.length - 1 && parts[i] === left && parts[i + 1] === right) { merged.push(left + right); i++; }
-        else merged.push(parts[i]);
-      }
-      parts = merged;
-    }
-    const ids = parts.map((part) => {
+    const ids = merged(characters, this.ranks).map((part) => {
       const id = this.vocabulary.get(part);
       if (id === undefined) throw new Error(`the tokenizer has no token for ${JSON.stringify(part)}`);
       return id;
@@ -166,9 +172,57 @@ export class ByteLevelBPE {
   piece(id) { return new TextDecoder("utf-8").decode(this.bytesOf(id)); }
 }
 
+// SentencePiece-style BPE (Llama's, TinyLlama's): "▁" before each text and for each space, merges over the whole
+// text, and a character the vocabulary lacks as its UTF-8 bytes, tokens <0x00> to <0xFF>.
+export class SentencePieceBPE {
+  constructor(form) {
+    this.vocabulary = new Map(Object.entries(form.vocabulary));
+    this.ranks = new Map(form.merges.map((merge, rank) => [merge, rank]));
+    this.addedIds = new Map(Object.entries(form.added));
+    this.pattern = addedPattern([...this.addedIds.keys()]);
+    this.unknown = form.unknown;
+    this.tokens = [];
+    for (const [token, id] of this.vocabulary) this.tokens[id] = token;
+    for (const [token, id] of this.addedIds) this.tokens[id] = token;
+    this.encoder = new TextEncoder();
+  }
+
+  unknownCharacters() { return []; }  // a character it lacks is its bytes
+
+  encode(text) {
+    return aroundAdded(text, this.pattern, this.addedIds, (part) => {
+      const ids = [];
+      for (const symbol of merged([..."▁" + part.replaceAll(" ", "▁")], this.ranks)) {
+        const id = this.vocabulary.get(symbol);
+        if (id !== undefined) { ids.push(id); continue; }
+        for (const byte of this.encoder.encode(symbol)) {
+          const hex = byte.toString(16).toUpperCase().padStart(2, "0");
+          ids.push(this.vocabulary.get(`<0x${hex}>`) ?? this.unknown);
+        }
+      }
+      return ids;
+    });
+  }
+
+  bytesOf(id) {
+    const token = this.tokens[id] ?? "";
+    const byte = /^<0x([0-9A-F]{2})>$/.exec(token);
+    if (byte) return Uint8Array.of(parseInt(byte[1], 16));
+    return this.encoder.encode(this.addedIds.has(token) ? token : token.replaceAll("▁", " "));
+  }
+
+  decoder() {
+    const utf8 = new TextDecoder("utf-8");
+    return { add: (id) => utf8.decode(this.bytesOf(id), { stream: true }), finish: () => utf8.decode() };
+  }
+
+  piece(id) { return new TextDecoder("utf-8").decode(this.bytesOf(id)); }
+}
+
 export function makeTokenizer(form) {
   if (form.kind === "characters") return new CharacterTokenizer(form);
   if (form.kind === "byte_level_bpe") return new ByteLevelBPE(form);
+  if (form.kind === "sentencepiece_bpe") return new SentencePieceBPE(form);
   throw new Error(`no tokenizer of kind ${form.kind}`);
 }
 
