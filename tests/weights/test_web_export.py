@@ -377,3 +377,19 @@ def test_the_page_refuses_bad_input_in_a_line_and_writes_a_seeded_sample_as_pyth
     assert len(candidates) == 5
     spans[10].click()
     assert "chosen" in spans[10].get_attribute("class") and "chosen" not in spans[-1].get_attribute("class")
+    # Stop ends the writing between two tokens, the text written so far kept.
+    browser.get(f"{url}/char/?{urllib.parse.urlencode(dict(prompt='the', max_new_tokens=4096, temperature=0.8))}")
+    output = browser.find_element(By.ID, "output")
+    while output.get_attribute("data-state") != "ready":
+        time.sleep(0.05)
+    browser.find_element(By.ID, "generate").click()
+    while len(output.get_attribute("textContent")) < 50:
+        time.sleep(0.01)
+    browser.find_element(By.ID, "stop").click()
+    deadline = time.monotonic() + 60
+    while output.get_attribute("data-state") != "done" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    written = json.loads(output.get_attribute("data-ids"))
+    assert output.get_attribute("data-state") == "done" and browser.find_element(By.ID, "message").text == "stopped", \
+        len(written)
+    assert 0 < len(written) < 4096 and output.get_attribute("textContent").startswith("the")

@@ -10,6 +10,20 @@ let tokens = [];  // what the last call wrote: {id, candidates, attention, windo
 let promptLength = 0;  // the ids before them
 const conversation = [];
 
+// Let the browser draw the text and take clicks (Stop): a decoding loop that only awaits the model never gives it
+// the chance. Every 33 ms (30 frames a second): each yield lets the browser lay the text out again.
+let lastYield = 0;
+async function letThePageBreathe() {
+  if (performance.now() - lastYield < 33) return;
+  // A new task, behind those waiting (a click, a frame), without setTimeout's 4 ms floor.
+  await new Promise((resolve) => {
+    const channel = new MessageChannel();
+    channel.port1.onmessage = resolve;
+    channel.port2.postMessage(null);
+  });
+  lastYield = performance.now();
+}
+
 function say(text, state) {
   $("message").textContent = text;
   if (state) $("output").dataset.state = state;
@@ -108,6 +122,7 @@ async function generate() {
       }
       tokens.push({ id: step.token, candidates: topCandidates(step.logits, 5), attention: step.attention,
         windowStart: step.windowStart });
+      await letThePageBreathe();
       if (tokens.length % 16 === 0) {
         const seconds = (performance.now() - started) / 1000;
         $("speed").textContent = `${tokens.length} tokens, ${(tokens.length / seconds).toFixed(1)} tokens/s`;
