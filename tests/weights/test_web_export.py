@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import gptlite
-from conftest import last_logits, REPO, TIE
+from conftest import built_once, last_logits, REPO, TIE
 from test_gguf_export import _train, _untrained, KINDS, TEXT, TRICKY, _conversations, _tokenizer
 from test_pretrained import bpe, hugging_face_folder  # noqa: F401 (fixtures: a tiny GPT-2 saved by transformers)
 from gptlite.text import templates
@@ -274,16 +274,19 @@ BROWSER_KINDS = ("char", "bpe", "modern", "tinyllama", "post_norm", "chat")
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
+def site():
     """Each kind's model trained for a few seconds and its page, all under one folder served from 127.0.0.1:
-    (the folder's address, kind -> model)."""
-    root = tmp_path_factory.mktemp("sites")
-    models = {}
-    for kind in BROWSER_KINDS:
-        model = _model(kind)
-        _train(model, model.tokenizer, text=_conversations() if kind == "chat" else TEXT)
-        gptlite.export_web(model, root / kind)
-        models[kind] = model
+    (the folder's address, kind -> model). Built once a session (`built_once`): every process that runs a
+    browser test reads the models back rather than training them again."""
+    def build(folder):
+        for kind in BROWSER_KINDS:
+            model = _model(kind)
+            _train(model, model.tokenizer, text=_conversations() if kind == "chat" else TEXT)
+            gptlite.export_web(model, folder / kind)
+            gptlite.save(model, folder / f"{kind}.keras")
+
+    root, _ = built_once("web_pages", build)
+    models = {kind: gptlite.load(root / f"{kind}.keras") for kind in BROWSER_KINDS}
     handler = functools.partial(_QuietHandler, directory=str(root))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
