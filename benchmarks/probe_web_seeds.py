@@ -10,17 +10,14 @@ in the last bits.
 """
 
 import argparse
-import functools
-import http.server
 import pathlib
 import tempfile
-import threading
 
 import keras
 import numpy as np
 
 import gptlite
-from web_page import _QuietHandler, in_browser_text
+from helpers.browser import in_browser_text, serve
 
 DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
 
@@ -46,10 +43,8 @@ def main():
     model = trained_model(DATA.read_text())
     with tempfile.TemporaryDirectory() as folder:
         gptlite.export_web(model, pathlib.Path(folder) / "page")
-        handler = functools.partial(_QuietHandler, directory=folder)
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        url = f"http://127.0.0.1:{server.server_port}/page"
+        server, address = serve(folder)
+        url = f"{address}/page"
         for settings in (dict(temperature=0.8), dict(temperature=0.8, top_p=0.9)):
             same = sum(in_browser_text(url, "ROMEO:", 200, seed=seed, **settings)
                        == gptlite.generate(model, "ROMEO:", 200, seed=seed, **settings) for seed in range(args.seeds))

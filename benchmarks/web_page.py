@@ -11,21 +11,17 @@ Shapes: `laptop`, the default preset's model (rotary, RMSNorm, SwiGLU, grouped-q
 """
 
 import argparse
-import functools
 import itertools
-import http.server
 import pathlib
-import shutil
 import statistics
 import subprocess
 import tempfile
-import threading
 import time
-import urllib.parse
 
 import keras
 
 import gptlite
+from helpers.browser import browser, serve, written
 from helpers.models import model_of, random_model, VOCABULARY_SIZE
 
 # New tokens a call writes: for the laptop shape, 58 (the prompt's 5 and these fill its 64-token window, every
@@ -34,11 +30,6 @@ from helpers.models import model_of, random_model, VOCABULARY_SIZE
 TOKENS = {"laptop": (58, 200), "gpt2": (50,)}
 OUTTYPES = {"laptop": ("f32",), "gpt2": ("f32", "f16", "int8")}
 PROMPT = "HELLO"
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):  # the requests are not news
-        pass
 
 
 def laptop_model():
@@ -51,36 +42,13 @@ def laptop_model():
     return model
 
 
-def _browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
-        options.add_argument(argument)
-    options.binary_location = shutil.which("chromium")
-    return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
-
-
-def _written(driver, url, prompt, tokens, **settings):
-    """The page at `url` opened with the prompt and settings, run, and waited for: its #output element."""
-    query = urllib.parse.urlencode(dict(prompt=prompt, max_new_tokens=tokens, run=1, **settings))
-    driver.get(f"{url}/?{query}")
-    output = driver.find_element("id", "output")
-    deadline = time.monotonic() + 600
-    while output.get_attribute("data-state") not in ("done", "error") and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert output.get_attribute("data-state") == "done", driver.find_element("id", "message").text
-    return output
-
-
 def in_browser(url, tokens):
     """A fresh browser's first load of the page writing at once (`run=1`), then the same page writing twice more
     (warm: its WebAssembly compiled by then), greedy each time: seconds to ready and to the first token, and
     tokens/s after the first, first and warm."""
-    driver = _browser()
+    driver = browser()
     try:
-        output = _written(driver, url, PROMPT, tokens, temperature=0)
+        output = written(driver, url, PROMPT, tokens, temperature=0)
         ready = float(output.get_attribute("data-ready-seconds"))
         measured = dict(ready=ready, first=ready + float(output.get_attribute("data-first-token-seconds")),
                         rate=float(output.get_attribute("data-tokens-per-second")))
@@ -93,15 +61,6 @@ def in_browser(url, tokens):
                 time.sleep(0.02)
             warm.append(float(output.get_attribute("data-tokens-per-second")))
         return dict(measured, warm=statistics.median(warm))
-    finally:
-        driver.quit()
-
-
-def in_browser_text(url, prompt, tokens, **settings):
-    """The text a fresh browser's page writes for the prompt and settings."""
-    driver = _browser()
-    try:
-        return _written(driver, url, prompt, tokens, **settings).get_attribute("textContent")
     finally:
         driver.quit()
 
@@ -151,9 +110,7 @@ def main():
     print(f"# {version}; one thread (no cross-origin isolation)")
     with tempfile.TemporaryDirectory() as folder:
         root = pathlib.Path(folder)
-        handler = functools.partial(_QuietHandler, directory=folder)
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        server, address = serve(folder)
         for shape in args.shapes:
             model = laptop_model() if shape == "laptop" else model_of(shape)
             for outtype in OUTTYPES[shape]:
@@ -164,7 +121,7 @@ def main():
                 for tokens in TOKENS[shape]:
                     python = python_rate(model, tokens)
                     llama = llama_cpp_rate(model, root / f"{shape}.gguf", tokens)
-                    rounds = [in_browser(f"http://127.0.0.1:{server.server_port}/{shape}-{outtype}", tokens)
+                    rounds = [in_browser(f"{address}/{shape}-{outtype}", tokens)
                               for _ in range(args.rounds)]
                     ready, first, rate, warm = (statistics.median(load[key] for load in rounds)
                                                 for key in ("ready", "first", "rate", "warm"))

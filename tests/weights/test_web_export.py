@@ -18,7 +18,7 @@ import pytest
 
 import gptlite
 from conftest import built_once, last_logits, REPO, TIE
-from test_gguf_export import _train, _untrained, KINDS, TEXT, TRICKY, _conversations, _tokenizer
+from test_gguf_export import _train, _untrained, KINDS, SHAPE, TEXT, TRICKY, _conversations, _tokenizer
 from test_pretrained import bpe, hugging_face_folder  # noqa: F401 (fixtures: a tiny GPT-2 saved by transformers)
 from gptlite.text import templates
 from gptlite.weights import onnx_graph, web_export
@@ -49,9 +49,8 @@ def _model(kind):
     settings, tokenizer_kind = WEB_KINDS[kind]
     tokenizer = _tokenizer(tokenizer_kind)
     keras.utils.set_random_seed(0)
-    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, tokenizer=tokenizer, n_layer=2, n_head=4, n_embd=64,
-                        block_size=64, **settings)
-    model.build((None, 64))
+    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, tokenizer=tokenizer, **SHAPE, **settings)
+    model.build((None, SHAPE["block_size"]))
     return model
 
 
@@ -308,14 +307,19 @@ def _written(browser, url, **query):
             browser.find_element(By.ID, "message").text)
 
 
-def assert_greedy_ids(model, prompt_ids, new_ids):
-    """Each new id is the likeliest after the window before it (the last block_size ids), by Keras's whole forward
-    pass, up to a tie (TIE): true of a correct decoder on any CPU, whatever it writes."""
+def logits_before_each(model, prompt_ids, new_ids):
+    """Keras's logits (N, V) before each of the N new ids, by its whole forward pass over the window before it (the
+    last block_size ids)."""
     context, windows = list(prompt_ids), []
     for token in new_ids:
         windows.append(context[-model.config.block_size:])
         context.append(token)
-    logits = np.concatenate([last_logits(model, windows[start:start + 64]) for start in range(0, len(windows), 64)])
+    return np.concatenate([last_logits(model, windows[start:start + 64]) for start in range(0, len(windows), 64)])
+
+
+def assert_greedy_ids(logits, new_ids):
+    """Each new id is the likeliest of its `logits_before_each` row, up to a tie (TIE): true of a correct decoder
+    on any CPU, whatever it writes."""
     chosen = logits[np.arange(len(new_ids)), new_ids]
     assert np.all(chosen >= logits.max(axis=1) - TIE), np.flatnonzero(chosen < logits.max(axis=1) - TIE)[:5]
 
@@ -341,19 +345,13 @@ def test_the_page_writes_greedily_what_python_writes(site, browser, kind):
             prompt_ids = ids_of(model.tokenizer, prompt)
             assert len(ids) == 200
             python = gptlite.generate(model, prompt, 200, temperature=0)[len(prompt):]
-        assert_greedy_ids(model, prompt_ids, ids)
+        logits = logits_before_each(model, prompt_ids, ids)
+        assert_greedy_ids(logits, ids)
         assert text == (prompt if kind != "chat" else "") + model.tokenizer.decode(ids)
         # The same text as Python's wherever no step is a tie (on this machine, every one so far).
-        assert (text[len(prompt):] if kind != "chat" else text) == python or _has_a_tie(model, prompt_ids, ids)
-
-
-def _has_a_tie(model, prompt_ids, ids):
-    context, windows = list(prompt_ids), []
-    for token in ids:
-        windows.append(context[-model.config.block_size:])
-        context.append(token)
-    top_two = np.sort(last_logits(model, windows), axis=1)[:, -2:]
-    return bool(np.any(top_two[:, 1] - top_two[:, 0] < TIE))
+        top_two = np.sort(logits, axis=1)[:, -2:]
+        a_step_is_a_tie = bool(np.any(top_two[:, 1] - top_two[:, 0] < TIE))
+        assert (text[len(prompt):] if kind != "chat" else text) == python or a_step_is_a_tie
 
 
 @pytest.mark.slow

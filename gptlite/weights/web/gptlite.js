@@ -71,6 +71,17 @@ function byteAlphabet() {
   return toCharacter;
 }
 
+// A tokenizer whose tokens are bytes (`bytesOf(id)`): its text decoded as UTF-8, a character's first bytes held
+// back until its last.
+class BytesTokenizer {
+  decoder() {
+    const utf8 = new TextDecoder("utf-8");
+    return { add: (id) => utf8.decode(this.bytesOf(id), { stream: true }), finish: () => utf8.decode() };
+  }
+
+  piece(id) { return new TextDecoder("utf-8").decode(this.bytesOf(id)); }
+}
+
 // BPE's merges over a word's symbols: the adjacent pair of lowest rank merged, everywhere, again and again.
 function merged(symbols, ranks) {
   let parts = symbols;
@@ -93,8 +104,9 @@ function merged(symbols, ranks) {
   return parts;
 }
 
-export class ByteLevelBPE {
+export class ByteLevelBPE extends BytesTokenizer {
   constructor(form) {
+    super();
     this.vocabulary = new Map(Object.entries(form.vocabulary));
     this.ranks = new Map(form.merges.map((merge, rank) => [merge, rank]));
     this.ignoreMerges = form.ignore_merges;
@@ -163,19 +175,13 @@ export class ByteLevelBPE {
     return Uint8Array.from([...token].map((c) => this.characterByte.get(c) ?? 0));
   }
 
-  // A decoder that turns ids into text as they come, holding back a character's first bytes until its last.
-  decoder() {
-    const utf8 = new TextDecoder("utf-8");
-    return { add: (id) => utf8.decode(this.bytesOf(id), { stream: true }), finish: () => utf8.decode() };
-  }
-
-  piece(id) { return new TextDecoder("utf-8").decode(this.bytesOf(id)); }
 }
 
 // SentencePiece-style BPE (Llama's, TinyLlama's): "▁" before each text and for each space, merges over the whole
 // text, and a character the vocabulary lacks as its UTF-8 bytes, tokens <0x00> to <0xFF>.
-export class SentencePieceBPE {
+export class SentencePieceBPE extends BytesTokenizer {
   constructor(form) {
+    super();
     this.vocabulary = new Map(Object.entries(form.vocabulary));
     this.ranks = new Map(form.merges.map((merge, rank) => [merge, rank]));
     this.addedIds = new Map(Object.entries(form.added));
@@ -211,12 +217,6 @@ export class SentencePieceBPE {
     return this.encoder.encode(this.addedIds.has(token) ? token : token.replaceAll("▁", " "));
   }
 
-  decoder() {
-    const utf8 = new TextDecoder("utf-8");
-    return { add: (id) => utf8.decode(this.bytesOf(id), { stream: true }), finish: () => utf8.decode() };
-  }
-
-  piece(id) { return new TextDecoder("utf-8").decode(this.bytesOf(id)); }
 }
 
 export function makeTokenizer(form) {
