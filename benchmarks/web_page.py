@@ -1,6 +1,7 @@
 """The web export's page in headless Chromium (Debian's, under Selenium), each round a fresh browser and page load:
 seconds from the page's navigation to a model ready to write, to its first token, and tokens/s at batch 1 after
-it, greedy, first and warm (the page writing again); beside `gptlite.generate` on the same model in this process
+it, greedy, first and warm (the page writing again), and a reader's page: loaded fresh and left open a few
+seconds before Generate is clicked (the page warms its model meanwhile); beside `gptlite.generate` on the same model in this process
 (TensorFlow, warm: the median of 3 calls after one), and llama.cpp on the same weights (f32 GGUF) where
 llama-cpp-python is installed.
 
@@ -17,6 +18,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+import urllib.parse
 
 import keras
 
@@ -30,6 +32,8 @@ from helpers.models import model_of, random_model, VOCABULARY_SIZE
 TOKENS = {"laptop": (58, 200), "gpt2": (50,)}
 OUTTYPES = {"laptop": ("f32",), "gpt2": ("f32", "f16", "int8")}
 PROMPT = "HELLO"
+# Seconds a reader's page stays open before Generate is clicked: a short prompt's typing.
+READER_SECONDS = 3
 
 
 def laptop_model():
@@ -61,6 +65,27 @@ def in_browser(url, tokens):
                 time.sleep(0.02)
             warm.append(float(output.get_attribute("data-tokens-per-second")))
         return dict(measured, warm=statistics.median(warm))
+    finally:
+        driver.quit()
+
+
+def as_a_reader(url, tokens):
+    """A fresh browser's first load of the page, left open `READER_SECONDS` (a person typing a prompt, the page
+    warming its model meanwhile) before Generate is clicked: tokens/s after the first token, greedy."""
+    driver = browser()
+    try:
+        query = urllib.parse.urlencode(dict(prompt=PROMPT, max_new_tokens=tokens, temperature=0))
+        driver.get(f"{url}/?{query}")
+        output = driver.find_element("id", "output")
+        deadline = time.monotonic() + 600
+        while output.get_attribute("data-state") != "ready" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(READER_SECONDS)
+        driver.find_element("id", "generate").click()
+        while output.get_attribute("data-state") not in ("done", "error") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert output.get_attribute("data-state") == "done", driver.find_element("id", "message").text
+        return float(output.get_attribute("data-tokens-per-second"))
     finally:
         driver.quit()
 
@@ -125,12 +150,16 @@ def main():
                               for _ in range(args.rounds)]
                     ready, first, rate, warm = (statistics.median(load[key] for load in rounds)
                                                 for key in ("ready", "first", "rate", "warm"))
+                    reader = statistics.median(as_a_reader(f"{address}/{shape}-{outtype}", tokens)
+                                               for _ in range(args.rounds))
                     llama_said = "" if llama is None else f"; llama.cpp f32 {llama:.1f} tokens/s, page/llama.cpp " \
                                                           f"{warm / llama:.2f}x warm"
                     print(f"{shape} {outtype}, {tokens} tokens: model.onnx {size:.1f} MiB, exported in {exported:.1f} "
                           f"s; page ready {ready:.2f} s after load, first token {first:.2f} s; {rate:.1f} tokens/s "
-                          f"(warm page {warm:.1f}); Python gptlite.generate {python:.1f} tokens/s; page/Python "
-                          f"{rate / python:.2f}x (warm {warm / python:.2f}x){llama_said}; medians of {args.rounds}")
+                          f"(warm page {warm:.1f}; a reader's page, open {READER_SECONDS} s first, {reader:.1f}); "
+                          f"Python gptlite.generate {python:.1f} tokens/s; page/Python {rate / python:.2f}x (warm "
+                          f"{warm / python:.2f}x, reader's {reader / python:.2f}x){llama_said}; medians of "
+                          f"{args.rounds}")
         server.shutdown()
 
 

@@ -18,7 +18,10 @@ def make_parser(prog):
     parser.add_argument("--format", choices=list(EXPORT_FORMATS), default=next(iter(EXPORT_FORMATS)),
                         help="; ".join(f"{name}: {kind.help}" for name, kind in EXPORT_FORMATS.items()))
     parser.add_argument("--out", type=pathlib.Path, required=True,
-                        help="the folder to write (a file, for a format of one file); must not exist")
+                        help="the folder to write (a file, for a format of one file); must not exist, unless "
+                             "--overwrite")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier export at --out, once the new one is whole")
     storing = {name: kind for name, kind in EXPORT_FORMATS.items() if kind.outtypes}
     outtypes = sorted({outtype for kind in storing.values() for outtype in kind.outtypes})
     parser.add_argument("--outtype", choices=outtypes, default=None,
@@ -31,9 +34,9 @@ def run(args):
     from gptlite.weights import saving
 
     check_export(args.format, args.outtype)  # before the model loads, so that the mistake shows at once
-    if args.out.exists():
-        raise RunExistsError(f"{args.out} already exists; choose another `out`")
-    print(export(saving.load(args.model), args.format, args.out, args.outtype))
+    if args.out.exists() and not args.overwrite:
+        raise RunExistsError(f"{args.out} already exists; choose another --out, or add --overwrite")
+    print(export(saving.load(args.model), args.format, args.out, args.outtype, args.overwrite))
 
 
 main = command("gptlite-export", make_parser, run, check=check_model)

@@ -3,12 +3,15 @@
 Nothing here imports Keras: the command line reads the choices below before it starts a backend.
 """
 
+import contextlib
 import dataclasses
 import importlib
 import json
+import os
 import pathlib
+import tempfile
 
-from gptlite.errors import ConfigError
+from gptlite.errors import ConfigError, RunExistsError
 
 # How a GGUF file stores the weight matrices (`gguf_export`): float32, float16, or llama.cpp's 8-bit blocks of 32
 # weights with a 16-bit scale each.
@@ -78,16 +81,61 @@ def check_export(format, outtype=None):
         getattr(importlib.import_module(f"gptlite.weights.{chosen.module}"), chosen.check)()
 
 
-def export(model, format, out, outtype=None):
-    """Write `model` in `format` (one of EXPORT_FORMATS) to `out`, which must not exist; what to say of it."""
+def export(model, format, out, outtype=None, overwrite=False):
+    """Write `model` in `format` (one of EXPORT_FORMATS) to `out`; what to say of it.
+
+    An existing `out` is a RunExistsError, unless `overwrite`: then the new export is written whole beside it and
+    takes its place only once it is complete, so a failure leaves the earlier one as it was. Even so, a folder
+    that holds a model file (.keras), or the working folder or one above it, is never replaced.
+    """
     check_export(format, outtype)
     chosen, out = EXPORT_FORMATS[format], pathlib.Path(out)
+    if out.exists():
+        if not overwrite:
+            raise RunExistsError(f"{out} already exists; choose another `out`, or set `overwrite`")
+        _check_replaceable(out)
     write = getattr(importlib.import_module(f"gptlite.weights.{chosen.module}"), chosen.function)
-    if outtype is not None:
-        write(model, out, outtype)
-    else:
-        write(model, out)
-    return chosen.said.format(out=out, name=out.name, mib=_size(out) / 2**20, architecture=_architecture(out))
+    with _beside(out) as target:
+        if outtype is not None:
+            write(model, target, outtype)
+        else:
+            write(model, target)
+        said = chosen.said.format(out=out, name=out.name, mib=_size(target) / 2**20,
+                                  architecture=_architecture(target))
+        _replace(target, out)
+    return said
+
+
+def _check_replaceable(out):
+    if out.is_dir():
+        here, folder = pathlib.Path.cwd().resolve(), out.resolve()
+        if folder == here or folder in here.parents:
+            raise ConfigError(f"{out} is the working folder or holds it; `overwrite` replaces an earlier export, "
+                              f"not that")
+        if next(folder.rglob("*.keras"), None) is not None:
+            raise ConfigError(f"{out} holds a model file ({next(folder.rglob('*.keras')).name}); `overwrite` "
+                              f"replaces an earlier export, never a model")
+
+
+@contextlib.contextmanager
+def _beside(out):
+    """A path named as `out`, in a new hidden folder beside it (removed afterwards, with whatever is left in it)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as folder:
+        yield pathlib.Path(folder) / out.name
+
+
+def _replace(new, out):
+    """`new` in `out`'s place: a file in one rename; a folder by setting the old one aside first."""
+    if out.exists() and out.is_dir() != new.is_dir():
+        raise ConfigError(f"{out} is a {'folder' if out.is_dir() else 'file'}; this format writes a "
+                          f"{'folder' if new.is_dir() else 'file'}")
+    if not out.is_dir():
+        os.replace(new, out)
+        return
+    aside = new.with_name(new.name + ".earlier")  # in the hidden folder, removed with it
+    os.replace(out, aside)
+    os.replace(new, out)
 
 
 def _size(path):

@@ -105,8 +105,11 @@ class _Graph:
             logits = self.node("MatMul", [x, self.weight("output_head", weight_array(embedding.token_embedding,
                                                                                      "reverse_embeddings"))])
         self.output(logits, "logits", [1, config.vocab_size])
-        self.output(self.node("Concat", weights, axis=0), "attention", [config.n_layer, config.n_head, "tokens",
-                                                                          "past_and_tokens"])
+        # ONNX's shape inference leaves the Attention weights' last dimension blank, which ONNX Runtime reads as 0
+        # and then warns of at every step; a reshape to the shape the tensor has at run time tells it nothing.
+        attention = self.node("Concat", weights, axis=0)
+        attention = self.node("Reshape", [attention, self.node("Shape", [attention])])
+        self.output(attention, "attention", [config.n_layer, config.n_head, "tokens", "past_and_tokens"])
 
     def block(self, block, index, x):
         """One transformer block, pre- or post-norm: x (1, T, C) -> x, its attention weights (1, H, T, S)."""

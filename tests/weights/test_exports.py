@@ -44,3 +44,21 @@ def test_the_command_offers_every_format_and_writes_the_one_asked(tmp_path, tiny
     said = capsys.readouterr().out
     assert said.startswith(f"wrote {tmp_path / 'tiny.gguf'} (") and "FROM ./tiny.gguf" in said
     assert (tmp_path / "tiny.gguf").read_bytes()[:4] == b"GGUF"
+
+
+def test_an_earlier_export_is_replaced_only_when_asked_and_never_a_model(tmp_path, tiny_model):
+    out = tmp_path / "tiny.gguf"
+    gptlite.export(tiny_model, "gguf", out, "f32")
+    with pytest.raises(gptlite.RunExistsError, match="already exists; choose another `out`, or set `overwrite`"):
+        gptlite.export(tiny_model, "gguf", out, "f16")
+    f32 = out.stat().st_size
+    assert "wrote" in gptlite.export(tiny_model, "gguf", out, "f16", overwrite=True)
+    assert out.stat().st_size < f32  # f16's file in f32's place
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["tiny.gguf"]  # nothing left beside it
+    gptlite.save(tiny_model, tmp_path / "runs" / "model.keras")
+    with pytest.raises(gptlite.ConfigError, match="holds a model file"):
+        gptlite.export(tiny_model, "gguf", tmp_path / "runs", overwrite=True)
+    with pytest.raises(gptlite.ConfigError, match="is a file; this format writes a folder"):
+        gptlite.export(tiny_model, "web", out, overwrite=True)
+    assert out.stat().st_size < f32 and (tmp_path / "runs" / "model.keras").exists()  # both untouched
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["runs", "tiny.gguf"]

@@ -264,6 +264,13 @@ def test_the_export_command_writes_the_folder_and_refuses_an_existing_one(tmp_pa
     again = run_python("-m", "gptlite", "export", "--model", str(tmp_path / "model.keras"), "--format", "web",
                        "--out", str(tmp_path / "site"))
     assert again.returncode != 0 and "already exists" in again.stderr and "Traceback" not in again.stderr
+    assert "--overwrite" in again.stderr
+    half = (tmp_path / "site" / "model.onnx").stat().st_size
+    again = run_python("-m", "gptlite", "export", "--model", str(tmp_path / "model.keras"), "--format", "web",
+                       "--out", str(tmp_path / "site"), "--overwrite")
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "site" / "model.onnx").stat().st_size > 1.5 * half  # f32 in f16's place
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["model.keras", "site"]  # nothing left beside it
 
 
 # --- the page in a browser
@@ -378,6 +385,18 @@ def test_the_page_refuses_bad_input_in_a_line_and_writes_a_seeded_sample_as_pyth
     assert len(candidates) == 5
     spans[10].click()
     assert "chosen" in spans[10].get_attribute("class") and "chosen" not in spans[-1].get_attribute("class")
+    # A page left open warms its model meanwhile (Writer.warm); Generate clicked then, mid-warm-up, writes the same.
+    query = dict(prompt="the", max_new_tokens=100, temperature=0.8, seed=7, top_k=20, top_p=0.9)
+    browser.get(f"{url}/char/?{urllib.parse.urlencode(query)}")
+    output = browser.find_element(By.ID, "output")
+    while output.get_attribute("data-state") != "ready":
+        time.sleep(0.05)
+    time.sleep(0.3)
+    browser.find_element(By.ID, "generate").click()
+    deadline = time.monotonic() + 60
+    while output.get_attribute("data-state") != "done" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert output.get_attribute("textContent") == text
     # Stop ends the writing between two tokens, the text written so far kept.
     browser.get(f"{url}/char/?{urllib.parse.urlencode(dict(prompt='the', max_new_tokens=4096, temperature=0.8))}")
     output = browser.find_element(By.ID, "output")

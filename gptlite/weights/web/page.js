@@ -3,9 +3,14 @@
 import { chatText, makeTokenizer, promptIds, topCandidates, Writer } from "./gptlite.js";
 
 const $ = (id) => document.getElementById(id);
+// Seconds of warm-up: enough for V8 to optimise the laptop preset's model (some 300 steps); a model the size of
+// GPT-2 small runs its long loops often enough to be optimised within its first few steps.
+const WARM_SECONDS = 1.5;
 const SETTINGS = ["max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed"];
 let writer, tokenizer, config;
 let stopping = false;
+let warming = null;  // the model's warm-up while the page waits (Writer.warm), ended by a writing
+let writingAsked = false;
 let tokens = [];  // what the last call wrote: {id, candidates, attention, windowStart}
 let promptLength = 0;  // the ids before them
 const conversation = [];
@@ -13,8 +18,8 @@ const conversation = [];
 // Let the browser draw the text and take clicks (Stop): a decoding loop that only awaits the model never gives it
 // the chance. Every 33 ms (30 frames a second): each yield lets the browser lay the text out again.
 let lastYield = 0;
-async function letThePageBreathe() {
-  if (performance.now() - lastYield < 33) return;
+async function letThePageBreathe(every = 33) {
+  if (performance.now() - lastYield < every) return;
   // A new task, behind those waiting (a click, a frame), without setTimeout's 4 ms floor.
   await new Promise((resolve) => {
     const channel = new MessageChannel();
@@ -37,7 +42,9 @@ async function load() {
   ort.env.wasm.wasmPaths = new URL("ort/", document.baseURI).href;
   // Threads need a cross-origin isolated page, which a plain static host does not give: one thread then.
   ort.env.wasm.numThreads = self.crossOriginIsolated ? Math.min(4, navigator.hardwareConcurrency || 1) : 1;
-  const session = await ort.InferenceSession.create("model.onnx", { executionProviders: ["wasm"] });
+  // Errors only: onnxruntime-web writes its warnings to the console, and a warning a step costs time.
+  const session = await ort.InferenceSession.create("model.onnx", { executionProviders: ["wasm"],
+    logSeverityLevel: 3 });
   writer = new Writer(ort, session, config);
   document.title = `${config.name}: gptlite`;
   $("title").textContent = config.name;
@@ -51,7 +58,10 @@ async function load() {
   // Seconds from the page's navigation to a model ready to write.
   $("output").dataset.readySeconds = (performance.now() / 1000).toFixed(3);
   if (new URLSearchParams(location.search).get("run") === "1") generate();
+  // Yielding every 10 ms keeps typing smooth while the model warms.
+  else warming = writer.warm(WARM_SECONDS, () => letThePageBreathe(10), () => writingAsked);
 }
+
 
 function fillFromQuery() {
   const query = new URLSearchParams(location.search);
@@ -91,10 +101,12 @@ async function generate() {
   const prompt = $("prompt").value;
   const asked = error ? { error } : idsOfPrompt(prompt);
   if (asked.error) { say(asked.error, "error"); return; }
+  writingAsked = true;
+  $("generate").disabled = true;
+  await warming;  // its last call, a few milliseconds
   stopping = false;
   tokens = [];
   promptLength = asked.ids.length;
-  $("generate").disabled = true;
   $("stop").disabled = false;
   const output = $("output");
   const decoder = tokenizer.decoder();
