@@ -35,7 +35,7 @@ def run(args):
 
     check_export(args.format, args.outtype)  # before the model loads, so that the mistake shows at once
     if args.out.exists() and not args.overwrite:
-        raise RunExistsError(f"{args.out} already exists; choose another --out, or add --overwrite")
+        raise RunExistsError(f"{args.out} already exists; choose another `out`, or set `overwrite`")
     print(export(saving.load(args.model), args.format, args.out, args.outtype, args.overwrite))
 
 
