@@ -5,7 +5,7 @@ import pathlib
 import signal
 import sys
 
-from gptlite.cli.command import check_model, command, print_piece
+from gptlite.cli.command import check_model, command, print_piece, writing_backend
 from gptlite.cli.flags import add_backend_flags, add_compile_cache_flags, add_sampling_flags, Parser, sampling_config
 
 SUMMARY = "talk with a chat model in the terminal (/reset starts over, Ctrl-C stops an answer, /bye or Ctrl-D leaves)"
@@ -106,4 +106,4 @@ def interrupts_noted():
         signal.signal(signal.SIGINT, previous)
 
 
-main = command("gptlite-chat", make_parser, run, check=check_model)
+main = command("gptlite-chat", make_parser, run, writing_backend, check_model)

@@ -8,9 +8,9 @@ traceback. `--debug` shows the traceback of a mistake too.
 
 import sys
 
-from gptlite.backend.notices import quiet
 from gptlite.cli.flags import as_flags, parse
-from gptlite.cli.startup import check_backend, choose_backend, choose_compile_cache, hold_back_false_alarms
+from gptlite.cli.startup import (check_backend, choose_backend, choose_compile_cache, hold_back_false_alarms,
+                                 start_keras_without_plots)
 from gptlite.errors import GPTLiteError, TrainingDiverged, TrainingInterrupted
 
 
@@ -41,7 +41,7 @@ def command(prog, make_parser, run, automatic_backend=None, check=None):
             return 2
         choose_backend(prog, args.backend, automatic_backend and (lambda: automatic_backend(args)))
         choose_compile_cache(args)
-        quiet()
+        start_keras_without_plots()
         if whole_process:
             hold_back_false_alarms()
         try:
@@ -61,6 +61,17 @@ def command(prog, make_parser, run, automatic_backend=None, check=None):
         return 0
 
     return main
+
+
+def writing_backend(args):
+    """A writing command's `automatic_backend` (see `command`): the backend that writes fastest on this machine
+    with the model file `args.model`, and a line saying so (see gptlite.decode.backend_choice)."""
+    from gptlite.decode import backend_choice
+
+    backend, reason = backend_choice.writing_backend(args.model)
+    if backend is None:
+        return None, None
+    return backend, f"backend: {backend}, {reason} (--backend chooses another)"
 
 
 def check_model(args):

@@ -4,7 +4,7 @@ import json
 import pathlib
 import sys
 
-from gptlite.cli.command import check_model, command
+from gptlite.cli.command import check_model, command, writing_backend
 from gptlite.cli.flags import add_backend_flags, add_unknown_flag, Parser
 from gptlite.training import settings
 
@@ -45,4 +45,4 @@ def run(args):
     print("\n".join(result.table()))
 
 
-main = command("gptlite-eval", make_parser, run, check=check_model)
+main = command("gptlite-eval", make_parser, run, writing_backend, check_model)

@@ -2,7 +2,7 @@
 
 import pathlib
 
-from gptlite.cli.command import check_model, command, print_piece
+from gptlite.cli.command import check_model, command, print_piece, writing_backend
 from gptlite.cli.flags import (add_backend_flags, add_compile_cache_flags, add_sampling_flags, add_unknown_flag,
                                Parser, sampling_config, sampling_settings)
 from gptlite.errors import InputError
@@ -82,4 +82,4 @@ def run(args):
         print_piece(piece)
 
 
-main = command("gptlite-generate", make_parser, run, check=check_model)
+main = command("gptlite-generate", make_parser, run, writing_backend, check_model)

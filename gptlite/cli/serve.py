@@ -4,7 +4,7 @@ import importlib.util
 import os
 import pathlib
 
-from gptlite.cli.command import check_model, command
+from gptlite.cli.command import check_model, command, writing_backend
 from gptlite.cli.flags import add_backend_flags, add_compile_cache_flags, Parser
 from gptlite.errors import InputError
 from gptlite.serving.settings import ServeSettings
@@ -59,4 +59,4 @@ def run(args):
     serving.serve(args.model, args.host, args.port, settings, name=args.name)
 
 
-main = command("gptlite-serve", make_parser, run, check=check_model)
+main = command("gptlite-serve", make_parser, run, writing_backend, check_model)

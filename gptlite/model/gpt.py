@@ -13,7 +13,8 @@ from gptlite.errors import ConfigError, InputError
 from gptlite.model.attention import CachePlacement, PackedTexts
 from gptlite.model.blocks import EncoderBlock, TransformerBlock
 from gptlite.model.config import ATTENTION_PARTS, GPTConfig, LORA_TARGETS, lora_targets
-from gptlite.model.layers import layers_within, make_norm, NORM_LAYERS, register, TokenAndPositionEmbedding
+from gptlite.model.layers import (layers_within, make_norm, NORM_LAYERS, register, TokenAndPositionEmbedding,
+                                  weights_arriving)
 from gptlite.text import load_tokenizer_classes, templates, tokenizers
 
 load_tokenizer_classes()  # Keras must know every tokenizer class that a saved model may hold
@@ -110,6 +111,11 @@ class _Transformer(keras.Model):
     @classmethod
     def from_gpt_config(cls, config, tokenizer=None, **kwargs):
         return cls(config=config, tokenizer=tokenizer, **kwargs)
+
+    def build_from_config(self, config):
+        # Keras builds a saved model so as it loads it, and reads the saved weights in right after.
+        with weights_arriving():
+            super().build_from_config(config)
 
     def build(self, input_shape=None):
         hidden_shape = (None, None, self.config.n_embd)

@@ -10,7 +10,9 @@ Shape letters used in comments:
     V vocabulary size.
 """
 
+import contextlib
 import math
+import threading
 
 import keras
 import numpy as np
@@ -28,6 +30,32 @@ _INIT_STDDEV = 0.02
 
 def _normal_init():
     return keras.initializers.RandomNormal(stddev=_INIT_STDDEV)
+
+
+# While a saved model is built to have its weights read in (`weights_arriving`), each weight starts as zeros from
+# NumPy, not drawn by its initializer: the saved weights replace them at once, and under JAX every initializer of
+# a new shape compiles a program first (1.6 s of a fresh process's load of the cpu preset's model; zeros from NumPy
+# took 0.1 s). A thread's own: another building a new model meanwhile draws its weights as ever.
+_arriving = threading.local()
+
+
+@contextlib.contextmanager
+def weights_arriving():
+    earlier = getattr(_arriving, "now", False)
+    _arriving.now = True
+    try:
+        yield
+    finally:
+        _arriving.now = earlier
+
+
+def _initial(initializer):
+    """`initializer`, or zeros from NumPy within `weights_arriving`."""
+    return _zeros_from_numpy if getattr(_arriving, "now", False) else initializer
+
+
+def _zeros_from_numpy(shape, dtype=None):
+    return np.zeros(shape, "float32")  # the variable takes its own dtype
 
 
 def layers_within(layer):
@@ -94,8 +122,10 @@ class Linear(keras.layers.Layer):
         self.lora_alpha = None
 
     def build(self, input_shape):
-        self.kernel = self.add_weight(name="kernel", shape=(input_shape[-1], self.units), initializer=_normal_init())
-        self.bias = self.add_weight(name="bias", shape=(self.units,), initializer="zeros") if self.use_bias else None
+        self.kernel = self.add_weight(name="kernel", shape=(input_shape[-1], self.units),
+                                      initializer=_initial(_normal_init()))
+        self.bias = (self.add_weight(name="bias", shape=(self.units,), initializer=_initial("zeros"))
+                     if self.use_bias else None)
 
     @property
     def lora_enabled(self):
@@ -109,8 +139,8 @@ class Linear(keras.layers.Layer):
         self._tracker.unlock()
         try:
             self.lora_a = self.add_weight(name="lora_a", shape=(self.kernel.shape[0], rank),
-                                          initializer=keras.initializers.HeUniform(), dtype="float32")
-            self.lora_b = self.add_weight(name="lora_b", shape=(rank, self.units), initializer="zeros",
+                                          initializer=_initial(keras.initializers.HeUniform()), dtype="float32")
+            self.lora_b = self.add_weight(name="lora_b", shape=(rank, self.units), initializer=_initial("zeros"),
                                           dtype="float32")
         finally:
             self._tracker.lock()
@@ -174,7 +204,7 @@ class RMSNorm(keras.layers.Layer):
         self.epsilon = epsilon
 
     def build(self, input_shape):
-        self.gamma = self.add_weight(name="gamma", shape=(input_shape[-1],), initializer="ones")
+        self.gamma = self.add_weight(name="gamma", shape=(input_shape[-1],), initializer=_initial("ones"))
 
     def call(self, x):
         x32 = ops.cast(x, "float32")
@@ -263,13 +293,20 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         )
 
     def build(self, input_shape):
-        self.token_embedding.build(input_shape)
+        # Keras's embedding draws from the initializer it was made with, which its config saves: lent a zeros
+        # initializer while weights arrive, it gets its own back after.
+        drawn = self.token_embedding.embeddings_initializer
+        self.token_embedding.embeddings_initializer = _initial(drawn)
+        try:
+            self.token_embedding.build(input_shape)
+        finally:
+            self.token_embedding.embeddings_initializer = drawn
         self.position_embeddings = None
         if self.position == "learned":
             self.position_embeddings = self.add_weight(
                 name="position_embeddings",
                 shape=(self.block_size, self.n_embd),
-                initializer=_normal_init(),
+                initializer=_initial(_normal_init()),
             )
         elif self.position == "sinusoidal":
             # A non-trainable weight rather than a constant tensor: it is built

@@ -11,8 +11,8 @@ Keras fixes its backend then.
 """
 
 import os
-import pathlib
 
+from gptlite.backend import machine
 from gptlite.training import settings
 
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -26,53 +26,16 @@ def training_backend(precision, environment=None, cpu_flags=None, gpu=None, inst
     made already, as is a keras.json that names a backend other than tensorflow (the one Keras writes itself).
     """
     environment = os.environ if environment is None else environment
-    if environment.get("KERAS_BACKEND") or _keras_json_backend(environment) not in (None, "tensorflow"):
+    if machine.backend_chosen(environment):
         return None, None
     if (precision or settings.TrainingConfig.precision) != "bf16":
         return None, None
-    flags = this_cpu_flags() if cpu_flags is None else set(cpu_flags)
+    flags = machine.cpu_flags() if cpu_flags is None else set(cpu_flags)
     has_bf16 = [flag for flag in BF16_FLAGS if flag in flags]
-    if not has_bf16 or (has_gpu(environment) if gpu is None else gpu):
+    if not has_bf16 or (machine.has_gpu(environment) if gpu is None else gpu):
         return None, None
-    if not (_installed("torch") if installed is None else "torch" in installed):
+    if not (machine.installed("torch") if installed is None else "torch" in installed):
         return None, ("bf16 training on this CPU runs about twice as fast under torch, which is not installed "
                       "(pip install \"gptlite[torch]\")")
     return "torch", f"the fastest for bf16 training on a CPU with {' and '.join(has_bf16)}"
 
-
-def this_cpu_flags():
-    """The instruction-set flags of this machine's first CPU in /proc/cpuinfo (Linux); empty elsewhere."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
-            for line in info:
-                name, _, value = line.partition(":")
-                if name.strip() == "flags":
-                    return set(value.split())
-    except OSError:
-        pass
-    return set()
-
-
-def has_gpu(environment=None):
-    """Whether a GPU's driver shows a device that the environment does not hide (NVIDIA's, or AMD's ROCm)."""
-    environment = os.environ if environment is None else environment
-    if environment.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
-        return False
-    return pathlib.Path("/dev/nvidia0").exists() or pathlib.Path("/dev/kfd").exists()
-
-
-def _installed(module):
-    import importlib.util
-
-    return importlib.util.find_spec(module) is not None
-
-
-def _keras_json_backend(environment):
-    """The backend ~/.keras/keras.json (or KERAS_HOME's) names, if any."""
-    import json
-
-    home = environment.get("KERAS_HOME") or pathlib.Path.home() / ".keras"
-    try:
-        return json.loads((pathlib.Path(home) / "keras.json").read_text(encoding="utf-8")).get("backend")
-    except (OSError, ValueError, AttributeError):
-        return None

@@ -91,7 +91,7 @@ def test_a_command_s_automatic_backend_applies_when_none_is_named_and_is_printed
     monkeypatch.delitem(startup.sys.modules, "keras")  # as in a new process, where Keras is not running yet
     startup.choose_backend("gptlite-train", None, lambda: ("tensorflow", "backend: tensorflow, why"))
     assert os.environ["KERAS_BACKEND"] == "tensorflow"
-    assert capsys.readouterr().out == "backend: tensorflow, why\n"
+    assert capsys.readouterr().err == "backend: tensorflow, why\n"
     startup.choose_backend("gptlite-train", "tensorflow", lambda: pytest.fail("a named backend needs no choice"))
 
 

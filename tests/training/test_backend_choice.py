@@ -5,6 +5,7 @@ import json
 import pytest
 
 import gptlite
+from gptlite.backend import machine
 from gptlite.training import backend_choice
 
 pytestmark = pytest.mark.once("the backend is chosen before any starts")
@@ -48,8 +49,8 @@ def test_a_keras_json_naming_another_backend_is_a_choice_and_one_naming_tensorfl
 
 
 def test_a_gpu_hidden_from_the_process_does_not_count():
-    assert backend_choice.has_gpu({"CUDA_VISIBLE_DEVICES": ""}) is False
-    assert backend_choice.has_gpu({"CUDA_VISIBLE_DEVICES": "-1"}) is False
+    assert machine.has_gpu({"CUDA_VISIBLE_DEVICES": ""}) is False
+    assert machine.has_gpu({"CUDA_VISIBLE_DEVICES": "-1"}) is False
 
 
 def automatic_backend(argv):
@@ -64,9 +65,9 @@ def test_train_reads_the_precision_from_its_flags_its_run_file_and_its_preset(mo
 
     monkeypatch.delenv("KERAS_BACKEND", raising=False)
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))
-    monkeypatch.setattr(backend_choice, "this_cpu_flags", lambda: BF16_CPU)
-    monkeypatch.setattr(backend_choice, "has_gpu", lambda environment=None: False)
-    monkeypatch.setattr(backend_choice, "_installed", lambda module: True)
+    monkeypatch.setattr(machine, "cpu_flags", lambda: BF16_CPU)
+    monkeypatch.setattr(machine, "has_gpu", lambda environment=None: False)
+    monkeypatch.setattr(machine, "installed", lambda module: True)
     backend, line = automatic_backend(["text.txt", "--preset", "gpu"])  # the gpu preset trains in bf16
     assert backend == "torch" and line.startswith("backend: torch, ") and "--backend" in line
     assert automatic_backend(["text.txt", "--preset", "gpu", "--precision", "fp32"]) == (None, None)
@@ -82,9 +83,9 @@ def test_a_resumed_run_keeps_the_backend_it_started_on(monkeypatch, tmp_path):
     from gptlite.training import run_config
 
     monkeypatch.delenv("KERAS_BACKEND", raising=False)
-    monkeypatch.setattr(backend_choice, "this_cpu_flags", lambda: BF16_CPU)
-    monkeypatch.setattr(backend_choice, "has_gpu", lambda environment=None: False)
-    monkeypatch.setattr(backend_choice, "_installed", lambda module: True)
+    monkeypatch.setattr(machine, "cpu_flags", lambda: BF16_CPU)
+    monkeypatch.setattr(machine, "has_gpu", lambda environment=None: False)
+    monkeypatch.setattr(machine, "installed", lambda module: True)
     run_config.write_run_config(tmp_path / "config.toml", {"sources": ["text.txt"], "preset": "gpu"},
                                 {"precision": "bf16"}, "tensorflow")
     assert automatic_backend(["--preset", "gpu", "--out", str(tmp_path), "--resume"]) == ("tensorflow", None)
