@@ -345,6 +345,56 @@ def test_bpe_on_several_files_trains_and_its_model_generates(tmp_path, capsys):
 OTHER_BACKEND = "jax" if keras.backend.backend() != "jax" else "tensorflow"
 
 
+def _fresh_environment(tmp_path, backend=None):
+    """This process's environment as a new user's: an empty home (no keras.json), KERAS_BACKEND only if given."""
+    import os
+
+    environment = {key: value for key, value in os.environ.items() if key != "KERAS_BACKEND"}
+    environment.update(HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "home" / ".cache"))
+    return environment if backend is None else dict(environment, KERAS_BACKEND=backend)
+
+
+# A command run as its script, printing at exit the top-level modules the process imported.
+IMPORTED = ("import atexit, runpy, sys; atexit.register(lambda: print('imported:', ' '.join(sorted({name.split('.')[0] "
+            "for name in sys.modules})), file=sys.stderr)); sys.argv = sys.argv[1:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+@pytest.mark.slow
+@ONCE
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs jax (a dependency of gptlite's)")
+def test_generate_writes_on_the_backend_that_writes_fastest_saying_so_and_the_same_text(trained_run, tmp_path):
+    import numpy as np
+
+    from conftest import last_logits, TIE
+    from gptlite.decode import backend_choice
+
+    _, _, out = trained_run
+    model_file = str(out / "model.keras")
+    chosen, why = backend_choice.writing_backend(model_file, _fresh_environment(tmp_path))
+    asked = ["generate.py", "--model", model_file, "--prompt", "the ", "--max-new-tokens", "40", "--temperature", "0"]
+    automatic = run_python("-c", IMPORTED, *asked, env=_fresh_environment(tmp_path))
+    assert automatic.returncode == 0, automatic.stderr
+    said = f"backend: {chosen}, {why} (--backend chooses another)" if chosen else "backend:"
+    assert (said in automatic.stderr) == (chosen is not None) and said not in automatic.stdout
+    imported = automatic.stderr.split("imported: ")[1].split()
+    assert "matplotlib" not in imported  # Keras imports it where it is installed; no command draws with it here
+    assert ("tensorflow" in imported) == (chosen in (None, "tensorflow"))
+    # --backend and KERAS_BACKEND win, and say nothing.
+    for flag, environment in ((["--backend", "tensorflow"], _fresh_environment(tmp_path)),
+                              ([], _fresh_environment(tmp_path, "tensorflow"))):
+        named = run_python("-c", IMPORTED, *asked, *flag, env=environment)
+        assert named.returncode == 0, named.stderr
+        assert "backend:" not in named.stderr and "matplotlib" not in named.stderr.split("imported: ")[1].split()
+        # The same greedy text on both backends, unless a step is a tie (two logits within float rounding).
+        if named.stdout != automatic.stdout:  # a character model: the texts part at the first token that differs
+            model = gptlite.load(model_file)
+            first = next(i for i, (a, b) in enumerate(zip(named.stdout, automatic.stdout)) if a != b)
+            window = [int(i) for i in model.tokenizer.encode(named.stdout[:first])][-model.config.block_size:]
+            top_two = np.sort(last_logits(model, [window])[0])[-2:]
+            assert top_two[1] - top_two[0] < TIE, (named.stdout, automatic.stdout)
+
+
 @pytest.mark.slow
 @pytest.mark.extras
 @ONCE
