@@ -4,7 +4,7 @@ import importlib.util
 import os
 import pathlib
 
-from gptlite.cli.command import check_model, command, writing_backend
+from gptlite.cli.command import check_model, command
 from gptlite.cli.flags import add_backend_flags, add_compile_cache_flags, Parser
 from gptlite.errors import InputError
 from gptlite.serving.settings import ServeSettings
@@ -59,4 +59,6 @@ def run(args):
     serving.serve(args.model, args.host, args.port, settings, name=args.name)
 
 
-main = command("gptlite-serve", make_parser, run, writing_backend, check_model)
+# No automatic backend: under JAX the server was ready sooner but served 16 clients 0.6-0.7x the tokens/s it
+# does under TensorFlow, its process using twice the CPU a token (BENCHMARKS.md, "Which backend writes").
+main = command("gptlite-serve", make_parser, run, check=check_model)
