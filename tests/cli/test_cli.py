@@ -363,13 +363,14 @@ IMPORTED = ("import atexit, runpy, sys; atexit.register(lambda: print('imported:
 @pytest.mark.slow
 @ONCE
 @pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs jax (a dependency of gptlite's)")
-def test_generate_writes_on_the_backend_that_writes_fastest_saying_so_and_the_same_text(trained_run, tmp_path):
+def test_generate_and_eval_run_on_the_backend_that_writes_fastest_saying_so_with_the_same_results(trained_run,
+                                                                                                 tmp_path):
     import numpy as np
 
     from conftest import last_logits, TIE
     from gptlite.decode import backend_choice
 
-    _, _, out = trained_run
+    _, text_file, out = trained_run
     model_file = str(out / "model.keras")
     chosen, why = backend_choice.writing_backend(model_file, _fresh_environment(tmp_path))
     asked = ["generate.py", "--model", model_file, "--prompt", "the ", "--max-new-tokens", "40", "--temperature", "0"]
@@ -393,6 +394,15 @@ def test_generate_writes_on_the_backend_that_writes_fastest_saying_so_and_the_sa
             window = [int(i) for i in model.tokenizer.encode(named.stdout[:first])][-model.config.block_size:]
             top_two = np.sort(last_logits(model, [window])[0])[-2:]
             assert top_two[1] - top_two[0] < TIE, (named.stdout, automatic.stdout)
+    # eval chooses the same way, and reads the same loss to float rounding.
+    losses = []
+    for flag in ([], ["--backend", "tensorflow"]):
+        scored = run_python("-m", "gptlite", "eval", model_file, str(text_file), "--json", *flag,
+                            env=_fresh_environment(tmp_path))
+        assert scored.returncode == 0, scored.stderr
+        assert (said in scored.stderr) == (chosen is not None and not flag)
+        losses.append(json.loads(scored.stdout)["total"]["loss"])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-4)
 
 
 @pytest.mark.slow
