@@ -112,9 +112,10 @@ def _check_replaceable(out):
         if folder == here or folder in here.parents:
             raise ConfigError(f"{out} is the working folder or holds it; `overwrite` replaces an earlier export, "
                               f"not that")
-        if next(folder.rglob("*.keras"), None) is not None:
-            raise ConfigError(f"{out} holds a model file ({next(folder.rglob('*.keras')).name}); `overwrite` "
-                              f"replaces an earlier export, never a model")
+        model_file = next(folder.rglob("*.keras"), None)
+        if model_file is not None:
+            raise ConfigError(f"{out} holds a model file ({model_file.name}); `overwrite` replaces an earlier "
+                              f"export, never a model")
 
 
 @contextlib.contextmanager

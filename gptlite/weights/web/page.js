@@ -103,7 +103,7 @@ async function generate() {
   if (asked.error) { say(asked.error, "error"); return; }
   writingAsked = true;
   $("generate").disabled = true;
-  await warming;  // its last call, a few milliseconds
+  await warming;  // the call in flight: milliseconds for a small model, some hundreds at GPT-2 small's size
   stopping = false;
   tokens = [];
   promptLength = asked.ids.length;
