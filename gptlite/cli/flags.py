@@ -28,8 +28,8 @@ class Parser(argparse.ArgumentParser):
 def add_backend_flags(parser):
     """`--backend` and `--debug`, which every command has."""
     parser.add_argument("--backend", choices=BACKENDS, default=None,
-                        help="the Keras backend to run on (default: KERAS_BACKEND, else tensorflow); "
-                             "see docs/backends.md for which to pick")
+                        help="the Keras backend to run on (default: KERAS_BACKEND, else the one this command "
+                             "runs fastest on here, which it names, else tensorflow); see docs/backends.md")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
 
 
