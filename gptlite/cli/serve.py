@@ -59,6 +59,6 @@ def run(args):
     serving.serve(args.model, args.host, args.port, settings, name=args.name)
 
 
-# No automatic backend: under JAX the server was ready sooner but served 16 clients 0.6-0.7x the tokens/s it
-# does under TensorFlow, its process using twice the CPU a token (BENCHMARKS.md, "Which backend writes").
+# No automatic backend: under JAX the server was ready sooner but served 16 clients at once 0.6-0.9x the tokens/s
+# it does under TensorFlow (BENCHMARKS.md, "Which backend writes").
 main = command("gptlite-serve", make_parser, run, check=check_model)
