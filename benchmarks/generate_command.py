@@ -10,7 +10,6 @@ CHECKOUT is a checkout of karpathy/nanoGPT (its sample.py imports torch and tikt
 """
 
 import argparse
-import os
 import pathlib
 import shutil
 import statistics
@@ -20,6 +19,7 @@ import tempfile
 import time
 
 import gptlite
+from helpers import new_machine
 from helpers.models import random_model
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -56,8 +56,8 @@ def variants(model_path, nanogpt):
 
 
 def timed(argv, folder, home):
-    environment = {key: value for key, value in os.environ.items() if key != "KERAS_BACKEND"}
-    environment.update(HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"))
+    environment = new_machine(home)
+    environment.pop("KERAS_BACKEND", None)  # the command chooses, or its flag does
     started = time.perf_counter()
     done = subprocess.run(argv, cwd=folder, env=environment, capture_output=True, text=True)
     seconds = time.perf_counter() - started
@@ -84,7 +84,6 @@ def main():
         for round_ in range(args.rounds):
             for index, (name, argv, working) in enumerate(commands):
                 home = root / f"home-{round_}-{index}"
-                home.mkdir()
                 seconds, said[name] = timed(argv, working, home)
                 first[name].append(seconds)
                 later[name].append(statistics.median(timed(argv, working, home)[0] for _ in range(args.later)))

@@ -224,6 +224,14 @@ def browser():
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def new_machine(home):
+    """This process's environment as a new machine's user has it: `home` for the home and cache folders, no
+    compile cache named anywhere."""
+    environment = {name: value for name, value in os.environ.items()
+                   if name not in ("GPTLITE_COMPILE_CACHE", "TF_XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR")}
+    return dict(environment, HOME=str(home), XDG_CACHE_HOME=str(pathlib.Path(home) / ".cache"))
+
+
 def run_python(*args, cwd=REPO, timeout=300, env=None):
     """Run a Python command line in a fresh process (in `env`, or this one's environment); return the
     CompletedProcess."""

@@ -69,8 +69,11 @@ def writing_backend(args):
     from gptlite.decode import backend_choice
 
     backend, reason = backend_choice.writing_backend(args.model)
-    if backend is None:
-        return None, None
+    return (None, None) if backend is None else chosen(backend, reason)
+
+
+def chosen(backend, reason):
+    """An `automatic_backend`'s answer where it chose `backend` for `reason`: the backend, and the line saying so."""
     return backend, f"backend: {backend}, {reason} (--backend chooses another)"
 
 

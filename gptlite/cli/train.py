@@ -4,7 +4,7 @@ import argparse
 import dataclasses
 import pathlib
 
-from gptlite.cli.command import command, print_piece
+from gptlite.cli.command import chosen, command, print_piece
 from gptlite.cli.flags import add_backend_flags, add_unknown_flag, FLAG_ALIASES, Parser
 from gptlite import tasks, text
 from gptlite.model import config
@@ -195,7 +195,7 @@ def automatic_backend(args):
         return None, None
     if backend is None:
         return None, f"backend: tensorflow; {reason}"
-    return backend, f"backend: {backend}, {reason} (--backend chooses another)"
+    return chosen(backend, reason)
 
 
 def check(args):

@@ -11,7 +11,7 @@ import pytest
 
 import gptlite
 
-from conftest import built_once, make_text, run_python
+from conftest import built_once, make_text, new_machine, run_python
 
 # For tests of the commands themselves (most run them as subprocesses): what
 # they check does not depend on the backend, whose own tests run in every suite
@@ -346,11 +346,8 @@ OTHER_BACKEND = "jax" if keras.backend.backend() != "jax" else "tensorflow"
 
 
 def _fresh_environment(tmp_path, backend=None):
-    """This process's environment as a new user's: an empty home (no keras.json), KERAS_BACKEND only if given."""
-    import os
-
-    environment = {key: value for key, value in os.environ.items() if key != "KERAS_BACKEND"}
-    environment.update(HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "home" / ".cache"))
+    """A new machine's environment (an empty home: no keras.json), KERAS_BACKEND only if given."""
+    environment = {key: value for key, value in new_machine(tmp_path / "home").items() if key != "KERAS_BACKEND"}
     return environment if backend is None else dict(environment, KERAS_BACKEND=backend)
 
 

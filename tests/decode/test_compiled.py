@@ -5,7 +5,7 @@ import keras
 import pytest
 
 import gptlite
-from conftest import assert_greedy, NEEDS_THE_PRIVATE_LAYER, run_python
+from conftest import assert_greedy, NEEDS_THE_PRIVATE_LAYER, new_machine, run_python
 from gptlite.decode.programs import programs_for
 from gptlite.model.layers import layers_within
 
@@ -163,21 +163,13 @@ print(json.dumps({"text": text, "traced": programs.traces, "loaded": programs.lo
 """
 
 
-def _new_machine(home):
-    """This process's environment as a new machine's user has it: `home` for the home and cache folders, no
-    compile cache named anywhere."""
-    environment = {name: value for name, value in os.environ.items()
-                   if name not in ("GPTLITE_COMPILE_CACHE", "TF_XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR")}
-    return dict(environment, HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"))
-
-
 @pytest.mark.slow
 @pytest.mark.long
 @NEEDS_THE_PRIVATE_LAYER
 def test_a_library_s_second_process_traces_nothing_new_with_no_opt_in(tmp_path, tokenizer):
     gptlite.save(_model(tokenizer, seed=5), tmp_path / "model.keras")
     home = tmp_path / "home"  # empty
-    environment = _new_machine(home)
+    environment = new_machine(home)
     runs = []
     for _ in range(2):
         result = run_python("-c", _AS_README_SHOWS, str(tmp_path / "model.keras"), env=environment)
@@ -199,7 +191,7 @@ def test_a_cache_folder_that_cannot_be_made_keeps_nothing_and_decodes_all_the_sa
     gptlite.save(_model(tokenizer, seed=5), tmp_path / "model.keras")
     not_a_folder = tmp_path / "home"
     not_a_folder.write_text("a file where the home folder would be")
-    environment = _new_machine(not_a_folder)
+    environment = new_machine(not_a_folder)
     result = run_python("-c", _AS_README_SHOWS, str(tmp_path / "model.keras"), env=environment)
     assert result.returncode == 0, result.stderr[-3000:]
     written = json.loads(result.stdout.splitlines()[-1])
