@@ -11,7 +11,7 @@ import os
 import sys
 import threading
 
-from gptlite.backend.notices import is_false_alarm, is_start_up_notice, NATIVE_LOG_LINE, quiet
+from gptlite.backend.notices import is_false_alarm, is_start_up_notice, quiet
 from gptlite.errors import InputError
 
 BACKENDS = ("tensorflow", "jax", "torch")
