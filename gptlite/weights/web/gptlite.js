@@ -351,7 +351,7 @@ export class Writer {
   }
 
   // V8 first runs WebAssembly as its quick baseline compiler wrote it and optimises a function only once it has
-  // run a while: until then a step at the laptop preset's shape took 3-4x as long (1.2-1.5 ms, then 0.35-0.45;
+  // run a while: until then a step at the laptop preset's shape took 3-4x as long (1.1-1.7 ms, then 0.33-0.39;
   // Node 20, onnxruntime-web 1.30). While the page waits for its reader, it runs the model on nothing for up to
   // `seconds`, in calls of both kinds a writing makes (a window read whole, then a token over the cache), so the
   // first writing runs optimised code. `between()` runs after each call (the page yields to the browser there);
