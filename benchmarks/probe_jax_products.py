@@ -37,7 +37,10 @@ def products_alone():
                 qkv, out, up, down = weights[4 * block:4 * block + 4]
                 h = h + ((h @ qkv)[:, :768] @ out) * 1e-3
                 h = h + (jax.nn.gelu(h @ up) @ down) * 1e-3
-            return x + jnp.einsum("bc,vc->bv", h, table)[:, :768] * 1e-6
+            # The whole head, as a step needs it: the next token is the likeliest, read back from the table. (A
+            # slice of the logits would let XLA compute only the columns kept.)
+            logits = jnp.einsum("bc,vc->bv", h, table)
+            return x + jnp.take(table, jnp.argmax(logits, axis=-1), axis=0) * 1e-3
         return jax.lax.fori_loop(0, TOKENS_A_CALL, token, x)
 
     x = jnp.ones((1, 768), jnp.float32)

@@ -263,8 +263,9 @@ def backend_version():
 
 @functools.cache
 def _code_fingerprint():
-    """A hash of gptlite's own source: a program traced by other code is another program."""
-    package = pathlib.Path(__file__).resolve().parent
+    """A hash of gptlite's own source, every folder of it (the model's layers above all): a program traced by
+    other code is another program."""
+    package = pathlib.Path(__file__).resolve().parent.parent
     digest = hashlib.sha256()
     for path in sorted(package.rglob("*.py")):
         digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())

@@ -169,7 +169,7 @@ class _Transformer(keras.Model):
             rows, length = ops.shape(x)[0], ops.shape(x)[1]
             flat = ops.reshape(x, (-1, ops.shape(x)[2]))  # (B*T, C)
             x = ops.take(flat, ops.arange(rows) * length + ops.cast(logits_at, "int32"), axis=0)[:, None]  # (B, 1, C)
-        return self.embedding.logits(self._normalised(self.final_norm, x)), tuple(layer_caches)
+        return self.embedding.logits(self._normalised(self.final_norm, x), decoding=True), tuple(layer_caches)
 
     def enable_lora(self, rank, alpha=None, targets=LORA_TARGETS):
         """Train low-rank adapters on the decoder blocks' projections, with every other weight frozen.

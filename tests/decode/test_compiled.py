@@ -218,3 +218,34 @@ def test_a_program_kept_by_another_version_of_the_backend_is_not_loaded(tokenize
     third = _model(tokenizer, seed=8, n_kv_head=1)
     gptlite.generate(third, "the", 3, temperature=0)
     assert programs_for(third).traces == 0 and programs_for(third).loads > 0
+
+
+@NEEDS_THE_PRIVATE_LAYER
+def test_a_program_kept_before_the_model_s_code_changed_is_not_loaded(tokenizer, monkeypatch):
+    # gptlite upgraded with only its layers changed (the model's folder, not decoding's): its programs are others.
+    import pathlib
+
+    from gptlite.decode import compiled
+
+    layers_code = pathlib.Path(compiled.__file__).resolve().parents[1] / "model" / "layers.py"
+    monkeypatch.setattr(compiled, "_loaded", {})
+    first = _model(tokenizer, seed=9, n_kv_head=1, qk_norm=True)  # an architecture no other test decodes
+    gptlite.generate(first, "the", 3, temperature=0)
+    assert programs_for(first).traces > 0  # and kept on disk
+    read_bytes = pathlib.Path.read_bytes
+    monkeypatch.setattr(pathlib.Path, "read_bytes",
+                        lambda path: read_bytes(path) + (b"\n# changed\n" if path == layers_code else b""))
+    compiled._code_fingerprint.cache_clear()
+    try:
+        monkeypatch.setattr(compiled, "_loaded", {})
+        second = _model(tokenizer, seed=10, n_kv_head=1, qk_norm=True)
+        gptlite.generate(second, "the", 3, temperature=0)
+        assert programs_for(second).traces > 0 and programs_for(second).loads == 0
+    finally:
+        monkeypatch.undo()
+        compiled._code_fingerprint.cache_clear()
+    # The code as it is again: the first model's programs are loaded.
+    monkeypatch.setattr(compiled, "_loaded", {})
+    third = _model(tokenizer, seed=11, n_kv_head=1, qk_norm=True)
+    gptlite.generate(third, "the", 3, temperature=0)
+    assert programs_for(third).traces == 0 and programs_for(third).loads > 0
