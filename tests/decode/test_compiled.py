@@ -249,3 +249,30 @@ def test_a_program_kept_before_the_model_s_code_changed_is_not_loaded(tokenizer,
     third = _model(tokenizer, seed=11, n_kv_head=1, qk_norm=True)
     gptlite.generate(third, "the", 3, temperature=0)
     assert programs_for(third).traces == 0 and programs_for(third).loads > 0
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="jax.jit's own compiled programs")
+def test_under_jax_each_program_compiles_once_whatever_mix_of_arrays_it_is_given(tokenizer):
+    # A program is first called with NumPy inputs, then with its own outputs beside new rows from NumPy: jax.jit
+    # would compile it again for each mix, as a server met them after its warm-up.
+    import jax
+
+    compiles = []
+    listening = [True]
+
+    def count(event, duration, fun_name=None, **_):
+        # A loaded program is jax.jit of its exported `call`; eager operations compile programs of their own names.
+        if listening[0] and event.endswith("backend_compile_duration") and fun_name == "jit(call)":
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+        model = _model(tokenizer, seed=12, n_kv_head=1, bias=True)  # an architecture no other test decodes
+        gptlite.generate(model, ["the", "the cat at the end"], 20, temperature=0.8, top_p=0.9, seed=1)
+        programs = programs_for(model)
+        made = programs.traces + programs.loads  # traced here, or read from the compile cache's folder
+        assert made > 0 and len(compiles) == made
+        gptlite.generate(model, ["the", "the cat at the end"], 20, temperature=0.8, top_p=0.9, seed=2)
+        assert len(compiles) == made
+    finally:
+        listening[0] = False
