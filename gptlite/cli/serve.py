@@ -4,7 +4,7 @@ import importlib.util
 import os
 import pathlib
 
-from gptlite.cli.command import check_model, command
+from gptlite.cli.command import check_model, command, writing_backend
 from gptlite.cli.flags import add_backend_flags, add_compile_cache_flags, Parser
 from gptlite.errors import InputError
 from gptlite.serving.settings import ServeSettings
@@ -59,6 +59,4 @@ def run(args):
     serving.serve(args.model, args.host, args.port, settings, name=args.name)
 
 
-# No automatic backend: under JAX the server was ready sooner but served 16 clients at once 0.6-0.9x the tokens/s
-# it does under TensorFlow (BENCHMARKS.md, "Which backend writes").
-main = command("gptlite-serve", make_parser, run, check=check_model)
+main = command("gptlite-serve", make_parser, run, writing_backend, check_model)
