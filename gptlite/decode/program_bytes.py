@@ -279,19 +279,20 @@ def trace_jax(flat, model, shapes):
 
 class _JaxProgram:
     def __init__(self, function, outputs_layout):
-        import jax
-
         self.function, self.outputs_layout = function, outputs_layout
-        self.device = jax.devices()[0]
 
     def __call__(self, weights, inputs):
         import jax
 
-        # Every input placed on the device, as the outputs of a call are: jax.jit keeps a compiled program for
-        # each mix of placed and unplaced inputs (NumPy arrays are not placed), so a server that fed its last
-        # call's state back beside new rows from NumPy compiled one program again and again, 0.5 s each time.
-        inputs = jax.device_put(list(inputs), self.device)
-        outputs = self.function([variable.value for variable in weights], *inputs)
+        values = [variable.value for variable in weights]
+        devices = values[0].sharding.device_set if values else set()
+        if len(devices) == 1:
+            # Every input placed on the weights' device, as the outputs of a call are: jax.jit keeps a compiled
+            # program for each mix of placed and unplaced inputs (NumPy arrays are not placed), so a server that
+            # fed its last call's state back beside new rows from NumPy compiled one program again and again,
+            # 0.5 s each time. Weights spread over several devices (a Keras distribution) leave inputs as they are.
+            inputs = jax.device_put(list(inputs), next(iter(devices)))
+        outputs = self.function(values, *inputs)
         return filled(self.outputs_layout, iter(outputs))
 
 
