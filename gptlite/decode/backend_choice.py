@@ -1,13 +1,12 @@
-"""Which Keras backend writes fastest on this machine, for a command that writes (generate, chat, eval) and
+"""Which Keras backend writes fastest on this machine, for a command that writes (generate, chat, serve, eval) and
 names none: JAX on a CPU, for a model that computes in float32.
 
 From side-by-side runs (BENCHMARKS.md, "Which backend writes"): on each CPU measured, JAX's decoding step of a
 float32 model is faster than TensorFlow's (1.2-2x), and a process starts writing sooner under it, as importing
 Keras with JAX takes half the time it takes with TensorFlow. A model that computes in bfloat16 (trained with
 precision bf16, which its file keeps) decodes slower under JAX than under TensorFlow, and stays on TensorFlow; so
-does anything on a GPU, which was not measured. The server is not among these commands: under JAX it served many
-clients at once slower than under TensorFlow (gptlite.cli.serve). Plain Python that reads files: it runs before
-Keras is imported, as Keras fixes its backend then.
+does anything on a GPU, which was not measured. Plain Python that reads files: it runs before Keras is imported,
+as Keras fixes its backend then.
 """
 
 import json

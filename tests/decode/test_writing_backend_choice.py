@@ -1,4 +1,4 @@
-"""Which backend a writing command (generate, chat, eval) that names none gets: JAX on a CPU, for a model
+"""Which backend a writing command (generate, chat, serve, eval) that names none gets: JAX on a CPU, for a model
 that computes in float32."""
 
 import json
