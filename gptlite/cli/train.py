@@ -18,6 +18,9 @@ SETTING_CHOICES = {"position": list(config.POSITIONS), "norm": list(config.NORMS
 SETTING_HELP = {
     "grad_accum": "each optimizer step adds up the gradients of N batches of --batch-size (default: 1): a batch "
                   "N times larger in the memory of one; steps and intervals count optimizer steps",
+    "steps_per_call": "optimizer steps each compiled call runs, so that the loop around the steps runs once for N "
+                      "of them (default: 1; torch runs one a call); the same losses whatever N is; a stop (Ctrl-C) "
+                      "waits for the call's last step",
     "lora_rank": "train rank-N low-rank adapters on the projections --lora-targets names, every other weight "
                  "frozen (default: 0, off); the saved model holds the merged weights",
     "lora_alpha": "the adapters' scale is X / --lora-rank (default: the rank, a scale of 1)",

@@ -278,31 +278,46 @@ class DrawnBatches(keras.utils.PyDataset):
                          self.micro_batches, self.part)
 
 
-def fed_to_keras(batches):
-    """`batches` (a `DrawnBatches`) as `fit` and `evaluate` read them without waiting at their end.
+# The most bytes of batches `fed_to_keras` draws ahead, at once: a `fit` call's batches, most often (the `gpu`
+# preset's 250 steps take 33 MB).
+STACKED_BYTES = 64 * 2**20
 
-    On TensorFlow, Keras reads a PyDataset through a tf.data pipeline that
-    prefetches with autotuning, whose tuning thread sleeps for periods that
-    double up to a minute; deleting the pipeline, as each `fit` call ends,
-    waits for the thread's next wake. A run trains in one `fit` call per
-    evaluation interval, and each call ended up to a minute late (benchmarks/journal.md,
-    "A minute lost at the end of each stretch of steps"). The same pipeline,
-    prefetching two batches without autotuning, ends at once. The batches and
-    their order are the PyDataset's. Other backends read the PyDataset itself.
+
+def fed_to_keras(batches):
+    """`batches` (a `DrawnBatches`) as `fit` and `evaluate` read them at the pace of the compiled step.
+
+    On TensorFlow, a tf.data pipeline that calls Python for its batches
+    (Keras's for a PyDataset, or `from_generator`) slowed the `cpu` preset's
+    steps from 29-33 ms to 36-45, even when it called Python once for all of
+    them (benchmarks/journal.md, "The data's way in"). So batches that fit
+    in STACKED_BYTES are drawn here, at once, and tf.data slices them from
+    memory; more are read one by one from a generator. Either pipeline
+    leaves tf.data's autotuning off: its tuning thread sleeps for periods
+    that double up to a minute, and deleting the pipeline, as each `fit`
+    call ends, waited for its next wake ("A minute lost at the end of each
+    stretch of steps"). The batches and their order are the PyDataset's;
+    batches drawn at once have one number of rows (a process's part of each
+    step's). Other backends read the PyDataset itself.
     """
     if keras.backend.backend() != "tensorflow":
         return batches
     import tensorflow as tf
 
-    def spec(array):  # any number of rows: a process's part of a batch may differ
-        return tf.TensorSpec((None, *array.shape[1:]), tf.as_dtype(array.dtype))
-
     count = len(batches)
-    dataset = tf.data.Dataset.from_generator(lambda: (batches[index] for index in range(count)),
-                                             output_signature=tf.nest.map_structure(spec, batches[0]))
+    first = batches[0]
+    if count * sum(array.nbytes for array in tf.nest.flatten(first)) <= STACKED_BYTES:
+        drawn = [first] + [batches[index] for index in range(1, count)]
+        dataset = tf.data.Dataset.from_tensor_slices(tf.nest.map_structure(lambda *arrays: np.stack(arrays), *drawn))
+    else:
+        def spec(array):  # read one by one, a batch may have any number of rows
+            return tf.TensorSpec((None, *array.shape[1:]), tf.as_dtype(array.dtype))
+
+        dataset = tf.data.Dataset.from_generator(lambda: (batches[index] for index in range(count)),
+                                                 output_signature=tf.nest.map_structure(spec, first))
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(count)).prefetch(2)
     options = tf.data.Options()
     options.autotune.enabled = False
-    return dataset.apply(tf.data.experimental.assert_cardinality(count)).prefetch(2).with_options(options)
+    return dataset.with_options(options)
 
 
 class RandomWindows(DrawnBatches):

@@ -47,7 +47,17 @@ def compile_for_training(model, config, ignored=None):
         optimizer=make_optimizer(model, config),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=ignored),
         jit_compile=xla,
+        steps_per_execution=steps_per_execution(config),
     )
+
+
+def steps_per_execution(config):
+    """The batches one compiled call of `fit` runs: `steps_per_call` optimizer steps of `grad_accum` batches each, so
+    that a call ends on a step's boundary. On torch, one: Keras runs its steps one by one there anyway, and a step's
+    dropout masks are seeded as it begins (`_StepWatcher`), which Keras tells of once a call."""
+    if keras.backend.backend() == "torch":
+        return 1
+    return config.steps_per_call * config.grad_accum
 
 
 class StopRequest:
@@ -88,17 +98,25 @@ class StopRequest:
 
 class _StepWatcher(keras.callbacks.Callback):
     """Counts optimizer steps (each `micro_batches` of `fit`'s batches), and stops `fit`
-    after the step in which a stop was requested, or at once when the loss goes non-finite."""
+    after the step in which a stop was requested, or at once when the loss goes non-finite.
 
-    def __init__(self, stop_request, progress, seed, first_step, micro_batches):
+    Keras calls it once per compiled call, which may run several batches
+    (`steps_per_call`): `batch` is then the call's last, counted as though the
+    fit call's last compiled call were whole (it may run fewer, up to
+    `fit_batches`, the fit call's batches in all).
+    """
+
+    def __init__(self, stop_request, progress, seed, first_step, micro_batches, fit_batches):
         super().__init__()
         self.stop_request = stop_request
+        self.fit_batches = fit_batches
         self.progress = progress
         self.seed, self.first_step, self.micro_batches = seed, first_step, micro_batches
         self.mean_loss = math.nan
         self.steps = 0
         self.batches = 0
-        self.first_batch_ended = self.last_batch_ended = None
+        self.first_call_ended = self.last_batch_ended = None
+        self.first_call_batches = 0
         self.torch = None
         if keras.backend.backend() == "torch":
             import torch
@@ -113,17 +131,18 @@ class _StepWatcher(keras.callbacks.Callback):
             self.torch.manual_seed(self.seed * 1_000_003 + self.first_step * self.micro_batches + batch)
 
     def on_train_batch_end(self, batch, logs=None):
-        self.batches = batch + 1
+        self.batches = min(batch + 1, self.fit_batches)
         self.last_batch_ended = time.perf_counter()
-        if batch == 0:
-            self.first_batch_ended = self.last_batch_ended
+        if self.first_call_ended is None:
+            self.first_call_ended, self.first_call_batches = self.last_batch_ended, self.batches
         self.mean_loss = float(logs["loss"])  # mean over this fit call's batches so far
         if not math.isfinite(self.mean_loss):
             self.model.stop_training = True
-        if (batch + 1) % self.micro_batches:
+        if self.batches % self.micro_batches:
             return  # within an optimizer step
-        self.steps = (batch + 1) // self.micro_batches
-        self.progress.step_done(self.mean_loss)
+        steps = self.batches // self.micro_batches
+        self.progress.steps_done(steps - self.steps, self.mean_loss)
+        self.steps = steps
         if self.stop_request.requested:
             self.model.stop_training = True
 
@@ -144,8 +163,8 @@ class _Progress:
         if first_step and self.live:
             self.bar.update(first_step)
 
-    def step_done(self, mean_loss):
-        self.step += 1
+    def steps_done(self, count, mean_loss):
+        self.step += count
         if self.live:
             self.bar.update(self.step, [("loss", mean_loss)])
 
@@ -253,20 +272,22 @@ class _Loop:
     def fit_to(self, boundary, train_ids, stop_request, callbacks):
         """Train with one `fit` call up to step `boundary` (or until a stop is requested), and count it."""
         config, state = self.config, self.state
-        watcher = _StepWatcher(stop_request, self.progress, config.seed, state.step, config.grad_accum)
         batches = self.task.batches(train_ids, self.block_size, config.batch_size, boundary - state.step,
                                     seed=config.seed, first_index=state.step, micro_batches=config.grad_accum,
                                     part=self.part)
+        watcher = _StepWatcher(stop_request, self.progress, config.seed, state.step, config.grad_accum, len(batches))
         fit_started = time.perf_counter()
         self.model.fit(fed_to_keras(batches), epochs=1, shuffle=False, callbacks=[watcher, *callbacks], verbose=0)
         fit_ended = time.perf_counter()
-        # The first call's time to its first step's end is the start-up (building, compiling); the rest, steps.
-        if self.run_time.seconds["startup"] == 0 and watcher.first_batch_ended is not None:
-            self.run_time.add("startup", watcher.first_batch_ended - self.started)
-            self.run_time.add("steps", fit_ended - watcher.first_batch_ended)
+        # The first call's time to its first compiled call's end is the start-up (building, compiling); the rest,
+        # steps.
+        if self.run_time.seconds["startup"] == 0 and watcher.first_call_ended is not None:
+            self.run_time.add("startup", watcher.first_call_ended - self.started)
+            self.run_time.add("steps", fit_ended - watcher.first_call_ended)
         else:
             self.run_time.add("steps", fit_ended - fit_started)
-        self.throughput.add(watcher.batches, fit_started, watcher.first_batch_ended, watcher.last_batch_ended)
+        self.throughput.add(watcher.batches, fit_started, watcher.first_call_ended, watcher.last_batch_ended,
+                            watcher.first_call_batches)
         state.step += watcher.steps
         if not math.isfinite(watcher.mean_loss):
             raise TrainingDiverged(

@@ -75,8 +75,9 @@ class RunTime:
 class Throughput:
     """Tokens trained per second since it was last read, over the time `fit` spent up to each of its last batches.
 
-    The first batch a process trains builds (and compiles) the step: its time
-    is left out, so that the first figure is the steps' own speed.
+    The first call a process makes builds (and compiles) the step: its
+    batches and time are left out, so that the first figure is the steps' own
+    speed. (A call runs one batch, or `steps_per_call` optimizer steps' worth.)
     """
 
     def __init__(self, tokens_per_batch):
@@ -84,11 +85,12 @@ class Throughput:
         self.first_left_out = False
         self.batches, self.seconds = 0, 0.0
 
-    def add(self, batches, started, first_batch_ended, ended):
+    def add(self, batches, started, first_call_ended, ended, first_call_batches=1):
         """A `fit` call's `batches`, timed from `started` to `ended`, the end of its last batch
-        (time.perf_counter() readings)."""
+        (time.perf_counter() readings); its first compiled call ran `first_call_batches`, ending at
+        `first_call_ended`."""
         if not self.first_left_out and batches:
-            batches, started = batches - 1, first_batch_ended
+            batches, started = batches - first_call_batches, first_call_ended
             self.first_left_out = True
         self.batches += batches
         self.seconds += ended - started

@@ -41,6 +41,7 @@ class TrainingConfig:
     eval_interval: int = 250  # steps between validation-loss evaluations
     eval_iters: int = 20  # validation batches per evaluation
     checkpoint_interval: int = 250  # steps between resumable checkpoints
+    steps_per_call: int = 1  # optimizer steps one compiled call runs (TensorFlow, JAX); the same losses whatever it is
     seed: int = 1337  # seeds weights, batches and dropout
     precision: str = "fp32"  # "fp32"; "bf16" or "fp16": mixed, float32 weights, 16-bit compute
     lora_rank: int = 0  # above 0: train rank-r adapters on the lora_targets projections, all else frozen
@@ -48,7 +49,8 @@ class TrainingConfig:
     lora_targets: str = "qkv,attention_output,expand,contract"  # comma-separated, from LORA_TARGETS
 
     def __post_init__(self):
-        for name in ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters", "checkpoint_interval"):
+        for name in ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters", "checkpoint_interval",
+                     "steps_per_call"):
             require(name, getattr(self, name), is_count, "a positive whole number")
         require("warmup_iters", self.warmup_iters, lambda v: v == 0 or is_count(v), "zero or a positive whole number")
         require("lr", self.lr, lambda v: v > 0, "positive")

@@ -44,8 +44,11 @@ def test_batches_depend_only_on_seed_and_index():
     assert not np.array_equal(first[7][0], other_seed[7][0])
 
 
+@pytest.mark.parametrize("drawn", ["at once", "one by one"])
 @pytest.mark.parametrize("kind", ["windows", "pairs"])
-def test_keras_reads_the_batches_themselves_in_order(kind):
+def test_keras_reads_the_batches_themselves_in_order(kind, drawn, monkeypatch):
+    if drawn == "one by one":  # batches of more than STACKED_BYTES
+        monkeypatch.setattr(lm, "STACKED_BYTES", 1)
     if kind == "windows":
         batches = lm.RandomWindows(np.arange(1000), 8, 4, 5, seed=3)
     else:
@@ -55,7 +58,8 @@ def test_keras_reads_the_batches_themselves_in_order(kind):
     if keras.backend.backend() != "tensorflow":
         assert fed is batches
         return
-    # On TensorFlow: a pipeline that does not autotune (whose end would wait for the tuner), of the same batches.
+    # On TensorFlow: a pipeline that does not autotune (whose end would wait for the tuner), of the same batches,
+    # whether drawn ahead into memory or read from a generator.
     assert not fed.options().autotune.enabled
     assert int(fed.cardinality()) == len(batches) == 5
     read = list(fed.as_numpy_iterator())

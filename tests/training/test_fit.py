@@ -154,7 +154,7 @@ class StopAtStep:
 TIMINGS = ("elapsed_s", "tokens_per_s", "run_tokens_per_s", *(f"{part}_s" for part in history.RunTime.PARTS))
 
 
-def small_run(tokenizer, text, out, stop_request=None, resume=False, model=None, optimizer="adamw"):
+def small_run(tokenizer, text, out, stop_request=None, resume=False, model=None, optimizer="adamw", steps_per_call=1):
     if model is None:
         keras.utils.set_random_seed(5)
     model = model or gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16,
@@ -162,7 +162,7 @@ def small_run(tokenizer, text, out, stop_request=None, resume=False, model=None,
     train_ids, validation_ids = lm.split(tokenizer.encode(text))
     config = gptlite.TrainingConfig(batch_size=8, max_iters=60, lr=3e-3, min_lr=3e-4, warmup_iters=5,
                                     eval_interval=20, eval_iters=2, checkpoint_interval=40, seed=5,
-                                    optimizer=optimizer)
+                                    optimizer=optimizer, steps_per_call=steps_per_call)
     return model, fit.train(model, train_ids, validation_ids, config, out, verbose=0,
                                  resume=resume, stop_request=stop_request)
 
@@ -199,22 +199,45 @@ def test_muon_moves_the_blocks_matrices_adamw_the_rest_and_the_loss_falls(uninte
     assert rows[-1]["val_loss"] < rows[0]["val_loss"] - 0.1 and rows[-1]["val_loss"] < uniform - 0.3
 
 
-def assert_resumes_as_uninterrupted(tmp_path, tokenizer, text, optimizer, uninterrupted):
-    """A small run stopped at step 27 and resumed in a fresh model, as in a new process, gets the losses of
-    `uninterrupted` (the rows of the same run, whole)."""
+def assert_resumes_as_uninterrupted(tmp_path, tokenizer, text, optimizer, uninterrupted, stop_at=27, stopped_at=27,
+                                    steps_per_call=1):
+    """A small run stopped at `stop_at` (at `stopped_at`, the end of that step's compiled call) and resumed in a fresh
+    model, as in a new process, gets the losses of `uninterrupted` (the rows of the same run, whole)."""
     keras.utils.set_random_seed(5)
     model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=16, block_size=16,
                         dropout=0.1, tokenizer=tokenizer)
     model.build((None, 16))
-    with pytest.raises(gptlite.TrainingInterrupted, match="stopped at step 27 of 60"):
-        small_run(tokenizer, text, tmp_path, stop_request=StopAtStep(model, 27), model=model, optimizer=optimizer)
-    assert checkpoints.read_checkpoint(tmp_path)["step"] == 27
+    with pytest.raises(gptlite.TrainingInterrupted, match=f"stopped at step {stopped_at} of 60"):
+        small_run(tokenizer, text, tmp_path, stop_request=StopAtStep(model, stop_at), model=model, optimizer=optimizer,
+                  steps_per_call=steps_per_call)
+    assert checkpoints.read_checkpoint(tmp_path)["step"] == stopped_at
     # Everything comes from the checkpoint, the optimizer's state too.
-    resumed = small_run(tokenizer, text, tmp_path, resume=True, optimizer=optimizer)[1]
-    assert [row["step"] for row in resumed] == [row["step"] for row in uninterrupted] == [20, 40, 60]
-    for got, want in zip(resumed, uninterrupted):
+    resumed = small_run(tokenizer, text, tmp_path, resume=True, optimizer=optimizer, steps_per_call=steps_per_call)[1]
+    assert_same_losses(resumed, uninterrupted)
+
+
+def assert_same_losses(rows, uninterrupted):
+    assert [row["step"] for row in rows] == [row["step"] for row in uninterrupted] == [20, 40, 60]
+    for got, want in zip(rows, uninterrupted):
         assert got["val_loss"] == pytest.approx(want["val_loss"], abs=1e-4)
         assert got["train_loss"] == pytest.approx(want["train_loss"], abs=1e-4)
+
+
+def test_steps_run_several_to_a_call_give_the_same_losses_at_the_same_steps(tmp_path, tokenizer, text, uninterrupted):
+    # 7 steps a call: the calls before each evaluation (every 20 steps) end short of 7, at the evaluation's step.
+    model, rows = small_run(tokenizer, text, tmp_path, steps_per_call=7)
+    assert_same_losses(rows, uninterrupted)
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 60
+    assert math.isfinite(rows[0]["tokens_per_s"]) and rows[0]["tokens_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_a_stop_waits_for_its_call_s_last_step_and_resumes_to_the_same_losses(tmp_path, tokenizer, text,
+                                                                               uninterrupted):
+    # Calls of 7 steps after step 20 end at 27, 34 and 40; torch runs one step a call.
+    stopped_at = 25 if keras.backend.backend() == "torch" else 27
+    assert_resumes_as_uninterrupted(tmp_path, tokenizer, text, "adamw", uninterrupted, stop_at=25,
+                                    stopped_at=stopped_at, steps_per_call=7)
 
 
 @pytest.mark.slow

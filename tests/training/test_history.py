@@ -23,9 +23,9 @@ def test_history_keeps_every_column_and_leaves_older_rows_cells_empty(tmp_path):
 def test_throughput_leaves_out_the_first_batch_a_process_trains():
     throughput = history.Throughput(tokens_per_batch=100)
     # 5 batches from 0 s to 6 s, the first (the compile) ending at 2 s: 4 batches in 4 s.
-    throughput.add(5, started=0.0, first_batch_ended=2.0, ended=6.0)
+    throughput.add(5, started=0.0, first_call_ended=2.0, ended=6.0)
     assert throughput.take() == pytest.approx(100.0)
     # Later fit calls count whole: 3 batches in 1 s.
-    throughput.add(3, started=10.0, first_batch_ended=10.4, ended=11.0)
+    throughput.add(3, started=10.0, first_call_ended=10.4, ended=11.0)
     assert throughput.take() == pytest.approx(300.0)
     assert math.isnan(throughput.take())  # nothing trained since the last reading
