@@ -29,3 +29,10 @@ def test_throughput_leaves_out_the_first_batch_a_process_trains():
     throughput.add(3, started=10.0, first_call_ended=10.4, ended=11.0)
     assert throughput.take() == pytest.approx(300.0)
     assert math.isnan(throughput.take())  # nothing trained since the last reading
+
+
+def test_throughput_leaves_out_the_whole_first_call_where_a_call_runs_several_batches():
+    throughput = history.Throughput(tokens_per_batch=100)
+    # 25 batches in calls of 5 from 0 s to 6 s, the first call (the compile) ending at 2 s: 20 batches in 4 s.
+    throughput.add(25, started=0.0, first_call_ended=2.0, ended=6.0, first_call_batches=5)
+    assert throughput.take() == pytest.approx(500.0)
