@@ -92,7 +92,7 @@ class StopRequest:
         if self.requested:
             raise KeyboardInterrupt
         self.request(signal_number)
-        print("\nstopping after this step to save a checkpoint (press Ctrl-C again to abort)",
+        print("\nstopping after the steps under way to save a checkpoint (press Ctrl-C again to abort)",
               file=sys.stderr, flush=True)
 
 
