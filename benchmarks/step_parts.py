@@ -19,10 +19,10 @@ Prints each measurement's ms/step per round, then medians and each over the bare
 """
 
 import argparse
+import itertools
 import pathlib
 import statistics
 import tempfile
-import time
 
 import keras
 import numpy as np
@@ -33,6 +33,8 @@ from gptlite import files
 from gptlite.data import lm
 from gptlite.training import fit
 from gptlite.training.settings import PRESETS, split_settings
+
+from helpers import time_steps
 
 DEFAULT_TEXT = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
 BATCHES = 40  # distinct batches the bare steps cycle through
@@ -79,19 +81,15 @@ def bare_functions(model):
     return gradients_only, step, ten_steps
 
 
-def time_bare(function, xs, ys, rounds_of_batches=4, per_call=1):
-    for index in range(2):
-        function(*(a[index * per_call:(index + 1) * per_call] if per_call > 1 else a[index] for a in (xs, ys)))
-    started = time.perf_counter()
-    calls = rounds_of_batches * BATCHES // per_call
-    for call in range(calls):
-        index = call % (BATCHES // per_call)
-        if per_call > 1:
-            function(xs[index * per_call:(index + 1) * per_call], ys[index * per_call:(index + 1) * per_call])
-        else:
-            function(xs[index], ys[index])
-    keras.tree.map_structure(np.asarray, function(*(a[:per_call] if per_call > 1 else a[0] for a in (xs, ys))))
-    return (time.perf_counter() - started) / (calls * per_call) * 1000
+def time_bare(function, xs, ys, per_call=1, repeats=4):
+    """ms per step of `function` called on one batch at a time, or on stacks of `per_call`, cycling through the
+    BATCHES `repeats` times (TensorFlow runs each call to its end before it returns)."""
+    if per_call == 1:
+        calls = [(xs[index], ys[index]) for index in range(BATCHES)]
+    else:
+        calls = [(xs[index:index + per_call], ys[index:index + per_call]) for index in range(0, BATCHES, per_call)]
+    cycle = itertools.cycle(calls)
+    return time_steps(lambda: function(*next(cycle)), repeats * len(calls))["ms_per_step"] / per_call
 
 
 def time_loop(preset, tokenizer, train_ids, validation_ids, steps, steps_per_call):
