@@ -56,13 +56,11 @@ import numpy as np
 from keras import ops
 
 from gptlite.backend.devices import on_gpu
-from gptlite.decode.programs import CACHED, CHUNK_SIZE, fit_cache, programs_for, RECOMPUTE, RECOMPUTE_THEN_CACHED
+from gptlite.decode.planning import (advanced_lengths, cache_span, NARROWEST_PREFILL, plan_steps, power_of_two,
+                                     prompt_columns, SHORTEST_CACHE, windows, windows_advanced)
+from gptlite.decode.programs import CACHED, CHUNK_SIZE, fit_cache, programs_for, RECOMPUTE
 from gptlite.decode.sampling import row_configs, RowSettings
 
-# The shortest cache a call reads.
-SHORTEST_CACHE = 64
-# The narrowest prefill of a GPT's windows: a short prompt costs a short pass.
-NARROWEST_PREFILL = 8
 # Which of a process's prefills of one shape starts compiling it (see Engine._prefill): a process that decodes
 # once or twice compiles nothing more, one that goes on (a loop of calls, a chat, an evaluation) soon runs faster.
 PREFILL_THAT_COMPILES = 3
@@ -124,11 +122,16 @@ class Engine:
     tokens): every call's cache then has `cache_span(reach)` slots from the
     first, so that one program serves the whole generation and no step reads
     the empty slots past it (a row that goes further lengthens the cache, as
-    with short caches).
+    with short caches). `recompute_by_prefill` (an attribute, which a caller
+    may also set and clear later): a GPT's recomputing steps run one prefill
+    call a step rather than through the recomputing loop, the same text, so
+    that a process that has built its prefills need not wait for that loop
+    to compile (a server's warm-up builds it last); such a step costs 10-20%
+    more at the `cpu` preset's shape.
     """
 
     def __init__(self, model, capacity=1, *, resizable=False, short_caches=False, use_cache=True, slide=1,
-                 mixed_settings=False, compiled_prefill=False, reach=0):
+                 mixed_settings=False, compiled_prefill=False, reach=0, recompute_by_prefill=False):
         self.model = model
         self.programs = programs_for(model)
         self.block_size = model.config.block_size
@@ -136,6 +139,7 @@ class Engine:
         self.resizable, self.short_caches, self.use_cache, self.slide = resizable, short_caches, use_cache, slide
         self.mixed_settings, self.compiled_prefill = mixed_settings, compiled_prefill
         self.reach = min(int(reach), self.block_size)
+        self.recompute_by_prefill = recompute_by_prefill
         self.capacity = capacity
         self.rows = {}  # row handle -> its slot
         self._next_handle = 0
@@ -171,10 +175,10 @@ class Engine:
         starting = not self.rows
         if starting:
             # The batch starts afresh: its free slots are padding rows, inactive.
-            self.capacity = _power_of_two(count) if self.resizable else self.capacity
+            self.capacity = power_of_two(count) if self.resizable else self.capacity
             self._clear()
         # Rows joining a running batch are prefilled in a power of two rows, so that few programs serve every count.
-        padded = self.capacity if starting else _power_of_two(count)
+        padded = self.capacity if starting else power_of_two(count)
         pad = lambda array: np.concatenate([array, np.repeat(array[:1], padded - count, axis=0)])
         window, lengths, settings, seeds = keras.tree.map_structure(pad, (window, lengths, settings, seeds))
         sources = None if sources is None else pad(np.asarray(sources, np.int32))
@@ -185,7 +189,8 @@ class Engine:
         span = cache_span(self.reach, self.block_size) if self.reach else None
         # An engine of short caches prefills at their spans too: fewer programs, for a process that decodes long.
         narrowest = SHORTEST_CACHE if self.short_caches else NARROWEST_PREFILL
-        inputs = (prompt_columns(window, lengths, sources, narrowest), lengths, sources, settings, seeds)
+        inputs = (prompt_columns(window, lengths, sources, narrowest), lengths, sources, settings, seeds,
+                  np.zeros(padded, np.int32))
         pending, cache, context, *scores = self._prefill(logprobs, settings, span, inputs)(*inputs)
         new = DecodeState(window, lengths, cache, pending, settings, seeds, np.ones(padded, np.int32), context)
         if starting:
@@ -238,15 +243,22 @@ class Engine:
     def _merge(self, new, count):
         """Place the first `count` rows of `new` (a prefill's DecodeState) into free slots; their slots."""
         if self.resizable and len(self.rows) + count > self.capacity:
-            self._resize(_power_of_two(len(self.rows) + count))
+            self._resize(power_of_two(len(self.rows) + count))
         slots = [slot for slot in range(self.capacity) if not self.host.active[slot]][:count]
-        taken = np.zeros(self.capacity, np.int32)
-        taken[slots] = np.arange(count)
-        placed = np.zeros(self.capacity, bool)
-        placed[slots] = True
         span = max(ops.shape(self.state.cache[0])[3], ops.shape(new.cache[0])[3])
-        old, new = (state._replace(cache=fit_cache(state.cache, span)) for state in (self.state, new))
-        self.state = self.programs.placed(old, new, taken, placed)
+        if on_gpu():  # the rows stay on the device, placed by one program
+            taken = np.zeros(self.capacity, np.int32)
+            taken[slots] = np.arange(count)
+            placed = np.zeros(self.capacity, bool)
+            placed[slots] = True
+            old, new = (state._replace(cache=fit_cache(state.cache, span)) for state in (self.state, new))
+            self.state = self.programs.placed(old, new, taken, placed)
+        else:
+            # On a CPU with NumPy: no program to compile for each batch size and count of joining rows (0.1-0.15 s
+            # each under JAX, 8 of a server's 20), at about the cost of that program's call (both copy the state).
+            old, new = (keras.tree.map_structure(np.asarray, state) for state in (self.state, new))
+            old, new = (state._replace(cache=_fit_on_host(state.cache, span)) for state in (old, new))
+            self.state = keras.tree.map_structure(functools.partial(_rows_placed, slots=slots), old, new)
         return slots
 
     def _resize(self, capacity):
@@ -279,7 +291,7 @@ class Engine:
 
     def _shrink(self):
         if self.resizable and self.capacity >= 4 and len(self.rows) <= self.capacity // 4:
-            self._resize(_power_of_two(len(self.rows)))
+            self._resize(power_of_two(len(self.rows)))
 
     # --- stepping
 
@@ -302,8 +314,12 @@ class Engine:
         steps, kind, span = plan_steps(self.host.lengths[active], self.block_size, max_steps, self.use_cache,
                                        self.slide, self.short_caches, limits[active], self.reach)
         state = self.state._replace(cache=fit_cache(self.state.cache, span))
-        loop = self.programs.loop("sample", kind, self.slide, logprobs, *self._needs(self.host.settings.rows(active)))
-        drawn, self.state, scores = loop(state, limits, np.int32(steps))
+        if kind == RECOMPUTE and self.recompute_by_prefill and not state.context:
+            drawn, self.state, scores = self._recomputed_by_prefill(state, limits, steps, logprobs)
+        else:
+            loop = self.programs.loop("sample", kind, self.slide, logprobs,
+                                      *self._needs(self.host.settings.rows(active)))
+            drawn, self.state, scores = loop(state, limits, np.int32(steps))
         taken = np.minimum(steps, limits)  # (S,)
         if kind == CACHED:  # no window was full: each grew a token a step it took
             lengths = self.host.lengths + taken
@@ -316,6 +332,28 @@ class Engine:
         scores = [keras.ops.convert_to_numpy(value) for value in scores]
         return {handle: Drawn(drawn[slot, :taken[slot]], *(value[slot, :taken[slot]] for value in scores))
                 for handle, slot in self.rows.items()}
+
+    def _recomputed_by_prefill(self, state, limits, steps, logprobs):
+        """What the recomputing loop gives for `steps` steps (see `step`), each step a call of the prefill program:
+        each going row's window takes its pending token (a full one moves first, as `Programs._advance` moves it),
+        then the prefill draws the row's next token from the whole window, with that token's noise."""
+        window, pending = np.array(state.window), np.array(state.pending)
+        lengths, produced = self.host.lengths.copy(), np.array(state.produced)
+        drawn = np.zeros((len(window), CHUNK_SIZE), np.int32)
+        recorded = []
+        for step in range(steps):
+            going = step < limits
+            window, lengths = windows_advanced(window, lengths, pending, going, self.block_size, self.slide)
+            inputs = (window, lengths, None, state.settings, state.seeds, produced + step)
+            prefill = self._prefill(logprobs, self.host.settings.rows(self.host.active), None, inputs)
+            tokens, cache, _, *scores = prefill(*inputs)
+            pending = np.where(going, keras.ops.convert_to_numpy(tokens), pending)
+            drawn[:, step] = pending
+            recorded.append([keras.ops.convert_to_numpy(value) for value in scores])
+        scores = tuple(np.stack(values, axis=1) for values in zip(*recorded))  # (S, steps, ...) each, if asked for
+        state = state._replace(window=window, lengths=lengths, cache=cache, pending=pending,
+                               produced=produced + np.minimum(steps, limits))
+        return drawn, state, scores
 
     def _limits(self, max_steps, limits):
         """Each slot's most tokens in a call: max_steps for an active row (or its limit, if lower), 0 for a free
@@ -374,112 +412,21 @@ def _rows_taken(value, order, on_host):
     return ops.take(value, order, axis=0)
 
 
-def _power_of_two(count):
-    return 1 << (max(1, count) - 1).bit_length()
+def _rows_placed(kept, new, slots):
+    """A NumPy copy of `kept` (S, ...) whose rows `slots` are the first len(slots) rows of `new`."""
+    kept = np.array(kept)  # a copy: a backend's arrays seen through NumPy are read-only
+    kept[slots] = new[:len(slots)]
+    return kept
+
+
+def _fit_on_host(cache, span):
+    """`fit_cache` of a cache of NumPy arrays."""
+    slots = cache[0].shape[3]
+    if slots >= span:
+        return tuple(layer[:, :, :, :span] for layer in cache)
+    return tuple(np.pad(layer, [(0, 0), (0, 0), (0, 0), (0, span - slots), (0, 0)]) for layer in cache)
 
 
 def _active_limits(active, max_steps):
     """(S,) int32: max_steps for each active slot of the boolean `active`, 0 for a free one."""
     return np.where(active, max_steps, 0).astype(np.int32)
-
-
-# --- planning on the host
-
-
-def windows(block_size, rows_ids):
-    """Each row's last block_size token ids, left-aligned in (N, block_size), and their lengths (N,)."""
-    window = np.zeros((len(rows_ids), block_size), dtype=np.int32)
-    lengths = np.zeros(len(rows_ids), dtype=np.int32)
-    for index, ids in enumerate(rows_ids):
-        context = ids[-block_size:]
-        window[index, : len(context)] = context
-        lengths[index] = len(context)
-    return window, lengths
-
-
-def advanced_lengths(lengths, block_size, slide):
-    """Window lengths after one step: one longer, or, for a full window, moved back by `slide`."""
-    return np.where(lengths >= block_size, block_size - slide + 1, lengths + 1)
-
-
-def cache_span(slots, block_size):
-    """The cache length that holds `slots` positions: a power of two, at least SHORTEST_CACHE, at most block_size.
-
-    Powers of two, so that texts of every length compile each loop a few
-    times at most (once per span).
-    """
-    return min(block_size, max(SHORTEST_CACHE, 1 << (max(1, slots) - 1).bit_length()))
-
-
-def prompt_columns(window, lengths, sources, narrowest=NARROWEST_PREFILL):
-    """The columns of the windows that the prefill reads: enough for the longest.
-
-    A GPT's: a power of two, at least `narrowest`, so that a short prompt in
-    a long context runs through the model at about its length rather than
-    the whole window's, for a few traces at most. A Seq2Seq's windows are
-    short, most often its start token alone: exactly the longest.
-    """
-    longest = max(1, int(np.max(lengths)))
-    if sources is not None:
-        return window[:, :longest]
-    return window[:, :min(window.shape[1], max(narrowest, _power_of_two(longest)))]
-
-
-def plan_steps(lengths, block_size, max_steps, use_cache, slide, short_caches=False, limits=None, reach=0):
-    """The next call for rows of window `lengths`: (steps, steps kind, cache span).
-
-    Which steps find a full window, and so must recompute it, follows from
-    the window lengths alone: a window grows by one token a step until it is
-    full, then moves back by `slide`. A call holds up to `max_steps` steps
-    of one kind, but one recomputing step may lead cached ones
-    (RECOMPUTE_THEN_CACHED). `limits`: each row's most steps (None: no
-    limit); a row past its limit waits, and its window decides nothing. Its
-    cache has block_size slots, unless `short_caches`: a cached step writes
-    at the longest window's length, so a call of cached steps then has
-    `cache_span` of its last step's length + 1 slots (a waiting row's
-    included: its cache is kept); a recomputing one, block_size. With a
-    `reach` (the most positions a row is expected to fill), the span is at
-    least `cache_span(reach)` and is planned as with short caches.
-    """
-    lengths = np.asarray(lengths)
-    limits = np.full(len(lengths), max_steps) if limits is None else np.asarray(limits)
-    if use_cache and len(lengths) and int(lengths.max()) + max_steps <= block_size:
-        steps, kind, slots = _cached_call(lengths, max_steps, limits)
-    else:
-        steps, kind, slots = _call_step_by_step(lengths, block_size, max_steps, use_cache, slide, limits)
-    if short_caches or reach:
-        return steps, kind, cache_span(max(slots, reach), block_size)
-    return steps, kind, block_size
-
-
-def _cached_call(lengths, max_steps, limits):
-    """(steps, kind, slots) of a call in which no window fills, as `_call_step_by_step` finds them, at once
-    (most calls): every step is cached, and the call ends when its last going row has drawn its tokens. At
-    step s row b's window is lengths[b] + min(s, limits[b]) long and the step writes the slot after it (a
-    waiting row's included), so the last step's are the furthest."""
-    steps = min(max_steps, int(limits.max()))
-    if steps == 0:
-        return 0, None, 0
-    return steps, CACHED, int(np.max(lengths + np.minimum(steps - 1, np.maximum(limits, 0)))) + 1
-
-
-def _call_step_by_step(lengths, block_size, max_steps, use_cache, slide, limits):
-    """(steps, kind, slots): the call's steps, their kind and the cache slots its steps write, found by
-    following the windows step by step."""
-    steps, kind, slots = 0, None, 0
-    while steps < max_steps:
-        going = limits > steps
-        if len(lengths) and not going.any():
-            break
-        full = (lengths >= block_size) & going
-        step_kind = RECOMPUTE if full.any() or not use_cache else CACHED
-        if kind is None:
-            kind = step_kind
-        elif kind == RECOMPUTE and steps == 1 and step_kind == CACHED:
-            kind = RECOMPUTE_THEN_CACHED
-        elif step_kind != kind and not (kind == RECOMPUTE_THEN_CACHED and step_kind == CACHED):
-            break
-        slots = max(slots, block_size if step_kind == RECOMPUTE else int(lengths.max(initial=0)) + 1)
-        lengths = np.where(going, advanced_lengths(lengths, block_size, slide), lengths)
-        steps += 1
-    return steps, kind, slots

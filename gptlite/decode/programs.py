@@ -159,16 +159,17 @@ class Programs:
 
     # --- sampling
 
-    def _sample_prefill(self, prompt, lengths, sources, settings, seeds, logprobs, filtering, penalised, sampling,
-                        span):
+    def _sample_prefill(self, prompt, lengths, sources, settings, seeds, produced, logprobs, filtering, penalised,
+                        sampling, span):
         """Run the windows' first columns, `prompt` (see `prompt_columns`), through the model;
-        draw each row's first new token (token 0). The cache is widened to `span` slots, if given."""
+        draw each row's next token, its token number `produced` (B,): 0 for a new row's first. The cache is
+        widened to `span` slots, if given."""
         context = self.model.decoding_context(sources)
         logits, cache = self._forward_window(prompt, lengths, context)
         if span is not None and ops.shape(cache[0])[3] < span:
             cache = fit_cache(cache, span)
         vocabulary_size = self.model.config.vocab_size
-        noise = uniform_noise(seeds, ops.zeros_like(seeds), vocabulary_size) if sampling else None  # (B, V)
+        noise = uniform_noise(seeds, produced, vocabulary_size) if sampling else None  # (B, V)
         seen = token_counts(prompt, lengths, self.model.config.vocab_size) if penalised else None
         token = sample_next_token(logits, settings, noise, seen, filtering)
         scores = token_log_probabilities(logits, token) if logprobs else ()

@@ -10,7 +10,8 @@ import traceback
 
 import numpy as np
 
-from gptlite.decode.engine import Engine, SHORTEST_CACHE
+from gptlite.decode.engine import Engine
+from gptlite.decode.planning import SHORTEST_CACHE
 from gptlite.decode.rows import TextRows
 from gptlite.decode.settings import SamplingConfig
 from gptlite.errors import GPTLiteError
@@ -101,12 +102,14 @@ class Worker:
         self.task = of_model(model)  # what the rows of its requests read: prompts, or a Seq2Seq's sources
         self.jobs = queue.Queue()
         self.waiting = 0
-        self.compiling = 0  # warm-up plans not built yet (see warm_up)
-        self.planned = 0  # warm-up plans in all
+        self.compiling = 0  # warm-up plans not built yet of those before ready (see warm_up)
+        self.planned = 0  # warm-up plans before ready
         self._on_ready = None
         self._lock = threading.Lock()
         self._admissible = collections.deque()  # jobs taken from the queue, waiting for room in the batch
         self._warm_plans = collections.deque()  # (batch size, prefill width) still to build before ready
+        self._later_plans = []  # (batch size, None) to build after ready: full windows' recomputing loops
+        self._readied = threading.Event()
         # Every request's rows, keyed by their _Choice, join one running batch.
         self.engine = Engine(model, resizable=True, **ENGINE_SETTINGS)
         self.rows = TextRows(self.engine, model.tokenizer)
@@ -117,7 +120,7 @@ class Worker:
     def start(self):
         if not self._thread.is_alive():
             self._thread.start()
-        if self._warm_plans and self._helper.ident is None:  # not started yet
+        if (self._warm_plans or self._later_plans) and self._helper.ident is None:  # not started yet
             self._helper.start()
 
     def submit(self, job):
@@ -138,8 +141,10 @@ class Worker:
     def warm_up(self, on_ready=None):
         """Plan the programs the worker will meet, to compile before it says it is ready (`ready`): for each
         batch size it can grow to, the prefill of each width with the cached step after it and the rows
-        that join a running batch, and a full window's recomputing step. `on_ready()` is called on the
-        thread that built the last of them (at once, here, where there is nothing to build).
+        that join a running batch. `on_ready()` is called on the thread that built the last of them (at once,
+        here, where there is nothing to build). Then, after ready, each batch size's loop of a full window's
+        recomputing steps: until they are built, a full window's steps run through the prefill programs
+        (`Engine.recompute_by_prefill`), the same text at 10-20% more a step, so no request waits for them.
 
         Two threads build the plans: the worker's, between requests, and a
         helper beside it, so that one plan's programs are traced (Python,
@@ -150,7 +155,8 @@ class Worker:
         plan's programs are loaded, not traced or compiled (see
         `gptlite.decode.compiled`). Programs that only some requests need
         (log-probabilities, a repetition penalty) are built when first asked
-        for.
+        for. The plans after ready are the helper's alone, one after the
+        other once the last before it is built, so that they do not delay it.
         """
         import keras
 
@@ -164,13 +170,21 @@ class Worker:
         widths = sorted({min(block_size, SHORTEST_CACHE << k)
                          for k in range(max(1, block_size // SHORTEST_CACHE).bit_length())})
         capacities = [1 << k for k in range(_padded(self.settings.max_batch).bit_length())]
-        self._warm_plans.extend((capacity, width) for capacity in capacities for width in widths + [None])
+        self._warm_plans.extend((capacity, width) for capacity in capacities for width in widths)
         self.planned = self.compiling = len(self._warm_plans)
+        self._later_plans = [(capacity, None) for capacity in capacities]
+        self.engine.recompute_by_prefill = True
 
     @property
     def ready(self):
-        """Whether every planned program is built: from then on, requests are answered at full speed."""
+        """Whether every program planned before ready is built: from then on, no request waits for a compiler."""
         return self.compiling == 0
+
+    @property
+    def settled(self):
+        """Whether the programs planned after ready are built too: from then on, a full window's steps run through
+        their own loops."""
+        return self.ready and not self._later_plans
 
     def status(self):
         """What `/health` says of the worker."""
@@ -179,46 +193,37 @@ class Worker:
                 "programs": self.planned}
 
     def _ready(self):
+        self._readied.set()
         if self._on_ready is not None:
             self._on_ready()
             self._on_ready = None
 
     def _warm_beside(self):
+        """The helper's work: plans before ready beside the worker's thread, then, once ready (the last plan
+        before it may still be the worker's), the plans after it, one by one."""
         while True:
             try:
                 if not self._warm_next():
-                    return
+                    break
             except Exception:  # a plan that fails leaves its programs to be built when first needed
                 traceback.print_exc()
+        self._readied.wait()
+        for plan in self._later_plans:
+            try:
+                self._build(*plan)
+            except Exception:
+                traceback.print_exc()
+        self.engine.recompute_by_prefill = False  # the worker's next recomputing steps are its loops'
+        self._later_plans = []
 
     def _warm_next(self):
-        """Build the next warm-up plan's programs, if one is left (then True)."""
+        """Build the next plan before ready, if one is left (then True)."""
         try:
             capacity, width = self._warm_plans.popleft()
         except IndexError:  # the other thread took the last
             return False
-        block_size = self.model.config.block_size
-        length = block_size if width is None else max(1, width - 1)
         try:
-            engine = Engine(self.model, capacity, **ENGINE_SETTINGS)
-            # One row starts the batch, then rows join it as a running batch's do, in every power of two that
-            # fits (1, 2, .. capacity / 2), so that placing them into its free slots is built too.
-            def admit(count):
-                rows_ids, sources = self.task.warm_rows(self.model.tokenizer, block_size, length, count)
-                engine.admit(rows_ids, [SamplingConfig(seed=0)] * count, sources)
-
-            admit(1)
-            joining = 1
-            while len(engine.rows) + joining <= capacity:
-                admit(joining)
-                joining *= 2
-            if capacity >= 4:
-                # Then more than half a batch joins one row left: the worker's batch, which shrank to fit that
-                # row, grows back to take them (as when the clients of rows that ended together come back).
-                for handle in list(engine.rows)[1:]:
-                    engine.retire(handle)
-                admit(capacity - 1)
-            engine.step(1)
+            self._build(capacity, width)
         finally:
             with self._lock:
                 self.compiling -= 1
@@ -226,6 +231,32 @@ class Worker:
             if ready:
                 self._ready()
         return True
+
+    def _build(self, capacity, width):
+        """Build the programs of a batch of `capacity` rows of `width` (None: full windows)."""
+        block_size = self.model.config.block_size
+        length = block_size if width is None else max(1, width - 1)
+        engine = Engine(self.model, capacity, **ENGINE_SETTINGS)
+
+        # One row starts the batch, then rows join it as a running batch's do, in every power of two that
+        # fits (1, 2, .. capacity / 2), so that placing them into its free slots is built too (on a GPU; on a
+        # CPU they are placed with NumPy).
+        def admit(count):
+            rows_ids, sources = self.task.warm_rows(self.model.tokenizer, block_size, length, count)
+            engine.admit(rows_ids, [SamplingConfig(seed=0)] * count, sources)
+
+        admit(1)
+        joining = 1
+        while len(engine.rows) + joining <= capacity:
+            admit(joining)
+            joining *= 2
+        if capacity >= 4:
+            # Then more than half a batch joins one row left: the worker's batch, which shrank to fit that
+            # row, grows back to take them (as when the clients of rows that ended together come back).
+            for handle in list(engine.rows)[1:]:
+                engine.retire(handle)
+            admit(capacity - 1)
+        engine.step(1)
 
     def _run(self):
         while True:

@@ -1,4 +1,4 @@
-"""The decode engine: its plans, and its text against a plain full-forward decoder run beside it."""
+"""The decode engine: its text against a plain full-forward decoder run beside it."""
 
 import json
 import os
@@ -9,80 +9,9 @@ import pytest
 
 import gptlite
 from conftest import NEEDS_THE_PRIVATE_LAYER, TIE, assert_greedy, last_logits, run_python
-from gptlite.decode.engine import CACHED, cache_span, Engine, plan_steps, RECOMPUTE, RECOMPUTE_THEN_CACHED
+from gptlite.decode.engine import Engine
+from gptlite.decode.programs import RECOMPUTE
 from gptlite.decode.sampling import RowSettings, sample_next_token, SamplingConfig, uniform_noise
-
-
-def test_a_call_holds_steps_of_one_kind_up_to_where_the_window_fills():
-    # A 3-token prompt, block 16: 13 steps from the cache, then every step recomputes the window.
-    assert plan_steps([3], 16, 32, use_cache=True, slide=1) == (13, CACHED, 16)
-    assert plan_steps([16], 16, 32, use_cache=True, slide=1) == (32, RECOMPUTE, 16)
-    assert plan_steps([3], 16, 32, use_cache=False, slide=1) == (32, RECOMPUTE, 16)
-    # Moving 8 at a time: one recomputation, then 7 steps from the cache, in one call.
-    assert plan_steps([16], 16, 32, use_cache=True, slide=8) == (8, RECOMPUTE_THEN_CACHED, 16)
-    assert plan_steps([3], 16, 5, use_cache=True, slide=1) == (5, CACHED, 16)
-
-
-def test_a_row_past_its_limit_decides_nothing_of_the_call():
-    # A full window that has drawn its tokens (limit 0) no longer makes the others recompute.
-    assert plan_steps([3, 16], 16, 8, True, 1, limits=[8, 0]) == (8, CACHED, 16)
-    # One that fills at its second step and stops there: the call goes on from the cache.
-    assert plan_steps([3, 14], 16, 8, True, 1, limits=[8, 2]) == (8, CACHED, 16)
-    assert plan_steps([3, 14], 16, 8, True, 1, limits=[8, 3]) == (2, CACHED, 16)
-    # Every row at its limit: the call ends there.
-    assert plan_steps([3, 5], 16, 8, True, 1, limits=[2, 3]) == (3, CACHED, 16)
-    # A waiting row's cache is kept: the short cache still holds its window.
-    assert plan_steps([3, 70], 256, 8, True, 1, short_caches=True, limits=[8, 0]) == (8, CACHED, 128)
-
-
-def test_a_call_reads_a_cache_as_long_as_its_longest_row_reaches():
-    assert [cache_span(slots, 256) for slots in (1, 64, 65, 128, 129, 256)] == [64, 64, 128, 128, 256, 256]
-    assert cache_span(70, 96) == 96  # never longer than the window
-    # Rows of 3 and 50 tokens, block 256: 8 steps write at 50 .. 57 (slots up to 58); 32 reach 82.
-    assert plan_steps([3, 50], 256, 8, True, 1, short_caches=True) == (8, CACHED, 64)
-    assert plan_steps([3, 50], 256, 32, True, 1, short_caches=True) == (32, CACHED, 128)
-    assert plan_steps([3, 50], 256, 32, True, 1) == (32, CACHED, 256)  # unless asked, the whole cache
-    # After a slide of 200 from a full window, 57 tokens are left: the cache is short again.
-    assert plan_steps([256], 256, 32, True, 200, short_caches=True) == (32, RECOMPUTE_THEN_CACHED, 256)
-    assert plan_steps([57], 256, 32, True, 200, short_caches=True) == (32, CACHED, 128)
-
-
-def test_a_call_in_which_no_window_fills_is_planned_as_step_by_step():
-    from gptlite.decode.engine import _call_step_by_step
-
-    generator = np.random.default_rng(0)
-    for _ in range(300):
-        rows, block_size, max_steps = generator.integers(1, 5), 256, int(generator.integers(1, 33))
-        lengths = generator.integers(1, block_size - max_steps + 1, size=rows)
-        limits = generator.integers(0, max_steps + 1, size=rows)
-        reach = int(generator.integers(0, 200))
-        expected = _call_step_by_step(lengths, block_size, max_steps, True, 1, limits)
-        assert plan_steps(lengths, block_size, max_steps, True, 1, True, limits) == \
-            (*expected[:2], cache_span(expected[2], block_size))
-        assert plan_steps(lengths, block_size, max_steps, True, 1, limits=limits, reach=reach) == \
-            (*expected[:2], cache_span(max(expected[2], reach), block_size))
-
-
-def test_a_call_whose_rows_reach_is_known_reads_the_span_that_holds_it_from_the_first():
-    # Rows bound to reach 100 positions: 128 slots from the first step, so that one program serves them all.
-    assert plan_steps([3, 50], 256, 8, True, 1, reach=100) == (8, CACHED, 128)
-    assert plan_steps([3, 125], 256, 8, True, 1, reach=100) == (8, CACHED, 256)  # a row that goes further
-    assert plan_steps([256], 256, 8, True, 1, reach=100) == (8, RECOMPUTE, 256)  # a full window: all of it
-
-
-def test_a_gpt_prefill_reads_the_columns_its_longest_window_needs():
-    from gptlite.decode.engine import NARROWEST_PREFILL, prompt_columns, windows
-
-    window, lengths = windows(1024, [[1] * 5, [2] * 70])
-    assert prompt_columns(window, lengths, None).shape == (2, 128)
-    window, lengths = windows(1024, [[1] * 5])
-    assert prompt_columns(window, lengths, None).shape == (1, NARROWEST_PREFILL)
-    window, lengths = windows(1024, [[1] * 20])
-    assert prompt_columns(window, lengths, None).shape == (1, 32)
-    window, lengths = windows(96, [[1] * 90])
-    assert prompt_columns(window, lengths, None).shape == (1, 96)  # never wider than the window
-    # A Seq2Seq's start tokens: one column.
-    assert prompt_columns(np.zeros((3, 21), "int32"), np.ones(3, "int32"), np.zeros((3, 21))).shape == (3, 1)
 
 
 def noise_of(model, seed, index):
@@ -120,10 +49,24 @@ def ids_of(model, prompt):
     return [int(i) for i in model.tokenizer.encode(prompt)]
 
 
-def test_the_engine_samples_what_a_plain_full_forward_decoder_samples(fluent_model):
+def recomputing_loops_called(engine, monkeypatch):
+    """The kinds of steps of the loops `engine` asks its programs for, from now on (a list that grows)."""
+    kinds, loop = [], engine.programs.loop
+
+    def recorded(kind, steps_kind, *args, **kwargs):
+        kinds.append(steps_kind)
+        return loop(kind, steps_kind, *args, **kwargs)
+
+    monkeypatch.setattr(engine.programs, "loop", recorded)
+    return kinds
+
+
+@pytest.mark.parametrize("by_prefill", [False, True], ids=["recomputing loop", "recomputed by prefill"])
+def test_the_engine_samples_what_a_plain_full_forward_decoder_samples(fluent_model, by_prefill, monkeypatch):
     # Across the window's end (block 16), with its recomputing steps; both sides draw the same noise.
     config = SamplingConfig(temperature=0.9, top_k=20, seed=5)
-    engine = Engine(fluent_model)
+    engine = Engine(fluent_model, recompute_by_prefill=by_prefill)
+    kinds = recomputing_loops_called(engine, monkeypatch)
     prompt = ids_of(fluent_model, "the dog ran to ")
     drawn = engine.admit([prompt], [config])
     (row,) = drawn
@@ -138,6 +81,7 @@ def test_the_engine_samples_what_a_plain_full_forward_decoder_samples(fluent_mod
             scores = logits - np.log(-np.log(noise_of(fluent_model, config.seed, index)))
             assert abs(scores[got] - scores[want]) < 1e-3, (index, found, expected)
             break
+    assert (RECOMPUTE in kinds) != by_prefill  # the window's end was passed one way or the other
 
 
 def test_a_row_admitted_into_a_running_batch_gets_the_text_it_gets_alone(fluent_model):
@@ -215,13 +159,14 @@ def test_a_seq2seq_row_admitted_into_a_running_batch_reads_its_own_source(tiny_s
     assert [tokens[row][:5] for row in (early, *joined)] == [alone("abcd"), alone("dcb"), alone("eabde")]
 
 
-def test_a_row_that_waits_past_its_limit_goes_on_with_the_text_it_gets_without_one(fluent_model):
+@pytest.mark.parametrize("by_prefill", [False, True], ids=["recomputing loop", "recomputed by prefill"])
+def test_a_row_that_waits_past_its_limit_goes_on_with_the_text_it_gets_without_one(fluent_model, by_prefill):
     configs = [SamplingConfig(temperature=1.0, seed=3), SamplingConfig(temperature=0.8, top_p=0.9, seed=8)]
     prompts = [ids_of(fluent_model, "the big dog "), ids_of(fluent_model, "a")]
 
     def decode(limits_by_call, count):
         """Each row's tokens, the calls' limits ({row index: limit}) first, then none until `count` each."""
-        engine = Engine(fluent_model, 2)
+        engine = Engine(fluent_model, 2, recompute_by_prefill=by_prefill)
         drawn = engine.admit(prompts, configs)
         rows = list(drawn)
         tokens = [list(drawn[row].ids) for row in rows]
@@ -268,9 +213,11 @@ def test_a_seeded_row_gives_the_same_text_whatever_shares_its_batch(fluent_model
     assert "the cat" + texts[0] == alone
 
 
-def test_log_probabilities_agree_with_a_full_forward_pass(fluent_model):
+@pytest.mark.parametrize("by_prefill", [False, True], ids=["recomputing loop", "recomputed by prefill"])
+def test_log_probabilities_agree_with_a_full_forward_pass(fluent_model, by_prefill):
+    # Past the window's end (block 16): its recomputing steps give them too.
     config = SamplingConfig(temperature=0.8, seed=4)
-    engine = Engine(fluent_model)
+    engine = Engine(fluent_model, recompute_by_prefill=by_prefill)
     prompt = ids_of(fluent_model, "the cat ")
     drawn = engine.admit([prompt], [config], logprobs=True)
     (row,) = drawn
