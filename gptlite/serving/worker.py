@@ -104,6 +104,7 @@ class Worker:
         self.waiting = 0
         self.compiling = 0  # warm-up plans not built yet of those before ready (see warm_up)
         self.planned = 0  # warm-up plans before ready
+        self.building = 0  # warm-up plans after ready not built yet (see warm_up)
         self._on_ready = None
         self._lock = threading.Lock()
         self._admissible = collections.deque()  # jobs taken from the queue, waiting for room in the batch
@@ -144,7 +145,7 @@ class Worker:
         that join a running batch. `on_ready()` is called on the thread that built the last of them (at once,
         here, where there is nothing to build). Then, after ready, each batch size's loop of a full window's
         recomputing steps: until they are built, a full window's steps run through the prefill programs
-        (`Engine.recompute_by_prefill`), the same text at 10-20% more a step, so no request waits for them.
+        (`Engine.recompute_by_prefill`), the same text at 1.1-1.5x the time a step, so no request waits for them.
 
         Two threads build the plans: the worker's, between requests, and a
         helper beside it, so that one plan's programs are traced (Python,
@@ -173,6 +174,7 @@ class Worker:
         self._warm_plans.extend((capacity, width) for capacity in capacities for width in widths)
         self.planned = self.compiling = len(self._warm_plans)
         self._later_plans = [(capacity, None) for capacity in capacities]
+        self.building = len(self._later_plans)
         self.engine.recompute_by_prefill = True
 
     @property
@@ -180,17 +182,11 @@ class Worker:
         """Whether every program planned before ready is built: from then on, no request waits for a compiler."""
         return self.compiling == 0
 
-    @property
-    def settled(self):
-        """Whether the programs planned after ready are built too: from then on, a full window's steps run through
-        their own loops."""
-        return self.ready and not self._later_plans
-
     def status(self):
         """What `/health` says of the worker."""
         compiling = self.compiling  # read once: the worker's thread counts it down meanwhile
         return {"status": "warming" if compiling else "ok", "waiting": self.waiting, "compiling": compiling,
-                "programs": self.planned}
+                "programs": self.planned, "building": self.building}
 
     def _ready(self):
         self._readied.set()
@@ -213,8 +209,9 @@ class Worker:
                 self._build(*plan)
             except Exception:
                 traceback.print_exc()
-        self.engine.recompute_by_prefill = False  # the worker's next recomputing steps are its loops'
-        self._later_plans = []
+            if self.building == 1:  # the last: the worker's next recomputing steps are its loops'
+                self.engine.recompute_by_prefill = False
+            self.building -= 1
 
     def _warm_next(self):
         """Build the next plan before ready, if one is left (then True)."""

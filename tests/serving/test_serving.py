@@ -246,6 +246,7 @@ def test_health_says_ready_once_requests_need_no_program_built(fluent_model):
     # Nothing built yet: warming, with the count of what is left (torch compiles nothing: ready at once).
     assert worker.status()["status"] == ("warming" if compiles else "ok")
     assert worker.status()["compiling"] == worker.status()["programs"] == (3 if compiles else 0)  # 3 batch sizes
+    assert worker.status()["building"] == (3 if compiles else 0)  # then their loops of full windows
     running = Server(serving.create_app(fluent_model, "words", settings, worker))
     try:
         with httpx.Client(base_url=running.url, timeout=120) as http:
@@ -280,7 +281,8 @@ def test_health_says_ready_once_requests_need_no_program_built(fluent_model):
             # At ready, while the recomputing loops are still being built: full windows recomputed by prefills.
             at_ready = ask_all()
             assert [status for status, _ in at_ready] == [200] * len(bodies)
-            while not worker.settled:
+            while (health := http.get("/health").json())["building"]:
+                assert health["status"] == "ok" and health["building"] <= 3
                 assert time.monotonic() < deadline, "the server never built its recomputing loops"
                 time.sleep(0.05)
             if compiles:  # two threads built the plans, and no program twice (each traced or loaded once at most)
