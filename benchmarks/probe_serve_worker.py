@@ -5,7 +5,7 @@
 
 A `serving.Worker` decodes a random-weight model of the `cpu` preset's
 shape (or `--shape wide`: 6 layers, width 384, context 256), first
-compiling what it compiles while idle. Then threads submit requests as
+compiling what it compiles while idle, before and after ready. Then threads submit requests as
 serve.py's clients do (an empty prompt, --tokens new tokens, temperatures
 0.6 to 1.2 and top_p 0.9 and 1 by turns), each waiting for its answer
 before the next: first one thread, then --clients at once. It reports new
@@ -42,7 +42,7 @@ def main():
     worker = serving.Worker(model, settings)
     worker.warm_up()
     worker.start()
-    while worker.compiling:
+    while worker.compiling or worker.status().get("building", 0):  # what it builds after ready too
         time.sleep(0.1)
 
     def client(number):

@@ -9,8 +9,9 @@ weights and a 65-character vocabulary is saved and served; prompts are
 empty (a new text). The server runs
 as `gptlite serve` in a process of its own on a free port. The benchmark
 starts twice on one compile cache folder, empty at first: it reports how
-long each start took to answer /health and to say it is ready (its
-warm-up's programs built). On the second, once ready, it first sends --requests
+long each start took to answer /health, to say it is ready (its
+warm-up's programs built) and to build what it builds after ready (the
+loops of full windows: /health's `building`). On the second, once it has, it first sends --requests
 streamed requests of --tokens new tokens from one client, one after
 another; then --clients clients each send --requests such requests, all at
 once; then both phases again with unstreamed requests (the whole answer
@@ -33,7 +34,7 @@ import tempfile
 import threading
 import time
 
-from helpers import free_port, load_phase, make_model, PROMPT, REPO, rss_mb, SERVE_SHAPES, start_server
+from helpers import free_port, load_phase, make_model, PROMPT, REPO, rss_mb, SERVE_SHAPES, start_server, wait_settled
 
 def soak(url, pid, seconds, clients, tokens):
     import httpx
@@ -91,13 +92,16 @@ def main():
         cache = pathlib.Path(folder) / "compile-cache"
         port = free_port()
         flags = () if args.batch_window_ms is None else ("--batch-window-ms", str(args.batch_window_ms))
-        # A cold start (an empty compile cache), stopped once compiled; then a warm one, which is measured.
+        # A cold start (an empty compile cache), stopped once it has built all it builds; then a warm one, measured
+        # once it has too (its steady pace: benchmarks/serve_ready.py measures the moment it is ready).
         server, cold_ready, cold_compiled = start_server(model, port, args.max_batch, args.max_queue, cache, args.code,
                                                          flags)
+        cold_settled = cold_compiled + wait_settled(port)
         server.send_signal(signal.SIGTERM)
         server.wait(120)
         server, warm_ready, warm_compiled = start_server(model, port, args.max_batch, args.max_queue, cache, args.code,
                                                          flags)
+        warm_settled = warm_compiled + wait_settled(port)
         url = f"http://127.0.0.1:{port}"
         try:
             alone = load_phase(url, 1, args.requests, args.tokens)
@@ -112,8 +116,8 @@ def main():
     report = dict(model=str(args.model or f"random weights, {args.shape} shape"), code=str(args.code),
                   tokens=args.tokens,
                   max_batch=args.max_batch, max_queue=args.max_queue, batch_window_ms=args.batch_window_ms,
-                  start=dict(cold_health_s=cold_ready, cold_compiled_s=cold_compiled, warm_health_s=warm_ready,
-                             warm_compiled_s=warm_compiled),
+                  start=dict(cold_health_s=cold_ready, cold_compiled_s=cold_compiled, cold_settled_s=cold_settled,
+                             warm_health_s=warm_ready, warm_compiled_s=warm_compiled, warm_settled_s=warm_settled),
                   alone=alone, together=together,
                   speedup=together["tokens_per_s"] / alone["tokens_per_s"],
                   alone_unstreamed=alone_whole, together_unstreamed=together_whole,

@@ -51,7 +51,7 @@ import threading
 import time
 
 from helpers import cpu_ticks, stolen_share
-from helpers import REPO, complete, free_port, load_phase, make_model, start_server
+from helpers import REPO, complete, free_port, load_phase, make_model, start_server, wait_settled
 
 INTERLEAVED_LONG = 1000
 INTERLEAVED_SHORT = 8
@@ -158,7 +158,10 @@ def main():
         warm_caches = {}
         for code in args.code:
             warm_caches[code] = pathlib.Path(tempfile.mkdtemp(dir=folder))
-            stop(launch(model, warm_caches[code], code, args.max_batch)[0])  # the warm starts' cache, filled
+            # The warm starts' cache, filled: with what a server builds after ready too.
+            process, port, _, _ = launch(model, warm_caches[code], code, args.max_batch)
+            wait_settled(port)
+            stop(process)
         for kind in args.measure:
             rounds = {(code, start): [] for code in args.code for start in ("cold", "warm")}
             for _ in range(args.rounds):

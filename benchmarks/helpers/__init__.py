@@ -209,6 +209,19 @@ def start_server(model, port, max_batch, max_queue, cache, code=REPO, flags=()):
         time.sleep(0.05)
 
 
+def wait_settled(port):
+    """Wait until a ready server has built what it builds after ready (/health's `building` at 0; older code has
+    no such count); the seconds waited."""
+    import httpx
+
+    started = time.perf_counter()
+    while httpx.get(f"http://127.0.0.1:{port}/health").json().get("building", 0):
+        if time.perf_counter() - started > 600:
+            sys.exit("the server did not build its programs after ready in 10 minutes")
+        time.sleep(0.05)
+    return time.perf_counter() - started
+
+
 # Each request's sampling settings, by its number: a mix, as many clients send.
 TEMPERATURES = (0.6, 0.8, 1.0, 1.2)
 TOP_PS = (0.9, 1.0)

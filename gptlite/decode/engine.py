@@ -34,8 +34,9 @@ and handed whole to the compiled loop, which gives it back:
     context                 what every step reads besides: a Seq2Seq's source keys, values and mask; () for a GPT
 
 and on the host: which slot holds which row (`rows`), and each slot's length,
-count, activity and settings again (`HostRows`), from which each call is planned: which steps recompute and
-how long a cache the steps read (`short_caches`: a power of two from
+count, activity and settings again (`HostRows`), from which each call is
+planned (`gptlite.decode.planning`): which steps recompute and how long a
+cache the steps read (`short_caches`: a power of two from
 SHORTEST_CACHE up to block_size, enough for the longest active row, so that
 a batch of many short texts reads no empty cache; with a `reach`, the
 caller's bound on the rows' lengths, the span that holds it from the first

@@ -105,8 +105,8 @@ class Programs:
 
     @property
     def placed(self):
-        """The program that places a prefill's rows into a running batch's free slots (see `Engine.admit`): one
-        call, rather than a few eager operations for each part of the state."""
+        """The program that places a prefill's rows into a running batch's free slots on a GPU (see `Engine.admit`;
+        a CPU's are placed with NumPy): one call, rather than a few eager operations for each part of the state."""
         return self._get("placed rows", _placed_rows, xla=False)
 
     # --- the model's step
