@@ -292,7 +292,7 @@ def test_health_says_ready_once_requests_need_no_program_built(fluent_model):
             assert [answer for answer, body in zip(ask_all(), bodies) if "seed" in body or body.get("temperature") == 0] \
                 == [answer for answer, body in zip(at_ready, bodies) if "seed" in body or body.get("temperature") == 0]
             if compiles:
-                assert programs_for(fluent_model).traces == traces  # served by the programs built before ready
+                assert programs_for(fluent_model).traces == traces  # served by the programs the warm-up built
                 # More than half a batch joining one running row (the clients of rows that ended together coming
                 # back): the worker's batch, shrunk to that row, grows back to take them. Built before ready too.
                 from gptlite.serving.worker import ENGINE_SETTINGS
