@@ -247,18 +247,17 @@ class Engine:
             self._resize(power_of_two(len(self.rows) + count))
         slots = [slot for slot in range(self.capacity) if not self.host.active[slot]][:count]
         span = max(ops.shape(self.state.cache[0])[3], ops.shape(new.cache[0])[3])
+        old, new = (state._replace(cache=fit_cache(state.cache, span)) for state in (self.state, new))
         if on_gpu():  # the rows stay on the device, placed by one program
             taken = np.zeros(self.capacity, np.int32)
             taken[slots] = np.arange(count)
             placed = np.zeros(self.capacity, bool)
             placed[slots] = True
-            old, new = (state._replace(cache=fit_cache(state.cache, span)) for state in (self.state, new))
             self.state = self.programs.placed(old, new, taken, placed)
         else:
             # On a CPU with NumPy: no program to compile for each batch size and count of joining rows (0.1-0.15 s
             # each under JAX, 8 of a server's 20), at about the cost of that program's call (both copy the state).
-            old, new = (keras.tree.map_structure(np.asarray, state) for state in (self.state, new))
-            old, new = (state._replace(cache=_fit_on_host(state.cache, span)) for state in (old, new))
+            old, new = (keras.tree.map_structure(np.asarray, state) for state in (old, new))
             self.state = keras.tree.map_structure(functools.partial(_rows_placed, slots=slots), old, new)
         return slots
 
@@ -419,14 +418,6 @@ def _rows_placed(kept, new, slots):
     kept = np.array(kept)  # a copy: a backend's arrays seen through NumPy are read-only
     kept[slots] = new[:len(slots)]
     return kept
-
-
-def _fit_on_host(cache, span):
-    """`fit_cache` of a cache of NumPy arrays."""
-    slots = cache[0].shape[3]
-    if slots >= span:
-        return tuple(layer[:, :, :, :span] for layer in cache)
-    return tuple(np.pad(layer, [(0, 0), (0, 0), (0, 0), (0, span - slots), (0, 0)]) for layer in cache)
 
 
 def _active_limits(active, max_steps):
