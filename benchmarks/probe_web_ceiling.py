@@ -125,7 +125,7 @@ def main():
     args = parser.parse_args()
     import onnx
 
-    from gptlite.weights import onnx_graph
+    from gptlite.web import onnx_graph
     from web_page import laptop_model
 
     model = laptop_model()

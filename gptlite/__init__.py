@@ -58,7 +58,9 @@ _LAZY = {
     # weights/
     "load": "weights.saving", "save": "weights.saving", "from_pretrained": "weights.pretrained",
     "export_hugging_face": "weights.pretrained", "export_kerashub": "weights.gpt2", "export_gguf": "weights.gguf_export",
-    "export_web": "weights.web_export", "export": "weights",
+    "export": "weights",
+    # web/
+    "export_web": "web.export",
     # training/, evaluation/, tasks/
     "train": "training.fit", "TrainedRun": "training.run", "train_on_text": "training.run",
     "RunConfig": "training.run_config", "read_run_config": "training.run_config",

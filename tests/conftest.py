@@ -61,6 +61,9 @@ import gptlite
 gptlite.compile_cache.use()  # the folder named above, before the backend starts
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+# The web page's tests (tests/web/) build the GGUF tests' kinds of model (tests/weights/), whichever folder pytest
+# collects first.
+sys.path.insert(0, str(REPO / "tests" / "weights"))
 SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 

@@ -217,10 +217,8 @@ class BPETokenizer(Tokenizer):
 
         return forms.gpt2_files(self, block_size)
 
-    def web_form(self):
-        from gptlite.text import forms
-
-        return forms.byte_level_web_form(json.loads(self.definition))
+    def description(self):
+        return {"kind": "tokenizers_json", "definition": self.definition}
 
 
 # Unicode's White_Space characters, which are what `\s` matches in the library's splitting pattern.
@@ -386,9 +384,5 @@ class PretrainedTokenizer(Tokenizer):
 
         return forms.pretrained_files(self, block_size)
 
-    def web_form(self):
-        from gptlite.text import forms
-
-        definition = json.loads(self.definition)
-        byte_fallback = definition.get("model", {}).get("byte_fallback")
-        return (forms.sentencepiece_web_form if byte_fallback else forms.byte_level_web_form)(definition)
+    def description(self):
+        return {"kind": "tokenizers_json", "definition": self.definition}

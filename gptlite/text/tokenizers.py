@@ -38,8 +38,8 @@ class Tokenizer:
 
     A run fits a new one to its text with `fit` (where the class has a `name`, its `tokenizer` setting); the
     exports ask it for their forms: `gguf_fields` (llama.cpp), `hugging_face_files` (transformers),
-    `byte_level_bpe` (GPT-2's vocabulary and merges, for GPT-2's and KerasHub's forms), `web_form` (the web
-    page's). What it has no form for, it refuses with a ConfigError that says so.
+    `byte_level_bpe` (GPT-2's vocabulary and merges, for GPT-2's and KerasHub's forms); the web page
+    translates its `description`. What it has no form for, it refuses with a ConfigError that says so.
     """
 
     name = None  # the `tokenizer` setting that fits a new one to a run's text; None: no run fits one
@@ -116,9 +116,12 @@ class Tokenizer:
         """The files of its Hugging Face form, by name: what `AutoTokenizer.from_pretrained` loads."""
         raise ConfigError(f"a tokenizer of {self.tokens_are} has no Hugging Face form here")
 
-    def web_form(self):
-        """What the web page's tokenizer (weights/web/gptlite.js) reads of it: a dict (`text.forms`)."""
-        raise ConfigError(f"the web page has no tokenizer of {self.tokens_are}")
+    def description(self):
+        """What it is, in a form no other program's: {"kind": "characters", "specials": [...], "characters": [...],
+        "added": [...]} (the names of its special tokens, then its characters, then its added tokens, in id order),
+        or {"kind": "tokenizers_json", "definition": the `tokenizers` library's JSON}. A format that translates
+        tokenizers (the web page's) reads this."""
+        raise ConfigError(f"a tokenizer of {self.tokens_are} does not describe itself")
 
     def byte_level_bpe(self):
         """Its vocabulary (token -> id) and merges ("a b"), as GPT-2's files hold them: only a byte-level BPE
@@ -287,10 +290,9 @@ class CharTokenizer(Tokenizer):
 
         return forms.character_files(self, block_size)
 
-    def web_form(self):
-        from gptlite.text import forms
-
-        return forms.character_web_form(self)
+    def description(self):
+        return {"kind": "characters", "specials": [f"<{name}>" for name in self.special_tokens],
+                "characters": list(self.vocabulary), "added": list(self.added_tokens)}
 
 
 def code_points(text):

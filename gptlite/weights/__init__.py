@@ -20,7 +20,8 @@ GGUF_OUTTYPES = ("f32", "f16", "q8_0")
 
 @dataclasses.dataclass(frozen=True)
 class ExportFormat:
-    """A form `gptlite export` writes: the module of weights/ that writes it and its function there
+    """A form `gptlite export` writes: the module that writes it (named within gptlite: "weights.gguf_export";
+    the web page's is in a room of its own, "web.export") and its function there
     (`function(model, out)`, or `function(model, out, outtype)` where it has `outtypes`), what it is, what the
     command says once it is written (`said`: {out}, {name} the file's or folder's name, {mib} its size, and
     {architecture}, the architecture a Hugging Face config.json names), how it may store its matrices
@@ -36,32 +37,33 @@ class ExportFormat:
     check: str = None
 
 
-# Every form `gptlite export` writes, by its `format`, the default first. A new form is one module of weights/ and
+# Every form `gptlite export` writes, by its `format`, the default first. A new form is one module and
 # one line here: the command's choices, its help and its refusals are made from them.
 EXPORT_FORMATS = {
     "saved_model": ExportFormat(
-        "saving", "export_saved_model", "a TensorFlow SavedModel, token ids in, next-token logits out (the default)",
+        "weights.saving", "export_saved_model", "a TensorFlow SavedModel, token ids in, next-token logits out (the "
+        "default)",
         "wrote {out}: load it with tf.saved_model.load; its 'serve' signature maps token_ids (batch, up to the "
         "model's context, int32) to the next token's logits", check="check_export_backend"),
     "gguf": ExportFormat(
-        "gguf_export", "export_gguf", "one GGUF file that llama.cpp, Ollama and LM Studio run",
+        "weights.gguf_export", "export_gguf", "one GGUF file that llama.cpp, Ollama and LM Studio run",
         "wrote {out} ({mib:.1f} MiB): run it with llama.cpp (llama-cli -m {out}), or in Ollama with a Modelfile of "
         "one line, FROM ./{name}", outtypes=GGUF_OUTTYPES,
         outtype_help="how the weight matrices are stored: f32, f16 (the default: half the size) or q8_0 (8-bit, "
                      "about a quarter)"),
     "hf": ExportFormat(
-        "pretrained", "export_hugging_face", "a Hugging Face folder, GPT-2 for GPT-2's layout, Llama, Qwen2 or Qwen3 "
-        "for a Llama-family one (transformers' AutoModelForCausalLM and AutoTokenizer load it)",
+        "weights.pretrained", "export_hugging_face", "a Hugging Face folder, GPT-2 for GPT-2's layout, Llama, Qwen2 or "
+        "Qwen3 for a Llama-family one (transformers' AutoModelForCausalLM and AutoTokenizer load it)",
         "wrote {out}, a {architecture}: load it with transformers.AutoModelForCausalLM.from_pretrained and "
         "AutoTokenizer.from_pretrained"),
     "web": ExportFormat(
-        "web_export", "export_web", "a static web page that writes with the model in the reader's browser (ONNX, "
+        "web.export", "export_web", "a static web page that writes with the model in the reader's browser (ONNX, "
         "ONNX Runtime Web): no server-side code", "wrote {out} ({mib:.1f} MiB): serve it with any static host "
         "(python -m http.server -d {out}) and open it in a browser", outtypes=("f32", "f16", "int8"),
         outtype_help="the model's weights as f32 (the default), f16 (half the download) or int8 (about a quarter), "
                      "widened to f32 as the page loads them"),
     "kerashub": ExportFormat(
-        "gpt2", "export_kerashub", "a KerasHub GPT-2 preset (GPT2CausalLM.from_preset)",
+        "weights.gpt2", "export_kerashub", "a KerasHub GPT-2 preset (GPT2CausalLM.from_preset)",
         "wrote {out}: load it with keras_hub.models.GPT2CausalLM.from_preset"),
 }
 
@@ -78,7 +80,7 @@ def check_export(format, outtype=None):
         takers = "|".join(name for name, kind in EXPORT_FORMATS.items() if kind.outtypes)
         raise ConfigError(f"`outtype` is for `format={takers}`: how its weight matrices are stored")
     if chosen.check is not None:
-        getattr(importlib.import_module(f"gptlite.weights.{chosen.module}"), chosen.check)()
+        getattr(importlib.import_module(f"gptlite.{chosen.module}"), chosen.check)()
 
 
 def export(model, format, out, outtype=None, overwrite=False):
@@ -94,7 +96,7 @@ def export(model, format, out, outtype=None, overwrite=False):
         if not overwrite:
             raise RunExistsError(f"{out} already exists; choose another `out`, or set `overwrite`")
         _check_replaceable(out)
-    write = getattr(importlib.import_module(f"gptlite.weights.{chosen.module}"), chosen.function)
+    write = getattr(importlib.import_module(f"gptlite.{chosen.module}"), chosen.function)
     with _beside(out) as target:
         if outtype is not None:
             write(model, target, outtype)

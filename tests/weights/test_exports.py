@@ -1,4 +1,4 @@
-"""The forms `gptlite export` writes (`gptlite.weights.EXPORT_FORMATS`): each a function of a module of weights/,
+"""The forms `gptlite export` writes (`gptlite.weights.EXPORT_FORMATS`): each a function of a module of weights/ (the web page's, of web/),
 checked before a model loads."""
 
 import importlib
@@ -13,7 +13,7 @@ from gptlite.weights import check_export, EXPORT_FORMATS
 def test_every_export_format_names_a_function_that_writes_it():
     assert list(EXPORT_FORMATS)[0] == "saved_model"  # the command's default
     for name, kind in EXPORT_FORMATS.items():
-        module = importlib.import_module(f"gptlite.weights.{kind.module}")
+        module = importlib.import_module(f"gptlite.{kind.module}")
         assert callable(getattr(module, kind.function)), name
         assert kind.check is None or callable(getattr(module, kind.check)), name
         assert bool(kind.outtypes) == (kind.outtype_help is not None), name

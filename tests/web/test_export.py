@@ -21,10 +21,11 @@ from conftest import built_once, last_logits, REPO, TIE
 from test_gguf_export import _train, _untrained, KINDS, SHAPE, TEXT, TRICKY, _conversations, _tokenizer
 from test_pretrained import bpe, hugging_face_folder  # noqa: F401 (fixtures: a tiny GPT-2 saved by transformers)
 from gptlite.text import templates
-from gptlite.weights import onnx_graph, web_export
+from gptlite.web import export as web_export, onnx_graph
+from gptlite.web.tokenizer_form import web_form
 
 SAME_ON_EVERY_BACKEND = pytest.mark.once("the graph is written from the weights, alike on every backend")
-LIBRARY = REPO / "gptlite" / "weights" / "web" / "gptlite.js"
+LIBRARY = REPO / "gptlite" / "web" / "page" / "gptlite.js"
 # Each kind of model the page runs: the GGUF tests' kinds, and post-norm blocks, which llama.cpp has not.
 WEB_KINDS = {**{kind: KINDS[kind][:2] for kind in ("char", "bpe", "modern", "llama", "qwen2", "smollm2", "tinyllama",
                                                     "lora", "chat", "chat_bpe")},
@@ -110,7 +111,7 @@ def test_smaller_weights_shrink_the_file_and_keep_the_logits_near(outtype, share
 def _node(request):
     if shutil.which("node") is None:
         pytest.skip("needs Node.js")
-    done = subprocess.run(["node", str(REPO / "tests" / "weights" / "web_node.mjs"), str(LIBRARY)],
+    done = subprocess.run(["node", str(REPO / "tests" / "web" / "web_node.mjs"), str(LIBRARY)],
                           input=json.dumps(request), capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
@@ -132,7 +133,7 @@ def test_the_pages_tokenizer_gives_pythons_ids_and_text(kind):
     if kind in ("bpe", "qwen2", "smollm", "sentencepiece"):
         texts.append(TEXT[:3000])
     assert len(texts) >= 4
-    answer = _node({"tokenizer": tokenizer.web_form(), "texts": texts})
+    answer = _node({"tokenizer": web_form(tokenizer), "texts": texts})
     for text, ids, decoded in zip(texts, answer["ids"], answer["texts"]):
         assert ids == [int(i) for i in tokenizer.encode(text)], text
         # The text of those ids as it follows earlier text, which is how the page writes each new token.
@@ -148,7 +149,7 @@ def test_the_pages_chat_gives_the_templates_ids(kind):
                 {"role": "user", "content": "40+2"}]
     pieces = web_export.chat_pieces(tokenizer)
     for count in (1, 3):
-        answer = _node({"tokenizer": tokenizer.web_form(), "chat": pieces, "messages": messages[:count]})
+        answer = _node({"tokenizer": web_form(tokenizer), "chat": pieces, "messages": messages[:count]})
         assert answer["ids"] == templates.answer_prompt_ids(tokenizer, messages[:count])
 
 
@@ -185,7 +186,7 @@ def test_the_pages_noise_is_pythons_to_the_bit_and_its_sampler_chooses_as_python
 @SAME_ON_EVERY_BACKEND
 def test_a_gpt2_imported_from_a_hugging_face_folder_reads_and_runs_in_the_page_as_in_gptlite(hugging_face_folder):
     model = gptlite.from_pretrained(hugging_face_folder[0])
-    answer = _node({"tokenizer": model.tokenizer.web_form(), "texts": TEXTS})
+    answer = _node({"tokenizer": web_form(model.tokenizer), "texts": TEXTS})
     assert answer["ids"] == [[int(i) for i in model.tokenizer.encode(text)] for text in TEXTS]
     ids = [int(i) for i in model.tokenizer.encode(TRICKY)][:model.config.block_size]
     logits, _ = _onnx_logits(_session(model), model, ids, len(ids) - 4)
@@ -232,11 +233,11 @@ def test_the_package_ships_every_file_the_page_needs():
         import tomli as tomllib
 
     patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][
-        "gptlite.weights"]
-    folder = REPO / "gptlite" / "weights" / "web"
+        "gptlite.web"]
+    folder = REPO / "gptlite" / "web" / "page"
     for name in [*web_export.PAGE_FILES, *(f"ort/{name}" for name in web_export.RUNTIME_FILES)]:
         assert (folder / name).is_file(), name
-        assert any(fnmatch.fnmatch(f"web/{name}", pattern) for pattern in patterns), name
+        assert any(fnmatch.fnmatch(f"page/{name}", pattern) for pattern in patterns), name
 
 
 def test_a_template_the_page_cannot_join_is_refused():

@@ -1,4 +1,4 @@
-// The web page's JavaScript (gptlite/weights/web/gptlite.js) under Node, for tests/weights/test_web_export.py:
+// The web page's JavaScript (gptlite/web/page/gptlite.js) under Node, for tests/web/test_export.py:
 // reads one JSON request on standard input, writes one JSON answer.
 //   {"tokenizer": form, "texts": [...]}                       -> {"ids": [[...], ...], "texts": [...]}: the ids
 //                                                                and those ids decoded back, as the page writes

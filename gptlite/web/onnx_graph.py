@@ -1,5 +1,5 @@
 """A GPT's decoding step as an ONNX graph, written from its weights with the `onnx` package (as the GGUF export
-writes its file with `gguf`), for ONNX Runtime: in a web page (`web_export`), or in Python.
+writes its file with `gguf`), for ONNX Runtime: in a web page (`web.export`), or in Python.
 
 One graph serves the prompt and every later token, batch 1:
 

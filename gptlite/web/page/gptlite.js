@@ -1,6 +1,6 @@
 // gptlite in a web page: the tokenizer, the sampler and the decoding loop, as gptlite writes text in Python.
 //
-// The model is `model.onnx`, one decoding step (gptlite/weights/onnx_graph.py): the new tokens and the cache of
+// The model is `model.onnx`, one decoding step (gptlite/web/onnx_graph.py): the new tokens and the cache of
 // the tokens before them in, the next token's logits, the cache and the attention weights out. Nothing here
 // knows the page: page.js draws it; Node imports this file to check the tokenizer against Python's.
 

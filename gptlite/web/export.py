@@ -16,7 +16,7 @@ import shutil
 from gptlite.errors import ConfigError, RunExistsError
 from gptlite.files import atomic_directory
 from gptlite.text import templates
-from gptlite.weights import onnx_graph
+from gptlite.web import onnx_graph, tokenizer_form
 
 OUTTYPES = onnx_graph.OUTTYPES
 DEFAULT_OUTTYPE = "f32"
@@ -38,7 +38,7 @@ LIMITS = {
     "repetition_penalty": dict(whole=False, least=0.01, most=100, says="a number from 0.01 to 100"),
     "seed": dict(whole=True, least=0, most=2**31 - 1, says=f"a whole number from 0 to {2**31 - 1}"),
 }
-_HERE = pathlib.Path(__file__).parent / "web"
+_HERE = pathlib.Path(__file__).parent / "page"
 
 
 def export_web(model, out, outtype=DEFAULT_OUTTYPE):
@@ -62,13 +62,13 @@ def export_web(model, out, outtype=DEFAULT_OUTTYPE):
         raise ConfigError(f"the page's model is one ONNX file, at most 2 GiB; this model's weights take "
                           f"{weight_bytes / 2**30:.1f} GiB as {outtype}" + (" (try outtype f16)" if outtype == "f32"
                                                                            else ""))
-    tokenizer_form = model.tokenizer.web_form()
+    page_tokenizer = tokenizer_form.web_form(model.tokenizer)
     config = page_config(model, outtype, out.name)
     graph = onnx_graph.decoder_graph(model, outtype)
     with atomic_directory(out) as folder:
         onnx.save_model(graph, str(folder / "model.onnx"))
         del graph
-        (folder / "tokenizer.json").write_text(json.dumps(tokenizer_form, ensure_ascii=False))
+        (folder / "tokenizer.json").write_text(json.dumps(page_tokenizer, ensure_ascii=False))
         (folder / "config.json").write_text(json.dumps(config, indent=1, ensure_ascii=False))
         for name in PAGE_FILES:
             shutil.copyfile(_HERE / name, folder / name)
