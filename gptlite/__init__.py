@@ -10,6 +10,7 @@
 
     maps = gptlite.attention_maps(model, "ROMEO: What light")  # weights (layers, heads, T, T), tokens
     gptlite.plot_attention(maps, "attention.png")
+    steps = gptlite.trace(model, "ROMEO: What light")         # every step's numbers; in Jupyter, the page's view
 
 Importing gptlite does not import Keras, so that a program (gptlite's own
 commands among them) can still choose the Keras backend after it, and it
@@ -67,6 +68,7 @@ _LAZY = {
     "evaluate": "tasks.task", "Evaluation": "evaluation.scores", "AttentionMaps": "evaluation.inspection",
     "attention_maps": "evaluation.inspection", "plot_attention": "evaluation.inspection",
     "plot_positions": "evaluation.inspection", "token_report": "evaluation.inspection",
+    "trace": "evaluation.trace", "Trace": "evaluation.trace",
 }
 __all__ = sorted(["ConfigError", "GPTLiteError", "InputError", "MissingFileError", "RunExistsError",
                   "TrainingDiverged", "TrainingInterrupted", "PRESETS", "GPTConfig", "TrainingConfig", "quiet",

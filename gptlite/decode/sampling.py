@@ -80,16 +80,48 @@ def sample_next_token(logits, settings, noise, seen=None, filtering=True):
     the sort the filters need is then left out of the program; None decides
     at each call, in the program, skipping the sort where no row filters.
     """
-    # (B, 1) each; eager torch is handed NumPy arrays as they are.
-    temperature, top_k, top_p, min_p, penalty = (ops.convert_to_tensor(values, "float32")[:, None]
-                                                 for values in settings)
-    vocabulary_size = ops.shape(logits)[-1]
-    logits = ops.cast(logits, "float32")
-    if seen is not None:
-        penalised = ops.where(ops.greater(logits, 0), logits / penalty, logits * penalty)
-        logits = ops.where(ops.logical_and(ops.greater(seen, 0), ops.not_equal(penalty, 1.0)), penalised, logits)
+    temperature = ops.convert_to_tensor(settings.temperature, "float32")[:, None]  # (B, 1)
+    logits = _penalised(logits, settings, seen)
     if noise is None:  # every row takes the likeliest token (see samples)
         return ops.cast(ops.argmax(logits, axis=-1), "int32")
+    kept = _kept_scores(logits, settings, filtering)
+    gumbel = -ops.log(-ops.log(noise))
+    sampled = ops.argmax(kept + gumbel, axis=-1)
+    greedy = ops.argmax(logits, axis=-1)  # (B,)
+    return ops.cast(ops.where(ops.equal(temperature[:, 0], 0), greedy, sampled), "int32")
+
+
+def next_token_probabilities(logits, config, seen=None):
+    """One row's next-token probabilities (V,) after a SamplingConfig's settings, NumPy in and out: what
+    `sample_next_token` draws from (all of it on the likeliest token at temperature 0). `seen` (V,): how often
+    each token is in the context, for the repetition penalty."""
+    settings = RowSettings.of([config], len(logits))
+    row = _penalised(np.asarray(logits, np.float32)[None], settings, None if seen is None else
+                     np.asarray(seen, np.float32)[None])
+    if config.temperature == 0:
+        chosen = np.zeros(len(logits), np.float32)
+        chosen[int(ops.convert_to_numpy(ops.argmax(row[0])))] = 1
+        return chosen
+    return np.asarray(ops.convert_to_numpy(ops.softmax(_kept_scores(row, settings, True), axis=-1))[0], np.float32)
+
+
+def _penalised(logits, settings, seen):
+    """Float logits (B, V) with each row's repetition penalty applied to the tokens it has `seen` (B, V)."""
+    logits = ops.cast(logits, "float32")
+    if seen is None:
+        return logits
+    # (B, 1); eager torch is handed NumPy arrays as they are.
+    penalty = ops.convert_to_tensor(settings.repetition_penalty, "float32")[:, None]
+    penalised = ops.where(ops.greater(logits, 0), logits / penalty, logits * penalty)
+    return ops.where(ops.logical_and(ops.greater(seen, 0), ops.not_equal(penalty, 1.0)), penalised, logits)
+
+
+def _kept_scores(logits, settings, filtering):
+    """Logits (B, V) divided by each row's temperature, the tokens its top_k, top_p and min_p leave out at -1e9:
+    the draw's scores (see `sample_next_token` for `filtering`)."""
+    temperature, top_k, top_p, min_p = (ops.convert_to_tensor(values, "float32")[:, None]
+                                        for values in settings[:4])  # (B, 1) each
+    vocabulary_size = ops.shape(logits)[-1]
     scaled = logits / ops.maximum(temperature, 1e-6)  # (B, V)
     keeps_all = ops.logical_and(ops.greater_equal(top_k, vocabulary_size),
                                 ops.logical_and(ops.greater_equal(top_p, 1.0), ops.less_equal(min_p, 0.0)))  # (B, 1)
@@ -111,13 +143,8 @@ def sample_next_token(logits, settings, noise, seen=None, filtering=True):
         return ops.where(keeps_all, scaled, kept)
 
     if filtering is None:
-        kept = ops.cond(ops.all(keeps_all), lambda: scaled, filtered)
-    else:
-        kept = filtered() if filtering else scaled
-    gumbel = -ops.log(-ops.log(noise))
-    sampled = ops.argmax(kept + gumbel, axis=-1)
-    greedy = ops.argmax(logits, axis=-1)  # (B,)
-    return ops.cast(ops.where(ops.equal(temperature[:, 0], 0), greedy, sampled), "int32")
+        return ops.cond(ops.all(keeps_all), lambda: scaled, filtered)
+    return filtered() if filtering else scaled
 
 
 def token_log_probabilities(logits, tokens):

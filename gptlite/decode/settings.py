@@ -18,12 +18,14 @@ from gptlite.text.continuation import stop_strings
 TOP_LOGPROBS = 5
 
 
-def setting(default, help, metavar=None, request=None, limits=None, most=None):
+def setting(default, help, metavar=None, request=None, limits=None, most=None, bounds=None):
     """A SamplingConfig field: its `default`; the `help` its flag shows (`metavar` names the flag's value); the
     name an HTTP request gives it (`request`: the setting's own unless given); the `limits` (low or None, high)
-    a request may ask within, where they are narrower than the library's; the `most` strings a request may give."""
+    a request may ask within, where they are narrower than the library's; the `most` strings a request may give;
+    a number's `bounds` (low, high, whether low itself is refused), None for none, as `__post_init__` checks
+    them (the tests hold the two alike): what the web page's settings are checked against."""
     return dataclasses.field(default=default, metadata=dict(help=help, metavar=metavar, request=request,
-                                                            limits=limits, most=most))
+                                                            limits=limits, most=most, bounds=bounds))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,19 +44,20 @@ class SamplingConfig:
     """
 
     # The server's own limit on max_tokens is a serving setting (`ServeSettings.max_tokens_limit`).
-    max_new_tokens: int = setting(200, "tokens to write (default: 200)", "N", request="max_tokens")
+    max_new_tokens: int = setting(200, "tokens to write (default: 200)", "N", request="max_tokens",
+                                  bounds=(0, None, False))
     temperature: float = setting(1.0, "below 1 is safer, above 1 wilder; 0 always takes the likeliest token "
-                                      "(default: 1)", limits=(None, 2.0))  # OpenAI's limit
+                                      "(default: 1)", limits=(None, 2.0), bounds=(0, None, False))  # OpenAI's limit
     top_k: int = setting(None, "sample only among the K likeliest tokens (default: all)", "K",
-                         limits=(None, 2**31 - 1))  # as the sampler's tensors hold it
+                         limits=(None, 2**31 - 1), bounds=(1, None, False))  # as the sampler's tensors hold it
     top_p: float = setting(1.0, "sample only among the likeliest tokens whose probabilities add up to P (nucleus "
-                                "sampling; default: 1, off)", "P")
+                                "sampling; default: 1, off)", "P", bounds=(0, 1, True))
     min_p: float = setting(0.0, "sample only among tokens at least P times as likely as the likeliest (default: 0, "
-                                "off)", "P")
+                                "off)", "P", bounds=(0, 1, False))
     repetition_penalty: float = setting(1.0, "above 1, make tokens already in the context less likely (default: 1, "
-                                             "off)", "R", limits=(None, 100.0))
+                                             "off)", "R", limits=(None, 100.0), bounds=(0, None, True))
     seed: int = setting(None, "make the samples repeatable (default: different each time)",
-                        limits=(-2**63, 2**63 - 1))  # OpenAI's
+                        limits=(-2**63, 2**63 - 1), bounds=(None, None, False))  # OpenAI's
     stop: tuple = setting((), "end the text just before STRING appears (may be given more than once)", "STRING",
                           most=4)  # OpenAI's
 

@@ -1,43 +1,39 @@
-"""A static web page that writes with a GPT in the reader's browser: the model as ONNX (`onnx_graph`), run by
-ONNX Runtime Web's WebAssembly build; the tokenizer, the sampler and the decoding loop in JavaScript
-(`web/gptlite.js`), as gptlite's own, so the page writes the text Python writes.
+"""A static web page that writes with a GPT in the reader's browser, and shows inside it: the model as ONNX
+(`onnx_graph`'s decoding step; `inside_graph`, every step of a forward pass), run by ONNX Runtime Web's
+WebAssembly build; the tokenizer, the sampler and the decoding loop in JavaScript (`page/gptlite.js`), as
+gptlite's own, so the page writes the text Python writes; the Inside view (`page/inside.js`), which shows a
+trace, the inside graph's or Python's (`gptlite.trace`).
 
     gptlite export --model runs/mine/model.keras --format web --out site/
     python -m http.server -d site     # or any static host: no code runs on the server
 
-The folder holds index.html, page.js, gptlite.js, model.onnx, tokenizer.json, config.json, ONNX Runtime Web's
-files (ort/, its licence beside them) and a README. Nothing is fetched from elsewhere at run time.
+The folder holds index.html, page.js, gptlite.js, inside.js, model.onnx, inside.onnx, tokenizer.json,
+config.json, ONNX Runtime Web's files (ort/, its licence beside them) and a README. Nothing is fetched from
+elsewhere at run time.
 """
 
+import dataclasses
 import json
 import pathlib
 import shutil
 
+from gptlite.decode.settings import is_whole_number_setting, SAMPLING_FIELDS
 from gptlite.errors import ConfigError, RunExistsError
 from gptlite.files import atomic_directory
 from gptlite.text import templates
-from gptlite.web import onnx_graph, tokenizer_form
+from gptlite.web import inside_graph, onnx_graph, tokenizer_form
 
 OUTTYPES = onnx_graph.OUTTYPES
 DEFAULT_OUTTYPE = "f32"
-PAGE_FILES = ("index.html", "page.js", "gptlite.js")
+PAGE_FILES = ("index.html", "page.js", "gptlite.js", "inside.js")
 # ONNX Runtime Web 1.30.0 (npm onnxruntime-web), its WebAssembly build with SIMD: the files the page loads.
 RUNTIME_FILES = ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm", "LICENSE")
 # One ONNX file holds at most 2 GiB (protobuf's limit); a page's WebAssembly memory is 4 GiB.
 MOST_WEIGHT_BYTES = 2**31 - 2**26
 # The most new tokens the page writes in one go: the decoding loop keeps every token's attention to show.
 MOST_NEW_TOKENS = 4096
-# What the page's settings may be: the server's request limits where the setting has them.
-LIMITS = {
-    "max_new_tokens": dict(whole=True, least=1, most=MOST_NEW_TOKENS, says=f"a whole number from 1 to "
-                                                                           f"{MOST_NEW_TOKENS}"),
-    "temperature": dict(whole=False, least=0, most=2, says="a number from 0 to 2"),
-    "top_k": dict(whole=True, least=1, most=None, says="a whole number of at least 1, or empty for all"),
-    "top_p": dict(whole=False, least=0, most=1, says="a number from 0 to 1"),
-    "min_p": dict(whole=False, least=0, most=1, says="a number from 0 to 1"),
-    "repetition_penalty": dict(whole=False, least=0.01, most=100, says="a number from 0.01 to 100"),
-    "seed": dict(whole=True, least=0, most=2**31 - 1, says=f"a whole number from 0 to {2**31 - 1}"),
-}
+# The largest whole number a browser's numbers hold exactly: the page's bound on a seed.
+MOST_EXACT_INTEGER = 2**53 - 1
 _HERE = pathlib.Path(__file__).parent / "page"
 
 
@@ -64,10 +60,9 @@ def export_web(model, out, outtype=DEFAULT_OUTTYPE):
                                                                            else ""))
     page_tokenizer = tokenizer_form.web_form(model.tokenizer)
     config = page_config(model, outtype, out.name)
-    graph = onnx_graph.decoder_graph(model, outtype)
     with atomic_directory(out) as folder:
-        onnx.save_model(graph, str(folder / "model.onnx"))
-        del graph
+        for name, make in (("model.onnx", onnx_graph.decoder_graph), ("inside.onnx", inside_graph.inside_graph)):
+            onnx.save_model(make(model, outtype), str(folder / name))  # one graph's bytes held at a time
         (folder / "tokenizer.json").write_text(json.dumps(page_tokenizer, ensure_ascii=False))
         (folder / "config.json").write_text(json.dumps(config, indent=1, ensure_ascii=False))
         for name in PAGE_FILES:
@@ -96,8 +91,52 @@ def page_config(model, outtype, name):
                          f"tokens of context, {tokenizer.tokens_are}; it runs in this page ({outtype})",
         n_layer=config.n_layer, n_head=config.n_head, kv_heads=config.kv_heads, head_size=config.head_size,
         block_size=config.block_size, vocab_size=config.vocab_size,
+        shape={**dataclasses.asdict(config), "kv_heads": config.kv_heads, "head_size": config.head_size},
         text_start_ids=[int(i) for i in tokenizer.text_start_ids], stop_ids=sorted(set(stops)), chat=chat,
-        limits=LIMITS)
+        sampling=sampling_settings())
+
+
+def sampling_settings():
+    """The sampling settings the page offers, in SamplingConfig's order, each made from its field: its name,
+    help, default, whether it is a whole number, its bounds (the library's, narrowed by what a server's request
+    may ask and by what the page can hold: MOST_NEW_TOKENS, MOST_EXACT_INTEGER) and a sentence saying them. A
+    setting the page has no box for (a list of stop strings) is left out."""
+    offered = []
+    for name, field in SAMPLING_FIELDS.items():
+        if field.metadata["bounds"] is None:
+            continue
+        least, most, least_refused = field.metadata["bounds"]
+        whole = is_whole_number_setting(name)
+        request_least, request_most = field.metadata["limits"] or (None, None)
+        least = _tighter(max, least, request_least, -MOST_EXACT_INTEGER if whole else None)
+        most = _tighter(min, most, request_most, MOST_EXACT_INTEGER if whole else None,
+                        MOST_NEW_TOKENS if name == "max_new_tokens" else None)
+        offered.append(dict(name=name, help=field.metadata["help"], default=field.default, whole=whole, least=least,
+                            least_refused=least_refused, most=most, says=_bounds_said(whole, least, least_refused,
+                                                                                      most, field.default)))
+    return offered
+
+
+def _tighter(pick, *bounds):
+    given = [bound for bound in bounds if bound is not None]
+    return pick(given) if given else None
+
+
+def _bounds_said(whole, least, least_refused, most, default):
+    """A setting's bounds in words: "a number above 0 and at most 1", "a whole number from 1 to 4096, or empty"."""
+    kind = "a whole number" if whole else "a number"
+    if least is not None and most is not None and not least_refused:
+        said = f"{kind} from {_number(least)} to {_number(most)}"
+    else:
+        parts = [f"{'above' if least_refused else 'at least'} {_number(least)}" if least is not None else None,
+                 f"at most {_number(most)}" if most is not None else None]
+        said = " and ".join([kind + " " + parts[0]] + parts[1:] if parts[0] else [kind] + parts[1:]) \
+            if any(parts) else kind
+    return said + (", or empty" if default is None else "")
+
+
+def _number(value):
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
 
 
 def chat_pieces(tokenizer):
@@ -140,7 +179,12 @@ and open http://localhost:8000/. A link can carry the prompt and the settings, a
 
     http://localhost:8000/?prompt=ROMEO%3A&max_new_tokens=200&temperature=0&seed=1&run=1
 
-Files: index.html, page.js and gptlite.js (the page, the tokenizer, the sampler and the decoding loop),
-model.onnx (the model's decoding step), tokenizer.json, config.json, and ort/ (ONNX Runtime Web 1.30.0's
+and one can open the Inside view at a token, a layer, a head and a step:
+
+    http://localhost:8000/?prompt=ROMEO%3A&token=3&layer=1&head=0&step=softmax
+
+Files: index.html, page.js, gptlite.js and inside.js (the page, the tokenizer, the sampler, the decoding loop
+and the Inside view), model.onnx (the model's decoding step), inside.onnx (its every step over a text, for the
+Inside view), tokenizer.json, config.json, and ort/ (ONNX Runtime Web 1.30.0's
 WebAssembly build, MIT licence in ort/LICENSE). Written by gptlite's `gptlite export --format web`.
 """

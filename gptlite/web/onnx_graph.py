@@ -39,7 +39,7 @@ def decoder_graph(model, outtype="f32"):
     """The decoding step of a GPT (see the module's docstring) as an `onnx.ModelProto`."""
     import onnx
 
-    graph = _Graph(model.config, outtype)
+    graph = Graph(model.config, outtype)
     graph.write(model)
     proto = onnx.helper.make_model(
         onnx.helper.make_graph(graph.nodes, "gptlite_decoder", graph.inputs, graph.outputs, graph.initializers),
@@ -53,7 +53,7 @@ def cache_names(n_layer):
     return [f"past_{part}_{index}" for index in range(n_layer) for part in ("key", "value")]
 
 
-class _Graph:
+class Graph:
     """The nodes, initializers, inputs and outputs of the step, added in the order they run."""
 
     def __init__(self, config, outtype):

@@ -256,50 +256,75 @@ function argmax(values) {
   return best;
 }
 
-// The next token from float logits (V,), as gptlite's `sample_next_token` draws it for one row: repetition penalty
-// on the tokens `seen` in the window, then greedy at temperature 0, else the arg-max of the kept scaled logits plus
-// Gumbel noise (top_k, top_p and min_p filter what is kept).
-export function sampleNext(logits, settings, noise, seen) {
-  const vocabularySize = logits.length;
-  let values = Float32Array.from(logits);
+// The logits (V,) with the repetition penalty on the tokens `seen` in the window, as gptlite's sampler applies it.
+function penalised(logits, settings, seen) {
+  const values = Float32Array.from(logits);
   const penalty = settings.repetition_penalty ?? 1;
   if (penalty !== 1 && seen) {
     for (const id of seen) values[id] = values[id] > 0 ? values[id] / penalty : values[id] * penalty;
   }
-  if (settings.temperature === 0) return argmax(values);
+  return values;
+}
+
+// The draw's scores (V,) from penalised logits, as gptlite's `_kept_scores`: divided by the temperature, the
+// tokens top_k, top_p and min_p leave out at -1e9.
+function keptScores(values, settings) {
+  const vocabularySize = values.length;
   const temperature = Math.max(settings.temperature, 1e-6);
   const scaled = values.map((v) => v / temperature);
   const topK = settings.top_k == null ? vocabularySize : Math.min(settings.top_k, vocabularySize);
   const topP = settings.top_p ?? 1;
   const minP = settings.min_p ?? 0;
-  let kept = scaled;
-  if (topK < vocabularySize || topP < 1 || minP > 0) {
-    const descending = Float32Array.from(scaled).sort().reverse();
-    const kth = descending[Math.max(1, Math.min(topK, vocabularySize)) - 1];
-    let nucleusFloor = Infinity;
-    if (topP >= 1) nucleusFloor = descending[vocabularySize - 1];
-    else {
-      const top = descending[0];
-      let total = 0;
-      for (const v of descending) total += Math.exp(v - top);
-      let above = 0;
-      for (const v of descending) {
-        if (above >= topP) break;
-        nucleusFloor = v;
-        above += Math.exp(v - top) / total;
-      }
+  if (!(topK < vocabularySize || topP < 1 || minP > 0)) return scaled;
+  const descending = Float32Array.from(scaled).sort().reverse();
+  const kth = descending[Math.max(1, Math.min(topK, vocabularySize)) - 1];
+  let nucleusFloor = Infinity;
+  if (topP >= 1) nucleusFloor = descending[vocabularySize - 1];
+  else {
+    const top = descending[0];
+    let total = 0;
+    for (const v of descending) total += Math.exp(v - top);
+    let above = 0;
+    for (const v of descending) {
+      if (above >= topP) break;
+      nucleusFloor = v;
+      above += Math.exp(v - top) / total;
     }
-    const minPFloor = minP > 0 ? descending[0] + Math.log(Math.max(minP, 1e-30)) : -Infinity;
-    const floor = Math.max(kth, nucleusFloor, minPFloor);
-    kept = scaled.map((v) => (v >= floor ? v : -1e9));
   }
+  const minPFloor = minP > 0 ? descending[0] + Math.log(Math.max(minP, 1e-30)) : -Infinity;
+  const floor = Math.max(kth, nucleusFloor, minPFloor);
+  return scaled.map((v) => (v >= floor ? v : -1e9));
+}
+
+// The next token from float logits (V,), as gptlite's `sample_next_token` draws it for one row: repetition penalty
+// on the tokens `seen` in the window, then greedy at temperature 0, else the arg-max of the kept scaled logits plus
+// Gumbel noise (top_k, top_p and min_p filter what is kept).
+export function sampleNext(logits, settings, noise, seen) {
+  const values = penalised(logits, settings, seen);
+  if (settings.temperature === 0) return argmax(values);
+  const kept = keptScores(values, settings);
   let best = 0;
   let bestValue = -Infinity;
-  for (let v = 0; v < vocabularySize; v++) {
+  for (let v = 0; v < values.length; v++) {
     const value = kept[v] - Math.log(-Math.log(noise[v]));
     if (value > bestValue) { bestValue = value; best = v; }
   }
   return best;
+}
+
+// The probabilities (V,) the draw picks from, after the settings, as gptlite's `next_token_probabilities`: all on
+// the likeliest token at temperature 0, else the softmax of the kept scores (a left-out token's is 0).
+export function nextTokenProbabilities(logits, settings, seen) {
+  const values = penalised(logits, settings, seen);
+  const probabilities = new Float32Array(values.length);
+  if (settings.temperature === 0) { probabilities[argmax(values)] = 1; return probabilities; }
+  const kept = keptScores(values, settings);
+  let top = -Infinity;
+  for (const v of kept) if (v > top) top = v;
+  let total = 0;
+  for (let v = 0; v < kept.length; v++) { probabilities[v] = Math.exp(kept[v] - top); total += probabilities[v]; }
+  for (let v = 0; v < kept.length; v++) probabilities[v] /= total;
+  return probabilities;
 }
 
 // The `count` likeliest next tokens and their probabilities (temperature 1, nothing filtered).
@@ -317,6 +342,11 @@ export function topCandidates(logits, count) {
     order[at] = id;
   }
   return order.map((id) => ({ id, probability: Math.exp(logits[id] - top) / total }));
+}
+
+// A row's seed as the sampler reads it: a whole number taken modulo 2^31, as `SamplingConfig.for_rows` takes it.
+export function rowSeed(seed) {
+  return ((seed ?? 0) % 2147483648 + 2147483648) % 2147483648;
 }
 
 // --- decoding: the prompt in one call, then one call a token over the cache; past the window, the last
@@ -375,7 +405,7 @@ export class Writer {
     const context = [...promptIds];
     let windowStart = Math.max(0, context.length - block);
     let { logits, cache, attention } = await this.step(context.slice(windowStart), this.emptyCache());
-    const seed = ((settings.seed ?? 0) % 2147483648 + 2147483648) % 2147483648;
+    const seed = rowSeed(settings.seed);
     const stops = new Set(this.config.stop_ids ?? []);
     for (let produced = 0; produced < settings.max_new_tokens; produced++) {
       const noise = settings.temperature === 0 ? null : uniformNoise(seed, produced, logits.length);
@@ -391,6 +421,35 @@ export class Writer {
         ({ logits, cache, attention } = await this.step(context.slice(windowStart), this.emptyCache()));
       }
     }
+  }
+}
+
+// --- looking inside: `inside.onnx` (gptlite/web/inside_graph.py), every step of the forward pass over a text
+
+export class Explainer {
+  // ort: onnxruntime-web's module; session: an InferenceSession of inside.onnx; config: the export's config.json.
+  constructor(ort, session, config) {
+    this.ort = ort;
+    this.session = session;
+    this.config = config;
+  }
+
+  // The trace of ids (their last block_size), as gptlite.trace gives it (Trace.to_json): {ids, window_start,
+  // shape, steps: {name: {dims, data}}, layers: [{name: {dims, data}}]}, every number the graph's.
+  async trace(allIds) {
+    const ids = allIds.slice(-this.config.block_size);
+    const input = new this.ort.Tensor("int64", BigInt64Array.from(ids, BigInt), [1, ids.length]);
+    const out = await this.session.run({ input_ids: input });
+    const steps = {};
+    const layers = Array.from({ length: this.config.n_layer }, () => ({}));
+    for (const [name, tensor] of Object.entries(out)) {
+      const data = tensor.type === "int64" ? Array.from(tensor.data, Number) : tensor.data;
+      const array = { dims: tensor.dims.map(Number), data };
+      const inLayer = /^layer_(\d+)\.(.+)$/.exec(name);
+      if (inLayer) layers[Number(inLayer[1])][inLayer[2]] = array;
+      else steps[name] = array;
+    }
+    return { ids, window_start: allIds.length - ids.length, shape: this.config.shape, steps, layers };
   }
 }
 

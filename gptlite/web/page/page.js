@@ -1,18 +1,22 @@
-// The page: loads the model, writes as the reader asks, and shows inside it (attention, next-token candidates).
-// The written text stands in #output; #output's data-state is "loading", "ready", "writing", "done" or "error".
-import { chatText, makeTokenizer, promptIds, topCandidates, Writer } from "./gptlite.js";
+// The page: loads the model, writes as the reader asks, and shows inside it (the Inside view, inside.js, on a trace
+// of the text that the inside graph computes). The written text stands in #output; #output's data-state is
+// "loading", "ready", "writing", "done" or "error". #inside's is "done" once a step is shown; window.gptliteInside()
+// returns what it shows as plain JSON (docs/inspection.md).
+import { chatText, Explainer, makeTokenizer, promptIds, Writer } from "./gptlite.js";
+import { InsideView } from "./inside.js";
 
 const $ = (id) => document.getElementById(id);
 // Seconds of warm-up: enough for V8 to optimise the laptop preset's model (some 300 steps); a model the size of
 // GPT-2 small runs its long loops often enough to be optimised within its first few steps.
 const WARM_SECONDS = 1.5;
-const SETTINGS = ["max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed"];
-let writer, tokenizer, config;
+// What a link may say of the Inside view's state.
+const INSIDE = ["token", "layer", "head", "step"];
+let writer, tokenizer, config, explainer, view;
 let stopping = false;
 let warming = null;  // the model's warm-up while the page waits (Writer.warm), ended by a writing
 let writingAsked = false;
-let tokens = [];  // what the last call wrote: {id, candidates, attention, windowStart}
-let promptLength = 0;  // the ids before them
+let tokens = [];  // what the last call wrote: {id}
+let usedSettings = null;  // the settings of the last writing, its seed chosen
 const conversation = [];
 
 // Let the browser draw the text and take clicks (Stop): a decoding loop that only awaits the model never gives it
@@ -49,40 +53,59 @@ async function load() {
   document.title = `${config.name}: gptlite`;
   $("title").textContent = config.name;
   $("about").textContent = config.about;
-  for (let i = 0; i < config.n_layer; i++) $("layer").add(new Option(`layer ${i}`, i));
-  for (let i = 0; i < config.n_head; i++) $("head").add(new Option(`head ${i}`, i));
+  for (const setting of config.sampling) {  // the boxes, from SamplingConfig's fields
+    const input = document.createElement("input");
+    input.id = setting.name;
+    input.value = setting.default ?? "";
+    input.placeholder = setting.default === null ? (setting.name === "seed" ? "random" : "all") : "";
+    input.title = setting.help;
+    const label = document.createElement("label");
+    label.append(setting.name.replace(/_/g, " "), input);
+    $("settings").append(label);
+  }
   if (config.chat) $("prompt").placeholder = "your message";
   fillFromQuery();
   $("generate").disabled = false;
   say(`ready in ${((performance.now() - started) / 1000).toFixed(2)} s`, "ready");
   // Seconds from the page's navigation to a model ready to write.
   $("output").dataset.readySeconds = (performance.now() / 1000).toFixed(3);
-  if (new URLSearchParams(location.search).get("run") === "1") generate();
-  // Yielding every 10 ms keeps typing smooth while the model warms.
-  else warming = writer.warm(WARM_SECONDS, () => letThePageBreathe(10), () => writingAsked);
+  const query = new URLSearchParams(location.search);
+  if (query.get("run") === "1") generate();
+  else {
+    // A link to a state inside the model opens there, on the prompt as it is.
+    if (INSIDE.some((name) => query.has(name))) {
+      const asked = idsOfPrompt($("prompt").value);
+      if (asked.error) say(asked.error); else explain(asked.ids, []);
+    }
+    // Yielding every 10 ms keeps typing smooth while the model warms.
+    warming = writer.warm(WARM_SECONDS, () => letThePageBreathe(10), () => writingAsked);
+  }
 }
 
 
 function fillFromQuery() {
   const query = new URLSearchParams(location.search);
   if (query.has("prompt")) $("prompt").value = query.get("prompt");
-  for (const name of SETTINGS) if (query.has(name)) $(name).value = query.get(name);
+  for (const { name } of config.sampling) if (query.has(name)) $(name).value = query.get(name);
 }
 
 // The settings as numbers, checked; a message naming the first that is wrong.
+// Each setting is checked against its bounds as config.json declares them (SamplingConfig's); an empty box is the
+// setting's default where that is none (top_k: all; seed: a new one, drawn here).
 function settingsOrError() {
   const settings = {};
-  for (const name of SETTINGS) {
-    const raw = $(name).value.trim();
-    if (raw === "" && name === "top_k") { settings.top_k = null; continue; }
+  for (const setting of config.sampling) {
+    const raw = $(setting.name).value.trim();
+    if (raw === "" && setting.default === null) { settings[setting.name] = null; continue; }
     const value = Number(raw);
-    const limit = config.limits[name];
-    if (raw === "" || !Number.isFinite(value) || (limit.whole && !Number.isInteger(value))
-        || value < limit.least || (limit.most != null && value > limit.most)) {
-      return { error: `${name} must be ${limit.says}; got ${raw || "nothing"}` };
+    const above = setting.least == null || (setting.least_refused ? value > setting.least : value >= setting.least);
+    if (raw === "" || !Number.isFinite(value) || (setting.whole && !Number.isInteger(value)) || !above
+        || (setting.most != null && value > setting.most)) {
+      return { error: `${setting.name} must be ${setting.says}; got ${raw || "nothing"}` };
     }
-    settings[name] = value;
+    settings[setting.name] = value;
   }
+  if (settings.seed === null) settings.seed = crypto.getRandomValues(new Uint32Array(1))[0] % 2147483648;
   return { settings };
 }
 
@@ -92,8 +115,8 @@ function idsOfPrompt(prompt) {
     return { error: `the prompt has characters the model never saw in training: ${JSON.stringify(unknown.join(""))}` };
   }
   if (!config.chat) return { ids: promptIds(tokenizer, config, prompt) };
-  conversation.push({ role: "user", content: prompt });
-  return { ids: [...config.chat.start_ids, ...tokenizer.encode(chatText(config.chat, conversation))] };
+  const messages = [...conversation, { role: "user", content: prompt }];
+  return { ids: [...config.chat.start_ids, ...tokenizer.encode(chatText(config.chat, messages))] };
 }
 
 async function generate() {
@@ -102,11 +125,12 @@ async function generate() {
   const asked = error ? { error } : idsOfPrompt(prompt);
   if (asked.error) { say(asked.error, "error"); return; }
   writingAsked = true;
+  if (config.chat) conversation.push({ role: "user", content: prompt });
   $("generate").disabled = true;
   await warming;  // the call in flight: milliseconds for a small model, some hundreds at GPT-2 small's size
   stopping = false;
   tokens = [];
-  promptLength = asked.ids.length;
+  usedSettings = settings;
   $("stop").disabled = false;
   const output = $("output");
   const decoder = tokenizer.decoder();
@@ -132,8 +156,7 @@ async function generate() {
         cut = true;
         break;
       }
-      tokens.push({ id: step.token, candidates: topCandidates(step.logits, 5), attention: step.attention,
-        windowStart: step.windowStart });
+      tokens.push({ id: step.token });
       await letThePageBreathe();
       if (tokens.length % 16 === 0) {
         const seconds = (performance.now() - started) / 1000;
@@ -158,58 +181,49 @@ async function generate() {
     $("prompt").value = "";
   }
   output.dataset.ids = JSON.stringify(tokens.map((token) => token.id));
+  output.dataset.promptIds = JSON.stringify(asked.ids);
+  output.dataset.seed = String(settings.seed);
   output.dataset.firstTokenSeconds = ((firstToken ?? 0) / 1000).toFixed(3);
   output.dataset.tokensPerSecond = tokens.length > 1 ? ((tokens.length - 1) / (seconds - firstToken / 1000)).toFixed(2) : "0";
   $("speed").textContent = `${tokens.length} tokens in ${seconds.toFixed(2)} s, ${(tokens.length / seconds).toFixed(1)} tokens/s`;
   $("generate").disabled = false;
   $("stop").disabled = true;
-  drawTokens();
   say(stopping ? "stopped" : "done", "done");
+  explain(asked.ids, tokens.map((token) => token.id));
 }
 
-// The text written, token by token: choosing one shows what it attended to and what else it might have been.
-function drawTokens() {
-  const view = $("tokens");
-  view.textContent = "";
-  tokens.forEach((token, index) => {
-    const span = document.createElement("span");
-    span.textContent = tokenizer.piece(token.id).replace(/\n/g, "↵") || "·";
-    span.className = "token";
-    span.onclick = () => inspect(index);
-    view.append(span);
-  });
-  if (tokens.length) inspect(tokens.length - 1);
+// The Inside view over the text: the prompt's ids and those written, traced by the inside graph (loaded the first
+// time), opened where the link says (else at the last token) and keeping the link up to date as the reader moves.
+async function explain(promptIdList, writtenIds) {
+  const inside = $("inside");
+  inside.dataset.state = "tracing";
+  try {
+    if (!explainer) {
+      explainer = new Explainer(ort, await ort.InferenceSession.create("inside.onnx", { executionProviders: ["wasm"],
+        logSeverityLevel: 3 }), config);
+    }
+    const trace = await explainer.trace([...promptIdList, ...writtenIds]);
+    const query = new URLSearchParams(location.search);
+    const asked = Object.fromEntries(INSIDE.filter((name) => query.has(name)).map((name) => [name, query.get(name)]));
+    view = new InsideView(inside, { piece: (id) => tokenizer.piece(id), sampling: config.sampling,
+      settings: usedSettings ?? settingsOrError().settings, promptLength: promptIdList.length, onChange: remember });
+    view.show(trace, asked);
+  } catch (failure) {
+    inside.dataset.state = "error";
+    inside.textContent = `the model could not be traced: ${failure.message}`;
+  }
 }
 
-function inspect(index) {
-  const token = tokens[index];
-  const layer = Number($("layer").value);
-  const head = Number($("head").value);
-  const [, heads, rows, keys] = token.attention.dims;
-  // The row of the query that chose this token: the last of its call's.
-  const offset = ((layer * heads + head) * rows + rows - 1) * keys;
-  const weights = token.attention.data.subarray(offset, offset + keys);
-  // Written token i stands at position promptLength + i, key promptLength + i - windowStart of this row; the row
-  // is the query's that chose token `index`, so it sees the tokens written before it.
-  const spans = $("tokens").children;
-  for (let i = 0; i < spans.length; i++) {
-    const key = promptLength + i - token.windowStart;
-    const weight = i < index && key >= 0 && key < keys ? weights[key] : 0;
-    spans[i].style.background = `rgba(220, 90, 30, ${Math.min(1, weight * 1.5).toFixed(3)})`;
-    spans[i].classList.toggle("chosen", i === index);
-  }
-  const onPrompt = weights.subarray(0, Math.max(0, promptLength - token.windowStart)).reduce((a, b) => a + b, 0);
-  $("prompt-share").textContent = `attention on the prompt: ${(onPrompt * 100).toFixed(1)}%`;
-  const list = $("candidates");
-  list.textContent = "";
-  for (const candidate of token.candidates) {
-    const row = document.createElement("li");
-    row.textContent = `${JSON.stringify(tokenizer.piece(candidate.id))}  ${(candidate.probability * 100).toFixed(1)}%`;
-    list.append(row);
-  }
+// The view's state in the page's address, so that a link opens it again.
+function remember(state) {
+  const query = new URLSearchParams(location.search);
+  for (const name of INSIDE) query.set(name, state[name]);
+  if (!query.has("prompt") && !config.chat) query.set("prompt", $("prompt").value);
+  history.replaceState(null, "", `?${query}`);
 }
+
+window.gptliteInside = () => (view && $("inside").dataset.state === "done" ? view.contract() : null);
 
 $("generate").onclick = generate;
 $("stop").onclick = () => { stopping = true; };
-$("layer").onchange = $("head").onchange = () => { if (tokens.length) inspect(tokens.length - 1); };
 load().catch((failure) => say(`the model could not be loaded: ${failure.message}`, "error"));

@@ -1,0 +1,176 @@
+"""A GPT's forward pass over a text as an ONNX graph that gives every step it takes, for the page's Inside view:
+the numbers it shows are this graph's, computed from the model's weights by ONNX Runtime in the page, not by
+JavaScript. Its outputs are named and shaped as `gptlite.trace` names and shapes the steps (the trace's `STEPS`
+and, for block N, `layer_N.` and its `LAYER_STEPS`), so that the page's view reads either.
+
+    inputs   input_ids (1, T) int64: the text's tokens at positions 0 .. T - 1, T <= block_size
+    outputs  token_embedding (T, C), position_table and position (learned or sinusoidal), rotary_angles (rotary),
+             embedding (T, C); for each block layer_N.input, .query (H, T, D), .scores (H, T, T), .attention,
+             ... (see `gptlite.evaluation.trace`); final_normed (T, C), logits (T, V); the NEIGHBOURS nearest
+             tokens of each token's vector by cosine and by dot product, values (T, k) and ids (T, k) int64.
+
+Unlike the decoding step (`onnx_graph`), which attends with ONNX's fused Attention over a cache, this graph
+writes attention out (the product, the scaling, the mask, the softmax, the weighted sum) to keep each; it has no
+cache, and runs once for a text, when the reader looks inside.
+"""
+
+import numpy as np
+
+from gptlite.model.layers import weight_array
+from gptlite.model.positions import rotary_angles
+from gptlite.web import onnx_graph
+
+NEIGHBOURS = 10  # as gptlite.evaluation.trace.NEIGHBOURS (a room below cannot read it): the tests hold them equal
+
+
+def inside_graph(model, outtype="f32"):
+    """The forward pass of a GPT with every step an output (see the module's docstring), an `onnx.ModelProto`."""
+    import onnx
+
+    graph = _Inside(model.config, outtype)
+    graph.write(model)
+    proto = onnx.helper.make_model(
+        onnx.helper.make_graph(graph.nodes, "gptlite_inside", graph.inputs, graph.outputs, graph.initializers),
+        opset_imports=[onnx.helper.make_opsetid("", onnx_graph.OPSET)], producer_name="gptlite")
+    proto.ir_version = 10
+    return proto
+
+
+class _Inside(onnx_graph.Graph):
+    """The decoding step's writer, made to write a whole forward pass and keep each step as an output."""
+
+    def write(self, model):
+        config, helper, types = self.config, self.helper, self.proto
+        self.inputs.append(helper.make_tensor_value_info("input_ids", types.INT64, [1, "tokens"]))
+        tokens = self.node("Squeeze", [self.node("Shape", ["input_ids"], start=1, end=2), self.constant([0])])
+        positions = self.node("Range", [self.constant(0), tokens, self.constant(1)])  # (T,)
+        # Query t sees key s where s <= t: (T, T).
+        self.visible = self.node("LessOrEqual", [self.node("Unsqueeze", [positions, self.constant([0])]),
+                                                 self.node("Unsqueeze", [positions, self.constant([1])])])
+        embedding = model.embedding
+        table = self.weight("token_embedding", weight_array(embedding.token_embedding, "embeddings"), rows=True)
+        x = self.node("Gather", [table, "input_ids"])  # (1, T, C)
+        token_vectors = self.keep(x, "token_embedding")
+        if embedding.position_embeddings is not None:
+            positions_table = self.weight("position_table", weight_array(embedding, "position_embeddings"),
+                                          rows=True)
+            self.keep(positions_table, "position_table", batched=False)
+            added = self.node("Gather", [positions_table, positions])  # (T, C)
+            self.keep(added, "position", batched=False)
+            x = self.node("Add", [x, added])
+        self.rotation = None
+        if config.position == "rotary":
+            angles = np.asarray(rotary_angles(np.arange(config.block_size), config.head_size, config.rope_theta),
+                                np.float32)  # (block_size, D/2)
+            self.keep(self.node("Gather", [self.initializer("rotary_angles", angles), positions]), "rotary_angles",
+                      batched=False)
+            self.rotation = [self.initializer("rotary_cos", np.cos(angles)), self.initializer("rotary_sin", np.sin(
+                angles)), self.node("Unsqueeze", [positions, self.constant([0])])]
+        self.keep(x, "embedding")
+        for index, block in enumerate(model.blocks):
+            x = self.inside_block(block, index, x)
+        if model.final_norm is not None:
+            x = self.norm(model.final_norm, x, "final_norm")
+        final = self.keep(x, "final_normed")  # (T, C)
+        if config.tie_weights:
+            logits = self.node("Gemm", [final, table], transB=1)
+        else:
+            logits = self.node("MatMul", [final, self.weight("output_head", weight_array(
+                embedding.token_embedding, "reverse_embeddings"))])
+        self.keep(logits, "logits", batched=False)  # (T, V)
+        self.neighbours(token_vectors, table, min(NEIGHBOURS, config.vocab_size))
+
+    def neighbours(self, vectors, table, count):
+        """The `count` tokens whose vectors in `table` (V, C) are nearest each of `vectors` (T, C), by dot product
+        and by cosine similarity."""
+        dot = self.node("Gemm", [vectors, table], transB=1)  # (T, V)
+        floor = self.constant(np.float32(1e-12))
+        lengths = self.node("Max", [self.node("ReduceL2", [vectors, self.constant([1])], keepdims=1), floor])
+        table_lengths = self.node("Max", [self.node("ReduceL2", [table, self.constant([1])], keepdims=0), floor])
+        cosine = self.node("Div", [self.node("Div", [dot, lengths]), table_lengths])
+        for by, values in (("dot", dot), ("cosine", cosine)):
+            best, ids = self.node("TopK", [values, self.constant([count])], outputs=2, axis=-1)
+            self.keep(best, f"neighbours_{by}", batched=False)
+            self.keep(ids, f"neighbours_{by}_ids", batched=False, kind=self.proto.INT64)
+
+    def inside_block(self, block, index, x):
+        """One block, pre- or post-norm, each step kept as layer_N.<step>: x (1, T, C) -> x."""
+        def keep(tensor, step, **kwargs):
+            return self.keep(tensor, f"layer_{index}.{step}", **kwargs)
+
+        post = block.config.norm_position == "post"
+        keep(x, "input")
+        normed = x if post else keep(self.norm(block.attention_norm, x, f"block_{index}.attention_norm"),
+                                     "attention_normed", unbatched=False)
+        x = self.node("Add", [x, self.inside_attention(block.attention, index, normed, keep)])
+        if post:
+            x = self.norm(block.attention_norm, x, f"block_{index}.attention_norm")
+        keep(x, "attention_residual")
+        normed = x if post else keep(self.norm(block.feed_forward_norm, x, f"block_{index}.feed_forward_norm"),
+                                     "feed_forward_normed", unbatched=False)
+        x = self.node("Add", [x, self.inside_feed_forward(block.feed_forward, index, normed, keep)])
+        if post:
+            x = self.norm(block.feed_forward_norm, x, f"block_{index}.feed_forward_norm")
+        keep(x, "output")
+        return x
+
+    def inside_attention(self, layer, index, x, keep):
+        """Causal self-attention written out, step by step: (1, T, C) -> (1, T, C)."""
+        config = self.config
+        heads, kv, size = config.n_head, config.kv_heads, config.head_size
+        name = f"block_{index}.attention"
+        qkv = self.node("Reshape", [self.linear(layer.qkv_projection, x, f"{name}.qkv"),
+                                    self.constant([1, -1, heads + 2 * kv, size])])  # (1, T, H + 2K, D)
+        query, key, value = self.node("Split", [qkv, self.constant([heads, kv, kv])], axis=2, outputs=3)
+        query, key, value = (self.node("Transpose", [part], perm=[0, 2, 1, 3]) for part in (query, key, value))
+        for part, step in ((query, "query"), (key, "key"), (value, "value")):
+            keep(part, step)  # (H|K, T, D)
+        if config.qk_norm:  # over each head's D numbers, as the layer norms them
+            query = keep(self.norm(layer.query_norm, query, f"{name}.query_norm"), "query_normed", unbatched=False)
+            key = keep(self.norm(layer.key_norm, key, f"{name}.key_norm"), "key_normed", unbatched=False)
+        if self.rotation is not None:
+            query, key = (self.node("RotaryEmbedding", [part, *self.rotation], interleaved=0) for part in (query, key))
+            keep(query, "query_rotated")
+            keep(key, "key_rotated")
+        groups = heads // kv
+        if groups > 1:  # query head h reads key/value head h // G
+            key, value = (self.node("Reshape", [self.node("Tile", [self.node("Unsqueeze", [part, self.constant([2])]),
+                                                                    self.constant([1, 1, groups, 1, 1])]),
+                                                self.constant([1, heads, -1, size])]) for part in (key, value))
+        products = self.node("MatMul", [query, self.node("Transpose", [key], perm=[0, 1, 3, 2])])  # (1, H, T, T)
+        scores = keep(self.node("Div", [products, self.constant(np.float32(np.sqrt(size)))]), "scores",
+                      unbatched=False)
+        lowest = self.constant(np.float32(np.finfo(np.float32).min))
+        weights = keep(self.node("Softmax", [self.node("Where", [self.visible, scores, lowest])], axis=-1),
+                       "attention", unbatched=False)
+        attended = keep(self.node("MatMul", [weights, value]), "heads", unbatched=False)  # (1, H, T, D)
+        joined = keep(self.node("Reshape", [self.node("Transpose", [attended], perm=[0, 2, 1, 3]),
+                                            self.constant([1, -1, heads * size])]), "joined", unbatched=False)
+        return keep(self.linear(layer.output_projection, joined, f"{name}.output"), "attention_output",
+                    unbatched=False)
+
+    def inside_feed_forward(self, layer, index, x, keep):
+        name = f"block_{index}.feed_forward"
+        expanded = self.linear(layer.expand, x, f"{name}.expand")
+        if layer.mlp == "swiglu":
+            gate, up = self.node("Split", [expanded], axis=-1, outputs=2, num_outputs=2)
+            keep(gate, "gate")
+            keep(up, "up")
+            hidden = self.node("Mul", [self.node("Mul", [gate, self.node("Sigmoid", [gate])]), up])
+        else:
+            keep(expanded, "expanded")
+            if layer.mlp == "relu2":
+                rectified = self.node("Relu", [expanded])
+                hidden = self.node("Mul", [rectified, rectified])
+            else:
+                hidden = self.node("Gelu", [expanded], approximate="tanh")
+        keep(hidden, "hidden")
+        return keep(self.linear(layer.contract, hidden, f"{name}.contract"), "feed_forward_output", unbatched=False)
+
+    def keep(self, tensor, name, batched=True, unbatched=True, kind=None):
+        """Make `tensor` an output called `name`, its batch of one left out where it is `batched`. Returns, where
+        `unbatched`, what was output (the tensor without its batch); else the tensor itself, to compute on."""
+        kept = self.node("Squeeze", [tensor, self.constant([0])]) if batched else tensor
+        self.nodes.append(self.helper.make_node("Identity", [kept], [name], name=name))
+        self.outputs.append(self.helper.make_tensor_value_info(name, kind or self.proto.FLOAT, None))
+        return kept if unbatched else tensor
