@@ -7,7 +7,7 @@ trace, the inside graph's or Python's (`gptlite.trace`).
     gptlite export --model runs/mine/model.keras --format web --out site/
     python -m http.server -d site     # or any static host: no code runs on the server
 
-The folder holds index.html, page.js, gptlite.js, inside.js, model.onnx, inside.onnx, tokenizer.json,
+The folder holds index.html, page.js, gptlite.js, inside.js and inside.css, model.onnx, inside.onnx, tokenizer.json,
 config.json, ONNX Runtime Web's files (ort/, its licence beside them) and a README. Nothing is fetched from
 elsewhere at run time.
 """
@@ -25,7 +25,7 @@ from gptlite.web import inside_graph, onnx_graph, tokenizer_form
 
 OUTTYPES = onnx_graph.OUTTYPES
 DEFAULT_OUTTYPE = "f32"
-PAGE_FILES = ("index.html", "page.js", "gptlite.js", "inside.js")
+PAGE_FILES = ("index.html", "page.js", "gptlite.js", "inside.js", "inside.css")
 # ONNX Runtime Web 1.30.0 (npm onnxruntime-web), its WebAssembly build with SIMD: the files the page loads.
 RUNTIME_FILES = ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm", "LICENSE")
 # One ONNX file holds at most 2 GiB (protobuf's limit); a page's WebAssembly memory is 4 GiB.
@@ -183,7 +183,7 @@ and one can open the Inside view at a token, a layer, a head and a step:
 
     http://localhost:8000/?prompt=ROMEO%3A&token=3&layer=1&head=0&step=softmax
 
-Files: index.html, page.js, gptlite.js and inside.js (the page, the tokenizer, the sampler, the decoding loop
+Files: index.html, page.js, gptlite.js, inside.js and inside.css (the page, the tokenizer, the sampler, the decoding loop
 and the Inside view), model.onnx (the model's decoding step), inside.onnx (its every step over a text, for the
 Inside view), tokenizer.json, config.json, and ort/ (ONNX Runtime Web 1.30.0's
 WebAssembly build, MIT licence in ort/LICENSE). Written by gptlite's `gptlite export --format web`.
