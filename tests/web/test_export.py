@@ -260,8 +260,8 @@ def test_the_export_command_writes_the_folder_and_refuses_an_existing_one(tmp_pa
     assert "wrote" in done.stdout and "http.server" in done.stdout
     files = sorted(str(path.relative_to(tmp_path / "site")) for path in (tmp_path / "site").rglob("*")
                    if path.is_file())
-    assert files == sorted(["README.md", "config.json", "gptlite.js", "index.html", "model.onnx", "page.js",
-                            "tokenizer.json", *(f"ort/{name}" for name in web_export.RUNTIME_FILES)])
+    assert files == sorted(["README.md", "config.json", "model.onnx", "inside.onnx", "tokenizer.json",
+                            *web_export.PAGE_FILES, *(f"ort/{name}" for name in web_export.RUNTIME_FILES)])
     again = run_python("-m", "gptlite", "export", "--model", str(tmp_path / "model.keras"), "--format", "web",
                        "--out", str(tmp_path / "site"))
     assert again.returncode != 0 and "already exists" in again.stderr and "Traceback" not in again.stderr
@@ -277,7 +277,7 @@ def test_the_export_command_writes_the_folder_and_refuses_an_existing_one(tmp_pa
 # --- the page in a browser
 
 PROMPTS = ["the cat sat on", "a big hat ", ""]
-BROWSER_KINDS = ("char", "bpe", "modern", "tinyllama", "post_norm", "chat")
+BROWSER_KINDS = ("char", "bpe", "modern", "tinyllama", "post_norm", "chat", "lora")
 
 
 @pytest.fixture(scope="module")
@@ -369,23 +369,25 @@ def test_the_page_refuses_bad_input_in_a_line_and_writes_a_seeded_sample_as_pyth
     url, models = site
     state, _, message = _written(browser, f"{url}/char", prompt="Ω unknown", max_new_tokens=20)
     assert state == "error" and "never saw in training" in message and "Ω" in message
+    from selenium.webdriver.common.by import By
+
     state, _, message = _written(browser, f"{url}/char", prompt="the", max_new_tokens=10**6)
-    assert state == "error" and "max_new_tokens must be a whole number from 1 to" in message
+    assert state == "error" and "max_new_tokens must be a whole number from 0 to 4,096" in message
+    # top_p 0 keeps nothing: refused, as SamplingConfig refuses it.
+    state, _, message = _written(browser, f"{url}/char", prompt="the", top_p=0)
+    assert state == "error" and "top_p must be a number above 0 and at most 1; got 0" in message
     state, text, message = _written(browser, f"{url}/char", prompt="the", max_new_tokens=100, temperature=0.8,
                                     seed=7, top_k=20, top_p=0.9)
     assert state == "done", message
     assert text == gptlite.generate(models["char"], "the", 100, temperature=0.8, seed=7, top_k=20, top_p=0.9)
-    # Inside: each token written, the last chosen, its attention over the prompt and its five likeliest candidates.
-    from selenium.webdriver.common.by import By
-
-    spans = browser.find_elements(By.CSS_SELECTOR, "#tokens .token")
-    assert len(spans) == 100 and "chosen" in spans[-1].get_attribute("class")
-    share = float(browser.find_element(By.ID, "prompt-share").text.split(": ")[1].rstrip("%"))
-    assert 0 <= share <= 100.001
-    candidates = browser.find_elements(By.CSS_SELECTOR, "#candidates li")
-    assert len(candidates) == 5
-    spans[10].click()
-    assert "chosen" in spans[10].get_attribute("class") and "chosen" not in spans[-1].get_attribute("class")
+    # Inside: the text read whole, the last token chosen, what it attends to and what it might be followed by.
+    inside = browser.find_element(By.ID, "inside")
+    deadline = time.monotonic() + 60
+    while inside.get_attribute("data-state") != "done" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    shown = browser.execute_script("return window.gptliteInside()")
+    assert len(shown["ids"]) == min(103, models["char"].config.block_size) and shown["token"] == len(shown["ids"]) - 1
+    assert abs(sum(shown["attention"]) - 1) <= 1e-5 and shown["probabilities"]
     # A page left open warms its model meanwhile (Writer.warm); Generate clicked then, mid-warm-up, writes the same.
     query = dict(prompt="the", max_new_tokens=100, temperature=0.8, seed=7, top_k=20, top_p=0.9)
     browser.get(f"{url}/char/?{urllib.parse.urlencode(query)}")

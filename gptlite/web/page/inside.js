@@ -147,7 +147,7 @@ export class InsideView {
       const chosen = step.id === state.step;
       nav.append(element("button", { role: "tab", "aria-selected": String(chosen), tabindex: chosen ? "0" : "-1",
         "data-step": step.id, text: step.title, onclick: () => this.go({ step: step.id }),
-        onkeydown: (event) => this.arrows(event, steps.length, index, (next) => this.go({ step: steps[next].id }, "[role=tab]")) }));
+        onkeydown: (event) => this.arrows(event, steps.length, index, (next) => this.go({ step: steps[next].id }, '[role=tab][tabindex="0"]')) }));
     });
     const tokens = element("div", { class: "tokens", role: "listbox", "aria-label": "tokens" });
     trace.ids.forEach((id, index) => {
@@ -155,11 +155,11 @@ export class InsideView {
       tokens.append(element("span", { role: "option", class: `token${chosen ? " chosen" : ""}`, tabindex: chosen ? "0" : "-1",
         "aria-selected": String(chosen), "data-token": String(index), title: `token ${index}: id ${id}`,
         text: shown(options.piece(id)), onclick: () => this.go({ token: index }),
-        onkeydown: (event) => this.arrows(event, trace.ids.length, index, (next) => this.go({ token: next }, "[role=option]")) }));
+        onkeydown: (event) => this.arrows(event, trace.ids.length, index, (next) => this.go({ token: next }, '[role=option][tabindex="0"]')) }));
     });
-    const layer = element("select", { "aria-label": "layer", onchange: (event) => this.go({ layer: Number(event.target.value) }) });
+    const layer = element("select", { "aria-label": "layer", onchange: (event) => this.go({ layer: Number(event.target.value) }, '[aria-label="layer"]') });
     for (let i = 0; i < shape.n_layer; i++) layer.append(new Option(`layer ${i}`, i, false, i === state.layer));
-    const head = element("select", { "aria-label": "head", onchange: (event) => this.go({ head: Number(event.target.value) }) });
+    const head = element("select", { "aria-label": "head", onchange: (event) => this.go({ head: Number(event.target.value) }, '[aria-label="head"]') });
     for (let i = 0; i < shape.n_head; i++) head.append(new Option(`head ${i}`, i, false, i === state.head));
     const step = steps.find((s) => s.id === state.step);
     const panel = element("section", { class: "step", "aria-live": "polite" },
@@ -174,9 +174,10 @@ export class InsideView {
     options.onChange?.(this.state);
   }
 
+  // A new state; `refocus`, the selector of what keeps the keyboard's focus (the view is drawn anew).
   go(change, refocus) {
     this.render({ ...this.state, ...change });
-    if (refocus) this.root.querySelector(`${refocus}[tabindex="0"]`)?.focus();
+    if (refocus) this.root.querySelector(refocus)?.focus();
   }
 
   // Arrow keys move among `count` items from `index` (Home and End to the ends).
@@ -195,7 +196,7 @@ export class InsideView {
     const layerSteps = this.trace.layers[layer];
     const scores = Array.from(at(layerSteps.scores, head, token)).slice(0, token + 1);
     const attention = Array.from(at(layerSteps.attention, head, token));
-    const { probabilities } = this.probabilities(token);
+    const { probabilities, drawn } = this.probabilities(token);
     const order = Array.from(probabilities.keys()).filter((id) => probabilities[id] > 0)
       .sort((a, b) => probabilities[b] - probabilities[a]).slice(0, 50);
     const steps = this.trace.steps;
@@ -204,7 +205,7 @@ export class InsideView {
     return { token, layer, head, step, ids: Array.from(this.trace.ids, Number), window_start: this.trace.window_start,
       scores, attention, settings: { ...this.live },
       probabilities: order.map((id) => ({ id, token: this.options.piece(id), probability: probabilities[id] })),
-      neighbours };
+      neighbours, drawn: drawn === null ? null : { id: drawn, token: this.options.piece(drawn) } };
   }
 
   // The next-token probabilities at `token` after the live settings, over the whole vocabulary, and the token the
@@ -450,7 +451,7 @@ export class InsideView {
     const controls = element("div", { class: "live" });
     for (const name of LIVE) {
       const declared = this.options.sampling.find((s) => s.name === name);
-      const input = element("input", { id: `inside-${name}`, "aria-label": name, value: this.live[name] ?? "",
+      const input = element("input", { "aria-label": name, value: this.live[name] ?? "",
         placeholder: declared.default === null ? "all" : "", title: declared.help });
       input.onchange = () => {
         const raw = input.value.trim();
@@ -458,9 +459,10 @@ export class InsideView {
         const valid = (raw === "" && declared.default === null) || (raw !== "" && Number.isFinite(value)
           && (!declared.whole || Number.isInteger(value)) && (declared.least == null || (declared.least_refused ? value > declared.least : value >= declared.least))
           && (declared.most == null || value <= declared.most));
-        if (!valid) { this.notes.push(`${name} must be ${declared.says}; got ${raw || "nothing"}`); this.go({}); return; }
+        const refocus = `.live [aria-label="${name}"]`;
+        if (!valid) { this.notes.push(`${name} must be ${declared.says}; got ${raw || "nothing"}`); this.go({}, refocus); return; }
         this.live[name] = raw === "" ? null : value;
-        this.go({});
+        this.go({}, refocus);
       };
       controls.append(element("label", {}, `${name.replace(/_/g, " ")} `, input));
     }

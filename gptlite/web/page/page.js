@@ -223,6 +223,9 @@ function remember(state) {
 }
 
 window.gptliteInside = () => (view && $("inside").dataset.state === "done" ? view.contract() : null);
+// The whole trace the view shows, every array as {dims, data} with plain numbers, as gptlite.trace's to_json gives.
+window.gptliteTrace = () => (view ? JSON.parse(JSON.stringify(view.trace, (key, value) => (
+  ArrayBuffer.isView(value) ? Array.from(value) : value))) : null);
 
 $("generate").onclick = generate;
 $("stop").onclick = () => { stopping = true; };

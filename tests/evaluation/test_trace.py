@@ -1,0 +1,139 @@
+"""gptlite.trace: every step of a GPT's forward pass, against the model's own forward pass, for each architecture
+switch; the probabilities after the settings; the refusals."""
+
+import keras
+import numpy as np
+import pytest
+
+import gptlite
+from conftest import REPO
+from gptlite.decode.sampling import RowSettings, sample_next_token, uniform_noise
+from gptlite.decode.settings import SamplingConfig
+from gptlite.evaluation.trace import LAYER_STEPS, NEIGHBOURS, STEPS
+
+FIXTURES = REPO / "tests" / "fixtures"
+TEXT = "the cat sat on the mat, the hat"
+# Each switch a trace must follow: the fixtures' models, and post-norm blocks with ReLU² built here.
+SWITCHES = {
+    "cpu: learned positions, LayerNorm, GELU": "made_char.keras",
+    "laptop: rotary, RMSNorm, SwiGLU, grouped-query, QK-norm": "made_modern.keras",
+    "sinusoidal positions, untied head": "gpt_sinusoidal_untied.keras",
+    "BPE": "made_bpe.keras",
+    "chat": "made_chat.keras",
+    "LoRA": "made_lora.keras",
+    "post-norm, ReLU squared": None,
+}
+
+
+def switch_model(name):
+    if SWITCHES[name] is not None:
+        return gptlite.load(FIXTURES / SWITCHES[name])
+    tokenizer = gptlite.CharTokenizer.from_text(TEXT)
+    keras.utils.set_random_seed(1)
+    model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, tokenizer=tokenizer, n_layer=2, n_head=2, n_embd=16,
+                        block_size=16, norm_position="post", mlp="relu2")
+    model.build((None, 16))
+    return model
+
+
+@pytest.fixture(scope="module", params=sorted(SWITCHES))
+def traced(request):
+    model = switch_model(request.param)
+    text = TEXT if not model.tokenizer.unknown_characters(TEXT) else "".join(
+        c for c in TEXT if not model.tokenizer.unknown_characters(c))
+    return model, gptlite.trace(model, text)
+
+
+def test_a_trace_gives_the_models_own_logits_and_attention(traced):
+    model, trace = traced
+    ids = trace.ids[None]
+    logits = keras.ops.convert_to_numpy(model(ids))[0]
+    assert np.abs(trace.steps["logits"] - logits).max() <= 1e-5 * np.abs(logits).max()
+    weights = keras.ops.convert_to_numpy(model.attention_weights(ids))[:, 0]  # (L, H, T, T)
+    assert np.abs(np.stack([layer["attention"] for layer in trace.layers]) - weights).max() <= 1e-5
+    # Each block's output is the next one's input, and the last one's the final norm's.
+    for before, after in zip(trace.layers, trace.layers[1:]):
+        assert np.array_equal(before["output"], after["input"])
+    assert np.array_equal(trace.layers[0]["input"], trace.steps["embedding"])
+
+
+def test_every_step_is_there_with_its_shape_and_softmax_rows_are_distributions(traced):
+    model, trace = traced
+    config = model.config
+    length, heads, kv, size = len(trace.ids), config.n_head, config.kv_heads, config.head_size
+    assert set(trace.steps) <= set(STEPS) and all(set(layer) <= set(LAYER_STEPS) for layer in trace.layers)
+    assert ("rotary_angles" in trace.steps) == (config.position == "rotary")
+    assert ("position" in trace.steps) == (config.position != "rotary")
+    assert ("query_normed" in trace.layers[0]) == config.qk_norm
+    assert ("attention_normed" in trace.layers[0]) == (config.norm_position == "pre")
+    assert ("gate" in trace.layers[0]) == (config.mlp == "swiglu")
+    layer = trace.layers[-1]
+    assert layer["query"].shape == (heads, length, size) and layer["key"].shape == (kv, length, size)
+    assert layer["scores"].shape == layer["attention"].shape == (heads, length, length)
+    assert layer["joined"].shape == (length, heads * size)
+    assert trace.steps["logits"].shape == (length, config.vocab_size)
+    for layer in trace.layers:
+        np.testing.assert_allclose(layer["attention"].sum(-1), 1, atol=1e-5)
+        assert np.all(np.triu(layer["attention"], 1) == 0)  # masked entries exactly 0
+        # The scores are q.k / sqrt(D), before the mask: the query head's against its key/value head's keys.
+        query = layer.get("query_rotated", layer.get("query_normed", layer["query"]))
+        key = np.repeat(layer.get("key_rotated", layer.get("key_normed", layer["key"])), heads // kv, axis=0)
+        np.testing.assert_allclose(layer["scores"], query @ key.transpose(0, 2, 1) / np.sqrt(size), atol=1e-4)
+
+
+def test_the_nearest_tokens_are_by_cosine_and_by_dot_product(traced):
+    model, trace = traced
+    table = keras.ops.convert_to_numpy(model.embedding.token_embedding.embeddings)
+    vector = trace.steps["token_embedding"][2]
+    assert np.array_equal(vector, table[trace.ids[2]])
+    cosines = table @ vector / np.linalg.norm(table, axis=1) / np.linalg.norm(vector)
+    found = trace.neighbours(2)
+    assert len(found) == min(NEIGHBOURS, len(table)) and found[0][1] == pytest.approx(cosines.max(), abs=1e-5)
+    assert [value for _, value in found] == sorted((value for _, value in found), reverse=True)
+    assert np.allclose([cosines[i] for i, _ in found], [value for _, value in found], atol=1e-5)
+    dots = [value for _, value in trace.neighbours(2, by="dot")]
+    assert dots[0] == pytest.approx((table @ vector).max(), rel=1e-5)
+
+
+def test_probabilities_after_the_settings_are_what_the_sampler_draws_from(traced):
+    model, trace = traced
+    position, vocabulary = 4, model.config.vocab_size
+    plain = trace.probabilities(position)
+    logits = trace.steps["logits"][position]
+    np.testing.assert_allclose(plain, np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum(), atol=1e-6)
+    assert trace.probabilities(position, {"temperature": 0}).tolist().count(1.0) == 1
+    kept = trace.probabilities(position, SamplingConfig(temperature=0.7, top_k=3))
+    assert np.count_nonzero(kept) == min(3, vocabulary) and kept.sum() == pytest.approx(1, abs=1e-5)
+    # The sampler picks only what the distribution keeps.
+    config = SamplingConfig(temperature=0.9, top_p=0.5, seed=3)
+    kept = trace.probabilities(position, config)
+    for index in range(20):
+        token = sample_next_token(logits[None], RowSettings.of([config], vocabulary),
+                                  uniform_noise([3], [index], vocabulary))
+        assert kept[int(keras.ops.convert_to_numpy(token)[0])] > 0
+
+
+def test_a_long_text_is_read_as_its_last_block_size_tokens_and_ids_are_taken_too():
+    model = gptlite.load(FIXTURES / "made_char.keras")
+    block, text = model.config.block_size, "the cat sat on the mat "
+    long = gptlite.trace(model, text * 4)
+    assert len(long.ids) == block and long.window_start == len(text) * 4 - block
+    assert long.tokens == list((text * 4)[-block:])
+    by_ids = gptlite.trace(model, [int(i) for i in model.tokenizer.encode(text)])
+    assert by_ids.tokens == list(text)
+    as_json = by_ids.to_json()
+    assert as_json["layers"][0]["scores"]["dims"] == [model.config.n_head, len(text), len(text)]
+
+
+def test_what_a_trace_cannot_follow_is_refused(tiny_seq2seq):
+    model = gptlite.load(FIXTURES / "made_char.keras")
+    with pytest.raises(gptlite.ConfigError, match="a trace follows a GPT"):
+        gptlite.trace(tiny_seq2seq, "abc")
+    with pytest.raises(gptlite.InputError, match="token ids must be"):
+        gptlite.trace(model, [0, 10**6])
+    with pytest.raises(gptlite.InputError, match="never saw"):
+        gptlite.trace(model, "Ω")
+    with pytest.raises(gptlite.ConfigError, match="expected a gptlite GPT"):
+        gptlite.trace("model.keras", "abc")
+    with pytest.raises(gptlite.ConfigError, match="by must be"):
+        gptlite.trace(model, "the").neighbours(0, by="euclid")

@@ -1,0 +1,232 @@
+"""The Inside view: the inside graph against gptlite.trace for every switch (ONNX Runtime in Python), then the page in
+headless Chromium through its contract (window.gptliteInside, #inside's data-state): its numbers against Python's,
+the state a link opens, a link's mistakes, a phone's width, the keyboard alone, the writer's draw; and the notebook's
+view of a Python trace, saved to a file, in the same browser."""
+
+import time
+import urllib.parse
+
+import numpy as np
+import pytest
+
+import gptlite
+from conftest import TIE
+from test_export import _model, BROWSER_KINDS, SAME_ON_EVERY_BACKEND, site, WEB_KINDS  # noqa: F401 (site: a fixture)
+from test_gguf_export import _conversations, TEXT
+from gptlite.evaluation import trace as tracing
+from gptlite.web import inside_graph, notebook
+
+# Every step the view shows, as its buttons name them, for a model with every switch (QK-norm, rotary).
+ALL_STEPS = ["tokens", "embedding", "position", "norm", "qkv", "qk_norm", "rotary", "scores", "mask", "softmax",
+             "values", "heads", "residual", "feed_forward", "feed_forward_residual", "final_norm", "logits",
+             "probabilities", "graph"]
+
+
+def _inside_session(model):
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    return onnxruntime.InferenceSession(inside_graph.inside_graph(model).SerializeToString(), options,
+                                        providers=["CPUExecutionProvider"])
+
+
+def assert_near(found, expected, what):
+    """`found` within 1e-4 of `expected`'s scale (its largest magnitude, at least 1e-6)."""
+    found, expected = np.asarray(found, np.float64), np.asarray(expected, np.float64)
+    assert found.shape == expected.shape, (what, found.shape, expected.shape)
+    scale = max(np.abs(expected).max(), 1e-6)
+    assert np.abs(found - expected).max() <= 1e-4 * scale, (what, np.abs(found - expected).max(), scale)
+
+
+def assert_same_trace(arrays, layers, trace):
+    """Every array of a trace (by name: steps, then each layer's) as `trace`'s, ids exactly where no values tie."""
+    assert set(arrays) == set(trace.steps) and [set(layer) for layer in layers] == [set(l) for l in trace.layers]
+    for name, expected in trace.steps.items():
+        if name.endswith("_ids"):  # which tokens are nearest: the same, up to ties in value
+            values = trace.steps[name[:-4]]
+            distinct = np.abs(np.diff(values, axis=-1)).min(axis=-1) > 1e-4
+            assert np.array_equal(np.asarray(arrays[name])[distinct], expected[distinct]), name
+        else:
+            assert_near(arrays[name], expected, name)
+    for index, (found, expected) in enumerate(zip(layers, trace.layers)):
+        for name in expected:
+            assert_near(found[name], expected[name], f"layer {index} {name}")
+
+
+@SAME_ON_EVERY_BACKEND
+@pytest.mark.parametrize("kind", sorted(WEB_KINDS))
+def test_the_inside_graph_gives_every_step_of_pythons_trace(kind):
+    model = _model(kind)
+    assert inside_graph.NEIGHBOURS == tracing.NEIGHBOURS
+    text = _conversations() if "chat" in kind else TEXT
+    trace = gptlite.trace(model, [int(i) for i in model.tokenizer.encode(text)][:40])
+    session = _inside_session(model)
+    names = [output.name for output in session.get_outputs()]
+    out = dict(zip(names, session.run(None, {"input_ids": trace.ids[None].astype(np.int64)})))
+    steps = {name: value for name, value in out.items() if not name.startswith("layer_")}
+    layers = [{name.split(".", 1)[1]: value for name, value in out.items() if name.startswith(f"layer_{index}.")}
+              for index in range(model.config.n_layer)]
+    assert_same_trace(steps, layers, trace)
+    for layer in layers:
+        assert np.all(np.triu(layer["attention"], 1) == 0) and np.allclose(layer["attention"].sum(-1), 1, atol=1e-5)
+
+
+# --- the page in a browser
+
+def _wait_for(browser, element_id, states=("done", "error"), seconds=120):
+    from selenium.webdriver.common.by import By
+
+    element = browser.find_element(By.ID, element_id)
+    deadline = time.monotonic() + seconds
+    while element.get_attribute("data-state") not in states and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return element.get_attribute("data-state")
+
+
+def _opened(browser, url, **query):
+    """The page at `url` opened with the query, once its Inside view shows a step: what the view says it shows."""
+    browser.get(f"{url}/?{urllib.parse.urlencode(query)}")
+    assert _wait_for(browser, "inside") == "done", browser.find_element("id", "inside").text
+    return browser.execute_script("return window.gptliteInside()")
+
+
+def _prompt(kind):
+    return "1+2" if kind == "chat" else "the cat sat on a mat and the hat"
+
+
+@pytest.mark.slow
+@pytest.mark.extras
+@SAME_ON_EVERY_BACKEND
+@pytest.mark.parametrize("kind", BROWSER_KINDS)
+def test_the_page_shows_pythons_numbers_for_any_token_layer_and_head(site, browser, kind):
+    url, models = site
+    model = models[kind]
+    token, layer, head = 5, model.config.n_layer - 1, model.config.n_head - 1
+    shown = _opened(browser, f"{url}/{kind}", prompt=_prompt(kind), token=token, layer=layer, head=head,
+                    step="softmax", temperature=0.7, top_k=5)
+    assert (shown["token"], shown["layer"], shown["head"], shown["step"]) == (token, layer, head, "softmax")
+    trace = gptlite.trace(model, shown["ids"])  # the page's ids: a chat's template, a tokenizer's start
+    page_trace = browser.execute_script("return window.gptliteTrace()")
+    arrays = {name: value["data"] for name, value in page_trace["steps"].items()}
+    arrays = {name: np.reshape(arrays[name], page_trace["steps"][name]["dims"]) for name in arrays}
+    layers = [{name: np.reshape(value["data"], value["dims"]) for name, value in found.items()}
+              for found in page_trace["layers"]]
+    assert_same_trace(arrays, layers, trace)
+    assert_near(shown["scores"], trace.layers[layer]["scores"][head, token, :token + 1], "scores")
+    assert_near(shown["attention"], trace.layers[layer]["attention"][head, token], "attention")
+    assert abs(sum(shown["attention"]) - 1) <= 1e-5 and all(w == 0 for w in shown["attention"][token + 1:])
+    # The probabilities over the whole vocabulary, after the page's settings (top_k 5 keeps 5), likeliest first.
+    expected = trace.probabilities(token, dict(temperature=0.7, top_k=5))
+    assert len(shown["probabilities"]) == np.count_nonzero(expected) == 5
+    for candidate in shown["probabilities"]:
+        assert abs(candidate["probability"] - expected[candidate["id"]]) <= 1e-4
+    assert [c["probability"] for c in shown["probabilities"]] == sorted((c["probability"] for c in
+                                                                         shown["probabilities"]), reverse=True)
+    assert_near([n["cosine"] for n in shown["neighbours"]], [value for _, value in trace.neighbours(token)],
+                "neighbours")
+
+
+@pytest.mark.slow
+@pytest.mark.extras
+@SAME_ON_EVERY_BACKEND
+def test_a_link_opens_its_state_and_a_wrong_one_the_nearest_with_a_line_saying_so(site, browser):
+    url, models = site
+    config = models["modern"].config
+    shown = _opened(browser, f"{url}/modern", prompt=_prompt("modern"), token=999, layer=config.n_layer,
+                    head=-1, step="everything")
+    assert (shown["token"], shown["layer"], shown["head"], shown["step"]) == (
+        len(shown["ids"]) - 1, config.n_layer - 1, 0, "tokens")
+    message = browser.find_element("css selector", "#inside .inside-message").text
+    assert "there is no token 999" in message and f"there is no layer {config.n_layer}" in message
+    assert "there is no head -1" in message and "no step \"everything\"" in message
+    # The page's address follows the view, so that a link opens the state shown.
+    browser.find_element("css selector", '[data-step="scores"]').click()
+    assert _wait_for(browser, "inside") == "done"
+    query = urllib.parse.parse_qs(urllib.parse.urlparse(browser.current_url).query)
+    assert query["step"] == ["scores"] and query["token"] == [str(len(shown["ids"]) - 1)]
+    again = _opened(browser, browser.current_url.split("/?")[0], **{k: v[0] for k, v in query.items()})
+    assert again["step"] == "scores" and again["scores"] == browser.execute_script(
+        "return window.gptliteInside()")["scores"]
+
+
+@pytest.mark.slow
+@pytest.mark.extras
+@SAME_ON_EVERY_BACKEND
+def test_every_step_fits_a_phone_and_is_reached_by_keyboard_alone(site, browser):
+    from selenium.webdriver.common.keys import Keys
+
+    url, _ = site
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {"width": 390, "height": 844, "deviceScaleFactor": 1,
+                                                                    "mobile": True})
+    shown = _opened(browser, f"{url}/modern", prompt=_prompt("modern"), token=3, step="tokens")
+    active = lambda: browser.switch_to.active_element  # noqa: E731
+    browser.find_element("css selector", '[role="tab"][aria-selected="true"]').send_keys(Keys.HOME)
+    seen = []
+    for _ in ALL_STEPS:
+        assert _wait_for(browser, "inside") == "done"
+        seen.append(browser.execute_script("return window.gptliteInside().step"))
+        width = browser.execute_script("return document.documentElement.scrollWidth")
+        assert width <= 390, (seen[-1], width)
+        assert active().get_attribute("data-step") == seen[-1]
+        active().send_keys(Keys.ARROW_RIGHT)
+    assert seen == ALL_STEPS
+    # Tab from the steps to the tokens, where the arrows move; then to the layer and the head.
+    active().send_keys(Keys.TAB)
+    assert active().get_attribute("data-token") == "3"
+    active().send_keys(Keys.ARROW_LEFT)
+    assert browser.execute_script("return window.gptliteInside().token") == 2
+    active().send_keys(Keys.TAB)
+    assert active().get_attribute("aria-label") == "layer"
+    active().send_keys(Keys.ARROW_DOWN)
+    assert browser.execute_script("return window.gptliteInside().layer") == 1
+    browser.switch_to.active_element.send_keys(Keys.TAB)
+    assert active().get_attribute("aria-label") == "head"
+    active().send_keys(Keys.ARROW_DOWN)
+    assert browser.execute_script("return window.gptliteInside().head") == 1
+    assert len(shown["ids"]) > 3
+
+
+@pytest.mark.slow
+@pytest.mark.extras
+@SAME_ON_EVERY_BACKEND
+def test_after_writing_greedily_the_draw_shown_is_the_token_written(site, browser):
+    url, models = site
+    model = models["char"]
+    browser.get(f"{url}/char/?" + urllib.parse.urlencode(dict(prompt="the", max_new_tokens=30, temperature=0, seed=2,
+                                                               run=1, token=10, step="probabilities")))
+    assert _wait_for(browser, "output") == "done" and _wait_for(browser, "inside") == "done"
+    shown = browser.execute_script("return window.gptliteInside()")
+    assert shown["token"] == 10 and len(shown["ids"]) == 33
+    logits = gptlite.trace(model, shown["ids"]).steps["logits"][10]
+    top_two = np.sort(logits)[-2:]
+    assert shown["drawn"]["id"] == shown["ids"][11] or top_two[1] - top_two[0] < TIE
+
+
+@pytest.mark.slow
+@pytest.mark.extras
+@SAME_ON_EVERY_BACKEND
+def test_the_notebooks_view_of_a_python_trace_answers_the_same_contract(site, browser, tmp_path):
+    _, models = site
+    model = models["modern"]
+    trace = gptlite.trace(model, _prompt("modern"))
+    page = tmp_path / "trace.html"
+    page.write_text('<!doctype html><meta charset="utf-8"><meta name="viewport" content="width=device-width">'
+                    + trace._repr_html_())
+    html = trace._repr_html_()
+    assert not any(fetching in html for fetching in ("src=", "href=", "fetch(", "import(")), "it fetches nothing"
+    browser.get(page.as_uri())
+    assert _wait_for(browser, "inside") == "done"
+    shown = browser.execute_script("return window.gptliteInside()")
+    token = len(trace.ids) - 1
+    assert shown["ids"] == trace.ids.tolist() and shown["token"] == token and shown["step"] == "tokens"
+    np.testing.assert_array_equal(np.float32(shown["scores"]), trace.layers[0]["scores"][0, token])
+    np.testing.assert_array_equal(np.float32(shown["attention"]), trace.layers[0]["attention"][0, token])
+    expected = trace.probabilities(token)
+    for candidate in shown["probabilities"]:
+        assert abs(candidate["probability"] - expected[candidate["id"]]) <= 1e-6
+    other = notebook.html(trace, dict(token=1, layer=1, head=3, step="rotary"))
+    page.write_text("<!doctype html><meta charset='utf-8'>" + other)
+    browser.get(page.as_uri())
+    assert _wait_for(browser, "inside") == "done"
+    assert browser.execute_script("return window.gptliteInside()")["step"] == "rotary"
