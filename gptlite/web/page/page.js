@@ -12,6 +12,7 @@ const WARM_SECONDS = 1.5;
 // What a link may say of the Inside view's state.
 const INSIDE = ["token", "layer", "head", "step"];
 let writer, tokenizer, config, explainer, view;
+let explaining = null;  // the Inside view's trace in flight, which a new writing waits for
 let stopping = false;
 let warming = null;  // the model's warm-up while the page waits (Writer.warm), ended by a writing
 let writingAsked = false;
@@ -75,7 +76,7 @@ async function load() {
     // A link to a state inside the model opens there, on the prompt as it is.
     if (INSIDE.some((name) => query.has(name))) {
       const asked = idsOfPrompt($("prompt").value);
-      if (asked.error) say(asked.error); else explain(asked.ids, []);
+      if (asked.error) say(asked.error); else explaining = explain(asked.ids, []);
     }
     // Yielding every 10 ms keeps typing smooth while the model warms.
     warming = writer.warm(WARM_SECONDS, () => letThePageBreathe(10), () => writingAsked);
@@ -128,6 +129,7 @@ async function generate() {
   if (config.chat) conversation.push({ role: "user", content: prompt });
   $("generate").disabled = true;
   await warming;  // the call in flight: milliseconds for a small model, some hundreds at GPT-2 small's size
+  await explaining;
   stopping = false;
   tokens = [];
   usedSettings = settings;
@@ -189,7 +191,7 @@ async function generate() {
   $("generate").disabled = false;
   $("stop").disabled = true;
   say(stopping ? "stopped" : "done", "done");
-  explain(asked.ids, tokens.map((token) => token.id));
+  explaining = explain(asked.ids, tokens.map((token) => token.id));
 }
 
 // The Inside view over the text: the prompt's ids and those written, traced by the inside graph (loaded the first
