@@ -18,11 +18,9 @@ import tempfile
 import time
 import urllib.parse
 
-from helpers.browser import browser, serve
-from helpers.models import model_of, random_model, VOCABULARY_SIZE
-
 import gptlite
-import keras
+from helpers.browser import browser, serve
+from helpers.models import model_of
 
 # From a click to the frame after it: the view is drawn in the click's own task, then painted.
 CLICK_TO_PAINT = """
@@ -32,15 +30,6 @@ const started = performance.now();
 target.click();
 requestAnimationFrame(() => setTimeout(() => done(performance.now() - started), 0));
 """
-
-
-def laptop_model():
-    keras.utils.set_random_seed(0)
-    laptop = {key: gptlite.PRESETS["laptop"][key] for key in ("n_layer", "n_head", "n_embd", "block_size", "position",
-                                                             "norm", "mlp", "n_kv_head", "qk_norm")}
-    model = gptlite.GPT(vocab_size=VOCABULARY_SIZE, tokenizer=random_model("cpu").tokenizer, **laptop)
-    model.build((None, laptop["block_size"]))
-    return model
 
 
 def one_round(url, prompt):
@@ -83,7 +72,7 @@ def main():
         root = pathlib.Path(folder)
         server, address = serve(folder)
         for shape in args.shapes:
-            model = laptop_model() if shape == "laptop" else model_of(shape)
+            model = model_of(shape)
             started = time.perf_counter()
             gptlite.export_web(model, root / shape)
             exported = time.perf_counter() - started

@@ -20,11 +20,10 @@ import tempfile
 import time
 import urllib.parse
 
-import keras
 
 import gptlite
 from helpers.browser import browser, serve, written
-from helpers.models import model_of, random_model, VOCABULARY_SIZE
+from helpers.models import model_of
 
 # New tokens a call writes: for the laptop shape, 58 (the prompt's 5 and these fill its 64-token window, every
 # token read over the cache) and 200 (past the window, where each token is read over the whole last window again,
@@ -34,16 +33,6 @@ OUTTYPES = {"laptop": ("f32",), "gpt2": ("f32", "f16", "int8")}
 PROMPT = "HELLO"
 # Seconds a reader's page stays open before Generate is clicked: a short prompt's typing.
 READER_SECONDS = 3
-
-
-def laptop_model():
-    keras.utils.set_random_seed(0)
-    laptop = {key: gptlite.PRESETS["laptop"][key] for key in ("n_layer", "n_head", "n_embd", "block_size", "position",
-                                                             "norm", "mlp", "n_kv_head", "qk_norm")}
-    tokenizer = random_model("cpu").tokenizer
-    model = gptlite.GPT(vocab_size=VOCABULARY_SIZE, tokenizer=tokenizer, **laptop)
-    model.build((None, laptop["block_size"]))
-    return model
 
 
 def in_browser(url, tokens):
@@ -137,7 +126,7 @@ def main():
         root = pathlib.Path(folder)
         server, address = serve(folder)
         for shape in args.shapes:
-            model = laptop_model() if shape == "laptop" else model_of(shape)
+            model = model_of(shape)
             for outtype in OUTTYPES[shape]:
                 started = time.perf_counter()
                 gptlite.export_web(model, root / f"{shape}-{outtype}", outtype)

@@ -1,5 +1,6 @@
 """The random-weight models the speed benchmarks measure (speed only: the same weights every time): the `cpu` and
-`big` presets' shapes with a 65-token vocabulary (`random_model`), and GPT-2 small's and SmolLM2's shapes with
+`big` presets' shapes with a 65-token vocabulary (`random_model`), the default preset's (`laptop_model`), and GPT-2
+small's and SmolLM2's shapes with
 their vocabularies' sizes (`model_of`, `gpt2_sized_model`), whose end token is never the likeliest."""
 
 import keras
@@ -53,10 +54,24 @@ def gpt2_sized_model():
     return model_of("gpt2")
 
 
+def laptop_model():
+    """The default (`laptop`) preset's model (rotary, RMSNorm, SwiGLU, grouped-query, QK-norm) with the `cpu` shape's
+    65 characters and random weights."""
+    keras.utils.set_random_seed(0)
+    laptop = {key: gptlite.PRESETS["laptop"][key] for key in ("n_layer", "n_head", "n_embd", "block_size", "position",
+                                                             "norm", "mlp", "n_kv_head", "qk_norm")}
+    model = gptlite.GPT(vocab_size=VOCABULARY_SIZE, tokenizer=random_model("cpu").tokenizer, **laptop)
+    model.build((None, laptop["block_size"]))
+    return model
+
+
 def model_of(shape):
-    """A random-weight GPT of the shape; a large vocabulary's end token is never the likeliest (its row is zero)."""
+    """A random-weight GPT of the shape ("cpu", "laptop", or one of LARGE_SHAPES); a large vocabulary's end token is
+    never the likeliest (its row is zero)."""
     if shape == "cpu":
         return random_model("cpu")
+    if shape == "laptop":
+        return laptop_model()
     keras.utils.set_random_seed(0)
     size = LARGE_VOCABULARY_SIZES[shape]
     tokenizer = gpt2_sized_tokenizer(size)

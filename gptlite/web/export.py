@@ -15,6 +15,7 @@ elsewhere at run time.
 import dataclasses
 import json
 import pathlib
+import re
 import shutil
 
 from gptlite.decode.settings import is_whole_number_setting, SAMPLING_FIELDS
@@ -111,9 +112,11 @@ def sampling_settings():
         least = _tighter(max, least, request_least, -MOST_EXACT_INTEGER if whole else None)
         most = _tighter(min, most, request_most, MOST_EXACT_INTEGER if whole else None,
                         MOST_NEW_TOKENS if name == "max_new_tokens" else None)
+        # What an empty box means, where the default is none: the help's "(default: ...)".
+        empty = re.search(r"\(default: ([^)]*)\)", field.metadata["help"]) if field.default is None else None
         offered.append(dict(name=name, help=field.metadata["help"], default=field.default, whole=whole, least=least,
-                            least_refused=least_refused, most=most, says=_bounds_said(whole, least, least_refused,
-                                                                                      most, field.default)))
+                            least_refused=least_refused, most=most, empty=empty and empty[1],
+                            says=_bounds_said(whole, least, least_refused, most, field.default)))
     return offered
 
 

@@ -98,31 +98,28 @@ class _Inside(onnx_graph.Graph):
         def keep(tensor, step, **kwargs):
             return self.keep(tensor, f"layer_{index}.{step}", **kwargs)
 
-        post = block.config.norm_position == "post"
         keep(x, "input")
-        normed = x if post else keep(self.norm(block.attention_norm, x, f"block_{index}.attention_norm"),
-                                     "attention_normed", unbatched=False)
-        x = self.node("Add", [x, self.inside_attention(block.attention, index, normed, keep)])
-        if post:
-            x = self.norm(block.attention_norm, x, f"block_{index}.attention_norm")
+        x = self.residual(block, block.attention_norm, f"block_{index}.attention_norm", x, "attention_normed", keep,
+                          lambda normed: self.inside_attention(block.attention, index, normed, keep))
         keep(x, "attention_residual")
-        normed = x if post else keep(self.norm(block.feed_forward_norm, x, f"block_{index}.feed_forward_norm"),
-                                     "feed_forward_normed", unbatched=False)
-        x = self.node("Add", [x, self.inside_feed_forward(block.feed_forward, index, normed, keep)])
-        if post:
-            x = self.norm(block.feed_forward_norm, x, f"block_{index}.feed_forward_norm")
+        x = self.residual(block, block.feed_forward_norm, f"block_{index}.feed_forward_norm", x, "feed_forward_normed",
+                          keep, lambda normed: self.inside_feed_forward(block.feed_forward, index, normed, keep))
         keep(x, "output")
         return x
+
+    def residual(self, block, norm, name, x, normed_step, keep, sublayer):
+        """x plus `sublayer` of it, normalised before (its input kept as `normed_step`) or after (post-norm)."""
+        post = block.config.norm_position == "post"
+        normed = x if post else keep(self.norm(norm, x, name), normed_step, unbatched=False)
+        x = self.node("Add", [x, sublayer(normed)])
+        return self.norm(norm, x, name) if post else x
 
     def inside_attention(self, layer, index, x, keep):
         """Causal self-attention written out, step by step: (1, T, C) -> (1, T, C)."""
         config = self.config
         heads, kv, size = config.n_head, config.kv_heads, config.head_size
         name = f"block_{index}.attention"
-        qkv = self.node("Reshape", [self.linear(layer.qkv_projection, x, f"{name}.qkv"),
-                                    self.constant([1, -1, heads + 2 * kv, size])])  # (1, T, H + 2K, D)
-        query, key, value = self.node("Split", [qkv, self.constant([heads, kv, kv])], axis=2, outputs=3)
-        query, key, value = (self.node("Transpose", [part], perm=[0, 2, 1, 3]) for part in (query, key, value))
+        query, key, value = self.projected(layer, index, x)
         for part, step in ((query, "query"), (key, "key"), (value, "value")):
             keep(part, step)  # (H|K, T, D)
         if config.qk_norm:  # over each head's D numbers, as the layer norms them

@@ -156,7 +156,7 @@ def test_the_pages_chat_gives_the_templates_ids(kind):
 @NEEDS_NODE
 @SAME_ON_EVERY_BACKEND
 def test_the_pages_noise_is_pythons_to_the_bit_and_its_sampler_chooses_as_pythons():
-    from gptlite.decode.sampling import RowSettings, sample_next_token, uniform_noise
+    from gptlite.decode.sampling import next_token_probabilities, RowSettings, sample_next_token, uniform_noise
     from gptlite.decode.settings import SamplingConfig
 
     pairs = [[0, 0], [1, 0], [1, 1], [12345, 199], [2**31 - 1, 7]]
@@ -164,7 +164,7 @@ def test_the_pages_noise_is_pythons_to_the_bit_and_its_sampler_chooses_as_python
     for (seed, index), row in zip(pairs, noise):
         assert np.array_equal(np.float32(row), keras.ops.convert_to_numpy(uniform_noise(seed, index, 50)))
     rng = np.random.default_rng(0)
-    cases, expected = [], []
+    cases, expected, distributions = [], [], []
     for case in range(60):
         # Logits apart by more than float rounding, so that no choice is a tie.
         logits = rng.permutation(np.arange(40, dtype=np.float32)) * 0.25 + rng.normal(size=40).astype(np.float32) * 0.01
@@ -179,7 +179,42 @@ def test_the_pages_noise_is_pythons_to_the_bit_and_its_sampler_chooses_as_python
         row = RowSettings.of([SamplingConfig(**settings)], 40)
         token = sample_next_token(logits[None], row, uniform_noise([seed], [index], 40), counts)
         expected.append(int(keras.ops.convert_to_numpy(token)[0]))
-    assert _node({"sample": cases})["tokens"] == expected
+        distributions.append(next_token_probabilities(logits, SamplingConfig(**settings), counts[0]))
+    answer = _node({"sample": cases})
+    assert answer["tokens"] == expected
+    # The distribution each draw picks from, which the page's Inside view shows: Python's.
+    assert np.abs(np.float32(answer["probabilities"]) - np.array(distributions)).max() <= 1e-6
+    for token, distribution in zip(expected, distributions):
+        assert distribution[token] > 0
+
+
+@NEEDS_NODE
+@SAME_ON_EVERY_BACKEND
+def test_the_pages_settings_are_read_as_samplingconfig_bounds_them():
+    """Each setting's box, read by the page (`settingOf`) against config.json's bounds, is refused exactly where
+    SamplingConfig refuses the value (or the page's own narrower bound, which says so)."""
+    from gptlite.decode.settings import SamplingConfig
+
+    offered = {setting["name"]: setting for setting in web_export.sampling_settings()}
+    assert "stop" not in offered and set(offered) < set(SamplingConfig.__dataclass_fields__)
+    probes = ["", "0", "-1", "1", "0.5", "1.5", "2", "2.5", "100", "101", "4096", "4097", "abc", "1e400"]
+    requests = [{"setting": setting, "text": text} for setting in offered.values() for text in probes]
+    read = _node({"settings": requests})["read"]
+    for request, answer in zip(requests, read):
+        name, text = request["setting"]["name"], request["text"]
+        try:
+            value = None if text == "" else float(text)
+            if value is not None and SamplingConfig.__dataclass_fields__[name].type is int and value.is_integer():
+                value = int(value)
+            SamplingConfig(**{name: value})
+            python_takes = text != "" or request["setting"]["default"] is None
+        except (gptlite.ConfigError, ValueError, OverflowError):
+            python_takes = False
+        setting = request["setting"]
+        within_page = python_takes and (setting["most"] is None or value is None or value <= setting["most"])
+        assert ("error" not in answer) == within_page, (name, text, answer)
+        if "error" in answer:
+            assert answer["error"] == f"{name} must be {setting['says']}; got {text or 'nothing'}"
 
 
 @pytest.mark.extras

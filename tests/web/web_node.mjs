@@ -4,7 +4,10 @@
 //                                                                and those ids decoded back, as the page writes
 //   {"tokenizer": form, "chat": pieces, "messages": [...]}    -> {"ids": [...]}
 //   {"noise": [[seed, index], ...], "vocabulary_size": V}     -> {"noise": [[...], ...]}
-//   {"sample": [{logits, settings, noise_of: [seed, index] | null, seen}, ...]} -> {"tokens": [...]}
+//   {"sample": [{logits, settings, noise_of: [seed, index] | null, seen}, ...]} -> {"tokens": [...],
+//                                                                "probabilities": [[...], ...]}: each draw, and
+//                                                                the distribution it draws from
+//   {"settings": [{setting, text}, ...]}                      -> {"read": [{value} or {error}, ...]}
 import { readFileSync } from "node:fs";
 import { pathToFileURL } from "node:url";
 
@@ -25,9 +28,13 @@ if (request.texts) {
   answer = { ids: [...request.chat.start_ids, ...tokenizer.encode(web.chatText(request.chat, request.messages))] };
 } else if (request.noise) {
   answer = { noise: request.noise.map(([seed, index]) => [...web.uniformNoise(seed, index, request.vocabulary_size)]) };
+} else if (request.settings) {
+  answer = { read: request.settings.map(({ setting, text }) => web.settingOf(setting, text)) };
 } else {
   answer = { tokens: request.sample.map(({ logits, settings, noise_of: noiseOf, seen }) => web.sampleNext(
     Float32Array.from(logits), settings, noiseOf && web.uniformNoise(noiseOf[0], noiseOf[1], logits.length),
-    seen && new Set(seen))) };
+    seen && new Set(seen))),
+  probabilities: request.sample.map(({ logits, settings, seen }) => [...web.nextTokenProbabilities(
+    Float32Array.from(logits), settings, seen && new Set(seen))]) };
 }
 process.stdout.write(JSON.stringify(answer));

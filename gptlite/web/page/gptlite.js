@@ -327,21 +327,18 @@ export function nextTokenProbabilities(logits, settings, seen) {
   return probabilities;
 }
 
-// The `count` likeliest next tokens and their probabilities (temperature 1, nothing filtered).
-export function topCandidates(logits, count) {
-  let top = -Infinity;
-  for (const v of logits) if (v > top) top = v;
-  let total = 0;
-  for (const v of logits) total += Math.exp(v - top);
-  // One pass keeping the best `count` (a sort of GPT-2's 50,257 logits a token costs milliseconds).
-  const order = [];
-  for (let id = 0; id < logits.length; id++) {
-    if (order.length === count && logits[id] <= logits[order[count - 1]]) continue;
-    let at = order.length === count ? count - 1 : order.length;
-    while (at > 0 && logits[order[at - 1]] < logits[id]) { order[at] = order[at - 1]; at--; }
-    order[at] = id;
+// A setting's box read as config.json declares the setting (`sampling`, from SamplingConfig's fields): {value}, or
+// {error} saying what it must be. An empty box is null where the setting's default is none (top_k: all).
+export function settingOf(setting, text) {
+  const raw = text.trim();
+  if (raw === "" && setting.default === null) return { value: null };
+  const value = Number(raw);
+  const above = setting.least == null || (setting.least_refused ? value > setting.least : value >= setting.least);
+  if (raw === "" || !Number.isFinite(value) || (setting.whole && !Number.isInteger(value)) || !above
+      || (setting.most != null && value > setting.most)) {
+    return { error: `${setting.name} must be ${setting.says}; got ${raw || "nothing"}` };
   }
-  return order.map((id) => ({ id, probability: Math.exp(logits[id] - top) / total }));
+  return { value };
 }
 
 // A row's seed as the sampler reads it: a whole number taken modulo 2^31, as `SamplingConfig.for_rows` takes it.

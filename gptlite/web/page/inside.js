@@ -4,7 +4,7 @@
 // `Explainer`), the same object either way: {ids, window_start, shape, steps: {name: {dims, data}},
 // layers: [{name: {dims, data}}]}. It computes nothing of the model: every number is the trace's, except the
 // probabilities after the sampling settings, which it takes from the sampler the page writes with.
-import { nextTokenProbabilities, rowSeed, sampleNext, uniformNoise } from "./gptlite.js";
+import { nextTokenProbabilities, rowSeed, sampleNext, settingOf, uniformNoise } from "./gptlite.js";
 
 // Every step, in the order the model takes them. `layer`: the step is a block's (a layer and head are chosen);
 // `needs`: the step the trace must hold for the model to have it (QK-norm, rotary positions).
@@ -452,16 +452,12 @@ export class InsideView {
     for (const name of LIVE) {
       const declared = this.options.sampling.find((s) => s.name === name);
       const input = element("input", { "aria-label": name, value: this.live[name] ?? "",
-        placeholder: declared.default === null ? "all" : "", title: declared.help });
+        placeholder: declared.empty ?? "", title: declared.help });
       input.onchange = () => {
-        const raw = input.value.trim();
-        const value = Number(raw);
-        const valid = (raw === "" && declared.default === null) || (raw !== "" && Number.isFinite(value)
-          && (!declared.whole || Number.isInteger(value)) && (declared.least == null || (declared.least_refused ? value > declared.least : value >= declared.least))
-          && (declared.most == null || value <= declared.most));
+        const { value, error } = settingOf(declared, input.value);
         const refocus = `.live [aria-label="${name}"]`;
-        if (!valid) { this.notes.push(`${name} must be ${declared.says}; got ${raw || "nothing"}`); this.go({}, refocus); return; }
-        this.live[name] = raw === "" ? null : value;
+        if (error) { this.notes.push(error); this.go({}, refocus); return; }
+        this.live[name] = value;
         this.go({}, refocus);
       };
       controls.append(element("label", {}, `${name.replace(/_/g, " ")} `, input));
@@ -491,7 +487,8 @@ export class InsideView {
     const [heads, length] = weights.dims;
     const line = 18;
     const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
-    svg.setAttribute("viewBox", `0 0 260 ${length * line + 8}`);
+    svg.setAttribute("viewBox", `0 0 300 ${length * line + 8}`);
+    svg.setAttribute("width", "300");
     svg.setAttribute("class", "graph");
     svg.setAttribute("role", "img");
     svg.setAttribute("aria-label", `layer ${layer}'s attention as arcs between tokens, one colour per head`);

@@ -2,7 +2,7 @@
 // of the text that the inside graph computes). The written text stands in #output; #output's data-state is
 // "loading", "ready", "writing", "done" or "error". #inside's is "done" once a step is shown; window.gptliteInside()
 // returns what it shows as plain JSON (docs/inspection.md).
-import { chatText, Explainer, makeTokenizer, promptIds, Writer } from "./gptlite.js";
+import { chatText, Explainer, makeTokenizer, promptIds, settingOf, Writer } from "./gptlite.js";
 import { InsideView } from "./inside.js";
 
 const $ = (id) => document.getElementById(id);
@@ -58,7 +58,7 @@ async function load() {
     const input = document.createElement("input");
     input.id = setting.name;
     input.value = setting.default ?? "";
-    input.placeholder = setting.default === null ? (setting.name === "seed" ? "random" : "all") : "";
+    input.placeholder = setting.empty ?? "";
     input.title = setting.help;
     const label = document.createElement("label");
     label.append(setting.name.replace(/_/g, " "), input);
@@ -90,20 +90,13 @@ function fillFromQuery() {
   for (const { name } of config.sampling) if (query.has(name)) $(name).value = query.get(name);
 }
 
-// The settings as numbers, checked; a message naming the first that is wrong.
-// Each setting is checked against its bounds as config.json declares them (SamplingConfig's); an empty box is the
-// setting's default where that is none (top_k: all; seed: a new one, drawn here).
+// The settings as numbers, each checked against its bounds as config.json declares them (SamplingConfig's); a
+// message naming the first that is wrong. An empty seed is a new one, drawn here.
 function settingsOrError() {
   const settings = {};
   for (const setting of config.sampling) {
-    const raw = $(setting.name).value.trim();
-    if (raw === "" && setting.default === null) { settings[setting.name] = null; continue; }
-    const value = Number(raw);
-    const above = setting.least == null || (setting.least_refused ? value > setting.least : value >= setting.least);
-    if (raw === "" || !Number.isFinite(value) || (setting.whole && !Number.isInteger(value)) || !above
-        || (setting.most != null && value > setting.most)) {
-      return { error: `${setting.name} must be ${setting.says}; got ${raw || "nothing"}` };
-    }
+    const { value, error } = settingOf(setting, $(setting.name).value);
+    if (error) return { error };
     settings[setting.name] = value;
   }
   if (settings.seed === null) settings.seed = crypto.getRandomValues(new Uint32Array(1))[0] % 2147483648;
