@@ -28,7 +28,8 @@ def create_app(model, model_name, settings=None, worker=None):
         ("/v1/completions", endpoints.completions, "POST"),
         ("/v1/chat/completions", endpoints.chat_completions, "POST"),
         ("/v1/models", endpoints.models, "GET"), ("/health", endpoints.health, "GET"),
-        ("/v1/attention", endpoints.attention, "POST"), ("/", endpoints.page, "GET"))]
+        ("/v1/attention", endpoints.attention, "POST"), ("/v1/trace", endpoints.trace, "POST"),
+        ("/", endpoints.page, "GET"), ("/page/{name}", endpoints.page_file, "GET"))]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
     app.state.worker = endpoints.worker
     endpoints.worker.start()
@@ -166,11 +167,9 @@ class _Endpoints:
         return JSONResponse({**status, "model": self.model_name, "chat": chats},
                             status_code=200 if status["status"] == "ok" else 503)
 
-    async def attention(self, request):
-        from starlette.responses import JSONResponse
-
-        from gptlite.evaluation import inspection
-
+    async def text_of(self, request, view):
+        """The text a view of the model reads (`view`: "attention" or "trace"): a request's `text`, or its
+        `messages` as the chat template renders them; refused where the model's task has no such view."""
         self.check_key(request)
         body = await _read_json(request)
         tokenizer = self.model.tokenizer
@@ -183,21 +182,52 @@ class _Endpoints:
         text = body.get("text") if isinstance(body, dict) else None
         if not isinstance(text, str) or not text:
             raise RequestError(400, "text must be a non-empty string", "text")
-        refusal = self.task.request_refusal("attention")
+        refusal = self.task.request_refusal(view)
         if refusal is not None:
             raise RequestError(400, refusal)
         if tokenizer.unknown_characters(text):
             raise RequestError(400, "the text has characters the model never saw", "text")
+        return text
+
+    async def attention(self, request):
+        from starlette.responses import JSONResponse
+
+        from gptlite.evaluation import inspection
+
+        text = await self.text_of(request, "attention")
         maps = await asyncio.wrap_future(self.worker.call(lambda m: inspection.attention_maps(m, text)))
         weights = maps.weights
         return JSONResponse({"tokens": list(maps.tokens), "layers": int(weights.shape[0]),
                              "heads": int(weights.shape[1]), "weights": weights.round(4).tolist()})
+
+    async def trace(self, request):
+        """Every step of the model's forward pass over the text (`gptlite.trace`), as the Inside view reads it (its
+        arrays packed), with the sampling settings the view offers."""
+        from starlette.responses import JSONResponse
+
+        from gptlite.evaluation.trace import trace
+        from gptlite.web.export import sampling_settings
+
+        text = await self.text_of(request, "trace")
+        traced = await asyncio.wrap_future(self.worker.call(lambda m: trace(m, text).to_json(packed=True)))
+        return JSONResponse({"trace": traced, "sampling": sampling_settings()})
 
     async def page(self, request):
         from starlette.responses import HTMLResponse
 
         return HTMLResponse(importlib.resources.files("gptlite.serving").joinpath("page.html").read_text(
             encoding="utf-8"))
+
+    async def page_file(self, request):
+        """The web page's Inside view, which this page shows too: its script, the sampler it reads, its look."""
+        from starlette.responses import Response
+
+        name = request.path_params["name"]
+        kinds = {"inside.js": "text/javascript", "gptlite.js": "text/javascript", "inside.css": "text/css"}
+        if name not in kinds:
+            raise RequestError(404, f"no such file: /page/{name}", kind="not_found_error")
+        return Response(importlib.resources.files("gptlite.web").joinpath("page", name).read_text(encoding="utf-8"),
+                        media_type=kinds[name])
 
 
 async def _whole(request, job, events):

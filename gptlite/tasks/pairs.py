@@ -146,6 +146,8 @@ class Pairs(Task):
             return f"{field} is for a language model's completions; this model writes targets"
         if field == "attention":
             return "the attention view draws a language model's self-attention"
+        if field == "trace":
+            return "the Inside view follows a language model's forward pass; this model writes targets"
         return super().request_refusal(field)
 
     def cuts_long_texts(self, truncate):

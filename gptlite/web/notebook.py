@@ -3,13 +3,10 @@
 server, no network and no CDN. `Trace._repr_html_` returns it; saved to a file, it opens in any browser.
 """
 
-import base64
 import json
 import pathlib
 import re
 import uuid
-
-import numpy as np
 
 from gptlite.web.export import sampling_settings
 
@@ -19,23 +16,13 @@ _PAGE = pathlib.Path(__file__).parent / "page"
 def html(trace, state=None):
     """The HTML of `trace`'s Inside view, opened at `state` ({token, layer, head, step}, each optional: the last
     token, layer 0, head 0, the tokens by default)."""
-    payload = trace.to_json()
-    # Arrays as little-endian float32 bytes, in base64: a fifth of their JSON, and the numbers as they are.
-    payload["steps"] = {name: _packed(value) for name, value in trace.steps.items()}
-    payload["layers"] = [{name: _packed(value) for name, value in layer.items()} for layer in trace.layers]
+    payload = trace.to_json(packed=True)
     root = f"gptlite-inside-{uuid.uuid4().hex[:12]}"
     data = json.dumps({"trace": payload, "sampling": sampling_settings(), "state": state or {}}, ensure_ascii=True)
     return (f'<style>{(_PAGE / "inside.css").read_text()}</style>\n'
             f'<div id="{root}" class="gptlite-inside" data-state="loading">the Inside view needs JavaScript</div>\n'
             f'<script type="application/json" id="{root}-data">{_safe_in_script(data)}</script>\n'
             f'<script type="module">\n{_script()}\n{_OPEN.replace("ROOT", root)}\n</script>\n')
-
-
-def _packed(array):
-    array = np.asarray(array)
-    if array.dtype.kind in "iu":
-        return {"dims": list(array.shape), "data": array.reshape(-1).tolist()}
-    return {"dims": list(array.shape), "float32": base64.b64encode(array.astype("<f4").tobytes()).decode()}
 
 
 def _script():
@@ -57,14 +44,8 @@ def _safe_in_script(text):
 _OPEN = """
 {
   const root = document.getElementById("ROOT");
-  const { trace, sampling, state } = JSON.parse(document.getElementById("ROOT-data").textContent);
-  const unpack = (array) => {
-    if (!array.float32) return array;
-    const bytes = Uint8Array.from(atob(array.float32), (c) => c.charCodeAt(0));
-    return { dims: array.dims, data: new Float32Array(bytes.buffer) };
-  };
-  for (const name of Object.keys(trace.steps)) trace.steps[name] = unpack(trace.steps[name]);
-  trace.layers = trace.layers.map((layer) => Object.fromEntries(Object.entries(layer).map(([k, v]) => [k, unpack(v)])));
+  const { trace: packed, sampling, state } = JSON.parse(document.getElementById("ROOT-data").textContent);
+  const trace = unpacked(packed);
   const view = new InsideView(root, { piece: (id) => trace.vocabulary[id], sampling, settings: null,
     promptLength: trace.window_start + trace.ids.length });
   view.show(trace, state);

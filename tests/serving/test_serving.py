@@ -1,5 +1,6 @@
 """`gptlite serve`: the OpenAI completions API over real HTTP, its refusals, batching, auth and shutdown."""
 
+import base64
 import http.client
 import json
 import signal
@@ -523,6 +524,30 @@ def test_the_page_and_the_attention_it_draws(server):
                 assert all(weight == 0 for weight in weights[row + 1:])  # the masked triangle
 
 
+def _unpacked(array):
+    if "float32" in array:
+        return np.frombuffer(base64.b64decode(array["float32"]), "<f4").reshape(array["dims"])
+    return np.reshape(array["data"], array["dims"])
+
+
+def test_the_trace_the_server_computes_is_gptlites_and_its_page_files_are_served(server, fluent_model):
+    answer = httpx.post(server.url + "/v1/trace", json={"text": "the cat sat"}, timeout=60)
+    assert answer.status_code == 200
+    traced, expected = answer.json()["trace"], gptlite.trace(fluent_model, "the cat sat")
+    assert traced["ids"] == expected.ids.tolist() and traced["vocabulary"] == expected.vocabulary
+    for name, value in expected.steps.items():
+        assert np.array_equal(_unpacked(traced["steps"][name]), value), name
+    for found, layer in zip(traced["layers"], expected.layers):
+        assert all(np.array_equal(_unpacked(found[name]), value) for name, value in layer.items())
+    assert [setting["name"] for setting in answer.json()["sampling"]][:2] == ["max_new_tokens", "temperature"]
+    bad = httpx.post(server.url + "/v1/trace", json={"text": ""}, timeout=60)
+    assert bad.status_code == 400 and "text must be a non-empty string" in bad.json()["error"]["message"]
+    for name, kind in (("inside.js", "text/javascript"), ("gptlite.js", "text/javascript"), ("inside.css", "text/css")):
+        served = httpx.get(f"{server.url}/page/{name}")
+        assert served.status_code == 200 and served.headers["content-type"].startswith(kind)
+    assert httpx.get(f"{server.url}/page/page.js").status_code == 404
+
+
 SERVE = """
 import sys
 from gptlite.cli import main
@@ -591,7 +616,7 @@ def test_a_real_process_serves_the_client_and_on_sigterm_finishes_the_request_in
 @pytest.mark.slow
 @pytest.mark.extras
 @ONCE
-def test_the_page_in_a_browser_streams_text_and_draws_attention(server, tmp_path, browser):
+def test_the_page_in_a_browser_streams_text_and_draws_attention(server, tmp_path, browser, fluent_model):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -620,6 +645,18 @@ def test_the_page_in_a_browser_streams_text_and_draws_attention(server, tmp_path
     # The rows and columns are labelled: the canvas is wider than its cells by the labels' margin.
     cells = browser.execute_script("const n = maps.tokens.length; return n * Math.max(4, Math.floor(512 / n));")
     assert browser.execute_script("return document.getElementById('attention').width") > cells
+    # Inside, step by step: the web page's view, over the trace the server computed, with gptlite's numbers.
+    browser.find_element(By.ID, "look_inside").click()
+    WebDriverWait(browser, 60).until(lambda _: browser.find_element(By.ID, "inside").get_attribute("data-state")
+                                     == "done")
+    inside = browser.execute_script("return window.gptliteInside()")
+    expected = gptlite.trace(fluent_model, inside["ids"])
+    token = inside["token"]
+    assert token == len(inside["ids"]) - 1 and inside["window_start"] + len(inside["ids"]) == len(shown)
+    assert len(inside["ids"]) == min(len(shown), fluent_model.config.block_size)  # characters: a token each
+    assert np.array_equal(np.float32(inside["attention"]), expected.layers[0]["attention"][0, token])
+    browser.find_element(By.CSS_SELECTOR, '[data-step="softmax"]').click()
+    assert browser.execute_script("return window.gptliteInside().step") == "softmax"
     # An API key typed once is kept for the tab's session: a reload shows it again.
     browser.execute_script("const key = document.getElementById('api_key'); key.value = 'sesame';"
                            "key.dispatchEvent(new Event('input'));")

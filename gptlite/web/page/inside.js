@@ -86,6 +86,18 @@ function chips(rows, options = {}) {
 
 function paragraph(text) { return element("p", { text }); }
 
+// A trace whose arrays came packed (`Trace.to_json(packed=True)`: float32 bytes in base64), with Float32Arrays.
+export function unpacked(trace) {
+  const unpack = (array) => {
+    if (!array.float32) return array;
+    const bytes = Uint8Array.from(atob(array.float32), (c) => c.charCodeAt(0));
+    return { dims: array.dims, data: new Float32Array(bytes.buffer) };
+  };
+  const layers = trace.layers.map((layer) => Object.fromEntries(Object.entries(layer).map(([k, v]) => [k, unpack(v)])));
+  const steps = Object.fromEntries(Object.entries(trace.steps).map(([k, v]) => [k, unpack(v)]));
+  return { ...trace, steps, layers };
+}
+
 // --- the view
 
 export class InsideView {
