@@ -23,7 +23,7 @@ from gptlite.decode.sampling import next_token_probabilities
 from gptlite.decode.settings import SamplingConfig
 from gptlite.errors import ConfigError, InputError
 from gptlite.model.gpt import checked_model
-from gptlite.model.positions import rotary_angles
+from gptlite.model.positions import rotary_angles, rotate
 
 # How many nearest tokens in the vocabulary a trace keeps for each token, by cosine and by dot product.
 NEIGHBOURS = 10
@@ -37,7 +37,10 @@ class Trace:
     longer than the context is read as its last block_size tokens, as `attention_maps` reads it); `shape`: the
     model's settings the steps depend on (GPTConfig's fields, with kv_heads and head_size). `steps`: the
     steps before and after the blocks, by name (`STEPS`); `layers`: one dict a block, its steps by name
-    (`LAYER_STEPS`). A step a model has not (QK-norm, a rotation, a position table) is absent.
+    (`LAYER_STEPS`). A step a model has not (QK-norm, a rotation, a position table) is absent. A Seq2Seq's
+    (`trace_target`) reads a source too: `source_ids`, `source_tokens`, the encoder's blocks in `encoder_layers`
+    (their attention sees the whole source), the source's vectors in steps `source_embedding` and `encoded`; the
+    decoder's blocks add cross-attention over the source, as steps named `cross_...`.
     """
 
     ids: np.ndarray
@@ -47,6 +50,9 @@ class Trace:
     steps: dict
     layers: list
     vocabulary: list
+    source_ids: np.ndarray = None
+    source_tokens: list = None
+    encoder_layers: list = None
 
     def probabilities(self, position, sampling=None):
         """The next-token probabilities at `position` (V,), after `sampling`'s settings (a SamplingConfig, or a
@@ -76,10 +82,16 @@ class Trace:
                         "float32": base64.b64encode(values.astype("<f4").tobytes()).decode()}
             return {"dims": list(values.shape), "data": values.reshape(-1).tolist()}
 
-        return {"ids": [int(i) for i in self.ids], "tokens": self.tokens, "window_start": self.window_start,
+        def layers(found):
+            return [{name: array(value) for name, value in layer.items()} for layer in found]
+
+        made = {"ids": [int(i) for i in self.ids], "tokens": self.tokens, "window_start": self.window_start,
                 "shape": self.shape, "steps": {name: array(value) for name, value in self.steps.items()},
-                "layers": [{name: array(value) for name, value in layer.items()} for layer in self.layers],
-                "vocabulary": self.vocabulary}
+                "layers": layers(self.layers), "vocabulary": self.vocabulary}
+        if self.source_ids is not None:
+            made.update(source_ids=[int(i) for i in self.source_ids], source_tokens=self.source_tokens,
+                        encoder_layers=layers(self.encoder_layers))
+        return made
 
     def _repr_html_(self):
         from gptlite.web import notebook
@@ -88,10 +100,14 @@ class Trace:
 
 
 # The steps outside the blocks, and each block's, in the order they run (names the page's graph gives them too).
-STEPS = ("token_embedding", "position_table", "position", "rotary_angles", "embedding", "final_normed", "logits",
-         "neighbours_cosine", "neighbours_cosine_ids", "neighbours_dot", "neighbours_dot_ids")
-LAYER_STEPS = ("input", "attention_normed", "query", "key", "value", "query_normed", "key_normed", "query_rotated",
-               "key_rotated", "scores", "attention", "heads", "joined", "attention_output", "attention_residual",
+STEPS = ("source_embedding", "encoded", "token_embedding", "position_table", "position", "rotary_angles",
+         "embedding", "final_normed", "logits", "neighbours_cosine", "neighbours_cosine_ids", "neighbours_dot",
+         "neighbours_dot_ids")
+# Attention's steps, which cross-attention has too, as cross_<step>.
+ATTENTION_STEPS = ("query", "key", "value", "query_normed", "key_normed", "query_rotated", "key_rotated", "scores",
+                   "attention", "heads", "joined")
+LAYER_STEPS = ("input", "attention_normed", *ATTENTION_STEPS, "attention_output", "attention_residual",
+               "cross_normed", *(f"cross_{step}" for step in ATTENTION_STEPS), "cross_output", "cross_residual",
                "feed_forward_normed", "expanded", "gate", "up", "hidden", "feed_forward_output", "output")
 
 
@@ -113,15 +129,39 @@ def trace(model, text, unknown="error"):
         if not ids or min(ids) < 0 or max(ids) >= config.vocab_size:
             raise InputError(f"token ids must be 1 or more, each from 0 to {config.vocab_size - 1}")
     window = np.asarray(ids[-config.block_size:], np.int32)
-    steps, layers = _forward(model, window)
+    steps, layers = _forward(model, window, model.blocks, model.final_norm)
     steps.update(_neighbours(model, steps["token_embedding"]))
-    shape = {**dataclasses.asdict(config), "kv_heads": config.kv_heads, "head_size": config.head_size}
-    return Trace(window, tokenizer.pieces(window), len(ids) - len(window), shape, steps, layers,
+    return Trace(window, tokenizer.pieces(window), len(ids) - len(window), _shape(config), steps, layers,
                  tokenizer.pieces(np.arange(config.vocab_size)))
 
 
-def _forward(model, ids):
-    """The model's forward pass over ids (T,), each step kept: (steps, one dict of steps a block)."""
+def trace_target(model, source, target=None, unknown="error"):
+    """Every step of `model` (a Seq2Seq) writing `target` for `source`: a `Trace` of its decoder over the start
+    token and the target, each block's cross-attention over the source, and the encoder's blocks over the source.
+    The target is by default the one the model writes, greedily (as `attention_maps` reads one)."""
+    model = checked_model(model, ConfigError(f"expected a gptlite Seq2Seq, got {type(model).__name__}"))
+    model.check_writes_targets(f"a target's trace follows a Seq2Seq's encoder and decoder; a "
+                               f"{type(model).__name__} continues text: trace it with `trace`")
+    inputs, _, _, target_ids, source_ids = model.attention_reading(source, "cross", target, unknown,
+                                                                    generation.generate_target)
+    config, tokenizer = model.config, model.tokenizer
+    encoder_steps, encoder_layers = _forward(model, source_ids, model.encoder_blocks, model.encoder_norm, head=False)
+    encoded = ops.convert_to_tensor(encoder_steps["final_normed"][None])
+    steps, layers = _forward(model, target_ids, model.blocks, model.final_norm, encoded)
+    steps.update(_neighbours(model, steps["token_embedding"]), source_embedding=encoder_steps["embedding"],
+                 encoded=encoder_steps["final_normed"])
+    return Trace(np.asarray(target_ids), tokenizer.pieces(target_ids), 0, _shape(config), steps, layers,
+                 tokenizer.pieces(np.arange(config.vocab_size)), np.asarray(source_ids), tokenizer.pieces(source_ids),
+                 encoder_layers)
+
+
+def _shape(config):
+    return {**dataclasses.asdict(config), "kv_heads": config.kv_heads, "head_size": config.head_size}
+
+
+def _forward(model, ids, blocks, final_norm, context=None, head=True):
+    """A stack's forward pass over ids (T,) (a GPT's blocks, a Seq2Seq's encoder's or its decoder's over the
+    encoded `context`; `head`: on to the logits), each step kept: (steps, one dict of steps a block)."""
     config, embedding = model.config, model.embedding
     length = len(ids)
     steps = {}
@@ -140,18 +180,20 @@ def _forward(model, ids):
         steps["rotary_angles"] = angles
     steps["embedding"] = x
     layers = []
-    for block in model.blocks:
+    for block in blocks:
         kept = {}
-        x = _block(block, x, angles, kept)
+        x = _block(block, x, angles, kept, context)
         layers.append(kept)
-    x = x if model.final_norm is None else model.final_norm(x)
+    x = x if final_norm is None else final_norm(x)
     steps["final_normed"] = x
-    steps["logits"] = embedding.logits(x)  # (1, T, V)
+    if head:
+        steps["logits"] = embedding.logits(x)  # (1, T, V)
     return _unbatched(steps), [_unbatched(layer) for layer in layers]
 
 
-def _block(block, x, angles, kept):
-    """One block over x (1, T, C), its steps put in `kept`: the block's output."""
+def _block(block, x, angles, kept, context=None):
+    """One block over x (1, T, C), its steps put in `kept`: the block's output. A decoder's block with
+    cross-attention attends over `context` (1, S, C) too."""
     kept["input"] = x
     normed = block._input(x, block.attention_norm)
     if not block.post_norm:
@@ -159,6 +201,13 @@ def _block(block, x, angles, kept):
     attended = _attention(block.attention, normed, angles, kept)
     x = block._add(x, attended, block.attention_norm)
     kept["attention_residual"] = x
+    if block.has_cross_attention:
+        normed = block._input(x, block.cross_attention_norm)
+        if not block.post_norm:
+            kept["cross_normed"] = normed
+        attended = _attention(block.cross_attention, normed, None, kept, context, "cross_")
+        x = block._add(x, attended, block.cross_attention_norm)
+        kept["cross_residual"] = x
     normed = block._input(x, block.feed_forward_norm)
     if not block.post_norm:
         kept["feed_forward_normed"] = normed
@@ -168,35 +217,44 @@ def _block(block, x, angles, kept):
     return x
 
 
-def _attention(layer, x, angles, kept):
-    """Causal self-attention over x (1, T, C), as `Attention` computes it, its steps in `kept` (heads first)."""
+def _attention(layer, x, angles, kept, context=None, named=""):
+    """Attention over x (1, T, C), as `Attention` computes it, its steps in `kept` (heads first, named with
+    `named` before them): causal self-attention, an encoder's over the whole of x, or cross-attention over
+    `context` (1, S, C)."""
     heads, kv_heads, size = layer.n_head, layer.kv_heads, layer.head_size
     length = ops.shape(x)[1]
-    qkv = ops.reshape(layer.qkv_projection(x), (1, length, heads + 2 * kv_heads, size))
-    query, key, value = ops.split(qkv, [heads, heads + kv_heads], axis=2)  # (1, T, H|K, D)
-    kept["query"], kept["key"], kept["value"] = (_heads_first(part) for part in (query, key, value))
+    if layer.causal:
+        qkv = ops.reshape(layer.qkv_projection(x), (1, length, heads + 2 * kv_heads, size))
+        query, key, value = ops.split(qkv, [heads, heads + kv_heads], axis=2)  # (1, T, H|K, D)
+    else:
+        context = x if context is None else context
+        query = ops.reshape(layer.query_projection(x), (1, length, heads, size))
+        key_value = ops.reshape(layer.key_value_projection(context), (1, ops.shape(context)[1], 2 * kv_heads, size))
+        key, value = ops.split(key_value, 2, axis=2)  # (1, S, K, D) each
+    kept[named + "query"], kept[named + "key"], kept[named + "value"] = (_heads_first(part)
+                                                                       for part in (query, key, value))
     if layer.config.qk_norm:
         query, key = layer.query_norm(query), layer.key_norm(key)
-        kept["query_normed"], kept["key_normed"] = _heads_first(query), _heads_first(key)
-    if angles is not None:
-        from gptlite.model.positions import rotate
-
+        kept[named + "query_normed"], kept[named + "key_normed"] = _heads_first(query), _heads_first(key)
+    if angles is not None and layer.rotary:
         query, key = rotate(query, angles), rotate(key, angles)
-        kept["query_rotated"], kept["key_rotated"] = _heads_first(query), _heads_first(key)
-    query, key, value = (_heads_first(part)[0] for part in (query, key, value))  # (H|K, T, D)
+        kept[named + "query_rotated"], kept[named + "key_rotated"] = _heads_first(query), _heads_first(key)
+    query, key, value = (_heads_first(part)[0] for part in (query, key, value))  # (H|K, T|S, D)
     groups = heads // kv_heads
     key, value = ops.repeat(key, groups, axis=0), ops.repeat(value, groups, axis=0)  # head h reads h // G's
-    scores = ops.matmul(query, ops.swapaxes(key, -1, -2)) / math.sqrt(size)  # (H, T, T)
-    kept["scores"] = scores[None]
-    visible = ops.greater_equal(ops.arange(length)[:, None], ops.arange(length)[None, :])  # (T, T)
-    weights = ops.softmax(ops.where(visible, scores, float(np.finfo(np.float32).min)), axis=-1)
-    kept["attention"] = weights[None]
+    scores = ops.matmul(query, ops.swapaxes(key, -1, -2)) / math.sqrt(size)  # (H, T, S)
+    kept[named + "scores"] = scores[None]
+    if layer.causal:
+        visible = ops.greater_equal(ops.arange(length)[:, None], ops.arange(length)[None, :])  # (T, T)
+        scores = ops.where(visible, scores, float(np.finfo(np.float32).min))
+    weights = ops.softmax(scores, axis=-1)
+    kept[named + "attention"] = weights[None]
     attended = ops.matmul(weights, value)  # (H, T, D)
-    kept["heads"] = attended[None]
+    kept[named + "heads"] = attended[None]
     joined = ops.reshape(ops.transpose(attended, (1, 0, 2)), (1, length, heads * size))
-    kept["joined"] = joined
+    kept[named + "joined"] = joined
     output = layer.output_projection(joined)
-    kept["attention_output"] = output
+    kept[named + ("output" if named else "attention_output")] = output
     return output
 
 

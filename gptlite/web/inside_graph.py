@@ -41,44 +41,70 @@ class _Inside(onnx_graph.Graph):
 
     def write(self, model):
         config, helper, types = self.config, self.helper, self.proto
-        self.inputs.append(helper.make_tensor_value_info("input_ids", types.INT64, [1, "tokens"]))
-        tokens = self.node("Squeeze", [self.node("Shape", ["input_ids"], start=1, end=2), self.constant([0])])
-        positions = self.node("Range", [self.constant(0), tokens, self.constant(1)])  # (T,)
-        # Query t sees key s where s <= t: (T, T).
-        self.visible = self.node("LessOrEqual", [self.node("Unsqueeze", [positions, self.constant([0])]),
-                                                 self.node("Unsqueeze", [positions, self.constant([1])])])
         embedding = model.embedding
-        table = self.weight("token_embedding", weight_array(embedding.token_embedding, "embeddings"), rows=True)
-        x = self.node("Gather", [table, "input_ids"])  # (1, T, C)
-        token_vectors = self.keep(x, "token_embedding")
+        self.table = self.weight("token_embedding", weight_array(embedding.token_embedding, "embeddings"), rows=True)
         if embedding.position_embeddings is not None:
-            positions_table = self.weight("position_table", weight_array(embedding, "position_embeddings"),
-                                          rows=True)
-            self.keep(positions_table, "position_table", batched=False)
-            added = self.node("Gather", [positions_table, positions])  # (T, C)
-            self.keep(added, "position", batched=False)
-            x = self.node("Add", [x, added])
-        self.rotation = None
+            self.positions_table = self.weight("position_table", weight_array(embedding, "position_embeddings"),
+                                               rows=True)
+            self.keep(self.positions_table, "position_table", batched=False)
         if config.position == "rotary":
             angles = np.asarray(rotary_angles(np.arange(config.block_size), config.head_size, config.rope_theta),
                                 np.float32)  # (block_size, D/2)
-            self.keep(self.node("Gather", [self.initializer("rotary_angles", angles), positions]), "rotary_angles",
-                      batched=False)
-            self.rotation = [self.initializer("rotary_cos", np.cos(angles)), self.initializer("rotary_sin", np.sin(
-                angles)), self.node("Unsqueeze", [positions, self.constant([0])])]
-        self.keep(x, "embedding")
+            self.angles = self.initializer("rotary_angles", angles)
+            self.turns = [self.initializer("rotary_cos", np.cos(angles)), self.initializer("rotary_sin",
+                                                                                            np.sin(angles))]
+        encoded = None
+        # A Seq2Seq's encoder (its `encoder_blocks`) reads the source first; a GPT has none.
+        encoder_blocks = getattr(model, "encoder_blocks", None)
+        if encoder_blocks:
+            self.inputs.append(helper.make_tensor_value_info("source_ids", types.INT64, [1, "source"]))
+            source, _, _ = self.embedded("source_ids", kept=False)
+            self.keep(source, "source_embedding")
+            for index, block in enumerate(encoder_blocks):
+                source = self.inside_block(block, f"encoder_layer_{index}", source)
+            if model.encoder_norm is not None:
+                source = self.norm(model.encoder_norm, source, "encoder_norm")
+            self.keep(source, "encoded")
+            encoded = source
+        self.inputs.append(helper.make_tensor_value_info("input_ids", types.INT64, [1, "tokens"]))
+        x, positions, token_vectors = self.embedded("input_ids")
+        # Query t sees key s where s <= t: (T, T).
+        self.visible = self.node("LessOrEqual", [self.node("Unsqueeze", [positions, self.constant([0])]),
+                                                 self.node("Unsqueeze", [positions, self.constant([1])])])
         for index, block in enumerate(model.blocks):
-            x = self.inside_block(block, index, x)
+            x = self.inside_block(block, f"layer_{index}", x, encoded)
         if model.final_norm is not None:
             x = self.norm(model.final_norm, x, "final_norm")
         final = self.keep(x, "final_normed")  # (T, C)
         if config.tie_weights:
-            logits = self.node("Gemm", [final, table], transB=1)
+            logits = self.node("Gemm", [final, self.table], transB=1)
         else:
             logits = self.node("MatMul", [final, self.weight("output_head", weight_array(
                 embedding.token_embedding, "reverse_embeddings"))])
         self.keep(logits, "logits", batched=False)  # (T, V)
-        self.neighbours(token_vectors, table, min(NEIGHBOURS, config.vocab_size))
+        self.neighbours(token_vectors, self.table, min(NEIGHBOURS, config.vocab_size))
+
+    def embedded(self, ids, kept=True):
+        """The ids' (1, T) vectors, their positions added where a table holds them, the rotation set for their
+        positions where they turn: (x (1, T, C), positions (T,), the token vectors (T, C)). `kept`: the steps kept,
+        as a text's."""
+        tokens = self.node("Squeeze", [self.node("Shape", [ids], start=1, end=2), self.constant([0])])
+        positions = self.node("Range", [self.constant(0), tokens, self.constant(1)])  # (T,)
+        x = self.node("Gather", [self.table, ids])  # (1, T, C)
+        vectors = self.keep(x, "token_embedding") if kept else None
+        if hasattr(self, "positions_table"):
+            added = self.node("Gather", [self.positions_table, positions])  # (T, C)
+            if kept:
+                self.keep(added, "position", batched=False)
+            x = self.node("Add", [x, added])
+        self.rotation = None
+        if hasattr(self, "angles"):
+            if kept:
+                self.keep(self.node("Gather", [self.angles, positions]), "rotary_angles", batched=False)
+            self.rotation = [*self.turns, self.node("Unsqueeze", [positions, self.constant([0])])]
+        if kept:
+            self.keep(x, "embedding")
+        return x, positions, vectors
 
     def neighbours(self, vectors, table, count):
         """The `count` tokens whose vectors in `table` (V, C) are nearest each of `vectors` (T, C), by dot product
@@ -93,17 +119,23 @@ class _Inside(onnx_graph.Graph):
             self.keep(best, f"neighbours_{by}", batched=False)
             self.keep(ids, f"neighbours_{by}_ids", batched=False, kind=self.proto.INT64)
 
-    def inside_block(self, block, index, x):
-        """One block, pre- or post-norm, each step kept as layer_N.<step>: x (1, T, C) -> x."""
+    def inside_block(self, block, named, x, encoded=None):
+        """One block, pre- or post-norm, each step kept as <named>.<step> (`named`: layer_N, or encoder_layer_N for
+        a Seq2Seq's encoder; a decoder's block attends over `encoded` (1, S, C) too): x (1, T, C) -> x."""
         def keep(tensor, step, **kwargs):
-            return self.keep(tensor, f"layer_{index}.{step}", **kwargs)
+            return self.keep(tensor, f"{named}.{step}", **kwargs)
 
         keep(x, "input")
-        x = self.residual(block, block.attention_norm, f"block_{index}.attention_norm", x, "attention_normed", keep,
-                          lambda normed: self.inside_attention(block.attention, index, normed, keep))
+        x = self.residual(block, block.attention_norm, f"{named}.attention_norm", x, "attention_normed", keep,
+                          lambda normed: self.inside_attention(block.attention, named, normed, keep))
         keep(x, "attention_residual")
-        x = self.residual(block, block.feed_forward_norm, f"block_{index}.feed_forward_norm", x, "feed_forward_normed",
-                          keep, lambda normed: self.inside_feed_forward(block.feed_forward, index, normed, keep))
+        if block.has_cross_attention:
+            x = self.residual(block, block.cross_attention_norm, f"{named}.cross_attention_norm", x, "cross_normed",
+                              keep, lambda normed: self.inside_attention(block.cross_attention, named, normed, keep,
+                                                                         encoded, "cross_"))
+            keep(x, "cross_residual")
+        x = self.residual(block, block.feed_forward_norm, f"{named}.feed_forward_norm", x, "feed_forward_normed",
+                          keep, lambda normed: self.inside_feed_forward(block.feed_forward, named, normed, keep))
         keep(x, "output")
         return x
 
@@ -114,40 +146,52 @@ class _Inside(onnx_graph.Graph):
         x = self.node("Add", [x, sublayer(normed)])
         return self.norm(norm, x, name) if post else x
 
-    def inside_attention(self, layer, index, x, keep):
-        """Causal self-attention written out, step by step: (1, T, C) -> (1, T, C)."""
+    def inside_attention(self, layer, named, x, keep, context=None, step=""):
+        """Attention written out, step by step, each kept as <step><name>: causal self-attention, an encoder's over
+        the whole of x, or cross-attention over `context` (1, S, C): (1, T, C) -> (1, T, C)."""
         config = self.config
         heads, kv, size = config.n_head, config.kv_heads, config.head_size
-        name = f"block_{index}.attention"
-        query, key, value = self.projected(layer, index, x)
-        for part, step in ((query, "query"), (key, "key"), (value, "value")):
-            keep(part, step)  # (H|K, T, D)
+        if layer.causal:
+            query, key, value = self.projected(layer, named, x)
+        else:
+            query = self.node("Transpose", [self.node("Reshape", [
+                self.linear(layer.query_projection, x, f"{named}.{step}query"), self.constant([1, -1, heads, size])])],
+                perm=[0, 2, 1, 3])  # (1, H, T, D)
+            key_value = self.node("Reshape", [self.linear(layer.key_value_projection, x if context is None else context,
+                                                          f"{named}.{step}key_value"),
+                                              self.constant([1, -1, 2 * kv, size])])  # (1, S, 2K, D)
+            key, value = (self.node("Transpose", [part], perm=[0, 2, 1, 3])
+                          for part in self.node("Split", [key_value], axis=2, outputs=2, num_outputs=2))
+        for part, name in ((query, "query"), (key, "key"), (value, "value")):
+            keep(part, step + name)  # (H|K, T, D)
         if config.qk_norm:  # over each head's D numbers, as the layer norms them
-            query = keep(self.norm(layer.query_norm, query, f"{name}.query_norm"), "query_normed", unbatched=False)
-            key = keep(self.norm(layer.key_norm, key, f"{name}.key_norm"), "key_normed", unbatched=False)
-        if self.rotation is not None:
+            query = keep(self.norm(layer.query_norm, query, f"{named}.{step}query_norm"), step + "query_normed",
+                         unbatched=False)
+            key = keep(self.norm(layer.key_norm, key, f"{named}.{step}key_norm"), step + "key_normed", unbatched=False)
+        if self.rotation is not None and layer.rotary:
             query, key = (self.node("RotaryEmbedding", [part, *self.rotation], interleaved=0) for part in (query, key))
-            keep(query, "query_rotated")
-            keep(key, "key_rotated")
+            keep(query, step + "query_rotated")
+            keep(key, step + "key_rotated")
         groups = heads // kv
         if groups > 1:  # query head h reads key/value head h // G
             key, value = (self.node("Reshape", [self.node("Tile", [self.node("Unsqueeze", [part, self.constant([2])]),
                                                                     self.constant([1, 1, groups, 1, 1])]),
                                                 self.constant([1, heads, -1, size])]) for part in (key, value))
-        products = self.node("MatMul", [query, self.node("Transpose", [key], perm=[0, 1, 3, 2])])  # (1, H, T, T)
-        scores = keep(self.node("Div", [products, self.constant(np.float32(np.sqrt(size)))]), "scores",
+        products = self.node("MatMul", [query, self.node("Transpose", [key], perm=[0, 1, 3, 2])])  # (1, H, T, S)
+        scores = keep(self.node("Div", [products, self.constant(np.float32(np.sqrt(size)))]), step + "scores",
                       unbatched=False)
-        lowest = self.constant(np.float32(np.finfo(np.float32).min))
-        weights = keep(self.node("Softmax", [self.node("Where", [self.visible, scores, lowest])], axis=-1),
-                       "attention", unbatched=False)
-        attended = keep(self.node("MatMul", [weights, value]), "heads", unbatched=False)  # (1, H, T, D)
+        if layer.causal:  # an encoder and cross-attention see every token of one whole source
+            lowest = self.constant(np.float32(np.finfo(np.float32).min))
+            scores = self.node("Where", [self.visible, scores, lowest])
+        weights = keep(self.node("Softmax", [scores], axis=-1), step + "attention", unbatched=False)
+        attended = keep(self.node("MatMul", [weights, value]), step + "heads", unbatched=False)  # (1, H, T, D)
         joined = keep(self.node("Reshape", [self.node("Transpose", [attended], perm=[0, 2, 1, 3]),
-                                            self.constant([1, -1, heads * size])]), "joined", unbatched=False)
-        return keep(self.linear(layer.output_projection, joined, f"{name}.output"), "attention_output",
-                    unbatched=False)
+                                            self.constant([1, -1, heads * size])]), step + "joined", unbatched=False)
+        return keep(self.linear(layer.output_projection, joined, f"{named}.{step}output"),
+                    step + "output" if step else "attention_output", unbatched=False)
 
-    def inside_feed_forward(self, layer, index, x, keep):
-        name = f"block_{index}.feed_forward"
+    def inside_feed_forward(self, layer, named, x, keep):
+        name = f"{named}.feed_forward"
         expanded = self.linear(layer.expand, x, f"{name}.expand")
         if layer.mlp == "swiglu":
             gate, up = self.node("Split", [expanded], axis=-1, outputs=2, num_outputs=2)

@@ -131,7 +131,7 @@ class Graph:
         config = self.config
         heads, kv, size = config.n_head, config.kv_heads, config.head_size
         name = f"block_{index}.attention"
-        query, key, value = self.projected(layer, index, x)
+        query, key, value = self.projected(layer, f"block_{index}", x)
         if config.qk_norm:
             query = self.norm(layer.query_norm, query, f"{name}.query_norm")
             key = self.norm(layer.key_norm, key, f"{name}.key_norm")
@@ -146,12 +146,12 @@ class Graph:
                                          self.constant([1, -1, heads * size])])
         return self.linear(layer.output_projection, attended, f"{name}.output"), weights
 
-    def projected(self, layer, index, x):
+    def projected(self, layer, named, x):
         """A causal attention layer's queries (1, H, T, D), keys and values (1, K, T, D) of x (1, T, C): one product,
         split. (QK-norm, over each head's D numbers, reads them so as well as before the heads come first.)"""
         config = self.config
         heads, kv, size = config.n_head, config.kv_heads, config.head_size
-        qkv = self.node("Reshape", [self.linear(layer.qkv_projection, x, f"block_{index}.attention.qkv"),
+        qkv = self.node("Reshape", [self.linear(layer.qkv_projection, x, f"{named}.attention.qkv"),
                                     self.constant([1, -1, heads + 2 * kv, size])])  # (1, T, H + 2K, D)
         parts = self.node("Split", [qkv, self.constant([heads, kv, kv])], axis=2, outputs=3)
         return [self.node("Transpose", [part], perm=[0, 2, 1, 3]) for part in parts]
