@@ -68,7 +68,7 @@ _LAZY = {
     "evaluate": "tasks.task", "Evaluation": "evaluation.scores", "AttentionMaps": "evaluation.inspection",
     "attention_maps": "evaluation.inspection", "plot_attention": "evaluation.inspection",
     "plot_positions": "evaluation.inspection", "token_report": "evaluation.inspection",
-    "trace": "evaluation.trace", "Trace": "evaluation.trace",
+    "trace": "evaluation.trace", "trace_target": "evaluation.trace", "Trace": "evaluation.trace",
 }
 __all__ = sorted(["ConfigError", "GPTLiteError", "InputError", "MissingFileError", "RunExistsError",
                   "TrainingDiverged", "TrainingInterrupted", "PRESETS", "GPTConfig", "TrainingConfig", "quiet",

@@ -39,18 +39,17 @@ _HERE = pathlib.Path(__file__).parent / "page"
 
 
 def export_web(model, out, outtype=DEFAULT_OUTTYPE):
-    """Write the page's folder for a GPT at `out`, which must not exist; the folder appears whole or not at all.
+    """Write the page's folder for a GPT or a Seq2Seq at `out`, which must not exist; the folder appears whole or
+    not at all. A Seq2Seq's page writes a target for a source.
 
     outtype: "f32" (the default), "f16" (half the download) or "int8" (about a quarter): the page widens the
-    weights to float32 as it loads them. A model the page cannot run (a Seq2Seq, a tokenizer it cannot follow,
+    weights to float32 as it loads them. A model the page cannot run (a tokenizer it cannot follow,
     weights past ONNX's 2 GiB) is a ConfigError saying why, before anything is written.
     """
     import onnx
 
     if outtype not in OUTTYPES:
         raise ConfigError(f"outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
-    model.check_continues_text(f"the web page continues a prompt with a decoder-only GPT; a {type(model).__name__} "
-                               f"writes targets from sources, which it does not run")
     out = pathlib.Path(out)
     if out.exists():
         raise RunExistsError(f"{out} already exists; choose another `out`")
@@ -61,8 +60,11 @@ def export_web(model, out, outtype=DEFAULT_OUTTYPE):
                                                                            else ""))
     page_tokenizer = tokenizer_form.web_form(model.tokenizer)
     config = page_config(model, outtype, out.name)
+    # A Seq2Seq's page writes a target with its inside graph, run whole at each token; a GPT's with its decoding step.
+    graphs = [("inside.onnx", inside_graph.inside_graph)] + ([] if config["source"] else [
+        ("model.onnx", onnx_graph.decoder_graph)])
     with atomic_directory(out) as folder:
-        for name, make in (("model.onnx", onnx_graph.decoder_graph), ("inside.onnx", inside_graph.inside_graph)):
+        for name, make in graphs:
             onnx.save_model(make(model, outtype), str(folder / name))  # one graph's bytes held at a time
         (folder / "tokenizer.json").write_text(json.dumps(page_tokenizer, ensure_ascii=False))
         (folder / "config.json").write_text(json.dumps(config, indent=1, ensure_ascii=False))
@@ -87,21 +89,27 @@ def page_config(model, outtype, name):
         ids = [int(i) for i in tokenizer.encode(end_of_turn)] if end_of_turn else []
         stops += ids if len(ids) == 1 else []
         chat["stop_text"] = end_of_turn if len(ids) > 1 else None
+    source = inside_graph.reads_a_source(model)
+    if source:
+        stops = [tokenizer.end_token_id]
     return dict(
-        name=name, about=f"a {config.n_layer}-layer GPT of {model.count_params():,} weights, {config.block_size} "
+        name=name, about=f"a {config.n_layer}-layer {'encoder-decoder' if source else 'GPT'} of {model.count_params():,} weights, {config.block_size} "
                          f"tokens of context, {tokenizer.tokens_are}; it runs in this page ({outtype})",
         n_layer=config.n_layer, n_head=config.n_head, kv_heads=config.kv_heads, head_size=config.head_size,
         block_size=config.block_size, vocab_size=config.vocab_size,
         shape={**dataclasses.asdict(config), "kv_heads": config.kv_heads, "head_size": config.head_size},
         text_start_ids=[int(i) for i in tokenizer.text_start_ids], stop_ids=sorted(set(stops)), chat=chat,
-        sampling=sampling_settings())
+        source=source, start_id=tokenizer.start_token_id, end_id=tokenizer.end_token_id,
+        # A target is written greedily unless asked otherwise, as `generate_target` writes it.
+        sampling=sampling_settings(temperature=0.0) if source else sampling_settings())
 
 
-def sampling_settings():
+
+def sampling_settings(**defaults):
     """The sampling settings the page offers, in SamplingConfig's order, each made from its field: its name,
-    help, default, whether it is a whole number, its bounds (the library's, narrowed by what a server's request
-    may ask and by what the page can hold: MOST_NEW_TOKENS, MOST_EXACT_INTEGER) and a sentence saying them. A
-    setting the page has no box for (a list of stop strings) is left out."""
+    help, default (or `defaults`'), whether it is a whole number, its bounds (the library's, narrowed by what a
+    server's request may ask and by what the page can hold: MOST_NEW_TOKENS, MOST_EXACT_INTEGER) and a sentence
+    saying them. A setting the page has no box for (a list of stop strings) is left out."""
     offered = []
     for name, field in SAMPLING_FIELDS.items():
         if field.metadata["bounds"] is None:
@@ -114,7 +122,8 @@ def sampling_settings():
                         MOST_NEW_TOKENS if name == "max_new_tokens" else None)
         # What an empty box means, where the default is none: the help's "(default: ...)".
         empty = re.search(r"\(default: ([^)]*)\)", field.metadata["help"]) if field.default is None else None
-        offered.append(dict(name=name, help=field.metadata["help"], default=field.default, whole=whole, least=least,
+        offered.append(dict(name=name, help=field.metadata["help"], default=defaults.get(name, field.default),
+                            whole=whole, least=least,
                             least_refused=least_refused, most=most, empty=empty and empty[1],
                             says=_bounds_said(whole, least, least_refused, most, field.default)))
     return offered

@@ -36,6 +36,12 @@ def inside_graph(model, outtype="f32"):
     return proto
 
 
+def reads_a_source(model):
+    """Whether the model reads a source through an encoder (a Seq2Seq's `encoder_blocks`): its graph takes
+    source_ids too, and its page writes a target for a source rather than continuing a prompt."""
+    return bool(getattr(model, "encoder_blocks", None))
+
+
 class _Inside(onnx_graph.Graph):
     """The decoding step's writer, made to write a whole forward pass and keep each step as an output."""
 
@@ -54,13 +60,11 @@ class _Inside(onnx_graph.Graph):
             self.turns = [self.initializer("rotary_cos", np.cos(angles)), self.initializer("rotary_sin",
                                                                                             np.sin(angles))]
         encoded = None
-        # A Seq2Seq's encoder (its `encoder_blocks`) reads the source first; a GPT has none.
-        encoder_blocks = getattr(model, "encoder_blocks", None)
-        if encoder_blocks:
+        if reads_a_source(model):  # the encoder reads the source first
             self.inputs.append(helper.make_tensor_value_info("source_ids", types.INT64, [1, "source"]))
             source, _, _ = self.embedded("source_ids", kept=False)
             self.keep(source, "source_embedding")
-            for index, block in enumerate(encoder_blocks):
+            for index, block in enumerate(model.encoder_blocks):
                 source = self.inside_block(block, f"encoder_layer_{index}", source)
             if model.encoder_norm is not None:
                 source = self.norm(model.encoder_norm, source, "encoder_norm")

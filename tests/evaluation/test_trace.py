@@ -125,10 +125,33 @@ def test_a_long_text_is_read_as_its_last_block_size_tokens_and_ids_are_taken_too
     assert as_json["layers"][0]["scores"]["dims"] == [model.config.n_head, len(text), len(text)]
 
 
+def test_a_targets_trace_gives_the_seq2seqs_logits_and_every_attention():
+    model = gptlite.load(FIXTURES / "made_seq2seq.keras")
+    source = "12+345"
+    trace = gptlite.trace_target(model, source)  # the target the model writes, greedily
+    assert model.tokenizer.decode(trace.ids[1:]) == gptlite.generate_target(model, source)
+    assert trace.source_tokens == list(source) and trace.tokens[0] == "<start>"
+    inputs = {"source_ids": trace.source_ids[None].astype("int32"), "target_ids": trace.ids[None].astype("int32")}
+    logits = keras.ops.convert_to_numpy(model(inputs))[0]
+    assert np.abs(trace.steps["logits"] - logits).max() <= 1e-5 * np.abs(logits).max()
+    weights = {part: keras.ops.convert_to_numpy(value)[:, 0] for part, value in model.attention_weights(inputs).items()}
+    for part, layers, name in (("decoder", trace.layers, "attention"), ("cross", trace.layers, "cross_attention"),
+                               ("encoder", trace.encoder_layers, "attention")):
+        assert np.abs(np.stack([layer[name] for layer in layers]) - weights[part]).max() <= 1e-5, part
+    assert trace.layers[0]["cross_attention"].shape == (model.config.n_head, len(trace.ids), len(source))
+    np.testing.assert_allclose(trace.steps["encoded"], trace.encoder_layers[-1]["output"] if model.encoder_norm is None
+                               else keras.ops.convert_to_numpy(model.encoder_norm(trace.encoder_layers[-1]["output"])),
+                               atol=1e-6)
+    given = gptlite.trace_target(model, source, "99")
+    assert given.tokens == ["<start>", "9", "9"] and given.to_json()["source_ids"] == trace.source_ids.tolist()
+
+
 def test_what_a_trace_cannot_follow_is_refused(tiny_seq2seq):
     model = gptlite.load(FIXTURES / "made_char.keras")
     with pytest.raises(gptlite.ConfigError, match="a trace follows a GPT"):
         gptlite.trace(tiny_seq2seq, "abc")
+    with pytest.raises(gptlite.ConfigError, match="trace it with `trace`"):
+        gptlite.trace_target(model, "the")
     with pytest.raises(gptlite.InputError, match="token ids must be"):
         gptlite.trace(model, [0, 10**6])
     with pytest.raises(gptlite.InputError, match="never saw"):

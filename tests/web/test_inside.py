@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 
 import gptlite
-from conftest import TIE
+from conftest import REPO, TIE
 from test_export import _model, BROWSER_KINDS, SAME_ON_EVERY_BACKEND, site, WEB_KINDS  # noqa: F401 (site: a fixture)
 from test_gguf_export import _conversations, TEXT
 from gptlite.evaluation import trace as tracing
 from gptlite.web import inside_graph, notebook
 
+FIXTURES = REPO / "tests" / "fixtures"
 # Every step the view shows, as its buttons name them, for a model with every switch (QK-norm, rotary).
 ALL_STEPS = ["tokens", "embedding", "position", "norm", "qkv", "qk_norm", "rotary", "scores", "mask", "softmax",
              "values", "heads", "residual", "feed_forward", "feed_forward_residual", "final_norm", "logits",
@@ -70,6 +71,23 @@ def test_the_inside_graph_gives_every_step_of_pythons_trace(kind):
     assert_same_trace(steps, layers, trace)
     for layer in layers:
         assert np.all(np.triu(layer["attention"], 1) == 0) and np.allclose(layer["attention"].sum(-1), 1, atol=1e-5)
+
+
+@SAME_ON_EVERY_BACKEND
+def test_a_seq2seqs_inside_graph_gives_its_encoder_and_cross_attention_as_python():
+    model = gptlite.load(FIXTURES / "made_seq2seq.keras")
+    trace = gptlite.trace_target(model, "12+345", "357")
+    session = _inside_session(model)
+    names = [output.name for output in session.get_outputs()]
+    out = dict(zip(names, session.run(None, {"input_ids": trace.ids[None].astype(np.int64),
+                                             "source_ids": trace.source_ids[None].astype(np.int64)})))
+    steps = {name: value for name, value in out.items() if "layer_" not in name}
+    layers = [{name.split(".", 1)[1]: value for name, value in out.items() if name.startswith(f"layer_{index}.")}
+              for index in range(model.config.n_layer)]
+    assert_same_trace(steps, layers, trace)
+    for index, layer in enumerate(trace.encoder_layers):
+        for name, value in layer.items():
+            assert_near(out[f"encoder_layer_{index}.{name}"], value, f"encoder layer {index} {name}")
 
 
 # --- the page in a browser
@@ -230,3 +248,46 @@ def test_the_notebooks_view_of_a_python_trace_answers_the_same_contract(site, br
     browser.get(page.as_uri())
     assert _wait_for(browser, "inside") == "done"
     assert browser.execute_script("return window.gptliteInside()")["step"] == "rotary"
+
+
+@pytest.fixture(scope="module")
+def seq2seq_site(tmp_path_factory):
+    """A trained Seq2Seq's page (the fixture that adds up numbers), served from 127.0.0.1: (its address, the model)."""
+    from test_export import _QuietHandler
+    import functools
+    import http.server
+    import threading
+
+    model = gptlite.load(FIXTURES / "made_seq2seq.keras")
+    root = tmp_path_factory.mktemp("seq2seq_page")
+    gptlite.export_web(model, root / "site")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}/site", model
+    server.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.extras
+@SAME_ON_EVERY_BACKEND
+def test_a_seq2seqs_page_writes_pythons_target_and_shows_its_cross_attention(seq2seq_site, browser):
+    url, model = seq2seq_site
+    for source in ("12+345", "9+9", "400+27"):
+        browser.get(f"{url}/?" + urllib.parse.urlencode(dict(prompt=source, run=1, step="cross", token=1, head=1)))
+        assert _wait_for(browser, "output") == "done" and _wait_for(browser, "inside") == "done"
+        written = browser.find_element("id", "output").get_attribute("textContent")
+        shown = browser.execute_script("return window.gptliteInside()")
+        trace = gptlite.trace_target(model, source, written)
+        assert shown["ids"] == trace.ids.tolist() and shown["source_ids"] == trace.source_ids.tolist()
+        # Greedy, the target Python writes, wherever no step's two likeliest tokens tie.
+        top_two = np.sort(trace.steps["logits"], axis=1)[:, -2:]
+        assert written == gptlite.generate_target(model, source) or np.any(top_two[:, 1] - top_two[:, 0] < TIE)
+        assert shown["step"] == "cross" and shown["head"] == 1
+        assert_near(shown["cross_attention"], trace.layers[0]["cross_attention"][1, 1], "cross-attention")
+        assert abs(sum(shown["cross_attention"]) - 1) <= 1e-5
+    page_trace = browser.execute_script("return window.gptliteTrace()")
+    for index, layer in enumerate(trace.encoder_layers):
+        for name, value in layer.items():
+            found = page_trace["encoder_layers"][index][name]
+            assert_near(np.reshape(found["data"], found["dims"]), value, f"encoder layer {index} {name}")
+

@@ -421,6 +421,43 @@ export class Writer {
   }
 }
 
+// A Seq2Seq's target for a source, as gptlite's `generate_target` writes it: from the start token, one token at a
+// time, each drawn from the decoder's logits after the tokens so far; the end token (or the window) ends it. Each
+// step runs `inside.onnx` (whose every output a Seq2Seq's page has anyway) for its logits alone.
+export class TargetWriter {
+  constructor(ort, session, config) {
+    this.ort = ort;
+    this.session = session;
+    this.config = config;
+  }
+
+  async warm() {}  // one graph, run whole each step: nothing that runs the better for having run before
+
+  async logitsAfter(sourceIds, ids) {
+    const tensor = (values) => new this.ort.Tensor("int64", BigInt64Array.from(values, BigInt), [1, values.length]);
+    const out = await this.session.run({ source_ids: tensor(sourceIds), input_ids: tensor(ids) }, ["logits"]);
+    const vocabularySize = this.config.vocab_size;
+    return out.logits.data.subarray((ids.length - 1) * vocabularySize, ids.length * vocabularySize);
+  }
+
+  // Yields {token} for each new token of the target; `shouldStop()` ends it between tokens.
+  async *write(sourceIds, settings, shouldStop = () => false) {
+    const ids = [this.config.start_id];
+    const seed = rowSeed(settings.seed);
+    const most = Math.min(settings.max_new_tokens, this.config.block_size - 1);
+    for (let produced = 0; produced < most; produced++) {
+      const logits = await this.logitsAfter(sourceIds, ids);
+      const noise = settings.temperature === 0 ? null : uniformNoise(seed, produced, logits.length);
+      const seen = settings.repetition_penalty !== 1 ? new Set(ids) : null;
+      const token = sampleNext(logits, settings, noise, seen);
+      if (token === this.config.end_id) return;
+      yield { token };
+      ids.push(token);
+      if (shouldStop()) return;
+    }
+  }
+}
+
 // --- looking inside: `inside.onnx` (gptlite/web/inside_graph.py), every step of the forward pass over a text
 
 export class Explainer {
@@ -432,21 +469,25 @@ export class Explainer {
   }
 
   // The trace of ids (their last block_size), as gptlite.trace gives it (Trace.to_json): {ids, window_start,
-  // shape, steps: {name: {dims, data}}, layers: [{name: {dims, data}}]}, every number the graph's.
-  async trace(allIds) {
+  // shape, steps: {name: {dims, data}}, layers: [{name: {dims, data}}]}, every number the graph's; a Seq2Seq's,
+  // as gptlite.trace_target gives it, with the `sourceIds` it reads and its encoder_layers.
+  async trace(allIds, sourceIds = null) {
     const ids = allIds.slice(-this.config.block_size);
-    const input = new this.ort.Tensor("int64", BigInt64Array.from(ids, BigInt), [1, ids.length]);
-    const out = await this.session.run({ input_ids: input });
+    const tensor = (values) => new this.ort.Tensor("int64", BigInt64Array.from(values, BigInt), [1, values.length]);
+    const out = await this.session.run(sourceIds ? { input_ids: tensor(ids), source_ids: tensor(sourceIds) }
+      : { input_ids: tensor(ids) });
     const steps = {};
     const layers = Array.from({ length: this.config.n_layer }, () => ({}));
+    const encoderLayers = Array.from({ length: sourceIds ? this.config.n_layer : 0 }, () => ({}));
     for (const [name, tensor] of Object.entries(out)) {
       const data = tensor.type === "int64" ? Array.from(tensor.data, Number) : tensor.data;
       const array = { dims: tensor.dims.map(Number), data };
-      const inLayer = /^layer_(\d+)\.(.+)$/.exec(name);
-      if (inLayer) layers[Number(inLayer[1])][inLayer[2]] = array;
+      const inLayer = /^(encoder_)?layer_(\d+)\.(.+)$/.exec(name);
+      if (inLayer) (inLayer[1] ? encoderLayers : layers)[Number(inLayer[2])][inLayer[3]] = array;
       else steps[name] = array;
     }
-    return { ids, window_start: allIds.length - ids.length, shape: this.config.shape, steps, layers };
+    const trace = { ids, window_start: allIds.length - ids.length, shape: this.config.shape, steps, layers };
+    return sourceIds ? { ...trace, source_ids: sourceIds, encoder_layers: encoderLayers } : trace;
   }
 }
 

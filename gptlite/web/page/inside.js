@@ -22,6 +22,7 @@ export const STEPS = [
   { id: "values", title: "Weighted values", layer: true },
   { id: "heads", title: "Heads joined", layer: true },
   { id: "residual", title: "Residual", layer: true },
+  { id: "cross", title: "Cross-attention", layer: true, needs: "cross_attention" },
   { id: "feed_forward", title: "Feed-forward", layer: true },
   { id: "feed_forward_residual", title: "Residual again", layer: true },
   { id: "final_norm", title: "Final norm" },
@@ -214,8 +215,10 @@ export class InsideView {
     const steps = this.trace.steps;
     const neighbours = Array.from(at(steps.neighbours_cosine_ids, token), Number).map((id, i) => (
       { id, token: this.options.piece(id), cosine: at(steps.neighbours_cosine, token)[i] }));
+    const cross = layerSteps.cross_attention ? { source_ids: Array.from(this.trace.source_ids, Number),
+      cross_attention: Array.from(at(layerSteps.cross_attention, head, token)) } : {};
     return { token, layer, head, step, ids: Array.from(this.trace.ids, Number), window_start: this.trace.window_start,
-      scores, attention, settings: { ...this.live },
+      scores, attention, ...cross, settings: { ...this.live },
       probabilities: order.map((id) => ({ id, token: this.options.piece(id), probability: probabilities[id] })),
       neighbours, drawn: drawn === null ? null : { id: drawn, token: this.options.piece(drawn) } };
   }
@@ -416,6 +419,21 @@ export class InsideView {
       `changes the vector rather than replacing it${post ? `, and the sum is normalised (${this.norm_said()})` : ""}.`),
     strip(at(steps.input, token), "block input"), strip(at(steps.attention_output, token), "attention's output"),
     strip(at(steps.attention_residual, token), post ? "sum, normalised" : "sum"));
+  }
+
+  draw_cross(panel, { token, layer, head }) {
+    const steps = this.trace.layers[layer];
+    const source = Array.from(this.trace.source_ids, Number);
+    const weights = at(steps.cross_attention, head, token);
+    panel.append(paragraph("Cross-attention: the decoder's query meets the keys and values the encoder made of every " +
+      `token of the source (${source.length} of them; no mask: the whole source is there to read). Its weights, then ` +
+      "this token's self-attention over the target beside them:"),
+    element("h4", { text: "over the source" }), chips(Array.from(weights, (value, s) => ({
+      label: `${s} ${shown(this.options.piece(source[s]))}`, value })), { bars: true }),
+    element("h4", { text: "over the target so far (self-attention)" }),
+    this.visible_chips(at(steps.attention, head, token), token, { bars: true }),
+    strip(at(steps.cross_heads, head, token), `head ${head}'s output`), strip(at(steps.cross_output, token), "projected"),
+    strip(at(steps.cross_residual, token), "added to the residual stream"));
   }
 
   draw_feed_forward(panel, { token, layer }) {

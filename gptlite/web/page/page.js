@@ -2,7 +2,7 @@
 // of the text that the inside graph computes). The written text stands in #output; #output's data-state is
 // "loading", "ready", "writing", "done" or "error". #inside's is "done" once a step is shown; window.gptliteInside()
 // returns what it shows as plain JSON (docs/inspection.md).
-import { chatText, Explainer, makeTokenizer, promptIds, settingOf, Writer } from "./gptlite.js";
+import { chatText, Explainer, makeTokenizer, promptIds, settingOf, TargetWriter, Writer } from "./gptlite.js";
 import { InsideView } from "./inside.js";
 
 const $ = (id) => document.getElementById(id);
@@ -47,10 +47,12 @@ async function load() {
   ort.env.wasm.wasmPaths = new URL("ort/", document.baseURI).href;
   // Threads need a cross-origin isolated page, which a plain static host does not give: one thread then.
   ort.env.wasm.numThreads = self.crossOriginIsolated ? Math.min(4, navigator.hardwareConcurrency || 1) : 1;
-  // Errors only: onnxruntime-web writes its warnings to the console, and a warning a step costs time.
-  const session = await ort.InferenceSession.create("model.onnx", { executionProviders: ["wasm"],
-    logSeverityLevel: 3 });
-  writer = new Writer(ort, session, config);
+  // Errors only: onnxruntime-web writes its warnings to the console, and a warning a step costs time. A Seq2Seq's
+  // page (config.source) writes its targets with the inside graph itself, which then explains them too.
+  const session = await ort.InferenceSession.create(config.source ? "inside.onnx" : "model.onnx",
+    { executionProviders: ["wasm"], logSeverityLevel: 3 });
+  writer = config.source ? new TargetWriter(ort, session, config) : new Writer(ort, session, config);
+  if (config.source) explainer = new Explainer(ort, session, config);
   document.title = `${config.name}: gptlite`;
   $("title").textContent = config.name;
   $("about").textContent = config.about;
@@ -65,6 +67,7 @@ async function load() {
     $("settings").append(label);
   }
   if (config.chat) $("prompt").placeholder = "your message";
+  if (config.source) $("prompt").placeholder = "a source to write a target for";
   fillFromQuery();
   $("generate").disabled = false;
   say(`ready in ${((performance.now() - started) / 1000).toFixed(2)} s`, "ready");
@@ -103,10 +106,20 @@ function settingsOrError() {
   return { settings };
 }
 
+// The ids the model reads of what the reader wrote: a prompt, a conversation, or a Seq2Seq's source (1 to
+// block_size tokens, read whole).
 function idsOfPrompt(prompt) {
   const unknown = tokenizer.unknownCharacters(prompt);
+  const what = config.source ? "source" : "prompt";
   if (unknown.length) {
-    return { error: `the prompt has characters the model never saw in training: ${JSON.stringify(unknown.join(""))}` };
+    return { error: `the ${what} has characters the model never saw in training: ${JSON.stringify(unknown.join(""))}` };
+  }
+  if (config.source) {
+    const ids = tokenizer.encode(prompt);
+    if (ids.length < 1 || ids.length > config.block_size) {
+      return { error: `the source must be 1 to ${config.block_size} tokens long; it is ${ids.length}` };
+    }
+    return { ids };
   }
   if (!config.chat) return { ids: promptIds(tokenizer, config, prompt) };
   const messages = [...conversation, { role: "user", content: prompt }];
@@ -130,7 +143,7 @@ async function generate() {
   const output = $("output");
   const decoder = tokenizer.decoder();
   // One text node, appended to: setting textContent again would copy the whole text at every token.
-  const written = document.createTextNode(config.chat ? "" : prompt);
+  const written = document.createTextNode(config.chat || config.source ? "" : prompt);
   output.replaceChildren(written);
   output.dataset.state = "writing";
   say("writing...");
@@ -197,11 +210,14 @@ async function explain(promptIdList, writtenIds) {
       explainer = new Explainer(ort, await ort.InferenceSession.create("inside.onnx", { executionProviders: ["wasm"],
         logSeverityLevel: 3 }), config);
     }
-    const trace = await explainer.trace([...promptIdList, ...writtenIds]);
+    // A Seq2Seq's decoder reads its start token and the target; its encoder, the source.
+    const trace = config.source ? await explainer.trace([config.start_id, ...writtenIds], promptIdList)
+      : await explainer.trace([...promptIdList, ...writtenIds]);
     const query = new URLSearchParams(location.search);
     const asked = Object.fromEntries(INSIDE.filter((name) => query.has(name)).map((name) => [name, query.get(name)]));
     view = new InsideView(inside, { piece: (id) => tokenizer.piece(id), sampling: config.sampling,
-      settings: usedSettings ?? settingsOrError().settings, promptLength: promptIdList.length, onChange: remember });
+      settings: usedSettings ?? settingsOrError().settings, promptLength: config.source ? 1 : promptIdList.length,
+      onChange: remember });
     view.show(trace, asked);
   } catch (failure) {
     inside.dataset.state = "error";
