@@ -57,7 +57,7 @@ def photograph(url):
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=760,1400",
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=760,4000",
                      "--hide-scrollbars"):
         options.add_argument(argument)
     options.binary_location = shutil.which("chromium")

@@ -1,4 +1,5 @@
-"""Every step of a GPT's forward pass over a text, with its real numbers: `trace(model, text)`.
+"""Every step of a model's forward pass over a text, with its real numbers: `trace(model, text)` for a GPT,
+`trace_target(model, source, target)` for a Seq2Seq.
 
 The trace is computed by the model's own layers, called one after another as the model calls them (its
 embedding, each block's norms, projections, QK-norm and rotation, its feed-forward, the final norm and the
