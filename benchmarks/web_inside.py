@@ -3,11 +3,11 @@ opens the view at a token of a full window, then a click on each step, each toke
 
     python benchmarks/web_inside.py [--shapes laptop gpt2] [--rounds 3]
 
-For each shape: the export's seconds and its folder's size (model.onnx, inside.onnx); the page's seconds from its
-navigation to ready (as web_page.py reads it) and to the view shown (the inside graph loaded and run on the text,
-the view drawn); then milliseconds from a click to the next frame painted, for each step, for a token and for a
-layer: medians and the largest. Shapes: `laptop`, the default preset's model with its whole 64-token window;
-`gpt2`, GPT-2 small's (random weights, 64 tokens; speed only).
+For each shape: the export's seconds and its files' sizes (model.onnx, inside.onnx, weights.bin); the page's
+seconds from its navigation to ready (as web_page.py reads it) and to the view shown (the inside graph loaded and
+run on the text, the view drawn); then milliseconds from a click to the next frame painted, for each step, for a
+token and for a layer: medians and the largest. Shapes: `laptop`, the default preset's model with its 64-token
+window full; `gpt2`, GPT-2 small's (random weights, 64 tokens; speed only).
 """
 
 import argparse
@@ -76,7 +76,8 @@ def main():
             started = time.perf_counter()
             gptlite.export_web(model, root / shape)
             exported = time.perf_counter() - started
-            sizes = {name: (root / shape / name).stat().st_size / 2**20 for name in ("model.onnx", "inside.onnx")}
+            sizes = {name: (root / shape / name).stat().st_size / 2**20 for name in ("model.onnx", "inside.onnx",
+                                                                                      "weights.bin")}
             # A text that fills the window: the model's own vocabulary's pieces, cut to 64 tokens.
             pieces = "".join(model.tokenizer.pieces(list(range(min(model.config.vocab_size, 300))))) * 2
             prompt = model.tokenizer.decode(model.tokenizer.encode(pieces)[:64])
@@ -84,7 +85,8 @@ def main():
             clicks = [value for load in rounds for value in load["clicks"].values()]
             slowest = max(((value, name) for load in rounds for name, value in load["clicks"].items()))
             print(f"{shape}: exported in {exported:.1f} s, model.onnx {sizes['model.onnx']:.1f} MiB, inside.onnx "
-                  f"{sizes['inside.onnx']:.1f} MiB; page ready {statistics.median(r['ready'] for r in rounds):.2f} s "
+                  f"{sizes['inside.onnx']:.1f} MiB, weights.bin {sizes['weights.bin']:.1f} MiB; page ready "
+                  f"{statistics.median(r['ready'] for r in rounds):.2f} s "
                   f"after load, the view shown {statistics.median(r['shown'] for r in rounds):.2f} s after load; a "
                   f"click to its paint: median {statistics.median(clicks):.1f} ms, slowest {slowest[0]:.1f} ms "
                   f"({slowest[1]}), over {len(clicks)} clicks in {args.rounds} rounds; {rounds[0]['tokens']} tokens "

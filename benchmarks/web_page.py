@@ -131,7 +131,8 @@ def main():
                 started = time.perf_counter()
                 gptlite.export_web(model, root / f"{shape}-{outtype}", outtype)
                 exported = time.perf_counter() - started
-                size = (root / f"{shape}-{outtype}" / "model.onnx").stat().st_size / 2**20
+                size = sum((root / f"{shape}-{outtype}" / name).stat().st_size
+                           for name in ("model.onnx", "weights.bin")) / 2**20
                 for tokens in TOKENS[shape]:
                     python = python_rate(model, tokens)
                     llama = llama_cpp_rate(model, root / f"{shape}.gguf", tokens)
@@ -143,7 +144,8 @@ def main():
                                                for _ in range(args.rounds))
                     llama_said = "" if llama is None else f"; llama.cpp f32 {llama:.1f} tokens/s, page/llama.cpp " \
                                                           f"{warm / llama:.2f}x warm"
-                    print(f"{shape} {outtype}, {tokens} tokens: model.onnx {size:.1f} MiB, exported in {exported:.1f} "
+                    print(f"{shape} {outtype}, {tokens} tokens: model.onnx and weights.bin {size:.1f} MiB, exported in "
+                          f"{exported:.1f} "
                           f"s; page ready {ready:.2f} s after load, first token {first:.2f} s; {rate:.1f} tokens/s "
                           f"(warm page {warm:.1f}; a reader's page, open {READER_SECONDS} s first, {reader:.1f}); "
                           f"Python gptlite.generate {python:.1f} tokens/s; page/Python {rate / python:.2f}x (warm "

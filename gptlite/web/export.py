@@ -7,12 +7,13 @@ trace, the inside graph's or Python's (`gptlite.trace`).
     gptlite export --model runs/mine/model.keras --format web --out site/
     python -m http.server -d site     # or any static host: no code runs on the server
 
-The folder holds index.html, page.js, gptlite.js, inside.js and inside.css, model.onnx, inside.onnx, tokenizer.json,
-config.json, ONNX Runtime Web's files (ort/, its licence beside them) and a README. Nothing is fetched from
-elsewhere at run time.
+The folder holds index.html, page.js, gptlite.js, inside.js and inside.css, model.onnx, inside.onnx and the
+weights both read (weights.bin), tokenizer.json, config.json, ONNX Runtime Web's files (ort/, its licence beside
+them) and a README. Nothing is fetched from elsewhere at run time.
 """
 
 import dataclasses
+import hashlib
 import json
 import pathlib
 import re
@@ -29,6 +30,11 @@ DEFAULT_OUTTYPE = "f32"
 PAGE_FILES = ("index.html", "page.js", "gptlite.js", "inside.js", "inside.css")
 # ONNX Runtime Web 1.30.0 (npm onnxruntime-web), its WebAssembly build with SIMD: the files the page loads.
 RUNTIME_FILES = ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm", "LICENSE")
+# The weights both graphs read, each array once: a graph's own file holds where they lie in it (ONNX's external
+# data), which the page hands ONNX Runtime Web as the file it names.
+WEIGHTS_FILE = "weights.bin"
+# Arrays smaller than this stay inside their graph (constants, norms' scales): one fetch, not one lookup each.
+LEAST_SHARED_BYTES = 4096
 # One ONNX file holds at most 2 GiB (protobuf's limit); a page's WebAssembly memory is 4 GiB.
 MOST_WEIGHT_BYTES = 2**31 - 2**26
 # The most new tokens the page writes in one go: the decoding loop keeps every token's attention to show.
@@ -64,8 +70,12 @@ def export_web(model, out, outtype=DEFAULT_OUTTYPE):
     graphs = [("inside.onnx", inside_graph.inside_graph)] + ([] if config["source"] else [
         ("model.onnx", onnx_graph.decoder_graph)])
     with atomic_directory(out) as folder:
-        for name, make in graphs:
-            onnx.save_model(make(model, outtype), str(folder / name))  # one graph's bytes held at a time
+        stored = {}
+        with open(folder / WEIGHTS_FILE, "wb") as weights:
+            for name, make in graphs:
+                graph = make(model, outtype)  # one graph's bytes held at a time
+                _weights_apart(graph, weights, stored)
+                onnx.save_model(graph, str(folder / name))
         (folder / "tokenizer.json").write_text(json.dumps(page_tokenizer, ensure_ascii=False))
         (folder / "config.json").write_text(json.dumps(config, indent=1, ensure_ascii=False))
         for name in PAGE_FILES:
@@ -74,6 +84,27 @@ def export_web(model, out, outtype=DEFAULT_OUTTYPE):
         for name in RUNTIME_FILES:
             shutil.copyfile(_HERE / "ort" / name, folder / "ort" / name)
         (folder / "README.md").write_text(_README.format(name=config["name"]))
+
+
+def _weights_apart(graph, weights, stored):
+    """Move `graph`'s large initializers into the open file `weights` (WEIGHTS_FILE), an array the other graph
+    stored already (`stored`: its bytes' digest -> where it lies) not written again; each initializer then names
+    its place there, as ONNX's external data does."""
+    import onnx
+
+    for tensor in graph.graph.initializer:
+        if len(tensor.raw_data) < LEAST_SHARED_BYTES:
+            continue
+        key = (hashlib.sha256(tensor.raw_data).digest(), tensor.data_type, tuple(tensor.dims))
+        if key not in stored:
+            weights.write(b"\0" * (-weights.tell() % 64))  # each array at a multiple of 64 bytes
+            stored[key] = (weights.tell(), len(tensor.raw_data))
+            weights.write(tensor.raw_data)
+        offset, length = stored[key]
+        tensor.ClearField("raw_data")
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        for field, value in (("location", WEIGHTS_FILE), ("offset", str(offset)), ("length", str(length))):
+            tensor.external_data.add(key=field, value=value)
 
 
 def page_config(model, outtype, name):
@@ -93,8 +124,9 @@ def page_config(model, outtype, name):
     if source:
         stops = [tokenizer.end_token_id]
     return dict(
-        name=name, about=f"a {config.n_layer}-layer {'encoder-decoder' if source else 'GPT'} of {model.count_params():,} weights, {config.block_size} "
-                         f"tokens of context, {tokenizer.tokens_are}; it runs in this page ({outtype})",
+        name=name, about=f"a {config.n_layer}-layer {'encoder-decoder' if source else 'GPT'} of "
+                         f"{model.count_params():,} weights, {config.block_size} tokens of context, "
+                         f"{tokenizer.tokens_are}; it runs in this page ({outtype})",
         n_layer=config.n_layer, n_head=config.n_head, kv_heads=config.kv_heads, head_size=config.head_size,
         block_size=config.block_size, vocab_size=config.vocab_size,
         shape={**dataclasses.asdict(config), "kv_heads": config.kv_heads, "head_size": config.head_size},
@@ -195,8 +227,9 @@ and one can open the Inside view at a token, a layer, a head and a step:
 
     http://localhost:8000/?prompt=ROMEO%3A&token=3&layer=1&head=0&step=softmax
 
-Files: index.html, page.js, gptlite.js, inside.js and inside.css (the page, the tokenizer, the sampler, the decoding loop
-and the Inside view), model.onnx (the model's decoding step), inside.onnx (its every step over a text, for the
-Inside view), tokenizer.json, config.json, and ort/ (ONNX Runtime Web 1.30.0's
-WebAssembly build, MIT licence in ort/LICENSE). Written by gptlite's `gptlite export --format web`.
+Files: index.html, page.js, gptlite.js, inside.js and inside.css (the page, the tokenizer, the sampler, the
+decoding loop and the Inside view), model.onnx (the model's decoding step), inside.onnx (its every step over a
+text, for the Inside view), weights.bin (the weights both graphs read), tokenizer.json, config.json, and ort/
+(ONNX Runtime Web 1.30.0's WebAssembly build, MIT licence in ort/LICENSE). Written by gptlite's
+`gptlite export --format web`.
 """

@@ -106,6 +106,29 @@ def test_smaller_weights_shrink_the_file_and_keep_the_logits_near(outtype, share
     assert np.abs(logits[0] - expected).max() <= tolerance * np.abs(expected).max()
 
 
+@SAME_ON_EVERY_BACKEND
+@pytest.mark.parametrize("outtype", ["f32", "int8"])
+def test_both_graphs_read_one_weights_file_each_array_once(tmp_path, outtype):
+    import onnxruntime
+
+    model = _model("modern")
+    gptlite.export_web(model, tmp_path / "site", outtype)
+    size = {path.name: path.stat().st_size for path in (tmp_path / "site").iterdir() if path.is_file()}
+    stored = model.count_params() * {"f32": 4, "int8": 1}[outtype]
+    # The graphs hold the small arrays (norms' scales, int8's column scales), not the weights.
+    assert size["weights.bin"] <= 1.1 * stored and size["model.onnx"] + size["inside.onnx"] < 2 * model.count_params()
+    ids = np.asarray([[int(i) for i in model.tokenizer.encode(TEXT[:20])]], np.int64)
+    inside = onnxruntime.InferenceSession(str(tmp_path / "site" / "inside.onnx"), providers=["CPUExecutionProvider"])
+    expected = keras.ops.convert_to_numpy(model(ids.astype("int32")))[0]
+    logits = inside.run(["logits"], {"input_ids": ids})[0]
+    assert np.abs(logits - expected).max() <= (1e-4 if outtype == "f32" else 5e-2) * np.abs(expected).max()
+    step = onnxruntime.InferenceSession(str(tmp_path / "site" / "model.onnx"), providers=["CPUExecutionProvider"])
+    feeds = {name: np.zeros((1, model.config.kv_heads, 0, model.config.head_size), np.float32)
+             for name in onnx_graph.cache_names(model.config.n_layer)}
+    assert np.abs(step.run(["logits"], {"input_ids": ids, **feeds})[0][0] - logits[-1]).max() <= 1e-4 * np.abs(
+        expected).max()
+
+
 # --- the page's JavaScript under Node
 
 def _node(request):
@@ -293,17 +316,17 @@ def test_the_export_command_writes_the_folder_and_refuses_an_existing_one(tmp_pa
     assert "wrote" in done.stdout and "http.server" in done.stdout
     files = sorted(str(path.relative_to(tmp_path / "site")) for path in (tmp_path / "site").rglob("*")
                    if path.is_file())
-    assert files == sorted(["README.md", "config.json", "model.onnx", "inside.onnx", "tokenizer.json",
+    assert files == sorted(["README.md", "config.json", "model.onnx", "inside.onnx", "weights.bin", "tokenizer.json",
                             *web_export.PAGE_FILES, *(f"ort/{name}" for name in web_export.RUNTIME_FILES)])
     again = run_python("-m", "gptlite", "export", "--model", str(tmp_path / "model.keras"), "--format", "web",
                        "--out", str(tmp_path / "site"))
     assert again.returncode != 0 and "already exists" in again.stderr and "Traceback" not in again.stderr
     assert "--overwrite" in again.stderr
-    half = (tmp_path / "site" / "model.onnx").stat().st_size
+    half = (tmp_path / "site" / "weights.bin").stat().st_size
     again = run_python("-m", "gptlite", "export", "--model", str(tmp_path / "model.keras"), "--format", "web",
                        "--out", str(tmp_path / "site"), "--overwrite")
     assert again.returncode == 0, again.stderr
-    assert (tmp_path / "site" / "model.onnx").stat().st_size > 1.5 * half  # f32 in f16's place
+    assert (tmp_path / "site" / "weights.bin").stat().st_size > 1.5 * half  # f32 in f16's place
     assert sorted(path.name for path in tmp_path.iterdir()) == ["model.keras", "site"]  # nothing left beside it
 
 

@@ -9,6 +9,10 @@ const $ = (id) => document.getElementById(id);
 // Seconds of warm-up: enough for V8 to optimise the laptop preset's model (some 300 steps); a model the size of
 // GPT-2 small runs its long loops often enough to be optimised within its first few steps.
 const WARM_SECONDS = 1.5;
+// How the graphs are opened: errors only (onnxruntime-web writes its warnings to the console, and a warning a step
+// costs time), their weights read from the one file both name.
+const SESSION = { executionProviders: ["wasm"], logSeverityLevel: 3,
+  externalData: [{ path: "weights.bin", data: "weights.bin" }] };
 // What a link may say of the Inside view's state.
 const INSIDE = ["token", "layer", "head", "step"];
 let writer, tokenizer, config, explainer, view;
@@ -47,10 +51,8 @@ async function load() {
   ort.env.wasm.wasmPaths = new URL("ort/", document.baseURI).href;
   // Threads need a cross-origin isolated page, which a plain static host does not give: one thread then.
   ort.env.wasm.numThreads = self.crossOriginIsolated ? Math.min(4, navigator.hardwareConcurrency || 1) : 1;
-  // Errors only: onnxruntime-web writes its warnings to the console, and a warning a step costs time. A Seq2Seq's
-  // page (config.source) writes its targets with the inside graph itself, which then explains them too.
-  const session = await ort.InferenceSession.create(config.source ? "inside.onnx" : "model.onnx",
-    { executionProviders: ["wasm"], logSeverityLevel: 3 });
+  // A Seq2Seq's page (config.source) writes its targets with the inside graph itself, which then explains them too.
+  const session = await ort.InferenceSession.create(config.source ? "inside.onnx" : "model.onnx", SESSION);
   writer = config.source ? new TargetWriter(ort, session, config) : new Writer(ort, session, config);
   if (config.source) explainer = new Explainer(ort, session, config);
   document.title = `${config.name}: gptlite`;
@@ -207,8 +209,7 @@ async function explain(promptIdList, writtenIds) {
   inside.dataset.state = "tracing";
   try {
     if (!explainer) {
-      explainer = new Explainer(ort, await ort.InferenceSession.create("inside.onnx", { executionProviders: ["wasm"],
-        logSeverityLevel: 3 }), config);
+      explainer = new Explainer(ort, await ort.InferenceSession.create("inside.onnx", SESSION), config);
     }
     // A Seq2Seq's decoder reads its start token and the target; its encoder, the source.
     const trace = config.source ? await explainer.trace([config.start_id, ...writtenIds], promptIdList)
