@@ -391,7 +391,10 @@ export class InsideView {
     let total = 0;
     for (const w of weights) total += w;
     panel.append(paragraph(`Softmax turns the scores into weights: each is e^score over the sum of them all. The row ` +
-      `sums to ${total.toFixed(6)}; the masked tokens get exactly 0.`), this.visible_chips(weights, token, { bars: true }));
+      `sums to ${total.toFixed(6)}; the masked tokens get exactly 0.`), this.visible_chips(weights, token, { bars: true }),
+    element("h4", { text: "Every head of this layer, side by side (one strip a head, a cell a token)" }));
+    const every = this.trace.layers[layer].attention;
+    for (let h = 0; h < every.dims[0]; h++) panel.append(strip(at(every, h, token), `head ${h}`));
   }
 
   draw_values(panel, { token, layer, head }) {
