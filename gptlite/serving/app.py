@@ -4,6 +4,7 @@ import asyncio
 import dataclasses
 import importlib.resources
 import json
+import pathlib
 import signal
 import threading
 import time
@@ -17,6 +18,9 @@ from gptlite.serving.worker import Job, QueueFull, Worker
 from gptlite.tasks.task import of_model
 from gptlite.text import templates
 
+# The web page's files (gptlite/web/page): the page the server serves.
+_PAGE = importlib.resources.files("gptlite.web") / "page"
+
 def create_app(model, model_name, settings=None, worker=None):
     """The Starlette application that serves `model` under `model_name`, its worker thread started."""
     from starlette.applications import Starlette
@@ -29,7 +33,8 @@ def create_app(model, model_name, settings=None, worker=None):
         ("/v1/chat/completions", endpoints.chat_completions, "POST"),
         ("/v1/models", endpoints.models, "GET"), ("/health", endpoints.health, "GET"),
         ("/v1/attention", endpoints.attention, "POST"), ("/v1/trace", endpoints.trace, "POST"),
-        ("/", endpoints.page, "GET"), ("/page/{name}", endpoints.page_file, "GET"))]
+        ("/", endpoints.page, "GET"), ("/config.json", endpoints.page_config, "GET"),
+        ("/ort/{name}", endpoints.page_file, "GET"), ("/{name}", endpoints.page_file, "GET"))]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
     app.state.worker = endpoints.worker
     endpoints.worker.start()
@@ -213,21 +218,34 @@ class _Endpoints:
         return JSONResponse({"trace": traced, "sampling": sampling_settings()})
 
     async def page(self, request):
+        """The web page (`gptlite export --format web`'s), which reads `/config.json` and so writes through this
+        server's API and explains with its traces."""
         from starlette.responses import HTMLResponse
 
-        return HTMLResponse(importlib.resources.files("gptlite.serving").joinpath("page.html").read_text(
-            encoding="utf-8"))
+        return HTMLResponse((_PAGE / "index.html").read_text(encoding="utf-8"))
+
+    async def page_config(self, request):
+        from starlette.responses import JSONResponse
+
+        from gptlite.web.export import server_config
+
+        return JSONResponse(server_config(self.model, self.model_name,
+                                          self.task.request_refusal("messages") is None))
 
     async def page_file(self, request):
-        """The web page's Inside view, which this page shows too: its script, the sampler it reads, its look."""
+        """The page's scripts and look (and ONNX Runtime Web's script, which it loads though it runs nothing here)."""
         from starlette.responses import Response
 
+        from gptlite.web.export import PAGE_FILES, RUNTIME_FILES
+
         name = request.path_params["name"]
-        kinds = {"inside.js": "text/javascript", "gptlite.js": "text/javascript", "inside.css": "text/css"}
-        if name not in kinds:
-            raise RequestError(404, f"no such file: /page/{name}", kind="not_found_error")
-        return Response(importlib.resources.files("gptlite.web").joinpath("page", name).read_text(encoding="utf-8"),
-                        media_type=kinds[name])
+        folder = _PAGE / "ort" if request.url.path.startswith("/ort/") else _PAGE
+        served = RUNTIME_FILES if folder != _PAGE else [name for name in PAGE_FILES if name != "index.html"]
+        if name not in served:
+            raise RequestError(404, f"no such file: {request.url.path}", kind="not_found_error")
+        kinds = {".js": "text/javascript", ".mjs": "text/javascript", ".css": "text/css", ".wasm": "application/wasm"}
+        return Response((folder / name).read_bytes(), media_type=kinds.get(pathlib.PurePath(name).suffix,
+                                                                           "text/plain"))
 
 
 async def _whole(request, job, events):

@@ -27,7 +27,7 @@ from gptlite.web import inside_graph, onnx_graph, tokenizer_form
 
 OUTTYPES = onnx_graph.OUTTYPES
 DEFAULT_OUTTYPE = "f32"
-PAGE_FILES = ("index.html", "page.js", "gptlite.js", "inside.js", "inside.css")
+PAGE_FILES = ("index.html", "page.js", "gptlite.js", "inside.js", "inside.css", "server.js")
 # ONNX Runtime Web 1.30.0 (npm onnxruntime-web), its WebAssembly build with SIMD: the files the page loads.
 RUNTIME_FILES = ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm", "LICENSE")
 # The weights both graphs read, each array once: a graph's own file holds where they lie in it (ONNX's external
@@ -154,8 +154,8 @@ def sampling_settings(**defaults):
                         MOST_NEW_TOKENS if name == "max_new_tokens" else None)
         # What an empty box means, where the default is none: the help's "(default: ...)".
         empty = re.search(r"\(default: ([^)]*)\)", field.metadata["help"]) if field.default is None else None
-        offered.append(dict(name=name, help=field.metadata["help"], default=defaults.get(name, field.default),
-                            whole=whole, least=least,
+        offered.append(dict(name=name, request=field.metadata["request"] or name, help=field.metadata["help"],
+                            default=defaults.get(name, field.default), whole=whole, least=least,
                             least_refused=least_refused, most=most, empty=empty and empty[1],
                             says=_bounds_said(whole, least, least_refused, most, field.default)))
     return offered
@@ -181,6 +181,21 @@ def _bounds_said(whole, least, least_refused, most, default):
 
 def _number(value):
     return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
+
+
+def server_config(model, name, chats):
+    """What the page reads of a model that `gptlite serve` runs (`server`: it writes through the server's API and
+    explains with the traces the server computes): its shape, whether it reads a source or holds a conversation
+    (`chats`, the server's answer), and the settings' limits. No template is read off: the server renders it."""
+    config = model.config
+    source = inside_graph.reads_a_source(model)
+    return dict(
+        name=name, server=True, chat=bool(chats), source=source,
+        about=f"a {config.n_layer}-layer {'encoder-decoder' if source else 'GPT'} of {model.count_params():,} weights, "
+              f"{config.block_size} tokens of context, {model.tokenizer.tokens_are}; served by gptlite serve",
+        n_layer=config.n_layer, n_head=config.n_head, block_size=config.block_size, vocab_size=config.vocab_size,
+        shape={**dataclasses.asdict(config), "kv_heads": config.kv_heads, "head_size": config.head_size},
+        sampling=sampling_settings(temperature=0.0) if source else sampling_settings())
 
 
 def chat_pieces(tokenizer):

@@ -512,9 +512,13 @@ def test_a_seq2seq_servers_requests_join_one_running_batch_with_their_real_finis
         running.stop()
 
 
-def test_the_page_and_the_attention_it_draws(server):
+def test_the_page_is_the_web_pages_and_the_attention_endpoint_answers(server):
     page = httpx.get(server.url + "/")
-    assert page.status_code == 200 and "<textarea" in page.text and "/v1/completions" in page.text
+    assert page.status_code == 200 and "<textarea" in page.text and 'id="inside"' in page.text
+    config = httpx.get(server.url + "/config.json").json()
+    assert config["server"] is True and config["name"] == "words" and config["chat"] is False
+    assert [setting["name"] for setting in config["sampling"]][:2] == ["max_new_tokens", "temperature"]
+    assert "/v1/completions" in httpx.get(server.url + "/server.js").text
     maps = httpx.post(server.url + "/v1/attention", json={"text": "the cat"}, timeout=60).json()
     assert maps["tokens"] == list("the cat")
     for layer in maps["weights"]:
@@ -542,10 +546,12 @@ def test_the_trace_the_server_computes_is_gptlites_and_its_page_files_are_served
     assert [setting["name"] for setting in answer.json()["sampling"]][:2] == ["max_new_tokens", "temperature"]
     bad = httpx.post(server.url + "/v1/trace", json={"text": ""}, timeout=60)
     assert bad.status_code == 400 and "text must be a non-empty string" in bad.json()["error"]["message"]
-    for name, kind in (("inside.js", "text/javascript"), ("gptlite.js", "text/javascript"), ("inside.css", "text/css")):
-        served = httpx.get(f"{server.url}/page/{name}")
-        assert served.status_code == 200 and served.headers["content-type"].startswith(kind)
-    assert httpx.get(f"{server.url}/page/page.js").status_code == 404
+    for path, kind in (("/page.js", "text/javascript"), ("/inside.js", "text/javascript"), ("/inside.css", "text/css"),
+                       ("/ort/ort.wasm.min.js", "text/javascript")):
+        served = httpx.get(server.url + path)
+        assert served.status_code == 200 and served.headers["content-type"].startswith(kind), path
+    for path in ("/model.onnx", "/ort/page.js", "/../errors.py"):
+        assert httpx.get(server.url + path).status_code == 404, path
 
 
 SERVE = """
@@ -613,42 +619,46 @@ def test_a_real_process_serves_the_client_and_on_sigterm_finishes_the_request_in
         process.kill()
 
 
+def _page_done(browser, element_id="output", states=("done", "error")):
+    """The page's element's data-state once it is one of `states` (the page's contract; docs/inspection.md)."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(browser, 60).until(lambda _: browser.find_element("id", element_id).get_attribute("data-state")
+                                     in states)
+    return browser.find_element("id", element_id).get_attribute("data-state")
+
+
 @pytest.mark.slow
 @pytest.mark.extras
 @ONCE
-def test_the_page_in_a_browser_streams_text_and_draws_attention(server, tmp_path, browser, fluent_model):
+def test_the_page_in_a_browser_streams_text_and_shows_inside_with_the_servers_numbers(server, tmp_path, browser,
+                                                                                       fluent_model):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     browser.get(server.url + "/")
+    assert _page_done(browser, states=("ready", "error")) == "ready", browser.find_element(By.ID, "message").text
     prompt = browser.find_element(By.ID, "prompt")
     prompt.clear()
     prompt.send_keys("the cat ")
-    maximum = browser.find_element(By.ID, "max_tokens")
+    maximum = browser.find_element(By.ID, "max_new_tokens")
     maximum.clear()
     maximum.send_keys("120")
+    browser.find_element(By.ID, "temperature").clear()
+    browser.find_element(By.ID, "temperature").send_keys("0")
     # Count the times the text changes: streamed, it grows piece by piece, not once at the end.
     browser.execute_script("window.changes = 0; new MutationObserver(() => window.changes++)"
-                           ".observe(document.getElementById('output'), {childList: true, subtree: true});")
+                           ".observe(document.getElementById('output'), {childList: true, subtree: true, "
+                           "characterData: true});")
     browser.find_element(By.ID, "generate").click()
-    WebDriverWait(browser, 60).until(lambda _: browser.find_element(By.ID, "status").text == "done")
+    assert _page_done(browser) == "done", browser.find_element(By.ID, "message").text
     # The text as the page holds it: Selenium's `.text` would trim whitespace the model may have ended on.
     shown = browser.execute_script("return document.getElementById('output').textContent")
-    assert shown.startswith("the cat ") and len(shown) == len("the cat ") + 120
+    assert shown == gptlite.generate(fluent_model, "the cat ", 120, temperature=0)
     # The decode hands over its tokens in 5 calls for 120 of them (8, then 32 at a time): the page
     # shows several of those before the end.
     assert browser.execute_script("return window.changes") > 2
-    browser.find_element(By.ID, "show_attention").click()
-    WebDriverWait(browser, 60).until(lambda _: "tokens" in browser.find_element(By.ID, "attention_status").text)
-    layers = browser.find_elements(By.CSS_SELECTOR, "#layer option")
-    assert len(layers) == 2 and browser.find_element(By.ID, "attention").size["width"] > 100
-    # The rows and columns are labelled: the canvas is wider than its cells by the labels' margin.
-    cells = browser.execute_script("const n = maps.tokens.length; return n * Math.max(4, Math.floor(512 / n));")
-    assert browser.execute_script("return document.getElementById('attention').width") > cells
-    # Inside, step by step: the web page's view, over the trace the server computed, with gptlite's numbers.
-    browser.find_element(By.ID, "look_inside").click()
-    WebDriverWait(browser, 60).until(lambda _: browser.find_element(By.ID, "inside").get_attribute("data-state")
-                                     == "done")
+    # Inside, step by step: the web page's view over the trace the server computed, with gptlite's numbers.
+    assert _page_done(browser, "inside") == "done", browser.find_element(By.ID, "inside").text
     inside = browser.execute_script("return window.gptliteInside()")
     expected = gptlite.trace(fluent_model, inside["ids"])
     token = inside["token"]
@@ -657,6 +667,10 @@ def test_the_page_in_a_browser_streams_text_and_draws_attention(server, tmp_path
     assert np.array_equal(np.float32(inside["attention"]), expected.layers[0]["attention"][0, token])
     browser.find_element(By.CSS_SELECTOR, '[data-step="softmax"]').click()
     assert browser.execute_script("return window.gptliteInside().step") == "softmax"
+    # A link opens the view on its prompt, as the static page's does.
+    browser.get(server.url + "/?prompt=the%20cat&token=2&layer=1&step=scores")
+    assert _page_done(browser, "inside") == "done"
+    assert browser.execute_script("return [window.gptliteInside().token, window.gptliteInside().layer]") == [2, 1]
     # An API key typed once is kept for the tab's session: a reload shows it again.
     browser.execute_script("const key = document.getElementById('api_key'); key.value = 'sesame';"
                            "key.dispatchEvent(new Event('input'));")
@@ -671,39 +685,33 @@ def test_the_page_in_a_browser_streams_text_and_draws_attention(server, tmp_path
 @pytest.mark.slow
 @pytest.mark.extras
 @ONCE
-def test_the_chat_page_in_a_browser_streams_answers_as_bubbles_and_draws_the_conversations_attention(
-        chat_server, tmp_path, browser):
+def test_the_chat_page_in_a_browser_streams_answers_and_shows_the_conversation_inside(chat_server, tmp_path,
+                                                                                       browser):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
-    from selenium.webdriver.support.ui import WebDriverWait
 
     browser.get(chat_server.url + "/")
-    # A model with a chat template opens on the chat view.
-    WebDriverWait(browser, 30).until(lambda _: browser.find_element(By.ID, "chat_view").is_displayed())
+    # A model with a chat template opens as a conversation, with its system message.
+    assert _page_done(browser, states=("ready", "error")) == "ready", browser.find_element(By.ID, "message").text
+    assert browser.find_element(By.ID, "system").is_displayed()
     browser.find_element(By.ID, "system").send_keys("be a cat")
-    maximum = browser.find_element(By.ID, "max_tokens")
+    maximum = browser.find_element(By.ID, "max_new_tokens")
     maximum.clear()
     maximum.send_keys("60")
-    browser.execute_script("window.changes = 0; new MutationObserver(() => window.changes++)"
-                           ".observe(document.getElementById('chat_log'), {childList: true, subtree: true});")
     for question in ("the cat", "and the dog"):
-        browser.find_element(By.ID, "chat_input").send_keys(question + Keys.ENTER)
-        WebDriverWait(browser, 60).until(
-            lambda _: browser.find_element(By.ID, "send").is_enabled()
-            and len(browser.find_elements(By.CSS_SELECTOR, ".bubble.assistant")) >= 1)
-    bubbles = browser.find_elements(By.CSS_SELECTOR, "#chat_log .bubble")
-    assert [bubble.get_attribute("class").split()[1] for bubble in bubbles] == \
-        ["system", "user", "assistant", "user", "assistant"]
-    assert bubbles[1].text == "the cat" and bubbles[3].text == "and the dog"
-    assert browser.execute_script("return window.changes") > 4  # the answers grew as they streamed
-    browser.find_element(By.ID, "show_attention").click()
-    WebDriverWait(browser, 60).until(lambda _: "tokens" in browser.find_element(By.ID, "attention_status").text)
-    tokens = browser.execute_script("return maps.tokens")
-    # The conversation as the model reads it (its last block_size tokens): each message ends with its marker.
-    assert tokens[-1] == "<|end|>"
+        browser.find_element(By.ID, "prompt").send_keys(question)
+        browser.find_element(By.ID, "generate").click()
+        assert _page_done(browser) == "done", browser.find_element(By.ID, "message").text
+        assert _page_done(browser, "inside") == "done"
+        browser.execute_script("document.getElementById('output').dataset.state = 'asked'")
+    turns = browser.find_element(By.ID, "conversation").get_attribute("textContent")
+    assert turns.startswith("you: the cat\nmodel: ") and "\nyou: and the dog\nmodel: " in turns
+    # The conversation as the model reads it, system message and turn markers, traced by the server.
+    inside = browser.execute_script("return window.gptliteInside()")
+    pieces = browser.execute_script("return window.gptliteTrace().vocabulary")
+    assert pieces[inside["ids"][-1]] == "<|end|>"
     screenshot = tmp_path / "chat_page.png"
     browser.save_screenshot(str(screenshot))
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     print(f"screenshot of the chat page: {screenshot}")
     browser.find_element(By.ID, "new_chat").click()
-    assert browser.find_elements(By.CSS_SELECTOR, "#chat_log .bubble.user") == []
+    assert browser.find_element(By.ID, "conversation").text == ""

@@ -1,9 +1,11 @@
 // The page: loads the model, writes as the reader asks, and shows inside it (the Inside view, inside.js, on a trace
-// of the text that the inside graph computes). The written text stands in #output; #output's data-state is
+// of the text that the inside graph computes). Served by `gptlite serve` (config.server), it writes through the
+// server's API and shows the traces the server computes instead (server.js). The written text stands in #output; #output's data-state is
 // "loading", "ready", "writing", "done" or "error". #inside's is "done" once a step is shown; window.gptliteInside()
 // returns what it shows as plain JSON (docs/inspection.md).
 import { chatText, Explainer, makeTokenizer, promptIds, settingOf, TargetWriter, Writer } from "./gptlite.js";
 import { InsideView } from "./inside.js";
+import { keyBox, requestSettings, tracedOnServer, writtenOnServer } from "./server.js";
 
 const $ = (id) => document.getElementById(id);
 // Seconds of warm-up: enough for V8 to optimise the laptop preset's model (some 300 steps); a model the size of
@@ -17,6 +19,8 @@ const SESSION = { executionProviders: ["wasm"], logSeverityLevel: 3,
 const INSIDE = ["token", "layer", "head", "step"];
 let writer, tokenizer, config, explainer, view;
 let explaining = null;  // the Inside view's trace in flight, which a new writing waits for
+let headers = null;  // a served page's request headers (its API key)
+let controller = null;  // a served page's request in flight, which Stop aborts
 let stopping = false;
 let warming = null;  // the model's warm-up while the page waits (Writer.warm), ended by a writing
 let writingAsked = false;
@@ -47,14 +51,8 @@ async function load() {
   say("loading the model...", "loading");
   const started = performance.now();
   config = await (await fetch("config.json")).json();
-  tokenizer = makeTokenizer(await (await fetch("tokenizer.json")).json());
-  ort.env.wasm.wasmPaths = new URL("ort/", document.baseURI).href;
-  // Threads need a cross-origin isolated page, which a plain static host does not give: one thread then.
-  ort.env.wasm.numThreads = self.crossOriginIsolated ? Math.min(4, navigator.hardwareConcurrency || 1) : 1;
-  // A Seq2Seq's page (config.source) writes its targets with the inside graph itself, which then explains them too.
-  const session = await ort.InferenceSession.create(config.source ? "inside.onnx" : "model.onnx", SESSION);
-  writer = config.source ? new TargetWriter(ort, session, config) : new Writer(ort, session, config);
-  if (config.source) explainer = new Explainer(ort, session, config);
+  if (config.server) headers = keyBox($("api_key"), $("key_label"));
+  else await loadModel();
   document.title = `${config.name}: gptlite`;
   $("title").textContent = config.name;
   $("about").textContent = config.about;
@@ -68,7 +66,11 @@ async function load() {
     label.append(setting.name.replace(/_/g, " "), input);
     $("settings").append(label);
   }
-  if (config.chat) $("prompt").placeholder = "your message";
+  if (config.chat) {
+    $("prompt").placeholder = "your message";
+    $("chat_controls").hidden = false;
+    $("system_label").hidden = !config.server;  // the server renders a system message; the page's pieces do not
+  }
   if (config.source) $("prompt").placeholder = "a source to write a target for";
   fillFromQuery();
   $("generate").disabled = false;
@@ -80,14 +82,29 @@ async function load() {
   else {
     // A link to a state inside the model opens there, on the prompt as it is.
     if (INSIDE.some((name) => query.has(name))) {
-      const asked = idsOfPrompt($("prompt").value);
-      if (asked.error) say(asked.error); else explaining = explain(asked.ids, []);
+      if (config.server) explaining = explainOnServer({ text: $("prompt").value });
+      else {
+        const asked = idsOfPrompt($("prompt").value);
+        if (asked.error) say(asked.error); else explaining = explain(asked.ids, []);
+      }
     }
     // Yielding every 10 ms keeps typing smooth while the model warms.
-    warming = writer.warm(WARM_SECONDS, () => letThePageBreathe(10), () => writingAsked);
+    if (!config.server) warming = writer.warm(WARM_SECONDS, () => letThePageBreathe(10), () => writingAsked);
   }
 }
 
+
+// The static page's model: its tokenizer and graphs, run by ONNX Runtime Web here.
+async function loadModel() {
+  tokenizer = makeTokenizer(await (await fetch("tokenizer.json")).json());
+  ort.env.wasm.wasmPaths = new URL("ort/", document.baseURI).href;
+  // Threads need a cross-origin isolated page, which a plain static host does not give: one thread then.
+  ort.env.wasm.numThreads = self.crossOriginIsolated ? Math.min(4, navigator.hardwareConcurrency || 1) : 1;
+  // A Seq2Seq's page (config.source) writes its targets with the inside graph itself, which then explains them too.
+  const session = await ort.InferenceSession.create(config.source ? "inside.onnx" : "model.onnx", SESSION);
+  writer = config.source ? new TargetWriter(ort, session, config) : new Writer(ort, session, config);
+  if (config.source) explainer = new Explainer(ort, session, config);
+}
 
 function fillFromQuery() {
   const query = new URLSearchParams(location.search);
@@ -129,6 +146,7 @@ function idsOfPrompt(prompt) {
 }
 
 async function generate() {
+  if (config.server) return generateOnServer();
   const { settings, error } = settingsOrError();
   const prompt = $("prompt").value;
   const asked = error ? { error } : idsOfPrompt(prompt);
@@ -214,12 +232,75 @@ async function explain(promptIdList, writtenIds) {
     // A Seq2Seq's decoder reads its start token and the target; its encoder, the source.
     const trace = config.source ? await explainer.trace([config.start_id, ...writtenIds], promptIdList)
       : await explainer.trace([...promptIdList, ...writtenIds]);
-    const query = new URLSearchParams(location.search);
-    const asked = Object.fromEntries(INSIDE.filter((name) => query.has(name)).map((name) => [name, query.get(name)]));
-    view = new InsideView(inside, { piece: (id) => tokenizer.piece(id), sampling: config.sampling,
-      settings: usedSettings ?? settingsOrError().settings, promptLength: config.source ? 1 : promptIdList.length,
-      onChange: remember });
-    view.show(trace, asked);
+    show(trace, (id) => tokenizer.piece(id), config.source ? 1 : promptIdList.length);
+  } catch (failure) {
+    inside.dataset.state = "error";
+    inside.textContent = `the model could not be traced: ${failure.message}`;
+  }
+}
+
+// The Inside view of `trace`, opened where the link says; promptLength: the ids before the written ones.
+function show(trace, piece, promptLength) {
+  const query = new URLSearchParams(location.search);
+  const asked = Object.fromEntries(INSIDE.filter((name) => query.has(name)).map((name) => [name, query.get(name)]));
+  view = new InsideView($("inside"), { piece, sampling: config.sampling,
+    settings: usedSettings ?? settingsOrError().settings, promptLength, onChange: remember });
+  view.show(trace, asked);
+}
+
+// --- a page served by `gptlite serve`: the server writes and traces
+
+async function generateOnServer() {
+  const { settings, error } = settingsOrError();
+  if (error) { say(error, "error"); return; }
+  await explaining;
+  const prompt = $("prompt").value;
+  const system = $("system").value.trim();
+  const opening = system ? [{ role: "system", content: system }] : [];  // the server renders it before the turns
+  const messages = [...opening, ...conversation, { role: "user", content: prompt }];
+  const body = { ...(config.chat ? { messages } : { prompt }), ...requestSettings(config, settings) };
+  usedSettings = settings;
+  stopping = false;
+  controller = new AbortController();
+  $("generate").disabled = true;
+  $("stop").disabled = false;
+  const output = $("output");
+  const written = document.createTextNode(config.chat || config.source ? "" : prompt);
+  output.replaceChildren(written);
+  say("writing...", "writing");
+  let answer = "";
+  try {
+    for await (const text of writtenOnServer(body, headers, $("key_label"), controller.signal)) {
+      answer += text;
+      written.appendData(text);
+    }
+  } catch (failure) {
+    if (failure.name !== "AbortError") {
+      say(failure.message, "error");
+      $("generate").disabled = false;
+      $("stop").disabled = true;
+      return;
+    }
+  }
+  $("generate").disabled = false;
+  $("stop").disabled = true;
+  if (config.chat) {
+    conversation.push(messages.at(-1), { role: "assistant", content: answer });
+    $("conversation").textContent = conversation.map((m) => `${m.role === "user" ? "you" : "model"}: ${m.content}`)
+      .join("\n");
+    $("prompt").value = "";
+  }
+  say(stopping ? "stopped" : "done", "done");
+  explaining = explainOnServer(config.chat ? { messages: [...opening, ...conversation] } : { text: written.data });
+}
+
+async function explainOnServer(body) {
+  const inside = $("inside");
+  inside.dataset.state = "tracing";
+  try {
+    const { trace } = await tracedOnServer(body, headers, $("key_label"));
+    // The server's numbers; its text has no ids of the writer's here to line a draw up with.
+    show(trace, (id) => trace.vocabulary[id], trace.window_start + trace.ids.length);
   } catch (failure) {
     inside.dataset.state = "error";
     inside.textContent = `the model could not be traced: ${failure.message}`;
@@ -240,5 +321,6 @@ window.gptliteTrace = () => (view ? JSON.parse(JSON.stringify(view.trace, (key, 
   ArrayBuffer.isView(value) ? Array.from(value) : value))) : null);
 
 $("generate").onclick = generate;
-$("stop").onclick = () => { stopping = true; };
+$("stop").onclick = () => { stopping = true; controller?.abort(); };
+$("new_chat").onclick = () => { conversation.length = 0; $("conversation").textContent = ""; };
 load().catch((failure) => say(`the model could not be loaded: ${failure.message}`, "error"));
