@@ -172,11 +172,11 @@ class _Endpoints:
         return JSONResponse({**status, "model": self.model_name, "chat": chats},
                             status_code=200 if status["status"] == "ok" else 503)
 
-    async def text_of(self, request, view):
+    async def text_of(self, request, view, body=None):
         """The text a view of the model reads (`view`: "attention" or "trace"): a request's `text`, or its
         `messages` as the chat template renders them; refused where the model's task has no such view."""
         self.check_key(request)
-        body = await _read_json(request)
+        body = await _read_json(request) if body is None else body
         tokenizer = self.model.tokenizer
         # A conversation, as the model reads it.
         if isinstance(body, dict) and "messages" in body and self.task.request_refusal("messages") is None:
@@ -206,16 +206,29 @@ class _Endpoints:
                              "heads": int(weights.shape[1]), "weights": weights.round(4).tolist()})
 
     async def trace(self, request):
-        """Every step of the model's forward pass over the text (`gptlite.trace`), as the Inside view reads it (its
-        arrays packed), with the sampling settings the view offers."""
+        """Every step of the model's forward pass over the text (`gptlite.trace`; a Seq2Seq's over the source `text`
+        and its `target`, `gptlite.trace_target`), as the Inside view reads it (its arrays packed), with the
+        sampling settings the view offers."""
         from starlette.responses import JSONResponse
 
-        from gptlite.evaluation.trace import trace
         from gptlite.web.export import sampling_settings
 
-        text = await self.text_of(request, "trace")
-        traced = await asyncio.wrap_future(self.worker.call(lambda m: trace(m, text).to_json(packed=True)))
-        return JSONResponse({"trace": traced, "sampling": sampling_settings()})
+        body = await _read_json(request)
+        text = await self.text_of(request, "trace", body)
+        target = body.get("target")  # a Seq2Seq's: what it wrote for the source `text`
+        if target is not None and not isinstance(target, str):
+            raise RequestError(400, "target must be a string", "target")
+
+        def traced(model):
+            try:
+                return self.task.traced(model, text, target).to_json(packed=True)
+            except InputError as error:
+                return RequestError(400, str(error), "target" if target is not None else "text")
+
+        answer = await asyncio.wrap_future(self.worker.call(traced))
+        if isinstance(answer, RequestError):
+            raise answer
+        return JSONResponse({"trace": answer, "sampling": sampling_settings()})
 
     async def page(self, request):
         """The web page (`gptlite export --format web`'s), which reads `/config.json` and so writes through this

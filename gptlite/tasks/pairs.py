@@ -146,9 +146,12 @@ class Pairs(Task):
             return f"{field} is for a language model's completions; this model writes targets"
         if field == "attention":
             return "the attention view draws a language model's self-attention"
-        if field == "trace":
-            return "the Inside view follows a language model's forward pass; this model writes targets"
         return super().request_refusal(field)
+
+    def traced(self, model, text, target=None):
+        from gptlite.evaluation.trace import trace_target
+
+        return trace_target(model, text, target)
 
     def cuts_long_texts(self, truncate):
         return False  # a source is read whole, or not at all

@@ -138,11 +138,20 @@ class Task:
     def request_refusal(self, field):
         """Why a request to the server may not hold `field` for a model of this task, or None where it may:
         "messages" (a conversation, for /v1/chat/completions), "echo" and "logprobs" (of a completion), "attention"
-        (the page's attention view)."""
+        (/v1/attention's maps), "trace" (/v1/trace, the page's Inside view)."""
         if field == "messages":
             return ("this model has no chat template: it continues text and cannot hold a conversation; use "
                     "/v1/completions, or fine-tune it on conversations")
         return None
+
+    def traced(self, model, text, target=None):
+        """Every step of `model` reading `text` (`gptlite.trace`), for the server's Inside view; a model that writes
+        targets reads `text` as a source and writes `target` (its own greedy one where None)."""
+        from gptlite.evaluation.trace import trace
+
+        if target is not None:
+            raise InputError("a target goes with a source; this model continues a text")
+        return trace(model, text)
 
     def cuts_long_texts(self, truncate):
         """Whether a text longer than the model's context is read as its last tokens, where the server's

@@ -458,6 +458,17 @@ def test_a_seq2seq_model_answers_the_same_endpoint_reading_prompts_as_sources(re
         # truncate="none": a source longer than the model reads is refused, not cut.
         too_long = httpx.post(running.url + "/v1/completions", json={"prompt": "abcde" * 4})
         assert too_long.status_code == 400 and "longer than the model's context" in too_long.json()["error"]["message"]
+        # The Inside view's trace: the source and the target written for it (`trace_target`).
+        traced = httpx.post(running.url + "/v1/trace", json={"text": "abc", "target": completion.choices[0].text},
+                            timeout=60)
+        assert traced.status_code == 200, traced.text
+        expected = gptlite.trace_target(reverser, "abc", completion.choices[0].text)
+        found = traced.json()["trace"]
+        assert found["source_ids"] == expected.source_ids.tolist() and found["ids"] == expected.ids.tolist()
+        assert np.array_equal(_unpacked(found["layers"][0]["cross_attention"]),
+                              expected.layers[0]["cross_attention"])
+        wrong = httpx.post(running.url + "/v1/trace", json={"text": "abc", "target": "xyz!"}, timeout=60)
+        assert wrong.status_code == 400 and "never saw" in wrong.json()["error"]["message"]
         assert failures == []
     finally:
         running.stop()
@@ -546,6 +557,8 @@ def test_the_trace_the_server_computes_is_gptlites_and_its_page_files_are_served
     assert [setting["name"] for setting in answer.json()["sampling"]][:2] == ["max_new_tokens", "temperature"]
     bad = httpx.post(server.url + "/v1/trace", json={"text": ""}, timeout=60)
     assert bad.status_code == 400 and "text must be a non-empty string" in bad.json()["error"]["message"]
+    bad = httpx.post(server.url + "/v1/trace", json={"text": "the", "target": "cat"}, timeout=60)
+    assert bad.status_code == 400 and "a target goes with a source" in bad.json()["error"]["message"]
     for path, kind in (("/page.js", "text/javascript"), ("/inside.js", "text/javascript"), ("/inside.css", "text/css"),
                        ("/ort/ort.wasm.min.js", "text/javascript")):
         served = httpx.get(server.url + path)

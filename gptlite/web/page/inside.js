@@ -94,9 +94,10 @@ export function unpacked(trace) {
     const bytes = Uint8Array.from(atob(array.float32), (c) => c.charCodeAt(0));
     return { dims: array.dims, data: new Float32Array(bytes.buffer) };
   };
-  const layers = trace.layers.map((layer) => Object.fromEntries(Object.entries(layer).map(([k, v]) => [k, unpack(v)])));
+  const each = (layers) => layers.map((layer) => Object.fromEntries(Object.entries(layer).map(([k, v]) => [k, unpack(v)])));
   const steps = Object.fromEntries(Object.entries(trace.steps).map(([k, v]) => [k, unpack(v)]));
-  return { ...trace, steps, layers };
+  const encoder = trace.encoder_layers ? { encoder_layers: each(trace.encoder_layers) } : {};
+  return { ...trace, steps, layers: each(trace.layers), ...encoder };
 }
 
 // --- the view

@@ -291,7 +291,8 @@ async function generateOnServer() {
     $("prompt").value = "";
   }
   say(stopping ? "stopped" : "done", "done");
-  explaining = explainOnServer(config.chat ? { messages: [...opening, ...conversation] } : { text: written.data });
+  explaining = explainOnServer(config.chat ? { messages: [...opening, ...conversation] }
+    : config.source ? { text: prompt, target: written.data } : { text: written.data });
 }
 
 async function explainOnServer(body) {
