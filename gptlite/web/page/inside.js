@@ -40,7 +40,10 @@ function at(array, ...index) {
   // The sub-array of `array` ({dims, data}) at the leading `index`: a vector (or a matrix's row, ...).
   let offset = 0;
   let size = array.data.length;
-  index.forEach((i, axis) => { size /= array.dims[axis]; offset += i * size; });
+  index.forEach((i, axis) => {
+    size /= array.dims[axis];
+    offset += i * size;
+  });
   return array.data.subarray ? array.data.subarray(offset, offset + size) : array.data.slice(offset, offset + size);
 }
 
@@ -78,14 +81,25 @@ function chips(rows, options = {}) {
   for (const row of rows) if (Number.isFinite(row.value)) largest = Math.max(largest, Math.abs(row.value));
   for (const row of rows) {
     const share = options.bars && largest > 0 && Number.isFinite(row.value) ? Math.abs(row.value) / largest : 0;
-    list.append(element("span", { class: `chip${row.masked ? " masked" : ""}${row.chosen ? " chosen" : ""}`,
-      style: `background:linear-gradient(90deg, rgba(214,69,43,.35) ${(share * 100).toFixed(1)}%, transparent 0)`,
-      title: row.title ?? "" }, element("b", { text: row.label }), ` ${row.text ?? number(row.value)}`));
+    list.append(
+      element(
+        "span",
+        {
+          class: `chip${row.masked ? " masked" : ""}${row.chosen ? " chosen" : ""}`,
+          style: `background:linear-gradient(90deg, rgba(214,69,43,.35) ${(share * 100).toFixed(1)}%, transparent 0)`,
+          title: row.title ?? "",
+        },
+        element("b", { text: row.label }),
+        ` ${row.text ?? number(row.value)}`
+      )
+    );
   }
   return list;
 }
 
-function paragraph(text) { return element("p", { text }); }
+function paragraph(text) {
+  return element("p", { text });
+}
 
 // A trace whose arrays came packed (`Trace.to_json(packed=True)`: float32 bytes in base64), with Float32Arrays.
 export function unpacked(trace) {
@@ -94,7 +108,8 @@ export function unpacked(trace) {
     const bytes = Uint8Array.from(atob(array.float32), (c) => c.charCodeAt(0));
     return { dims: array.dims, data: new Float32Array(bytes.buffer) };
   };
-  const each = (layers) => layers.map((layer) => Object.fromEntries(Object.entries(layer).map(([k, v]) => [k, unpack(v)])));
+  const each = (layers) =>
+    layers.map((layer) => Object.fromEntries(Object.entries(layer).map(([k, v]) => [k, unpack(v)])));
   const steps = Object.fromEntries(Object.entries(trace.steps).map(([k, v]) => [k, unpack(v)]));
   const encoder = trace.encoder_layers ? { encoder_layers: each(trace.encoder_layers) } : {};
   return { ...trace, steps, layers: each(trace.layers), ...encoder };
@@ -110,11 +125,14 @@ export class InsideView {
     this.root = root;
     this.options = options;
     this.live = {};
-    for (const name of LIVE) this.live[name] = options.settings?.[name] ?? options.sampling.find((s) => s.name === name)?.default ?? null;
+    for (const name of LIVE)
+      this.live[name] = options.settings?.[name] ?? options.sampling.find((s) => s.name === name)?.default ?? null;
     this.state = null;
   }
 
-  steps() { return STEPS.filter((step) => !step.needs || step.needs in this.trace.layers[0]); }
+  steps() {
+    return STEPS.filter((step) => !step.needs || step.needs in this.trace.layers[0]);
+  }
 
   // Show `trace` at `asked` ({token, layer, head, step}, each optional): what cannot be shown is said in a line,
   // and the nearest state that can is shown instead.
@@ -145,8 +163,15 @@ export class InsideView {
       notes.push(`this model has no step ${JSON.stringify(step)} (its steps: ${steps.join(", ")}): showing tokens`);
       step = "tokens";
     }
-    return { notes, state: { token: whole("token", asked.token, length, length - 1), layer: whole("layer", asked.layer,
-      shape.n_layer, 0), head: whole("head", asked.head, shape.n_head, 0), step } };
+    return {
+      notes,
+      state: {
+        token: whole("token", asked.token, length, length - 1),
+        layer: whole("layer", asked.layer, shape.n_layer, 0),
+        head: whole("head", asked.head, shape.n_head, 0),
+        step,
+      },
+    };
   }
 
   render(state) {
@@ -159,29 +184,67 @@ export class InsideView {
     const steps = this.steps();
     steps.forEach((step, index) => {
       const chosen = step.id === state.step;
-      nav.append(element("button", { role: "tab", "aria-selected": String(chosen), tabindex: chosen ? "0" : "-1",
-        "data-step": step.id, text: step.title, onclick: () => this.go({ step: step.id }),
-        onkeydown: (event) => this.arrows(event, steps.length, index, (next) => this.go({ step: steps[next].id }, '[role=tab][tabindex="0"]')) }));
+      nav.append(
+        element("button", {
+          role: "tab",
+          "aria-selected": String(chosen),
+          tabindex: chosen ? "0" : "-1",
+          "data-step": step.id,
+          text: step.title,
+          onclick: () => this.go({ step: step.id }),
+          onkeydown: (event) =>
+            this.arrows(event, steps.length, index, (next) =>
+              this.go({ step: steps[next].id }, '[role=tab][tabindex="0"]')
+            ),
+        })
+      );
     });
     const tokens = element("div", { class: "tokens", role: "listbox", "aria-label": "tokens" });
     trace.ids.forEach((id, index) => {
       const chosen = index === state.token;
-      tokens.append(element("span", { role: "option", class: `token${chosen ? " chosen" : ""}`, tabindex: chosen ? "0" : "-1",
-        "aria-selected": String(chosen), "data-token": String(index), title: `token ${index}: id ${id}`,
-        text: shown(options.piece(id)), onclick: () => this.go({ token: index }),
-        onkeydown: (event) => this.arrows(event, trace.ids.length, index, (next) => this.go({ token: next }, '[role=option][tabindex="0"]')) }));
+      tokens.append(
+        element("span", {
+          role: "option",
+          class: `token${chosen ? " chosen" : ""}`,
+          tabindex: chosen ? "0" : "-1",
+          "aria-selected": String(chosen),
+          "data-token": String(index),
+          title: `token ${index}: id ${id}`,
+          text: shown(options.piece(id)),
+          onclick: () => this.go({ token: index }),
+          onkeydown: (event) =>
+            this.arrows(event, trace.ids.length, index, (next) =>
+              this.go({ token: next }, '[role=option][tabindex="0"]')
+            ),
+        })
+      );
     });
-    const layer = element("select", { "aria-label": "layer", onchange: (event) => this.go({ layer: Number(event.target.value) }, '[aria-label="layer"]') });
+    const layer = element("select", {
+      "aria-label": "layer",
+      onchange: (event) => this.go({ layer: Number(event.target.value) }, '[aria-label="layer"]'),
+    });
     for (let i = 0; i < shape.n_layer; i++) layer.append(new Option(`layer ${i}`, i, false, i === state.layer));
-    const head = element("select", { "aria-label": "head", onchange: (event) => this.go({ head: Number(event.target.value) }, '[aria-label="head"]') });
+    const head = element("select", {
+      "aria-label": "head",
+      onchange: (event) => this.go({ head: Number(event.target.value) }, '[aria-label="head"]'),
+    });
     for (let i = 0; i < shape.n_head; i++) head.append(new Option(`head ${i}`, i, false, i === state.head));
     const step = steps.find((s) => s.id === state.step);
-    const panel = element("section", { class: "step", "aria-live": "polite" },
-      element("h3", { text: `${step.title}${step.layer ? ` · layer ${state.layer}, head ${state.head}` : ""} · token ${state.token} ${JSON.stringify(options.piece(trace.ids[state.token]))}` }));
+    const panel = element(
+      "section",
+      { class: "step", "aria-live": "polite" },
+      element("h3", {
+        text: `${step.title}${step.layer ? ` · layer ${state.layer}, head ${state.head}` : ""} · token ${state.token} ${JSON.stringify(options.piece(trace.ids[state.token]))}`,
+      })
+    );
     this[`draw_${step.id}`](panel, state);
     this.root.replaceChildren(
       element("p", { class: "inside-message", role: "status", text: this.notes.join("; ") }),
-      nav, tokens, element("div", { class: "choices" }, layer, " ", head), panel);
+      nav,
+      tokens,
+      element("div", { class: "choices" }, layer, " ", head),
+      panel
+    );
     this.notes = [];
     this.root.dataset.state = "done";
     this.root.dataset.milliseconds = (performance.now() - started).toFixed(1);
@@ -196,8 +259,14 @@ export class InsideView {
 
   // Arrow keys move among `count` items from `index` (Home and End to the ends).
   arrows(event, count, index, move) {
-    const next = { ArrowRight: index + 1, ArrowDown: index + 1, ArrowLeft: index - 1, ArrowUp: index - 1, Home: 0,
-      End: count - 1 }[event.key];
+    const next = {
+      ArrowRight: index + 1,
+      ArrowDown: index + 1,
+      ArrowLeft: index - 1,
+      ArrowUp: index - 1,
+      Home: 0,
+      End: count - 1,
+    }[event.key];
     if (next === undefined) return;
     event.preventDefault();
     move(Math.min(Math.max(next, 0), count - 1));
@@ -211,17 +280,37 @@ export class InsideView {
     const scores = Array.from(at(layerSteps.scores, head, token)).slice(0, token + 1);
     const attention = Array.from(at(layerSteps.attention, head, token));
     const { probabilities, drawn } = this.probabilities(token);
-    const order = Array.from(probabilities.keys()).filter((id) => probabilities[id] > 0)
-      .sort((a, b) => probabilities[b] - probabilities[a]).slice(0, 50);
+    const order = Array.from(probabilities.keys())
+      .filter((id) => probabilities[id] > 0)
+      .sort((a, b) => probabilities[b] - probabilities[a])
+      .slice(0, 50);
     const steps = this.trace.steps;
-    const neighbours = Array.from(at(steps.neighbours_cosine_ids, token), Number).map((id, i) => (
-      { id, token: this.options.piece(id), cosine: at(steps.neighbours_cosine, token)[i] }));
-    const cross = layerSteps.cross_attention ? { source_ids: Array.from(this.trace.source_ids, Number),
-      cross_attention: Array.from(at(layerSteps.cross_attention, head, token)) } : {};
-    return { token, layer, head, step, ids: Array.from(this.trace.ids, Number), window_start: this.trace.window_start,
-      scores, attention, ...cross, settings: { ...this.live },
+    const neighbours = Array.from(at(steps.neighbours_cosine_ids, token), Number).map((id, i) => ({
+      id,
+      token: this.options.piece(id),
+      cosine: at(steps.neighbours_cosine, token)[i],
+    }));
+    const cross = layerSteps.cross_attention
+      ? {
+          source_ids: Array.from(this.trace.source_ids, Number),
+          cross_attention: Array.from(at(layerSteps.cross_attention, head, token)),
+        }
+      : {};
+    return {
+      token,
+      layer,
+      head,
+      step,
+      ids: Array.from(this.trace.ids, Number),
+      window_start: this.trace.window_start,
+      scores,
+      attention,
+      ...cross,
+      settings: { ...this.live },
       probabilities: order.map((id) => ({ id, token: this.options.piece(id), probability: probabilities[id] })),
-      neighbours, drawn: drawn === null ? null : { id: drawn, token: this.options.piece(drawn) } };
+      neighbours,
+      drawn: drawn === null ? null : { id: drawn, token: this.options.piece(drawn) },
+    };
   }
 
   // The next-token probabilities at `token` after the live settings, over the whole vocabulary, and the token the
@@ -234,7 +323,8 @@ export class InsideView {
     const produced = this.trace.window_start + token + 1 - (this.options.promptLength ?? ids.length);
     const seed = this.options.settings?.seed;
     let drawn = null;
-    if (seed != null && produced >= 0) {  // the writer's own draw, with its noise for that token
+    if (seed != null && produced >= 0) {
+      // the writer's own draw, with its noise for that token
       const noise = this.live.temperature === 0 ? null : uniformNoise(rowSeed(seed), produced, logits.length);
       drawn = sampleNext(logits, this.live, noise, seen);
     }
@@ -245,25 +335,51 @@ export class InsideView {
 
   draw_tokens(panel, { token }) {
     const { trace, options } = this;
-    panel.append(paragraph(`The text as the model reads it: ${trace.ids.length} tokens, each a number (its id) in a ` +
-      `vocabulary of ${trace.shape.vocab_size}. The model reads at most ${trace.shape.block_size} tokens at once` +
-      (trace.window_start ? `, so this text is read as its last ${trace.ids.length} (the first ${trace.window_start} are left out).` : ".") +
-      " Choose a token: the steps below follow it through the model."),
-    chips(Array.from(trace.ids, (id, index) => ({ label: shown(options.piece(id)), text: `#${id}`, chosen: index === token,
-      title: `token ${index}` }))));
+    panel.append(
+      paragraph(
+        `The text as the model reads it: ${trace.ids.length} tokens, each a number (its id) in a ` +
+          `vocabulary of ${trace.shape.vocab_size}. The model reads at most ${trace.shape.block_size} tokens at once` +
+          (trace.window_start
+            ? `, so this text is read as its last ${trace.ids.length} (the first ${trace.window_start} are left out).`
+            : ".") +
+          " Choose a token: the steps below follow it through the model."
+      ),
+      chips(
+        Array.from(trace.ids, (id, index) => ({
+          label: shown(options.piece(id)),
+          text: `#${id}`,
+          chosen: index === token,
+          title: `token ${index}`,
+        }))
+      )
+    );
   }
 
   draw_embedding(panel, { token }) {
     const steps = this.trace.steps;
     const id = this.trace.ids[token];
-    panel.append(paragraph(`Token ${JSON.stringify(this.options.piece(id))} (id ${id}) becomes row ${id} of the ` +
-      `token table: a vector of ${this.trace.shape.n_embd} numbers that training learned.`),
-    strip(at(steps.token_embedding, token), "token vector"));
-    for (const [by, title] of [["cosine", "Nearest by cosine similarity (the angle between the vectors)"],
-      ["dot", "Nearest by dot product (the angle, and the lengths)"]]) {
+    panel.append(
+      paragraph(
+        `Token ${JSON.stringify(this.options.piece(id))} (id ${id}) becomes row ${id} of the ` +
+          `token table: a vector of ${this.trace.shape.n_embd} numbers that training learned.`
+      ),
+      strip(at(steps.token_embedding, token), "token vector")
+    );
+    for (const [by, title] of [
+      ["cosine", "Nearest by cosine similarity (the angle between the vectors)"],
+      ["dot", "Nearest by dot product (the angle, and the lengths)"],
+    ]) {
       const values = at(steps[`neighbours_${by}`], token);
-      panel.append(element("h4", { text: title }), chips(Array.from(at(steps[`neighbours_${by}_ids`], token), Number)
-        .map((other, i) => ({ label: shown(this.options.piece(other)), value: values[i] })), { bars: true }));
+      panel.append(
+        element("h4", { text: title }),
+        chips(
+          Array.from(at(steps[`neighbours_${by}_ids`], token), Number).map((other, i) => ({
+            label: shown(this.options.piece(other)),
+            value: values[i],
+          })),
+          { bars: true }
+        )
+      );
     }
   }
 
@@ -271,26 +387,49 @@ export class InsideView {
     const { steps, shape } = this.trace;
     if (shape.position === "rotary") {
       const angles = at(steps.rotary_angles, token);
-      panel.append(paragraph(`Rotary positions add nothing to the vector. Inside attention, each head's query and key ` +
-        `are turned: dimension i and i + ${shape.head_size / 2} form a pair, and at position ${token} pair i turns by ` +
-        `${token} / ${shape.rope_theta}^(2i/${shape.head_size}) radians. A query-key product then depends only on how ` +
-        `far apart the two tokens are.`),
-      chips(Array.from(angles, (angle, i) => ({ label: `pair ${i}`, text: `${number(angle)} rad (${((angle * 180 / Math.PI) % 360).toFixed(1)}°)`,
-        value: angle }))), strip(at(steps.embedding, token), "what the first block reads (the token vector)"));
+      panel.append(
+        paragraph(
+          `Rotary positions add nothing to the vector. Inside attention, each head's query and key ` +
+            `are turned: dimension i and i + ${shape.head_size / 2} form a pair, and at position ${token} pair i turns by ` +
+            `${token} / ${shape.rope_theta}^(2i/${shape.head_size}) radians. A query-key product then depends only on how ` +
+            `far apart the two tokens are.`
+        ),
+        chips(
+          Array.from(angles, (angle, i) => ({
+            label: `pair ${i}`,
+            text: `${number(angle)} rad (${(((angle * 180) / Math.PI) % 360).toFixed(1)}°)`,
+            value: angle,
+          }))
+        ),
+        strip(at(steps.embedding, token), "what the first block reads (the token vector)")
+      );
       return;
     }
-    const kind = shape.position === "sinusoidal" ? "the fixed sinusoidal table (sines and cosines of the position at " +
-      "many frequencies)" : "a table the model learned, one row per position";
-    panel.append(paragraph(`Position ${token} adds row ${token} of ${kind} to the token vector; the sum is what ` +
-      "the first block reads."), strip(at(steps.token_embedding, token), "token vector"), strip(at(steps.position, token),
-      `position ${token}`), strip(at(steps.embedding, token), "sum"), this.table(steps.position_table, token));
+    const kind =
+      shape.position === "sinusoidal"
+        ? "the fixed sinusoidal table (sines and cosines of the position at " + "many frequencies)"
+        : "a table the model learned, one row per position";
+    panel.append(
+      paragraph(
+        `Position ${token} adds row ${token} of ${kind} to the token vector; the sum is what ` +
+          "the first block reads."
+      ),
+      strip(at(steps.token_embedding, token), "token vector"),
+      strip(at(steps.position, token), `position ${token}`),
+      strip(at(steps.embedding, token), "sum"),
+      this.table(steps.position_table, token)
+    );
   }
 
   // A table (rows, columns) drawn as an image, row `marked` outlined: the position table.
   table(array, marked) {
     const [rows, columns] = array.dims;
-    const canvas = element("canvas", { width: columns, height: rows, class: "table",
-      "aria-label": `the position table, ${rows} positions by ${columns} numbers, row ${marked} marked` });
+    const canvas = element("canvas", {
+      width: columns,
+      height: rows,
+      class: "table",
+      "aria-label": `the position table, ${rows} positions by ${columns} numbers, row ${marked} marked`,
+    });
     const context = canvas.getContext("2d");
     const image = context.createImageData(columns, rows);
     let largest = 0;
@@ -299,7 +438,10 @@ export class InsideView {
       const share = largest ? Math.abs(v) / largest : 0;
       const [r, g, b] = v >= 0 ? [214, 69, 43] : [47, 111, 214];
       const mark = Math.floor(i / columns) === marked;
-      image.data.set(mark ? [0, 0, 0, 255] : [255 - share * (255 - r), 255 - share * (255 - g), 255 - share * (255 - b), 255], i * 4);
+      image.data.set(
+        mark ? [0, 0, 0, 255] : [255 - share * (255 - r), 255 - share * (255 - g), 255 - share * (255 - b), 255],
+        i * 4
+      );
     });
     context.putImageData(image, 0, 0);
     return canvas;
@@ -307,21 +449,31 @@ export class InsideView {
 
   norm_said() {
     const shape = this.trace.shape;
-    const kind = shape.norm === "rms" ? "RMSNorm: x divided by the root of its mean square, times a learned scale"
-      : "LayerNorm: x less its mean, divided by its standard deviation, times a learned scale" + (shape.bias ? " plus a shift" : "");
+    const kind =
+      shape.norm === "rms"
+        ? "RMSNorm: x divided by the root of its mean square, times a learned scale"
+        : "LayerNorm: x less its mean, divided by its standard deviation, times a learned scale" +
+          (shape.bias ? " plus a shift" : "");
     return kind;
   }
 
   draw_norm(panel, { token, layer }) {
     const steps = this.trace.layers[layer];
     if (this.trace.shape.norm_position === "post") {
-      panel.append(paragraph(`This model normalises after each residual addition (post-norm): attention reads the ` +
-        `block's input as it is, and ${this.norm_said()} is applied to the sum (see Residual).`),
-      strip(at(steps.input, token), "block input"));
+      panel.append(
+        paragraph(
+          `This model normalises after each residual addition (post-norm): attention reads the ` +
+            `block's input as it is, and ${this.norm_said()} is applied to the sum (see Residual).`
+        ),
+        strip(at(steps.input, token), "block input")
+      );
       return;
     }
-    panel.append(paragraph(`Before attention, the vector is normalised (pre-norm), ${this.norm_said()}.`),
-      strip(at(steps.input, token), "block input"), strip(at(steps.attention_normed, token), "normalised"));
+    panel.append(
+      paragraph(`Before attention, the vector is normalised (pre-norm), ${this.norm_said()}.`),
+      strip(at(steps.input, token), "block input"),
+      strip(at(steps.attention_normed, token), "normalised")
+    );
   }
 
   kv_head(head) {
@@ -334,66 +486,111 @@ export class InsideView {
     const steps = this.trace.layers[layer];
     const kv = this.kv_head(head);
     const group = shape.n_head / shape.kv_heads;
-    panel.append(paragraph(`Three matrices turn the normalised vector into a query (what this token looks for), a key ` +
-      `(what it offers to be found by) and a value (what it passes on), ${shape.head_size} numbers each per head.`));
+    panel.append(
+      paragraph(
+        `Three matrices turn the normalised vector into a query (what this token looks for), a key ` +
+          `(what it offers to be found by) and a value (what it passes on), ${shape.head_size} numbers each per head.`
+      )
+    );
     if (group > 1) {
       const sharing = Array.from({ length: group }, (_, g) => kv * group + g).join(", ");
-      panel.append(paragraph(`Grouped-query attention: ${shape.n_head} query heads share ${shape.kv_heads} key/value heads; ` +
-        `query heads ${sharing} read key/value head ${kv}.`));
+      panel.append(
+        paragraph(
+          `Grouped-query attention: ${shape.n_head} query heads share ${shape.kv_heads} key/value heads; ` +
+            `query heads ${sharing} read key/value head ${kv}.`
+        )
+      );
     }
-    panel.append(strip(at(steps.query, head, token), `query (head ${head})`), strip(at(steps.key, kv, token),
-      `key (head ${kv})`), strip(at(steps.value, kv, token), `value (head ${kv})`),
-    element("h4", { text: `Every visible token's key (rows 0 to ${token})` }));
-    for (let s = 0; s <= token; s++) panel.append(strip(at(steps.key, kv, s), `${s} ${shown(this.options.piece(this.trace.ids[s]))}`));
+    panel.append(
+      strip(at(steps.query, head, token), `query (head ${head})`),
+      strip(at(steps.key, kv, token), `key (head ${kv})`),
+      strip(at(steps.value, kv, token), `value (head ${kv})`),
+      element("h4", { text: `Every visible token's key (rows 0 to ${token})` })
+    );
+    for (let s = 0; s <= token; s++)
+      panel.append(strip(at(steps.key, kv, s), `${s} ${shown(this.options.piece(this.trace.ids[s]))}`));
   }
 
   draw_qk_norm(panel, { token, layer, head }) {
     const steps = this.trace.layers[layer];
     const kv = this.kv_head(head);
-    panel.append(paragraph("QK-norm: each head's query and key are RMS-normalised, with learned scales, so that their " +
-      "products, the attention scores, cannot grow without bound."),
-    strip(at(steps.query, head, token), "query"), strip(at(steps.query_normed, head, token), "query, normalised"),
-    strip(at(steps.key, kv, token), "key"), strip(at(steps.key_normed, kv, token), "key, normalised"));
+    panel.append(
+      paragraph(
+        "QK-norm: each head's query and key are RMS-normalised, with learned scales, so that their " +
+          "products, the attention scores, cannot grow without bound."
+      ),
+      strip(at(steps.query, head, token), "query"),
+      strip(at(steps.query_normed, head, token), "query, normalised"),
+      strip(at(steps.key, kv, token), "key"),
+      strip(at(steps.key_normed, kv, token), "key, normalised")
+    );
   }
 
   draw_rotary(panel, { token, layer, head }) {
     const steps = this.trace.layers[layer];
     const kv = this.kv_head(head);
     const before = steps.query_normed ? "_normed" : "";
-    panel.append(paragraph(`The query and key are turned by the angles of position ${token} (see Position): pair i ` +
-      `(dimensions i and i + ${this.trace.shape.head_size / 2}) by its own angle.`),
-    strip(at(steps[`query${before}`], head, token), "query before"), strip(at(steps.query_rotated, head, token), "query turned"),
-    strip(at(steps[`key${before}`], kv, token), "key before"), strip(at(steps.key_rotated, kv, token), "key turned"));
+    panel.append(
+      paragraph(
+        `The query and key are turned by the angles of position ${token} (see Position): pair i ` +
+          `(dimensions i and i + ${this.trace.shape.head_size / 2}) by its own angle.`
+      ),
+      strip(at(steps[`query${before}`], head, token), "query before"),
+      strip(at(steps.query_rotated, head, token), "query turned"),
+      strip(at(steps[`key${before}`], kv, token), "key before"),
+      strip(at(steps.key_rotated, kv, token), "key turned")
+    );
   }
 
   visible_chips(values, token, options = {}) {
-    return chips(Array.from(values, (value, s) => ({ label: `${s} ${shown(this.options.piece(this.trace.ids[s]))}`,
-      value, masked: s > token, text: s > token ? (options.maskedText ?? number(value)) : undefined })), { bars: options.bars });
+    return chips(
+      Array.from(values, (value, s) => ({
+        label: `${s} ${shown(this.options.piece(this.trace.ids[s]))}`,
+        value,
+        masked: s > token,
+        text: s > token ? (options.maskedText ?? number(value)) : undefined,
+      })),
+      { bars: options.bars }
+    );
   }
 
   draw_scores(panel, { token, layer, head }) {
     const size = this.trace.shape.head_size;
     const scaled = at(this.trace.layers[layer].scores, head, token).slice(0, token + 1);
-    panel.append(paragraph(`The query meets every visible token's key: their dot product q·k says how well they match. ` +
-      `Each is divided by √${size} = ${Math.sqrt(size).toFixed(4)} (the square root of the head's width), so that ` +
-      `wider heads do not give larger scores.`),
-    element("h4", { text: "q·k / √d, over the tokens up to this one" }), this.visible_chips(scaled, token, { bars: true }));
+    panel.append(
+      paragraph(
+        `The query meets every visible token's key: their dot product q·k says how well they match. ` +
+          `Each is divided by √${size} = ${Math.sqrt(size).toFixed(4)} (the square root of the head's width), so that ` +
+          `wider heads do not give larger scores.`
+      ),
+      element("h4", { text: "q·k / √d, over the tokens up to this one" }),
+      this.visible_chips(scaled, token, { bars: true })
+    );
   }
 
   draw_mask(panel, { token, layer, head }) {
     const scores = at(this.trace.layers[layer].scores, head, token);
-    panel.append(paragraph(`The causal mask: a token may not look ahead. The scores of tokens after ${token} are set ` +
-      "to minus infinity (shown masked), so the softmax gives them nothing."),
-    this.visible_chips(scores, token, { maskedText: "masked" }));
+    panel.append(
+      paragraph(
+        `The causal mask: a token may not look ahead. The scores of tokens after ${token} are set ` +
+          "to minus infinity (shown masked), so the softmax gives them nothing."
+      ),
+      this.visible_chips(scores, token, { maskedText: "masked" })
+    );
   }
 
   draw_softmax(panel, { token, layer, head }) {
     const weights = at(this.trace.layers[layer].attention, head, token);
     let total = 0;
     for (const w of weights) total += w;
-    panel.append(paragraph(`Softmax turns the scores into weights: each is e^score over the sum of them all. The row ` +
-      `sums to ${total.toFixed(6)}; the masked tokens get exactly 0.`), this.visible_chips(weights, token, { bars: true }),
-    element("h4", { text: "Every head of this layer, side by side (one strip a head, a cell a token)" }));
+    panel.append(
+      paragraph(
+        `Softmax turns the scores into weights: each is e^score over the sum of them all. The row ` +
+          `sums to ${total.toFixed(6)}; the masked tokens get exactly 0.`
+      ),
+      this.visible_chips(weights, token, { bars: true }),
+      element("h4", { text: "Every head of this layer, side by side (one strip a head, a cell a token)" })
+    );
     const every = this.trace.layers[layer].attention;
     for (let h = 0; h < every.dims[0]; h++) panel.append(strip(at(every, h, token), `head ${h}`));
   }
@@ -401,17 +598,33 @@ export class InsideView {
   draw_values(panel, { token, layer, head }) {
     const steps = this.trace.layers[layer];
     const weights = at(steps.attention, head, token);
-    const order = Array.from(weights.keys()).filter((s) => s <= token).sort((a, b) => weights[b] - weights[a]).slice(0, 5);
-    panel.append(paragraph("The head's output is the weighted sum of the visible tokens' values: Σ weight × value. The " +
-      `tokens it takes most from: ${order.map((s) => `${s} ${JSON.stringify(this.options.piece(this.trace.ids[s]))} ` +
-      `(${(weights[s] * 100).toFixed(1)}%)`).join(", ")}.`), strip(at(steps.heads, head, token), `head ${head}'s output`));
+    const order = Array.from(weights.keys())
+      .filter((s) => s <= token)
+      .sort((a, b) => weights[b] - weights[a])
+      .slice(0, 5);
+    panel.append(
+      paragraph(
+        "The head's output is the weighted sum of the visible tokens' values: Σ weight × value. The " +
+          `tokens it takes most from: ${order
+            .map(
+              (s) =>
+                `${s} ${JSON.stringify(this.options.piece(this.trace.ids[s]))} ` + `(${(weights[s] * 100).toFixed(1)}%)`
+            )
+            .join(", ")}.`
+      ),
+      strip(at(steps.heads, head, token), `head ${head}'s output`)
+    );
   }
 
   draw_heads(panel, { token, layer }) {
     const steps = this.trace.layers[layer];
     const { n_head: heads } = this.trace.shape;
-    panel.append(paragraph(`The ${heads} heads' outputs are joined side by side, and one more matrix (the output ` +
-      "projection) mixes them back into the model's width."));
+    panel.append(
+      paragraph(
+        `The ${heads} heads' outputs are joined side by side, and one more matrix (the output ` +
+          "projection) mixes them back into the model's width."
+      )
+    );
     for (let h = 0; h < heads; h++) panel.append(strip(at(steps.heads, h, token), `head ${h}`));
     panel.append(strip(at(steps.joined, token), "joined"), strip(at(steps.attention_output, token), "projected"));
   }
@@ -419,25 +632,41 @@ export class InsideView {
   draw_residual(panel, { token, layer }) {
     const steps = this.trace.layers[layer];
     const post = this.trace.shape.norm_position === "post";
-    panel.append(paragraph("Attention's output is added to the vector it read (the residual stream): the block " +
-      `changes the vector rather than replacing it${post ? `, and the sum is normalised (${this.norm_said()})` : ""}.`),
-    strip(at(steps.input, token), "block input"), strip(at(steps.attention_output, token), "attention's output"),
-    strip(at(steps.attention_residual, token), post ? "sum, normalised" : "sum"));
+    panel.append(
+      paragraph(
+        "Attention's output is added to the vector it read (the residual stream): the block " +
+          `changes the vector rather than replacing it${post ? `, and the sum is normalised (${this.norm_said()})` : ""}.`
+      ),
+      strip(at(steps.input, token), "block input"),
+      strip(at(steps.attention_output, token), "attention's output"),
+      strip(at(steps.attention_residual, token), post ? "sum, normalised" : "sum")
+    );
   }
 
   draw_cross(panel, { token, layer, head }) {
     const steps = this.trace.layers[layer];
     const source = Array.from(this.trace.source_ids, Number);
     const weights = at(steps.cross_attention, head, token);
-    panel.append(paragraph("Cross-attention: the decoder's query meets the keys and values the encoder made of every " +
-      `token of the source (${source.length} of them; no mask: the whole source is there to read). Its weights, then ` +
-      "this token's self-attention over the target beside them:"),
-    element("h4", { text: "over the source" }), chips(Array.from(weights, (value, s) => ({
-      label: `${s} ${shown(this.options.piece(source[s]))}`, value })), { bars: true }),
-    element("h4", { text: "over the target so far (self-attention)" }),
-    this.visible_chips(at(steps.attention, head, token), token, { bars: true }),
-    strip(at(steps.cross_heads, head, token), `head ${head}'s output`), strip(at(steps.cross_output, token), "projected"),
-    strip(at(steps.cross_residual, token), "added to the residual stream"));
+    panel.append(
+      paragraph(
+        "Cross-attention: the decoder's query meets the keys and values the encoder made of every " +
+          `token of the source (${source.length} of them; no mask: the whole source is there to read). Its weights, then ` +
+          "this token's self-attention over the target beside them:"
+      ),
+      element("h4", { text: "over the source" }),
+      chips(
+        Array.from(weights, (value, s) => ({
+          label: `${s} ${shown(this.options.piece(source[s]))}`,
+          value,
+        })),
+        { bars: true }
+      ),
+      element("h4", { text: "over the target so far (self-attention)" }),
+      this.visible_chips(at(steps.attention, head, token), token, { bars: true }),
+      strip(at(steps.cross_heads, head, token), `head ${head}'s output`),
+      strip(at(steps.cross_output, token), "projected"),
+      strip(at(steps.cross_residual, token), "added to the residual stream")
+    );
   }
 
   draw_feed_forward(panel, { token, layer }) {
@@ -445,39 +674,72 @@ export class InsideView {
     const mlp = this.trace.shape.mlp;
     const kind = { gelu: "GELU (GPT-2's smooth ReLU)", relu2: "ReLU squared", swiglu: "SwiGLU: silu(gate) × up" }[mlp];
     const hidden = at(steps.hidden, token);
-    const order = Array.from(hidden.keys()).sort((a, b) => Math.abs(hidden[b]) - Math.abs(hidden[a])).slice(0, 10);
-    panel.append(paragraph(`The feed-forward works on each token alone: it widens the vector to ${hidden.length} ` +
-      `numbers, applies ${kind}, and narrows it back.`));
+    const order = Array.from(hidden.keys())
+      .sort((a, b) => Math.abs(hidden[b]) - Math.abs(hidden[a]))
+      .slice(0, 10);
+    panel.append(
+      paragraph(
+        `The feed-forward works on each token alone: it widens the vector to ${hidden.length} ` +
+          `numbers, applies ${kind}, and narrows it back.`
+      )
+    );
     if (steps.feed_forward_normed) panel.append(strip(at(steps.feed_forward_normed, token), "normalised input"));
     if (steps.gate) panel.append(strip(at(steps.gate, token), "gate"), strip(at(steps.up, token), "up"));
     else panel.append(strip(at(steps.expanded, token), "widened"));
-    panel.append(strip(hidden, "activations"), element("h4", { text: "The most active units" }),
-      chips(order.map((unit) => ({ label: `unit ${unit}`, value: hidden[unit] })), { bars: true }),
-      strip(at(steps.feed_forward_output, token), "output"));
+    panel.append(
+      strip(hidden, "activations"),
+      element("h4", { text: "The most active units" }),
+      chips(
+        order.map((unit) => ({ label: `unit ${unit}`, value: hidden[unit] })),
+        { bars: true }
+      ),
+      strip(at(steps.feed_forward_output, token), "output")
+    );
   }
 
   draw_feed_forward_residual(panel, { token, layer }) {
     const steps = this.trace.layers[layer];
     const post = this.trace.shape.norm_position === "post";
-    panel.append(paragraph(`The feed-forward's output is added to the residual stream${post ? ", and normalised" : ""}: ` +
-      `the block's output, which the next block reads.`), strip(at(steps.attention_residual, token), "after attention"),
-    strip(at(steps.feed_forward_output, token), "feed-forward's output"), strip(at(steps.output, token), "block output"));
+    panel.append(
+      paragraph(
+        `The feed-forward's output is added to the residual stream${post ? ", and normalised" : ""}: ` +
+          `the block's output, which the next block reads.`
+      ),
+      strip(at(steps.attention_residual, token), "after attention"),
+      strip(at(steps.feed_forward_output, token), "feed-forward's output"),
+      strip(at(steps.output, token), "block output")
+    );
   }
 
   draw_final_norm(panel, { token }) {
     const { steps, shape } = this.trace;
     const last = this.trace.layers[shape.n_layer - 1];
-    panel.append(paragraph(shape.norm_position === "post" ? "Post-norm blocks end normalised: the last block's output goes " +
-      "to the head as it is." : `The last block's output is normalised once more (${this.norm_said()}).`),
-    strip(at(last.output, token), "last block's output"), strip(at(steps.final_normed, token), "to the head"));
+    panel.append(
+      paragraph(
+        shape.norm_position === "post"
+          ? "Post-norm blocks end normalised: the last block's output goes " + "to the head as it is."
+          : `The last block's output is normalised once more (${this.norm_said()}).`
+      ),
+      strip(at(last.output, token), "last block's output"),
+      strip(at(steps.final_normed, token), "to the head")
+    );
   }
 
   draw_logits(panel, { token }) {
     const logits = at(this.trace.steps.logits, token);
-    const order = Array.from(logits.keys()).sort((a, b) => logits[b] - logits[a]).slice(0, 10);
-    panel.append(paragraph(`The head scores every one of the ${logits.length} tokens of the vocabulary as the next: ` +
-      `a dot product of the vector with each token's row${this.trace.shape.tie_weights ? " of the token table (the same table as the embedding)" : " of the output matrix"}.`),
-    chips(order.map((id) => ({ label: shown(this.options.piece(id)), value: logits[id] })), { bars: true }));
+    const order = Array.from(logits.keys())
+      .sort((a, b) => logits[b] - logits[a])
+      .slice(0, 10);
+    panel.append(
+      paragraph(
+        `The head scores every one of the ${logits.length} tokens of the vocabulary as the next: ` +
+          `a dot product of the vector with each token's row${this.trace.shape.tie_weights ? " of the token table (the same table as the embedding)" : " of the output matrix"}.`
+      ),
+      chips(
+        order.map((id) => ({ label: shown(this.options.piece(id)), value: logits[id] })),
+        { bars: true }
+      )
+    );
     if (logits.length <= 4096) panel.append(strip(logits, "logits"));
   }
 
@@ -485,33 +747,59 @@ export class InsideView {
     const controls = element("div", { class: "live" });
     for (const name of LIVE) {
       const declared = this.options.sampling.find((s) => s.name === name);
-      const input = element("input", { "aria-label": name, value: this.live[name] ?? "",
-        placeholder: declared.empty ?? "", title: declared.help });
+      const input = element("input", {
+        "aria-label": name,
+        value: this.live[name] ?? "",
+        placeholder: declared.empty ?? "",
+        title: declared.help,
+      });
       input.onchange = () => {
         const { value, error } = settingOf(declared, input.value);
         const refocus = `.live [aria-label="${name}"]`;
-        if (error) { this.notes.push(error); this.go({}, refocus); return; }
+        if (error) {
+          this.notes.push(error);
+          this.go({}, refocus);
+          return;
+        }
         this.live[name] = value;
         this.go({}, refocus);
       };
       controls.append(element("label", {}, `${name.replace(/_/g, " ")} `, input));
     }
     const { probabilities, drawn, produced } = this.probabilities(token);
-    const order = Array.from(probabilities.keys()).filter((id) => probabilities[id] > 0)
+    const order = Array.from(probabilities.keys())
+      .filter((id) => probabilities[id] > 0)
       .sort((a, b) => probabilities[b] - probabilities[a]);
     let total = 0;
     for (const p of probabilities) total += p;
-    panel.append(paragraph("Softmax over the whole vocabulary turns the logits into probabilities; the settings " +
-      "reshape them as the writer does (the temperature divides the logits; top-k, top-p and min-p keep the likeliest; " +
-      `the repetition penalty lowers tokens already seen). ${order.length} of ${probabilities.length} tokens are kept ` +
-      `(their probabilities sum to ${total.toFixed(6)}).`), controls,
-    chips(order.slice(0, 20).map((id) => ({ label: shown(this.options.piece(id)), text: `${(probabilities[id] * 100).toFixed(2)}%`,
-      value: probabilities[id] })), { bars: true }));
+    panel.append(
+      paragraph(
+        "Softmax over the whole vocabulary turns the logits into probabilities; the settings " +
+          "reshape them as the writer does (the temperature divides the logits; top-k, top-p and min-p keep the likeliest; " +
+          `the repetition penalty lowers tokens already seen). ${order.length} of ${probabilities.length} tokens are kept ` +
+          `(their probabilities sum to ${total.toFixed(6)}).`
+      ),
+      controls,
+      chips(
+        order
+          .slice(0, 20)
+          .map((id) => ({
+            label: shown(this.options.piece(id)),
+            text: `${(probabilities[id] * 100).toFixed(2)}%`,
+            value: probabilities[id],
+          })),
+        { bars: true }
+      )
+    );
     if (drawn !== null) {
       const written = this.trace.ids[token + 1];
-      panel.append(paragraph(`With seed ${this.options.settings.seed}, the draw for new token ${produced} picks ` +
-        `${JSON.stringify(this.options.piece(drawn))}` + (written !== undefined ? `; the writer wrote ` +
-        `${JSON.stringify(this.options.piece(written))}.` : ".")));
+      panel.append(
+        paragraph(
+          `With seed ${this.options.settings.seed}, the draw for new token ${produced} picks ` +
+            `${JSON.stringify(this.options.piece(drawn))}` +
+            (written !== undefined ? `; the writer wrote ` + `${JSON.stringify(this.options.piece(written))}.` : ".")
+        )
+      );
     }
   }
 
@@ -551,9 +839,16 @@ export class InsideView {
       text.textContent = `${i} ${shown(this.options.piece(id))}`;
       svg.append(text);
     });
-    const legend = Array.from({ length: heads }, (_, h) => element("span", { style: `color:${HEAD_COLOURS[h % HEAD_COLOURS.length]}`,
-      text: `■ head ${h} ` }));
-    panel.append(paragraph(`Each token (right) with arcs to the earlier tokens it gives at least 10% of its attention in ` +
-      `layer ${layer}, one colour per head; the chosen token's arcs are drawn dark.`), element("p", {}, ...legend), svg);
+    const legend = Array.from({ length: heads }, (_, h) =>
+      element("span", { style: `color:${HEAD_COLOURS[h % HEAD_COLOURS.length]}`, text: `■ head ${h} ` })
+    );
+    panel.append(
+      paragraph(
+        `Each token (right) with arcs to the earlier tokens it gives at least 10% of its attention in ` +
+          `layer ${layer}, one colour per head; the chosen token's arcs are drawn dark.`
+      ),
+      element("p", {}, ...legend),
+      svg
+    );
   }
 }

@@ -1,8 +1,8 @@
 // The page: loads the model, writes as the reader asks, and shows inside it (the Inside view, inside.js, on a trace
 // of the text that the inside graph computes). Served by `gptlite serve` (config.server), it writes through the
-// server's API and shows the traces the server computes instead (server.js). The written text stands in #output; #output's data-state is
-// "loading", "ready", "writing", "done" or "error". #inside's is "done" once a step is shown; window.gptliteInside()
-// returns what it shows as plain JSON (docs/inspection.md).
+// server's API and shows the traces the server computes instead (server.js). The written text stands in #output;
+// #output's data-state is "loading", "ready", "writing", "done" or "error". #inside's is "done" once a step is
+// shown; window.gptliteInside() returns what it shows as plain JSON (docs/inspection.md).
 import { chatText, Explainer, makeTokenizer, promptIds, settingOf, TargetWriter, Writer } from "./gptlite.js";
 import { InsideView } from "./inside.js";
 import { keyBox, requestSettings, tracedOnServer, writtenOnServer } from "./server.js";
@@ -212,8 +212,10 @@ async function generate() {
   output.dataset.promptIds = JSON.stringify(asked.ids);
   output.dataset.seed = String(settings.seed);
   output.dataset.firstTokenSeconds = ((firstToken ?? 0) / 1000).toFixed(3);
-  output.dataset.tokensPerSecond = tokens.length > 1 ? ((tokens.length - 1) / (seconds - firstToken / 1000)).toFixed(2) : "0";
-  $("speed").textContent = `${tokens.length} tokens in ${seconds.toFixed(2)} s, ${(tokens.length / seconds).toFixed(1)} tokens/s`;
+  output.dataset.tokensPerSecond = tokens.length > 1
+    ? ((tokens.length - 1) / (seconds - firstToken / 1000)).toFixed(2) : "0";
+  $("speed").textContent = `${tokens.length} tokens in ${seconds.toFixed(2)} s, `
+    + `${(tokens.length / seconds).toFixed(1)} tokens/s`;
   $("generate").disabled = false;
   $("stop").disabled = true;
   say(stopping ? "stopped" : "done", "done");
