@@ -105,8 +105,8 @@ STEPS = ("source_embedding", "encoded", "token_embedding", "position_table", "po
          "embedding", "final_normed", "logits", "neighbours_cosine", "neighbours_cosine_ids", "neighbours_dot",
          "neighbours_dot_ids")
 # Attention's steps, which cross-attention has too, as cross_<step>.
-ATTENTION_STEPS = ("query", "key", "value", "query_normed", "key_normed", "query_rotated", "key_rotated", "scores",
-                   "attention", "heads", "joined")
+ATTENTION_STEPS = ("query", "key", "value", "query_normed", "key_normed", "query_rotated", "key_rotated", "products",
+                   "scores", "attention", "heads", "joined")
 LAYER_STEPS = ("input", "attention_normed", *ATTENTION_STEPS, "attention_output", "attention_residual",
                "cross_normed", *(f"cross_{step}" for step in ATTENTION_STEPS), "cross_output", "cross_residual",
                "feed_forward_normed", "expanded", "gate", "up", "hidden", "feed_forward_output", "output")
@@ -243,7 +243,9 @@ def _attention(layer, x, angles, kept, context=None, named=""):
     query, key, value = (_heads_first(part)[0] for part in (query, key, value))  # (H|K, T|S, D)
     groups = heads // kv_heads
     key, value = ops.repeat(key, groups, axis=0), ops.repeat(value, groups, axis=0)  # head h reads h // G's
-    scores = ops.matmul(query, ops.swapaxes(key, -1, -2)) / math.sqrt(size)  # (H, T, S)
+    products = ops.matmul(query, ops.swapaxes(key, -1, -2))  # (H, T, S): q.k
+    kept[named + "products"] = products[None]
+    scores = products / math.sqrt(size)
     kept[named + "scores"] = scores[None]
     if layer.causal:
         visible = ops.greater_equal(ops.arange(length)[:, None], ops.arange(length)[None, :])  # (T, T)

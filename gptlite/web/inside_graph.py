@@ -181,7 +181,8 @@ class _Inside(onnx_graph.Graph):
             key, value = (self.node("Reshape", [self.node("Tile", [self.node("Unsqueeze", [part, self.constant([2])]),
                                                                     self.constant([1, 1, groups, 1, 1])]),
                                                 self.constant([1, heads, -1, size])]) for part in (key, value))
-        products = self.node("MatMul", [query, self.node("Transpose", [key], perm=[0, 1, 3, 2])])  # (1, H, T, S)
+        products = keep(self.node("MatMul", [query, self.node("Transpose", [key], perm=[0, 1, 3, 2])]),
+                        step + "products", unbatched=False)  # (1, H, T, S): q.k
         scores = keep(self.node("Div", [products, self.constant(np.float32(np.sqrt(size)))]), step + "scores",
                       unbatched=False)
         if layer.causal:  # an encoder and cross-attention see every token of one whole source

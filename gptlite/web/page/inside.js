@@ -509,6 +509,9 @@ export class InsideView {
     );
     for (let s = 0; s <= token; s++)
       panel.append(strip(at(steps.key, kv, s), `${s} ${shown(this.options.piece(this.trace.ids[s]))}`));
+    panel.append(element("h4", { text: `Every visible token's value (rows 0 to ${token})` }));
+    for (let s = 0; s <= token; s++)
+      panel.append(strip(at(steps.value, kv, s), `${s} ${shown(this.options.piece(this.trace.ids[s]))}`));
   }
 
   draw_qk_norm(panel, { token, layer, head }) {
@@ -556,14 +559,18 @@ export class InsideView {
 
   draw_scores(panel, { token, layer, head }) {
     const size = this.trace.shape.head_size;
-    const scaled = at(this.trace.layers[layer].scores, head, token).slice(0, token + 1);
+    const steps = this.trace.layers[layer];
+    const products = at(steps.products, head, token).slice(0, token + 1);
+    const scaled = at(steps.scores, head, token).slice(0, token + 1);
     panel.append(
       paragraph(
         `The query meets every visible token's key: their dot product q·k says how well they match. ` +
           `Each is divided by √${size} = ${Math.sqrt(size).toFixed(4)} (the square root of the head's width), so that ` +
           `wider heads do not give larger scores.`
       ),
-      element("h4", { text: "q·k / √d, over the tokens up to this one" }),
+      element("h4", { text: "q·k, over the tokens up to this one" }),
+      this.visible_chips(products, token, { bars: true }),
+      element("h4", { text: `q·k / √${size}` }),
       this.visible_chips(scaled, token, { bars: true })
     );
   }
