@@ -8,9 +8,13 @@ import sys
 from gptlite.cli.command import check_model, command, print_piece, writing_backend
 from gptlite.cli.flags import add_backend_flags, add_compile_cache_flags, add_sampling_flags, Parser, sampling_config
 
-SUMMARY = "talk with a chat model in the terminal (/reset starts over, Ctrl-C stops an answer, /bye or Ctrl-D leaves)"
+SUMMARY = "talk with a chat model in the terminal (/help lists its commands; Ctrl-C stops an answer, Ctrl-D leaves)"
 # What a user types to leave, as other chat programs have it.
 LEAVE = ("/bye", "/quit", "/exit")
+# The chat's own commands, each with what it does: the one list that /help prints and that tells a command from a
+# message (a line whose first word starts with / and is not here is a mistyped command, not sent to the model).
+COMMANDS = {"/help": "lists these commands", "/reset": "starts a new conversation",
+            " ".join(LEAVE): "leaves (as does Ctrl-D)"}
 PROMPT = "you> "
 ANSWER = "model> "
 
@@ -33,10 +37,10 @@ def run(args):
     from gptlite.errors import InputError
     from gptlite.weights import saving
 
-    sampling = sampling_config(args)  # checked before the model loads, so that a bad flag fails at once
+    sampling = sampling_config(args)
     model = saving.load(args.model)
     conversation = chat.Conversation(model, system=args.system, sampling=sampling)
-    print(f"talking with {args.model}: /reset starts over, Ctrl-C stops an answer, /bye or Ctrl-D leaves", flush=True)
+    print(f"talking with {args.model}: /help lists the commands, Ctrl-C stops an answer, Ctrl-D leaves", flush=True)
     while True:
         try:
             # The prompt written here rather than by input(), which writes it to standard error without a newline:
@@ -54,6 +58,12 @@ def run(args):
         if text.strip() == "/reset":
             conversation.reset()
             print("(a new conversation)", flush=True)
+            continue
+        if text.strip() == "/help":
+            print("\n".join(f"  {name}  {what}" for name, what in COMMANDS.items()), flush=True)
+            continue
+        if is_unknown_command(text):
+            print(f"(no command {text.split()[0]}; /help lists the commands)", file=sys.stderr, flush=True)
             continue
         if not text.strip():
             continue
@@ -75,6 +85,13 @@ def run(args):
             if conversation.dropped > dropped:
                 print(f"(the conversation outgrew the model's context: its {conversation.dropped - dropped} "
                       f"oldest messages were left out)", file=sys.stderr, flush=True)
+
+
+def is_unknown_command(text):
+    """Whether a line is a chat command this chat does not have: one word starting with "/" (a message that
+    starts with a path, "/usr/bin is ...", has more words and goes to the model)."""
+    words = text.split()
+    return len(words) == 1 and words[0].startswith("/") and words[0] not in " ".join(COMMANDS).split()
 
 
 @contextlib.contextmanager
@@ -106,4 +123,11 @@ def interrupts_noted():
         signal.signal(signal.SIGINT, previous)
 
 
-main = command("gptlite-chat", make_parser, run, writing_backend, check_model)
+def check(args):
+    """What chat refuses before its backend starts: a path that is no model file, and sampling settings out of
+    their range."""
+    check_model(args)
+    sampling_config(args)
+
+
+main = command("gptlite-chat", make_parser, run, writing_backend, check)

@@ -10,7 +10,7 @@ import sys
 
 from gptlite.cli.flags import as_flags, parse
 from gptlite.cli.startup import (check_backend, choose_backend, choose_compile_cache, hold_back_false_alarms,
-                                 start_keras_without_plots)
+                                 NoteBeforeFirstWords, start_keras_without_plots)
 from gptlite.errors import GPTLiteError, TrainingDiverged, TrainingInterrupted
 
 
@@ -39,25 +39,31 @@ def command(prog, make_parser, run, automatic_backend=None, check=None):
                 raise
             print(f"{prog}: error: {as_flags(str(error), parser)}", file=sys.stderr)
             return 2
-        choose_backend(prog, args.backend, automatic_backend and (lambda: automatic_backend(args)))
+        why = choose_backend(prog, args.backend, automatic_backend and (lambda: automatic_backend(args)))
         choose_compile_cache(args)
         start_keras_without_plots()
         if whole_process:
             hold_back_false_alarms()
-        try:
-            check_backend(args.backend)
-            run(args)
-        except TrainingInterrupted as stop:
-            print(f"{prog}: {as_flags(str(stop), parser)}", file=sys.stderr)
-            return 128 + stop.signal_number
-        except GPTLiteError as error:
-            if args.debug:
-                raise
-            print(f"{prog}: error: {as_flags(str(error), parser)}", file=sys.stderr)
-            return 1 if isinstance(error, TrainingDiverged) else 2
-        except KeyboardInterrupt:
-            print(f"\n{prog}: interrupted", file=sys.stderr)
-            return 130
+        # Why the backend was chosen is said with the run's first words: a mistake found as the run reads its
+        # inputs (a damaged model file, characters the model never saw) is then the one line a user sees.
+        with NoteBeforeFirstWords(why) as note:
+            try:
+                check_backend(args.backend)
+                run(args)
+            except TrainingInterrupted as stop:
+                print(f"{prog}: {as_flags(str(stop), parser)}", file=sys.stderr)
+                return 128 + stop.signal_number
+            except GPTLiteError as error:
+                if args.debug:
+                    raise
+                if not isinstance(error, TrainingDiverged):
+                    note.drop()
+                print(f"{prog}: error: {as_flags(str(error), parser)}", file=sys.stderr)
+                return 1 if isinstance(error, TrainingDiverged) else 2
+            except KeyboardInterrupt:
+                print(f"\n{prog}: interrupted", file=sys.stderr)
+                return 130
+            note.say()
         return 0
 
     return main

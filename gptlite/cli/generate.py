@@ -54,11 +54,10 @@ def make_parser(prog):
     return parser
 
 
-def run(args):
-    from gptlite.files import read_text
-    from gptlite.tasks.task import of_model, Writing
-    from gptlite.weights import saving
-
+def check(args):
+    """What generate refuses before its backend starts: a path that is no model file, and flags that do not go
+    together or are out of their range."""
+    check_model(args)
     drawing = [name for name in ("layer", "head", "part") if getattr(args, name) is not None]
     if drawing and args.attention is None:
         raise InputError(f"`{drawing[0]}` chooses what `attention` FILE draws; give `attention` too")
@@ -68,7 +67,14 @@ def run(args):
         raise InputError(f"`num_beams` must be at least 1, got {args.num_beams}")
     if args.num_beams is not None and args.num_samples > 1:
         raise InputError("`num_beams` finds one text; it cannot be combined with `num_samples`")
-    sampling_config(args)  # checked before the model loads, so that a bad flag fails at once
+    sampling_config(args)
+
+
+def run(args):
+    from gptlite.files import read_text
+    from gptlite.tasks.task import of_model, Writing
+    from gptlite.weights import saving
+
     asked = Writing(args.prompt, args.source, None if args.source_file is None else
                     read_text(args.source_file).splitlines(), args.num_samples, args.num_beams, args.stream,
                     args.slide, args.unknown, args.use_cache)
@@ -82,4 +88,4 @@ def run(args):
         print_piece(piece)
 
 
-main = command("gptlite-generate", make_parser, run, writing_backend, check_model)
+main = command("gptlite-generate", make_parser, run, writing_backend, check)

@@ -19,22 +19,68 @@ BACKENDS = ("tensorflow", "jax", "torch")
 
 def choose_backend(prog, backend, automatic=None):
     """Put `backend` (the command's `--backend`, or its run file's) into KERAS_BACKEND; exit with a one-line error
-    if it is not installed.
+    if it is not installed. Returns the line that says why the backend was chosen, or None.
 
     With no backend named, `automatic()` (where the command has one) gives (backend or None, a line to print or
     None): the backend that runs the command fastest here. Must run before Keras is imported.
     """
+    why = None
     if backend is None and automatic is not None and "keras" not in sys.modules:
         backend, why = automatic()
-        if why:  # a note on the run, on standard error: a writing command's standard output is its text
-            print(why, file=sys.stderr, flush=True)
     if backend not in BACKENDS or "keras" in sys.modules:
-        return  # none given, or too late (check_backend says so)
+        return why  # none given, or too late (check_backend says so)
     if importlib.util.find_spec(backend) is None:
         extra = "" if backend == "tensorflow" else f"[{backend}]"
         sys.exit(f"{prog}: error: --backend {backend} needs {backend} installed "
                  f"(pip install \"gptlite{extra}\", or pip install -e \".{extra}\" in a checkout)")
     os.environ["KERAS_BACKEND"] = backend
+    return why
+
+
+class NoteBeforeFirstWords:
+    """While open, standard output and standard error write `note` to standard error once, before the first
+    words the command writes to either: a run that ends in a mistake before it says anything prints the
+    mistake's one line alone, and a run that goes on says first which backend it runs on (a note on the run, on
+    standard error, since a writing command's standard output is its text)."""
+
+    def __init__(self, note):
+        self.note = note
+
+    def __enter__(self):
+        self.streams = sys.stdout, sys.stderr
+        if self.note:
+            sys.stdout, sys.stderr = (_Noting(stream, self) for stream in self.streams)
+        return self
+
+    def __exit__(self, kind, error, trace):
+        sys.stdout, sys.stderr = self.streams
+        if kind is not None:  # a bug's traceback, or a mistake's under `debug`: said after the note
+            self.say()
+
+    def say(self):
+        """Write the note now, if it has not been written."""
+        note, self.note = self.note, None
+        if note:
+            print(note, file=self.streams[1], flush=True)
+
+    def drop(self):
+        """Never write the note: the command's last words are a mistake's line."""
+        self.note = None
+
+
+class _Noting:
+    """A stream that has its `NoteBeforeFirstWords` say its note before the first words written to it."""
+
+    def __init__(self, stream, notes):
+        self._stream, self._notes = stream, notes
+
+    def write(self, text):
+        if text:
+            self._notes.say()
+        return self._stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 def choose_compile_cache(args):

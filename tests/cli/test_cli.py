@@ -403,6 +403,39 @@ def test_generate_and_eval_run_on_the_backend_that_writes_fastest_saying_so_with
 
 
 @pytest.mark.slow
+@ONCE
+def test_a_mistake_found_as_a_command_reads_its_inputs_is_one_line_even_where_the_command_chose_its_backend(
+        trained_run, tmp_path):
+    """A writing command that chooses its backend says why with its first words: a run that ends in a mistake
+    before it says anything prints the mistake alone (in a fresh process, where the choice is made)."""
+    import concurrent.futures
+    import zipfile
+
+    _, _, out = trained_run
+    model_file = str(out / "model.keras")
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "odd.txt").write_text("the cat s\u00e4t")
+    (tmp_path / "binary.txt").write_bytes(bytes(range(256)) * 4)
+    with zipfile.ZipFile(tmp_path / "damaged.keras", "w") as damaged:
+        damaged.writestr("config.json", "{not json")
+    mistakes = [
+        (["-m", "gptlite", "eval", model_file, str(tmp_path / "binary.txt")], "binary.txt"),
+        (["-m", "gptlite", "eval", model_file, str(tmp_path / "empty.txt")], "too little text"),
+        (["-m", "gptlite", "eval", model_file, str(tmp_path / "odd.txt")], "'\u00e4'"),
+        (["-m", "gptlite", "eval", model_file, str(tmp_path / "missing.txt")], "no such file"),
+        (["-m", "gptlite", "eval", str(tmp_path / "damaged.keras"), str(tmp_path / "odd.txt")], "damaged.keras"),
+        (["generate.py", "--model", model_file, "--top-p", "0"], "--top-p must be in (0, 1]"),
+        (["generate.py", "--model", model_file, "--prompt", "ZEBRA"], "'ABERZ'"),
+    ]
+    environment = _fresh_environment(tmp_path)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # a process a core
+        results = list(pool.map(lambda mistake: run_python(*mistake[0], env=environment), mistakes))
+    for (args, message), result in zip(mistakes, results):
+        lines = result.stderr.splitlines()
+        assert result.returncode == 2 and len(lines) == 1 and message in lines[0], (args, result.stderr)
+
+
+@pytest.mark.slow
 @pytest.mark.extras
 @ONCE
 @pytest.mark.skipif(importlib.util.find_spec(OTHER_BACKEND) is None,

@@ -1,6 +1,7 @@
 """The command line's start: --backend before Keras is imported, and Keras's native notices held back."""
 
 import os
+import sys
 
 import keras
 import pytest
@@ -84,15 +85,31 @@ def test_gptlite_command_tells_the_command_whether_the_process_is_its_own(monkey
     assert seen == [True, False]
 
 
-def test_a_command_s_automatic_backend_applies_when_none_is_named_and_is_printed(monkeypatch, capsys):
+def test_a_command_s_automatic_backend_applies_when_none_is_named_and_says_why(monkeypatch):
     from gptlite.cli import startup
 
     monkeypatch.setenv("KERAS_BACKEND", "")
     monkeypatch.delitem(startup.sys.modules, "keras")  # as in a new process, where Keras is not running yet
-    startup.choose_backend("gptlite-train", None, lambda: ("tensorflow", "backend: tensorflow, why"))
-    assert os.environ["KERAS_BACKEND"] == "tensorflow"
-    assert capsys.readouterr().err == "backend: tensorflow, why\n"
-    startup.choose_backend("gptlite-train", "tensorflow", lambda: pytest.fail("a named backend needs no choice"))
+    why = startup.choose_backend("gptlite-train", None, lambda: ("tensorflow", "backend: tensorflow, why"))
+    assert os.environ["KERAS_BACKEND"] == "tensorflow" and why == "backend: tensorflow, why"
+    assert startup.choose_backend("gptlite-train", "tensorflow",
+                                  lambda: pytest.fail("a named backend needs no choice")) is None
+
+
+def test_the_backend_s_note_comes_before_a_run_s_first_words_and_never_before_a_mistake_alone(capsys):
+    from gptlite.cli.startup import NoteBeforeFirstWords
+
+    with NoteBeforeFirstWords("backend: jax, why") as note:
+        print("some text")
+        print("more", file=sys.stderr)
+    assert capsys.readouterr() == ("some text\n", "backend: jax, why\nmore\n")
+    with NoteBeforeFirstWords("backend: jax, why") as note:
+        note.drop()
+        print("gptlite-eval: error: a mistake", file=sys.stderr)
+    assert capsys.readouterr() == ("", "gptlite-eval: error: a mistake\n")
+    with NoteBeforeFirstWords("backend: jax, why") as note:
+        note.say()  # a quiet run that ends well says it still
+    assert capsys.readouterr().err == "backend: jax, why\n"
 
 
 def test_a_crash_s_stacks_reach_standard_error_while_native_lines_are_held_back():

@@ -492,3 +492,15 @@ def test_a_message_the_model_cannot_read_is_refused_and_the_chat_goes_on_until_b
     # The unreadable message got no answer but a line saying why; the next got one; /bye left before the last.
     assert len(answers) == 2 and answers[0] == "" and answers[1].startswith("model> ")
     assert "vocabulary lacks" in capsys.readouterr().err
+
+
+def test_help_lists_the_chats_commands_and_an_unknown_command_is_named_not_sent(chat_model, tmp_path, monkeypatch,
+                                                                                 capsys):
+    gptlite.save(chat_model, tmp_path / "chat.keras")
+    answers = chat_in_process(tmp_path / "chat.keras", ["/help", "/nosuch", "the dog", "/exit", "the cat"],
+                              monkeypatch, [])
+    # Neither command went to the model (whose vocabulary lacks '/'): no answer, no refusal; the message did.
+    assert len(answers) == 3 and answers[0] == answers[1] == "" and answers[2].startswith("model> ")
+    shown = capsys.readouterr()
+    assert all(name in shown.out for name in ("/help", "/reset", "/bye")), shown.out
+    assert "no command /nosuch; /help lists the commands" in shown.err and "vocabulary" not in shown.err
