@@ -322,3 +322,34 @@ def test_ci_runs_the_readmes_whole_suite_command_as_the_readme_gives_it_before_i
     assert len(ran) == 1, ".ci/run must run the README's test command as the README writes it, once"
     installs = [line for line in ci[:ran[0]] if line.strip().startswith(("pip ", "python -m pip", "python3 -m pip"))]
     assert not installs, f".ci/run installs before the README's command: {installs}"
+
+
+# The results page stays a page: dated detail goes to the journal (benchmarks/journal.md).
+MOST_LINES_OF_BENCHMARKS_MD = 400
+BENCHMARKS = REPO / "benchmarks"
+
+
+def test_the_results_page_stays_a_page():
+    lines = len((REPO / "BENCHMARKS.md").read_text().splitlines())
+    assert lines <= MOST_LINES_OF_BENCHMARKS_MD, (
+        f"BENCHMARKS.md has {lines} lines: move dated detail that a later table supersedes to the journal")
+
+
+def test_every_benchmark_script_is_named_in_the_folders_readme_and_stands_alone():
+    """Each script of benchmarks/ is listed in its README, edits no `sys.path`, and imports no other script (what
+    two share lives in helpers/)."""
+    readme = (BENCHMARKS / "README.md").read_text()
+    scripts = sorted(BENCHMARKS.glob("*.py"))
+    unlisted = [path.name for path in scripts if f"`{path.name}" not in readme]
+    assert not unlisted, f"name these in benchmarks/README.md: {unlisted}"
+    names, offenders = {path.stem for path in scripts}, []
+    for path in scripts:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", "") == "sys":
+                offenders.append(f"{path.name}:{node.lineno}: sys.path")
+            elif isinstance(node, ast.Import):
+                offenders += [f"{path.name}:{node.lineno}: imports {alias.name}" for alias in node.names
+                              if alias.name.split(".")[0] in names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in names:
+                offenders.append(f"{path.name}:{node.lineno}: imports {node.module}")
+    assert not offenders, offenders

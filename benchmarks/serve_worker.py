@@ -1,6 +1,6 @@
 """The server's worker without HTTP: one client against 16, in one process, as benchmarks/serve.py's clients ask.
 
-    python benchmarks/probe_serve_worker.py [--shape cpu|wide] [--clients 16] [--requests 10] [--tokens 64]
+    python benchmarks/serve_worker.py [--shape cpu|wide] [--clients 16] [--requests 10] [--tokens 64]
                                       [--max-batch 16]
 
 A `serving.Worker` decodes a random-weight model of the `cpu` preset's

@@ -1,6 +1,6 @@
 """Under JAX, at GPT-2 small's shape, batch 1: gptlite's whole decoding step against its matrix products alone.
 
-    KERAS_BACKEND=jax python benchmarks/probe_jax_products.py [--tokens 60]
+    KERAS_BACKEND=jax python benchmarks/jax_products.py [--tokens 60]
 
 The products alone: one token through every weight matrix of GPT-2 small in the order a step reads them (12
 blocks of 768x2304, 768x768, 768x3072 with GELU, 3072x768, then the tied 50,257-token head), 32 tokens inside one

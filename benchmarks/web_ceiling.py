@@ -2,7 +2,7 @@
 thread, as V8 first runs it (its baseline WebAssembly compiler) and once optimised, beside native ONNX Runtime on
 one thread, and the fastest matrix product onnxruntime-web computes on this CPU (GFLOP/s).
 
-    python benchmarks/probe_web_ceiling.py --npm FOLDER
+    python benchmarks/web_ceiling.py --npm FOLDER
 
 FOLDER holds `node_modules/onnxruntime-web` at the version the page ships (`npm install onnxruntime-web@1.30.0`);
 the script writes its Node program there. Measures, each the median of rounds:
@@ -17,14 +17,11 @@ import json
 import pathlib
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 
 import numpy as np
 
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
 NODE_PROGRAM = r"""
 import * as ort from "onnxruntime-web";
@@ -126,7 +123,7 @@ def main():
     import onnx
 
     from gptlite.web import onnx_graph
-    from web_page import laptop_model
+    from helpers.models import laptop_model
 
     model = laptop_model()
     config = model.config
@@ -136,7 +133,7 @@ def main():
         onnx.save(graph, f"{folder}/model.onnx")
         for rows in (64, 512):
             onnx.save(matmul_graph(rows), f"{folder}/matmul{rows}.onnx")
-        program = args.npm / "probe_web_ceiling.mjs"
+        program = args.npm / "web_ceiling.mjs"
         program.write_text(NODE_PROGRAM)
         shape = [str(config.n_layer), str(config.kv_heads), str(config.head_size)]
         measured = {}

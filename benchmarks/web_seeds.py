@@ -2,7 +2,7 @@
 Tiny Shakespeare, exported as a page, 20 seeds each written by the page in headless Chromium and by
 `gptlite.generate`, 200 tokens at temperature 0.8 (and at top_p 0.9), the texts compared whole.
 
-    python benchmarks/probe_web_seeds.py [--seeds 20]
+    python benchmarks/web_seeds.py [--seeds 20]
 
 A sample parts from Python's only where two tokens' noisy scores lie within float rounding of each other: the
 page's arithmetic is float64 in JavaScript where Keras's is float32, and ONNX Runtime's logits differ from Keras's
