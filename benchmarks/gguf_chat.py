@@ -3,8 +3,7 @@
     python benchmarks/gguf_chat.py runs/arithmetic/model.keras
 
 Takes a model trained with `python -m gptlite train --synthetic arithmetic --out runs/arithmetic`,
-writes it as f32, f16
-and q8_0 GGUF files, and asks the task's 300 held-out questions (number
+writes it as f32, f16 and q8_0 GGUF files, and asks the task's 300 held-out questions (number
 pairs no training conversation holds) greedily: of gptlite
 (`chat.greedy_answers`), and of llama.cpp through llama-cpp-python's chat
 completion with the template the file holds. Counts the answers that are

@@ -25,8 +25,8 @@ ready:
   requests of --tokens tokens one after another, temperature and top_p
   mixed as in benchmarks/serve.py: p50 and p99 of the time to the first
   text, errors, and the aggregate tokens per second, beside the decode
-  engine's own ceiling for that many rows (helpers's
-  wave, in this process, after the servers): their ratio. The CPU time
+  engine's own ceiling for that many rows (`helpers.wave`, in
+  this process, after the servers): their ratio. The CPU time
   the server and the clients (threads of this process) used, and the
   ratio the cores allow at most while the clients run beside the engine
   (their CPU time and the engine's at its ceiling on every core, HTTP
