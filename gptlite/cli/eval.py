@@ -6,7 +6,7 @@ import sys
 
 from gptlite.cli.command import check_model, command, writing_backend
 from gptlite.cli.flags import add_backend_flags, add_unknown_flag, Parser
-from gptlite.training import settings
+from gptlite.data import CHAT_SYNTHETIC_TASKS
 
 SUMMARY = "measure a model on text files: loss, perplexity, bits per character and per byte"
 
@@ -20,7 +20,7 @@ def make_parser(prog):
     parser.add_argument("texts", nargs="*", type=pathlib.Path, metavar="FILE",
                         help="text files, or folders of them (a chat model: conversations files, .jsonl; a seq2seq "
                              "model: files of source<TAB>target lines), each scored on its own")
-    parser.add_argument("--synthetic", choices=settings.CHAT_SYNTHETIC_TASKS, default=None,
+    parser.add_argument("--synthetic", choices=list(CHAT_SYNTHETIC_TASKS), default=None,
                         help="a chat model: score a synthetic chat task's 300 held-out questions instead")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     parser.add_argument("--encoding", default="utf-8", help="the files' encoding (default: utf-8)")

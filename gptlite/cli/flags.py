@@ -44,6 +44,39 @@ def add_compile_cache_flags(parser):
                        help="compile afresh each start and keep nothing on disk")
 
 
+def add_declared_flag(parser, field, dest=None, switch=False, presets=""):
+    """A flag for a setting declared with `gptlite.setting` (a dataclass field), named as the setting is (or
+    `dest`), with its help, choices and metavar, and its default or, where given, the `presets`' values. A true or
+    false setting is a `--name` flag, or with `switch` a `--name`/`--no-name` pair that leaves it unset when
+    neither is given. Its help names other settings in backticks: `with_flags_in_help` writes them as flags."""
+    name = dest or field.name
+    flag, help_text = "--" + name.replace("_", "-"), field.metadata["help"]
+    if presets:
+        help_text += f" (presets: {presets})" if ":" in presets else f" ({presets})"
+    elif field.default not in (None, False, ()):
+        help_text += f" (default: {field.default})"
+    if field.type is bool:
+        action = argparse.BooleanOptionalAction if switch else "store_true"
+        parser.add_argument(flag, dest=name, action=action, default=None if switch else field.default, help=help_text)
+    elif field.metadata["choices"] is not None:
+        parser.add_argument(flag, dest=name, choices=list(field.metadata["choices"]), default=None if switch else
+                            field.default, help=help_text)
+    else:
+        kind = field.type if field.type in (int, float, str, pathlib.Path) else str
+        metavar = field.metadata["metavar"] or {int: "N", float: "X"}.get(kind)
+        parser.add_argument(flag, dest=name, type=kind, default=None if switch else field.default, metavar=metavar,
+                            help=help_text)
+
+
+def with_flags_in_help(parser):
+    """`parser`, each flag's help with the settings it names in backticks written as the parser's flags
+    (`as_flags`); a word of the help that happens to be a setting's name stays a word."""
+    for action in parser._actions:
+        if action.help not in (None, argparse.SUPPRESS):
+            action.help = as_flags(action.help, parser, bare=False)
+    return parser
+
+
 def add_sampling_flags(parser, notes=None):
     """A flag for each sampling setting (`decode.settings.SamplingConfig`'s fields), named as the setting, with
     its help; `notes` adds a command's own words to a setting's help (by the setting's name). A flag left out
@@ -121,12 +154,12 @@ def _run_file_values(path):
     return values
 
 
-def as_flags(message, parser):
+def as_flags(message, parser, bare=True):
     """A library message with the settings it names written as `parser`'s flags.
 
     `name=value` in backticks becomes `--name value` (`--name` for True,
-    `--no-name` for False); a setting named bare becomes its flag where it
-    has an underscore (`max_iters`) or begins a statement of its value
+    `--no-name` for False); with `bare`, a setting named bare becomes its flag
+    where it has an underscore (`max_iters`) or begins a statement of its value
     (`lr must be`, `lr (0.01)`). Names without a flag stay as they are.
     """
     flags = {}
@@ -152,10 +185,12 @@ def as_flags(message, parser):
         return f"{flag} {value.strip(QUOTES)}"
 
     message = re.sub(r"`(\w+)(?:=([^`]*))?`", quoted, message)
+    if not bare:
+        return message
 
-    def bare(match):
+    def bare_name(match):
         name, after = match.group(1), match.group(2) or ""
         return (flags[(name, None)] if "_" in name or after else name) + after
 
     names = "|".join(sorted((re.escape(name) for name, value in flags if value is None), key=len, reverse=True))
-    return re.sub(rf"(?<![\w'\"/.-])({names})\b( must| \()?", bare, message)
+    return re.sub(rf"(?<![\w'\"/.-])({names})\b( must| \()?", bare_name, message)

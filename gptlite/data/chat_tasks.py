@@ -111,7 +111,7 @@ _TASKS = {
     "copy": (_words, _word_question(_COPY, reverse=False), True),
     "backwards": (_words, _word_question(_REVERSE, reverse=True), True),
 }
-assert tuple(_TASKS) == CHAT_SYNTHETIC_TASKS, "the tasks are named in gptlite.data too"
+assert tuple(_TASKS) == tuple(CHAT_SYNTHETIC_TASKS), "the tasks are named in gptlite.data too"
 
 
 def synthetic(task, seed=0, count=SYNTHETIC_CONVERSATIONS, held_out=HELD_OUT_QUESTIONS):

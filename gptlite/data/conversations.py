@@ -28,9 +28,9 @@ import numpy as np
 from gptlite.data.lm import DrawnBatches
 from gptlite.data.packing import pack_lengths
 from gptlite.errors import ConfigError, InputError, MissingFileError
+from gptlite.data import LONG_CONVERSATIONS
 from gptlite.text import templates
 
-LONG_CONVERSATIONS = ("cut", "refuse")
 IGNORED = -1  # the target of a token that is not trained: the loss leaves it out
 
 

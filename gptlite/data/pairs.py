@@ -93,7 +93,7 @@ def synthetic(task, seed, train_pairs=SYNTHETIC_TRAIN_PAIRS, held_out_pairs=HELD
     """
     if task not in SYNTHETIC_TASKS:
         raise InputError(f"unknown synthetic task {task!r}; choose from {', '.join(SYNTHETIC_TASKS)}")
-    rng = np.random.default_rng([seed, SYNTHETIC_TASKS.index(task)])
+    rng = np.random.default_rng([seed, list(SYNTHETIC_TASKS).index(task)])
     if task == "addition":
         make_held_out, make_train = _addition_sources, _addition_training_sources
     else:

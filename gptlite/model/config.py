@@ -7,33 +7,56 @@ backend.
 
 import dataclasses
 
-from gptlite.errors import ConfigError, divisors_near, is_count, is_fraction, one_of, require
+from gptlite.errors import ConfigError, divisors_near, is_count, is_fraction, require
+from gptlite.setting import check_choices, declared, setting
+
+
+# The architecture's choices, which gptlite.model.layers builds.
+POSITIONS = ("learned", "sinusoidal", "rotary")
+NORMS = ("layer", "rms")
+# Where each block normalises: before each sublayer, on its input (today's models), or after the residual
+# addition, on the sum (the original Transformer's "Add & Norm").
+NORM_POSITIONS = ("pre", "post")
+MLPS = ("gelu", "swiglu", "relu2")
 
 
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
-    """The shape of a GPT, or of a Seq2Seq. Defaults are the `cpu` training preset."""
+    """The shape of a GPT, or of a Seq2Seq. Its defaults are the `cpu` preset's shape (a run that names no preset
+    takes `laptop`'s). Each field is declared once (`gptlite.setting`): its default, help and choices, and whether
+    it is the model's shape."""
 
-    vocab_size: int = 256  # number of token ids; None: the tokenizer's, set when the model is made
-    n_layer: int = 4  # transformer blocks
-    n_head: int = 4  # attention heads per block
-    n_embd: int = 128  # model width C; must divide by n_head
-    block_size: int = 64  # longest context the model sees
-    dropout: float = 0.0  # on embeddings and residual branches
-    attention_dropout: float = 0.0  # on attention weights; above 0, training cannot use fused attention
-    bias: bool = False  # biases in the projections and LayerNorms
-    tie_weights: bool = True  # LM head reuses the token embedding matrix
-    position: str = "learned"  # "learned", "sinusoidal" (tables added to the embedding) or "rotary" (RoPE)
-    rope_theta: float = 10000.0  # rotary positions' base
-    norm: str = "layer"  # "layer" (LayerNorm) or "rms" (RMSNorm)
-    norm_epsilon: float = 1e-5  # added to the variance in every norm
-    norm_position: str = "pre"  # "pre": x + f(norm(x)), a final norm before the head; "post": norm(x + f(x)), none
-    mlp: str = "gelu"  # feed-forward: "gelu" (GPT-2's), "swiglu" (Llama's) or "relu2" (ReLU squared)
-    mlp_hidden_size: int = None  # the feed-forward's hidden width; None: 4 n_embd (gelu, relu2), about 8/3 (swiglu)
-    n_kv_head: int = None  # key/value heads (grouped-query attention); None: n_head; 1: multi-query
-    qk_norm: bool = False  # RMS-normalise each head's queries and keys
-    qkv_bias: bool = None  # biases on the query/key/value projection; None: as `bias`
-    head_dim: int = None  # each attention head's size; None: n_embd / n_head (Qwen3's heads are wider)
+    vocab_size: int = setting(256, "number of token ids; None: the tokenizer's, set when the model is made")
+    n_layer: int = setting(4, "transformer blocks", shape=True)
+    n_head: int = setting(4, "attention heads per block", shape=True)
+    n_embd: int = setting(128, "the model's width; must divide by `n_head`", shape=True)
+    block_size: int = setting(64, "the longest context the model sees", shape=True)
+    dropout: float = setting(0.0, "dropout on embeddings and residual branches")
+    attention_dropout: float = setting(0.0, "dropout on attention weights; above 0, training cannot use fused "
+                                            "attention")
+    bias: bool = setting(False, "biases in the projections and norms", shape=True)
+    tie_weights: bool = setting(True, "the output head reuses the token embedding's matrix", shape=True)
+    position: str = setting("learned", "learned (a trained table, GPT-2's), sinusoidal (a fixed table) or rotary "
+                                       "(RoPE: queries and keys turned by position inside attention)",
+                            choices=POSITIONS, shape=True)
+    rope_theta: float = setting(10000.0, "rotary positions' base", shape=True)
+    norm: str = setting("layer", "layer (LayerNorm, GPT-2's) or rms (RMSNorm, Llama's)", choices=NORMS, shape=True)
+    norm_epsilon: float = setting(1e-5, "added to the variance in every norm", shape=True)
+    norm_position: str = setting("pre", "pre (each sublayer reads a normalised input, x + f(norm(x)), and a final "
+                                        "norm comes before the head) or post (the sum is normalised, norm(x + f(x)), "
+                                        "the original Transformer's; no final norm)",
+                                 choices=NORM_POSITIONS, shape=True)
+    mlp: str = setting("gelu", "the feed-forward: gelu (GPT-2's), swiglu (Llama's) or relu2 (ReLU squared)",
+                       choices=MLPS, shape=True)
+    mlp_hidden_size: int = setting(None, "the feed-forward's hidden width (None: 4 x `n_embd` for gelu and relu2, "
+                                         "8/3 x rounded up to a multiple of 16 for swiglu)", shape=True)
+    n_kv_head: int = setting(None, "key/value heads, shared by groups of query heads (grouped-query attention; 1: "
+                                   "multi-query); the key/value cache holds this many (None: `n_head`)", shape=True)
+    qk_norm: bool = setting(False, "RMS-normalise each head's queries and keys", shape=True)
+    qkv_bias: bool = setting(None, "biases on the query/key/value projection alone (Qwen2's; None: as `bias`)",
+                             shape=True)
+    head_dim: int = setting(None, "each attention head's size (None: `n_embd` / `n_head`; Qwen3's heads are "
+                                  "wider)", shape=True)
 
     def __post_init__(self):
         for name in ("n_layer", "n_head", "n_embd", "block_size"):
@@ -47,10 +70,7 @@ class GPTConfig:
             )
         for name in ("dropout", "attention_dropout"):
             require(name, getattr(self, name), is_fraction, "in [0, 1)")
-        require("position", self.position, lambda v: v in POSITIONS, one_of(POSITIONS))
-        require("norm", self.norm, lambda v: v in NORMS, one_of(NORMS))
-        require("norm_position", self.norm_position, lambda v: v in NORM_POSITIONS, one_of(NORM_POSITIONS))
-        require("mlp", self.mlp, lambda v: v in MLPS, one_of(MLPS))
+        check_choices(self)
         require("rope_theta", self.rope_theta, lambda v: not isinstance(v, bool) and v > 1, "a number above 1")
         require("norm_epsilon", self.norm_epsilon, lambda v: not isinstance(v, bool) and 0 < v < 1,
                  "a small positive number")
@@ -89,13 +109,8 @@ class GPTConfig:
         return value if isinstance(value, cls) else cls(**value)
 
 
-# The architecture's choices, which gptlite.model.layers builds.
-POSITIONS = ("learned", "sinusoidal", "rotary")
-NORMS = ("layer", "rms")
-# Where each block normalises: before each sublayer, on its input (today's models), or after the residual
-# addition, on the sum (the original Transformer's "Add & Norm").
-NORM_POSITIONS = ("pre", "post")
-MLPS = ("gelu", "swiglu", "relu2")
+# What a resumed run cannot change: the weights' shapes and meaning.
+MODEL_SHAPE_SETTINGS = tuple(name for name, field in declared(GPTConfig).items() if field.metadata["shape"])
 # Each feed-forward's name in words, for messages and summaries.
 MLP_NAMES = {"gelu": "GELU", "swiglu": "SwiGLU", "relu2": "ReLU²"}
 

@@ -8,18 +8,18 @@ Nothing here imports Keras: the command line reads the choices below before it s
 
 import importlib
 
-# What a run trains, by the value of its `task` setting: (the module of tasks/, the `Task` class). A new kind of
-# run is one class in tasks/ and one line here.
+# What a run trains, by the value of its `task` setting: (the module of tasks/, the `Task` class, what it trains,
+# for the commands' help). A new kind of run is one class in tasks/ and one line here.
 TASKS = {
-    "lm": ("language", "LanguageModel"),  # a GPT on text
-    "seq2seq": ("pairs", "Pairs"),  # an encoder-decoder on source/target pairs
-    "chat": ("chat", "Chat"),  # a GPT on conversations
+    "lm": ("language", "LanguageModel", "a GPT that continues text (the default)"),
+    "seq2seq": ("pairs", "Pairs", "an encoder-decoder that learns to write each line's target from its source"),
+    "chat": ("chat", "Chat", "a GPT that answers, trained on a JSON Lines file of conversations (see docs/chat.md)"),
 }
 
 
 def task_named(name):
     """The `Task` that the `task` setting `name` names (one of TASKS)."""
-    module, class_name = TASKS[name]
+    module, class_name, _ = TASKS[name]
     return getattr(importlib.import_module(f"gptlite.tasks.{module}"), class_name)()
 
 

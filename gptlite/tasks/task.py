@@ -225,7 +225,7 @@ def named(task=None, synthetic=None):
             raise ConfigError(f"the synthetic {synthetic} task trains a chat model; leave out `task={task!r}`")
         task = "chat"
     elif synthetic is not None and synthetic not in SYNTHETIC_TASKS:
-        raise ConfigError(f"synthetic must be one of {', '.join(SYNTHETIC_TASKS + CHAT_SYNTHETIC_TASKS)}, "
+        raise ConfigError(f"synthetic must be one of {', '.join([*SYNTHETIC_TASKS, *CHAT_SYNTHETIC_TASKS])}, "
                           f"got {synthetic!r}")
     elif synthetic:
         if task in ("lm", "chat"):

@@ -1,4 +1,5 @@
-"""A training run as a plan: what it was asked (`RunArguments`, checked), resolved once into a frozen `RunPlan`
+"""A training run as a plan: what it was asked (`RunArguments`, each argument declared once with its default, help
+and choices, and checked before anything is read; `train.py` makes its flags from them), resolved once into a frozen `RunPlan`
 (its task, every setting from the preset, overrides, checkpoint, starting model and data, the new model's
 `GPTConfig` and the `TrainingConfig`), from which `training.run` builds, encodes and fits.
 
@@ -13,48 +14,80 @@ the settings a task sized from its data) is given to it.
 import dataclasses
 import pathlib
 
+from gptlite.data import CHAT_SYNTHETIC_TASKS, LONG_CONVERSATIONS, SYNTHETIC_TASKS
 from gptlite.errors import ConfigError, InputError
-from gptlite.data.conversations import LONG_CONVERSATIONS
 from gptlite.model.config import GPTConfig
-from gptlite.text import DEFAULT_TOKENIZER, tokenizer_class, TOKENIZERS
+from gptlite.setting import check_choices, setting
+from gptlite.tasks import TASKS
+from gptlite.text import DEFAULT_BPE_VOCABULARY, DEFAULT_TOKENIZER, tokenizer_class, TOKENIZERS, UNKNOWN_CHOICES
 from gptlite.training.history import DEFAULT_PEAK_FLOPS
 from gptlite.training.run_config import ARGUMENTS
-from gptlite.training.settings import TrainingConfig, dtype_policy, resolve_settings, split_settings
+from gptlite.training.settings import (DEFAULT_PRESET, dtype_policy, PRESETS, resolve_settings, split_settings,
+                                       SYNTHETIC_MAX_ITERS, TrainingConfig)
 
 
 @dataclasses.dataclass(frozen=True)
 class RunArguments:
-    """What a run was asked to do: `train_on_text`'s arguments (see there), `sources` a tuple of paths."""
+    """What a run was asked to do: `train_on_text`'s arguments, `sources` a tuple of paths."""
 
-    sources: tuple = ()
-    out_dir: pathlib.Path = pathlib.Path("out")
-    settings: dict = None
-    preset: str = None
-    task: str = None
-    synthetic: str = None
-    tokenizer: str = None
-    vocab_size: int = None
-    encoding: str = "utf-8"
-    errors: str = "strict"
-    init_from: object = None
-    unknown: str = "error"
-    distribute: bool = False
-    resume: bool = False
-    overwrite: bool = False
-    tensorboard: object = None
-    mfu: bool = None
-    peak_flops: float = None
-    long_conversations: str = "cut"
-    val_file: object = None
+    sources: tuple = setting((), "text files, or folders of them, to train on (none: about 2 MB of the Python "
+                                 "standard library's sources); several are read in the order given, a folder's files "
+                                 "in sorted order; for the seq2seq task, one file of source<TAB>target lines")
+    out_dir: pathlib.Path = setting(pathlib.Path("out"), "the folder for model.keras, history.csv, loss.png and "
+                                                         "checkpoints")
+    settings: dict = setting(None, "GPTConfig and TrainingConfig fields that override the preset's, "
+                                   "{\"max_iters\": 500, \"n_layer\": 2}")
+    preset: str = setting(None, f"the model's size and its schedule (none: {DEFAULT_PRESET} for a new GPT, a "
+                                f"task's own for the others)", choices=tuple(sorted(PRESETS)))
+    task: str = setting(None, "what the run trains: " + "; ".join(
+        f"{name}: {description}" for name, (_, _, description) in TASKS.items()), choices=tuple(TASKS))
+    synthetic: str = setting(None, "train on a built-in task instead of files: a seq2seq model's (" +
+                             "; ".join(f"{name}: {what}, {SYNTHETIC_MAX_ITERS[name]} steps unless `max_iters` says"
+                                       for name, what in SYNTHETIC_TASKS.items()) +
+                             "), or a chat model's, with held-out questions to answer (" +
+                             "; ".join(f"{name}: {what}" for name, what in CHAT_SYNTHETIC_TASKS.items()) + ")",
+                             choices=(*SYNTHETIC_TASKS, *CHAT_SYNTHETIC_TASKS))
+    tokenizer: str = setting(None, "a new model's tokenizer: " + "; ".join(
+        f"{name}: {description}" for name, (_, _, description) in TOKENIZERS.items()) +
+                             ". A new chat model without a preset chooses by its answers' words (docs/chat.md); a "
+                             "pretrained or resumed one keeps its own", choices=tuple(TOKENIZERS))
+    vocab_size: int = setting(None, f"tokens in a new BPE vocabulary (none: {DEFAULT_BPE_VOCABULARY})", metavar="N")
+    encoding: str = setting("utf-8", "the text files' encoding")
+    errors: str = setting("strict", "bytes that do not decode: stop with an error (strict) or replace them with "
+                                    "U+FFFD (replace)", choices=("strict", "replace"))
+    init_from: object = setting(None, "fine-tune a pretrained GPT instead of training a new one: a gptlite "
+                                      "model.keras, a Hugging Face GPT-2, Llama, Qwen2 or Qwen3 folder, or a KerasHub "
+                                      "GPT-2 preset (a folder, or a name such as gpt2_base_en, downloaded where a "
+                                      "network is reachable); it keeps its shape and tokenizer, and its file is only "
+                                      "read (see docs/pretrained.md)", metavar="MODEL")
+    unknown: str = setting("error", "with `init_from`: text characters the pretrained char vocabulary lacks: stop "
+                                    "with an error, leave them out (skip), or replace each with a space",
+                           choices=UNKNOWN_CHOICES)
+    distribute: bool = setting(False, "train data-parallel over every local device (tensorflow: GPUs, else CPU "
+                                      "devices; jax: all devices), or over several hosts (see docs/training.md); the "
+                                      "batch is split across them and the learning rate is unchanged")
+    resume: bool = setting(False, "continue the run in `out_dir` from its last checkpoint")
+    overwrite: bool = setting(False, "replace a run already in `out_dir` (without it, or `resume`, a folder that "
+                                     "holds a run is refused and left as it is)")
+    tensorboard: object = setting(None, "a folder for TensorBoard event files (True: `out_dir`/tensorboard), written "
+                                        "at each evaluation: losses, bits per character, learning rate, tokens per "
+                                        "second and a text sample")
+    mfu: bool = setting(None, "show and record model FLOPs utilisation at each evaluation, against `peak_flops` (on "
+                              "by default for the gpu preset on a GPU)")
+    peak_flops: float = setting(None, f"the hardware's peak FLOPs per second for `mfu` (none: {DEFAULT_PEAK_FLOPS / 1e12:g}e12, "
+                                      f"an A100's bfloat16 peak, as nanoGPT uses); giving it asks for `mfu`",
+                                metavar="X")
+    long_conversations: str = setting("cut", "with the chat task: a conversation longer than the context is cut to "
+                                             "fit, or refused", choices=LONG_CONVERSATIONS)
+    val_file: object = setting(None, "with the chat task: a JSON Lines file of conversations to validate on and "
+                                     "whose last answers are checked, instead of a held-out tenth of the training "
+                                     "file's", metavar="FILE")
 
     def check(self):
         """Refuse arguments that contradict each other, before anything is read."""
-        if self.long_conversations not in LONG_CONVERSATIONS:
-            raise ConfigError(f"long_conversations must be 'cut' or 'refuse', got {self.long_conversations!r}")
+        check_choices(self)
         if self.resume and self.overwrite:
             raise ConfigError("`resume=True` and `overwrite=True` contradict each other; choose one")
-        if self.tokenizer not in (None, *TOKENIZERS):
-            raise ConfigError(f"tokenizer must be one of {', '.join(map(repr, TOKENIZERS))}, got {self.tokenizer!r}")
         if self.init_from and not self.resume:  # a resumed run's weights are in its checkpoint
             self._check_init_from()
         if self.vocab_size is not None:

@@ -18,6 +18,7 @@ import inspect
 import pathlib
 import shutil
 import tempfile
+import textwrap
 
 import keras
 
@@ -25,12 +26,13 @@ from gptlite.backend import compile_cache
 from gptlite.backend.devices import on_gpu
 from gptlite.data import pairs
 from gptlite.errors import ConfigError, InputError, MissingFileError, RunExistsError
+from gptlite.setting import described
 from gptlite.tasks.task import named
 from gptlite.training import fit, run_config
 from gptlite.training.checkpoints import read_checkpoint
 from gptlite.training.distribute import check_accumulation, data_parallel
 from gptlite.training.history import check_tensorboard
-from gptlite.training.plan import RUN_ARGUMENTS, RunArguments, plan_run
+from gptlite.training.plan import plan_run, RUN_ARGUMENTS, RunArguments
 from gptlite.training.run_folder import check_folder, CHECKPOINT_FILES, holds_a_run
 from gptlite.training.settings import OPTIMIZER_NAMES, PRESETS, TrainingConfig
 from gptlite.weights import pretrained
@@ -64,65 +66,22 @@ class TrainedRun:
 def train_on_text(sources=(), out_dir="out", settings=None, *, verbose=1, **arguments):
     """Train a model on the text of `sources` and write it to `out_dir`; a `TrainedRun`.
 
-    sources: text files or folders of them (a folder's files in sorted path
-        order), read in pieces so that no file has to fit in memory; none:
-        about 2 MB of the Python standard library's sources. For
-        task="seq2seq", one file of source<TAB>target lines.
-    settings: a dict of `GPTConfig` and `TrainingConfig` fields that override
-        the preset's (`{"max_iters": 500, "n_layer": 2}`).
-    preset: one of `gptlite.PRESETS` ("laptop", the default for a GPT, "cpu", "modern", "gpu", "tiny",
-        "seq2seq").
-    task: "lm" for a GPT (the default), "seq2seq" for an encoder-decoder; `synthetic`
-        ("addition", "reverse" or "sort") trains a Seq2Seq on a built-in task.
-        "chat": a GPT on conversations, one JSON Lines file of them (see
-        `gptlite.data.conversations`), or a built-in task (`synthetic`: one of
-        `gptlite.data.chat_tasks`); the loss counts the answers' tokens alone. A
-        model without a chat template gets the default one, its turn markers
-        added to the tokenizer. A new chat model without a `preset` is sized
-        from its conversations (`tasks.chat_sizing.chat_settings`: the context from
-        their lengths, the steps from how many rows they fill; without a
-        `tokenizer`, `chat_sizing.chat_tokenizer` chooses it from the words of
-        their answers), and says so.
-        A tenth of a file's conversations is held out (or `val_file`'s
-        conversations are used instead): the validation loss is theirs, and
-        each evaluation, like the end of `train.py`, reports how many of their
-        last answers the model writes exactly, greedy (`exact_answers`).
-    long_conversations: with task="chat", a conversation longer than the
-        context is cut to fit ("cut") or refused ("refuse").
-    val_file: with task="chat", a JSON Lines file of conversations to hold out
-        instead of a tenth of the training file's.
-    tokenizer: "char" (the default) or "bpe" (a byte-level BPE vocabulary of
-        `vocab_size` tokens, learned from the text; a chat model's keeps each
-        digit a token of its own), for a new model; a pretrained or resumed
-        one keeps its own.
-    encoding, errors: how the files are decoded (errors="replace" turns bad
-        bytes into U+FFFD).
-    init_from: fine-tune a pretrained GPT instead of training a new one: a
-        gptlite .keras file, a Hugging Face GPT-2 folder, a KerasHub preset
-        folder or name (see `gptlite.from_pretrained`). Its shape and
-        tokenizer are kept (settings may shorten `block_size` and change
-        `dropout`), training starts with a fresh optimizer and FINE_TUNING's
-        defaults, and the source is only read. With `lora_rank` in
-        `settings`, only low-rank adapters train (`GPT.enable_lora`).
-    unknown: text characters a pretrained char vocabulary lacks: an error
-        ("error"), left out ("skip") or spaces ("replace").
-    distribute: train data-parallel over every local device (or the hosts
-        that the KERAS_DISTRIBUTION_* variables name, under JAX).
-    resume: continue the run in `out_dir` from its checkpoint; overwrite:
-        replace the run there. Without either, a folder that holds a run is
-        refused and left as it is. A run refused before it trains (a missing
-        file, empty text, a setting that cannot work) writes nothing: not
-        even `out_dir` is made.
-    tensorboard: a folder for TensorBoard event files (True: `out_dir`/tensorboard),
-        written at each evaluation: losses, bits per character, learning rate,
-        tokens per second and a text sample.
-    mfu, peak_flops: record a GPT's model FLOPs utilisation at each evaluation
-        against `peak_flops` (FLOPs per second; default nanoGPT's, an A100's
-        bfloat16 peak, 312e12). Giving `peak_flops` asks for it; unasked, the
-        gpu preset records it on a GPU.
-    verbose: 0 prints nothing; 1 says what it trains and each evaluation.
+    A chat run (task="chat") trains on one JSON Lines file of conversations (see `gptlite.data.conversations`) or
+    a built-in task; the loss counts the answers' tokens alone. A model without a chat template gets the default
+    one, its turn markers added to the tokenizer. A new chat model without a `preset` is sized from its
+    conversations (`tasks.chat_sizing`), and says so. A tenth of a file's conversations is held out (or
+    `val_file`'s are used): the validation loss is theirs, and each evaluation reports how many of their last
+    answers the model writes exactly, greedy (`exact_answers`).
 
-    Its keyword arguments are `plan.RunArguments`' fields, with their defaults (its signature says so).
+    A fine-tuned model (`init_from`) keeps its shape and tokenizer (settings may shorten `block_size` and change
+    `dropout`) and starts with a fresh optimizer and FINE_TUNING's defaults; with `lora_rank` in `settings`, only
+    low-rank adapters train (`GPT.enable_lora`).
+
+    A run refused before it trains (a missing file, empty text, a setting that cannot work) writes nothing: not
+    even `out_dir` is made.
+
+    Its arguments, each declared once in `plan.RunArguments`, are listed below; verbose: 0 prints nothing, 1
+    says what it trains and each evaluation.
     """
     unknown = sorted(set(arguments) - set(RUN_ARGUMENTS))
     if unknown:
@@ -147,6 +106,8 @@ def _door_signature():
 
 
 train_on_text.__signature__ = _door_signature()
+train_on_text.__doc__ += "\n" + "\n".join(
+    textwrap.fill(line, 116, initial_indent="    ", subsequent_indent="        ") for line in described(RunArguments))
 
 
 def run(asked, verbose=1):

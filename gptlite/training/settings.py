@@ -10,7 +10,8 @@ import dataclasses
 
 from gptlite.data import CHAT_SYNTHETIC_TASKS, SYNTHETIC_TASKS  # noqa: F401 (the choices a run offers)
 from gptlite.errors import ConfigError, is_count, is_fraction, require
-from gptlite.model.config import GPTConfig, lora_targets
+from gptlite.model.config import GPTConfig, LORA_TARGETS, lora_targets, MODEL_SHAPE_SETTINGS
+from gptlite.setting import check_choices, setting
 
 
 # Keras dtype policies: mixed ones keep float32 weights and optimizer state,
@@ -25,28 +26,43 @@ assert tuple(OPTIMIZER_NAMES) == OPTIMIZERS
 
 @dataclasses.dataclass(frozen=True)
 class TrainingConfig:
-    """How to train. Defaults are the `cpu` preset."""
+    """How to train. Its defaults are the `cpu` preset's (a run that names no preset takes `laptop`'s). Each field is
+    declared once (`gptlite.setting`)."""
 
-    batch_size: int = 12  # sequences per micro-batch; a step takes grad_accum of them
-    grad_accum: int = 1  # micro-batches whose gradients add up to one optimizer step
-    max_iters: int = 2000  # optimizer steps in the whole run
-    lr: float = 1e-3  # peak learning rate, reached after warm-up
-    min_lr: float = 1e-4  # learning rate at the end of the cosine decay
-    warmup_iters: int = 100  # steps of linear warm-up
-    optimizer: str = "adamw"  # one of OPTIMIZERS
-    newton_schulz_steps: int = 5  # Muon's orthogonalising iterations per update (Keras's default)
-    muon_momentum: float = 0.95  # Muon's momentum keeps this share of itself each step (Keras's default)
-    beta2: float = 0.99  # AdamW's second-moment decay; 0.99 suits small batches
-    weight_decay: float = 0.1  # AdamW decay, on weight matrices only
-    eval_interval: int = 250  # steps between validation-loss evaluations
-    eval_iters: int = 20  # validation batches per evaluation
-    checkpoint_interval: int = 250  # steps between resumable checkpoints
-    steps_per_call: int = 1  # optimizer steps one compiled call runs (TensorFlow, JAX); the same losses whatever it is
-    seed: int = 1337  # seeds weights, batches and dropout
-    precision: str = "fp32"  # "fp32"; "bf16" or "fp16": mixed, float32 weights, 16-bit compute
-    lora_rank: int = 0  # above 0: train rank-r adapters on the lora_targets projections, all else frozen
-    lora_alpha: float = None  # the adapters' scale is lora_alpha / lora_rank; None: the rank (scale 1)
-    lora_targets: str = "qkv,attention_output,expand,contract"  # comma-separated, from LORA_TARGETS
+    batch_size: int = setting(12, "sequences per micro-batch; a step takes `grad_accum` of them")
+    grad_accum: int = setting(1, "each optimizer step adds up the gradients of this many batches of `batch_size`: a "
+                                 "batch that many times larger in the memory of one; steps and intervals count "
+                                 "optimizer steps")
+    max_iters: int = setting(2000, "optimizer steps in the whole run")
+    lr: float = setting(1e-3, "the peak learning rate, reached after warm-up")
+    min_lr: float = setting(1e-4, "the learning rate at the end of the cosine decay")
+    warmup_iters: int = setting(100, "steps of linear learning-rate warm-up (a preset's: at most a fifth of "
+                                     "`max_iters`)")
+    optimizer: str = setting("adamw", "adamw, or muon (the laptop preset's): Muon for the blocks' weight matrices "
+                                      "(each update orthogonalised), AdamW for the embeddings, the output head, "
+                                      "norms and biases; the same learning rate for both", choices=OPTIMIZERS)
+    newton_schulz_steps: int = setting(5, "with muon: the Newton-Schulz iterations that orthogonalise each update "
+                                          "(Keras's default is 5)")
+    muon_momentum: float = setting(0.95, "with muon: the share of its momentum each step keeps before adding the "
+                                         "gradient (Keras's default)")
+    beta2: float = setting(0.99, "AdamW's second-moment decay; 0.99 suits small batches")
+    weight_decay: float = setting(0.1, "AdamW's decay, on weight matrices only")
+    eval_interval: int = setting(250, "steps between validation-loss evaluations")
+    eval_iters: int = setting(20, "validation batches per evaluation")
+    checkpoint_interval: int = setting(250, "steps between resumable checkpoints")
+    steps_per_call: int = setting(1, "optimizer steps each compiled call runs, so that the loop around the steps "
+                                     "runs once for that many (torch runs one a call); the same losses whatever it "
+                                     "is; a stop (Ctrl-C) waits for the call's last step")
+    seed: int = setting(1337, "seeds the weights, the batches and dropout")
+    precision: str = setting("fp32", "fp32; bf16 or fp16: mixed, float32 weights and 16-bit compute",
+                             choices=tuple(PRECISIONS))
+    lora_rank: int = setting(0, "above 0: train rank-r low-rank adapters on the projections `lora_targets` names, "
+                                "every other weight frozen; the saved model holds the merged weights")
+    lora_alpha: float = setting(None, "the adapters' scale is this over `lora_rank` (None: the rank, a scale of 1)")
+    lora_targets: str = setting("qkv,attention_output,expand,contract",
+                                f"which projections of each block get adapters, comma-separated from "
+                                f"{','.join(LORA_TARGETS)}; 'embedding' also trains the token embedding whole, "
+                                f"'norms' every norm's scale (and shift)", metavar="NAMES")
 
     def __post_init__(self):
         for name in ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters", "checkpoint_interval",
@@ -62,8 +78,7 @@ class TrainingConfig:
         for name in ("beta2", "muon_momentum"):
             require(name, getattr(self, name), is_fraction, "in [0, 1)")
         require("weight_decay", self.weight_decay, lambda v: v >= 0, "zero or positive")
-        require("precision", self.precision, lambda v: v in PRECISIONS, f"one of {', '.join(PRECISIONS)}")
-        require("optimizer", self.optimizer, lambda v: v in OPTIMIZERS, f"one of {', '.join(OPTIMIZERS)}")
+        check_choices(self)
         require("newton_schulz_steps", self.newton_schulz_steps, is_count, "a positive whole number")
         require("lora_rank", self.lora_rank, lambda v: v == 0 or is_count(v),
                  "zero (off) or a positive whole number")
@@ -134,12 +149,8 @@ DEFAULT_PRESET = "laptop"
 # The steps of the seq2seq preset for a synthetic task: about what each task
 # takes to decode 99% of its held-out pairs exactly (benchmarks/journal.md).
 SYNTHETIC_MAX_ITERS = {"addition": 8000, "reverse": 1500, "sort": 6000}
-assert tuple(SYNTHETIC_MAX_ITERS) == SYNTHETIC_TASKS
+assert tuple(SYNTHETIC_MAX_ITERS) == tuple(SYNTHETIC_TASKS)
 
-# Settings a resumed run cannot change: they decide the weights' shapes and meaning.
-MODEL_SHAPE_SETTINGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "tie_weights", "position",
-                        "rope_theta", "norm", "norm_epsilon", "norm_position", "mlp", "mlp_hidden_size", "n_kv_head",
-                        "qk_norm", "qkv_bias", "head_dim")
 # What a run that starts from a pretrained model may set of its shape: a shorter context, and dropout.
 FINE_TUNING_SHAPE_SETTINGS = ("block_size", "dropout", "attention_dropout")
 # Training a run that starts from a pretrained model, unless the preset or overrides say otherwise:
@@ -163,7 +174,7 @@ def dtype_policy(precision):
 
 
 def default_settings(preset=DEFAULT_PRESET, synthetic=None):
-    """A run's settings before any preset or override: its task's default preset's (the cpu preset for a GPT, the
+    """A run's settings before any preset or override: its task's default preset's (the laptop preset for a GPT, the
     seq2seq preset for a Seq2Seq), with a synthetic seq2seq task's own number of steps."""
     steps = SYNTHETIC_MAX_ITERS.get(synthetic)
     return {**PRESETS[preset], **({"max_iters": steps} if steps else {})}

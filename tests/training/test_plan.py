@@ -5,7 +5,7 @@ import pytest
 
 import gptlite
 from gptlite.tasks import task as tasks
-from gptlite.training.plan import RunArguments, plan_run
+from gptlite.training.plan import plan_run, RunArguments
 from gptlite.training.settings import PRESETS
 
 pytestmark = pytest.mark.once("a run's plan is plain Python: it reads and writes nothing")
@@ -39,7 +39,7 @@ def test_a_plan_refuses_what_cannot_train(tmp_path):
     with pytest.raises(gptlite.ConfigError, match="trains a seq2seq model; resume it with `task='seq2seq'`"):
         plan_run(RunArguments(out_dir=tmp_path, resume=True), tasks.named(), checkpoint=checkpoint)
     for arguments, message in ((dict(resume=True, overwrite=True), "contradict each other"),
-                               (dict(tokenizer="words"), "tokenizer must be one of 'char', 'bpe'"),
+                               (dict(tokenizer="words"), "tokenizer must be one of char, bpe, got 'words'"),
                                (dict(vocab_size=300), "sets the size of a learned vocabulary"),
                                (dict(peak_flops=-1.0), "peak_flops must be positive"),
                                (dict(long_conversations="trim"), "long_conversations must be")):

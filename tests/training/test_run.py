@@ -82,7 +82,7 @@ def test_a_seq2seq_run_from_a_pairs_file_measures_exact_match(tmp_path):
 @pytest.mark.parametrize("options,message", [
     (dict(settings={"max_iters": 0}), "max_iters must be a positive whole number"),
     (dict(settings={"max_iter": 5}), "unknown settings: max_iter"),
-    (dict(tokenizer="words"), "tokenizer must be one of 'char', 'bpe'"),
+    (dict(tokenizer="words"), "tokenizer must be one of char, bpe"),
     (dict(synthetic="reverse", task="lm"), "leave out `task='lm'`"),
     (dict(resume=True, overwrite=True), "contradict"),
     (dict(vocab_size=300), "`vocab_size` sets the size of a learned vocabulary"),
