@@ -96,7 +96,7 @@ def time_loop(preset, tokenizer, train_ids, validation_ids, steps, steps_per_cal
     interval = steps // 4
     model, config = build(preset, tokenizer, max_iters=steps, eval_interval=interval, checkpoint_interval=interval,
                           warmup_iters=min(100, steps // 5), steps_per_call=steps_per_call)
-    rows = fit.train(model, train_ids, validation_ids, config, tempfile.mkdtemp(), verbose=0)
+    rows = fit.train(model, train_ids, validation_ids, config, tempfile.mkdtemp(), "lm", verbose=0)
     tokens_per_step = config.batch_size * model.config.block_size
     return statistics.median(tokens_per_step / row["tokens_per_s"] * 1000 for row in rows[1:])
 

@@ -293,7 +293,7 @@ def reverser_run(seq2seq_tokenizer):
                                         eval_interval=150, eval_iters=4, checkpoint_interval=300)
         train_set = pairs.encode(reversal_pairs(4000, seed=1), seq2seq_tokenizer, 8)
         metrics = {"exact_match": lambda trained: scores.exact_matches(trained, held_out.pairs) / len(held_out)}
-        return fit.train(model, train_set, held_out, config, out, verbose=0, metrics=metrics)
+        return fit.train(model, train_set, held_out, config, out, "seq2seq", verbose=0, metrics=metrics)
 
     out, rows = built_once("reverser", train)
     return gptlite.load(out / "model.keras"), rows, out, held_out

@@ -115,7 +115,7 @@ def time_training(model, config, vocabulary_size, warmup_steps):
             peaks.append(peak_rss_mb())
 
     with tempfile.TemporaryDirectory() as out:
-        fit.train(model, ids, ids[:5000], config, out, verbose=0, callbacks=[Timer()])
+        fit.train(model, ids, ids[:5000], config, out, "lm", verbose=0, callbacks=[Timer()])
     steady = times[warmup_steps - 1:]
     trainable = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
     return {"ms_per_step": 1000 * (steady[-1] - steady[0]) / (len(steady) - 1), "trainable": trainable,

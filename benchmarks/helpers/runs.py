@@ -122,7 +122,7 @@ def run_gptlite(text_path, settings, precision, seed, vocab_size=None):
     clock = StepClock()
     clock.started = time.perf_counter()
     with tempfile.TemporaryDirectory() as out_dir:
-        rows = fit.train(model, train_ids, validation_ids, config, out_dir, verbose=0, callbacks=[clock])
+        rows = fit.train(model, train_ids, validation_ids, config, out_dir, "lm", verbose=0, callbacks=[clock])
         # The whole validation split, as `gptlite eval` scores a text (windows of the context overlapping by
         # half): the run's own validation loss is a mean over a few random windows, every position of each
         # counted, so it reads lower for a longer context whatever the model, and ranks close recipes by chance.

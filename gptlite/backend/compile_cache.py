@@ -126,14 +126,15 @@ def start_jax():
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def start(backend):
+def start(backend=None):
     """Keep this process's compiled programs on disk unless it has been told not to (see the module's docstring):
-    called, with Keras's backend, where a model is loaded to be used, a run starts or a first program is made.
-    Once a process; it changes no environment variable."""
+    called where a model is loaded to be used, a run starts or a first program is made, for `backend` (None: the
+    one Keras runs on). Once a process; it changes no environment variable."""
     global _started
     if _started is not None:
         return
     _started = False
+    backend = backend or _running_backend()
     target = folder()
     if backend == "tensorflow":
         named = tensorflow_folder()
@@ -256,14 +257,15 @@ def programs_folder(backend):
     return None if not where else _made(pathlib.Path(where) / "gptlite-programs")
 
 
-def tidy(backend):
+def tidy(backend=None):
     """Once a process, before its first program compiles, in the folders gptlite made: TensorFlow's damaged entries
     removed (`drop_damaged_entries`), and the oldest entries of every version's folder beside this one's while the
-    cache holds more than its limit (`drop_oldest_entries`)."""
+    cache holds more than its limit (`drop_oldest_entries`); for `backend` (None: the one Keras runs on)."""
     global _checked
     if _checked:
         return
     _checked = True
+    backend = backend or _running_backend()
     where = programs_folder(backend)
     if where is None:
         return
@@ -375,3 +377,10 @@ def _is_whole_message(data):
     except ValueError:
         return False
     return position == end and end > 0
+
+
+def _running_backend():
+    """The backend Keras runs on: the callers above are reached once Keras has started."""
+    import keras
+
+    return keras.backend.backend()

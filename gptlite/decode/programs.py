@@ -37,7 +37,7 @@ class Programs:
         # Weakly, so that the model's entry in _programs can go when the model does.
         self._model = weakref.ref(model)
         self.variables = model.variables  # the weights its programs read, in order
-        compile_cache.tidy(keras.backend.backend())
+        compile_cache.tidy()
         self._compiled = {}
         self._prepared = set()
 

@@ -218,7 +218,7 @@ class _Transformer(keras.Model):
         # A saved model loaded (by gptlite.load or keras.saving.load_model) is loaded to be used: this process keeps
         # its compiled programs on disk from here on (gptlite.compile_cache), TensorFlow's XLA programs too, whose
         # runtime reads where they go as it starts, in the model's first operation. Building a model starts nothing.
-        compile_cache.start(keras.backend.backend())
+        compile_cache.start()
         config = dict(config)
         saved_format = config.pop("format_version", FORMAT_VERSION)
         if saved_format > FORMAT_VERSION:

@@ -16,7 +16,7 @@ import keras
 from gptlite.backend import compile_cache
 from gptlite.data.lm import fed_to_keras
 from gptlite.errors import ConfigError, TrainingDiverged, TrainingInterrupted
-from gptlite.tasks.task import of_data
+from gptlite.tasks.task import named
 from gptlite.training import history
 from gptlite.training.background import FileWriter, Jobs
 from gptlite.training.checkpoints import restore_checkpoint, RunState, save_checkpoint, snapshot
@@ -179,8 +179,8 @@ SLOW_DISK = ("the disk is slower than the checkpoints: each waits for the one be
              "(a larger `checkpoint_interval` avoids the wait)")
 
 
-def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=False, stop_request=None,
-          callbacks=(), metrics=None, peak_flops=None, tensorboard=None, sample=None, task=None):
+def train(model, train_ids, validation_ids, config, out_dir, task, verbose=1, resume=False, stop_request=None,
+          callbacks=(), metrics=None, peak_flops=None, tensorboard=None, sample=None):
     """Train `model` with `model.fit`; return the evaluation records.
 
     A GPT trains on token ids (1-D arrays) or packed conversations
@@ -198,6 +198,9 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
     `resume=True` continues exactly. The model in memory ends with the last
     step's weights.
 
+    `task` is what the run trains, a `tasks.task.Task` or its name in `tasks.TASKS` ("lm", "chat",
+    "seq2seq"): it batches `train_ids` and `validation_ids`, and says what the loss leaves out.
+
     Files are written on a thread of their own (`background.FileWriter`)
     from copies taken at their step, so that the steps go on while the disk
     writes them; the run waits for every write before it returns or stops.
@@ -210,12 +213,11 @@ def train(model, train_ids, validation_ids, config, out_dir, verbose=1, resume=F
         evaluation, with `sample` (a function of the model returning text)
         as a text sample if given.
     callbacks: more Keras callbacks, given to every `fit` call.
-    task: the run's `tasks.task.Task` (None: the one whose data `train_ids` is).
     """
     called = time.perf_counter()
-    compile_cache.start(keras.backend.backend())  # see gptlite.compile_cache
+    compile_cache.start()  # see gptlite.compile_cache
     out_dir = pathlib.Path(out_dir)
-    task = task or of_data(train_ids)
+    task = named(task) if isinstance(task, str) else task
     _check(model, config, task, peak_flops)
     if not model.built:
         model.build((None, model.config.block_size))

@@ -117,7 +117,7 @@ def run(asked, verbose=1):
     nothing and leaves an earlier run in that folder as it was.
     """
     say = print if verbose else (lambda *args, **kwargs: None)
-    compile_cache.start(keras.backend.backend())  # before the run's first operation: TensorFlow reads it then
+    compile_cache.start()  # before the run's first operation: TensorFlow reads it then
     asked.check()
     task = named(asked.task, asked.synthetic)
     task.check(asked)

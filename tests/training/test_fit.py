@@ -20,6 +20,7 @@ from gptlite.data import lm
 from gptlite.evaluation import scores
 from gptlite.training import checkpoints, distribute, fit, history, run
 from gptlite.training.settings import dtype_policy
+
 from conftest import REPO, built_once
 
 
@@ -35,7 +36,8 @@ def tiny_run(text, tokenizer):
         train_ids, validation_ids = lm.split(tokenizer.encode(text))
         config = gptlite.TrainingConfig(batch_size=16, max_iters=130, lr=3e-3, min_lr=3e-4, warmup_iters=10,
                                         eval_interval=40, eval_iters=4, seed=0)
-        rows = fit.train(model, train_ids, validation_ids, config, str(out), verbose=0)  # a folder's name will do
+        # A folder's name will do.
+        rows = fit.train(model, train_ids, validation_ids, config, str(out), "lm", verbose=0)
         return model.config, rows
 
     out, (model_config, rows) = built_once("tiny-run", train)
@@ -62,7 +64,7 @@ def test_16_bit_precision_trains_about_as_well_as_fp32(tmp_path, text, tokenizer
     train_ids, validation_ids = lm.split(tokenizer.encode(text))
     config = gptlite.TrainingConfig(batch_size=16, max_iters=130, lr=3e-3, min_lr=3e-4, warmup_iters=10,
                                     eval_interval=40, eval_iters=4, seed=0, precision=precision)
-    rows = fit.train(model, train_ids, validation_ids, config, tmp_path, verbose=0)
+    rows = fit.train(model, train_ids, validation_ids, config, tmp_path, "lm", verbose=0)
     assert model.compute_dtype == {"bf16": "bfloat16", "fp16": "float16"}[precision]
     assert all(v.dtype == "float32" for v in model.trainable_variables)
     assert rows[-1]["val_loss"] < rows[0]["val_loss"] - 0.3
@@ -81,13 +83,13 @@ def test_fp16_under_jax_on_a_cpu_is_refused(tmp_path, tokenizer):
                         dtype=dtype_policy("fp16"))
     ids = np.zeros(100, np.uint16)
     with pytest.raises(gptlite.ConfigError, match="fp16 under jax needs a GPU"):
-        fit.train(model, ids, ids, gptlite.TrainingConfig(precision="fp16"), tmp_path, verbose=0)
+        fit.train(model, ids, ids, gptlite.TrainingConfig(precision="fp16"), tmp_path, "lm", verbose=0)
 
 
 def test_a_model_built_in_another_precision_is_refused(tmp_path, tiny_model):
     ids = np.zeros(100, np.uint16)
     with pytest.raises(gptlite.ConfigError, match="computes in float32 but the training precision is bf16"):
-        fit.train(tiny_model, ids, ids, gptlite.TrainingConfig(precision="bf16"), tmp_path, verbose=0)
+        fit.train(tiny_model, ids, ids, gptlite.TrainingConfig(precision="bf16"), tmp_path, "lm", verbose=0)
 
 
 def test_run_stops_at_max_iters_with_a_final_evaluation(tiny_run):
@@ -163,7 +165,7 @@ def small_run(tokenizer, text, out, stop_request=None, resume=False, model=None,
     config = gptlite.TrainingConfig(batch_size=8, max_iters=60, lr=3e-3, min_lr=3e-4, warmup_iters=5,
                                     eval_interval=20, eval_iters=2, checkpoint_interval=40, seed=5,
                                     optimizer=optimizer, steps_per_call=steps_per_call)
-    return model, fit.train(model, train_ids, validation_ids, config, out, verbose=0,
+    return model, fit.train(model, train_ids, validation_ids, config, out, "lm", verbose=0,
                                  resume=resume, stop_request=stop_request)
 
 
@@ -314,7 +316,7 @@ def run_with(tokenizer, text, out, callbacks=(), stop_request=None, resume=False
                                     eval_interval=20, eval_iters=2, checkpoint_interval=checkpoint_interval, seed=5)
     if callable(stop_request):
         stop_request = stop_request(model)
-    rows = fit.train(model, train_ids, validation_ids, config, out, verbose=1, resume=resume,
+    rows = fit.train(model, train_ids, validation_ids, config, out, "lm", verbose=1, resume=resume,
                           stop_request=stop_request, callbacks=list(callbacks))
     return model, rows
 
@@ -434,7 +436,7 @@ def accumulating_run(tokenizer, text, out, batch_size, grad_accum, max_iters=5, 
     config = gptlite.TrainingConfig(batch_size=batch_size, grad_accum=grad_accum, max_iters=max_iters, lr=3e-3,
                                     min_lr=3e-4, warmup_iters=2, eval_interval=5, eval_iters=1,
                                     checkpoint_interval=5, seed=3)
-    rows = fit.train(model, train_ids, validation_ids, config, out, verbose=0, resume=resume,
+    rows = fit.train(model, train_ids, validation_ids, config, out, "lm", verbose=0, resume=resume,
                           stop_request=stop_request)
     return model, rows
 
@@ -509,14 +511,14 @@ def test_tensorboard_holds_each_evaluation_and_its_curve_carries_on_after_resume
     embedding_sum = lambda values: float(np.sum(keras.ops.convert_to_numpy(values), dtype="float64"))
     sample = lambda trained: f"embedding sum {embedding_sum(trained.embedding.token_embedding.embeddings):.6f}"
     with pytest.raises(gptlite.TrainingInterrupted):
-        fit.train(model, train_ids, validation_ids, config, tmp_path, verbose=0, tensorboard=events,
+        fit.train(model, train_ids, validation_ids, config, tmp_path, "lm", verbose=0, tensorboard=events,
                        sample=sample, stop_request=StopAtStep(model, 10), peak_flops=1e12)
     index = next(index for index, variable in enumerate(model.variables)
                  if variable.path.endswith("token_embedding/embeddings"))
     with np.load(tmp_path / checkpoints.CHECKPOINT) as saved:
         at_step_10 = embedding_sum(saved[f"model_{index}"])
     resumed = gptlite.GPT.from_config(model.get_config())
-    rows = fit.train(resumed, train_ids, validation_ids, config, tmp_path, verbose=0, resume=True,
+    rows = fit.train(resumed, train_ids, validation_ids, config, tmp_path, "lm", verbose=0, resume=True,
                           tensorboard=events, sample=sample, peak_flops=1e12)
 
     assert [row["step"] for row in rows] == [5, 10, 15, 20]
