@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from gptlite import setting as declaring
 from gptlite.errors import ConfigError
 from gptlite.text.continuation import stop_strings
 
@@ -19,13 +20,14 @@ TOP_LOGPROBS = 5
 
 
 def setting(default, help, metavar=None, request=None, limits=None, most=None, bounds=None):
-    """A SamplingConfig field: its `default`; the `help` its flag shows (`metavar` names the flag's value); the
-    name an HTTP request gives it (`request`: the setting's own unless given); the `limits` (low or None, high)
-    a request may ask within, where they are narrower than the library's; the `most` strings a request may give;
-    a number's `bounds` (low, high, whether low itself is refused), None for none, as `__post_init__` checks
-    them (the tests hold the two alike): what the web page's settings are checked against."""
-    return dataclasses.field(default=default, metadata=dict(help=help, metavar=metavar, request=request,
-                                                            limits=limits, most=most, bounds=bounds))
+    """A SamplingConfig field, declared as every setting is (`gptlite.setting.setting`: its `default`, the `help`
+    its flag shows, the `metavar` that names the flag's value), with what only a sampling setting has: the name
+    an HTTP request gives it (`request`: the setting's own unless given); the `limits` (low or None, high) a
+    request may ask within, where they are narrower than the library's; the `most` strings a request may give; a
+    number's `bounds` (low, high, whether low itself is refused), None for none, as `__post_init__` checks them
+    (the tests hold the two alike): what the web page's settings are checked against."""
+    return declaring.setting(default, help, metavar=metavar, request=request, limits=limits, most=most,
+                             bounds=bounds)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,6 +35,7 @@ class Chat(LanguageModel):
     """A GPT that learns to answer in conversations."""
 
     name = "chat"
+    called = "a chat model"
 
     def check(self, asked):
         if len(asked.sources) != 1 if not asked.synthetic else asked.sources:

@@ -103,10 +103,20 @@ class Task:
 
     def check_checkpoint(self, checkpoint, out_dir):
         """Refuse to resume the run in `out_dir` whose `checkpoint` (a checkpoint document) trained a model of
-        another kind than this task's."""
-        saved = checkpoint.get("model_class", "GPT")
-        if saved != self.model_class.__name__:
+        another task than this one. A checkpoint names its task; one written before it did names its model's class,
+        which tells a seq2seq run from the others."""
+        if "task" in checkpoint:
+            if checkpoint["task"] not in TASKS:
+                raise InputError(f"the checkpoint in {out_dir} is of a task this version does not know "
+                                 f"({checkpoint['task']!r}); start the run again, or resume it with the version "
+                                 f"that wrote it")
+            task = task_named(checkpoint["task"])
+            refused = task.name != self.name
+        else:
+            saved = checkpoint.get("model_class", "GPT")
             task = next(task for task in every_task() if task.model_class.__name__ == saved)
+            refused = saved != self.model_class.__name__
+        if refused:
             raise ConfigError(f"the run in {out_dir} trains {task.called}; resume it with `task='{task.name}'`")
 
     # --- the commands: what a model is given, and what they make of it

@@ -197,28 +197,11 @@ class BPETokenizer(Tokenizer):
             config["chat_template"] = self.chat_template
         return config
 
-    def byte_level_bpe(self):
-        from gptlite.text import forms
-
-        model = json.loads(self.definition)["model"]
-        if model.get("type") != "BPE":
-            raise ConfigError("this model's tokenizer is not byte-level BPE")
-        return model["vocab"], forms.merges_of(model)
-
-    def gguf_fields(self):
-        from gptlite.text import forms
-
-        fields = forms.byte_level_fields(json.loads(self.definition))
-        fields.update(end=self.end_token_id, begin=self.end_token_id, add_begin=False)
-        return fields
-
-    def hugging_face_files(self, block_size):
-        from gptlite.text import forms
-
-        return forms.gpt2_files(self, block_size)
-
     def description(self):
-        return {"kind": "tokenizers_json", "definition": self.definition}
+        # Its end token begins a text too, as GPT-2's does, though a text is not given one.
+        return {"kind": "tokenizers_json", "definition": self.definition, "learned": True,
+                "begin_token": self.END_TOKEN, "begin_id": self.end_token_id, "end_token": self.END_TOKEN,
+                "end_id": self.end_token_id, "adds_begin": False, "chat_template": self.chat_template}
 
 
 # Unicode's White_Space characters, which are what `\s` matches in the library's splitting pattern.
@@ -370,19 +353,13 @@ class PretrainedTokenizer(Tokenizer):
         return {"definition": self.definition, "vocabulary_size": self.vocabulary_size,
                 "begin_token": self.begin_token, "end_token": self.end_token, "chat_template": self.chat_template}
 
-    def gguf_fields(self):
-        from gptlite.text import forms
-
-        definition = json.loads(self.definition)
-        byte_fallback = definition.get("model", {}).get("byte_fallback")
-        fields = (forms.sentencepiece_fields if byte_fallback else forms.byte_level_fields)(definition)
-        fields.update(end=self.end_token_id, begin=self.begin_token_id, add_begin=bool(self.text_start_ids))
-        return fields
-
-    def hugging_face_files(self, block_size):
-        from gptlite.text import forms
-
-        return forms.pretrained_files(self, block_size)
-
     def description(self):
-        return {"kind": "tokenizers_json", "definition": self.definition}
+        return {"kind": "tokenizers_json", "definition": self.definition, "learned": False,
+                "begin_token": self.begin_token, "begin_id": self.begin_token_id, "end_token": self.end_token,
+                "end_id": self.end_token_id, "adds_begin": bool(self.text_start_ids),
+                "chat_template": self.chat_template}
+
+
+def merges_of(model):
+    """A `tokenizers` definition's BPE model's merges as "a b" strings, whichever form it holds them in."""
+    return [" ".join(merge) if isinstance(merge, list) else merge for merge in model.get("merges", [])]

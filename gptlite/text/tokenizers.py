@@ -4,8 +4,10 @@ Every tokenizer is a `Tokenizer`: the interface below is all that the model, dat
 ask of one, so that none of them asks which kind it holds. A tokenizer is serialized into the model's config, so
 `model.keras` carries it. Here: the interface, `CharTokenizer`, and the pieces every tokenizer shares (added
 tokens, the smallest id dtype); `text.bpe`: the byte-level BPE tokenizers, learned here (`BPETokenizer`) or a
-pretrained model's (`PretrainedTokenizer`); `text.forms`: what the exports write of each. A tokenizer that a run
-can fit (`fit`) has a `name`, and a line in `text.TOKENIZERS`.
+pretrained model's (`PretrainedTokenizer`). A tokenizer that a run can fit (`fit`) has a `name`, and a line in
+`text.TOKENIZERS`. Nothing here knows another program's form of a tokenizer: each format translates a tokenizer's
+`description` of itself, in the format's own module (`weights.gguf_export`, `weights.pretrained`, `weights.gpt2`,
+`web.tokenizer_form`).
 """
 
 import re
@@ -37,9 +39,8 @@ class Tokenizer:
         get_config(), from_config(config)
 
     A run fits a new one to its text with `fit` (where the class has a `name`, its `tokenizer` setting); the
-    exports ask it for their forms: `gguf_fields` (llama.cpp), `hugging_face_files` (transformers),
-    `byte_level_bpe` (GPT-2's vocabulary and merges, for GPT-2's and KerasHub's forms); the web page
-    translates its `description`. What it has no form for, it refuses with a ConfigError that says so.
+    formats that translate tokenizers (GGUF, Hugging Face's files, GPT-2's, the web page's) read its
+    `description` of itself. One that does not describe itself refuses with a ConfigError that says so.
     """
 
     name = None  # the `tokenizer` setting that fits a new one to a run's text; None: no run fits one
@@ -105,28 +106,16 @@ class Tokenizer:
     def from_config(cls, config):
         return cls(**config)
 
-    # --- its forms in other programs
-
-    def gguf_fields(self):
-        """What a GGUF file says of it (`text.forms`): a dict of llama.cpp's tokenizer model, pre-tokenizer,
-        tokens, their types, merges and special ids."""
-        raise ConfigError(f"a tokenizer of {self.tokens_are} has no GGUF form here")
-
-    def hugging_face_files(self, block_size):
-        """The files of its Hugging Face form, by name: what `AutoTokenizer.from_pretrained` loads."""
-        raise ConfigError(f"a tokenizer of {self.tokens_are} has no Hugging Face form here")
+    # --- itself, for the formats that translate tokenizers
 
     def description(self):
-        """What it is, in a form no other program's: {"kind": "characters", "specials": [...], "characters": [...],
-        "added": [...]} (the names of its special tokens, then its characters, then its added tokens, in id order),
-        or {"kind": "tokenizers_json", "definition": the `tokenizers` library's JSON}. A format that translates
-        tokenizers (the web page's) reads this."""
+        """What it is, in a form no other program's, from which each format that translates tokenizers (GGUF's,
+        Hugging Face's, the web page's) makes its own: {"kind": "characters", "specials": [...], "characters":
+        [...], "added": [...], "end_id": ...} (the names of its special tokens, then its characters, then its added
+        tokens, in id order), or {"kind": "tokenizers_json", "definition": the `tokenizers` library's JSON,
+        "learned": whether it was learned here (else a pretrained model's own), "begin_token", "end_token" and
+        their ids, "adds_begin": whether a text starts with the beginning token, "chat_template"}."""
         raise ConfigError(f"a tokenizer of {self.tokens_are} does not describe itself")
-
-    def byte_level_bpe(self):
-        """Its vocabulary (token -> id) and merges ("a b"), as GPT-2's files hold them: only a byte-level BPE
-        tokenizer has them."""
-        raise ConfigError(f"a GPT-2 tokenizer is byte-level BPE; this model's tokens are {self.tokens_are}")
 
 
 def known_text(tokenizer, text, unknown, what):
@@ -280,19 +269,9 @@ class CharTokenizer(Tokenizer):
             config["chat_template"] = self.chat_template
         return config
 
-    def gguf_fields(self):
-        from gptlite.text import forms
-
-        return forms.character_fields(self)
-
-    def hugging_face_files(self, block_size):
-        from gptlite.text import forms
-
-        return forms.character_files(self, block_size)
-
     def description(self):
         return {"kind": "characters", "specials": [f"<{name}>" for name in self.special_tokens],
-                "characters": list(self.vocabulary), "added": list(self.added_tokens)}
+                "characters": list(self.vocabulary), "added": list(self.added_tokens), "end_id": self.end_token_id}
 
 
 def code_points(text):

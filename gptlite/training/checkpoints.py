@@ -57,13 +57,14 @@ def snapshot(model):
     return arrays
 
 
-def save_checkpoint(model, arrays, state, config, out_dir, writer, on_written=None):
-    """Hand a checkpoint to `writer` (a `training.background.FileWriter`): `arrays` (the `snapshot` of its step) and
-    the run's document, serialized now from `state` (a RunState as of that step), as one file."""
+def save_checkpoint(model, arrays, state, config, out_dir, writer, task, on_written=None):
+    """Hand a checkpoint of a run of `task` (its name in `tasks.TASKS`) to `writer` (a
+    `training.background.FileWriter`): `arrays` (the `snapshot` of its step) and the run's document, serialized now
+    from `state` (a RunState as of that step), as one file."""
     document = json.dumps(dict(
         format=CHECKPOINT_FORMAT,
         step=state.step,
-        model_class=type(model).__name__,
+        task=task,
         model_config=model.get_config(),
         training_config=dataclasses.asdict(config),
         run_state=dataclasses.asdict(state),

@@ -311,7 +311,7 @@ class _Loop:
         checkpoint_due = state.step % config.checkpoint_interval == 0 or state.step == config.max_iters
         if checkpoint_due or stop_request.requested:
             with self.run_time.counting("checkpoints", self.disk_waits):
-                evaluations.checkpoint(state, config, self.out_dir)
+                evaluations.checkpoint(state, config, self.out_dir, self.task.name)
         if stop_request.requested and state.step < config.max_iters:
             raise TrainingInterrupted(
                 f"training stopped at step {state.step} of {config.max_iters}; checkpoint saved in "
@@ -444,9 +444,9 @@ class _Evaluations:
                + (f", MFU {row['mfu']:.1%}" if "mfu" in row and math.isfinite(row["mfu"]) else "") + "]")
         )
 
-    def checkpoint(self, state, config, out_dir):
-        """At a checkpoint step, on the training thread: wait for the checkpoint before to be on disk, copy the
-        variables now, and leave the document and the writing to the thread."""
+    def checkpoint(self, state, config, out_dir, task):
+        """At a checkpoint step of a run of `task` (its name), on the training thread: wait for the checkpoint
+        before to be on disk, copy the variables now, and leave the document and the writing to the thread."""
         before = self._checkpoint_on_disk
         if before is not None and not before.is_set():
             if not self._told:
@@ -465,7 +465,8 @@ class _Evaluations:
         def write():
             # The rows and the best loss of every evaluation before it, the rest as of its step.
             document = dataclasses.replace(state, rows=list(state.rows), **as_of)
-            save_checkpoint(self.model, arrays, document, config, out_dir, self.writer, on_written=on_disk.set)
+            save_checkpoint(self.model, arrays, document, config, out_dir, self.writer, task,
+                            on_written=on_disk.set)
 
         self._jobs.submit(write)
 

@@ -39,8 +39,9 @@ class RunArguments:
                                    "{\"max_iters\": 500, \"n_layer\": 2}")
     preset: str = setting(None, f"the model's size and its schedule (none: {DEFAULT_PRESET} for a new GPT, a "
                                 f"task's own for the others)", choices=tuple(sorted(PRESETS)))
+    # The registries themselves are the choices (not a copy): a line added to one is offered at once.
     task: str = setting(None, "what the run trains: " + "; ".join(
-        f"{name}: {description}" for name, (_, _, description) in TASKS.items()), choices=tuple(TASKS))
+        f"{name}: {description}" for name, (_, _, description) in TASKS.items()), choices=TASKS)
     synthetic: str = setting(None, "train on a built-in task instead of files: a seq2seq model's (" +
                              "; ".join(f"{name}: {what}, {SYNTHETIC_MAX_ITERS[name]} steps unless `max_iters` says"
                                        for name, what in SYNTHETIC_TASKS.items()) +
@@ -50,7 +51,7 @@ class RunArguments:
     tokenizer: str = setting(None, "a new model's tokenizer: " + "; ".join(
         f"{name}: {description}" for name, (_, _, description) in TOKENIZERS.items()) +
                              ". A new chat model without a preset chooses by its answers' words (docs/chat.md); a "
-                             "pretrained or resumed one keeps its own", choices=tuple(TOKENIZERS))
+                             "pretrained or resumed one keeps its own", choices=TOKENIZERS)
     vocab_size: int = setting(None, f"tokens in a new BPE vocabulary (none: {DEFAULT_BPE_VOCABULARY})", metavar="N")
     encoding: str = setting("utf-8", "the text files' encoding")
     errors: str = setting("strict", "bytes that do not decode: stop with an error (strict) or replace them with "

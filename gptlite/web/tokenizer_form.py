@@ -7,7 +7,7 @@ import json
 import re
 
 from gptlite.errors import ConfigError
-from gptlite.text.forms import merges_of
+from gptlite.text.bpe import merges_of
 
 # Unicode's White_Space characters: what `\s` matches in the `tokenizers` library's patterns. A browser's `\s`
 # differs (it takes U+FEFF and leaves U+0085), so the page's patterns name them.
@@ -27,7 +27,7 @@ def web_form(tokenizer):
     SentencePiece-style BPE, whichever it is. Any other is a ConfigError that says what the page reads."""
     described = tokenizer.description()
     if described["kind"] == "characters":
-        return described
+        return {name: described[name] for name in ("kind", "specials", "characters", "added")}
     definition = json.loads(described["definition"])
     if (definition.get("model") or {}).get("byte_fallback"):
         return sentencepiece_web_form(definition)

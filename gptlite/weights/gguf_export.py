@@ -30,7 +30,9 @@ llama.cpp's chat completion stops where `gptlite chat` does.
     gptlite.export_gguf(model, "mine.gguf", outtype="q8_0")
 """
 
+import json
 import pathlib
+import re
 
 import numpy as np
 
@@ -38,13 +40,16 @@ from gptlite.errors import ConfigError, RunExistsError
 from gptlite.files import atomic_path
 from gptlite.model.config import MLP_NAMES
 from gptlite.model.layers import weight_array
-from gptlite.text import forms
+from gptlite.text.bpe import merges_of
 from gptlite.weights import GGUF_OUTTYPES, gpt2, llama
 
 # How the matrices are stored (`GGUF_OUTTYPES`); norms and biases stay f32 in each, as llama.cpp's own
 # converter keeps them.
 OUTTYPES = GGUF_OUTTYPES
 DEFAULT_OUTTYPE = "f16"
+# How Qwen2's tokenizer splits text before merging (its tokenizer.json's Split pattern): llama.cpp's "qwen2".
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+               r"\s+(?!\S)|\s+")
 
 
 def export_gguf(model, path, outtype=DEFAULT_OUTTYPE):
@@ -199,12 +204,12 @@ def _encoded(gguf, array, outtype):
 
 def _tokenizer_fields(tokenizer, vocabulary_size):
     """What the file says of the tokenizer: a dict of its model, pre-tokenizer, tokens, types, merges, special
-    ids, whether a text starts with the beginning token (the tokenizer's own, `Tokenizer.gguf_fields`), and the
-    chat template."""
+    ids, whether a text starts with the beginning token (from the tokenizer's description of itself,
+    `described_fields`), and the chat template."""
     from gguf import TokenType
     from gptlite.text import templates
 
-    fields = tokenizer.gguf_fields()
+    fields = described_fields(tokenizer.description())
     tokens, types = fields["tokens"], fields["types"]
     # Ids past the tokenizer's own (Qwen pads its embedding) get placeholder tokens that nothing encodes to.
     for index in range(len(tokens), vocabulary_size):
@@ -214,7 +219,7 @@ def _tokenizer_fields(tokenizer, vocabulary_size):
     if fields["chat_template"] is not None:
         # The answer's end is the end of text for llama.cpp: its chat completion stops there.
         end_of_turn = templates.turn_end(tokenizer)
-        fields["end"] = tokens.index(forms.rwkv_escaped(end_of_turn) if fields["model"] == "rwkv" else end_of_turn)
+        fields["end"] = tokens.index(rwkv_escaped(end_of_turn) if fields["model"] == "rwkv" else end_of_turn)
     return fields
 
 
@@ -240,3 +245,106 @@ def _add_tokenizer(writer, fields):
     writer.add_add_eos_token(False)
     if fields["chat_template"] is not None:
         writer.add_chat_template(fields["chat_template"])
+
+
+def described_fields(described):
+    """A tokenizer's description of itself (`Tokenizer.description`) as llama.cpp's GGUF fields: its tokenizer
+    model, pre-tokenizer, tokens, their types, merges and special ids."""
+    if described["kind"] == "characters":
+        return character_fields(described)
+    definition = json.loads(described["definition"])
+    byte_fallback = definition.get("model", {}).get("byte_fallback")
+    fields = (sentencepiece_fields if byte_fallback else byte_level_fields)(definition)
+    fields.update(end=described["end_id"], begin=described["begin_id"], add_begin=described["adds_begin"])
+    return fields
+
+
+def character_fields(described):
+    """A character vocabulary (its description) as llama.cpp's `rwkv` tokenizer: the special tokens' names, each
+    character, then the added tokens (a chat model's turn markers), each at gptlite's id."""
+    from gguf import TokenType
+
+    specials, characters, added = described["specials"], described["characters"], described["added"]
+    tokens = specials + [rwkv_escaped(character) for character in characters] + \
+        [rwkv_escaped(token) for token in added]
+    types = [TokenType.CONTROL] * len(specials) + [TokenType.NORMAL] * len(characters) + \
+        [TokenType.CONTROL] * len(added)
+    return dict(model="rwkv", pre=None, tokens=tokens, types=types, merges=None, begin=None,
+                end=described["end_id"], add_begin=False)
+
+
+def rwkv_escaped(text):
+    # llama.cpp reads an rwkv token's text with backslash escapes (\n, \t, \xhh); text without backslashes is
+    # taken as it is, so only the backslash itself needs escaping.
+    return text.replace("\\", "\\\\")
+
+
+def byte_level_fields(definition):
+    """A byte-level BPE tokenizer.json as llama.cpp's `gpt2` tokenizer, with llama.cpp's name for its splitting."""
+    from gguf import TokenType
+
+    model = definition.get("model", {})
+    if model.get("type") != "BPE" or '"ByteLevel"' not in json.dumps(definition.get("pre_tokenizer")):
+        raise ConfigError("byte-level BPE (GPT-2's, SmolLM2's, Qwen's, gptlite's own), SentencePiece-style BPE with "
+                          "byte fallback (Llama's) and character vocabularies have a GGUF form here; this model's "
+                          f"tokenizer is a {model.get('type')} of another kind")
+    tokens, types = _vocabulary(definition, TokenType)
+    return dict(model="gpt2", pre=_pre_tokenizer_name(definition.get("pre_tokenizer")), tokens=tokens,
+                types=types, merges=merges_of(model))
+
+
+def sentencepiece_fields(definition):
+    """A SentencePiece-style BPE tokenizer.json (Llama's, TinyLlama's: "▁" for spaces, <0xXX> tokens for the
+    bytes of characters it lacks) as llama.cpp's `llama` tokenizer. llama.cpp merges the adjacent pair whose
+    joined text is the token of highest score: a token's score is minus the rank of the merge that makes it,
+    so it merges in the order of the tokenizer's merges."""
+    from gguf import TokenType
+
+    model = definition["model"]
+    if model.get("type") != "BPE" or "Prepend" not in json.dumps(definition.get("normalizer")):
+        raise ConfigError("this SentencePiece-style tokenizer puts \"▁\" before a text otherwise than llama.cpp's "
+                          "llama tokenizer does (a normalizer that prepends it), so it has no GGUF form here")
+    tokens, types = _vocabulary(definition, TokenType)
+    unknown = model.get("unk_token")
+    for index, token in enumerate(tokens):
+        if re.fullmatch(r"<0x[0-9A-F]{2}>", token) and types[index] in (TokenType.NORMAL, TokenType.CONTROL):
+            types[index] = TokenType.BYTE
+        elif token == unknown:
+            types[index] = TokenType.UNKNOWN
+    ranks = {"".join(merge.split(" ", 1)): rank for rank, merge in enumerate(merges_of(model))}
+    scores = [-float(ranks.get(token, len(ranks) + index)) for index, token in enumerate(tokens)]
+    return dict(model="llama", pre=None, tokens=tokens, types=types, merges=None, scores=scores, space_prefix=True,
+                unknown=tokens.index(unknown) if unknown in tokens else None)
+
+
+def _vocabulary(definition, TokenType):
+    """A tokenizer.json's tokens by id, and their kinds: added tokens are control tokens, or user-defined ones
+    where not special; ids with no token are unused placeholders."""
+    vocabulary = dict(definition["model"]["vocab"])
+    special = {}
+    for token in definition.get("added_tokens", []):
+        vocabulary[token["content"]] = token["id"]
+        special[token["id"]] = token.get("special", True)
+    size = max(vocabulary.values()) + 1
+    tokens = [f"[PAD{index}]" for index in range(size)]
+    types = [TokenType.UNUSED] * size
+    for token, index in vocabulary.items():
+        tokens[index] = token
+        types[index] = (TokenType.CONTROL if special[index] else TokenType.USER_DEFINED) if index in special \
+            else TokenType.NORMAL
+    return tokens, types
+
+
+def _pre_tokenizer_name(pre_tokenizer):
+    """llama.cpp's name for a byte-level tokenizer's splitting: GPT-2's, SmolLM2's (digits apart first) or
+    Qwen2's; another is a ConfigError, since llama.cpp would split text otherwise than the model learned."""
+    steps = pre_tokenizer.get("pretokenizers", [pre_tokenizer]) if pre_tokenizer else []
+    kinds = [step.get("type") for step in steps]
+    if kinds == ["ByteLevel"] and steps[0].get("use_regex", True):
+        return "gpt-2"
+    if kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits"):
+        return "smollm"
+    if kinds == ["Split", "ByteLevel"] and steps[0].get("pattern", {}).get("Regex") == QWEN2_SPLIT:
+        return "qwen2"
+    raise ConfigError(f"llama.cpp knows no name for this tokenizer's splitting ({' then '.join(map(str, kinds))}); "
+                      f"GPT-2's, SmolLM2's and Qwen2's are written")

@@ -13,6 +13,7 @@ Keras's Dense shapes (inputs first). `gptlite.weights.pretrained` chooses betwee
 this family and the Llama family (`gptlite.weights.llama`).
 """
 
+import json
 import pathlib
 
 import numpy as np
@@ -21,7 +22,7 @@ from gptlite.errors import ConfigError, first_line, InputError, MissingFileError
 from gptlite.files import atomic_directory
 from gptlite.model.config import MLP_NAMES
 from gptlite.model.layers import weight_array
-from gptlite.text.bpe import BPETokenizer
+from gptlite.text.bpe import BPETokenizer, merges_of
 
 # The activations Hugging Face names for the tanh approximation of GELU, which gptlite uses.
 _TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")
@@ -274,7 +275,7 @@ def export_kerashub(model, directory):
     import keras_hub
 
     _check_exportable(model)
-    vocabulary, merges = model.tokenizer.byte_level_bpe()
+    vocabulary, merges = byte_level_bpe(model.tokenizer)
     if BPETokenizer.END_TOKEN not in vocabulary:
         raise ConfigError(f"KerasHub's GPT-2 tokenizer needs the {BPETokenizer.END_TOKEN} token, which this "
                           f"vocabulary lacks")
@@ -292,3 +293,23 @@ def export_kerashub(model, directory):
     causal_lm = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=preprocessor)
     with atomic_directory(directory) as folder:
         causal_lm.save_to_preset(str(folder))
+
+
+def byte_level_bpe(tokenizer):
+    """A byte-level BPE tokenizer learned here, as GPT-2's files hold it: its vocabulary (token -> id) and merges
+    ("a b"). Any other is a ConfigError: a GPT-2 tokenizer is byte-level BPE."""
+    try:
+        described = tokenizer.description()
+    except ConfigError:  # a tokenizer that does not describe itself has no GPT-2 form either
+        described = {"kind": None}
+    if described["kind"] != "tokenizers_json" or not described["learned"]:
+        raise ConfigError(f"a GPT-2 tokenizer is byte-level BPE; this model's tokens are {tokenizer.tokens_are}")
+    return vocabulary_and_merges(described)
+
+
+def vocabulary_and_merges(described):
+    """A `tokenizers` definition's (a tokenizer's description of itself) BPE vocabulary and merges."""
+    model = json.loads(described["definition"])["model"]
+    if model.get("type") != "BPE":
+        raise ConfigError("this model's tokenizer is not byte-level BPE")
+    return model["vocab"], merges_of(model)

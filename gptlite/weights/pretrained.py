@@ -236,7 +236,7 @@ def export_hugging_face(model, directory):
     config = model.config
 
     def write_tokenizer(folder):
-        for name, text in model.tokenizer.hugging_face_files(config.block_size).items():
+        for name, text in tokenizer_files(model.tokenizer.description(), config.block_size).items():
             (folder / name).write_text(text, encoding="utf-8")
 
     gpt2_problems = gpt2.not_gpt2(config)
@@ -266,3 +266,60 @@ def chat_ready(model, seed=0):
         return model
     return with_tokenizer(model, tokenizer.with_chat_tokens(templates.TURN_MARKERS, templates.DEFAULT_TEMPLATE),
                           seed)
+
+
+# --- a tokenizer as Hugging Face holds it: its files, by name, made from its description of itself
+
+def tokenizer_files(described, block_size):
+    """A tokenizer's description of itself (`Tokenizer.description`) as the files of its Hugging Face form, by
+    name: what `AutoTokenizer.from_pretrained` loads."""
+    if described["kind"] == "characters":
+        return character_files(described, block_size)
+    return (gpt2_files if described["learned"] else pretrained_files)(described, block_size)
+
+
+def character_files(described, block_size):
+    """A character vocabulary as a tokenizer.json with one token per character, and its tokenizer_config.json."""
+    config = {"model_max_length": block_size, "add_prefix_space": False, "tokenizer_class": "PreTrainedTokenizerFast"}
+    return {"tokenizer.json": _character_definition(described),
+            "tokenizer_config.json": json.dumps(config, indent=2)}
+
+
+def _character_definition(described):
+    """A `tokenizers` definition that encodes one id per character, as a CharTokenizer does."""
+    from tokenizers import AddedToken, decoders, models, Tokenizer
+
+    specials = described["specials"]
+    vocabulary = {token: index for index, token in enumerate(specials + described["characters"])}
+    # A BPE model without merges: every character is a token of its own, and the text is one
+    # word (no pre-tokenizer), so nothing is split off or dropped; Fuse joins the pieces back.
+    char_tokenizer = Tokenizer(models.BPE(vocabulary, []))
+    char_tokenizer.decoder = decoders.Fuse()
+    if specials:
+        char_tokenizer.add_special_tokens([AddedToken(token, special=True) for token in specials])
+    return char_tokenizer.to_str()
+
+
+def gpt2_files(described, block_size):
+    """A byte-level BPE tokenizer learned here as GPT-2's vocab.json and merges.txt, with a tokenizer.json of the
+    same and its tokenizer_config.json."""
+    vocabulary, merges = gpt2.vocabulary_and_merges(described)
+    end = described["end_token"]
+    config = {"model_max_length": block_size, "add_prefix_space": False, "tokenizer_class": "GPT2Tokenizer",
+              "bos_token": end, "eos_token": end, "unk_token": end}
+    return {"vocab.json": json.dumps(vocabulary, ensure_ascii=False),
+            "merges.txt": "#version: 0.2\n" + "\n".join(merges) + "\n",
+            "tokenizer.json": BPETokenizer.from_vocabulary_and_merges(vocabulary, merges).definition,
+            "tokenizer_config.json": json.dumps(config, indent=2)}
+
+
+def pretrained_files(described, block_size):
+    """A pretrained model's tokenizer as its own tokenizer.json, and a tokenizer_config.json with its special tokens
+    and chat template."""
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": block_size,
+              "bos_token": described["begin_token"], "eos_token": described["end_token"],
+              "add_bos_token": described["adds_begin"]}
+    if described["chat_template"] is not None:
+        config["chat_template"] = described["chat_template"]
+    return {"tokenizer.json": described["definition"],
+            "tokenizer_config.json": json.dumps(config, indent=2, ensure_ascii=False)}

@@ -56,6 +56,16 @@ def test_a_run_resumes_only_as_the_kind_of_model_it_trained():
         tasks.named("seq2seq").check_checkpoint({"model_class": "GPT"}, "runs/a")
 
 
+
+def test_a_checkpoint_names_its_task_and_a_run_resumes_only_as_that_task():
+    tasks.named("chat").check_checkpoint({"task": "chat"}, "runs/a")
+    with pytest.raises(gptlite.ConfigError, match="^the run in runs/a trains a chat model; resume it with "
+                                                  "`task='chat'`$"):
+        tasks.named("lm").check_checkpoint({"task": "chat", "model_class": "GPT"}, "runs/a")
+    with pytest.raises(gptlite.InputError, match="of a task this version does not know \('poetry'\)"):
+        tasks.named("lm").check_checkpoint({"task": "poetry"}, "runs/a")
+
+
 def test_the_datas_task_batches_it_and_says_what_the_loss_leaves_out(tiny_model, tiny_seq2seq, seq2seq_tokenizer):
     ids = np.arange(200, dtype=np.int32) % tiny_model.config.vocab_size
     rows = conversations.pack(gptlite.chat_ready(tiny_model).tokenizer,

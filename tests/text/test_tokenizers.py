@@ -130,9 +130,10 @@ def test_a_tokenizer_added_as_one_class_and_one_registry_line_trains_saves_and_w
     import sys
 
     from gptlite import text
+    from gptlite.weights import gpt2
 
     monkeypatch.setitem(sys.modules, "gptlite.text.bytes_for_a_test", _byte_tokenizer_module())
-    monkeypatch.setitem(text.TOKENIZERS, "bytes", ("bytes_for_a_test", "BytesTokenizer"))
+    monkeypatch.setitem(text.TOKENIZERS, "bytes", ("bytes_for_a_test", "BytesTokenizer", "one token per byte"))
     (tmp_path / "words.txt").write_text("the cat sat on the mat, the dog ran to the sun. " * 40)
     run = gptlite.train_on_text([tmp_path / "words.txt"], tmp_path / "run", {"max_iters": 4, "eval_interval": 4},
                                 preset="tiny", tokenizer="bytes", verbose=0)
@@ -141,4 +142,4 @@ def test_a_tokenizer_added_as_one_class_and_one_registry_line_trains_saves_and_w
     assert run.model.tokenizer.tokens_are == "UTF-8 bytes"
     assert gptlite.generate(model, "the ", max_new_tokens=5, temperature=0).startswith("the ")
     with pytest.raises(gptlite.ConfigError, match="tokens are UTF-8 bytes"):  # no GPT-2 form: it says so
-        model.tokenizer.byte_level_bpe()
+        gpt2.byte_level_bpe(model.tokenizer)

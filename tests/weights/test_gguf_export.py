@@ -53,7 +53,7 @@ def _byte_level_tokenizer(splitting):
     end of text a special token."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from gptlite.text.forms import QWEN2_SPLIT
+    from gptlite.weights.gguf_export import QWEN2_SPLIT
 
     tokenizer = Tokenizer(models.BPE())
     if splitting == "qwen2":

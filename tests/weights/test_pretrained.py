@@ -49,7 +49,7 @@ def hugging_face_folder(tmp_path_factory, bpe):
                                      initializer_range=0.3)
     reference = transformers.GPT2LMHeadModel(config).eval()
     reference.save_pretrained(folder)
-    vocabulary, merges = bpe.byte_level_bpe()
+    vocabulary, merges = gpt2.byte_level_bpe(bpe)
     (folder / "vocab.json").write_text(json.dumps(vocabulary), encoding="utf-8")
     (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
     return folder, reference
@@ -105,7 +105,7 @@ def test_greedy_text_is_transformers_greedy_text(hugging_face_folder, from_huggi
 @SAME_ON_EVERY_BACKEND
 def test_a_kerashub_preset_gives_its_logits_and_token_ids(tmp_path, bpe):
     keras_hub = pytest.importorskip("keras_hub")
-    vocabulary, merges = bpe.byte_level_bpe()
+    vocabulary, merges = gpt2.byte_level_bpe(bpe)
     keras.utils.set_random_seed(0)
     backbone = keras_hub.models.GPT2Backbone(vocabulary_size=bpe.vocabulary_size, num_layers=2, num_heads=2,
                                              hidden_dim=32, intermediate_dim=128, max_sequence_length=48)
