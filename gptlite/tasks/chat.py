@@ -4,7 +4,7 @@ tokens alone; its score is how many held-out last answers it writes exactly."""
 
 import dataclasses
 
-from gptlite.data import chat_tasks, conversations, lm
+from gptlite.data import CHAT_SYNTHETIC_TASKS, chat_tasks, conversations, lm
 from gptlite.decode import chat
 from gptlite.errors import ConfigError
 from gptlite.evaluation import scores
@@ -36,6 +36,10 @@ class Chat(LanguageModel):
 
     name = "chat"
     called = "a chat model"
+    synthetic = CHAT_SYNTHETIC_TASKS
+
+    def owns(self, model):
+        return not model.writes_targets and model.chats
 
     def check(self, asked):
         if len(asked.sources) != 1 if not asked.synthetic else asked.sources:

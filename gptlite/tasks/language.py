@@ -31,6 +31,9 @@ class LanguageModel(Task):
     model_class = GPT
     measures_mfu = True  # a GPT's FLOPs per token are known (`GPT.training_flops_per_token`)
 
+    def owns(self, model):
+        return not model.writes_targets and not model.chats
+
     def __init__(self):
         self._corpus = None
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from gptlite.data import pairs
+from gptlite.data import pairs, SYNTHETIC_TASKS
 from gptlite.decode import generation
 from gptlite.errors import ConfigError, InputError
 from gptlite.evaluation import inspection, scores
@@ -33,6 +33,10 @@ class Pairs(Task):
     reads = "source"
     model_class = Seq2Seq
     default_preset = "seq2seq"
+    synthetic = SYNTHETIC_TASKS
+
+    def owns(self, model):
+        return model.writes_targets
 
     def check(self, asked):
         super().check(asked)

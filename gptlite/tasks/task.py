@@ -2,18 +2,16 @@
 
     task = tasks.task.named("chat")             # the `task` setting, and `synthetic`
     task = tasks.task.of_model(model)           # what a saved model does: lm, chat or seq2seq
-    task = tasks.task.of_data(train_data)       # token ids, packed conversations or encoded pairs
 
-The three kinds differ in their data, their new model, their batches and loss mask, their scores and what a
-run samples; each `Task` holds its own of these, so that nothing else asks which kind it has.
+The kinds differ in their data, their new model, their batches and loss mask, their scores and what a run
+samples; each `Task` holds its own of these, and recognises its own models and synthetic tasks, so that nothing
+else asks which kind it has: the functions here ask each task of the registry in turn.
 """
 
 import dataclasses
 import pathlib
 
-from gptlite.data import CHAT_SYNTHETIC_TASKS, chat_tasks, SYNTHETIC_TASKS
-from gptlite.data.conversations import ChatRows
-from gptlite.data.pairs import PairSet
+from gptlite.data import chat_tasks
 from gptlite.decode.generation import prompt_ids
 from gptlite.errors import ConfigError, InputError
 from gptlite.evaluation import scores
@@ -68,6 +66,11 @@ class Task:
     reads = "prompt"  # what it is given to write from: a "prompt" it continues, or a "source" it writes a target for
     default_preset = "laptop"  # the preset a run takes where it names none (settings.DEFAULT_PRESET)
     measures_mfu = False  # whether its FLOPs per token are known, for model FLOPs utilisation
+    synthetic = {}  # the built-in tasks (the `synthetic` setting) it trains on instead of files, by name
+
+    def owns(self, model):
+        """Whether `model` (a GPT or Seq2Seq) is one this task trains: exactly one task of TASKS owns a model."""
+        raise NotImplementedError
 
     def check(self, asked):
         """Refuse what the run was `asked` (a `training.plan.RunArguments`) where this task cannot take it."""
@@ -226,37 +229,25 @@ def evaluate(model, sources=(), encoding="utf-8", errors="strict", unknown="erro
 
 
 def named(task=None, synthetic=None):
-    """The task a run trains, from its `task` and `synthetic` settings, checked (`task=None`: the one that
-    `synthetic` makes, else a language model)."""
+    """The task a run trains, from its `task` and `synthetic` settings, checked (`task=None`: the one whose
+    synthetic tasks `synthetic` is one of, else a language model)."""
     if task not in (None, *TASKS):
         raise ConfigError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
-    if synthetic in CHAT_SYNTHETIC_TASKS:
-        if task not in (None, "chat"):
-            raise ConfigError(f"the synthetic {synthetic} task trains a chat model; leave out `task={task!r}`")
-        task = "chat"
-    elif synthetic is not None and synthetic not in SYNTHETIC_TASKS:
-        raise ConfigError(f"synthetic must be one of {', '.join([*SYNTHETIC_TASKS, *CHAT_SYNTHETIC_TASKS])}, "
+    if synthetic is None:
+        return task_named(task or "lm")
+    offering = [offered for offered in every_task() if synthetic in offered.synthetic]
+    if not offering:
+        raise ConfigError(f"synthetic must be one of "
+                          f"{', '.join(name for offered in every_task() for name in offered.synthetic)}, "
                           f"got {synthetic!r}")
-    elif synthetic:
-        if task in ("lm", "chat"):
-            raise ConfigError(f"the synthetic {synthetic} task trains a seq2seq model; leave out `task={task!r}`")
-        task = "seq2seq"
-    return task_named(task or "lm")
+    if task not in (None, *(offered.name for offered in offering)):
+        raise ConfigError(f"the synthetic {synthetic} task trains {offering[0].called}; leave out `task={task!r}`")
+    return task_named(task or offering[0].name)
 
 
 def of_model(model):
-    """What a model does: writes targets from sources (seq2seq), holds conversations (chat: it has a chat
-    template), or continues text (lm)."""
-    if model.writes_targets:
-        return task_named("seq2seq")
-    return task_named("chat" if model.chats else "lm")
-
-
-def of_data(data):
-    """The task whose training data `data` is: encoded pairs, packed conversations, or token ids."""
-    if isinstance(data, PairSet):
-        return task_named("seq2seq")
-    return task_named("chat" if isinstance(data, ChatRows) else "lm")
+    """The task of TASKS that trains a model such as `model` (a GPT or a Seq2Seq): lm, chat or seq2seq."""
+    return next(task for task in every_task() if task.owns(model))
 
 
 @dataclasses.dataclass(frozen=True)

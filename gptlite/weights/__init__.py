@@ -5,6 +5,7 @@ Nothing here imports Keras: the command line reads the choices below before it s
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import json
 import os
@@ -66,6 +67,20 @@ EXPORT_FORMATS = {
         "weights.gpt2", "export_kerashub", "a KerasHub GPT-2 preset (GPT2CausalLM.from_preset)",
         "wrote {out}: load it with keras_hub.models.GPT2CausalLM.from_preset"),
 }
+
+
+def decoder_only(form):
+    """Declare that an export function (`write(model, ...)`) writes `form` (what it is, in words), which holds only a
+    decoder-only model, one that continues text: any other model is refused here, in one way, before anything is
+    written."""
+    def declared(write):
+        @functools.wraps(write)
+        def checked(model, *args, **kwargs):
+            model.check_continues_text(f"{form} holds a decoder-only model, one that continues text (a GPT); a "
+                                       f"{type(model).__name__} writes targets from sources")
+            return write(model, *args, **kwargs)
+        return checked
+    return declared
 
 
 def check_export(format, outtype=None):

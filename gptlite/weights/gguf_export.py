@@ -41,7 +41,7 @@ from gptlite.files import atomic_path
 from gptlite.model.config import MLP_NAMES
 from gptlite.model.layers import weight_array
 from gptlite.text.bpe import merges_of
-from gptlite.weights import GGUF_OUTTYPES, gpt2, llama
+from gptlite.weights import decoder_only, GGUF_OUTTYPES, gpt2, llama
 
 # How the matrices are stored (`GGUF_OUTTYPES`); norms and biases stay f32 in each, as llama.cpp's own
 # converter keeps them.
@@ -52,6 +52,7 @@ QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[
                r"\s+(?!\S)|\s+")
 
 
+@decoder_only("a GGUF file (llama.cpp runs it)")
 def export_gguf(model, path, outtype=DEFAULT_OUTTYPE):
     """Write a GPT as one GGUF file at `path` that llama.cpp loads and runs; an existing `path` is refused.
 
@@ -64,8 +65,6 @@ def export_gguf(model, path, outtype=DEFAULT_OUTTYPE):
 
     if outtype not in OUTTYPES:
         raise ConfigError(f"outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
-    model.check_continues_text(f"llama.cpp runs decoder-only models; a {type(model).__name__} writes targets from "
-                               f"sources, which it cannot run")
     architecture = architecture_of(model.config)
     tensors = _gpt2_tensors(model) if architecture == "gpt2" else _llama_tensors(model, architecture)
     tokenizer = _tokenizer_fields(model.tokenizer, model.config.vocab_size)

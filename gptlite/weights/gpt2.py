@@ -23,6 +23,7 @@ from gptlite.files import atomic_directory
 from gptlite.model.config import MLP_NAMES
 from gptlite.model.layers import weight_array
 from gptlite.text.bpe import BPETokenizer, merges_of
+from gptlite.weights import decoder_only
 
 # The activations Hugging Face names for the tanh approximation of GELU, which gptlite uses.
 _TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")
@@ -70,6 +71,7 @@ def hugging_face_config(model):
     }
 
 
+@decoder_only("GPT-2's layout")
 def gpt2_arrays(model):
     """A GPT's weights under GPT-2's names, as float32 numpy arrays.
 
@@ -169,7 +171,6 @@ def not_gpt2(config):
 
 
 def _check_exportable(model):
-    model.check_continues_text(f"only a GPT has GPT-2's form, not a {type(model).__name__}")
     problems = not_gpt2(model.config)
     if problems:
         raise ConfigError(f"GPT-2's layout cannot hold {'; '.join(problems)}")
@@ -266,6 +267,7 @@ def _kerashub_parts(backbone):
     return parts
 
 
+@decoder_only("a KerasHub GPT-2 preset")
 def export_kerashub(model, directory):
     """Write a GPT as a KerasHub GPT-2 preset folder, which `keras_hub.models.GPT2CausalLM.from_preset` loads.
 

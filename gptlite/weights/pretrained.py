@@ -19,7 +19,7 @@ from gptlite.model.gpt import GPT
 from gptlite.text import templates
 from gptlite.text.bpe import BPETokenizer
 from gptlite.text.tokenizers import CharTokenizer
-from gptlite.weights import gpt2, llama, saving
+from gptlite.weights import decoder_only, gpt2, llama, saving
 
 def from_pretrained(name_or_path, block_size=None, dropout=None, dtype=None):
     """A gptlite `GPT` from pretrained weights, with its tokenizer.
@@ -215,6 +215,7 @@ def _read_hugging_face_weights(folder):
     return arrays
 
 
+@decoder_only("a Hugging Face folder of gptlite's (GPT-2, Llama, Qwen2 or Qwen3)")
 def export_hugging_face(model, directory):
     """Write a GPT as a Hugging Face folder: config.json, model.safetensors and the tokenizer's files.
 
@@ -232,7 +233,6 @@ def export_hugging_face(model, directory):
     """
     from safetensors.numpy import save_file
 
-    model.check_continues_text(f"only a GPT has a Hugging Face form here, not a {type(model).__name__}")
     config = model.config
 
     def write_tokenizer(folder):

@@ -9,6 +9,7 @@ from gptlite.errors import ConfigError, InputError
 from gptlite.files import atomic_directory, atomic_path, check_model_file
 from gptlite.model.gpt import checked_model
 from gptlite.model.layers import layers_within
+from gptlite.weights import decoder_only
 
 
 def save(model, path, writer=None, sync=True):
@@ -67,6 +68,7 @@ def load(path):
     return model
 
 
+@decoder_only("a SavedModel of gptlite's")
 def export_saved_model(model, directory):
     """Write the model as a TensorFlow SavedModel that needs neither gptlite nor Keras to run.
 
@@ -81,7 +83,6 @@ def export_saved_model(model, directory):
     import tensorflow as tf
 
     check_export_backend()
-    model.check_continues_text(f"only a GPT exports as a SavedModel for now, not a {type(model).__name__}")
     options = {}
     if keras.backend.backend() == "jax":
         # jax2tf must be told the length's bound, or slicing the position table fails to convert.

@@ -62,21 +62,21 @@ def test_a_checkpoint_names_its_task_and_a_run_resumes_only_as_that_task():
     with pytest.raises(gptlite.ConfigError, match="^the run in runs/a trains a chat model; resume it with "
                                                   "`task='chat'`$"):
         tasks.named("lm").check_checkpoint({"task": "chat", "model_class": "GPT"}, "runs/a")
-    with pytest.raises(gptlite.InputError, match="of a task this version does not know \('poetry'\)"):
+    with pytest.raises(gptlite.InputError, match=r"of a task this version does not know \(.poetry.\)"):
         tasks.named("lm").check_checkpoint({"task": "poetry"}, "runs/a")
 
 
-def test_the_datas_task_batches_it_and_says_what_the_loss_leaves_out(tiny_model, tiny_seq2seq, seq2seq_tokenizer):
-    ids = np.arange(200, dtype=np.int32) % tiny_model.config.vocab_size
+def test_each_task_batches_its_data_and_says_what_the_loss_leaves_out(tiny_model, tiny_seq2seq, seq2seq_tokenizer):
     rows = conversations.pack(gptlite.chat_ready(tiny_model).tokenizer,
                               [[{"role": "user", "content": "the cat"}, {"role": "assistant", "content": "sat"}]], 15)
     pair_set = pairs.encode(pairs.Pairs(["ab", "ba"], ["ba", "ab"]), seq2seq_tokenizer, 8)
-    assert [type(tasks.of_data(data)) for data in (ids, rows, pair_set)] == [LanguageModel, Chat, Pairs]
-    assert tasks.of_data(ids).ignored_class(tiny_model) is None
-    assert tasks.of_data(rows).ignored_class(tiny_model) == conversations.IGNORED
-    assert tasks.of_data(pair_set).ignored_class(tiny_seq2seq) == tiny_seq2seq.PAD_ID
-    inputs, targets = tasks.of_data(pair_set).batches(pair_set, 8, 2, 1, seed=0)[0]
+    assert LanguageModel().ignored_class(tiny_model) is None
+    assert Chat().ignored_class(tiny_model) == conversations.IGNORED
+    assert Pairs().ignored_class(tiny_seq2seq) == tiny_seq2seq.PAD_ID
+    inputs, targets = Pairs().batches(pair_set, 8, 2, 1, seed=0)[0]
     assert set(inputs) == {"source_ids", "target_ids"} and targets.shape == (2, 8)
+    inputs, targets = Chat().batches(rows, 15, 1, 1, seed=0)[0]
+    assert targets.shape == (1, 15) and all(part.shape[0] == 1 for part in inputs.values())
 
 
 def test_a_seq2seq_servers_rows_read_their_sources_and_write_within_the_context(seq2seq_tokenizer):
@@ -101,3 +101,46 @@ def test_a_task_describes_a_models_blocks_post_norm_or_not(tokenizer, seq2seq_to
         seq2seq = gptlite.Seq2Seq(tokenizer=seq2seq_tokenizer, norm_position=where, **shape)
         seq2seq.build()
         assert ("post-norm layers" in tasks.of_model(seq2seq).describe(seq2seq)) == (where == "post")
+
+
+def _poems_module():
+    """A module that only this test imports, holding a new kind of run: a language model's, under its own name."""
+    import types
+
+    class Poems(LanguageModel):
+        """A GPT on poems."""
+
+        name = "poems"
+        called = "a model of poems"
+
+        def owns(self, model):
+            return False  # its models continue text as any GPT does: `lm` owns them
+
+    module = types.ModuleType("gptlite.tasks.poems_for_a_test")
+    module.Poems = Poems
+    return module
+
+
+@pytest.mark.slow
+def test_a_task_added_as_one_class_and_one_registry_line_is_offered_trained_and_resumed_as_itself(tmp_path,
+                                                                                                    monkeypatch):
+    import sys
+
+    from gptlite.cli import train
+    from gptlite.tasks import TASKS
+    from gptlite.training.checkpoints import read_checkpoint
+
+    monkeypatch.setitem(sys.modules, "gptlite.tasks.poems_for_a_test", _poems_module())
+    monkeypatch.setitem(TASKS, "poems", ("poems_for_a_test", "Poems", "a GPT on poems"))
+    parser = train.make_parser("gptlite-train")
+    assert "poems" in next(action.choices for action in parser._actions if action.dest == "task")
+    (tmp_path / "poem.txt").write_text("the moon is high, the sea is wide; the night is long. " * 40)
+    gptlite.train_on_text([tmp_path / "poem.txt"], tmp_path / "run", {"max_iters": 2, "eval_interval": 2},
+                          preset="tiny", task="poems", verbose=0)
+    assert read_checkpoint(tmp_path / "run")["task"] == "poems"
+    with pytest.raises(gptlite.ConfigError, match="trains a model of poems; resume it with `task='poems'`"):
+        gptlite.train_on_text([tmp_path / "poem.txt"], tmp_path / "run", {"max_iters": 4}, resume=True, verbose=0)
+    gptlite.train_on_text([tmp_path / "poem.txt"], tmp_path / "run", {"max_iters": 4}, task="poems", resume=True,
+                          verbose=0)
+    assert read_checkpoint(tmp_path / "run")["step"] == 4
+    assert type(tasks.of_model(gptlite.load(tmp_path / "run" / "model.keras"))) is LanguageModel

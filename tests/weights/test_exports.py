@@ -62,3 +62,45 @@ def test_an_earlier_export_is_replaced_only_when_asked_and_never_a_model(tmp_pat
         gptlite.export(tiny_model, "web", out, overwrite=True)
     assert out.stat().st_size < f32 and (tmp_path / "runs" / "model.keras").exists()  # both untouched
     assert sorted(path.name for path in tmp_path.iterdir()) == ["runs", "tiny.gguf"]
+
+
+def _numbers_module():
+    """A module that only this test imports, holding a new export format: the weights as one NumPy file."""
+    import types
+
+    import numpy as np
+
+    from gptlite.weights import decoder_only
+
+    @decoder_only("a file of numbers")
+    def export_numbers(model, path):
+        with open(path, "wb") as file:
+            np.savez(file, **{variable.path: np.asarray(variable) for variable in model.weights})
+
+    module = types.ModuleType("gptlite.weights.numbers_for_a_test")
+    module.export_numbers = export_numbers
+    return module
+
+
+def test_a_format_added_as_one_module_and_one_table_line_is_offered_written_and_refused_as_declared(
+        tmp_path, tiny_model, tiny_seq2seq, monkeypatch, capsys):
+    import sys
+
+    import numpy as np
+
+    from gptlite.cli import export
+    from gptlite.weights import ExportFormat
+
+    monkeypatch.setitem(sys.modules, "gptlite.weights.numbers_for_a_test", _numbers_module())
+    monkeypatch.setitem(EXPORT_FORMATS, "numbers", ExportFormat(
+        "weights.numbers_for_a_test", "export_numbers", "the weights as one NumPy file", "wrote {out}: numbers"))
+    gptlite.save(tiny_model, tmp_path / "model.keras")
+    assert export.main(["--model", str(tmp_path / "model.keras"), "--format", "numbers",
+                        "--out", str(tmp_path / "weights.npz")]) == 0
+    assert capsys.readouterr().out == f"wrote {tmp_path / 'weights.npz'}: numbers\n"
+    with np.load(tmp_path / "weights.npz") as written:
+        assert len(written.files) == len(tiny_model.weights)
+    with pytest.raises(gptlite.ConfigError, match="^a file of numbers holds a decoder-only model, one that continues "
+                                                  "text \\(a GPT\\); a Seq2Seq writes targets from sources$"):
+        gptlite.export(tiny_seq2seq, "numbers", tmp_path / "seq2seq.npz")
+    assert not (tmp_path / "seq2seq.npz").exists()
