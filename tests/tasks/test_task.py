@@ -1,6 +1,5 @@
 import dataclasses
 
-import numpy as np
 import pytest
 
 import gptlite
