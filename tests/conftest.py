@@ -166,7 +166,7 @@ def assert_greedy(model, prompt, text, slide=1):
 
 
 # Decoding programs are kept on disk and shared between models under TensorFlow only through its private layer
-# (gptlite.decode.program_bytes.private_layer); with GPTLITE_PRIVATE_APIS=off each process and model traces its own.
+# (gptlite.backend.program_bytes.private_layer); with GPTLITE_PRIVATE_APIS=off each process and model traces its own.
 NEEDS_THE_PRIVATE_LAYER = pytest.mark.skipif(
     os.environ.get("GPTLITE_PRIVATE_APIS", "").strip().lower() in ("off", "0", "false", "no")
     and os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorflow",

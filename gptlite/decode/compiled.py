@@ -21,7 +21,7 @@ not read back whole (its checksum) is removed and traced again.
 
 Loading a TensorFlow program from bytes is an optional layer over a public floor: TensorFlow has no public API
 that adds a function's definition to a process and calls it by name, so it uses `tensorflow.python.eager`,
-checked once by a self-test (`program_bytes.private_layer`). Where that fails (a TensorFlow that changed its
+checked once by a self-test (`backend.program_bytes.private_layer`). Where that fails (a TensorFlow that changed its
 internals), or GPTLITE_PRIVATE_APIS=off, each program is traced in each process with `tf.function` and called as
 tf.function calls it, for its own model; nothing is kept on disk, so a second process starts slower, and a
 warning says so once. JAX's programs use public APIs only (`jax.export`, `jax.jit`).
@@ -29,7 +29,6 @@ warning says so once. JAX's programs use public APIs only (`jax.export`, `jax.ji
 
 import functools
 import hashlib
-import importlib
 import json
 import pathlib
 import threading
@@ -38,9 +37,9 @@ import weakref
 import keras
 
 from gptlite.backend import compile_cache
-from gptlite.decode.program_bytes import (filled, layout_of, leaves_of, load, PRIVATE_APIS_VARIABLE,  # noqa: F401
-                                          private_layer, read_entry, structure_of, TensorFlowProgram, trace_jax,
-                                          trace_tensorflow, write_entry)
+from gptlite.backend.program_bytes import (filled, layout_of, leaves_of, structure_of, TensorFlowProgram,
+                                           write_entry)
+from gptlite.backend.runtime import running
 from gptlite.model.layers import layers_within
 
 # The programs loaded in this process, by entry name: models of one architecture share them.
@@ -63,7 +62,7 @@ class Compiled:
 
     def __init__(self, name, function, model, xla=True):
         self.name, self.function, self.xla = name, function, xla
-        self.backend = keras.backend.backend()
+        self.runtime = running()  # what the backend does its own way: whether it compiles, how it traces
         self._model = weakref.ref(model)
         # What its programs read at each call; a model that gains variables (LoRA's adapters) gets new Programs,
         # and so new Compiled functions (see `programs.programs_for`).
@@ -80,12 +79,9 @@ class Compiled:
         return len(self._programs)
 
     def __call__(self, *args):
-        if self.backend == "torch":
-            import torch
-
+        if not self.runtime.compiles:
             self.traces += 1
-            with torch.no_grad():  # eager torch would otherwise record every step for a backward pass
-                return self.function(*args)
+            return self.runtime.run_eagerly(self.function, args)
         key, program, inputs = self._find(args)
         preparing = self._preparing.pop(key, None)
         if preparing is not None:
@@ -99,8 +95,8 @@ class Compiled:
 
     def ready(self, *args):
         """Whether its program for inputs like `args` is made and not being prepared: a call would not wait.
-        On torch, which compiles nothing, never."""
-        if self.backend == "torch":
+        On a backend that compiles nothing (torch), never."""
+        if not self.runtime.compiles:
             return False
         key, _ = self._key(args)
         preparing = self._preparing.get(key)
@@ -113,7 +109,7 @@ class Compiled:
         `aside`: the thread traces or loads it too, after the last preparation has ended, and the caller waits
         for nothing (see `ready`)."""
         global _last_preparing
-        if self.backend == "torch":
+        if not self.runtime.compiles:
             return
         if aside:
             key, _ = self._key(args)
@@ -177,23 +173,23 @@ class Compiled:
 
     def _program(self, layout, shapes):
         # A process keeps its programs on disk from its first on (see gptlite.compile_cache), unless told not to.
-        compile_cache.start(self.backend)
+        compile_cache.start(self.runtime.name)
         model = self._model()
         entry = _entry_name(self.name, self.xla, model, layout, shapes)
-        if self.backend == "tensorflow" and not private_layer():  # the public floor: programs of this model's own
+        if self.runtime.traces_each_process():  # TensorFlow's public floor: programs of this model's own
             if entry not in self._traced_here:  # inputs that differ only in how they come (a dtype's kind) share one
                 self._traced_here[entry] = self._traced_tensorflow(model, layout, shapes)
             return self._traced_here[entry]
         if entry in _loaded:
             return _loaded[entry]
-        where = compile_cache.programs_folder(self.backend)
+        where = compile_cache.programs_folder(self.runtime.name)
         path = None if where is None else where / f"{entry}.program"
-        program = read_entry(path, self.backend)
+        program = self.runtime.read(path)
         if program is not None:
             self.loads += 1
         else:
             header, payload = self._trace(model, layout, shapes)
-            program = load(self.backend, header, payload)
+            program = self.runtime.load(header, payload)
             write_entry(path, header, payload)
         _loaded[entry] = program
         return program
@@ -214,10 +210,7 @@ class Compiled:
         """Trace the function for inputs of `layout` and `shapes` -> (header, payload): the program as bytes."""
         described = {}
         flat = self._flat(layout, described)
-        if self.backend == "tensorflow":
-            header, payload = trace_tensorflow(flat, model, shapes, self.xla)
-        else:
-            header, payload = trace_jax(flat, model, shapes)
+        header, payload = self.runtime.trace(flat, model, shapes, self.xla)
         header["outputs_layout"] = described["outputs"]
         return header, payload
 
@@ -239,7 +232,7 @@ class Compiled:
 def _entry_name(name, xla, model, layout, shapes):
     described = {"program": repr(name), "xla": xla, "model": _architecture(model), "inputs": layout,
                  "shapes": shapes, "code": _code_fingerprint(), "keras": keras.__version__,
-                 "backend": keras.backend.backend(), "backend version": backend_version()}
+                 "backend": running().name, "backend version": backend_version()}
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
@@ -258,7 +251,7 @@ def _architecture(model):
 
 def backend_version():
     """The version of Keras's backend: a program it traced may mean something else to another version."""
-    return importlib.import_module(keras.backend.backend()).__version__
+    return running().version()
 
 
 @functools.cache

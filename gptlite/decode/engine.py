@@ -56,7 +56,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from gptlite.backend.devices import on_gpu
+from gptlite.backend.runtime import running
 from gptlite.decode.planning import (advanced_lengths, cache_span, NARROWEST_PREFILL, plan_steps, power_of_two,
                                      prompt_columns, SHORTEST_CACHE, windows, windows_advanced)
 from gptlite.decode.programs import CACHED, CHUNK_SIZE, fit_cache, programs_for, RECOMPUTE
@@ -219,7 +219,7 @@ class Engine:
         preset's size, about 1 ms against 3)."""
         needs = (logprobs, *self._needs(settings))
         prefill = self.programs.prefill(*needs, compiled_prefill=self.compiled_prefill, span=span)
-        if prefill.xla or keras.backend.backend() != "tensorflow":
+        if prefill.xla or not running().compiles_prefill_aside:
             return prefill
         compiled = self.programs.prefill(*needs, compiled_prefill=True, span=span)
         if compiled.ready(*inputs):
@@ -248,7 +248,7 @@ class Engine:
         slots = [slot for slot in range(self.capacity) if not self.host.active[slot]][:count]
         span = max(ops.shape(self.state.cache[0])[3], ops.shape(new.cache[0])[3])
         old, new = (state._replace(cache=fit_cache(state.cache, span)) for state in (self.state, new))
-        if on_gpu():  # the rows stay on the device, placed by one program
+        if running().rows_on_device():  # the rows stay on the device, placed by one program
             taken = np.zeros(self.capacity, np.int32)
             taken[slots] = np.arange(count)
             placed = np.zeros(self.capacity, bool)
@@ -266,7 +266,8 @@ class Engine:
         kept = sorted(self.rows.items(), key=lambda item: item[1])
         order = np.zeros(capacity, np.int32)
         order[:len(kept)] = [slot for _, slot in kept]
-        self.state = keras.tree.map_structure(functools.partial(_rows_taken, order=order, on_host=not on_gpu()),
+        self.state = keras.tree.map_structure(functools.partial(_rows_taken, order=order,
+                                                                 on_host=not running().rows_on_device()),
                                               self.state)
         self.host = self.host.taken(order)._replace(active=np.arange(capacity) < len(kept))
         self.rows = {handle: slot for slot, (handle, _) in enumerate(kept)}

@@ -159,11 +159,11 @@ class Worker:
         for. The plans after ready are the helper's alone, one after the
         other once the last before it is built, so that they do not delay it.
         """
-        import keras
+        from gptlite.backend.runtime import running
 
         self._on_ready = on_ready
-        if keras.backend.backend() == "torch":
-            self._ready()  # torch compiles nothing
+        if not running().compiles:
+            self._ready()  # nothing to build: the backend (torch) decodes eagerly
             return
         block_size = self.model.config.block_size
         # Prompts of each prefill width (a power of two), whose rows' next steps read a cache of its span; None:

@@ -96,7 +96,7 @@ import json, sys
 import keras
 import gptlite
 from gptlite import serving
-from gptlite.decode import compiled
+from gptlite.backend import program_bytes
 from starlette.testclient import TestClient
 
 keras.utils.set_random_seed(0)
@@ -104,7 +104,7 @@ tokenizer = gptlite.CharTokenizer.from_text("the cat sat on a mat and the dog ra
 model = gptlite.GPT(vocab_size=tokenizer.vocabulary_size, n_layer=1, n_head=2, n_embd=8, block_size=16,
                     tokenizer=tokenizer)
 model.build((None, 16))
-texts = {"private layer": compiled.private_layer()}
+texts = {"private layer": program_bytes.private_layer()}
 texts["generate"] = gptlite.generate(model, ["the", "a cat"], 6, temperature=0)
 texts["stream"] = "".join(gptlite.stream(model, "the", 6, temperature=0))
 chat = gptlite.chat_ready(model)
@@ -132,7 +132,7 @@ def test_with_the_private_layer_off_every_way_of_decoding_gives_the_same_greedy_
 
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the private layer loads TensorFlow programs")
 def test_a_tensorflow_whose_internals_moved_fails_the_self_test_and_says_so_once(monkeypatch):
-    from gptlite.decode import program_bytes
+    from gptlite.backend import program_bytes
 
     def moved(header, payload):
         raise AttributeError("module 'tensorflow.python.eager.context' has no attribute 'context'")

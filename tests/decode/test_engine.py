@@ -87,9 +87,9 @@ def test_the_engine_samples_what_a_plain_full_forward_decoder_samples(fluent_mod
 @pytest.mark.parametrize("as_on_a_gpu", [False, True], ids=["placed with NumPy", "placed by a program"])
 def test_a_row_admitted_into_a_running_batch_gets_the_text_it_gets_alone(fluent_model, as_on_a_gpu, monkeypatch):
     # A CPU places joining rows with NumPy, a GPU by one program of the backend's: both run here.
-    from gptlite.decode import engine as engine_module
+    from gptlite.backend.runtime import running
 
-    monkeypatch.setattr(engine_module, "on_gpu", lambda: as_on_a_gpu)
+    monkeypatch.setattr(running(), "rows_on_device", lambda: as_on_a_gpu)
     first, joining = SamplingConfig(temperature=1.0, seed=3), SamplingConfig(temperature=0.8, top_p=0.9, seed=8)
     engine = Engine(fluent_model, resizable=True, short_caches=True)
     drawn = engine.admit([ids_of(fluent_model, "a cat")], [first])

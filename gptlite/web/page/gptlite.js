@@ -4,7 +4,7 @@
 // the tokens before them in, the next token's logits, the cache and the attention weights out. Nothing here
 // knows the page: page.js draws it; Node imports this file to check the tokenizer against Python's.
 
-// --- tokenizers: text to ids and back, as gptlite's (text/forms.py writes what they read)
+// --- tokenizers: text to ids and back, as gptlite's (web/tokenizer_form.py writes what they read)
 
 function addedPattern(added) {
   // Added tokens (turn markers) are one token wherever they stand, the longest first.

@@ -1,0 +1,103 @@
+"""What the running backend does its own way, asked by the decode path and the server instead of its name: one
+`Runtime` for each backend Keras runs on.
+
+    runtime = running()            # the running backend's (Keras has started)
+    runtime.compiles               # whether a decode function becomes a program, traced once per shape
+    runtime.trace(flat, model, shapes, xla) -> (header, payload)   # a program as bytes (`program_bytes`)
+    runtime.load(header, payload)  # and back
+
+It imports Keras: the decode path imports it, once a backend runs.
+"""
+
+import functools
+import importlib
+
+from gptlite.backend import program_bytes
+from gptlite.backend.devices import on_gpu
+
+
+class Runtime:
+    """A backend's answers. `name` is Keras's name for it."""
+
+    name = None
+    # Whether a decode function is traced into a program, once per shape of its inputs, and kept on disk; where
+    # not, it runs eagerly at each call (`run_eagerly`), and there is nothing to warm up.
+    compiles = True
+    # Whether a prefill that runs as a plain graph (for a process's first token) is compiled with XLA aside, on a
+    # thread of its own, once the same shape comes again (`decode.engine`).
+    compiles_prefill_aside = False
+
+    def version(self):
+        """The backend's version: a program it traced may mean something else to another version."""
+        return importlib.import_module(self.name).__version__
+
+    def run_eagerly(self, function, args):
+        """`function(*args)` as a backend that compiles nothing runs a decode function."""
+        return function(*args)
+
+    def traces_each_process(self):
+        """Whether each process traces its own programs for each model, none loaded from bytes or kept."""
+        return False
+
+    def trace(self, flat, model, shapes, xla):
+        """The program of `flat` (a function of flat arrays, reading `model`'s variables) for inputs of `shapes`,
+        as (header, payload) bytes; `xla`: compiled with XLA where the backend chooses."""
+        raise NotImplementedError
+
+    def load(self, header, payload):
+        """The program that `trace` wrote."""
+        return program_bytes.load(self.name, header, payload)
+
+    def read(self, path):
+        """The program kept at `path`, loaded; None where there is none (a damaged one is removed)."""
+        return program_bytes.read_entry(path, self.name)
+
+    def rows_on_device(self):
+        """Whether a decode batch's rows stay on the device between calls (a GPU's), rather than in NumPy."""
+        return on_gpu()
+
+
+class TensorFlowRuntime(Runtime):
+    name = "tensorflow"
+    compiles_prefill_aside = True
+
+    def traces_each_process(self):
+        # The public floor: where TensorFlow's internals are not those programs are loaded from bytes with.
+        return not program_bytes.private_layer()
+
+    def trace(self, flat, model, shapes, xla):
+        return program_bytes.trace_tensorflow(flat, model, shapes, xla)
+
+
+class JaxRuntime(Runtime):
+    name = "jax"
+
+    def trace(self, flat, model, shapes, xla):
+        return program_bytes.trace_jax(flat, model, shapes)  # jax.jit compiles every program
+
+
+class TorchRuntime(Runtime):
+    name = "torch"
+    compiles = False
+
+    def run_eagerly(self, function, args):
+        import torch
+
+        with torch.no_grad():  # eager torch would otherwise record every step for a backward pass
+            return function(*args)
+
+
+# Every backend's runtime, by Keras's name for it.
+RUNTIMES = {runtime.name: runtime for runtime in (TensorFlowRuntime, JaxRuntime, TorchRuntime)}
+
+
+@functools.cache
+def _runtime(name):
+    return RUNTIMES[name]()
+
+
+def running():
+    """The running backend's `Runtime` (Keras starts, where it has not)."""
+    import keras
+
+    return _runtime(keras.backend.backend())

@@ -1,0 +1,31 @@
+"""The running backend's `Runtime`: what the decode path asks instead of the backend's name."""
+
+import keras
+import numpy as np
+import pytest
+
+from gptlite.backend import program_bytes
+from gptlite.backend.runtime import running, RUNTIMES
+
+
+def test_the_running_backends_runtime_answers_for_it():
+    runtime = running()
+    assert runtime.name == keras.backend.backend() and running() is runtime
+    assert set(RUNTIMES) == {"tensorflow", "jax", "torch"}
+    assert runtime.version() and runtime.compiles == (runtime.name != "torch")
+    assert runtime.compiles_prefill_aside == (runtime.name == "tensorflow")
+    assert runtime.run_eagerly(lambda a, b: a + b, (2, 3)) == 5
+
+
+def test_a_program_the_runtime_traced_loads_from_its_bytes_and_gives_the_functions_result():
+    runtime = running()
+    if not runtime.compiles or runtime.traces_each_process():
+        pytest.skip(f"{runtime.name} keeps no program as bytes here")
+    weight = keras.Variable(np.array([1.0, 2.0], "float32"), trainable=False, name="weight_for_a_test")
+    holder = type("Holder", (), {"variables": [weight]})()
+    header, payload = runtime.trace(lambda x: [x * 2.0 + weight.value], holder, [((2,), "float32")], False)
+    program = runtime.load(dict(header, outputs_layout={"list": [0]}), payload)
+    # A program reads the weights at each call, as `decode.compiled.Compiled` gives them.
+    assert np.allclose(keras.ops.convert_to_numpy(program([weight], [np.array([3.0, 4.0], "float32")])[0]),
+                       [7.0, 10.0])
+    assert program_bytes.load(runtime.name, dict(header, outputs_layout={"list": [0]}), payload) is not None
