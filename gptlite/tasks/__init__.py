@@ -1,7 +1,7 @@
 """The kinds of run, one `Task` each: a language model on text (`language`), a GPT on conversations (`chat`), an
 encoder-decoder on source/target pairs (`pairs`). A task owns what differs between them: reading its data, its
 new model, its batches and loss mask, its scores, what a run samples, what the commands and the server may be
-given for its models; `task.py` says which task a run, a model or its data is.
+given for its models; `task.py` says which task a run or a model is.
 
 Nothing here imports Keras: the command line reads the choices below before it starts a backend.
 """

@@ -1,4 +1,4 @@
-"""A kind of run (`Task`), and which one a run's settings, a model or its data is.
+"""A kind of run (`Task`), and which one a run's settings or a model is.
 
     task = tasks.task.named("chat")             # the `task` setting, and `synthetic`
     task = tasks.task.of_model(model)           # what a saved model does: lm, chat or seq2seq

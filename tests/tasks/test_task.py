@@ -9,7 +9,7 @@ from gptlite.tasks.chat import Chat
 from gptlite.tasks.language import LanguageModel
 from gptlite.tasks.pairs import Pairs
 
-pytestmark = pytest.mark.once("which task a run, model or data is: plain Python over the model's own answers")
+pytestmark = pytest.mark.once("which task a run or a model is: plain Python over the model's own answers")
 
 
 def test_a_runs_task_follows_its_task_and_synthetic_settings():
