@@ -117,6 +117,17 @@ def read_json(path):
         raise InputError(f"{path} is not valid JSON: {error}") from None
 
 
+def saved_dtype_policy(path):
+    """The name of the dtype policy a .keras file's model computes in ("float32", "mixed_bfloat16", ...), read
+    from its config.json without Keras; None where the file cannot be read so (loading it says why)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            config = json.loads(archive.read("config.json"))
+        return config["config"]["dtype"]["config"]["name"]
+    except (OSError, KeyError, TypeError, ValueError, zipfile.BadZipFile):
+        return None
+
+
 def check_model_file(path):
     """Refuse a path that is not a model file: missing, a folder, or not a zip archive (as a .keras file is)."""
     path = pathlib.Path(path)

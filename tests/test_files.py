@@ -37,3 +37,15 @@ def test_atomic_path_replaces_only_when_the_write_finishes(tmp_path):
         temporary.write_text("new")
     assert target.read_text() == "new"
     assert os.listdir(tmp_path) == ["model.weights.h5"]
+
+
+def test_the_policy_read_is_the_one_keras_saves(tmp_path):
+    import keras
+
+    import gptlite
+
+    model = gptlite.GPT(vocab_size=8, n_layer=1, n_head=1, n_embd=8, block_size=4,
+                        tokenizer=gptlite.CharTokenizer("abcdefgh"), dtype=keras.DTypePolicy("mixed_bfloat16"))
+    model.build((None, 4))
+    gptlite.save(model, tmp_path / "model.keras")
+    assert files.saved_dtype_policy(tmp_path / "model.keras") == "mixed_bfloat16"

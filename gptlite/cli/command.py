@@ -71,10 +71,10 @@ def command(prog, make_parser, run, automatic_backend=None, check=None):
 
 def writing_backend(args):
     """A writing command's `automatic_backend` (see `command`): the backend that writes fastest on this machine
-    with the model file `args.model`, and a line saying so (see gptlite.decode.backend_choice)."""
-    from gptlite.decode import backend_choice
+    with the model file `args.model`, and a line saying so (see gptlite.backend.choice)."""
+    from gptlite.backend import choice
 
-    backend, reason = backend_choice.writing_backend(args.model)
+    backend, reason = choice.writing_backend(args.model)
     return (None, None) if backend is None else chosen(backend, reason)
 
 

@@ -76,10 +76,11 @@ def run(args):
 
 def automatic_backend(args):
     """The backend for a run that names none, and a line saying so: a resumed run's own, from its run file; else
-    from the precision the flags, run file or preset ask for (see gptlite.training.backend_choice). (None, None) where the
+    from the precision the flags, run file or preset ask for (see gptlite.backend.choice). (None, None) where the
     resumed run's file cannot be read: the run reports that."""
+    from gptlite.backend import choice
     from gptlite.errors import GPTLiteError
-    from gptlite.training import backend_choice, run_config
+    from gptlite.training import run_config
 
     if args.resume:
         try:
@@ -87,7 +88,8 @@ def automatic_backend(args):
         except GPTLiteError:
             return None, None
     preset = settings.PRESETS.get(args.preset, {})
-    backend, reason = backend_choice.training_backend(args.precision or preset.get("precision"))
+    backend, reason = choice.training_backend(args.precision or preset.get("precision") or
+                                              settings.TrainingConfig.precision)
     if reason is None:
         return None, None
     if backend is None:

@@ -365,11 +365,11 @@ def test_generate_and_eval_run_on_the_backend_that_writes_fastest_saying_so_with
     import numpy as np
 
     from conftest import last_logits, TIE
-    from gptlite.decode import backend_choice
+    from gptlite.backend import choice
 
     _, text_file, out = trained_run
     model_file = str(out / "model.keras")
-    chosen, why = backend_choice.writing_backend(model_file, _fresh_environment(tmp_path))
+    chosen, why = choice.writing_backend(model_file, _fresh_environment(tmp_path))
     asked = ["generate.py", "--model", model_file, "--prompt", "the ", "--max-new-tokens", "40", "--temperature", "0"]
     automatic = run_python("-c", IMPORTED, *asked, env=_fresh_environment(tmp_path))
     assert automatic.returncode == 0, automatic.stderr

@@ -624,9 +624,9 @@ def test_a_real_process_serves_the_client_and_on_sigterm_finishes_the_request_in
         assert answer["response"].json()["usage"]["completion_tokens"] == 400
         assert process.wait(60) == 0
         # It ran on the backend that writes fastest here where none was named, as generate does, and said so.
-        from gptlite.decode import backend_choice
+        from gptlite.backend import choice
 
-        chosen, why = backend_choice.writing_backend(str(tmp_path / "model.keras"))
+        chosen, why = choice.writing_backend(str(tmp_path / "model.keras"))
         assert (f"backend: {chosen}, {why}" in process.stderr.read()) == (chosen is not None)
     finally:
         process.kill()
