@@ -10,6 +10,7 @@ import sysconfig
 import keras
 import numpy as np
 
+from gptlite.backend.runtime import running
 from gptlite.errors import InputError
 from gptlite.files import atomic_path, check_exists, not_decodable
 from gptlite.text.tokenizers import known_text
@@ -299,7 +300,7 @@ def fed_to_keras(batches):
     batches drawn at once have one number of rows (a process's part of each
     step's). Other backends read the PyDataset itself.
     """
-    if keras.backend.backend() != "tensorflow":
+    if not running().reads_batches_through_tf_data:
         return batches
     import tensorflow as tf
 

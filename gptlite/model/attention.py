@@ -15,6 +15,7 @@ import keras
 import ml_dtypes
 from keras import ops
 
+from gptlite.backend.runtime import running
 from gptlite.model import positions as position_kinds
 from gptlite.model.config import GPTConfig
 from gptlite.model.layers import Linear, register, RMSNorm
@@ -189,7 +190,7 @@ class Attention(keras.layers.Layer):
             # The backend's fused attention (torch's scaled_dot_product_attention,
             # flash where it can; under XLA the same ops as below), on heads
             # that need no transposing.
-            if self.kv_heads != self.n_head and keras.backend.backend() != "jax":
+            if self.kv_heads != self.n_head and not running().attends_grouped_heads:
                 # JAX's takes fewer key/value heads as they are; the others' repeat them, or, for one, cannot.
                 groups = self.n_head // self.kv_heads
                 key, value = ops.repeat(key, groups, axis=2), ops.repeat(value, groups, axis=2)
@@ -281,14 +282,9 @@ class Attention(keras.layers.Layer):
 def _fused_attention_is_faster(compute_dtype):
     """Whether `ops.dot_product_attention` beats the step-by-step ops here.
 
-    It does but for torch on a CPU in 16 bits, where torch's flash kernel is
-    slower than plain matmuls and softmax (benchmarks/journal.md, "Fused attention").
+    It does but for torch on a CPU in 16 bits (the backend's runtime says).
     """
-    if keras.backend.backend() != "torch" or compute_dtype == "float32":
-        return True
-    import torch
-
-    return torch.cuda.is_available() or torch.backends.mps.is_available()
+    return running().fused_attention_is_faster(compute_dtype)
 
 
 class CachePlacement(collections.namedtuple("CachePlacement", "positions mask indices slots")):

@@ -18,6 +18,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from gptlite.backend.runtime import running
 from gptlite.model import positions as position_kinds
 from gptlite.model.config import GPTConfig, MLPS, POSITIONS
 from gptlite.model.positions import token_positions
@@ -374,13 +375,14 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
 def gelu(x, recompute_gradient=False):
     """GELU with GPT-2's tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 
-    recompute_gradient: under TensorFlow, compute the gradient again from x
-        alone. TensorFlow's own gradient of the formula keeps four more
+    recompute_gradient: where the backend's runtime does so
+        (`recomputes_gelu_gradient`: TensorFlow), compute the gradient again
+        from x alone. TensorFlow's own gradient of the formula keeps four more
         tensors of the feed-forward's width per block until the backward
         pass, which matters where no XLA fuses them: on GPT-2 small at
         context 256 they held ~90 MB of a LoRA step's peak memory.
     """
-    if not recompute_gradient or keras.backend.backend() != "tensorflow":
+    if not recompute_gradient or not running().recomputes_gelu_gradient:
         return ops.gelu(x, approximate=True)
     return ops.custom_gradient(_gelu_recomputing_gradient)(x)
 

@@ -5,6 +5,7 @@ import pathlib
 import keras
 import numpy as np
 
+from gptlite.backend.runtime import running
 from gptlite.errors import ConfigError, InputError
 from gptlite.files import atomic_directory, atomic_path, check_model_file
 from gptlite.model.gpt import checked_model
@@ -83,13 +84,7 @@ def export_saved_model(model, directory):
     import tensorflow as tf
 
     check_export_backend()
-    options = {}
-    if keras.backend.backend() == "jax":
-        # jax2tf must be told the length's bound, or slicing the position table fails to convert.
-        # Serving needs no gradient, and converting one would lose the bound.
-        options["jax2tf_kwargs"] = {"polymorphic_shapes": ["(batch, length)"],
-                                    "polymorphic_constraints": [f"length <= {model.config.block_size}"],
-                                    "with_gradient": False}
+    options = running().saved_model_options(model.config.block_size)
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.add_endpoint(
@@ -106,8 +101,9 @@ def export_saved_model(model, directory):
 
 def check_export_backend():
     """Keras writes SavedModels from TensorFlow and JAX only (torch would need torch_xla)."""
-    if keras.backend.backend() not in ("tensorflow", "jax"):
+    runtime = running()
+    if not runtime.exports_saved_model:
         raise ConfigError(
-            f"exporting a SavedModel needs the tensorflow or jax backend, not {keras.backend.backend()}; "
+            f"exporting a SavedModel needs the tensorflow or jax backend, not {runtime.name}; "
             f"run it with KERAS_BACKEND=tensorflow (a model.keras file loads under every backend)"
         )

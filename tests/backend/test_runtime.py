@@ -29,3 +29,13 @@ def test_a_program_the_runtime_traced_loads_from_its_bytes_and_gives_the_functio
     assert np.allclose(keras.ops.convert_to_numpy(program([weight], [np.array([3.0, 4.0], "float32")])[0]),
                        [7.0, 10.0])
     assert program_bytes.load(runtime.name, dict(header, outputs_layout={"list": [0]}), payload) is not None
+
+
+def test_each_runtime_says_what_the_model_the_data_and_the_export_do_their_own_way():
+    tensorflow, jax, torch = (RUNTIMES[name]() for name in ("tensorflow", "jax", "torch"))
+    assert [runtime.attends_grouped_heads for runtime in (tensorflow, jax, torch)] == [False, True, False]
+    assert [runtime.recomputes_gelu_gradient for runtime in (tensorflow, jax, torch)] == [True, False, False]
+    assert [runtime.reads_batches_through_tf_data for runtime in (tensorflow, jax, torch)] == [True, False, False]
+    assert [runtime.exports_saved_model for runtime in (tensorflow, jax, torch)] == [True, True, False]
+    assert tensorflow.saved_model_options(64) == {} and torch.fused_attention_is_faster("float32")
+    assert "length <= 64" in jax.saved_model_options(64)["jax2tf_kwargs"]["polymorphic_constraints"]
