@@ -6,7 +6,7 @@ training data and the export instead of its name: one `Runtime` for each backend
     runtime.trace(flat, model, shapes, xla) -> (header, payload)   # a program as bytes (`program_bytes`)
     runtime.load(header, payload)  # and back
 
-It imports Keras: the decode path imports it, once a backend runs.
+It imports Keras: the modules that ask it import Keras too.
 """
 
 import functools
