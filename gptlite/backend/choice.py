@@ -17,8 +17,13 @@ CPU. So a bf16 run on such a CPU, with no GPU, goes to torch where torch is inst
 import os
 
 from gptlite.backend import machine
+from gptlite.errors import InputError
 from gptlite.files import saved_dtype_policy
 
+# The backends gptlite runs on, by Keras's name, each with the extra of gptlite's that installs it (TensorFlow is
+# installed with gptlite itself).
+BACKEND_EXTRAS = {"tensorflow": "", "jax": "[jax]", "torch": "[torch]"}
+BACKENDS = tuple(BACKEND_EXTRAS)
 WRITING_WHY = "the fastest for writing on a CPU"
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
@@ -63,3 +68,21 @@ def training_backend(precision, environment=None, cpu_flags=None, gpu=None, inst
         return None, ("bf16 training on this CPU runs about twice as fast under torch, which is not installed "
                       "(pip install \"gptlite[torch]\")")
     return "torch", f"the fastest for bf16 training on a CPU with {' and '.join(has_bf16)}"
+
+
+def install_line(backend):
+    """How to install `backend` with gptlite, for a user who asked for it without it."""
+    extra = BACKEND_EXTRAS[backend]
+    return f"pip install \"gptlite{extra}\", or pip install -e \".{extra}\" in a checkout"
+
+
+def check_running(requested):
+    """Refuse a `requested` backend other than the one Keras runs: Keras fixes its backend when it is first
+    imported, so asking later is too late."""
+    import keras
+
+    if requested and keras.backend.backend() != requested:
+        raise InputError(
+            f"`backend={requested}` came too late: Keras is already running on {keras.backend.backend()} "
+            f"in this process; set KERAS_BACKEND={requested} before importing Keras"
+        )

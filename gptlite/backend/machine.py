@@ -7,6 +7,9 @@ import json
 import os
 import pathlib
 
+# The peak that nanoGPT measures MFU against, on any GPU: an A100's bfloat16 matmuls, in FLOPs per second.
+A100_PEAK_FLOPS = 312e12
+
 
 def cpu_flags():
     """The instruction-set flags of this machine's first CPU in /proc/cpuinfo (Linux); empty elsewhere."""

@@ -8,8 +8,9 @@ traceback. `--debug` shows the traceback of a mistake too.
 
 import sys
 
+from gptlite.backend.choice import check_running
 from gptlite.cli.flags import as_flags, parse
-from gptlite.cli.startup import (check_backend, choose_backend, choose_compile_cache, hold_back_false_alarms,
+from gptlite.cli.startup import (choose_backend, choose_compile_cache, hold_back_false_alarms,
                                  NoteBeforeFirstWords, start_keras_without_plots)
 from gptlite.errors import GPTLiteError, TrainingDiverged, TrainingInterrupted
 
@@ -48,7 +49,7 @@ def command(prog, make_parser, run, automatic_backend=None, check=None):
         # inputs (a damaged model file, characters the model never saw) is then the one line a user sees.
         with NoteBeforeFirstWords(why) as note:
             try:
-                check_backend(args.backend)
+                check_running(args.backend)
                 run(args)
             except TrainingInterrupted as stop:
                 print(f"{prog}: {as_flags(str(stop), parser)}", file=sys.stderr)

@@ -9,7 +9,7 @@ import argparse
 import pathlib
 import re
 
-from gptlite.cli.startup import BACKENDS
+from gptlite.backend.choice import BACKENDS
 from gptlite.decode.settings import SAMPLING_FIELDS, SamplingConfig
 from gptlite.text import UNKNOWN_CHOICES
 

@@ -11,10 +11,8 @@ import os
 import sys
 import threading
 
+from gptlite.backend.choice import BACKENDS, install_line
 from gptlite.backend.notices import is_false_alarm, is_start_up_notice, quiet
-from gptlite.errors import InputError
-
-BACKENDS = ("tensorflow", "jax", "torch")
 
 
 def choose_backend(prog, backend, automatic=None):
@@ -28,11 +26,9 @@ def choose_backend(prog, backend, automatic=None):
     if backend is None and automatic is not None and "keras" not in sys.modules:
         backend, why = automatic()
     if backend not in BACKENDS or "keras" in sys.modules:
-        return why  # none given, or too late (check_backend says so)
+        return why  # none given, or too late (backend.choice.check_running says so)
     if importlib.util.find_spec(backend) is None:
-        extra = "" if backend == "tensorflow" else f"[{backend}]"
-        sys.exit(f"{prog}: error: --backend {backend} needs {backend} installed "
-                 f"(pip install \"gptlite{extra}\", or pip install -e \".{extra}\" in a checkout)")
+        sys.exit(f"{prog}: error: --backend {backend} needs {backend} installed ({install_line(backend)})")
     os.environ["KERAS_BACKEND"] = backend
     return why
 
@@ -156,13 +152,3 @@ def hold_back_false_alarms():
 
     threading.Thread(target=pass_on, name="gptlite-native-log", daemon=True).start()
 
-
-def check_backend(requested):
-    """`--backend` takes effect before Keras is imported; here it can only be checked."""
-    import keras
-
-    if requested and keras.backend.backend() != requested:
-        raise InputError(
-            f"`backend={requested}` came too late: Keras is already running on {keras.backend.backend()} "
-            f"in this process; set KERAS_BACKEND={requested} before importing Keras"
-        )

@@ -14,48 +14,33 @@ import time
 import keras
 
 from gptlite.backend import compile_cache
+from gptlite.backend.runtime import running
 from gptlite.data.lm import fed_to_keras
 from gptlite.errors import ConfigError, TrainingDiverged, TrainingInterrupted
 from gptlite.tasks.task import named
 from gptlite.training import history
 from gptlite.training.background import FileWriter, Jobs
 from gptlite.training.checkpoints import restore_checkpoint, RunState, save_checkpoint, snapshot
-from gptlite.training.distribute import mirrored, process_part
 from gptlite.training.optimizer import make_optimizer
 from gptlite.training.settings import dtype_policy
 from gptlite.weights import saving
 
 
-# The largest model (adapters included) whose LoRA step runs under XLA on TensorFlow (compile_for_training).
-LORA_XLA_MAX_PARAMETERS = 4_000_000
-
-
 def compile_for_training(model, config, ignored=None):
-    # Keras's "auto" leaves XLA off on CPU-only TensorFlow, yet XLA makes the
-    # cpu preset's step about 1.5x faster there. Torch has no XLA; TensorFlow's
-    # XLA refuses a step whose mirrored variables sit on several devices.
-    # LoRA on TensorFlow uses it on small models only: at 1.5M parameters
-    # XLA's fusing of many small operations made its step 1.57x faster for
-    # 0.3 GB more memory; at 6M and 13M only 1.1x faster for 0.3-0.4 GB more,
-    # and on GPT-2 small no faster for 0.6 GB more (benchmarks/lora_xla.py).
-    xla = keras.backend.backend() == "jax" or (
-        keras.backend.backend() == "tensorflow" and not mirrored()
-        and (not config.lora_rank or model.count_params() <= LORA_XLA_MAX_PARAMETERS))
     # A seq2seq batch pads its targets, and conversations leave all but the answers out (`ignored`, the task's
     # `ignored_class`): those positions do not count.
     model.compile(
         optimizer=make_optimizer(model, config),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=ignored),
-        jit_compile=xla,
+        jit_compile=running().trains_with_xla(model, lora=bool(config.lora_rank)),
         steps_per_execution=steps_per_execution(config),
     )
 
 
 def steps_per_execution(config):
     """The batches one compiled call of `fit` runs: `steps_per_call` optimizer steps of `grad_accum` batches each, so
-    that a call ends on a step's boundary. On torch, one: Keras runs its steps one by one there anyway, and a step's
-    dropout masks are seeded as it begins (`_StepWatcher`), which Keras tells of once a call."""
-    if keras.backend.backend() == "torch":
+    that a call ends on a step's boundary; one where the backend runs a call's steps one by one anyway."""
+    if running().runs_steps_one_by_one:
         return 1
     return config.steps_per_call * config.grad_accum
 
@@ -117,18 +102,10 @@ class _StepWatcher(keras.callbacks.Callback):
         self.batches = 0
         self.first_call_ended = self.last_batch_ended = None
         self.first_call_batches = 0
-        self.torch = None
-        if keras.backend.backend() == "torch":
-            import torch
-
-            self.torch = torch
+        self.runtime = running()
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self.torch is not None:
-            # On torch, Keras's unseeded dropout draws from torch's own global
-            # generator, which the data loader also draws from; seeding it from
-            # the step makes the masks the same in a resumed run.
-            self.torch.manual_seed(self.seed * 1_000_003 + self.first_step * self.micro_batches + batch)
+        self.runtime.seed_step(self.seed * 1_000_003 + self.first_step * self.micro_batches + batch)
 
     def on_train_batch_end(self, batch, logs=None):
         self.batches = min(batch + 1, self.fit_batches)
@@ -258,7 +235,7 @@ class _Loop:
         self.model, self.task, self.config, self.out_dir, self.state = model, task, config, out_dir, state
         self.started = started
         self.block_size = model.config.block_size
-        self.part = process_part()
+        self.part = running().process_part()
         self.first_step = state.step
         self.elapsed_before = state.rows[-1]["elapsed_s"] if state.rows else 0.0
         self.run_time = history.RunTime(state.rows[-1] if state.rows else None)
@@ -333,9 +310,7 @@ def _check(model, config, task, peak_flops):
             f"the model computes in {model.dtype_policy.name} but the training precision is {config.precision}; "
             f"build it with dtype=gptlite.training.settings.dtype_policy({config.precision!r})"
         )
-    if (config.precision == "fp16" and keras.backend.backend() == "jax"
-            and all(device.startswith("cpu") for device in keras.distribution.list_devices())):
-        raise ConfigError("fp16 under jax needs a GPU: XLA's CPU matmuls have no float16; set `precision` to bf16")
+    running().check_precision(config.precision)
     if peak_flops is not None and not (task.measures_mfu and peak_flops > 0):
         raise ConfigError("`peak_flops` must be positive, and MFU is estimated for a GPT only")
 
@@ -362,7 +337,7 @@ class _Evaluations:
     it is written after them, from the same queue, and it waits for the
     checkpoint before it to be on disk (said once, where the disk is slower
     than the checkpoints). Where evaluations cannot run beside the steps
-    (`_evaluations_beside_the_steps`), all of it is done at once, on the
+    (`Runtime.evaluates_beside_steps`), all of it is done at once, on the
     training thread; the files are still written on the writer's.
     """
 
@@ -378,7 +353,7 @@ class _Evaluations:
         self.shadow.compile(loss=model.loss, jit_compile=model.jit_compile)
         self._checkpoint_on_disk = None
         self._told = False
-        self._jobs = Jobs("gptlite-evaluation", background=_evaluations_beside_the_steps())
+        self._jobs = Jobs("gptlite-evaluation", background=running().evaluates_beside_steps())
 
     def __enter__(self):
         return self
@@ -469,20 +444,3 @@ class _Evaluations:
                             on_written=on_disk.set)
 
         self._jobs.submit(write)
-
-
-def _evaluations_beside_the_steps():
-    """Whether evaluations may run on a thread beside the steps and leave the run as it would be without them.
-
-    Not under a TensorFlow strategy or a Keras distribution, whose scope a
-    thread does not inherit; not on torch, whose one global generator gives
-    both the training's dropout masks and the evaluation's data loader their
-    random numbers, so that an evaluation beside the steps would change the
-    masks, and the losses, of the same seed.
-    """
-    backend = keras.backend.backend()
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        return not tf.distribute.has_strategy()
-    return backend == "jax" and keras.distribution.distribution() is None

@@ -8,10 +8,10 @@ import math
 import pathlib
 import time
 
+from gptlite.backend.machine import A100_PEAK_FLOPS
 from gptlite.errors import ConfigError, InputError
 
-# nanoGPT's peak for its MFU figure: an A100's bfloat16 matmuls, in FLOPs per second.
-DEFAULT_PEAK_FLOPS = 312e12
+DEFAULT_PEAK_FLOPS = A100_PEAK_FLOPS  # nanoGPT's, for its MFU figure
 
 
 def write_history(rows, path):

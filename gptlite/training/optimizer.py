@@ -6,7 +6,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from gptlite.training.distribute import mirrored
+from gptlite.backend.runtime import running
 
 
 class FlatAdamW(keras.optimizers.AdamW):
@@ -130,7 +130,7 @@ def make_optimizer(model, config):
     else:
         # LoRA trains a few small adapter matrices: one update over their
         # concatenation holds less memory than one per matrix (FlatAdamW).
-        flat = config.lora_rank and not (keras.backend.backend() == "tensorflow" and mirrored())
+        flat = config.lora_rank and not running().mirrors_variables()
         optimizer = (FlatAdamW if flat else keras.optimizers.AdamW)(**common, beta_1=0.9, beta_2=config.beta2)
     embedding_tables = [
         v for v in model.embedding.trainable_variables

@@ -152,10 +152,11 @@ class RunPlan:
     dtype = property(lambda self: dtype_policy(self.training_config.precision))
 
 
-def plan_run(asked, task, checkpoint=None, pretrained=None, sizing=None, on_gpu=False):
+def plan_run(asked, task, checkpoint=None, pretrained=None, sizing=None, device_peak_flops=None):
     """The `RunPlan` of a run `asked` (checked) to train `task`, resuming `checkpoint` (a checkpoint document) or
     starting from a `pretrained` model's `GPTConfig`, with settings the task sized from its data (`sizing`, a
-    `tasks.task.Sizing`); `on_gpu`: whether the run computes on a GPU (the gpu preset measures MFU there)."""
+    `tasks.task.Sizing`); `device_peak_flops`: the peak of the device the run computes on, where it is known (the
+    gpu preset measures MFU against it)."""
     if checkpoint:
         task.check_checkpoint(checkpoint, asked.out_dir)
     model_settings, training_settings = split_settings(resolve_settings(
@@ -177,14 +178,14 @@ def plan_run(asked, task, checkpoint=None, pretrained=None, sizing=None, on_gpu=
     new_model = not (pretrained or checkpoint)
     return RunPlan(asked, task, model_config, training_config, checkpoint,
                    tokenizer=asked.tokenizer or (DEFAULT_TOKENIZER if new_model else None), tensorboard=tensorboard,
-                   peak_flops=_peak_flops(asked, task, on_gpu), sizing=sizing)
+                   peak_flops=_peak_flops(asked, task, device_peak_flops), sizing=sizing)
 
 
-def _peak_flops(asked, task, on_gpu):
+def _peak_flops(asked, task, device_peak_flops):
     """The peak FLOPs per second to measure MFU against, or None when it is not measured: asked for (`mfu`,
-    `peak_flops`), or unasked in the gpu preset on a GPU."""
+    `peak_flops`), or unasked in the gpu preset on a device whose peak is known."""
     if asked.peak_flops is not None or asked.mfu:
         return asked.peak_flops or DEFAULT_PEAK_FLOPS
     if asked.mfu is not None or asked.preset != "gpu" or not task.measures_mfu:
         return None
-    return DEFAULT_PEAK_FLOPS if on_gpu else None
+    return device_peak_flops

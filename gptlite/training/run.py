@@ -23,14 +23,13 @@ import textwrap
 import keras
 
 from gptlite.backend import compile_cache
-from gptlite.backend.devices import on_gpu
+from gptlite.backend.runtime import running
 from gptlite.data import pairs
 from gptlite.errors import ConfigError, InputError, MissingFileError, RunExistsError
 from gptlite.setting import described
 from gptlite.tasks.task import named
 from gptlite.training import fit, run_config
 from gptlite.training.checkpoints import read_checkpoint
-from gptlite.training.distribute import check_accumulation, data_parallel
 from gptlite.training.history import check_tensorboard
 from gptlite.training.plan import plan_run, RUN_ARGUMENTS, RunArguments
 from gptlite.training.run_folder import check_folder, CHECKPOINT_FILES, holds_a_run
@@ -127,9 +126,9 @@ def run(asked, verbose=1):
     start = pretrained.from_pretrained(asked.init_from) if asked.init_from and not checkpoint else None
     data, sizing = task.read(asked, asked.seed(checkpoint), not (checkpoint or start), say)
     plan = plan_run(asked, task, checkpoint, start and start.config, sizing,
-                    on_gpu=asked.preset == "gpu" and on_gpu())
+                    device_peak_flops=running().peak_flops() if asked.preset == "gpu" else None)
     if asked.distribute:
-        check_accumulation(plan.training_config.grad_accum)
+        running().check_accumulation(plan.training_config.grad_accum)
     if plan.tensorboard:
         check_tensorboard(plan.tensorboard)
     keras.utils.set_random_seed(plan.seed)
@@ -145,7 +144,7 @@ def _train(plan, data, start, say, verbose):
         given = [f"{name} {value}" for name, value in (plan.asked.settings or {}).items()
                  if value is not None and value != sized.get(name, value)]
         say(plan.sizing.line + (f" (given: {', '.join(given)})" if given else ""))
-    with data_parallel(config.batch_size) if plan.asked.distribute else contextlib.nullcontext() as replicas:
+    with running().data_parallel(config.batch_size) if plan.asked.distribute else contextlib.nullcontext() as replicas:
         model = _starting_model(plan, start, say) if start is not None else task.model(plan, data, say)
         if not model.built:
             model.build((None, model.config.block_size))
@@ -204,11 +203,11 @@ def _write_run_config(out_dir, arguments, model_config, training_config):
     """`out_dir`/config.toml: the run's arguments, and every setting as the run resolved it."""
     shape = {name: value for name, value in dataclasses.asdict(model_config).items() if name != "vocab_size"}
     run_config.write_run_config(out_dir / run_config.FILE_NAME, arguments,
-                                {**shape, **dataclasses.asdict(training_config)}, keras.backend.backend())
+                                {**shape, **dataclasses.asdict(training_config)}, running().name)
 
 
 def _backend_and_precision(training_config):
-    return f"{keras.backend.backend()} backend, {training_config.precision}"
+    return f"{running().name} backend, {training_config.precision}"
 
 
 def _schedule(training_config, checkpoint, replicas):

@@ -141,3 +141,17 @@ def test_a_resumed_run_keeps_the_backend_it_started_on(monkeypatch, tmp_path):
                                 {"precision": "bf16"}, "tensorflow")
     assert automatic_backend(["--preset", "gpu", "--out", str(tmp_path), "--resume"]) == ("tensorflow", None)
     assert automatic_backend(["--out", str(tmp_path / "none"), "--resume"]) == (None, None)  # the run says so
+
+
+def test_every_backend_has_a_runtime_and_an_install_line_that_names_its_extra():
+    import tomllib
+
+    from gptlite.backend.runtime import RUNTIMES
+    from conftest import REPO
+
+    assert set(choice.BACKENDS) == set(RUNTIMES)
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for backend in choice.BACKENDS:
+        line = choice.install_line(backend)
+        assert line.startswith('pip install "gptlite') and (backend == "tensorflow" or backend in extras), line
+    assert choice.install_line("jax") == 'pip install "gptlite[jax]", or pip install -e ".[jax]" in a checkout'

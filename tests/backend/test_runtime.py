@@ -1,11 +1,13 @@
-"""The running backend's `Runtime`: what the decode path asks instead of the backend's name."""
+"""The running backend's `Runtime`: what the decode path, the model, the data, the export and the training ask
+instead of the backend's name."""
 
 import keras
 import numpy as np
 import pytest
 
 from gptlite.backend import program_bytes
-from gptlite.backend.runtime import running, RUNTIMES
+import gptlite
+from gptlite.backend.runtime import check_split, running, RUNTIMES
 
 
 def test_the_running_backends_runtime_answers_for_it():
@@ -39,3 +41,27 @@ def test_each_runtime_says_what_the_model_the_data_and_the_export_do_their_own_w
     assert [runtime.exports_saved_model for runtime in (tensorflow, jax, torch)] == [True, True, False]
     assert tensorflow.saved_model_options(64) == {} and torch.fused_attention_is_faster("float32")
     assert "length <= 64" in jax.saved_model_options(64)["jax2tf_kwargs"]["polymorphic_constraints"]
+
+
+def test_each_runtime_says_how_it_trains():
+    tensorflow, jax, torch = (RUNTIMES[name]() for name in ("tensorflow", "jax", "torch"))
+    assert [runtime.runs_steps_one_by_one for runtime in (tensorflow, jax, torch)] == [False, False, True]
+    assert jax.trains_with_xla(None, lora=True) and not torch.trains_with_xla(None, lora=False)
+    assert jax.process_part() == (0, 1) == torch.process_part()  # no distribution set
+    with pytest.raises(gptlite.ConfigError, match="grad_accum.*jax backend"):
+        tensorflow.check_accumulation(2)
+    tensorflow.check_accumulation(1), jax.check_accumulation(4)
+    with pytest.raises(gptlite.ConfigError, match="tensorflow or jax"):
+        with torch.data_parallel(8):
+            pass
+    runtime = running()
+    runtime.check_precision("fp32")
+    assert runtime.peak_flops() == (312e12 if runtime.on_gpu() else None)
+    assert not runtime.mirrors_variables()
+
+
+def test_a_batch_that_does_not_split_evenly_is_refused():
+    with pytest.raises(gptlite.ConfigError, match="does not split evenly across 3 devices"):
+        check_split(8, 3)
+    check_split(8, 2)
+

@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 
 import gptlite
+from gptlite.backend import runtime
 from gptlite.data import lm
 from gptlite.evaluation import scores
-from gptlite.training import checkpoints, distribute, fit, history, run
+from gptlite.training import checkpoints, fit, history, run
 from gptlite.training.settings import dtype_policy
 
 from conftest import REPO, built_once
@@ -652,24 +653,11 @@ def test_two_jax_processes_train_as_one(tmp_path, text_file):
     assert read_history(tmp_path / "worker0") == read_history(tmp_path / "worker1")
 
 
-def test_a_batch_that_does_not_split_evenly_is_refused():
-    with pytest.raises(gptlite.ConfigError, match="does not split evenly across 3 devices"):
-        distribute.check_split(8, 3)
-    distribute.check_split(8, 2)
-
-
-@pytest.mark.skipif(keras.backend.backend() != "torch", reason="only torch has no data-parallel engine here")
-def test_distributing_under_torch_says_which_backends_can():
-    with pytest.raises(gptlite.ConfigError, match="tensorflow or jax"):
-        with distribute.data_parallel(8):
-            pass
-
-
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TF_CONFIG is TensorFlow's")
 def test_several_tensorflow_workers_are_refused_with_the_way_out(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}}')
     with pytest.raises(gptlite.ConfigError, match="jax backend"):
-        with distribute.data_parallel(8):
+        with runtime.running().data_parallel(8):
             pass
 
 

@@ -49,7 +49,7 @@ def test_a_plan_refuses_what_cannot_train(tmp_path):
 
 def test_mfu_is_measured_where_asked_or_in_the_gpu_preset_on_a_gpu(tmp_path):
     gpu = RunArguments(out_dir=tmp_path, preset="gpu")
-    assert plan_run(gpu, tasks.named(), on_gpu=True).peak_flops == 312e12
-    assert plan_run(gpu, tasks.named(), on_gpu=False).peak_flops is None
+    assert plan_run(gpu, tasks.named(), device_peak_flops=312e12).peak_flops == 312e12
+    assert plan_run(gpu, tasks.named(), device_peak_flops=None).peak_flops is None
     assert plan_run(RunArguments(out_dir=tmp_path, mfu=True), tasks.named()).peak_flops == 312e12
     assert plan_run(RunArguments(out_dir=tmp_path, peak_flops=1e12), tasks.named()).peak_flops == 1e12

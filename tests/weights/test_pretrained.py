@@ -396,14 +396,14 @@ def test_lora_trains_only_the_adapters_and_saves_merged_weights(tmp_path, base_m
 @pytest.mark.slow
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="only TensorFlow's LoRA step may go without XLA")
 def test_a_small_models_lora_step_runs_under_xla_and_trains_as_without(tmp_path, base_model_file, monkeypatch):
-    from gptlite.training import fit
+    from gptlite.backend.runtime import TensorFlowRuntime
 
     (tmp_path / "new.txt").write_text(make_text(3000, seed=11))
     settings = {**FINE_TUNE, "max_iters": 10, "eval_interval": 5, "lora_rank": 2,
                 "lora_targets": "qkv,attention_output,expand,contract,embedding"}
     small = gptlite.train_on_text([tmp_path / "new.txt"], tmp_path / "xla", settings, init_from=base_model_file,
                                   verbose=0)
-    monkeypatch.setattr(fit, "LORA_XLA_MAX_PARAMETERS", 0)  # as a large model's step runs
+    monkeypatch.setattr(TensorFlowRuntime, "lora_xla_max_parameters", 0)  # as a large model's step runs
     large = gptlite.train_on_text([tmp_path / "new.txt"], tmp_path / "plain", settings, init_from=base_model_file,
                                   verbose=0)
     assert small.model.jit_compile and not large.model.jit_compile

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import gptlite
-from gptlite.cli.startup import BACKENDS
+from gptlite.backend.choice import BACKENDS
 from gptlite.weights import saving
 from conftest import REPO
 
