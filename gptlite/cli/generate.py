@@ -72,19 +72,18 @@ def check(args):
 
 def run(args):
     from gptlite.files import read_text
-    from gptlite.tasks.task import of_model, Writing
+    from gptlite.tasks.task import draw_attention, write, Writing
     from gptlite.weights import saving
 
     asked = Writing(args.prompt, args.source, None if args.source_file is None else
                     read_text(args.source_file).splitlines(), args.num_samples, args.num_beams, args.stream,
                     args.slide, args.unknown, args.use_cache)
     model = saving.load(args.model)
-    task = of_model(model)
     if args.attention is not None:
-        drawn = task.draw_attention(model, args.attention, asked, args.part, args.layer, args.head, args.model)
+        drawn = draw_attention(model, args.attention, asked, args.part, args.layer, args.head, args.model)
         print(f"wrote {args.attention} ({drawn})")
         return
-    for piece in task.write(model, asked, sampling_settings(args), args.model):
+    for piece in write(model, asked, sampling_settings(args), args.model):
         print_piece(piece)
 
 

@@ -37,7 +37,7 @@ def make_parser(prog):
 
 def run(args):
     from gptlite.evaluation import inspection
-    from gptlite.tasks.task import of_model
+    from gptlite.tasks.task import describe, given_text
     from gptlite.weights import saving
 
     if args.top < 1:
@@ -48,10 +48,9 @@ def run(args):
     if args.target is not None and args.source is None:
         raise InputError("`target` goes with `source`")
     model = saving.load(args.model)
-    task = of_model(model)
-    text = task.given_text(args.prompt, args.source, args.model)
+    text = given_text(model, args.prompt, args.source, args.model)
     messages = sys.stderr if args.json else sys.stdout
-    print(f"model: {task.describe(model)}", file=messages)  # its shape and architecture switches
+    print(f"model: {describe(model)}", file=messages)  # its shape and architecture switches
     if args.positions is not None:
         inspection.plot_positions(model, args.positions)
         print(f"wrote {args.positions} ({model.config.position} position encoding, "

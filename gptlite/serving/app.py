@@ -15,7 +15,6 @@ from gptlite.errors import InputError
 from gptlite.serving.parsing import MAX_BODY_BYTES, parse_chat_completion, parse_completion, RequestError
 from gptlite.serving.settings import ServeSettings
 from gptlite.serving.worker import Job, QueueFull, Worker
-from gptlite.tasks.task import of_model
 from gptlite.text import templates
 
 # The web page's files (gptlite/web/page): the page the server serves.
@@ -103,7 +102,7 @@ class _Endpoints:
         self.model, self.model_name, self.settings = model, model_name, settings
         self.worker = worker or Worker(model, settings)
         self.started = int(time.time())
-        self.task = of_model(model)
+        self.task = self.worker.task
 
     def check_key(self, request):
         if self.settings.api_key is None:

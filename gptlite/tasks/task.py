@@ -2,6 +2,7 @@
 
     task = tasks.task.named("chat")             # the `task` setting, and `synthetic`
     task = tasks.task.of_model(model)           # what a saved model does: lm, chat or seq2seq
+    tasks.task.write(model, asked, settings)    # what the commands do with a model, its task's way
 
 The kinds differ in their data, their new model, their batches and loss mask, their scores and what a run
 samples; each `Task` holds its own of these, and recognises its own models and synthetic tasks, so that nothing
@@ -248,6 +249,28 @@ def named(task=None, synthetic=None):
 def of_model(model):
     """The task of TASKS that trains a model such as `model` (a GPT or a Seq2Seq): lm, chat or seq2seq."""
     return next(task for task in every_task() if task.owns(model))
+
+
+# What the commands do with a model, each its task's way (`Task`'s methods of the same names).
+
+def describe(model):
+    """The model, in a line: its shape and parameters."""
+    return of_model(model).describe(model)
+
+
+def given_text(model, prompt=None, source=None, model_name="the model"):
+    """The one of `prompt` and `source` that the model reads (see `Task.given_text`)."""
+    return of_model(model).given_text(prompt, source, model_name)
+
+
+def write(model, asked, settings, model_name="the model"):
+    """The text that `generate.py` prints for what it was `asked` (a `Writing`), in pieces (see `Task.write`)."""
+    return of_model(model).write(model, asked, settings, model_name)
+
+
+def draw_attention(model, path, asked, part=None, layer=None, head=None, model_name="the model"):
+    """Draw the model's attention over what it was `asked` to `path`; what was drawn, in words."""
+    return of_model(model).draw_attention(model, path, asked, part, layer, head, model_name)
 
 
 @dataclasses.dataclass(frozen=True)
