@@ -113,13 +113,13 @@ class _Endpoints:
 
     async def completions(self, request):
         self.check_key(request)
-        return await self.answer(request, parse_completion(await _read_json(request), self.model, self.model_name,
-                                                           self.settings))
+        return await self.answer(request, parse_completion(await _read_json(request), self.model, self.task,
+                                                           self.model_name, self.settings))
 
     async def chat_completions(self, request):
         self.check_key(request)
         return await self.answer(request, parse_chat_completion(await _read_json(request), self.model,
-                                                                self.model_name, self.settings))
+                                                                self.task, self.model_name, self.settings))
 
     async def answer(self, request, completion):
         from starlette.responses import JSONResponse, StreamingResponse

@@ -9,7 +9,6 @@ import numpy as np
 
 from gptlite.decode.settings import is_whole_number_setting, SAMPLING_FIELDS, SamplingConfig, TOP_LOGPROBS
 from gptlite.errors import ConfigError, first_line, InputError
-from gptlite.tasks.task import of_model
 from gptlite.text import templates
 
 # OpenAI's default max_tokens; every sampling setting left out takes SamplingConfig's default.
@@ -64,8 +63,9 @@ class Completion:
                 [length for length in lengths for _ in range(self.n)])
 
 
-def parse_completion(body, model, model_name, settings):
-    """The `Completion` a request body asks for, or a `RequestError` (400, 404) saying what is wrong."""
+def parse_completion(body, model, task, model_name, settings):
+    """The `Completion` a request body asks for, or a `RequestError` (400, 404) saying what is wrong; `task`: the
+    model's (`tasks.task.of_model`), which says what a request to it may hold."""
     if not isinstance(body, dict):
         raise RequestError(400, "the request body must be a JSON object")
     unknown = sorted(set(body) - FIELDS)
@@ -84,7 +84,6 @@ def parse_completion(body, model, model_name, settings):
         prompts = prompt
     else:
         raise RequestError(400, "prompt must be a string or a non-empty list of strings", "prompt")
-    task = of_model(model)
     sampling = task.bounded(_sampling(body, settings), model.config.block_size)
     n = _number(body, "n", int, 1, settings.max_n)
     logprobs = _number(body, "logprobs", int, 0, TOP_LOGPROBS, default=None)
@@ -144,15 +143,15 @@ CHAT_FIELDS = (FIELDS - {"prompt", "echo", "suffix", "best_of"}) | {"messages", 
                                                                    "max_completion_tokens"}
 
 
-def parse_chat_completion(body, model, model_name, settings):
+def parse_chat_completion(body, model, task, model_name, settings):
     """The `Completion` a chat completions request asks for: its conversation rendered with the model's
-    chat template, its answers ending at the template's end of turn; or a `RequestError`."""
+    chat template, its answers ending at the template's end of turn; or a `RequestError`. `task`: the model's."""
     if not isinstance(body, dict):
         raise RequestError(400, "the request body must be a JSON object")
     unknown = sorted(set(body) - CHAT_FIELDS)
     if unknown:
         raise RequestError(400, f"unknown field {unknown[0]!r}", unknown[0])
-    refusal = of_model(model).request_refusal("messages")
+    refusal = task.request_refusal("messages")
     if refusal is not None:
         raise RequestError(400, refusal, "messages")
     if not isinstance(body.get("logprobs", False), bool):
@@ -176,7 +175,7 @@ def parse_chat_completion(body, model, model_name, settings):
     if body.get("logprobs"):
         asked["logprobs"] = top or 0
     # The answer ends at the template's end of turn too: the worker's rows see to it (decoding.TextRows).
-    return dataclasses.replace(parse_completion(asked, model, model_name, settings), chat=True, prompts_ids=[ids])
+    return dataclasses.replace(parse_completion(asked, model, task, model_name, settings), chat=True, prompts_ids=[ids])
 
 
 def _number(body, name, kind, low, high, default=dataclasses.MISSING):
