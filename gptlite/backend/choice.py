@@ -66,7 +66,7 @@ def training_backend(precision, environment=None, cpu_flags=None, gpu=None, inst
         return None, None
     if not (machine.installed("torch") if installed is None else "torch" in installed):
         return None, ("bf16 training on this CPU runs about twice as fast under torch, which is not installed "
-                      "(pip install \"gptlite[torch]\")")
+                      f"({install_line('torch')})")
     return "torch", f"the fastest for bf16 training on a CPU with {' and '.join(has_bf16)}"
 
 
