@@ -48,7 +48,7 @@ def main():
     def client(number):
         for request in range(args.requests):
             body = request_body(args.tokens, number * args.requests + request, stream=False)
-            completion = serving.parse_completion(body, model, worker.task, "model", settings)
+            completion = serving.parse_completion(body, model, "model", settings)
             done = threading.Event()
             worker.submit(serving.worker.Job(completion.rows, completion,
                                        lambda event: event[0] in ("done", "error", "failure") and done.set()))

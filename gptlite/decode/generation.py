@@ -25,6 +25,7 @@ from gptlite.decode.rows import NewText, TextRows
 from gptlite.decode.sampling import check_beams
 from gptlite.decode.settings import SamplingConfig
 from gptlite.errors import ConfigError, InputError
+from gptlite.model.gpt import check_use
 from gptlite.text.tokenizers import known_text
 
 # Sources decoded per call at most; a longer list is split into calls of
@@ -159,7 +160,7 @@ def _rows(model, prompts, sampling, unknown, slide, rows_ids=None):
     the caller has encoded them (a conversation's, say)."""
     if not prompts:
         raise ConfigError("give at least one prompt")
-    model.check_continues_text(f"a {type(model).__name__} writes targets with generate_target; it continues no prompt")
+    check_use(model, "continue a prompt")
     configs = list(sampling) if isinstance(sampling, (list, tuple)) else \
         sampling_config(sampling).for_rows(len(prompts))
     if len(configs) != len(prompts) or not all(isinstance(config, SamplingConfig) for config in configs):
@@ -209,8 +210,7 @@ def iter_targets(model, sources, max_new_tokens=None, sampling=None, *, unknown=
     """As `generate_target` for a list of sources: an iterator that gives each
     target as soon as its batch of TARGET_BATCH is decoded. Everything is checked at once.
     """
-    model.check_writes_targets(f"generate_target needs a Seq2Seq model, not a {type(model).__name__}; a GPT "
-                               f"continues a prompt with generate")
+    check_use(model, "write targets")
     sources = list(sources)
     if not sources:
         raise ConfigError("give at least one source")

@@ -18,7 +18,7 @@ from gptlite.decode import generation
 from gptlite.errors import ConfigError, InputError
 from gptlite.files import atomic_path
 from gptlite.model import positions
-from gptlite.model.gpt import checked_model
+from gptlite.model.gpt import check_use
 
 # "decoder": a GPT's blocks, or a Seq2Seq decoder's self-attention.
 PART_TITLES = {"decoder": "causal self-attention", "encoder": "encoder self-attention",
@@ -216,7 +216,7 @@ def plot_positions(model, path=None):
 def _maps_and_inputs(model, text, part, target, unknown):
     """The `part` maps of the model reading `text` (a GPT's prompt; a Seq2Seq's source and `target`, its
     cross-attention by default, its greedy target by default), and the model inputs they came from."""
-    checked_model(model, ConfigError(f"expected a gptlite GPT or Seq2Seq model, got {type(model).__name__}"))
+    check_use(model, "draw its attention")
     inputs, part, weights, query_ids, key_ids = _quietly(
         model.attention_reading, text, part, target, unknown, generation.generate_target)
     tokenizer = model.tokenizer

@@ -23,7 +23,7 @@ from gptlite.decode import generation
 from gptlite.decode.sampling import next_token_probabilities
 from gptlite.decode.settings import SamplingConfig
 from gptlite.errors import ConfigError, InputError
-from gptlite.model.gpt import checked_model
+from gptlite.model.gpt import check_use
 from gptlite.model.positions import rotary_angles, rotate
 
 # How many nearest tokens in the vocabulary a trace keeps for each token, by cosine and by dot product.
@@ -119,9 +119,7 @@ def trace(model, text, unknown="error"):
     ids; a text longer than the context is read as its last block_size tokens. `unknown` treats characters
     the vocabulary lacks as `generate` does.
     """
-    model = checked_model(model, ConfigError(f"expected a gptlite GPT, got {type(model).__name__}"))
-    model.check_continues_text(f"a trace follows a GPT's forward pass over a text; a {type(model).__name__} "
-                               f"writes targets from sources")
+    check_use(model, "trace a text")
     config, tokenizer = model.config, model.tokenizer
     if isinstance(text, str):
         ids = generation.prompt_ids(tokenizer, text, unknown)
@@ -140,9 +138,7 @@ def trace_target(model, source, target=None, unknown="error"):
     """Every step of `model` (a Seq2Seq) writing `target` for `source`: a `Trace` of its decoder over the start
     token and the target, each block's cross-attention over the source, and the encoder's blocks over the source.
     The target is by default the one the model writes, greedily (as `attention_maps` reads one)."""
-    model = checked_model(model, ConfigError(f"expected a gptlite Seq2Seq, got {type(model).__name__}"))
-    model.check_writes_targets(f"a target's trace follows a Seq2Seq's encoder and decoder; a "
-                               f"{type(model).__name__} continues text: trace it with `trace`")
+    check_use(model, "trace a target")
     inputs, _, _, target_ids, source_ids = model.attention_reading(source, "cross", target, unknown,
                                                                     generation.generate_target)
     config, tokenizer = model.config, model.tokenizer

@@ -24,13 +24,34 @@ load_tokenizer_classes()  # Keras must know every tokenizer class that a saved m
 FORMAT_VERSION = 1
 
 
-def checked_model(value, refusal):
-    """`value` where it is a gptlite model (a GPT or a Seq2Seq); anything else raises `refusal`, the error the
-    caller would give (a file that holds another Keras model, an argument of another kind). What kind of run a
-    model makes, callers ask its task (`gptlite.tasks.task.of_model`); what only one kind of model does, the model
-    itself (`check_continues_text`, `check_writes_targets`)."""
+# What a caller may use a gptlite model for, each use declared once with the words that refuse it to a model of a
+# kind that does not serve it ({model}: that model's class; {form} and {source}: the caller's words for the file
+# it writes or the model it was given). None: every kind of model serves it. Each kind lists the uses it serves
+# (`uses`); a caller names the use it makes (`check_use`) and never asks which kind a model is.
+USES = {
+    "continue a prompt": "a {model} writes targets with generate_target; it continues no prompt",
+    "write targets": "generate_target needs a Seq2Seq model, not a {model}; a GPT continues a prompt with generate",
+    "trace a text": "a trace follows a GPT's forward pass over a text; a {model} writes targets from sources",
+    "trace a target": "a target's trace follows a Seq2Seq's encoder and decoder; a {model} continues text: trace it "
+                      "with `trace`",
+    "be written in a decoder-only form": "{form} holds a decoder-only model, one that continues text (a GPT); a "
+                                         "{model} writes targets from sources",
+    "be fine-tuned": "{source} holds a {model}; only a GPT can be fine-tuned",
+    "be loaded": None,
+    "be scored": None,
+    "draw its attention": None,
+}
+
+
+def check_use(value, use, refusal=None, **words):
+    """`value` where it is a gptlite model that serves `use` (one of USES). A model of another kind is refused with
+    USES's words for the use (a ConfigError; `words` fill them); anything else, with `refusal` where the caller
+    gives one (a file that holds another Keras model), else with a ConfigError naming the kinds that serve it."""
     if not isinstance(value, _Transformer):
-        raise refusal
+        serving = " or ".join(kind.__name__ for kind in MODELS if USES[use] is None or use in kind.uses)
+        raise refusal or ConfigError(f"expected a gptlite {serving}, got {type(value).__name__}")
+    if USES[use] is not None and use not in value.uses:
+        raise ConfigError(USES[use].format(model=type(value).__name__, **words))
     return value
 
 
@@ -45,6 +66,8 @@ class _Transformer(keras.Model):
     # What a caller asks instead of which class a model is: whether it writes a target for a source text
     # (a Seq2Seq) rather than continuing its prompt (a GPT).
     writes_targets = False
+    # The uses of USES that only some kinds serve, which this kind serves.
+    uses = frozenset()
     # Whether its prefill is compiled (XLA) rather than a plain graph on TensorFlow: a GPT's is quick to build, so
     # that the first token comes without waiting for a compiler; a Seq2Seq's targets come whole, so its compiles.
     compiled_prefill = False
@@ -81,18 +104,6 @@ class _Transformer(keras.Model):
         self.blocks = [self._block(TransformerBlock, f"block_{i}", cross_attention=self._CROSS_ATTENTION)
                        for i in range(config.n_layer)]
         self.final_norm = self._norm("final_norm")
-
-    def check_continues_text(self, refusal):
-        """Refuse (a ConfigError saying `refusal`) what only a model that continues text does (a prompt to
-        continue, a decoder-only form: GGUF, GPT-2's, Hugging Face's), where this model writes targets."""
-        if self.writes_targets:
-            raise ConfigError(refusal)
-
-    def check_writes_targets(self, refusal):
-        """Refuse (a ConfigError saying `refusal`) what only a model that writes a target for a source does, where
-        this model continues text."""
-        if not self.writes_targets:
-            raise ConfigError(refusal)
 
     def _norm(self, name):
         """A norm after a stack of blocks; None for post-norm blocks, whose every output is normalised already."""
@@ -245,6 +256,8 @@ class GPT(_Transformer):
     attention kept within it, as it is read when the model is used.
     """
 
+    uses = frozenset({"continue a prompt", "trace a text", "be written in a decoder-only form", "be fine-tuned"})
+
     def call(self, inputs, training=None):
         token_ids, positions = (inputs["token_ids"], inputs.get("positions")) if isinstance(inputs, dict) else \
             (inputs, None)
@@ -318,6 +331,7 @@ class Seq2Seq(_Transformer):
 
     _CROSS_ATTENTION = True
     writes_targets = True
+    uses = frozenset({"write targets", "trace a target"})
     compiled_prefill = True
     PAD_ID = 0
 
@@ -426,3 +440,7 @@ class Seq2Seq(_Transformer):
         """
         return self._decode_with_cache(token_ids, cache, start_positions, logits_at,
                                        cross_key_values=cross_key_values, context_mask=source_mask)
+
+
+# Every kind of gptlite model.
+MODELS = (GPT, Seq2Seq)

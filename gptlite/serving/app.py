@@ -15,6 +15,7 @@ from gptlite.errors import InputError
 from gptlite.serving.parsing import MAX_BODY_BYTES, parse_chat_completion, parse_completion, RequestError
 from gptlite.serving.settings import ServeSettings
 from gptlite.serving.worker import Job, QueueFull, Worker
+from gptlite.tasks import task as tasks
 from gptlite.text import templates
 
 # The web page's files (gptlite/web/page): the page the server serves.
@@ -102,7 +103,6 @@ class _Endpoints:
         self.model, self.model_name, self.settings = model, model_name, settings
         self.worker = worker or Worker(model, settings)
         self.started = int(time.time())
-        self.task = self.worker.task
 
     def check_key(self, request):
         if self.settings.api_key is None:
@@ -113,13 +113,13 @@ class _Endpoints:
 
     async def completions(self, request):
         self.check_key(request)
-        return await self.answer(request, parse_completion(await _read_json(request), self.model, self.task,
-                                                           self.model_name, self.settings))
+        return await self.answer(request, parse_completion(await _read_json(request), self.model, self.model_name,
+                                                           self.settings))
 
     async def chat_completions(self, request):
         self.check_key(request)
         return await self.answer(request, parse_chat_completion(await _read_json(request), self.model,
-                                                                self.task, self.model_name, self.settings))
+                                                                self.model_name, self.settings))
 
     async def answer(self, request, completion):
         from starlette.responses import JSONResponse, StreamingResponse
@@ -167,7 +167,7 @@ class _Endpoints:
 
         # 503 while warming, as a load balancer's probe expects of a server not ready for traffic yet.
         status = self.worker.status()
-        chats = self.task.request_refusal("messages") is None
+        chats = tasks.request_refusal(self.model, "messages") is None
         return JSONResponse({**status, "model": self.model_name, "chat": chats},
                             status_code=200 if status["status"] == "ok" else 503)
 
@@ -178,7 +178,7 @@ class _Endpoints:
         body = await _read_json(request) if body is None else body
         tokenizer = self.model.tokenizer
         # A conversation, as the model reads it.
-        if isinstance(body, dict) and "messages" in body and self.task.request_refusal("messages") is None:
+        if isinstance(body, dict) and "messages" in body and tasks.request_refusal(self.model, "messages") is None:
             try:
                 body = {"text": templates.render_for(tokenizer, body["messages"])}
             except InputError as error:
@@ -186,7 +186,7 @@ class _Endpoints:
         text = body.get("text") if isinstance(body, dict) else None
         if not isinstance(text, str) or not text:
             raise RequestError(400, "text must be a non-empty string", "text")
-        refusal = self.task.request_refusal(view)
+        refusal = tasks.request_refusal(self.model, view)
         if refusal is not None:
             raise RequestError(400, refusal)
         if tokenizer.unknown_characters(text):
@@ -220,7 +220,7 @@ class _Endpoints:
 
         def traced(model):
             try:
-                return self.task.traced(model, text, target).to_json(packed=True)
+                return tasks.traced(model, text, target).to_json(packed=True)
             except InputError as error:
                 return RequestError(400, str(error), "target" if target is not None else "text")
 
@@ -242,7 +242,7 @@ class _Endpoints:
         from gptlite.web.export import server_config
 
         return JSONResponse(server_config(self.model, self.model_name,
-                                          self.task.request_refusal("messages") is None))
+                                          tasks.request_refusal(self.model, "messages") is None))
 
     async def page_file(self, request):
         """The page's scripts and look (and ONNX Runtime Web's script, which it loads though it runs nothing here)."""

@@ -9,6 +9,7 @@ import numpy as np
 
 from gptlite.decode.settings import is_whole_number_setting, SAMPLING_FIELDS, SamplingConfig, TOP_LOGPROBS
 from gptlite.errors import ConfigError, first_line, InputError
+from gptlite.tasks import task as tasks
 from gptlite.text import templates
 
 # OpenAI's default max_tokens; every sampling setting left out takes SamplingConfig's default.
@@ -53,19 +54,18 @@ class Completion:
         """Each choice's prompt, in OpenAI's order: prompt 0's n choices first."""
         return [prompt for prompt in self.prompts for _ in range(self.n)]
 
-    def decoding_rows(self, task, model):
-        """Each choice's row as the decode engine reads it (the model's `Task.decoding_rows`: its token ids, a
+    def decoding_rows(self, model):
+        """Each choice's row as the decode engine reads it (`tasks.task.decoding_rows`: its token ids, a
         Seq2Seq's source ids or None, its prompt's length in tokens), in OpenAI's order."""
-        rows_ids, sources, lengths = task.decoding_rows(model.tokenizer, model.config.block_size, self.prompts,
-                                                        self.prompts_ids)
+        rows_ids, sources, lengths = tasks.decoding_rows(model, self.prompts, self.prompts_ids)
         return ([list(ids) for ids in rows_ids for _ in range(self.n)],
                 None if sources is None else np.repeat(sources, self.n, axis=0),
                 [length for length in lengths for _ in range(self.n)])
 
 
-def parse_completion(body, model, task, model_name, settings):
-    """The `Completion` a request body asks for, or a `RequestError` (400, 404) saying what is wrong; `task`: the
-    model's (`tasks.task.of_model`), which says what a request to it may hold."""
+def parse_completion(body, model, model_name, settings):
+    """The `Completion` a request body asks for, or a `RequestError` (400, 404) saying what is wrong; what a
+    request to the model may hold, its task says (`tasks.task.request_refusal`)."""
     if not isinstance(body, dict):
         raise RequestError(400, "the request body must be a JSON object")
     unknown = sorted(set(body) - FIELDS)
@@ -84,7 +84,7 @@ def parse_completion(body, model, task, model_name, settings):
         prompts = prompt
     else:
         raise RequestError(400, "prompt must be a string or a non-empty list of strings", "prompt")
-    sampling = task.bounded(_sampling(body, settings), model.config.block_size)
+    sampling = tasks.bounded(model, _sampling(body, settings))
     n = _number(body, "n", int, 1, settings.max_n)
     logprobs = _number(body, "logprobs", int, 0, TOP_LOGPROBS, default=None)
     echo = body.get("echo") or False
@@ -95,7 +95,7 @@ def parse_completion(body, model, task, model_name, settings):
     if len(prompts) * n > settings.max_batch * 4:
         raise RequestError(400, f"{len(prompts)} prompts x n={n} is more than {settings.max_batch * 4} choices", "n")
     for name, asked in (("echo", echo), ("logprobs", logprobs is not None)):
-        refusal = task.request_refusal(name) if asked else None
+        refusal = tasks.request_refusal(model, name) if asked else None
         if refusal is not None:
             raise RequestError(400, refusal, name)
     tokenizer = model.tokenizer
@@ -106,8 +106,8 @@ def parse_completion(body, model, task, model_name, settings):
                                "prompt")
         # A prompt longer than the context is read as its last tokens, unless `truncate` says no; a source never.
         too_long = len(tokenizer.encode(prompt_text)) > model.config.block_size
-        if too_long and not task.cuts_long_texts(settings.truncate):
-            raise RequestError(400, f"a {task.reads} is longer than the model's context of {model.config.block_size} "
+        if too_long and not tasks.cuts_long_texts(model, settings.truncate):
+            raise RequestError(400, f"a {tasks.reads(model)} is longer than the model's context of {model.config.block_size} "
                                     f"tokens", "prompt")
     return Completion(prompts, sampling, n, stream, logprobs, echo)
 
@@ -143,15 +143,15 @@ CHAT_FIELDS = (FIELDS - {"prompt", "echo", "suffix", "best_of"}) | {"messages", 
                                                                    "max_completion_tokens"}
 
 
-def parse_chat_completion(body, model, task, model_name, settings):
+def parse_chat_completion(body, model, model_name, settings):
     """The `Completion` a chat completions request asks for: its conversation rendered with the model's
-    chat template, its answers ending at the template's end of turn; or a `RequestError`. `task`: the model's."""
+    chat template, its answers ending at the template's end of turn; or a `RequestError`."""
     if not isinstance(body, dict):
         raise RequestError(400, "the request body must be a JSON object")
     unknown = sorted(set(body) - CHAT_FIELDS)
     if unknown:
         raise RequestError(400, f"unknown field {unknown[0]!r}", unknown[0])
-    refusal = task.request_refusal("messages")
+    refusal = tasks.request_refusal(model, "messages")
     if refusal is not None:
         raise RequestError(400, refusal, "messages")
     if not isinstance(body.get("logprobs", False), bool):
@@ -175,7 +175,7 @@ def parse_chat_completion(body, model, task, model_name, settings):
     if body.get("logprobs"):
         asked["logprobs"] = top or 0
     # The answer ends at the template's end of turn too: the worker's rows see to it (decoding.TextRows).
-    return dataclasses.replace(parse_completion(asked, model, task, model_name, settings), chat=True, prompts_ids=[ids])
+    return dataclasses.replace(parse_completion(asked, model, model_name, settings), chat=True, prompts_ids=[ids])
 
 
 def _number(body, name, kind, low, high, default=dataclasses.MISSING):

@@ -16,7 +16,7 @@ from gptlite.decode.rows import TextRows
 from gptlite.decode.settings import SamplingConfig
 from gptlite.errors import GPTLiteError
 from gptlite.serving.parsing import Completion
-from gptlite.tasks.task import of_model
+from gptlite.tasks import task as tasks
 
 # Tokens per engine call at most: new requests join the batch between calls.
 DECODE_STEPS = 32
@@ -99,7 +99,6 @@ class Worker:
 
     def __init__(self, model, settings):
         self.model, self.settings = model, settings
-        self.task = of_model(model)  # what the rows of its requests read: prompts, or a Seq2Seq's sources
         self.jobs = queue.Queue()
         self.waiting = 0
         self.compiling = 0  # warm-up plans not built yet of those before ready (see warm_up)
@@ -239,7 +238,7 @@ class Worker:
         # fits (1, 2, .. capacity / 2), so that placing them into its free slots is built too (on a GPU; on a
         # CPU they are placed with NumPy).
         def admit(count):
-            rows_ids, sources = self.task.warm_rows(self.model.tokenizer, block_size, length, count)
+            rows_ids, sources = tasks.warm_rows(self.model, length, count)
             engine.admit(rows_ids, [SamplingConfig(seed=0)] * count, sources)
 
         admit(1)
@@ -335,7 +334,7 @@ class Worker:
         job.live = count
         job.texts, job.reasons, job.completion_tokens = [""] * count, [None] * count, [0] * count
         job.logprobs = [_Logprobs() if job.completion.logprobs is not None else None for _ in range(count)]
-        job.rows_ids, job.sources, job.prompt_tokens = job.completion.decoding_rows(self.task, self.model)
+        job.rows_ids, job.sources, job.prompt_tokens = job.completion.decoding_rows(self.model)
         if job.completion.echo:
             echoed = [(prompt, _prompt_logprobs(self.model, ids, job.completion.logprobs)
                        if job.completion.logprobs is not None else None)

@@ -16,7 +16,7 @@ from gptlite.data import chat_tasks
 from gptlite.decode.generation import prompt_ids
 from gptlite.errors import ConfigError, InputError
 from gptlite.evaluation import scores
-from gptlite.model.gpt import checked_model
+from gptlite.model.gpt import check_use
 from gptlite.tasks import every_task, task_named, TASKS
 
 
@@ -216,7 +216,7 @@ def evaluate(model, sources=(), encoding="utf-8", errors="strict", unknown="erro
     unknown: characters a char vocabulary lacks are an error ("error"), left
     out ("skip") or spaces ("replace"). verbose=1 shows a progress bar.
     """
-    checked_model(model, ConfigError(f"evaluate scores a GPT or a Seq2Seq, not a {type(model).__name__}"))
+    check_use(model, "be scored", ConfigError(f"evaluate scores a GPT or a Seq2Seq, not a {type(model).__name__}"))
     sources = [sources] if isinstance(sources, (str, pathlib.Path)) else list(sources)
     if synthetic is not None:
         if sources:
@@ -271,6 +271,43 @@ def write(model, asked, settings, model_name="the model"):
 def draw_attention(model, path, asked, part=None, layer=None, head=None, model_name="the model"):
     """Draw the model's attention over what it was `asked` to `path`; what was drawn, in words."""
     return of_model(model).draw_attention(model, path, asked, part, layer, head, model_name)
+
+
+# What the server asks of a model, each its task's way (`Task`'s methods of the same names).
+
+def request_refusal(model, field):
+    """Why a request to the server may not hold `field` for this model, or None where it may."""
+    return of_model(model).request_refusal(field)
+
+
+def traced(model, text, target=None):
+    """Every step of the model reading `text` (a Seq2Seq's source, writing `target`), for the Inside view."""
+    return of_model(model).traced(model, text, target)
+
+
+def reads(model):
+    """What the model reads, in a word: "prompt", or a Seq2Seq's "source"."""
+    return of_model(model).reads
+
+
+def cuts_long_texts(model, truncate):
+    """Whether a text longer than the model's context is read as its last tokens (under `truncate`)."""
+    return of_model(model).cuts_long_texts(truncate)
+
+
+def bounded(model, sampling):
+    """`sampling` asking for no more tokens than a row of the model can write."""
+    return of_model(model).bounded(sampling, model.config.block_size)
+
+
+def decoding_rows(model, texts, texts_ids=None):
+    """What the decode engine reads for each text: (each row's token ids, the sources or None, each length)."""
+    return of_model(model).decoding_rows(model.tokenizer, model.config.block_size, texts, texts_ids)
+
+
+def warm_rows(model, length, count):
+    """`count` rows of `length` tokens to build the model's decode programs with, as `decoding_rows` gives them."""
+    return of_model(model).warm_rows(model.tokenizer, model.config.block_size, length, count)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -76,8 +76,9 @@ def decoder_only(form):
     def declared(write):
         @functools.wraps(write)
         def checked(model, *args, **kwargs):
-            model.check_continues_text(f"{form} holds a decoder-only model, one that continues text (a GPT); a "
-                                       f"{type(model).__name__} writes targets from sources")
+            from gptlite.model.gpt import check_use  # not above: it imports Keras
+
+            check_use(model, "be written in a decoder-only form", form=form)
             return write(model, *args, **kwargs)
         return checked
     return declared

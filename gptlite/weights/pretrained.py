@@ -15,7 +15,7 @@ import numpy as np
 
 from gptlite.errors import ConfigError, first_line, InputError, MissingFileError
 from gptlite.files import atomic_directory, read_json
-from gptlite.model.gpt import GPT
+from gptlite.model.gpt import check_use, GPT
 from gptlite.text import templates
 from gptlite.text.bpe import BPETokenizer
 from gptlite.text.tokenizers import CharTokenizer
@@ -41,8 +41,7 @@ def from_pretrained(name_or_path, block_size=None, dropout=None, dtype=None):
     if path is not None and (path.is_file() or path.suffix == ".keras"):
         source = saving.load(path)
     if source is not None:
-        source.check_continues_text(f"{path or 'the model'} holds a {type(source).__name__}; only a GPT can be "
-                                    f"fine-tuned")
+        check_use(source, "be fine-tuned", source=path or "the model")
     if source is not None:
         settings = {name: value for name, value in dataclasses.asdict(source.config).items() if name != "vocab_size"}
         tokenizer = source.tokenizer

@@ -8,7 +8,7 @@ import numpy as np
 from gptlite.backend.runtime import running
 from gptlite.errors import ConfigError, InputError
 from gptlite.files import atomic_directory, atomic_path, check_model_file
-from gptlite.model.gpt import checked_model
+from gptlite.model.gpt import check_use
 from gptlite.model.layers import layers_within
 from gptlite.weights import decoder_only
 
@@ -64,7 +64,7 @@ def load(path):
     except Exception as error:  # Keras raises many types for a damaged file.
         raise InputError(f"cannot load {path}: {str(error).splitlines()[0]}") from error
     refusal = InputError(f"{path} holds a {type(model).__name__}, not a gptlite model")
-    if checked_model(model, refusal).tokenizer is None:
+    if check_use(model, "be loaded", refusal).tokenizer is None:
         raise refusal
     return model
 

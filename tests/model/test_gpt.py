@@ -1,4 +1,5 @@
 import json
+import re
 
 import keras
 import numpy as np
@@ -130,6 +131,26 @@ def test_load_gives_clear_errors_for_files_that_are_not_gptlite_models(tmp_path)
     other.save(tmp_path / "other.keras")
     with pytest.raises(gptlite.InputError, match="not a gptlite model"):
         gptlite.load(tmp_path / "other.keras")
+
+
+
+def test_each_use_is_refused_in_its_declared_words_to_the_kinds_that_do_not_serve_it(tiny_model, tiny_seq2seq):
+    from gptlite.model.gpt import check_use, MODELS, USES
+
+    assert set().union(*(kind.uses for kind in MODELS)) == {use for use, words in USES.items() if words}
+    words = {"form": "a file", "source": "it"}
+    for use, refusal in USES.items():
+        for model in (tiny_model, tiny_seq2seq):
+            if refusal is None or use in model.uses:
+                assert check_use(model, use) is model
+            else:
+                written = refusal.format(model=type(model).__name__, **words)
+                with pytest.raises(gptlite.ConfigError, match=f"^{re.escape(written)}$"):
+                    check_use(model, use, **words)
+        with pytest.raises(gptlite.ConfigError, match="^expected a gptlite (GPT|Seq2Seq|GPT or Seq2Seq), got str$"):
+            check_use("model.keras", use)
+    with pytest.raises(gptlite.InputError, match="^mine$"):
+        check_use(None, "be loaded", gptlite.InputError("mine"))
 
 
 # --- Seq2Seq
