@@ -59,7 +59,8 @@ _LAZY = {
     # weights/
     "load": "weights.saving", "save": "weights.saving", "from_pretrained": "weights.pretrained",
     "export_hugging_face": "weights.pretrained", "export_kerashub": "weights.gpt2", "export_gguf": "weights.gguf_export",
-    "export": "weights",
+    # exports.py
+    "export": "exports",
     # web/
     "export_web": "web.export",
     # training/, evaluation/, tasks/

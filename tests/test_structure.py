@@ -39,9 +39,43 @@ def allowed_rooms():
     return allowed
 
 
+def registry_imports():
+    """The modules of gptlite that `importlib.import_module` loads by a name a registry's entry gives: for each
+    module that declares a registry (by its dotted name), the modules its entries name. The room order counts them
+    as the registry's imports (a registry's load, inside a function, runs after its module and the entry's are
+    read: no circle). A new registry that loads its entries' modules so is added here
+    (`test_every_module_loaded_by_name_is_one_a_registry_names` says so)."""
+    import gptlite
+    from gptlite import exports, serving, tasks, text
+
+    return {
+        "gptlite": {f"gptlite.{module}" for module in gptlite._LAZY.values()},
+        "gptlite.exports": {f"gptlite.{kind.module}" for kind in exports.EXPORT_FORMATS.values()},
+        "gptlite.serving": {f"gptlite.serving.{module}" for module in serving._LAZY.values()},
+        "gptlite.tasks": {f"gptlite.tasks.{declared.module}" for declared in tasks.TASKS.values()},
+        "gptlite.text": {f"gptlite.text.{module}" for module, *_ in text.TOKENIZERS.values()} | {"gptlite.text.bpe"},
+    }
+
+
+def loaded_by_name(tree):
+    """The names of gptlite's modules that `importlib.import_module` is given in a module's `tree`: a string, or an
+    f-string's text before its first field ("gptlite.tasks." for f"gptlite.tasks.{module}"). (A name held in a
+    variable is a backend's or Keras's: `backend.runtime`, `backend.program_bytes`.)"""
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module" and node.args:
+            named = node.args[0]
+            if isinstance(named, ast.JoinedStr) and named.values:
+                named = named.values[0]
+            if isinstance(named, ast.Constant) and str(named.value).startswith("gptlite."):
+                names.append(named.value)
+    return names
+
+
 def imported_rooms(path):
-    """The rooms of gptlite that a file imports from, anywhere in it (functions included)."""
-    found = set()
+    """The rooms of gptlite that a file imports from, anywhere in it (functions included), a registry's entries'
+    modules loaded by name among them."""
+    found = {module.split(".")[1] for module in registry_imports().get(_module_name(path), ())}
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "gptlite":
             if node.module == "gptlite":  # a room by its name, else a name of the package's root, whose
@@ -95,6 +129,18 @@ def module_imports():
                 edges.update(alias.name for alias in node.names if alias.name.split(".")[0] == "gptlite")
         graph[name] = edges - {name}
     return graph
+
+
+def test_every_module_loaded_by_name_is_one_a_registry_names():
+    """`importlib.import_module` loads a module of gptlite only where a registry of `registry_imports` names it,
+    so that the room order above follows each registry's entries as imports."""
+    registries, offenders = registry_imports(), []
+    for path in sorted(PACKAGE.glob("**/*.py")):
+        module = _module_name(path)
+        for named in loaded_by_name(ast.parse(path.read_text())):
+            if not any(entry.startswith(named) for entry in registries.get(module, ())):
+                offenders.append(f"{path.relative_to(PACKAGE)}: import_module({named!r}...)")
+    assert not offenders, offenders
 
 
 def test_no_module_imports_one_that_imports_it_back():

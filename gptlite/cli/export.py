@@ -5,7 +5,7 @@ import pathlib
 from gptlite.cli.command import check_model, command
 from gptlite.cli.flags import add_backend_flags, Parser
 from gptlite.errors import RunExistsError
-from gptlite.weights import check_export, export, EXPORT_FORMATS
+from gptlite.exports import check_export, export, EXPORT_FORMATS
 
 SUMMARY = f"write a model in a form other programs load ({', '.join(EXPORT_FORMATS)})"
 

@@ -7,20 +7,42 @@ Nothing here imports Keras: the command line reads the choices below before it s
 """
 
 import importlib
+import typing
 
-# What a run trains, by the value of its `task` setting: (the module of tasks/, the `Task` class, what it trains,
-# for the commands' help). A new kind of run is one class in tasks/ and one line here.
+
+class Declared(typing.NamedTuple):
+    """A kind of run as TASKS declares it: the module of tasks/ and its `Task` class; what it trains, for the
+    commands' help; the settings of a preset of its own, named as the task (`training.settings.PRESETS` holds it),
+    where its models train with other settings than a language model's; the steps that preset trains each of the
+    task's synthetic tasks for, where one takes other than the preset's."""
+
+    module: str
+    class_name: str
+    trains: str
+    preset: dict = None
+    synthetic_steps: dict = None
+
+
+# What a run trains, by the value of its `task` setting. A new kind of run is one class in tasks/ and one line here.
 TASKS = {
-    "lm": ("language", "LanguageModel", "a GPT that continues text (the default)"),
-    "seq2seq": ("pairs", "Pairs", "an encoder-decoder that learns to write each line's target from its source"),
-    "chat": ("chat", "Chat", "a GPT that answers, trained on a JSON Lines file of conversations (see docs/chat.md)"),
+    "lm": Declared("language", "LanguageModel", "a GPT that continues text (the default)"),
+    "seq2seq": Declared(
+        "pairs", "Pairs", "an encoder-decoder that learns to write each line's target from its source",
+        # An encoder and a decoder of 2 blocks each; its block size, unless given, is the longest pair's.
+        preset=dict(n_layer=2, n_head=4, n_embd=128, dropout=0.0,
+                    batch_size=128, max_iters=6000, lr=3e-3, min_lr=3e-4, warmup_iters=200,
+                    beta2=0.99, weight_decay=0.1, eval_interval=500, eval_iters=10, checkpoint_interval=500),
+        # About what each synthetic task takes to decode 99% of its held-out pairs exactly (benchmarks/journal.md).
+        synthetic_steps={"addition": 8000, "reverse": 1500, "sort": 6000}),
+    "chat": Declared("chat", "Chat", "a GPT that answers, trained on a JSON Lines file of conversations (see "
+                                     "docs/chat.md)"),
 }
 
 
 def task_named(name):
     """The `Task` that the `task` setting `name` names (one of TASKS)."""
-    module, class_name, _ = TASKS[name]
-    return getattr(importlib.import_module(f"gptlite.tasks.{module}"), class_name)()
+    declared = TASKS[name]
+    return getattr(importlib.import_module(f"gptlite.tasks.{declared.module}"), declared.class_name)()
 
 
 def every_task():

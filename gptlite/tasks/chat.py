@@ -129,12 +129,12 @@ class Chat(LanguageModel):
             checked = data.held_out[:chat.EVALUATED_QUESTIONS]
             metrics["exact_answers"] = lambda trained: chat.exact_answers(trained, checked)
         return Training(train_rows, validation_rows, line, metrics, self.sampler(plan),
-                        held_out_questions=data.held_out)
+                        held_out=data.held_out)
 
     def closing_words(self, run, shown=8):
         """How many held-out questions the final model answers exactly (greedy), a few of its answers, and how to
         talk with it."""
-        questions = run.held_out_questions
+        questions = run.held_out
         if questions:
             answered, exact = chat.greedy_answers(run.model, questions)
             yield (f"the final model answers {sum(exact):,} of {len(questions):,} held-out questions exactly "

@@ -46,8 +46,9 @@ class Training:
     line: str
     metrics: dict
     sample: object
-    held_out: object = None  # a seq2seq run's held-out pairs (`data.pairs.Pairs`)
-    held_out_questions: list = None  # a chat run's: [(messages, answer)]
+    # What the task held out to check the model on, its own kind of record: a seq2seq run's pairs
+    # (`data.pairs.Pairs`), a chat run's questions ([(messages, answer)]); None where it held out nothing.
+    held_out: object = None
 
 
 class Task:

@@ -41,7 +41,7 @@ class RunArguments:
                                 f"task's own for the others)", choices=tuple(sorted(PRESETS)))
     # The registries themselves are the choices (not a copy): a line added to one is offered at once.
     task: str = setting(None, "what the run trains: " + "; ".join(
-        f"{name}: {description}" for name, (_, _, description) in TASKS.items()), choices=TASKS)
+        f"{name}: {declared.trains}" for name, declared in TASKS.items()), choices=TASKS)
     synthetic: str = setting(None, "train on a built-in task instead of files: a seq2seq model's (" +
                              "; ".join(f"{name}: {what}, {SYNTHETIC_MAX_ITERS[name]} steps unless `max_iters` says"
                                        for name, what in SYNTHETIC_TASKS.items()) +

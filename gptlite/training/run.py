@@ -24,7 +24,6 @@ import keras
 
 from gptlite.backend import compile_cache
 from gptlite.backend.runtime import running
-from gptlite.data import pairs
 from gptlite.errors import ConfigError, InputError, MissingFileError, RunExistsError
 from gptlite.setting import described
 from gptlite.tasks.task import named
@@ -45,10 +44,10 @@ class TrainedRun:
     history: list  # one dict per evaluation: step, train_loss, val_loss, learning_rate, elapsed_s, ...
     out_dir: pathlib.Path
     training_config: TrainingConfig  # the settings it trained with
-    held_out: pairs.Pairs = None  # a Seq2Seq's held-out pairs
-    # A chat run's held-out questions: a synthetic task's own, or the last answers of the conversations held out
-    # of (or given beside) the training file: [(messages, answer)].
-    held_out_questions: list = None
+    # What its task held out to check the model on (`tasks.task.Training.held_out`): a Seq2Seq's pairs; a chat
+    # run's questions, a synthetic task's own or the last answers of the conversations held out of (or given
+    # beside) the training file, [(messages, answer)]; None where it held out nothing.
+    held_out: object = None
     task: object = None  # the run's `tasks.task.Task`
 
     @property
@@ -160,7 +159,7 @@ def _train(plan, data, start, say, verbose):
         history = fit.train(model, training.train, training.validation, config, out_dir, verbose=verbose,
                             resume=bool(plan.checkpoint), peak_flops=plan.peak_flops, tensorboard=plan.tensorboard,
                             metrics=training.metrics, sample=training.sample, task=task)
-    return TrainedRun(model, history, out_dir, config, training.held_out, training.held_out_questions, task)
+    return TrainedRun(model, history, out_dir, config, training.held_out, task)
 
 
 def _starting_model(plan, start, say):

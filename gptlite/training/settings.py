@@ -12,6 +12,7 @@ from gptlite.data import CHAT_SYNTHETIC_TASKS, SYNTHETIC_TASKS  # noqa: F401 (th
 from gptlite.errors import ConfigError, is_count, is_fraction, require
 from gptlite.model.config import GPTConfig, LORA_TARGETS, lora_targets, MODEL_SHAPE_SETTINGS
 from gptlite.setting import check_choices, setting
+from gptlite.tasks import TASKS
 
 
 # Keras dtype policies: mixed ones keep float32 weights and optimizer state,
@@ -128,13 +129,6 @@ PRESETS = {
         beta2=0.99, weight_decay=0.1, eval_interval=250, eval_iters=20, checkpoint_interval=250,
         precision="bf16",
     ),
-    # The seq2seq model's: an encoder and a decoder of 2 blocks each. Its
-    # block size, unless given, is the longest pair's.
-    "seq2seq": dict(
-        n_layer=2, n_head=4, n_embd=128, dropout=0.0,
-        batch_size=128, max_iters=6000, lr=3e-3, min_lr=3e-4, warmup_iters=200,
-        beta2=0.99, weight_decay=0.1, eval_interval=500, eval_iters=10, checkpoint_interval=500,
-    ),
     # Seconds long: for tests and first tries.
     "tiny": dict(
         n_layer=2, n_head=2, n_embd=32, block_size=32, dropout=0.0,
@@ -146,10 +140,11 @@ PRESETS = {
 # validation loss in the same wall time, with every seed, on Tiny Shakespeare (characters and a BPE of 2,048
 # tokens) and on Python sources (docs/training.md, "What each technique buys").
 DEFAULT_PRESET = "laptop"
-# The steps of the seq2seq preset for a synthetic task: about what each task
-# takes to decode 99% of its held-out pairs exactly (benchmarks/journal.md).
-SYNTHETIC_MAX_ITERS = {"addition": 8000, "reverse": 1500, "sort": 6000}
-assert tuple(SYNTHETIC_MAX_ITERS) == tuple(SYNTHETIC_TASKS)
+# The presets of the tasks that have their own (tasks.TASKS declares them), each named as its task.
+PRESETS.update({name: declared.preset for name, declared in TASKS.items() if declared.preset})
+# The steps a synthetic task trains for with its task's preset, where it takes other than the preset's.
+SYNTHETIC_MAX_ITERS = {name: steps for declared in TASKS.values() for name, steps in (declared.synthetic_steps or
+                                                                                       {}).items()}
 
 # What a run that starts from a pretrained model may set of its shape: a shorter context, and dropout.
 FINE_TUNING_SHAPE_SETTINGS = ("block_size", "dropout", "attention_dropout")

@@ -126,11 +126,11 @@ def test_a_task_added_as_one_class_and_one_registry_line_is_offered_trained_and_
     import sys
 
     from gptlite.cli import train
-    from gptlite.tasks import TASKS
+    from gptlite.tasks import Declared, TASKS
     from gptlite.training.checkpoints import read_checkpoint
 
     monkeypatch.setitem(sys.modules, "gptlite.tasks.poems_for_a_test", _poems_module())
-    monkeypatch.setitem(TASKS, "poems", ("poems_for_a_test", "Poems", "a GPT on poems"))
+    monkeypatch.setitem(TASKS, "poems", Declared("poems_for_a_test", "Poems", "a GPT on poems"))
     parser = train.make_parser("gptlite-train")
     assert "poems" in next(action.choices for action in parser._actions if action.dest == "task")
     (tmp_path / "poem.txt").write_text("the moon is high, the sea is wide; the night is long. " * 40)

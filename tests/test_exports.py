@@ -1,12 +1,12 @@
-"""The forms `gptlite export` writes (`gptlite.weights.EXPORT_FORMATS`): each a function of a module of weights/ (the web page's, of web/),
-checked before a model loads."""
+"""The forms `gptlite export` writes (`gptlite.exports.EXPORT_FORMATS`): each a function of a module of weights/
+(the web page's, of web/), checked before a model loads."""
 
 import importlib
 
 import pytest
 
 import gptlite
-from gptlite.weights import check_export, EXPORT_FORMATS
+from gptlite.exports import check_export, EXPORT_FORMATS
 
 
 @pytest.mark.once("the table is plain Python")
@@ -89,7 +89,7 @@ def test_a_format_added_as_one_module_and_one_table_line_is_offered_written_and_
     import numpy as np
 
     from gptlite.cli import export
-    from gptlite.weights import ExportFormat
+    from gptlite.exports import ExportFormat
 
     monkeypatch.setitem(sys.modules, "gptlite.weights.numbers_for_a_test", _numbers_module())
     monkeypatch.setitem(EXPORT_FORMATS, "numbers", ExportFormat(
