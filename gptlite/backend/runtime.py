@@ -121,7 +121,8 @@ class Runtime:
         Each step's batch of `batch_size` sequences is split evenly across the replicas and their gradients
         averaged, so that the step is the same step, on the same batch and learning rate, as on one device.
         """
-        raise ConfigError(f"distributed training needs the tensorflow or jax backend, not {self.name}")
+        trainers = backends_where(lambda runtime: runtime.data_parallel is not Runtime.data_parallel)
+        raise ConfigError(f"distributed training needs the {trainers} backend, not {self.name}")
         yield
 
     def check_accumulation(self, grad_accum):
@@ -286,6 +287,12 @@ class TorchRuntime(Runtime):
 
 # Every backend's runtime, by Keras's name for it.
 RUNTIMES = {runtime.name: runtime for runtime in (TensorFlowRuntime, JaxRuntime, TorchRuntime)}
+
+
+def backends_where(answer):
+    """The backends whose runtime class `answer` (a function of one) holds true for, in words: "tensorflow or
+    jax", for a refusal that names the backends that would do."""
+    return " or ".join(name for name, runtime in RUNTIMES.items() if answer(runtime))
 
 
 @functools.cache

@@ -5,7 +5,7 @@ import pathlib
 import keras
 import numpy as np
 
-from gptlite.backend.runtime import running
+from gptlite.backend.runtime import backends_where, running
 from gptlite.errors import ConfigError, InputError
 from gptlite.files import atomic_directory, atomic_path, check_model_file
 from gptlite.model.gpt import check_use
@@ -103,7 +103,6 @@ def check_export_backend():
     """Keras writes SavedModels from TensorFlow and JAX only (torch would need torch_xla)."""
     runtime = running()
     if not runtime.exports_saved_model:
-        raise ConfigError(
-            f"exporting a SavedModel needs the tensorflow or jax backend, not {runtime.name}; "
-            f"run it with KERAS_BACKEND=tensorflow (a model.keras file loads under every backend)"
-        )
+        writers = backends_where(lambda each: each.exports_saved_model)
+        raise ConfigError(f"exporting a SavedModel needs the {writers} backend, not {runtime.name}; run it with "
+                          f"KERAS_BACKEND=tensorflow (a model.keras file loads under every backend)")
