@@ -32,7 +32,6 @@ class Pairs(Task):
     called = "a seq2seq model"
     reads = "source"
     model_class = Seq2Seq
-    default_preset = "seq2seq"
     synthetic = SYNTHETIC_TASKS
 
     def owns(self, model):

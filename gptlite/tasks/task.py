@@ -66,9 +66,14 @@ class Task:
     name = None
     called = "a language model"  # what a model of this task is, in words
     reads = "prompt"  # what it is given to write from: a "prompt" it continues, or a "source" it writes a target for
-    default_preset = "laptop"  # the preset a run takes where it names none (settings.DEFAULT_PRESET)
     measures_mfu = False  # whether its FLOPs per token are known, for model FLOPs utilisation
     synthetic = {}  # the built-in tasks (the `synthetic` setting) it trains on instead of files, by name
+
+    @property
+    def default_preset(self):
+        """The preset a run takes where it names none: the task's own where TASKS declares one, named as the task,
+        else a language model's (`training.settings.DEFAULT_PRESET`)."""
+        return self.name if TASKS[self.name].preset else "laptop"
 
     def owns(self, model):
         """Whether `model` (a GPT or Seq2Seq) is one this task trains: exactly one task of TASKS owns a model."""
