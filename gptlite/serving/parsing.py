@@ -107,8 +107,8 @@ def parse_completion(body, model, model_name, settings):
         # A prompt longer than the context is read as its last tokens, unless `truncate` says no; a source never.
         too_long = len(tokenizer.encode(prompt_text)) > model.config.block_size
         if too_long and not tasks.cuts_long_texts(model, settings.truncate):
-            raise RequestError(400, f"a {tasks.reads(model)} is longer than the model's context of {model.config.block_size} "
-                                    f"tokens", "prompt")
+            raise RequestError(400, f"a {tasks.reads(model)} is longer than the model's context of "
+                                    f"{model.config.block_size} tokens", "prompt")
     return Completion(prompts, sampling, n, stream, logprobs, echo)
 
 
