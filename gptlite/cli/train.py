@@ -25,11 +25,10 @@ def make_parser(prog):
     parser.add_argument("--config", type=pathlib.Path, default=None, metavar="FILE",
                         help="read the texts, options and settings from a run file (every run writes its own to "
                              "--out/config.toml); flags given here win over the file's values")
-    parser.add_argument("--tensorboard", action="store_true",
-                        help="write TensorBoard event files to --out/tensorboard at each evaluation: losses, bits "
-                             "per character, learning rate, tokens per second and a text sample")
+    # One setting, two flags: --tensorboard sets it True, --tensorboard-dir to a folder.
+    parser.add_argument("--tensorboard", action="store_true", help=fields["tensorboard"].metadata["help"])
     parser.add_argument("--tensorboard-dir", type=pathlib.Path, default=None, metavar="DIR",
-                        help="write the TensorBoard event files to DIR instead (implies --tensorboard)")
+                        help="that other folder (implies --tensorboard)")
     add_backend_flags(parser)
     _add_setting_flags(parser)
     return with_flags_in_help(parser)

@@ -70,9 +70,9 @@ class RunArguments:
     resume: bool = setting(False, "continue the run in `out_dir` from its last checkpoint")
     overwrite: bool = setting(False, "replace a run already in `out_dir` (without it, or `resume`, a folder that "
                                      "holds a run is refused and left as it is)")
-    tensorboard: object = setting(None, "a folder for TensorBoard event files (True: `out_dir`/tensorboard), written "
-                                        "at each evaluation: losses, bits per character, learning rate, tokens per "
-                                        "second and a text sample")
+    tensorboard: object = setting(None, "write TensorBoard event files at each evaluation (losses, bits per "
+                                        "character, learning rate, tokens per second and a text sample) to "
+                                        "`out_dir`/tensorboard, or to another folder given instead of True")
     mfu: bool = setting(None, "show and record model FLOPs utilisation at each evaluation, against `peak_flops` (on "
                               "by default for the gpu preset on a GPU)")
     peak_flops: float = setting(None, f"the hardware's peak FLOPs per second for `mfu` (none: {DEFAULT_PEAK_FLOPS / 1e12:g}e12, "
