@@ -62,8 +62,15 @@ class Runtime:
         return function(*args)
 
     def traces_each_process(self):
-        """Whether each process traces its own programs for each model, none loaded from bytes or kept."""
+        """Whether each process traces its own programs for each model (`trace_here`), none loaded from bytes or
+        kept."""
         return False
+
+    def trace_here(self, flat, shapes, xla, outputs_layout):
+        """The program of `flat` (a function of flat arrays) for inputs of `shapes`, traced in this process and
+        reading the weights of the model it was traced with; `outputs_layout()`, once traced: its outputs' layout.
+        For a runtime that `traces_each_process`."""
+        raise NotImplementedError
 
     def trace(self, flat, model, shapes, xla):
         """The program of `flat` (a function of flat arrays, reading `model`'s variables) for inputs of `shapes`,
@@ -149,6 +156,14 @@ class TensorFlowRuntime(Runtime):
     def traces_each_process(self):
         # The public floor: where TensorFlow's internals are not those programs are loaded from bytes with.
         return not program_bytes.private_layer()
+
+    def trace_here(self, flat, shapes, xla, outputs_layout):
+        # Traced by tf.function and called as tf.function calls it; it reads no weights as inputs: its model's own.
+        import tensorflow as tf
+
+        specs = [tf.TensorSpec(shape, dtype) for shape, dtype in shapes]
+        traced = tf.function(flat, jit_compile=xla, autograph=False).get_concrete_function(*specs)
+        return program_bytes.TensorFlowProgram(traced, [], outputs_layout())
 
     def trace(self, flat, model, shapes, xla):
         return program_bytes.trace_tensorflow(flat, model, shapes, xla)

@@ -37,8 +37,7 @@ import weakref
 import keras
 
 from gptlite.backend import compile_cache
-from gptlite.backend.program_bytes import (filled, layout_of, leaves_of, structure_of, TensorFlowProgram,
-                                           write_entry)
+from gptlite.backend.program_bytes import filled, layout_of, leaves_of, structure_of, write_entry
 from gptlite.backend.runtime import running
 from gptlite.model.layers import layers_within
 
@@ -176,9 +175,11 @@ class Compiled:
         compile_cache.start(self.runtime.name)
         model = self._model()
         entry = _entry_name(self.name, self.xla, model, layout, shapes)
-        if self.runtime.traces_each_process():  # TensorFlow's public floor: programs of this model's own
+        if self.runtime.traces_each_process():  # programs of this model's own, traced in this process
             if entry not in self._traced_here:  # inputs that differ only in how they come (a dtype's kind) share one
-                self._traced_here[entry] = self._traced_tensorflow(model, layout, shapes)
+                described = {}
+                self._traced_here[entry] = self.runtime.trace_here(self._flat(layout, described), shapes, self.xla,
+                                                                   lambda: described["outputs"])
             return self._traced_here[entry]
         if entry in _loaded:
             return _loaded[entry]
@@ -213,17 +214,6 @@ class Compiled:
         header, payload = self.runtime.trace(flat, model, shapes, self.xla)
         header["outputs_layout"] = described["outputs"]
         return header, payload
-
-    def _traced_tensorflow(self, model, layout, shapes):
-        """The public floor under TensorFlow: the function traced by tf.function and called as tf.function calls
-        it. It reads the weights of `model`, the one it was traced with."""
-        import tensorflow as tf
-
-        described = {}
-        specs = [tf.TensorSpec(shape, dtype) for shape, dtype in shapes]
-        traced = tf.function(self._flat(layout, described), jit_compile=self.xla,
-                             autograph=False).get_concrete_function(*specs)
-        return TensorFlowProgram(traced, [], described["outputs"])  # it reads no weights as inputs: its own
 
 
 # --- an entry's name
