@@ -93,13 +93,20 @@ def test_a_seq2seqs_inside_graph_gives_its_encoder_and_cross_attention_as_python
 # --- the page in a browser
 
 def _wait_for(browser, element_id, states=("done", "error"), seconds=120):
+    """The `data-state` of the element `element_id` once it is one of `states`, or when `seconds` have passed; the
+    element may be made by the page's script after the page has loaded."""
+    from selenium.common.exceptions import NoSuchElementException
     from selenium.webdriver.common.by import By
 
-    element = browser.find_element(By.ID, element_id)
     deadline = time.monotonic() + seconds
-    while element.get_attribute("data-state") not in states and time.monotonic() < deadline:
+    while True:
+        try:
+            state = browser.find_element(By.ID, element_id).get_attribute("data-state")
+        except NoSuchElementException:
+            state = None
+        if state in states or time.monotonic() >= deadline:
+            return state
         time.sleep(0.05)
-    return element.get_attribute("data-state")
 
 
 def _opened(browser, url, **query):
@@ -244,6 +251,7 @@ def test_the_notebooks_view_of_a_python_trace_answers_the_same_contract(site, br
     for candidate in shown["probabilities"]:
         assert abs(candidate["probability"] - expected[candidate["id"]]) <= 1e-6
     other = notebook.html(trace, dict(token=1, layer=1, head=3, step="rotary"))
+    page = tmp_path / "other.html"  # a new address: the browser loads it afresh, never as a reload of the first
     page.write_text("<!doctype html><meta charset='utf-8'>" + other)
     browser.get(page.as_uri())
     assert _wait_for(browser, "inside") == "done"
