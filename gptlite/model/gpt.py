@@ -48,11 +48,16 @@ def check_use(value, use, refusal=None, **words):
     USES's words for the use (a ConfigError; `words` fill them); anything else, with `refusal` where the caller
     gives one (a file that holds another Keras model), else with a ConfigError naming the kinds that serve it."""
     if not isinstance(value, _Transformer):
-        serving = " or ".join(kind.__name__ for kind in MODELS if USES[use] is None or use in kind.uses)
+        serving = " or ".join(kind.__name__ for kind in MODELS if _serves(kind, use))
         raise refusal or ConfigError(f"expected a gptlite {serving}, got {type(value).__name__}")
-    if USES[use] is not None and use not in value.uses:
+    if not _serves(type(value), use):
         raise ConfigError(USES[use].format(model=type(value).__name__, **words))
     return value
+
+
+def _serves(kind, use):
+    """Whether a model of `kind` (a class of MODELS) serves `use`: every kind serves a use USES refuses to none."""
+    return USES[use] is None or use in kind.uses
 
 
 class _Transformer(keras.Model):
