@@ -48,7 +48,7 @@ _LAZY = {
     # model/
     "GPT": "model.gpt", "Seq2Seq": "model.gpt", "Attention": "model.attention",
     "EncoderBlock": "model.blocks", "TransformerBlock": "model.blocks", "FeedForward": "model.layers",
-    "Linear": "model.layers", "RMSNorm": "model.layers", "TokenAndPositionEmbedding": "model.layers",
+    "Linear": "model.layers", "RMSNorm": "model.norms", "TokenAndPositionEmbedding": "model.layers",
     # text/, data/
     "BPETokenizer": "text.bpe", "CharTokenizer": "text.tokenizers", "PretrainedTokenizer": "text.bpe",
     "read_conversations": "data.conversations", "chat_ready": "weights.pretrained",
@@ -66,10 +66,12 @@ _LAZY = {
     # training/, evaluation/, tasks/
     "train": "training.fit", "TrainedRun": "training.run", "train_on_text": "training.run",
     "RunConfig": "training.run_config", "read_run_config": "training.run_config",
-    "evaluate": "tasks.task", "Evaluation": "evaluation.scores", "AttentionMaps": "evaluation.inspection",
-    "attention_maps": "evaluation.inspection", "plot_attention": "evaluation.inspection",
-    "plot_positions": "evaluation.inspection", "token_report": "evaluation.inspection",
-    "trace": "evaluation.trace", "trace_target": "evaluation.trace", "Trace": "evaluation.trace",
+    "evaluate": "tasks.task", "Evaluation": "evaluation.scores",
+    # inside/
+    "AttentionMaps": "inside.inspection", "attention_maps": "inside.inspection", "plot_attention": "inside.inspection",
+    "plot_positions": "inside.inspection", "token_report": "inside.inspection",
+    "trace": "inside.trace", "trace_target": "inside.trace", "Trace": "inside.trace",
+    "heads": "inside.heads", "HeadReport": "inside.heads", "patching": "inside.patching", "Patching": "inside.patching",
 }
 __all__ = sorted(["ConfigError", "GPTLiteError", "InputError", "MissingFileError", "RunExistsError",
                   "TrainingDiverged", "TrainingInterrupted", "PRESETS", "GPTConfig", "TrainingConfig", "quiet",

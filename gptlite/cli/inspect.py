@@ -36,7 +36,7 @@ def make_parser(prog):
 
 
 def run(args):
-    from gptlite.evaluation import inspection
+    from gptlite.inside import inspection
     from gptlite.tasks.task import describe, given_text
     from gptlite.weights import saving
 

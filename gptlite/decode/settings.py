@@ -8,6 +8,7 @@ Plain Python: the commands build their flags from it before they choose a backen
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 
@@ -17,6 +18,11 @@ from gptlite.text.continuation import stop_strings
 
 # Log-probabilities of this many likeliest tokens come with each token when asked for (OpenAI's most).
 TOP_LOGPROBS = 5
+# The most new tokens a page (the exported one, the served one) writes in one go: its decoding loop keeps every
+# token's attention to show.
+MOST_NEW_TOKENS = 4096
+# The largest whole number a browser's numbers hold exactly: a page's bound on a seed.
+MOST_EXACT_INTEGER = 2**53 - 1
 
 
 def setting(default, help, metavar=None, request=None, limits=None, most=None, bounds=None):
@@ -119,3 +125,50 @@ def _is_finite_number(value):
         return _is_number(value) and math.isfinite(value)
     except OverflowError:  # a whole number too large for a float
         return False
+
+
+def sampling_settings(**defaults):
+    """The sampling settings a page offers (the exported page, the served one, a trace's view in Jupyter), in
+    SamplingConfig's order, each made from its field: its name, help, default (or `defaults`'), whether it is a
+    whole number, its bounds (the library's, narrowed by what a server's request may ask and by what a page can
+    hold: MOST_NEW_TOKENS, MOST_EXACT_INTEGER) and a sentence saying them. A setting a page has no box for (a
+    list of stop strings) is left out."""
+    offered = []
+    for name, field in SAMPLING_FIELDS.items():
+        if field.metadata["bounds"] is None:
+            continue
+        least, most, least_refused = field.metadata["bounds"]
+        whole = is_whole_number_setting(name)
+        request_least, request_most = field.metadata["limits"] or (None, None)
+        least = _tighter(max, least, request_least, -MOST_EXACT_INTEGER if whole else None)
+        most = _tighter(min, most, request_most, MOST_EXACT_INTEGER if whole else None,
+                        MOST_NEW_TOKENS if name == "max_new_tokens" else None)
+        # What an empty box means, where the default is none: the help's "(default: ...)".
+        empty = re.search(r"\(default: ([^)]*)\)", field.metadata["help"]) if field.default is None else None
+        offered.append(dict(name=name, request=field.metadata["request"] or name, help=field.metadata["help"],
+                            default=defaults.get(name, field.default), whole=whole, least=least,
+                            least_refused=least_refused, most=most, empty=empty and empty[1],
+                            says=_bounds_said(whole, least, least_refused, most, field.default)))
+    return offered
+
+
+def _tighter(pick, *bounds):
+    given = [bound for bound in bounds if bound is not None]
+    return pick(given) if given else None
+
+
+def _bounds_said(whole, least, least_refused, most, default):
+    """A setting's bounds in words: "a number above 0 and at most 1", "a whole number from 1 to 4096, or empty"."""
+    kind = "a whole number" if whole else "a number"
+    if least is not None and most is not None and not least_refused:
+        said = f"{kind} from {_number(least)} to {_number(most)}"
+    else:
+        parts = [f"{'above' if least_refused else 'at least'} {_number(least)}" if least is not None else None,
+                 f"at most {_number(most)}" if most is not None else None]
+        said = " and ".join([kind + " " + parts[0]] + parts[1:] if parts[0] else [kind] + parts[1:]) \
+            if any(parts) else kind
+    return said + (", or empty" if default is None else "")
+
+
+def _number(value):
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"

@@ -1,1 +1,1 @@
-"""Measuring and inspecting a model: loss, perplexity and bits per character or byte; attention maps and token reports."""
+"""Measuring a model: loss, perplexity and bits per character or byte, on text, conversations or pairs."""

@@ -18,7 +18,9 @@ from keras import ops
 from gptlite.backend.runtime import running
 from gptlite.model import positions as position_kinds
 from gptlite.model.config import GPTConfig
-from gptlite.model.layers import Linear, register, RMSNorm
+from gptlite.model.hooks import seen
+from gptlite.model.layers import Linear, register
+from gptlite.model.norms import RMSNorm
 from gptlite.model.positions import token_positions
 
 
@@ -56,7 +58,7 @@ class PackedTexts(collections.namedtuple("PackedTexts", "positions mask")):
         return cls(positions, ops.logical_and(same_text, causal_mask(length, length))[:, None])
 
 
-def scaled_dot_product_attention(query, key, value, mask=None, weights_dropout=None):
+def scaled_dot_product_attention(query, key, value, mask=None, weights_dropout=None, hooks=None):
     """softmax(Q K^T / sqrt(D) + mask) V, and the attention weights.
 
     query (B, H, T, D), key and value (B, K, S, D), where K divides H: query
@@ -67,15 +69,26 @@ def scaled_dot_product_attention(query, key, value, mask=None, weights_dropout=N
     number of the compute dtype rather than -inf, so a row with nothing
     visible gives uniform weights instead of NaN. `weights_dropout`, a
     function, drops some weights before they weigh the values; the weights
-    returned are those before it.
+    returned are those before it. `hooks` (`gptlite.model.hooks`) see
+    `products`, `scores`, `attention` and `heads`, each with H heads.
     """
     heads, length, head_size = query.shape[1], ops.shape(query)[2], ops.shape(query)[3]
     groups = heads // key.shape[1]
+
+    def by_query_head(x):  # (B, K, G, T, .) -> (B, H, T, .), as hooks see it, and back
+        return x if groups == 1 else ops.reshape(x, (-1, heads, length, ops.shape(x)[-1]))
+
+    def by_key_head(x):
+        return x if groups == 1 else ops.reshape(x, (-1, key.shape[1], groups, length, ops.shape(x)[-1]))
+
+    def through(step, x):
+        return x if hooks is None or not hooks.wants(step) else by_key_head(hooks(step, by_query_head(x)))
+
     if groups > 1:  # (B, K, G, T, D) against (B, K, 1, S, D)
-        query = ops.reshape(query, (-1, key.shape[1], groups, length, head_size))
+        query = by_key_head(query)
         key, value = key[:, :, None], value[:, :, None]
-    scores = ops.matmul(query, ops.swapaxes(key, -1, -2))  # (B, H, T, S), or (B, K, G, T, S)
-    scores = scores / ops.cast(math.sqrt(head_size), scores.dtype)
+    scores = through("products", ops.matmul(query, ops.swapaxes(key, -1, -2)))  # (B, H, T, S), or (B, K, G, T, S)
+    scores = through("scores", scores / ops.cast(math.sqrt(head_size), scores.dtype))
     if mask is not None:
         if groups > 1 and len(mask.shape) == 4:
             mask = mask[:, :, None]  # (B, 1, 1, T, S)
@@ -87,11 +100,10 @@ def scaled_dot_product_attention(query, key, value, mask=None, weights_dropout=N
         weights = ops.ones_like(scores)
     else:
         weights = ops.softmax(scores, axis=-1)  # (B, H, T, S), or (B, K, G, T, S)
+    weights = through("attention", weights)
     attended = ops.matmul(weights if weights_dropout is None else weights_dropout(weights), value)
-    if groups > 1:
-        attended = ops.reshape(attended, (-1, heads, length, head_size))
-        weights = ops.reshape(weights, (-1, heads, length, ops.shape(weights)[-1]))
-    return attended, weights  # (B, H, T, D), (B, H, T, S)
+    attended, weights = by_query_head(attended), by_query_head(weights)
+    return seen(hooks, "heads", attended), weights  # (B, H, T, D), (B, H, T, S)
 
 
 def merge_heads(x):
@@ -105,8 +117,8 @@ class Attention(keras.layers.Layer):
     """Multi-head attention, in each of the forms a transformer needs.
 
     - causal: a decoder's self-attention, where each position sees itself
-      and earlier ones, and which can decode with a key/value cache
-      (`call_with_cache`). Queries, keys and values come from one fused
+      and earlier ones, over the tokens given or, decoding, over a key/value
+      cache as well (`cache`). Queries, keys and values come from one fused
       projection, `qkv_projection`: one matmul.
     - not causal: attention over a context that may be padded, the input
       itself (an encoder's self-attention) or another sequence (a decoder's
@@ -134,8 +146,14 @@ class Attention(keras.layers.Layer):
     (B, S), True at the context's real (not padding) positions, all by
     default; for causal attention over rows that pack several texts,
     `packed`, from `PackedTexts.of`: each text is then attended as if it
-    were alone -> (B, T, C); with `return_attention_scores=True`, also the
-    attention weights (B, H, T, S) before dropout.
+    were alone -> (B, T, C). Causal attention decoding with a key/value
+    cache takes `cache` (B, 2, K, S, D), holding keys (rotated, with rotary
+    positions) and values for positions 0..S-1, and `placement`, from
+    `CachePlacement.of`, where x's tokens go in it: the new keys and values
+    are written there, each query sees the cache up to its own position,
+    and the call returns (B, T, C) and the updated cache. `hooks`
+    (`gptlite.model.hooks.Hooks`, for this layer's steps) see each step
+    of `ATTENTION_STEPS` and may change it.
     """
 
     def __init__(self, config, causal=True, cross=False, **kwargs):
@@ -177,16 +195,25 @@ class Attention(keras.layers.Layer):
         qkv = [self.qkv_projection] if self.causal else [self.query_projection, self.key_value_projection]
         return {"qkv": qkv, "attention_output": [self.output_projection]}
 
-    def call(self, x, context=None, context_mask=None, packed=None, training=None,
-             return_attention_scores=False):
+    def call(self, x, context=None, context_mask=None, packed=None, training=None, cache=None, placement=None,
+             hooks=None):
         if not self.causal:
-            key_values = self.key_values(x if context is None else context)
-            return self.attend(x, key_values, context_mask, training, return_attention_scores)
+            return self.attend(x, self.key_values(x if context is None else context, hooks), context_mask, training,
+                               hooks)
         length = ops.shape(x)[1]
-        query, key, value = self._project(x, self._angles(ops.arange(length) if packed is None else packed.positions))
+        if cache is not None:
+            positions = placement.positions  # (B, T)
+        else:
+            positions = ops.arange(length) if packed is None else packed.positions  # (T,) or (B, T)
+        query, key, value = self._project(x, self._angles(positions), hooks)  # (B, T, H|K, D)
+        if cache is not None:
+            query, key, value = (ops.transpose(part, (0, 2, 1, 3)) for part in (query, key, value))  # (B, H|K, T, D)
+            cache = _write_cache(cache, key, value, placement)  # (B, 2, K, S, D)
+            attended, _ = scaled_dot_product_attention(query, cache[:, 0], cache[:, 1], placement.mask, hooks=hooks)
+            return self._joined(attended, hooks), cache
         mask = None if packed is None else packed.mask  # (B, 1, T, T)
-        weights_needed = return_attention_scores or (training and self.config.attention_dropout > 0)
-        if not weights_needed and _fused_attention_is_faster(self.compute_dtype):
+        if hooks is None and not (training and self.config.attention_dropout > 0) and \
+                _fused_attention_is_faster(self.compute_dtype):
             # The backend's fused attention (torch's scaled_dot_product_attention,
             # flash where it can; under XLA the same ops as below), on heads
             # that need no transposing.
@@ -200,31 +227,18 @@ class Attention(keras.layers.Layer):
         query, key, value = (ops.transpose(part, (0, 2, 1, 3)) for part in (query, key, value))  # (B, H|K, T, D)
         if mask is None:
             mask = causal_mask(length, length)  # (T, T), broadcast over B and H
-        attended, weights = _attend_with_dropout(query, key, value, mask, self.weights_dropout, training)
-        output = self.output_dropout(self.output_projection(merge_heads(attended)), training=training)
-        return (output, weights) if return_attention_scores else output
+        attended, _ = _attend_with_dropout(query, key, value, mask, self.weights_dropout, training, hooks)
+        return self.output_dropout(self._joined(attended, hooks), training=training)
 
-    def call_with_cache(self, x, cache, start_positions, placement=None):
-        """Attend from new tokens over a key/value cache, and return the updated cache.
+    def _joined(self, attended, hooks):
+        """The heads' outputs attended (B, H, T, D) side by side and projected back to the width: (B, T, C)."""
+        if hooks is not None and hooks.wants("head_outputs"):
+            # Each head's share of the output projection: its D rows of the kernel (LoRA merged), its bias apart.
+            kernel = ops.reshape(self.output_projection.merged_kernel(), (self.n_head, self.head_size, -1))
+            hooks("head_outputs", ops.einsum("bhtd,hdc->bhtc", attended, ops.cast(kernel, attended.dtype)))
+        return self.output_projection(seen(hooks, "joined", merge_heads(attended)))  # (B, T, H D) -> (B, T, C)
 
-        Causal attention only. x (B, T, C) holds tokens at positions
-        start_positions[b] + t; cache (B, 2, K, S, D) holds keys (rotated, with
-        rotary positions) and values for positions 0..S-1, of which those
-        before start_positions[b] are filled. The new keys and values are
-        written at their positions; each query then sees the cache up to its
-        own position. `placement`, from `CachePlacement.of`, is where they
-        go, computed once for every layer of a model. Returns (B, T, C) and
-        the cache.
-        """
-        if placement is None:
-            placement = CachePlacement.of(start_positions, ops.shape(x)[1], cache)
-        query, key, value = (ops.transpose(part, (0, 2, 1, 3))
-                             for part in self._project(x, self._angles(placement.positions)))
-        cache = _write_cache(cache, key, value, placement)  # (B, 2, K, S, D)
-        attended, _ = scaled_dot_product_attention(query, cache[:, 0], cache[:, 1], placement.mask)  # (B, H, T, D)
-        return self.output_projection(merge_heads(attended)), cache
-
-    def _project(self, x, angles):
+    def _project(self, x, angles, hooks=None):
         """Causal attention's queries (B, T, H, D), keys and values (B, T, K, D) of x, normed and rotated."""
         length = ops.shape(x)[1]
         qkv = ops.reshape(self.qkv_projection(x), (-1, length, self.n_head + 2 * self.kv_heads,
@@ -232,7 +246,9 @@ class Attention(keras.layers.Layer):
         # Split rather than indexed three times: without XLA, TensorFlow's gradient of each index writes
         # a zero tensor of the whole (B, T, H + 2K, D); a split's gradient is one concatenation.
         query, key, value = ops.split(qkv, [self.n_head, self.n_head + self.kv_heads], axis=2)
-        return self._normed_and_rotated(query, "query", angles), self._normed_and_rotated(key, "key", angles), value
+        query, key = self._normed_and_rotated(query, "query", angles, hooks), \
+            self._normed_and_rotated(key, "key", angles, hooks)
+        return query, key, _seen_heads(hooks, "value", value)
 
     def _angles(self, positions):
         """Rotary positions' angles (..., D/2) for positions (...); None without rotary positions."""
@@ -240,34 +256,34 @@ class Attention(keras.layers.Layer):
             return None
         return position_kinds.rotary_angles(positions, self.head_size, self.config.rope_theta)
 
-    def _normed_and_rotated(self, heads, part, angles):
+    def _normed_and_rotated(self, heads, part, angles, hooks=None):
         """Queries or keys (B, T, H|K, D), `part` saying which: RMS-normed with QK-norm, rotated by `angles`
-        (None: not rotated). The one place where attention applies either, whatever its form."""
+        (None: not rotated). The one place where attention applies either, whatever its form; hooks see each."""
+        heads = _seen_heads(hooks, part, heads)
         if self.config.qk_norm:
-            heads = (self.query_norm if part == "query" else self.key_norm)(heads)
-        return heads if angles is None else position_kinds.rotate(heads, angles)
+            heads = _seen_heads(hooks, f"{part}_normed", (self.query_norm if part == "query" else self.key_norm)(heads))
+        return heads if angles is None else _seen_heads(hooks, f"{part}_rotated", position_kinds.rotate(heads, angles))
 
-    def key_values(self, context):
+    def key_values(self, context, hooks=None):
         """The context's keys and values, (B, 2, K, S, D): computed once, attended from any number of queries."""
         length = ops.shape(context)[1]
         key_value = ops.reshape(self.key_value_projection(context), (-1, length, 2 * self.kv_heads,
                                                                       self.head_size))
         key, value = ops.split(key_value, 2, axis=2)  # each (B, S, K, D)
-        key = self._normed_and_rotated(key, "key", self._angles(ops.arange(length)))
+        key = self._normed_and_rotated(key, "key", self._angles(ops.arange(length)), hooks)
+        value = _seen_heads(hooks, "value", value)
         return ops.stack([ops.transpose(key, (0, 2, 1, 3)), ops.transpose(value, (0, 2, 1, 3))], axis=1)
 
-    def attend(self, x, key_values, context_mask=None, training=None, return_attention_scores=False):
+    def attend(self, x, key_values, context_mask=None, training=None, hooks=None):
         """As `call`, over keys and values from `key_values`, for attention that is not causal."""
         length = ops.shape(x)[1]
         query = ops.reshape(self.query_projection(x), (-1, length, self.n_head, self.head_size))  # (B, T, H, D)
-        query = self._normed_and_rotated(query, "query", self._angles(ops.arange(length)))
+        query = self._normed_and_rotated(query, "query", self._angles(ops.arange(length)), hooks)
         query = ops.transpose(query, (0, 2, 1, 3))  # (B, H, T, D)
         mask = None if context_mask is None else ops.cast(context_mask, "bool")[:, None, None, :]  # (B, 1, 1, S)
-        attended, weights = _attend_with_dropout(
-            query, key_values[:, 0], key_values[:, 1], mask, self.weights_dropout, training
-        )  # (B, H, T, D), (B, H, T, S)
-        output = self.output_dropout(self.output_projection(merge_heads(attended)), training=training)
-        return (output, weights) if return_attention_scores else output
+        attended, _ = _attend_with_dropout(query, key_values[:, 0], key_values[:, 1], mask, self.weights_dropout,
+                                           training, hooks)  # (B, H, T, D)
+        return self.output_dropout(self._joined(attended, hooks), training=training)
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -276,6 +292,13 @@ class Attention(keras.layers.Layer):
         config = super().get_config()
         config.update(config=dataclasses.asdict(self.config), causal=self.causal, cross=self.cross)
         return config
+
+
+def _seen_heads(hooks, step, heads):
+    """Queries, keys or values (B, T, H|K, D) through `hooks` as `step`, which see them heads first."""
+    if hooks is None or not hooks.wants(step):
+        return heads
+    return ops.transpose(hooks(step, ops.transpose(heads, (0, 2, 1, 3))), (0, 2, 1, 3))
 
 
 @functools.cache
@@ -334,9 +357,9 @@ def _write_cache(cache, key, value, placement):
     return cache * (1 - written[:, None]) + new_keys_and_values
 
 
-def _attend_with_dropout(query, key, value, mask, dropout_layer, training):
+def _attend_with_dropout(query, key, value, mask, dropout_layer, training, hooks=None):
     """Attention whose weights pass through dropout in training; the weights returned are pre-dropout."""
     if not training or dropout_layer.rate == 0:
-        return scaled_dot_product_attention(query, key, value, mask)
+        return scaled_dot_product_attention(query, key, value, mask, hooks=hooks)
     return scaled_dot_product_attention(query, key, value, mask,
-                                        lambda weights: dropout_layer(weights, training=training))
+                                        lambda weights: dropout_layer(weights, training=training), hooks)

@@ -10,7 +10,9 @@ import keras
 
 from gptlite.model.attention import Attention
 from gptlite.model.config import GPTConfig
-from gptlite.model.layers import FeedForward, make_norm, register
+from gptlite.model.hooks import seen, within
+from gptlite.model.layers import FeedForward, register
+from gptlite.model.norms import make_norm
 
 
 @register
@@ -42,9 +44,12 @@ class TransformerBlock(keras.layers.Layer):
     `packed`, from `attention.PackedTexts.of`, where rows pack several
     texts: causal self-attention then keeps to each text.
     `context` (B, S, C) and `context_mask` (B, S) are what cross-attention
-    attends over. With `return_attention_scores=True`, also the
-    self-attention weights (B, H, T, T), and with cross-attention those
-    too, (B, H, T, S).
+    attends over; decoding, its keys and values come computed once instead
+    (`cross_key_values`, from `cross_attention.key_values(context)`).
+    Decoding, a causal block attends over a key/value `cache` too, where
+    `placement` says its new tokens go (see `Attention`), and returns
+    (B, T, C) and the updated cache. `hooks` (`gptlite.model.hooks.Hooks`,
+    for this block's steps) see each step of `BLOCK_STEPS` and may change it.
     """
 
     def __init__(self, config, causal=True, cross_attention=False, **kwargs):
@@ -85,54 +90,44 @@ class TransformerBlock(keras.layers.Layer):
                 found[name] = found[name] + layers
         return found
 
-    def call(self, x, padding_mask=None, context=None, context_mask=None, packed=None, training=None,
-             return_attention_scores=False):
-        scores = return_attention_scores
-        attended = self.attention(self._input(x, self.attention_norm),
-                                  context_mask=None if self.causal else padding_mask, packed=packed,
-                                  training=training, return_attention_scores=scores)
-        attended, *weights = attended if scores else (attended,)
-        x = self._add(x, attended, self.attention_norm)
+    def call(self, x, padding_mask=None, context=None, context_mask=None, packed=None, training=None, cache=None,
+             placement=None, cross_key_values=None, hooks=None):
+        x = seen(hooks, "input", x)
+        normed = self._input(x, self.attention_norm, hooks, "attention_normed")
+        if cache is None:
+            attended = self.attention(normed, context_mask=None if self.causal else padding_mask, packed=packed,
+                                      training=training, hooks=hooks)
+        else:  # decoding: called as it is, every step, not through Keras's __call__
+            attended, cache = self.attention.call(normed, cache=cache, placement=placement, hooks=hooks)
+        x = seen(hooks, "attention_residual", self._add(x, seen(hooks, "attention_output", attended),
+                                                         self.attention_norm))
         if self.has_cross_attention:
-            attended = self.cross_attention(self._input(x, self.cross_attention_norm), context, context_mask,
-                                            training=training, return_attention_scores=scores)
-            attended, *cross_weights = attended if scores else (attended,)
-            x = self._add(x, attended, self.cross_attention_norm)
-            weights += cross_weights
-        fed_forward = self.feed_forward(self._input(x, self.feed_forward_norm), training=training)
-        x = self._add(x, fed_forward, self.feed_forward_norm)
-        return (x, *weights) if scores else x
+            cross = within(hooks, "cross_")
+            normed = self._input(x, self.cross_attention_norm, hooks, "cross_normed")
+            if cross_key_values is None:
+                attended = self.cross_attention(normed, context, context_mask, training=training, hooks=cross)
+            else:  # the context's keys and values, computed once for every decoding step
+                attended = self.cross_attention.attend(normed, cross_key_values, context_mask, hooks=cross)
+            x = seen(hooks, "cross_residual", self._add(x, seen(hooks, "cross_output", attended),
+                                                         self.cross_attention_norm))
+        normed = self._input(x, self.feed_forward_norm, hooks, "feed_forward_normed")
+        fed_forward = seen(hooks, "feed_forward_output", self.feed_forward(normed, training=training, hooks=hooks))
+        x = seen(hooks, "output", self._add(x, fed_forward, self.feed_forward_norm))
+        return x if cache is None else (x, cache)
 
     @property
     def post_norm(self):
         """Whether each norm comes after its residual addition (`config.norm_position`)."""
         return self.config.norm_position == "post"
 
-    def _input(self, x, norm):
-        """What a sublayer reads: the residual stream, normalised in a pre-norm block."""
-        return x if self.post_norm else norm(x)
+    def _input(self, x, norm, hooks, step):
+        """What a sublayer reads: the residual stream, normalised in a pre-norm block (which hooks see as `step`)."""
+        return x if self.post_norm else seen(hooks, step, norm(x))
 
     def _add(self, x, sublayer_output, norm):
         """The residual stream with a sublayer's output added, normalised after it in a post-norm block."""
         x = x + sublayer_output
         return norm(x) if self.post_norm else x
-
-    def call_with_cache(self, x, cache, start_positions, cross_key_values=None, context_mask=None, placement=None):
-        """As `call`, for inference, attending over a key/value cache; returns (x, cache).
-
-        A causal block only. With cross-attention, `cross_key_values` are the
-        context's, from `cross_attention.key_values(context)`, computed once;
-        so can `placement` be (see `Attention.call_with_cache`).
-        """
-        attended, cache = self.attention.call_with_cache(self._input(x, self.attention_norm), cache, start_positions,
-                                                         placement)
-        x = self._add(x, attended, self.attention_norm)
-        if self.has_cross_attention:
-            attended = self.cross_attention.attend(self._input(x, self.cross_attention_norm), cross_key_values,
-                                                   context_mask)
-            x = self._add(x, attended, self.cross_attention_norm)
-        x = self._add(x, self.feed_forward(self._input(x, self.feed_forward_norm)), self.feed_forward_norm)
-        return x, cache
 
     def compute_output_shape(self, input_shape):
         return input_shape

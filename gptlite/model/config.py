@@ -11,13 +11,47 @@ from gptlite.errors import ConfigError, divisors_near, is_count, is_fraction, re
 from gptlite.setting import check_choices, declared, setting
 
 
-# The architecture's choices, which gptlite.model.layers builds.
-POSITIONS = ("learned", "sinusoidal", "rotary")
-NORMS = ("layer", "rms")
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """One choice of an architecture setting: its `name` in a message ("SwiGLU"), and what it `does`, in the words
+    a reader of the page's Inside view is given (which the page shows, and writes no words of its own for)."""
+
+    name: str
+    does: str
+
+
+# The architecture's choices, which gptlite.model.layers builds, each declared once here: a new one is an entry
+# (and its computation in the layers, its ONNX form in gptlite.web.onnx_graph).
+POSITION_KINDS = {
+    "learned": Choice("learned positions", "a table the model learned, one row per position, added to the token "
+                                           "vector"),
+    "sinusoidal": Choice("sinusoidal positions", "the fixed sinusoidal table (sines and cosines of the position at "
+                                                 "many frequencies), one row per position, added to the token vector"),
+    "rotary": Choice("rotary positions", "nothing added to the vector: inside attention, each head's query and key "
+                                         "are turned by angles that grow with the position, so that a query-key "
+                                         "product depends only on how far apart the two tokens are"),
+}
+NORM_KINDS = {
+    "layer": Choice("LayerNorm", "LayerNorm: x less its mean, divided by its standard deviation, times a learned "
+                                 "scale (plus a learned shift, where the model has biases)"),
+    "rms": Choice("RMSNorm", "RMSNorm: x divided by the root of its mean square, times a learned scale"),
+}
 # Where each block normalises: before each sublayer, on its input (today's models), or after the residual
 # addition, on the sum (the original Transformer's "Add & Norm").
-NORM_POSITIONS = ("pre", "post")
-MLPS = ("gelu", "swiglu", "relu2")
+NORM_POSITION_KINDS = {
+    "pre": Choice("pre-norm", "each sublayer reads its input normalised, and its output is added to the residual "
+                              "stream as it is; a final norm comes before the head"),
+    "post": Choice("post-norm", "each sublayer reads the residual stream as it is, and the sum after each "
+                                "addition is normalised; no final norm comes before the head"),
+}
+MLP_KINDS = {
+    "gelu": Choice("GELU", "GELU (GPT-2's smooth ReLU)"),
+    "swiglu": Choice("SwiGLU", "SwiGLU: silu(gate) × up, two widened vectors, one gating the other"),
+    "relu2": Choice("ReLU²", "ReLU squared: max(0, x)²"),
+}
+# Each setting's choices, by the setting's name.
+CHOICES = {"position": POSITION_KINDS, "norm": NORM_KINDS, "norm_position": NORM_POSITION_KINDS, "mlp": MLP_KINDS}
+POSITIONS, NORMS, NORM_POSITIONS, MLPS = (tuple(kinds) for kinds in CHOICES.values())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,11 +142,15 @@ class GPTConfig:
         """A GPTConfig from itself or from its fields as a dict (a layer's saved config)."""
         return value if isinstance(value, cls) else cls(**value)
 
+    def choices_said(self):
+        """What each of this model's architecture choices does, in words: {setting: words} (`CHOICES`)."""
+        return {setting: kinds[getattr(self, setting)].does for setting, kinds in CHOICES.items()}
+
 
 # What a resumed run cannot change: the weights' shapes and meaning.
 MODEL_SHAPE_SETTINGS = tuple(name for name, field in declared(GPTConfig).items() if field.metadata["shape"])
 # Each feed-forward's name in words, for messages and summaries.
-MLP_NAMES = {"gelu": "GELU", "swiglu": "SwiGLU", "relu2": "ReLU²"}
+MLP_NAMES = {kind: choice.name for kind, choice in MLP_KINDS.items()}
 
 
 # The projections LoRA may adapt in each block: the fused query/key/value

@@ -13,8 +13,9 @@ from gptlite.errors import ConfigError, InputError
 from gptlite.model.attention import CachePlacement, PackedTexts
 from gptlite.model.blocks import EncoderBlock, TransformerBlock
 from gptlite.model.config import ATTENTION_PARTS, GPTConfig, LORA_TARGETS, lora_targets
-from gptlite.model.layers import (layers_within, make_norm, NORM_LAYERS, register, TokenAndPositionEmbedding,
-                                  weights_arriving)
+from gptlite.model.hooks import Hooks, of_block, seen, step_name
+from gptlite.model.layers import layers_within, register, TokenAndPositionEmbedding, weights_arriving
+from gptlite.model.norms import make_norm, NORM_LAYERS
 from gptlite.text import load_tokenizer_classes, templates, tokenizers
 
 load_tokenizer_classes()  # Keras must know every tokenizer class that a saved model may hold
@@ -37,6 +38,8 @@ USES = {
     "be written in a decoder-only form": "{form} holds a decoder-only model, one that continues text (a GPT); a "
                                          "{model} writes targets from sources",
     "be fine-tuned": "{source} holds a {model}; only a GPT can be fine-tuned",
+    "score its heads": "head scores and patching read a GPT's causal self-attention over a text; a {model}'s heads "
+                       "are knocked out in its trace (trace_target's `ablate`)",
     "be loaded": None,
     "be scored": None,
     "draw its attention": None,
@@ -73,6 +76,10 @@ class _Transformer(keras.Model):
     writes_targets = False
     # The uses of USES that only some kinds serve, which this kind serves.
     uses = frozenset()
+    # Its attention, by ATTENTION_PARTS's names, and its stacks of blocks, by the prefix their steps are named
+    # under (`gptlite.model.hooks.BLOCK_PREFIXES`).
+    attention_parts = ("decoder",)
+    block_stacks = ("layer",)
     # Whether its prefill is compiled (XLA) rather than a plain graph on TensorFlow: a GPT's is quick to build, so
     # that the first token comes without waiting for a compiler; a Seq2Seq's targets come whole, so its compiles.
     compiled_prefill = False
@@ -175,8 +182,9 @@ class _Transformer(keras.Model):
         for index, (block, layer_cache) in enumerate(zip(self.blocks, cache)):
             block_cross = {"cross_key_values": cross["cross_key_values"][index],
                            "context_mask": cross["context_mask"]} if cross else {}
-            x, layer_cache = block.call_with_cache(x, layer_cache, start_positions, placement=placement,
-                                                   **block_cross)
+            # Called as it is, every step, not through Keras's __call__: under torch, which runs each step as it
+            # comes, that is Python's time on every token.
+            x, layer_cache = block.call(x, cache=layer_cache, placement=placement, **block_cross)
             layer_caches.append(layer_cache)
         if logits_at is not None:
             # One position a row through the head: a prompt's others' logits would cost a product with the
@@ -261,17 +269,19 @@ class GPT(_Transformer):
     attention kept within it, as it is read when the model is used.
     """
 
-    uses = frozenset({"continue a prompt", "trace a text", "be written in a decoder-only form", "be fine-tuned"})
+    uses = frozenset({"continue a prompt", "trace a text", "be written in a decoder-only form", "be fine-tuned",
+                      "score its heads"})
 
-    def call(self, inputs, training=None):
+    def call(self, inputs, training=None, hooks=None):
         token_ids, positions = (inputs["token_ids"], inputs.get("positions")) if isinstance(inputs, dict) else \
             (inputs, None)
-        x = self.embedding(token_ids, positions=positions)  # (B, T, C)
-        x = self.embedding_dropout(x, training=training)
+        x = self.embedding(token_ids, positions=positions, hooks=hooks)  # (B, T, C)
+        x = seen(hooks, "embedding", self.embedding_dropout(x, training=training))
         packed = None if positions is None else PackedTexts.of(positions)  # once for every block
-        for block in self.blocks:
-            x = block(x, packed=packed, training=training)
-        return self.embedding.logits(self._normalised(self.final_norm, x))  # (B, T, V)
+        for index, block in enumerate(self.blocks):
+            x = block(x, packed=packed, training=training, hooks=of_block(hooks, index))
+        x = seen(hooks, "final_normed", self._normalised(self.final_norm, x))
+        return seen(hooks, "logits", self.embedding.logits(x))  # (B, T, V)
 
     def call_with_cache(self, token_ids, cache, start_positions, logits_at=None):
         """Next-token logits for tokens placed at `start_positions`, and the updated cache.
@@ -295,12 +305,9 @@ class GPT(_Transformer):
 
     def attention_weights(self, token_ids):
         """Attention weights of every block, stacked: (n_layer, B, H, T, T)."""
-        x = self.embedding(token_ids)
-        weights = []
-        for block in self.blocks:
-            x, block_weights = block(x, return_attention_scores=True)
-            weights.append(block_weights)
-        return ops.stack(weights)
+        hooks = Hooks(keep=[step_name("attention", index) for index in range(self.config.n_layer)])
+        self(token_ids, hooks=hooks)
+        return ops.stack([hooks.kept[step_name("attention", index)] for index in range(self.config.n_layer)])
 
     def attention_reading(self, text, part=None, target=None, unknown="error", write_target=None):
         """What `gptlite.attention_maps` shows of `text`, a prompt read as its last block_size tokens: the
@@ -336,6 +343,8 @@ class Seq2Seq(_Transformer):
 
     _CROSS_ATTENTION = True
     writes_targets = True
+    attention_parts = ATTENTION_PARTS
+    block_stacks = ("layer", "encoder_layer")
     uses = frozenset({"write targets", "trace a target"})
     compiled_prefill = True
     PAD_ID = 0
@@ -357,54 +366,46 @@ class Seq2Seq(_Transformer):
         if self.encoder_norm is not None:
             self.encoder_norm.build(hidden_shape)
 
-    def call(self, inputs, training=None):
+    def call(self, inputs, training=None, hooks=None):
         source_ids, target_ids = inputs["source_ids"], inputs["target_ids"]
         source_mask = inputs.get("source_mask")
         if source_mask is None:
             source_mask = self.source_mask(source_ids)
-        encoded = self.encode(source_ids, source_mask, training=training)
-        return self.decode(target_ids, encoded, source_mask, training=training)
+        encoded = self.encode(source_ids, source_mask, training=training, hooks=hooks)
+        return self.decode(target_ids, encoded, source_mask, training=training, hooks=hooks)
 
     def source_mask(self, source_ids):
         """True at the real (not padding) positions of source ids (B, S)."""
         return ops.not_equal(source_ids, self.PAD_ID)
 
-    def encode(self, source_ids, source_mask, training=None):
+    def encode(self, source_ids, source_mask, training=None, hooks=None):
         """Source ids (B, S) and their mask -> the encoder's output (B, S, C)."""
-        x = self.embedding_dropout(self.embedding(source_ids), training=training)  # (B, S, C)
-        for block in self.encoder_blocks:
-            x = block(x, padding_mask=source_mask, training=training)
-        return self._normalised(self.encoder_norm, x)
+        x = seen(hooks, "source_embedding", self.embedding_dropout(self.embedding(source_ids), training=training))
+        for index, block in enumerate(self.encoder_blocks):
+            x = block(x, padding_mask=source_mask, training=training, hooks=of_block(hooks, index, "encoder_layer"))
+        return seen(hooks, "encoded", self._normalised(self.encoder_norm, x))
 
-    def decode(self, target_ids, encoded, source_mask, training=None):
+    def decode(self, target_ids, encoded, source_mask, training=None, hooks=None):
         """Target ids so far (B, T), read with the encoder's output (B, S, C) -> next-token logits (B, T, V)."""
-        x = self.embedding_dropout(self.embedding(target_ids), training=training)  # (B, T, C)
-        for block in self.blocks:
-            x = block(x, context=encoded, context_mask=source_mask, training=training)
-        return self.embedding.logits(self._normalised(self.final_norm, x))
+        x = self.embedding(target_ids, hooks=hooks)  # (B, T, C)
+        x = seen(hooks, "embedding", self.embedding_dropout(x, training=training))
+        for index, block in enumerate(self.blocks):
+            x = block(x, context=encoded, context_mask=source_mask, training=training, hooks=of_block(hooks, index))
+        x = seen(hooks, "final_normed", self._normalised(self.final_norm, x))
+        return seen(hooks, "logits", self.embedding.logits(x))
 
     def attention_weights(self, inputs):
         """Every block's attention weights for the inputs of `call`, as a dict:
         "encoder" (n_layer, B, H, S, S), "decoder" (n_layer, B, H, T, T), the
         decoder's causal self-attention, and "cross" (n_layer, B, H, T, S).
         """
-        source_ids, target_ids = inputs["source_ids"], inputs["target_ids"]
-        source_mask = inputs.get("source_mask")
-        if source_mask is None:
-            source_mask = self.source_mask(source_ids)
-        weights = {"encoder": [], "decoder": [], "cross": []}
-        x = self.embedding(source_ids)  # (B, S, C)
-        for block in self.encoder_blocks:
-            x, block_weights = block(x, padding_mask=source_mask, return_attention_scores=True)
-            weights["encoder"].append(block_weights)
-        encoded = self._normalised(self.encoder_norm, x)
-        x = self.embedding(target_ids)  # (B, T, C)
-        for block in self.blocks:
-            x, self_weights, cross_weights = block(x, context=encoded, context_mask=source_mask,
-                                                   return_attention_scores=True)
-            weights["decoder"].append(self_weights)
-            weights["cross"].append(cross_weights)
-        return {part: ops.stack(part_weights) for part, part_weights in weights.items()}
+        layers = range(self.config.n_layer)
+        names = {"encoder": [step_name("attention", index, "encoder_layer") for index in layers],
+                 "decoder": [step_name("attention", index) for index in layers],
+                 "cross": [step_name("cross_attention", index) for index in layers]}
+        hooks = Hooks(keep=[name for part in names.values() for name in part])
+        self(inputs, hooks=hooks)
+        return {part: ops.stack([hooks.kept[name] for name in part_names]) for part, part_names in names.items()}
 
     def attention_reading(self, text, part=None, target=None, unknown="error", write_target=None):
         """What `gptlite.attention_maps` shows of `text`, a source (S,): the inputs `call` reads, the part

@@ -1,6 +1,7 @@
 """The model's smallest parts, as Keras layers written with `keras.ops` only: the projection (`Linear`,
-with LoRA), the norms, the token and position embedding and the feed-forward network. Attention is in
-`gptlite.model.attention`, the transformer blocks that put them together in `gptlite.model.blocks`.
+with LoRA), the token and position embedding and the feed-forward network. The norms are in
+`gptlite.model.norms`, attention in `gptlite.model.attention`, the transformer blocks that put them together in
+`gptlite.model.blocks`.
 
 Shape letters used in comments:
     B batch, T sequence length (queries), S sequence length (keys),
@@ -20,7 +21,8 @@ from keras import ops
 
 from gptlite.backend.runtime import running
 from gptlite.model import positions as position_kinds
-from gptlite.model.config import GPTConfig, MLPS, POSITIONS
+from gptlite.model.config import MLPS, POSITIONS
+from gptlite.model.hooks import seen
 from gptlite.model.positions import token_positions
 
 register = keras.saving.register_keras_serializable(package="gptlite")
@@ -50,9 +52,29 @@ def weights_arriving():
         _arriving.now = earlier
 
 
-def _initial(initializer):
-    """`initializer`, or zeros from NumPy within `weights_arriving`."""
-    return _zeros_from_numpy if getattr(_arriving, "now", False) else initializer
+@contextlib.contextmanager
+def seeded_weights(seed):
+    """Weights built within it are drawn from `seed` (each initializer seeded in turn from it), not from Keras's
+    global random generator, which it leaves as it was: a model's shape with fresh weights, the same each time."""
+    earlier = getattr(_arriving, "seeds", None)
+    _arriving.seeds = np.random.default_rng(seed)
+    try:
+        yield
+    finally:
+        _arriving.seeds = earlier
+
+
+def initializer_now(initializer):
+    """`initializer`, or zeros from NumPy within `weights_arriving`, or seeded within `seeded_weights`."""
+    if getattr(_arriving, "now", False):
+        return _zeros_from_numpy
+    seeds = getattr(_arriving, "seeds", None)
+    if seeds is None or not isinstance(initializer, keras.initializers.Initializer):
+        return initializer  # a name ("zeros", "ones") draws nothing
+    config = initializer.get_config()
+    if "seed" not in config:
+        return initializer
+    return type(initializer).from_config({**config, "seed": int(seeds.integers(2**31))})
 
 
 def _zeros_from_numpy(shape, dtype=None):
@@ -124,8 +146,8 @@ class Linear(keras.layers.Layer):
 
     def build(self, input_shape):
         self.kernel = self.add_weight(name="kernel", shape=(input_shape[-1], self.units),
-                                      initializer=_initial(_normal_init()))
-        self.bias = (self.add_weight(name="bias", shape=(self.units,), initializer=_initial("zeros"))
+                                      initializer=initializer_now(_normal_init()))
+        self.bias = (self.add_weight(name="bias", shape=(self.units,), initializer=initializer_now("zeros"))
                      if self.use_bias else None)
 
     @property
@@ -140,8 +162,8 @@ class Linear(keras.layers.Layer):
         self._tracker.unlock()
         try:
             self.lora_a = self.add_weight(name="lora_a", shape=(self.kernel.shape[0], rank),
-                                          initializer=_initial(keras.initializers.HeUniform()), dtype="float32")
-            self.lora_b = self.add_weight(name="lora_b", shape=(rank, self.units), initializer=_initial("zeros"),
+                                          initializer=initializer_now(keras.initializers.HeUniform()), dtype="float32")
+            self.lora_b = self.add_weight(name="lora_b", shape=(rank, self.units), initializer=initializer_now("zeros"),
                                           dtype="float32")
         finally:
             self._tracker.lock()
@@ -192,35 +214,6 @@ class Linear(keras.layers.Layer):
         return config
 
 
-@register
-class RMSNorm(keras.layers.Layer):
-    """x / sqrt(mean(x^2) + epsilon) * gamma, over the last axis, computed in float32.
-
-    LayerNorm without its centring and shift (Zhang and Sennrich, 2019):
-    cheaper, and what Llama-family models use. (..., C) -> (..., C).
-    """
-
-    def __init__(self, epsilon=GPTConfig.norm_epsilon, **kwargs):
-        super().__init__(**kwargs)
-        self.epsilon = epsilon
-
-    def build(self, input_shape):
-        self.gamma = self.add_weight(name="gamma", shape=(input_shape[-1],), initializer=_initial("ones"))
-
-    def call(self, x):
-        x32 = ops.cast(x, "float32")
-        normed = x32 * ops.rsqrt(ops.mean(ops.square(x32), axis=-1, keepdims=True) + self.epsilon)
-        return ops.cast(normed * ops.cast(self.gamma, "float32"), x.dtype)
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(epsilon=self.epsilon)
-        return config
-
-
 # Settings a layer saved before it took GPTConfig's names called otherwise.
 _FORMER_NAMES = {"use_bias": "bias", "vocabulary_size": "vocab_size", "sequence_length": "block_size",
                  "embedding_dim": "n_embd", "hidden_size": "mlp_hidden_size"}
@@ -234,17 +227,6 @@ def settings_by_their_names(config):
     if "rotary" in config:
         config["position"] = "rotary" if config.pop("rotary") else "learned"
     return config
-
-
-def make_norm(kind, epsilon, bias, dtype, name):
-    """A LayerNorm ("layer"; with a shift where bias) or an RMSNorm ("rms"): one of NORM_LAYERS."""
-    if kind == "rms":
-        return RMSNorm(epsilon, dtype=dtype, name=name)
-    return keras.layers.LayerNormalization(epsilon=epsilon, center=bias, dtype=dtype, name=name)
-
-
-# Every kind of norm a model holds: make_norm's two (QK-norm's are RMSNorms too).
-NORM_LAYERS = (RMSNorm, keras.layers.LayerNormalization)
 
 
 @register
@@ -297,7 +279,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         # Keras's embedding draws from the initializer it was made with, which its config saves: lent a zeros
         # initializer while weights arrive, it gets its own back after.
         drawn = self.token_embedding.embeddings_initializer
-        self.token_embedding.embeddings_initializer = _initial(drawn)
+        self.token_embedding.embeddings_initializer = initializer_now(drawn)
         try:
             self.token_embedding.build(input_shape)
         finally:
@@ -307,7 +289,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             self.position_embeddings = self.add_weight(
                 name="position_embeddings",
                 shape=(self.block_size, self.n_embd),
-                initializer=_initial(_normal_init()),
+                initializer=initializer_now(_normal_init()),
             )
         elif self.position == "sinusoidal":
             # A non-trainable weight rather than a constant tensor: it is built
@@ -322,10 +304,11 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
                 position_kinds.sinusoidal_position_encoding(self.block_size, self.n_embd)
             )
 
-    def call(self, token_ids, start_positions=None, positions=None):
+    def call(self, token_ids, start_positions=None, positions=None, hooks=None):
         """token_ids (B, T); start_positions (B,), the position of each row's first token (default 0), or
-        positions (B, T), each token's own (rows that pack several texts count each from 0)."""
-        tokens = self.token_embedding(token_ids)  # (B, T, C)
+        positions (B, T), each token's own (rows that pack several texts count each from 0). `hooks` see
+        `token_embedding` and, where a table adds positions, `position` (B, T, C)."""
+        tokens = seen(hooks, "token_embedding", self.token_embedding(token_ids))  # (B, T, C)
         if self.position_embeddings is None:
             return tokens
         length = ops.shape(token_ids)[-1]
@@ -337,6 +320,8 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             added = ops.slice(table, (0, 0), (length, self.n_embd))  # (T, C)
         else:
             added = ops.take(table, positions, axis=0)  # (B, T, C)
+        if hooks is not None:
+            added = hooks("position", ops.broadcast_to(added, ops.shape(tokens)))
         return tokens + ops.cast(added, tokens.dtype)
 
     def logits(self, hidden, decoding=False):
@@ -415,6 +400,8 @@ class FeedForward(keras.layers.Layer):
         bias: whether the projections have biases.
         mlp: "gelu", "swiglu" or "relu2".
         mlp_hidden_size: F (None: `feed_forward_width`'s default for the width).
+
+    `hooks` (`gptlite.model.hooks.Hooks`) see `expanded` (or SwiGLU's `gate` and `up`) and `hidden`.
     """
 
     def __init__(self, dropout=0.0, bias=True, mlp="gelu", mlp_hidden_size=None, **kwargs):
@@ -440,17 +427,18 @@ class FeedForward(keras.layers.Layer):
         """The layer's projections by LoRA target name: "expand" (gate and up, for SwiGLU) and "contract"."""
         return {"expand": [self.expand], "contract": [self.contract]}
 
-    def call(self, x, training=None):
+    def call(self, x, training=None, hooks=None):
+        expanded = self.expand(x)
         if self.mlp == "swiglu":
-            gate, up = ops.split(self.expand(x), 2, axis=-1)  # each (B, T, F)
-            hidden = ops.silu(gate) * up
+            gate, up = ops.split(expanded, 2, axis=-1)  # each (B, T, F)
+            hidden = ops.silu(seen(hooks, "gate", gate)) * seen(hooks, "up", up)
         elif self.mlp == "relu2":
-            hidden = ops.square(ops.relu(self.expand(x)))  # (B, T, F)
+            hidden = ops.square(ops.relu(seen(hooks, "expanded", expanded)))  # (B, T, F)
         else:
             # A large model's LoRA step runs without XLA on TensorFlow (training.compile_for_training).
             adapted = self.expand.lora_enabled or self.contract.lora_enabled
-            hidden = gelu(self.expand(x), recompute_gradient=adapted)  # (B, T, F)
-        return self.output_dropout(self.contract(hidden), training=training)  # (B, T, C)
+            hidden = gelu(seen(hooks, "expanded", expanded), recompute_gradient=adapted)  # (B, T, F)
+        return self.output_dropout(self.contract(seen(hooks, "hidden", hidden)), training=training)  # (B, T, C)
 
     def compute_output_shape(self, input_shape):
         return input_shape

@@ -196,7 +196,7 @@ class _Endpoints:
     async def attention(self, request):
         from starlette.responses import JSONResponse
 
-        from gptlite.evaluation import inspection
+        from gptlite.inside import inspection
 
         text = await self.text_of(request, "attention")
         maps = await asyncio.wrap_future(self.worker.call(lambda m: inspection.attention_maps(m, text)))
@@ -210,7 +210,7 @@ class _Endpoints:
         sampling settings the view offers."""
         from starlette.responses import JSONResponse
 
-        from gptlite.web.export import sampling_settings
+        from gptlite.decode.settings import sampling_settings
 
         body = await _read_json(request)
         text = await self.text_of(request, "trace", body)

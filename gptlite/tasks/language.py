@@ -9,7 +9,8 @@ from gptlite.data import lm
 from gptlite.decode import generation
 from gptlite.decode.settings import SamplingConfig
 from gptlite.errors import InputError
-from gptlite.evaluation import inspection, scores
+from gptlite.evaluation import scores
+from gptlite.inside import inspection
 from gptlite.model.config import MLP_NAMES
 from gptlite.model.gpt import GPT
 from gptlite.tasks.task import Task, Training

@@ -9,7 +9,8 @@ import numpy as np
 from gptlite.data import pairs, SYNTHETIC_TASKS
 from gptlite.decode import generation
 from gptlite.errors import ConfigError, InputError
-from gptlite.evaluation import inspection, scores
+from gptlite.evaluation import scores
+from gptlite.inside import inspection
 from gptlite.model.gpt import Seq2Seq
 from gptlite.tasks.task import Sizing, Task, Training
 from gptlite.text.tokenizers import CharTokenizer
@@ -152,7 +153,7 @@ class Pairs(Task):
         return super().request_refusal(field)
 
     def traced(self, model, text, target=None):
-        from gptlite.evaluation.trace import trace_target
+        from gptlite.inside.trace import trace_target
 
         return trace_target(model, text, target)
 

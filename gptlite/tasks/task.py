@@ -167,7 +167,7 @@ class Task:
     def traced(self, model, text, target=None):
         """Every step of `model` reading `text` (`gptlite.trace`), for the server's Inside view; a model that writes
         targets reads `text` as a source and writes `target` (its own greedy one where None)."""
-        from gptlite.evaluation.trace import trace
+        from gptlite.inside.trace import trace
 
         if target is not None:
             raise InputError("a target goes with a source; this model continues a text")

@@ -1,5 +1,5 @@
 """A static web page that writes with a GPT in the reader's browser, and shows inside it: the model as ONNX
-(`onnx_graph`'s decoding step; `inside_graph`, every step of a forward pass), run by ONNX Runtime Web's
+(`onnx_graph`: its decoding step, and every step of a forward pass), run by ONNX Runtime Web's
 WebAssembly build; the tokenizer, the sampler and the decoding loop in JavaScript (`page/gptlite.js`), as
 gptlite's own, so the page writes the text Python writes; the Inside view (`page/inside.js`), which shows a
 trace, the inside graph's or Python's (`gptlite.trace`).
@@ -16,14 +16,14 @@ import dataclasses
 import hashlib
 import json
 import pathlib
-import re
 import shutil
 
-from gptlite.decode.settings import is_whole_number_setting, SAMPLING_FIELDS
+from gptlite.decode.settings import sampling_settings
 from gptlite.errors import ConfigError, RunExistsError
 from gptlite.files import atomic_directory
+from gptlite.inside.views import page_declarations
 from gptlite.text import templates
-from gptlite.web import inside_graph, onnx_graph, tokenizer_form
+from gptlite.web import onnx_graph, tokenizer_form
 
 OUTTYPES = onnx_graph.OUTTYPES
 DEFAULT_OUTTYPE = "f32"
@@ -37,10 +37,6 @@ WEIGHTS_FILE = "weights.bin"
 LEAST_SHARED_BYTES = 4096
 # One ONNX file holds at most 2 GiB (protobuf's limit); a page's WebAssembly memory is 4 GiB.
 MOST_WEIGHT_BYTES = 2**31 - 2**26
-# The most new tokens the page writes in one go: the decoding loop keeps every token's attention to show.
-MOST_NEW_TOKENS = 4096
-# The largest whole number a browser's numbers hold exactly: the page's bound on a seed.
-MOST_EXACT_INTEGER = 2**53 - 1
 _HERE = pathlib.Path(__file__).parent / "page"
 
 
@@ -67,7 +63,7 @@ def export_web(model, out, outtype=DEFAULT_OUTTYPE):
     page_tokenizer = tokenizer_form.web_form(model.tokenizer)
     config = page_config(model, outtype, out.name)
     # A Seq2Seq's page writes a target with its inside graph, run whole at each token; a GPT's with its decoding step.
-    graphs = [("inside.onnx", inside_graph.inside_graph)] + ([] if config["source"] else [
+    graphs = [("inside.onnx", onnx_graph.inside_graph)] + ([] if config["source"] else [
         ("model.onnx", onnx_graph.decoder_graph)])
     with atomic_directory(out) as folder:
         stored = {}
@@ -107,6 +103,12 @@ def _weights_apart(graph, weights, stored):
             tensor.external_data.add(key=field, value=value)
 
 
+def reads_a_source(model):
+    """Whether the model reads a source through an encoder (a Seq2Seq's): its inside graph takes source_ids too,
+    and its page writes a target for a source rather than continuing a prompt."""
+    return "encoder_layer" in model.block_stacks
+
+
 def page_config(model, outtype, name):
     """What the page reads of the model besides its weights and tokenizer: its shape, the ids a text starts with
     and those that end one, a chat model's template as pieces, and the settings' limits."""
@@ -120,7 +122,7 @@ def page_config(model, outtype, name):
         ids = [int(i) for i in tokenizer.encode(end_of_turn)] if end_of_turn else []
         stops += ids if len(ids) == 1 else []
         chat["stop_text"] = end_of_turn if len(ids) > 1 else None
-    source = inside_graph.reads_a_source(model)
+    source = reads_a_source(model)
     if source:
         stops = [tokenizer.end_token_id]
     return dict(
@@ -133,54 +135,8 @@ def page_config(model, outtype, name):
         text_start_ids=[int(i) for i in tokenizer.text_start_ids], stop_ids=sorted(set(stops)), chat=chat,
         source=source, start_id=tokenizer.start_token_id, end_id=tokenizer.end_token_id,
         # A target is written greedily unless asked otherwise, as `generate_target` writes it.
-        sampling=sampling_settings(temperature=0.0) if source else sampling_settings())
-
-
-
-def sampling_settings(**defaults):
-    """The sampling settings the page offers, in SamplingConfig's order, each made from its field: its name,
-    help, default (or `defaults`'), whether it is a whole number, its bounds (the library's, narrowed by what a
-    server's request may ask and by what the page can hold: MOST_NEW_TOKENS, MOST_EXACT_INTEGER) and a sentence
-    saying them. A setting the page has no box for (a list of stop strings) is left out."""
-    offered = []
-    for name, field in SAMPLING_FIELDS.items():
-        if field.metadata["bounds"] is None:
-            continue
-        least, most, least_refused = field.metadata["bounds"]
-        whole = is_whole_number_setting(name)
-        request_least, request_most = field.metadata["limits"] or (None, None)
-        least = _tighter(max, least, request_least, -MOST_EXACT_INTEGER if whole else None)
-        most = _tighter(min, most, request_most, MOST_EXACT_INTEGER if whole else None,
-                        MOST_NEW_TOKENS if name == "max_new_tokens" else None)
-        # What an empty box means, where the default is none: the help's "(default: ...)".
-        empty = re.search(r"\(default: ([^)]*)\)", field.metadata["help"]) if field.default is None else None
-        offered.append(dict(name=name, request=field.metadata["request"] or name, help=field.metadata["help"],
-                            default=defaults.get(name, field.default), whole=whole, least=least,
-                            least_refused=least_refused, most=most, empty=empty and empty[1],
-                            says=_bounds_said(whole, least, least_refused, most, field.default)))
-    return offered
-
-
-def _tighter(pick, *bounds):
-    given = [bound for bound in bounds if bound is not None]
-    return pick(given) if given else None
-
-
-def _bounds_said(whole, least, least_refused, most, default):
-    """A setting's bounds in words: "a number above 0 and at most 1", "a whole number from 1 to 4096, or empty"."""
-    kind = "a whole number" if whole else "a number"
-    if least is not None and most is not None and not least_refused:
-        said = f"{kind} from {_number(least)} to {_number(most)}"
-    else:
-        parts = [f"{'above' if least_refused else 'at least'} {_number(least)}" if least is not None else None,
-                 f"at most {_number(most)}" if most is not None else None]
-        said = " and ".join([kind + " " + parts[0]] + parts[1:] if parts[0] else [kind] + parts[1:]) \
-            if any(parts) else kind
-    return said + (", or empty" if default is None else "")
-
-
-def _number(value):
-    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
+        sampling=sampling_settings(temperature=0.0) if source else sampling_settings(),
+        inside=page_declarations(config))
 
 
 def server_config(model, name, chats):
@@ -188,14 +144,15 @@ def server_config(model, name, chats):
     explains with the traces the server computes): its shape, whether it reads a source or holds a conversation
     (`chats`, the server's answer), and the settings' limits. No template is read off: the server renders it."""
     config = model.config
-    source = inside_graph.reads_a_source(model)
+    source = reads_a_source(model)
     return dict(
         name=name, server=True, chat=bool(chats), source=source,
         about=f"a {config.n_layer}-layer {'encoder-decoder' if source else 'GPT'} of {model.count_params():,} weights, "
               f"{config.block_size} tokens of context, {model.tokenizer.tokens_are}; served by gptlite serve",
         n_layer=config.n_layer, n_head=config.n_head, block_size=config.block_size, vocab_size=config.vocab_size,
         shape={**dataclasses.asdict(config), "kv_heads": config.kv_heads, "head_size": config.head_size},
-        sampling=sampling_settings(temperature=0.0) if source else sampling_settings())
+        sampling=sampling_settings(temperature=0.0) if source else sampling_settings(),
+        inside=page_declarations(config))
 
 
 def chat_pieces(tokenizer):

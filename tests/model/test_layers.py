@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 import gptlite
-from gptlite.model import layers, positions
+from gptlite.model import layers, norms, positions
 from gptlite.model.attention import Attention, causal_mask, scaled_dot_product_attention
 from gptlite.model.blocks import EncoderBlock, TransformerBlock
+from gptlite.model.hooks import Hooks
 
 
 def numpy_softmax(x):
@@ -26,6 +27,13 @@ def numpy_causal_attention(q, k, v):
     return weights @ v, weights
 
 
+def with_weights(attention, *args, **kwargs):
+    """An attention layer's output and its weights (B, H, T, S), which hooks keep."""
+    hooks = Hooks(keep=["attention"])
+    output = attention(*args, hooks=hooks, **kwargs)
+    return output, hooks.kept["attention"]
+
+
 @pytest.mark.parametrize("batch,length,width,heads", [(1, 1, 8, 1), (2, 5, 8, 2), (3, 7, 12, 3), (2, 16, 32, 4)])
 def test_causal_self_attention_matches_numpy_reference(batch, length, width, heads):
     rng = np.random.default_rng(0)
@@ -35,7 +43,7 @@ def test_causal_self_attention_matches_numpy_reference(batch, length, width, hea
     for weight in attention.weights:  # random biases too, so they are checked
         weight.assign(rng.normal(scale=0.3, size=weight.shape).astype("float32"))
 
-    output, weights = attention(x, return_attention_scores=True)
+    output, weights = with_weights(attention, x)
 
     qkv_kernel, qkv_bias = (w.numpy() for w in attention.qkv_projection.weights)
     out_kernel, out_bias = (w.numpy() for w in attention.output_projection.weights)
@@ -63,7 +71,7 @@ def test_attention_over_a_padded_context_matches_numpy_reference():
     for weight in attention.weights:
         weight.assign(rng.normal(scale=0.3, size=weight.shape).astype("float32"))
 
-    output, weights = attention(x, context, context_mask, return_attention_scores=True)
+    output, weights = with_weights(attention, x, context, context_mask)
 
     kernel = lambda dense: [w.numpy() for w in dense.weights]  # noqa: E731
     (q_kernel, q_bias), (kv_kernel, kv_bias), (out_kernel, out_bias) = (
@@ -107,8 +115,9 @@ def test_encoder_block_sees_later_positions_and_ignores_padding():
 class UnfusedAttention(Attention):
     """Always the step-by-step attention, for comparison with the fused one."""
 
-    def call(self, x, context=None, context_mask=None, packed=None, training=None, return_attention_scores=False):
-        return super().call(x, packed=packed, training=training, return_attention_scores=True)[0]
+    def call(self, x, context=None, context_mask=None, packed=None, training=None, cache=None, placement=None,
+             hooks=None):
+        return super().call(x, packed=packed, training=training, hooks=Hooks())  # hooks that keep nothing
 
 
 @pytest.mark.parametrize("packed", [False, True])
@@ -234,7 +243,7 @@ LAYER_CASES = [
     (EncoderBlock, dict(config=gptlite.GPTConfig(n_embd=8, n_head=2, dropout=0.1, bias=True, norm_epsilon=1e-6)),
      (2, 5, 8), "float32"),
     (layers.Linear, dict(units=3, use_bias=False), (2, 5, 8), "float32"),
-    (layers.RMSNorm, dict(epsilon=1e-6), (2, 5, 8), "float32"),
+    (norms.RMSNorm, dict(epsilon=1e-6), (2, 5, 8), "float32"),
 ]
 
 
@@ -362,7 +371,7 @@ def test_grouped_query_attention_matches_numpy_with_each_key_value_head_shared_b
     expected_heads, expected_weights = numpy_causal_attention(q, k, v)
     expected = expected_heads.transpose(0, 2, 1, 3).reshape(batch, length, width) @ out_kernel + out_bias
 
-    output, weights = attention(x, return_attention_scores=True)
+    output, weights = with_weights(attention, x)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(weights), expected_weights, atol=1e-5)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(output), expected, atol=1e-5)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(attention(x)), expected, atol=1e-5)  # the fused path
@@ -397,7 +406,7 @@ def test_rotary_positions_rotate_pairs_and_make_query_key_products_depend_on_dis
 def test_rms_norm_matches_numpy():
     rng = np.random.default_rng(6)
     x = rng.normal(2.0, 3.0, size=(2, 3, 8)).astype("float32")
-    norm = layers.RMSNorm(epsilon=1e-6)
+    norm = norms.RMSNorm(epsilon=1e-6)
     norm.build(x.shape)
     _random_weights(norm, rng)
     gamma = norm.gamma.numpy()
@@ -469,8 +478,8 @@ def test_attention_dropout_drops_weights_in_training_only_and_returns_them_befor
     x = np.random.default_rng(9).normal(size=(2, 6, 16)).astype("float32")
     attention = Attention(gptlite.GPTConfig(n_embd=16, n_head=4, n_kv_head=kv_heads, attention_dropout=0.5))
     attention.build(x.shape)
-    inference, weights = attention(x, return_attention_scores=True)
-    trained, trained_weights = attention(x, training=True, return_attention_scores=True)
+    inference, weights = with_weights(attention, x)
+    trained, trained_weights = with_weights(attention, x, training=True)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(trained_weights), keras.ops.convert_to_numpy(weights),
                                atol=1e-6)
     assert np.abs(keras.ops.convert_to_numpy(trained) - keras.ops.convert_to_numpy(inference)).max() > 1e-3

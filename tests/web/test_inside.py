@@ -13,8 +13,8 @@ import gptlite
 from conftest import REPO, TIE
 from test_export import _model, BROWSER_KINDS, SAME_ON_EVERY_BACKEND, site, WEB_KINDS  # noqa: F401 (site: a fixture)
 from test_gguf_export import _conversations, TEXT
-from gptlite.evaluation import trace as tracing
-from gptlite.web import inside_graph, notebook
+from gptlite.inside import notebook
+from gptlite.web import onnx_graph
 
 FIXTURES = REPO / "tests" / "fixtures"
 # Every step the view shows, as its buttons name them, for a model with every switch (QK-norm, rotary).
@@ -28,7 +28,7 @@ def _inside_session(model):
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = 1
-    return onnxruntime.InferenceSession(inside_graph.inside_graph(model).SerializeToString(), options,
+    return onnxruntime.InferenceSession(onnx_graph.inside_graph(model).SerializeToString(), options,
                                         providers=["CPUExecutionProvider"])
 
 
@@ -59,7 +59,6 @@ def assert_same_trace(arrays, layers, trace):
 @pytest.mark.parametrize("kind", sorted(WEB_KINDS))
 def test_the_inside_graph_gives_every_step_of_pythons_trace(kind):
     model = _model(kind)
-    assert inside_graph.NEIGHBOURS == tracing.NEIGHBOURS
     text = _conversations() if "chat" in kind else TEXT
     trace = gptlite.trace(model, [int(i) for i in model.tokenizer.encode(text)][:40])
     session = _inside_session(model)

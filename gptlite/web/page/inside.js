@@ -6,32 +6,6 @@
 // probabilities after the sampling settings, which it takes from the sampler the page writes with.
 import { nextTokenProbabilities, rowSeed, sampleNext, settingOf, uniformNoise } from "./gptlite.js";
 
-// Every step, in the order the model takes them. `layer`: the step is a block's (a layer and head are chosen);
-// `needs`: the step the trace must hold for the model to have it (QK-norm, rotary positions).
-export const STEPS = [
-  { id: "tokens", title: "Tokens" },
-  { id: "embedding", title: "Embedding" },
-  { id: "position", title: "Position" },
-  { id: "norm", title: "Norm", layer: true },
-  { id: "qkv", title: "Q, K, V", layer: true },
-  { id: "qk_norm", title: "QK-norm", layer: true, needs: "query_normed" },
-  { id: "rotary", title: "Rotary turn", layer: true, needs: "query_rotated" },
-  { id: "scores", title: "Scores", layer: true },
-  { id: "mask", title: "Causal mask", layer: true },
-  { id: "softmax", title: "Softmax", layer: true },
-  { id: "values", title: "Weighted values", layer: true },
-  { id: "heads", title: "Heads joined", layer: true },
-  { id: "residual", title: "Residual", layer: true },
-  { id: "cross", title: "Cross-attention", layer: true, needs: "cross_attention" },
-  { id: "feed_forward", title: "Feed-forward", layer: true },
-  { id: "feed_forward_residual", title: "Residual again", layer: true },
-  { id: "final_norm", title: "Final norm" },
-  { id: "logits", title: "Logits" },
-  { id: "probabilities", title: "Probabilities" },
-  { id: "graph", title: "Attention graph", layer: true },
-];
-// The settings the probabilities step applies live: the sampling settings that shape a distribution.
-const LIVE = ["temperature", "top_k", "top_p", "min_p", "repetition_penalty"];
 const HEAD_COLOURS = ["#d6452b", "#2f6fd6", "#1f9e55", "#a23fc4", "#d68a1a", "#178c8c", "#c43f7c", "#6b6b1f"];
 
 // --- reading a trace
@@ -119,19 +93,22 @@ export function unpacked(trace) {
 
 export class InsideView {
   // root: the element the view fills (its data-state says "done" once a step is shown); options: piece(id) (a
-  // token's text), sampling (config.json's sampling settings), settings (what the writing used, seed included),
-  // promptLength (the ids before the written ones), written (the ids written), onChange(state) (each new state).
+  // token's text), sampling (config.json's sampling settings), inside (what Python declares of the view: its steps
+  // `views`, the `live` settings, the model's `choices` in words; gptlite/inside/views.py), settings (what the
+  // writing used, seed included), promptLength (the ids before the written ones), written (the ids written),
+  // onChange(state) (each new state).
   constructor(root, options) {
     this.root = root;
     this.options = options;
+    this.declared = options.inside;
     this.live = {};
-    for (const name of LIVE)
+    for (const name of this.declared.live)
       this.live[name] = options.settings?.[name] ?? options.sampling.find((s) => s.name === name)?.default ?? null;
     this.state = null;
   }
 
   steps() {
-    return STEPS.filter((step) => !step.needs || step.needs in this.trace.layers[0]);
+    return this.declared.views.filter((step) => !step.needs || step.needs in this.trace.layers[0]);
   }
 
   // Show `trace` at `asked` ({token, layer, head, step}, each optional): what cannot be shown is said in a line,
@@ -389,10 +366,9 @@ export class InsideView {
       const angles = at(steps.rotary_angles, token);
       panel.append(
         paragraph(
-          `Rotary positions add nothing to the vector. Inside attention, each head's query and key ` +
-            `are turned: dimension i and i + ${shape.head_size / 2} form a pair, and at position ${token} pair i turns by ` +
-            `${token} / ${shape.rope_theta}^(2i/${shape.head_size}) radians. A query-key product then depends only on how ` +
-            `far apart the two tokens are.`
+          `Positions: ${this.declared.choices.position}. Dimension i and i + ${shape.head_size / 2} of a head form ` +
+            `a pair, and at position ${token} pair i turns by ${token} / ${shape.rope_theta}^(2i/${shape.head_size}) ` +
+            "radians."
         ),
         chips(
           Array.from(angles, (angle, i) => ({
@@ -405,14 +381,10 @@ export class InsideView {
       );
       return;
     }
-    const kind =
-      shape.position === "sinusoidal"
-        ? "the fixed sinusoidal table (sines and cosines of the position at " + "many frequencies)"
-        : "a table the model learned, one row per position";
     panel.append(
       paragraph(
-        `Position ${token} adds row ${token} of ${kind} to the token vector; the sum is what ` +
-          "the first block reads."
+        `Positions: ${this.declared.choices.position}. Position ${token} adds row ${token} to the token vector; ` +
+          "the sum is what the first block reads."
       ),
       strip(at(steps.token_embedding, token), "token vector"),
       strip(at(steps.position, token), `position ${token}`),
@@ -448,13 +420,7 @@ export class InsideView {
   }
 
   norm_said() {
-    const shape = this.trace.shape;
-    const kind =
-      shape.norm === "rms"
-        ? "RMSNorm: x divided by the root of its mean square, times a learned scale"
-        : "LayerNorm: x less its mean, divided by its standard deviation, times a learned scale" +
-          (shape.bias ? " plus a shift" : "");
-    return kind;
+    return this.declared.choices.norm;
   }
 
   draw_norm(panel, { token, layer }) {
@@ -462,15 +428,16 @@ export class InsideView {
     if (this.trace.shape.norm_position === "post") {
       panel.append(
         paragraph(
-          `This model normalises after each residual addition (post-norm): attention reads the ` +
-            `block's input as it is, and ${this.norm_said()} is applied to the sum (see Residual).`
+          `This model is post-norm: ${this.declared.choices.norm_position}. Its norm is ${this.norm_said()} ` +
+            "(see Residual)."
         ),
         strip(at(steps.input, token), "block input")
       );
       return;
     }
     panel.append(
-      paragraph(`Before attention, the vector is normalised (pre-norm), ${this.norm_said()}.`),
+      paragraph(`This model is pre-norm: ${this.declared.choices.norm_position}. Before attention, the vector ` +
+        `is normalised: ${this.norm_said()}.`),
       strip(at(steps.input, token), "block input"),
       strip(at(steps.attention_normed, token), "normalised")
     );
@@ -678,8 +645,7 @@ export class InsideView {
 
   draw_feed_forward(panel, { token, layer }) {
     const steps = this.trace.layers[layer];
-    const mlp = this.trace.shape.mlp;
-    const kind = { gelu: "GELU (GPT-2's smooth ReLU)", relu2: "ReLU squared", swiglu: "SwiGLU: silu(gate) × up" }[mlp];
+    const kind = this.declared.choices.mlp;
     const hidden = at(steps.hidden, token);
     const order = Array.from(hidden.keys())
       .sort((a, b) => Math.abs(hidden[b]) - Math.abs(hidden[a]))
@@ -752,7 +718,7 @@ export class InsideView {
 
   draw_probabilities(panel, { token }) {
     const controls = element("div", { class: "live" });
-    for (const name of LIVE) {
+    for (const name of this.declared.live) {
       const declared = this.options.sampling.find((s) => s.name === name);
       const input = element("input", {
         "aria-label": name,

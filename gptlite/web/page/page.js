@@ -245,7 +245,7 @@ async function explain(promptIdList, writtenIds) {
 function show(trace, piece, promptLength) {
   const query = new URLSearchParams(location.search);
   const asked = Object.fromEntries(INSIDE.filter((name) => query.has(name)).map((name) => [name, query.get(name)]));
-  view = new InsideView($("inside"), { piece, sampling: config.sampling,
+  view = new InsideView($("inside"), { piece, sampling: config.sampling, inside: config.inside,
     settings: usedSettings ?? settingsOrError().settings, promptLength, onChange: remember });
   view.show(trace, asked);
 }

@@ -9,7 +9,7 @@ import gptlite
 from conftest import REPO
 from gptlite.decode.sampling import RowSettings, sample_next_token, uniform_noise
 from gptlite.decode.settings import SamplingConfig
-from gptlite.evaluation.trace import LAYER_STEPS, NEIGHBOURS, STEPS
+from gptlite.inside.trace import LAYER_STEPS, NEIGHBOURS, STEPS
 
 FIXTURES = REPO / "tests" / "fixtures"
 TEXT = "the cat sat on the mat, the hat"

@@ -9,7 +9,7 @@ import pytest
 
 import gptlite
 from gptlite.errors import ConfigError, InputError
-from gptlite.evaluation import inspection
+from gptlite.inside import inspection
 from gptlite.model.attention import merge_heads
 from gptlite.model.positions import sinusoidal_position_encoding
 

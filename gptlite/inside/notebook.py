@@ -1,6 +1,7 @@
 """A trace shown in Jupyter as the page's own Inside view: one piece of HTML that holds the view's script and look
-(page/inside.js, the sampler of page/gptlite.js, page/inside.css) and the trace's numbers, so that it needs no
-server, no network and no CDN. `Trace._repr_html_` returns it; saved to a file, it opens in any browser.
+(the web page's inside.js, the sampler of its gptlite.js, its inside.css, read as files from the page's folder,
+`gptlite/web/page/`) and the trace's numbers, so that it needs no server, no network and no CDN.
+`Trace._repr_html_` returns it; saved to a file, it opens in any browser.
 """
 
 import json
@@ -8,9 +9,11 @@ import pathlib
 import re
 import uuid
 
-from gptlite.web.export import sampling_settings
+from gptlite.decode.settings import sampling_settings
+from gptlite.inside.views import page_declarations
 
-_PAGE = pathlib.Path(__file__).parent / "page"
+# The web page's files, which the view's script is (data of the package, beside `gptlite.web`'s modules).
+_PAGE = pathlib.Path(__file__).parent.parent / "web" / "page"
 
 
 def html(trace, state=None):
@@ -18,7 +21,8 @@ def html(trace, state=None):
     token, layer 0, head 0, the tokens by default)."""
     payload = trace.to_json(packed=True)
     root = f"gptlite-inside-{uuid.uuid4().hex[:12]}"
-    data = json.dumps({"trace": payload, "sampling": sampling_settings(), "state": state or {}}, ensure_ascii=True)
+    data = json.dumps({"trace": payload, "sampling": sampling_settings(), "state": state or {},
+                       "inside": page_declarations(trace.model.config)}, ensure_ascii=True)
     return (f'<style>{(_PAGE / "inside.css").read_text()}</style>\n'
             f'<div id="{root}" class="gptlite-inside" data-state="loading">the Inside view needs JavaScript</div>\n'
             f'<script type="application/json" id="{root}-data">{_safe_in_script(data)}</script>\n'
@@ -44,9 +48,9 @@ def _safe_in_script(text):
 _OPEN = """
 {
   const root = document.getElementById("ROOT");
-  const { trace: packed, sampling, state } = JSON.parse(document.getElementById("ROOT-data").textContent);
+  const { trace: packed, sampling, state, inside } = JSON.parse(document.getElementById("ROOT-data").textContent);
   const trace = unpacked(packed);
-  const view = new InsideView(root, { piece: (id) => trace.vocabulary[id], sampling, settings: null,
+  const view = new InsideView(root, { piece: (id) => trace.vocabulary[id], sampling, inside, settings: null,
     promptLength: trace.window_start + trace.ids.length });
   view.show(trace, state);
   if (!document.getElementById("inside")) {

@@ -1,0 +1,44 @@
+"""What the page's Inside view shows, declared here once: its steps, in the order the model takes them, and what
+each of the model's architecture choices does, in words (`GPTConfig.choices_said`, from `model.config.CHOICES`).
+The exported page carries these in its config.json, the server's page in its /config.json, and a notebook's view
+beside its trace (`page_declarations`): the page's script names no step and words no choice of its own; it draws
+each step it is given (`draw_<id>` in page/inside.js).
+
+A new step is one line here and its drawing there; `tests/inside/test_views.py` adds a throwaway one.
+"""
+
+from gptlite.model.hooks import BLOCK_STEPS, MODEL_STEPS
+
+# The view's steps: `id` (what its drawing is called), `title`, `layer` (the step is a block's: a layer and a head
+# are chosen), `needs` (the trace step a model must have for it: QK-norm, rotary positions, cross-attention).
+VIEW_STEPS = (
+    dict(id="tokens", title="Tokens"),
+    dict(id="embedding", title="Embedding"),
+    dict(id="position", title="Position"),
+    dict(id="norm", title="Norm", layer=True),
+    dict(id="qkv", title="Q, K, V", layer=True),
+    dict(id="qk_norm", title="QK-norm", layer=True, needs="query_normed"),
+    dict(id="rotary", title="Rotary turn", layer=True, needs="query_rotated"),
+    dict(id="scores", title="Scores", layer=True),
+    dict(id="mask", title="Causal mask", layer=True),
+    dict(id="softmax", title="Softmax", layer=True),
+    dict(id="values", title="Weighted values", layer=True),
+    dict(id="heads", title="Heads joined", layer=True),
+    dict(id="residual", title="Residual", layer=True),
+    dict(id="cross", title="Cross-attention", layer=True, needs="cross_attention"),
+    dict(id="feed_forward", title="Feed-forward", layer=True),
+    dict(id="feed_forward_residual", title="Residual again", layer=True),
+    dict(id="final_norm", title="Final norm"),
+    dict(id="logits", title="Logits"),
+    dict(id="probabilities", title="Probabilities"),
+    dict(id="graph", title="Attention graph", layer=True),
+)
+# The sampling settings the probabilities step applies live: those that shape a distribution.
+LIVE_SETTINGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+
+
+def page_declarations(config):
+    """What the page's Inside view reads of a model of `config` besides its trace: the view's steps, the settings
+    it applies live, the trace's step names (`gptlite.model.hooks`) and the model's choices in words."""
+    return {"views": [dict(step) for step in VIEW_STEPS], "live": list(LIVE_SETTINGS),
+            "steps": list(MODEL_STEPS), "block_steps": list(BLOCK_STEPS), "choices": config.choices_said()}
