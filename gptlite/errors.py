@@ -21,6 +21,10 @@ class InputError(GPTLiteError, ValueError):
     """Text, a prompt or a model file that gptlite cannot use."""
 
 
+class TooLargeError(InputError):
+    """What was asked would hold more at once than gptlite holds: a trace past its size."""
+
+
 class MissingFileError(GPTLiteError, FileNotFoundError):
     """A file the user named does not exist."""
 

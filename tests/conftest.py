@@ -64,6 +64,8 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 # The web page's tests (tests/web/) build the GGUF tests' kinds of model (tests/weights/), whichever folder pytest
 # collects first.
 sys.path.insert(0, str(REPO / "tests" / "weights"))
+# And the inside tests build the architecture tests' combinations of switches (tests/model/).
+sys.path.insert(0, str(REPO / "tests" / "model"))
 SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 

@@ -1,4 +1,5 @@
-"""`gptlite inspect`: what a model predicts and attends to at each position, and its positions."""
+"""`gptlite inspect`: what a model predicts and attends to at each position, what each head does, and its
+positions."""
 
 import json
 import pathlib
@@ -8,7 +9,7 @@ from gptlite.cli.command import check_model, command
 from gptlite.cli.flags import add_backend_flags, add_unknown_flag, Parser
 from gptlite.errors import InputError
 
-SUMMARY = "look inside a model: next-token candidates and attention per position, position encodings"
+SUMMARY = "look inside a model: next-token candidates and attention per position, what each head does, positions"
 
 
 def make_parser(prog):
@@ -24,6 +25,10 @@ def make_parser(prog):
                              "with the source tokens each layer attends to most")
     parser.add_argument("--target", default=None, metavar="TEXT",
                         help="with --source: inspect this target instead of the model's own")
+    parser.add_argument("--heads", action="store_true",
+                        help="with --prompt: score every head of every layer on TEXT instead (where it looks: the "
+                             "token before, the first, itself; as an induction head, on a probe of random tokens "
+                             "repeated twice; what knocking it out costs the loss), with the labels its scores earn")
     parser.add_argument("--top", type=int, default=5, metavar="K",
                         help="how many next tokens and attended tokens to show (default: 5)")
     parser.add_argument("--json", action="store_true", help="print the same as JSON")
@@ -36,7 +41,7 @@ def make_parser(prog):
 
 
 def run(args):
-    from gptlite.inside import inspection
+    from gptlite.inside import heads, inspection
     from gptlite.tasks.task import describe, given_text
     from gptlite.weights import saving
 
@@ -47,6 +52,8 @@ def run(args):
                          "or `positions` FILE")
     if args.target is not None and args.source is None:
         raise InputError("`target` goes with `source`")
+    if args.heads and args.prompt is None and args.source is None:
+        raise InputError("`heads` scores a language model's heads on a text: give `prompt` TEXT too")
     model = saving.load(args.model)
     text = given_text(model, args.prompt, args.source, args.model)
     messages = sys.stderr if args.json else sys.stdout
@@ -56,6 +63,10 @@ def run(args):
         print(f"wrote {args.positions} ({model.config.position} position encoding, "
               f"{model.config.block_size} positions)", file=messages)
     if text is None:
+        return
+    if args.heads:
+        report = heads.heads(model, text, unknown=args.unknown)
+        print(json.dumps(report.to_json(), ensure_ascii=False, indent=1) if args.json else report.table())
         return
     report = inspection.token_report(model, text, top=args.top, target=args.target, unknown=args.unknown)
     if args.json:

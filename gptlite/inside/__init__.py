@@ -8,3 +8,6 @@ what the page's Inside view shows of a trace (`views`), and a trace shown in Jup
 Every analysis is the model's own forward pass run with hooks (`gptlite.model.hooks`); none copies it.
 Nothing here imports Keras at import time.
 """
+
+# How a knocked-out head's output is replaced: by zeros, or by its mean over the positions of the text.
+ABLATIONS = ("zero", "mean")

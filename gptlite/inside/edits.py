@@ -12,10 +12,9 @@ import numpy as np
 from keras import ops
 
 from gptlite.errors import ConfigError, InputError
+from gptlite.inside import ABLATIONS
 from gptlite.model.hooks import Hooks, step_name
 
-# How a knocked-out head's output is replaced: by zeros, or by its mean over the positions of the text.
-ABLATIONS = ("zero", "mean")
 # Where each part's heads write, as (its blocks' prefix, the step of their weighted values).
 _PART_STEPS = {"decoder": ("layer", "heads"), "cross": ("layer", "cross_heads"), "encoder": ("encoder_layer", "heads")}
 

@@ -21,7 +21,7 @@ from keras import ops
 from gptlite.decode import generation
 from gptlite.decode.sampling import next_token_probabilities
 from gptlite.decode.settings import SamplingConfig
-from gptlite.errors import ConfigError, InputError
+from gptlite.errors import ConfigError, InputError, TooLargeError
 from gptlite.inside import edits as editing, lens
 from gptlite.model.gpt import check_use
 from gptlite.model.hooks import BLOCK_PREFIXES, BLOCK_STEPS, MODEL_STEPS
@@ -238,7 +238,7 @@ def _check_size(config, length, source_length, layers):
             numbers += length * (4 * width + 3 * heads * source_length)
     numbers += length * (config.vocab_size + 6 * width)
     if numbers > MOST_TRACE_NUMBERS:
-        raise InputError(f"a trace of {length} tokens over {len(layers)} blocks would keep about {numbers:,} "
+        raise TooLargeError(f"a trace of {length} tokens over {len(layers)} blocks would keep about {numbers:,} "
                          f"numbers, past the {MOST_TRACE_NUMBERS:,} a trace holds; keep fewer blocks (`layers`) or "
                          f"trace a shorter text")
 

@@ -11,7 +11,8 @@ import time
 import traceback
 import uuid
 
-from gptlite.errors import InputError
+from gptlite.errors import ConfigError, InputError, TooLargeError
+from gptlite.serving import parsing
 from gptlite.serving.parsing import MAX_BODY_BYTES, parse_chat_completion, parse_completion, RequestError
 from gptlite.serving.settings import ServeSettings
 from gptlite.serving.worker import Job, QueueFull, Worker
@@ -207,7 +208,8 @@ class _Endpoints:
     async def trace(self, request):
         """Every step of the model's forward pass over the text (`gptlite.trace`; a Seq2Seq's over the source `text`
         and its `target`, `gptlite.trace_target`), as the Inside view reads it (its arrays packed), with the
-        sampling settings the view offers."""
+        sampling settings the view offers. `ablate` ([[layer, head], ...]; a Seq2Seq's [layer, head, part]) and
+        `ablation` knock heads out, `layers` keeps only those blocks' steps; a trace past what one holds is a 413."""
         from starlette.responses import JSONResponse
 
         from gptlite.decode.settings import sampling_settings
@@ -217,11 +219,14 @@ class _Endpoints:
         target = body.get("target")  # a Seq2Seq's: what it wrote for the source `text`
         if target is not None and not isinstance(target, str):
             raise RequestError(400, "target must be a string", "target")
+        options = parsing.trace_options(body)
 
         def traced(model):
             try:
-                return tasks.traced(model, text, target).to_json(packed=True)
-            except InputError as error:
+                return tasks.traced(model, text, target, **options).to_json(packed=True)
+            except TooLargeError as error:
+                return RequestError(413, str(error), "layers")
+            except (InputError, ConfigError) as error:
                 return RequestError(400, str(error), "target" if target is not None else "text")
 
         answer = await asyncio.wrap_future(self.worker.call(traced))

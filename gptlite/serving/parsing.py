@@ -9,6 +9,7 @@ import numpy as np
 
 from gptlite.decode.settings import is_whole_number_setting, SAMPLING_FIELDS, SamplingConfig, TOP_LOGPROBS
 from gptlite.errors import ConfigError, first_line, InputError
+from gptlite.inside import ABLATIONS
 from gptlite.tasks import task as tasks
 from gptlite.text import templates
 
@@ -202,3 +203,28 @@ def _shown(value, limit=40):
     except ValueError:  # a whole number with more digits than Python converts to text
         return "a number too large"
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def trace_options(body):
+    """A trace request's options, checked for their form (the model checks their values): heads to `ablate`, each
+    [layer, head] or [layer, head, part], the `ablation` ("zero" or "mean"), and the `layers` whose steps to keep."""
+    options = {}
+    ablate = body.get("ablate", [])
+    whole = lambda value: isinstance(value, int) and not isinstance(value, bool)  # noqa: E731
+    if not isinstance(ablate, list) or not all(
+            isinstance(head, list) and len(head) in (2, 3) and all(whole(i) for i in head[:2])
+            and (len(head) == 2 or isinstance(head[2], str)) for head in ablate):
+        raise RequestError(400, "ablate must be a list of heads, each [layer, head] (or [layer, head, part])",
+                           "ablate")
+    if ablate:
+        options["ablate"] = [tuple(head) for head in ablate]
+    ablation = body.get("ablation", "zero")
+    if ablation not in ABLATIONS:
+        raise RequestError(400, f"ablation must be one of {', '.join(ABLATIONS)}", "ablation")
+    options["ablation"] = ablation
+    layers = body.get("layers")
+    if layers is not None:
+        if not isinstance(layers, list) or not all(whole(layer) for layer in layers):
+            raise RequestError(400, "layers must be a list of layer numbers", "layers")
+        options["layers"] = layers
+    return options

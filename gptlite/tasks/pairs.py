@@ -152,10 +152,10 @@ class Pairs(Task):
             return "the attention view draws a language model's self-attention"
         return super().request_refusal(field)
 
-    def traced(self, model, text, target=None):
+    def traced(self, model, text, target=None, **options):
         from gptlite.inside.trace import trace_target
 
-        return trace_target(model, text, target)
+        return trace_target(model, text, target, **options)
 
     def cuts_long_texts(self, truncate):
         return False  # a source is read whole, or not at all

@@ -164,14 +164,15 @@ class Task:
                     "/v1/completions, or fine-tune it on conversations")
         return None
 
-    def traced(self, model, text, target=None):
-        """Every step of `model` reading `text` (`gptlite.trace`), for the server's Inside view; a model that writes
-        targets reads `text` as a source and writes `target` (its own greedy one where None)."""
+    def traced(self, model, text, target=None, **options):
+        """Every step of `model` reading `text` (`gptlite.trace`, with its `options`: heads to ablate, layers to
+        keep), for the server's Inside view; a model that writes targets reads `text` as a source and writes
+        `target` (its own greedy one where None)."""
         from gptlite.inside.trace import trace
 
         if target is not None:
             raise InputError("a target goes with a source; this model continues a text")
-        return trace(model, text)
+        return trace(model, text, **options)
 
     def cuts_long_texts(self, truncate):
         """Whether a text longer than the model's context is read as its last tokens, where the server's
@@ -286,9 +287,9 @@ def request_refusal(model, field):
     return of_model(model).request_refusal(field)
 
 
-def traced(model, text, target=None):
+def traced(model, text, target=None, **options):
     """Every step of the model reading `text` (a Seq2Seq's source, writing `target`), for the Inside view."""
-    return of_model(model).traced(model, text, target)
+    return of_model(model).traced(model, text, target, **options)
 
 
 def reads(model):
