@@ -172,8 +172,8 @@ def induction_pattern(ids):
 
 def initialised(model, seed=0):
     """A model of `model`'s shape and tokenizer with fresh weights, drawn from `seed`."""
-    fresh = type(model).from_gpt_config(model.config, model.tokenizer)
     with seeded_weights(seed):
+        fresh = type(model).from_gpt_config(model.config, model.tokenizer)
         fresh.build((None, None))
     return fresh
 

@@ -13,6 +13,7 @@ Shape letters used in comments:
 
 import contextlib
 import math
+import random
 import threading
 
 import keras
@@ -55,13 +56,16 @@ def weights_arriving():
 @contextlib.contextmanager
 def seeded_weights(seed):
     """Weights built within it are drawn from `seed` (each initializer seeded in turn from it), not from Keras's
-    global random generator, which it leaves as it was: a model's shape with fresh weights, the same each time."""
-    earlier = getattr(_arriving, "seeds", None)
+    global random generator: a model's shape with fresh weights, the same each time. The random draws of the
+    process go on as they would have without it: Keras's layers draw their own seeds from Python's `random` as they
+    are made, whose state it restores."""
+    earlier, state = getattr(_arriving, "seeds", None), random.getstate()
     _arriving.seeds = np.random.default_rng(seed)
     try:
         yield
     finally:
         _arriving.seeds = earlier
+        random.setstate(state)
 
 
 def initializer_now(initializer):

@@ -1,5 +1,6 @@
 """gptlite.trace: every step of a GPT's forward pass, against the model's own forward pass, for each architecture
-switch; the probabilities after the settings; the refusals."""
+switch; the probabilities after the settings; a Seq2Seq's heads knocked out; the blocks kept and the size held;
+the refusals. (Every analysis for every switch: test_switches.py.)"""
 
 import keras
 import numpy as np
@@ -13,6 +14,7 @@ from gptlite.inside.trace import LAYER_STEPS, NEIGHBOURS, STEPS
 
 FIXTURES = REPO / "tests" / "fixtures"
 TEXT = "the cat sat on the mat, the hat"
+SHORT = "the cat sat on the mat"  # in made_char.keras's vocabulary
 # Each switch a trace must follow: the fixtures' models, and post-norm blocks with ReLU² built here.
 SWITCHES = {
     "cpu: learned positions, LayerNorm, GELU": "made_char.keras",
@@ -160,3 +162,50 @@ def test_what_a_trace_cannot_follow_is_refused(tiny_seq2seq):
         gptlite.trace("model.keras", "abc")
     with pytest.raises(gptlite.ConfigError, match="by must be"):
         gptlite.trace(model, "the").neighbours(0, by="euclid")
+
+
+def test_a_seq2seqs_heads_are_knocked_out_in_each_of_its_three_attentions():
+    model = gptlite.load(FIXTURES / "made_seq2seq.keras")
+    clean = gptlite.trace_target(model, "12+345", "357")
+    for part, step, layers in (("decoder", "heads", "layers"), ("cross", "cross_heads", "layers"),
+                               ("encoder", "heads", "encoder_layers")):
+        ablated = gptlite.trace_target(model, "12+345", "357", ablate=[(1, 0, part)])
+        assert not np.any(getattr(ablated, layers)[1][step][0]), part
+        np.testing.assert_allclose(getattr(ablated, layers)[1][step][1], getattr(clean, layers)[1][step][1],
+                                   atol=1e-6)
+        assert np.abs(ablated.steps["logits"] - clean.steps["logits"]).max() > 1e-5, part
+        assert ablated.to_json()["ablated"] == [[1, 0, part]]
+    parts = clean.attribution(2, "5")
+    assert parts.cross_heads.shape == (model.config.n_layer, model.config.n_head)
+    assert parts.total() == pytest.approx(parts.logit, abs=1e-4 * max(1, abs(parts.logit)))
+    np.testing.assert_allclose(clean.logit_lens()[-1].sum(-1), 1, atol=1e-5)
+
+
+def test_a_trace_keeps_the_blocks_asked_for_and_refuses_one_past_its_size(monkeypatch):
+    from gptlite.inside import trace as tracing
+
+    model = gptlite.load(FIXTURES / "made_char.keras")
+    some = gptlite.trace(model, SHORT, layers=[1])
+    assert some.layers[0] == {} and set(some.layers[1]) == set(gptlite.trace(model, SHORT).layers[1])
+    np.testing.assert_array_equal(some.steps["logits"], gptlite.trace(model, SHORT).steps["logits"])
+    with pytest.raises(gptlite.ConfigError, match="every block"):
+        some.logit_lens()
+    monkeypatch.setattr(tracing, "MOST_TRACE_NUMBERS", 10_000)
+    with pytest.raises(gptlite.errors.TooLargeError, match="keep fewer blocks ..layers.."):
+        gptlite.trace(model, SHORT)
+
+
+def test_heads_and_layers_the_model_lacks_are_refused_naming_the_range():
+    model = gptlite.load(FIXTURES / "made_char.keras")
+    for ablate, message in (([(2, 0)], "no layer 2: this model's layers are 0 to 1"),
+                            ([(0, 5)], "no head 5: this model's heads are 0 to 1"),
+                            ([(0, 0, "cross")], "attention is decoder; there is no 'cross' head"),
+                            ([(0,)], r"name a head as \(layer, head\)"), ([(0.5, 1)], "whole numbers")):
+        with pytest.raises(gptlite.InputError, match=message):
+            gptlite.trace(model, SHORT, ablate=ablate)
+    with pytest.raises(gptlite.ConfigError, match="ablation must be one of zero, mean"):
+        gptlite.trace(model, SHORT, ablate=[(0, 0)], ablation="half")
+    with pytest.raises(gptlite.InputError, match="no layer 3"):
+        gptlite.trace(model, SHORT, layers=[3])
+    with pytest.raises(gptlite.InputError, match="no position 99"):
+        gptlite.trace(model, SHORT).attribution(99, "a")
