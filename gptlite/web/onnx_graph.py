@@ -19,9 +19,9 @@ outputs are named and shaped as `gptlite.trace` names and shapes the steps (`gpt
 the blocks by its name, block N's as `layer_N.<step>`, a Seq2Seq's encoder's as `encoder_layer_N.<step>`), with the
 position table, the rotary angles and each token's NEIGHBOURS nearest tokens, so that the page's view reads
 either; attention is written out (the product, the scaling, the mask, the softmax, the weighted sum) to keep each
-step. It takes `head_scale` (L, H) float32, 1 for every head unless given (a Seq2Seq's `cross_head_scale` and
-`encoder_head_scale` too): each head's weighted values are multiplied by it before the output projection, so 0
-knocks a head out as `gptlite.trace(..., ablate=...)` does.
+step. It takes `head_scale` (L, H) float32 (a Seq2Seq's `cross_head_scale` and `encoder_head_scale` too): each
+head's weighted values are multiplied by it before the output projection, so 1 leaves the model as it is and 0
+knocks a head out as `gptlite.trace(..., ablate=...)` does; the page gives ones unless asked otherwise.
 
 The graphs are written node by node, not traced by Keras's `export(format="onnx")`: tf2onnx needed some 30-40 times
 the weights' bytes (GPT-2 small's size was killed at 17 GB), and Keras's export writes a fixed cache, copied whole
@@ -303,12 +303,11 @@ class Graph:
 
     def head_scale(self, part, named):
         """Block `named`'s row of `part`'s head-scale input (L, H), shaped (1, H, 1, 1) to scale its heads; the
-        input, 1 for every head unless given, is added where a part first needs it."""
+        input is added where a part first needs it. (An input, not an initializer that a caller may override: ONNX
+        Runtime warns of those, and folds no constant it could.)"""
         name = HEAD_SCALES[part]
         if name not in self.scales:
-            ones = np.ones((self.config.n_layer, self.config.n_head), np.float32)
-            self.initializers.append(self.numpy_helper().from_array(ones, name))  # what the input is, unless given
-            self.add_input(name, self.proto.FLOAT, list(ones.shape))
+            self.add_input(name, self.proto.FLOAT, [self.config.n_layer, self.config.n_head])
             self.scales[name] = name
         row = self.node("Gather", [name, self.constant(int(named.rsplit("_", 1)[1]))], axis=0)  # (H,)
         return self.node("Reshape", [row, self.constant([1, -1, 1, 1])])
@@ -371,16 +370,12 @@ class Graph:
         self.nodes.append(self.helper.make_node(kind, inputs, names, name=names[0], **attributes))
         return names if outputs > 1 else names[0]
 
-    @staticmethod
-    def numpy_helper():
-        from onnx import numpy_helper
-
-        return numpy_helper
-
     def initializer(self, name, array):
         """A float32 or int64 array the graph holds as it is (vectors, tables, constants)."""
+        from onnx import numpy_helper
+
         full = self.prefix + name
-        self.initializers.append(self.numpy_helper().from_array(np.array(array, order="C"), full))  # 0-d stays 0-d
+        self.initializers.append(numpy_helper.from_array(np.array(array, order="C"), full))  # 0-d stays 0-d
         return full
 
     def weight(self, name, matrix, rows=False):

@@ -567,6 +567,27 @@ def test_the_trace_the_server_computes_is_gptlites_and_its_page_files_are_served
         assert httpx.get(server.url + path).status_code == 404, path
 
 
+def test_the_servers_trace_knocks_heads_out_keeps_the_layers_asked_and_answers_one_too_large_with_a_413(
+        server, fluent_model, monkeypatch):
+    asked = {"text": "the cat sat", "ablate": [[1, 0]], "ablation": "mean", "layers": [1]}
+    traced = httpx.post(server.url + "/v1/trace", json=asked, timeout=60).json()["trace"]
+    expected = gptlite.trace(fluent_model, "the cat sat", ablate=[(1, 0)], ablation="mean", layers=[1])
+    assert traced["layers"][0] == {} and traced["ablated"] == [[1, 0, "decoder"]] and traced["ablation"] == "mean"
+    np.testing.assert_array_equal(_unpacked(traced["steps"]["logits"]), expected.steps["logits"])
+    for body, status, message in (({"ablate": [[7, 0]]}, 400, "no layer 7"), ({"ablate": "1,0"}, 400, "ablate must"),
+                                  ({"ablation": "half"}, 400, "ablation must"), ({"layers": [0, 9]}, 400, "no layer 9"),
+                                  ({"layers": "all"}, 400, "layers must")):
+        answer = httpx.post(server.url + "/v1/trace", json={"text": "the cat", **body}, timeout=60)
+        assert answer.status_code == status and message in answer.json()["error"]["message"], body
+    from gptlite.inside import trace as tracing
+
+    with monkeypatch.context() as patched:
+        patched.setattr(tracing, "MOST_TRACE_NUMBERS", 1000)  # the server runs in this process
+        answer = httpx.post(server.url + "/v1/trace", json={"text": "the cat"}, timeout=60)
+    assert answer.status_code == 413 and "keep fewer blocks" in answer.json()["error"]["message"]
+    assert httpx.post(server.url + "/v1/trace", json={"text": "the cat"}, timeout=60).status_code == 200
+
+
 SERVE = """
 import sys
 from gptlite.cli import main

@@ -120,7 +120,8 @@ def test_both_graphs_read_one_weights_file_each_array_once(tmp_path, outtype):
     ids = np.asarray([[int(i) for i in model.tokenizer.encode(TEXT[:20])]], np.int64)
     inside = onnxruntime.InferenceSession(str(tmp_path / "site" / "inside.onnx"), providers=["CPUExecutionProvider"])
     expected = keras.ops.convert_to_numpy(model(ids.astype("int32")))[0]
-    logits = inside.run(["logits"], {"input_ids": ids})[0]
+    ones = np.ones((model.config.n_layer, model.config.n_head), np.float32)  # each head as it is
+    logits = inside.run(["logits"], {"input_ids": ids, "head_scale": ones})[0]
     assert np.abs(logits - expected).max() <= (1e-4 if outtype == "f32" else 5e-2) * np.abs(expected).max()
     step = onnxruntime.InferenceSession(str(tmp_path / "site" / "model.onnx"), providers=["CPUExecutionProvider"])
     feeds = {name: np.zeros((1, model.config.kv_heads, 0, model.config.head_size), np.float32)

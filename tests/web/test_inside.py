@@ -32,6 +32,15 @@ def _inside_session(model):
                                         providers=["CPUExecutionProvider"])
 
 
+def _run(session, model, **given):
+    """The inside graph's every output by name, for the inputs `given`, each head scaled by 1 unless given."""
+    ones = np.ones((model.config.n_layer, model.config.n_head), np.float32)
+    inputs = {name: ones for name in onnx_graph.HEAD_SCALES.values()
+              if name in [given.name for given in session.get_inputs()]}
+    names = [output.name for output in session.get_outputs()]
+    return dict(zip(names, session.run(None, {**inputs, **given})))
+
+
 def assert_near(found, expected, what):
     """`found` within 1e-4 of `expected`'s scale (its largest magnitude, at least 1e-6)."""
     found, expected = np.asarray(found, np.float64), np.asarray(expected, np.float64)
@@ -62,8 +71,7 @@ def test_the_inside_graph_gives_every_step_of_pythons_trace(kind):
     text = _conversations() if "chat" in kind else TEXT
     trace = gptlite.trace(model, [int(i) for i in model.tokenizer.encode(text)][:40])
     session = _inside_session(model)
-    names = [output.name for output in session.get_outputs()]
-    out = dict(zip(names, session.run(None, {"input_ids": trace.ids[None].astype(np.int64)})))
+    out = _run(session, model, input_ids=trace.ids[None].astype(np.int64))
     steps = {name: value for name, value in out.items() if not name.startswith("layer_")}
     layers = [{name.split(".", 1)[1]: value for name, value in out.items() if name.startswith(f"layer_{index}.")}
               for index in range(model.config.n_layer)]
@@ -77,9 +85,8 @@ def test_a_seq2seqs_inside_graph_gives_its_encoder_and_cross_attention_as_python
     model = gptlite.load(FIXTURES / "made_seq2seq.keras")
     trace = gptlite.trace_target(model, "12+345", "357")
     session = _inside_session(model)
-    names = [output.name for output in session.get_outputs()]
-    out = dict(zip(names, session.run(None, {"input_ids": trace.ids[None].astype(np.int64),
-                                             "source_ids": trace.source_ids[None].astype(np.int64)})))
+    out = _run(session, model, input_ids=trace.ids[None].astype(np.int64),
+               source_ids=trace.source_ids[None].astype(np.int64))
     steps = {name: value for name, value in out.items() if "layer_" not in name}
     layers = [{name.split(".", 1)[1]: value for name, value in out.items() if name.startswith(f"layer_{index}.")}
               for index in range(model.config.n_layer)]
@@ -87,6 +94,35 @@ def test_a_seq2seqs_inside_graph_gives_its_encoder_and_cross_attention_as_python
     for index, layer in enumerate(trace.encoder_layers):
         for name, value in layer.items():
             assert_near(out[f"encoder_layer_{index}.{name}"], value, f"encoder layer {index} {name}")
+
+
+@SAME_ON_EVERY_BACKEND
+@pytest.mark.parametrize("kind", ["char", "modern"])
+def test_the_inside_graph_scales_each_heads_output_and_a_zero_knocks_it_out_as_python_does(kind):
+    model = _model(kind)
+    trace = gptlite.trace(model, [int(i) for i in model.tokenizer.encode(TEXT)][:30], ablate=[(1, 1), (0, 0)])
+    session = _inside_session(model)
+    assert [given.name for given in session.get_inputs()] == ["input_ids", "head_scale"]
+    scale = np.ones((model.config.n_layer, model.config.n_head), np.float32)
+    scale[1, 1] = scale[0, 0] = 0
+    out = _run(session, model, input_ids=trace.ids[None].astype(np.int64), head_scale=scale)
+    assert_near(out["logits"], trace.steps["logits"], "logits")
+    assert_near(out["layer_1.heads"], trace.layers[1]["heads"], "layer 1's heads")
+    assert not np.any(out["layer_1.heads"][1])
+
+
+@SAME_ON_EVERY_BACKEND
+def test_a_seq2seqs_inside_graph_scales_its_cross_attentions_heads_too():
+    model = gptlite.load(FIXTURES / "made_seq2seq.keras")
+    trace = gptlite.trace_target(model, "12+345", "357", ablate=[(0, 1, "cross"), (1, 0, "encoder")])
+    session = _inside_session(model)
+    scales = {name: np.ones((model.config.n_layer, model.config.n_head), np.float32)
+              for name in ("head_scale", "cross_head_scale", "encoder_head_scale")}
+    scales["cross_head_scale"][0, 1] = scales["encoder_head_scale"][1, 0] = 0
+    out = _run(session, model, input_ids=trace.ids[None].astype(np.int64),
+               source_ids=trace.source_ids[None].astype(np.int64), **scales)
+    assert_near(out["logits"], trace.steps["logits"], "logits")
+    assert not np.any(out["layer_0.cross_heads"][1]) and not np.any(out["encoder_layer_1.heads"][0])
 
 
 # --- the page in a browser

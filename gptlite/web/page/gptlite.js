@@ -434,8 +434,7 @@ export class TargetWriter {
   async warm() {}  // one graph, run whole each step: nothing that runs the better for having run before
 
   async logitsAfter(sourceIds, ids) {
-    const tensor = (values) => new this.ort.Tensor("int64", BigInt64Array.from(values, BigInt), [1, values.length]);
-    const out = await this.session.run({ source_ids: tensor(sourceIds), input_ids: tensor(ids) }, ["logits"]);
+    const out = await this.session.run(insideFeeds(this.ort, this.session, this.config, ids, sourceIds), ["logits"]);
     const vocabularySize = this.config.vocab_size;
     return out.logits.data.subarray((ids.length - 1) * vocabularySize, ids.length * vocabularySize);
   }
@@ -458,7 +457,19 @@ export class TargetWriter {
   }
 }
 
-// --- looking inside: `inside.onnx` (gptlite/web/inside_graph.py), every step of the forward pass over a text
+// --- looking inside: `inside.onnx` (gptlite/web/onnx_graph.py), every step of the forward pass over a text
+
+// What `inside.onnx` (an InferenceSession, `session`) is given for the tokens `ids` (and a Seq2Seq's `sourceIds`):
+// the ids, and each head-scale input the graph takes, from `scales` (by its name: a Float32Array, layers x heads)
+// or 1 for every head.
+function insideFeeds(ort, session, config, ids, sourceIds = null, scales = {}) {
+  const tensor = (values) => new ort.Tensor("int64", BigInt64Array.from(values, BigInt), [1, values.length]);
+  const feeds = { input_ids: tensor(ids), ...(sourceIds ? { source_ids: tensor(sourceIds) } : {}) };
+  const { n_layer: layers, n_head: heads } = config;
+  for (const name of session.inputNames.filter((input) => input.endsWith("head_scale")))
+    feeds[name] = new ort.Tensor("float32", scales[name] ?? new Float32Array(layers * heads).fill(1), [layers, heads]);
+  return feeds;
+}
 
 export class Explainer {
   // ort: onnxruntime-web's module; session: an InferenceSession of inside.onnx; config: the export's config.json.
@@ -470,12 +481,13 @@ export class Explainer {
 
   // The trace of ids (their last block_size), as gptlite.trace gives it (Trace.to_json): {ids, window_start,
   // shape, steps: {name: {dims, data}}, layers: [{name: {dims, data}}]}, every number the graph's; a Seq2Seq's,
-  // as gptlite.trace_target gives it, with the `sourceIds` it reads and its encoder_layers.
-  async trace(allIds, sourceIds = null) {
+  // as gptlite.trace_target gives it, with the `sourceIds` it reads and its encoder_layers. `scales`: a
+  // Float32Array (layers x heads) by each head-scale input the graph takes (head_scale, and a Seq2Seq's
+  // cross_head_scale and encoder_head_scale) that scales each head's output: 1 for every head unless given there,
+  // 0 knocking a head out.
+  async trace(allIds, sourceIds = null, scales = {}) {
     const ids = allIds.slice(-this.config.block_size);
-    const tensor = (values) => new this.ort.Tensor("int64", BigInt64Array.from(values, BigInt), [1, values.length]);
-    const out = await this.session.run(sourceIds ? { input_ids: tensor(ids), source_ids: tensor(sourceIds) }
-      : { input_ids: tensor(ids) });
+    const out = await this.session.run(insideFeeds(this.ort, this.session, this.config, ids, sourceIds, scales));
     const steps = {};
     const layers = Array.from({ length: this.config.n_layer }, () => ({}));
     const encoderLayers = Array.from({ length: sourceIds ? this.config.n_layer : 0 }, () => ({}));
