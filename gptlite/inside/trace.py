@@ -5,8 +5,8 @@ logit into what each part wrote (`Trace.attribution`).
 
 A trace is the model's own forward pass run with hooks (`gptlite.model.hooks`) that keep each step: the layers
 compute every number it holds, and its logits are the model's. The web page's Inside view shows a trace, whether
-the page's own graph (`gptlite.web.onnx_graph.inside_graph`) or this module computed it; in Jupyter a `Trace` shows as that
-view (`gptlite.inside.notebook`).
+the page's own graph (`gptlite.web.onnx_graph.inside_graph`) or this module computed it; in Jupyter a `Trace`
+shows as that view (`gptlite.inside.notebook`).
 
 Shapes: T the text's tokens (its last block_size), C the width, H query heads, K key/value heads, D the head
 size, F the feed-forward's width, V the vocabulary, L the layers.

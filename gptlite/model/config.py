@@ -20,8 +20,9 @@ class Choice:
     does: str
 
 
-# The architecture's choices, which gptlite.model.layers builds, each declared once here: a new one is an entry
-# (and its computation in the layers, its ONNX form in gptlite.web.onnx_graph).
+# The architecture's choices, which gptlite.model.layers builds, each declared once here, its name and its words: a
+# setting's choices are these tables themselves (a new one is an entry, and its computation in the layers, its ONNX
+# form in gptlite.web.onnx_graph).
 POSITION_KINDS = {
     "learned": Choice("learned positions", "a table the model learned, one row per position, added to the token "
                                            "vector"),
@@ -51,7 +52,6 @@ MLP_KINDS = {
 }
 # Each setting's choices, by the setting's name.
 CHOICES = {"position": POSITION_KINDS, "norm": NORM_KINDS, "norm_position": NORM_POSITION_KINDS, "mlp": MLP_KINDS}
-POSITIONS, NORMS, NORM_POSITIONS, MLPS = (tuple(kinds) for kinds in CHOICES.values())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,16 +72,16 @@ class GPTConfig:
     tie_weights: bool = setting(True, "the output head reuses the token embedding's matrix", shape=True)
     position: str = setting("learned", "learned (a trained table, GPT-2's), sinusoidal (a fixed table) or rotary "
                                        "(RoPE: queries and keys turned by position inside attention)",
-                            choices=POSITIONS, shape=True)
+                            choices=POSITION_KINDS, shape=True)
     rope_theta: float = setting(10000.0, "rotary positions' base", shape=True)
-    norm: str = setting("layer", "layer (LayerNorm, GPT-2's) or rms (RMSNorm, Llama's)", choices=NORMS, shape=True)
+    norm: str = setting("layer", "layer (LayerNorm, GPT-2's) or rms (RMSNorm, Llama's)", choices=NORM_KINDS, shape=True)
     norm_epsilon: float = setting(1e-5, "added to the variance in every norm", shape=True)
     norm_position: str = setting("pre", "pre (each sublayer reads a normalised input, x + f(norm(x)), and a final "
                                         "norm comes before the head) or post (the sum is normalised, norm(x + f(x)), "
                                         "the original Transformer's; no final norm)",
-                                 choices=NORM_POSITIONS, shape=True)
+                                 choices=NORM_POSITION_KINDS, shape=True)
     mlp: str = setting("gelu", "the feed-forward: gelu (GPT-2's), swiglu (Llama's) or relu2 (ReLU squared)",
-                       choices=MLPS, shape=True)
+                       choices=MLP_KINDS, shape=True)
     mlp_hidden_size: int = setting(None, "the feed-forward's hidden width (None: 4 x `n_embd` for gelu and relu2, "
                                          "8/3 x rounded up to a multiple of 16 for swiglu)", shape=True)
     n_kv_head: int = setting(None, "key/value heads, shared by groups of query heads (grouped-query attention; 1: "
@@ -149,8 +149,6 @@ class GPTConfig:
 
 # What a resumed run cannot change: the weights' shapes and meaning.
 MODEL_SHAPE_SETTINGS = tuple(name for name, field in declared(GPTConfig).items() if field.metadata["shape"])
-# Each feed-forward's name in words, for messages and summaries.
-MLP_NAMES = {kind: choice.name for kind, choice in MLP_KINDS.items()}
 
 
 # The projections LoRA may adapt in each block: the fused query/key/value

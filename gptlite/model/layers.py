@@ -11,6 +11,7 @@ Shape letters used in comments:
     V vocabulary size.
 """
 
+import collections
 import contextlib
 import math
 import random
@@ -22,7 +23,7 @@ from keras import ops
 
 from gptlite.backend.runtime import running
 from gptlite.model import positions as position_kinds
-from gptlite.model.config import MLPS, POSITIONS
+from gptlite.model.config import POSITION_KINDS
 from gptlite.model.hooks import seen
 from gptlite.model.positions import token_positions
 
@@ -260,8 +261,8 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if position not in POSITIONS:
-            raise ValueError(f"position must be one of {', '.join(POSITIONS)}, got {position!r}")
+        if position not in POSITION_KINDS:
+            raise ValueError(f"position must be one of {', '.join(POSITION_KINDS)}, got {position!r}")
         self.vocab_size = vocab_size
         self.block_size = block_size
         self.n_embd = n_embd
@@ -389,6 +390,33 @@ def _gelu_recomputing_gradient(x):
 
 
 
+class FeedForwardKind(collections.namedtuple("FeedForwardKind", "hidden widened")):
+    """How a kind of feed-forward (`config.MLP_KINDS`, its name and words) computes: `hidden(layer, expanded,
+    hooks)`, its hidden activations (B, T, F) from its widened vector, each step handed to the hooks; `widened`,
+    how many vectors of F its first projection makes (a gated kind: the gate and the up)."""
+
+
+def _gelu_hidden(layer, expanded, hooks):
+    # A large model's LoRA step runs without XLA on TensorFlow (training.compile_for_training).
+    adapted = layer.expand.lora_enabled or layer.contract.lora_enabled
+    return gelu(seen(hooks, "expanded", expanded), recompute_gradient=adapted)
+
+
+def _swiglu_hidden(layer, expanded, hooks):
+    gate, up = ops.split(expanded, 2, axis=-1)  # each (B, T, F)
+    return ops.silu(seen(hooks, "gate", gate)) * seen(hooks, "up", up)
+
+
+def _relu2_hidden(layer, expanded, hooks):
+    return ops.square(ops.relu(seen(hooks, "expanded", expanded)))
+
+
+# Each feed-forward kind's computation, by its name in `config.MLP_KINDS`: a new kind is a line there and one here
+# (and, for the web page, its ONNX form in `gptlite.web.onnx_graph`).
+FEED_FORWARD_KINDS = {"gelu": FeedForwardKind(_gelu_hidden, 1), "swiglu": FeedForwardKind(_swiglu_hidden, 2),
+                      "relu2": FeedForwardKind(_relu2_hidden, 1)}
+
+
 @register
 class FeedForward(keras.layers.Layer):
     """The position-wise feed-forward network, then dropout. (B, T, C) -> (B, T, C).
@@ -410,8 +438,8 @@ class FeedForward(keras.layers.Layer):
 
     def __init__(self, dropout=0.0, bias=True, mlp="gelu", mlp_hidden_size=None, **kwargs):
         super().__init__(**kwargs)
-        if mlp not in MLPS:
-            raise ValueError(f"mlp must be one of {', '.join(MLPS)}, got {mlp!r}")
+        if mlp not in FEED_FORWARD_KINDS:
+            raise ValueError(f"mlp must be one of {', '.join(FEED_FORWARD_KINDS)}, got {mlp!r}")
         self.dropout = dropout
         self.bias = bias
         self.mlp = mlp
@@ -420,7 +448,7 @@ class FeedForward(keras.layers.Layer):
     def build(self, input_shape):
         width = input_shape[-1]
         hidden = self.mlp_hidden_size or feed_forward_width(width, self.mlp)
-        self.expand = Linear(hidden * (2 if self.mlp == "swiglu" else 1), use_bias=self.bias,
+        self.expand = Linear(hidden * FEED_FORWARD_KINDS[self.mlp].widened, use_bias=self.bias,
                              dtype=self.dtype_policy, name="expand")
         self.expand.build(input_shape)
         self.contract = Linear(width, use_bias=self.bias, dtype=self.dtype_policy, name="contract")
@@ -432,16 +460,7 @@ class FeedForward(keras.layers.Layer):
         return {"expand": [self.expand], "contract": [self.contract]}
 
     def call(self, x, training=None, hooks=None):
-        expanded = self.expand(x)
-        if self.mlp == "swiglu":
-            gate, up = ops.split(expanded, 2, axis=-1)  # each (B, T, F)
-            hidden = ops.silu(seen(hooks, "gate", gate)) * seen(hooks, "up", up)
-        elif self.mlp == "relu2":
-            hidden = ops.square(ops.relu(seen(hooks, "expanded", expanded)))  # (B, T, F)
-        else:
-            # A large model's LoRA step runs without XLA on TensorFlow (training.compile_for_training).
-            adapted = self.expand.lora_enabled or self.contract.lora_enabled
-            hidden = gelu(seen(hooks, "expanded", expanded), recompute_gradient=adapted)  # (B, T, F)
+        hidden = FEED_FORWARD_KINDS[self.mlp].hidden(self, self.expand(x), hooks)  # (B, T, F)
         return self.output_dropout(self.contract(seen(hooks, "hidden", hidden)), training=training)  # (B, T, C)
 
     def compute_output_shape(self, input_shape):

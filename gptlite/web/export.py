@@ -60,6 +60,7 @@ def export_web(model, out, outtype=DEFAULT_OUTTYPE):
         raise ConfigError(f"the page's model is one ONNX file, at most 2 GiB; this model's weights take "
                           f"{weight_bytes / 2**30:.1f} GiB as {outtype}" + (" (try outtype f16)" if outtype == "f32"
                                                                            else ""))
+    onnx_graph.check_forms(model.config)
     page_tokenizer = tokenizer_form.web_form(model.tokenizer)
     config = page_config(model, outtype, out.name)
     # A Seq2Seq's page writes a target with its inside graph, run whole at each token; a GPT's with its decoding step.

@@ -36,7 +36,9 @@ product is computed in float32 each way, and only the download shrinks.
 
 import numpy as np
 
+from gptlite.errors import ConfigError
 from gptlite.inside.trace import NEIGHBOURS
+from gptlite.model.config import MLP_KINDS
 from gptlite.model.layers import weight_array
 from gptlite.model.positions import rotary_angles
 
@@ -60,6 +62,14 @@ def inside_graph(model, outtype="f32"):
     return Graph(model.config, outtype, inside=True).written(model, "gptlite_inside")
 
 
+def check_forms(config):
+    """Refuse a model with a choice these graphs have no form of (a ConfigError saying which), before anything is
+    written."""
+    if config.mlp not in FEED_FORWARD_FORMS:
+        raise ConfigError(f"the web page's graphs have no form of a {MLP_KINDS[config.mlp].name} feed-forward (mlp "
+                          f"{config.mlp!r}); they write {', '.join(FEED_FORWARD_FORMS)}")
+
+
 def cache_names(n_layer):
     """The cache's inputs in order: past_key_0, past_value_0, past_key_1, ..."""
     return [f"past_{part}_{index}" for index in range(n_layer) for part in ("key", "value")]
@@ -79,6 +89,7 @@ class Graph:
     def written(self, model, name):
         import onnx
 
+        check_forms(self.config)
         self.write(model)
         proto = onnx.helper.make_model(onnx.helper.make_graph(self.nodes, name, self.inputs, self.outputs,
                                                               self.initializers),
@@ -324,21 +335,22 @@ class Graph:
 
     def feed_forward(self, layer, named, x, keep):
         name = f"{named}.feed_forward"
-        expanded = self.linear(layer.expand, x, f"{name}.expand")
-        if layer.mlp == "swiglu":
-            gate, up = self.node("Split", [expanded], axis=-1, outputs=2, num_outputs=2)
-            keep(gate, "gate")
-            keep(up, "up")
-            hidden = self.node("Mul", [self.node("Mul", [gate, self.node("Sigmoid", [gate])]), up])
-        else:
-            keep(expanded, "expanded")
-            if layer.mlp == "relu2":
-                rectified = self.node("Relu", [expanded])
-                hidden = self.node("Mul", [rectified, rectified])
-            else:  # GPT-2's tanh approximation
-                hidden = self.node("Gelu", [expanded], approximate="tanh")
-        keep(hidden, "hidden")
+        hidden = keep(FEED_FORWARD_FORMS[layer.mlp](self, self.linear(layer.expand, x, f"{name}.expand"), keep),
+                      "hidden", unbatched=False)
         return self.linear(layer.contract, hidden, f"{name}.contract")
+
+    def gelu_hidden(self, expanded, keep):  # GPT-2's tanh approximation
+        return self.node("Gelu", [keep(expanded, "expanded", unbatched=False)], approximate="tanh")
+
+    def swiglu_hidden(self, expanded, keep):
+        gate, up = self.node("Split", [expanded], axis=-1, outputs=2, num_outputs=2)
+        keep(gate, "gate")
+        keep(up, "up")
+        return self.node("Mul", [self.node("Mul", [gate, self.node("Sigmoid", [gate])]), up])
+
+    def relu2_hidden(self, expanded, keep):
+        rectified = self.node("Relu", [keep(expanded, "expanded", unbatched=False)])
+        return self.node("Mul", [rectified, rectified])
 
     def linear(self, layer, x, name):
         """x W (+ b) of a `Linear`, its LoRA adapters merged into W."""
@@ -422,3 +434,8 @@ class Graph:
         kept = self.node("Squeeze", [tensor, self.constant([0])]) if batched else tensor
         self.output(kept, name, None, kind)
         return kept if unbatched else tensor
+
+
+# Each feed-forward kind's ONNX form, by its name in `gptlite.model.config.MLP_KINDS`: its hidden activations from
+# its widened vector, as `gptlite.model.layers.FEED_FORWARD_KINDS` computes them.
+FEED_FORWARD_FORMS = {"gelu": Graph.gelu_hidden, "swiglu": Graph.swiglu_hidden, "relu2": Graph.relu2_hidden}

@@ -38,7 +38,7 @@ import numpy as np
 
 from gptlite.errors import ConfigError, RunExistsError
 from gptlite.files import atomic_path
-from gptlite.model.config import MLP_NAMES
+from gptlite.model.config import MLP_KINDS
 from gptlite.model.layers import weight_array
 from gptlite.text.bpe import merges_of
 from gptlite.weights import decoder_only, GGUF_OUTTYPES, gpt2, llama
@@ -93,7 +93,7 @@ def architecture_of(config):
     if config.position != "rotary":
         missing = [reason for failed, reason in [
             (config.norm != "layer", "RMSNorm with table positions"),
-            (config.mlp != "gelu", f"a {MLP_NAMES[config.mlp]} feed-forward with table positions"),
+            (config.mlp != "gelu", f"a {MLP_KINDS[config.mlp].name} feed-forward with table positions"),
             (config.qk_norm, "QK-norm with table positions"),
             (config.norm_position != "pre", "post-norm blocks (gpt2's normalise before each sublayer)"),
             (config.head_dim not in (None, config.n_embd // config.n_head),

@@ -20,7 +20,7 @@ import numpy as np
 
 from gptlite.errors import ConfigError, first_line, InputError, MissingFileError
 from gptlite.files import atomic_directory
-from gptlite.model.config import MLP_NAMES
+from gptlite.model.config import MLP_KINDS
 from gptlite.model.layers import weight_array
 from gptlite.text.bpe import BPETokenizer, merges_of
 from gptlite.weights import decoder_only
@@ -160,7 +160,7 @@ def not_gpt2(config):
         (config.norm != "layer", "RMSNorm (GPT-2 uses LayerNorm)"),
         (config.norm_position != "pre", "post-norm blocks (GPT-2's normalise before each sublayer)"),
         (config.norm_epsilon != LAYER_NORM_EPSILON, f"a norm epsilon of {config.norm_epsilon}"),
-        (config.mlp != "gelu", f"a {MLP_NAMES[config.mlp]} feed-forward (GPT-2's is GELU)"),
+        (config.mlp != "gelu", f"a {MLP_KINDS[config.mlp].name} feed-forward (GPT-2's is GELU)"),
         (config.mlp_hidden_size not in (None, 4 * config.n_embd), f"a feed-forward width of {config.mlp_hidden_size}"),
         (config.kv_heads != config.n_head, "grouped-query attention"),
         (config.head_dim not in (None, config.n_embd // config.n_head), f"heads {config.head_dim} wide"),

@@ -18,7 +18,7 @@ import numpy as np
 
 from gptlite.errors import ConfigError, InputError, MissingFileError
 from gptlite.files import atomic_directory, read_json
-from gptlite.model.config import GPTConfig, MLP_NAMES
+from gptlite.model.config import GPTConfig, MLP_KINDS
 from gptlite.model.layers import weight_array
 from gptlite.text.bpe import PretrainedTokenizer
 
@@ -82,7 +82,7 @@ def family_of(config):
         (config.position != "rotary", f"{config.position} positions (they use rotary ones)"),
         (config.norm != "rms", "LayerNorm (they use RMSNorm)"),
         (config.norm_position != "pre", "post-norm blocks (they normalise before each sublayer)"),
-        (config.mlp != "swiglu", f"a {MLP_NAMES[config.mlp]} feed-forward (they use SwiGLU)"),
+        (config.mlp != "swiglu", f"a {MLP_KINDS[config.mlp].name} feed-forward (they use SwiGLU)"),
         (config.qk_norm and (config.bias or config.qkv_bias), "QK-norm with biases"),
         (config.bias and config.qkv_bias is False, "biases everywhere but on the query, key and value projections"),
     ] if failed]

@@ -639,6 +639,31 @@ def test_inspect_prints_candidates_and_attention_per_position(capsys, tmp_path, 
     assert "is a language model: give it --prompt TEXT" in capsys.readouterr().err
 
 
+@ONCE
+def test_inspect_heads_prints_every_heads_scores_as_a_table_or_json(capsys, trained_run, tiny_seq2seq, tmp_path):
+    from gptlite.cli import main
+
+    model = str(trained_run[2] / "model.keras")
+    assert main(["inspect", model, "--heads", "--prompt", "the cat sat on"]) == 0
+    model_line, heading, columns, *rows = capsys.readouterr().out.splitlines()
+    assert model_line.startswith("model: 2 layers, 2 heads") and heading.startswith("14 tokens, loss ")
+    assert columns.split()[:7] == ["layer", "head", "previous", "first", "current", "induction", "ablation"]
+    assert [row.split()[:2] for row in rows[:4]] == [["0", "0"], ["0", "1"], ["1", "0"], ["1", "1"]]
+    assert rows[4].startswith("at initialisation, the largest: previous token ")
+    assert main(["inspect", model, "--heads", "--prompt", "the cat sat on", "--json"]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert [len(row) for row in report["induction"]] == [2, 2] and report["tokens"] == list("the cat sat on")
+    assert captured.err.startswith("model: ")
+    assert main(["inspect", model, "--heads"]) == 2
+    assert "give --prompt TEXT" in capsys.readouterr().err
+    assert main(["inspect", model, "--heads", "--prompt", "t"]) == 2
+    assert capsys.readouterr().err.strip().endswith("needs a text of at least 2 tokens; this one is 1")
+    gptlite.save(tiny_seq2seq, tmp_path / "seq2seq.keras")
+    assert main(["inspect", str(tmp_path / "seq2seq.keras"), "--heads", "--source", "12"]) == 2
+    assert "head scores and patching read a GPT" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 @ONCE
 def test_a_saved_model_fine_tunes_with_lora_and_exports_for_other_tools(capsys, tmp_path, trained_run):
