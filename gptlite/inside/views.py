@@ -7,7 +7,7 @@ each step it is given (`draw_<id>` in page/inside.js).
 A new step is one line here and its drawing there; `tests/inside/test_views.py` adds a throwaway one.
 """
 
-from gptlite.model.hooks import BLOCK_STEPS, MODEL_STEPS
+from gptlite.model import hooks as hook_points
 
 # The view's steps: `id` (what its drawing is called), `title`, `layer` (the step is a block's: a layer and a head
 # are chosen), `needs` (the trace step a model must have for it: QK-norm, rotary positions, cross-attention).
@@ -41,4 +41,5 @@ def page_declarations(config):
     """What the page's Inside view reads of a model of `config` besides its trace: the view's steps, the settings
     it applies live, the trace's step names (`gptlite.model.hooks`) and the model's choices in words."""
     return {"views": [dict(step) for step in VIEW_STEPS], "live": list(LIVE_SETTINGS),
-            "steps": list(MODEL_STEPS), "block_steps": list(BLOCK_STEPS), "choices": config.choices_said()}
+            "steps": list(hook_points.MODEL_STEPS), "block_steps": list(hook_points.BLOCK_STEPS),
+            "choices": config.choices_said()}
