@@ -1,7 +1,8 @@
 """What each head does, measured: the figures of docs/inspection.md's "What does this head do?", and what it costs.
 
     python benchmarks/heads.py figures --model runs/shakespeare/model.keras [--text data/tinyshakespeare.txt]
-    python benchmarks/heads.py speed [--backends tensorflow jax torch] [--rounds 5]
+    python benchmarks/heads.py speed [--backends tensorflow jax torch] [--shapes cpu gpt2] [--rounds 5]
+                                     [--processes 3]
     python benchmarks/heads.py memory [--code DIR] [--tokens 1024]
 
 `figures`: for a model trained on Tiny Shakespeare (the `cpu` preset: `python train.py data/tinyshakespeare.txt
@@ -11,8 +12,10 @@ logit lens (the share of positions where each block's output already ranks the m
 logit's attribution, as JSON.
 
 `speed`: `gptlite.heads` on 64 tokens of the `cpu` preset's shape, and of GPT-2 small's over 256 tokens (random
-weights, benchmarks/helpers/models.py), each in a fresh process as on a new machine (HOME and XDG_CACHE_HOME in an
-empty folder): the first call after loading, and the median of --rounds calls after it, under each backend.
+weights, benchmarks/helpers/models.py), each in --processes fresh processes as on a new machine (HOME and
+XDG_CACHE_HOME in an empty folder): the first call after the model is built, and the median of --rounds calls
+after it (none: 0), under each backend; medians over the processes. GPT-2 small's takes minutes a call on 2 cores:
+its 145 ablated runs are each a whole forward pass of 256 tokens.
 
 `memory`: the peak resident memory of a process that builds GPT-2 small's shape and traces --tokens tokens with it
 (`gptlite.trace`), with this checkout's gptlite, and with the checkout at --code (an earlier commit, for "before");
@@ -46,7 +49,7 @@ for _ in range(rounds):
     started = time.perf_counter()
     gptlite.heads(model, ids)
     times.append(time.perf_counter() - started)
-print(json.dumps(dict(first_s=first, median_s=statistics.median(times))))
+print(json.dumps(dict(first_s=first, median_s=statistics.median(times) if times else first)))
 """
 MEMORY = """
 import json, resource, sys, time
@@ -107,7 +110,7 @@ def figures(args):
 def speed(args):
     results = {}
     for backend in args.backends:
-        for shape, length in (("cpu", 64), ("gpt2", 256)):
+        for shape, length in ((shape, {"cpu": 64, "gpt2": 256}[shape]) for shape in args.shapes):
             runs = []
             for round_index in range(args.processes):
                 home = pathlib.Path(tempfile.mkdtemp(prefix="gptlite-heads-"))
@@ -142,6 +145,7 @@ def main():
     shown.add_argument("--lens-windows", type=int, default=20)
     timed = commands.add_parser("speed")
     timed.add_argument("--backends", nargs="+", default=["tensorflow", "jax", "torch"])
+    timed.add_argument("--shapes", nargs="+", choices=["cpu", "gpt2"], default=["cpu", "gpt2"])
     timed.add_argument("--rounds", type=int, default=5)
     timed.add_argument("--processes", type=int, default=3)
     held = commands.add_parser("memory")

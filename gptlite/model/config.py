@@ -52,6 +52,18 @@ MLP_KINDS = {
 }
 # Each setting's choices, by the setting's name.
 CHOICES = {"position": POSITION_KINDS, "norm": NORM_KINDS, "norm_position": NORM_POSITION_KINDS, "mlp": MLP_KINDS}
+# What the switches that are on or off do, in the page's words, by the setting (`grouped_query`: fewer key/value
+# heads than query heads, `n_kv_head` below `n_head`): (on, off), None where off says nothing.
+SWITCH_WORDS = {
+    "qk_norm": ("QK-norm: each head's query and key are RMS-normalised, with learned scales, so that their products, "
+                "the attention scores, cannot grow without bound", None),
+    "tie_weights": ("the output layer reuses the token table: a token's logit is the dot product of the vector with "
+                    "its row of the same table as the embedding",
+                    "the output layer is a matrix of its own: a token's logit is the dot product of the vector with "
+                    "its row of that matrix"),
+    "grouped_query": ("grouped-query attention: groups of query heads share one key/value head, read by each of "
+                      "them", None),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,8 +155,16 @@ class GPTConfig:
         return value if isinstance(value, cls) else cls(**value)
 
     def choices_said(self):
-        """What each of this model's architecture choices does, in words: {setting: words} (`CHOICES`)."""
-        return {setting: kinds[getattr(self, setting)].does for setting, kinds in CHOICES.items()}
+        """What each of this model's architecture choices does, in words: {setting: words} (`CHOICES`, and the
+        switches of `SWITCH_WORDS` that say something as they are)."""
+        said = {setting: kinds[getattr(self, setting)].does for setting, kinds in CHOICES.items()}
+        switches = {"qk_norm": self.qk_norm, "tie_weights": self.tie_weights,
+                    "grouped_query": self.kv_heads < self.n_head}
+        for setting, on in switches.items():
+            words = SWITCH_WORDS[setting][0 if on else 1]
+            if words is not None:
+                said[setting] = words
+        return said
 
 
 # What a resumed run cannot change: the weights' shapes and meaning.

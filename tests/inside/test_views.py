@@ -26,7 +26,11 @@ def test_every_view_needs_a_step_the_forward_pass_declares_and_the_page_is_given
     assert declared["choices"] == {"position": configs.POSITION_KINDS["learned"].does,
                                    "norm": configs.NORM_KINDS["layer"].does,
                                    "norm_position": configs.NORM_POSITION_KINDS["pre"].does,
-                                   "mlp": configs.MLP_KINDS["gelu"].does}
+                                   "mlp": configs.MLP_KINDS["gelu"].does,
+                                   "tie_weights": configs.SWITCH_WORDS["tie_weights"][0]}
+    modern = gptlite.GPTConfig(n_kv_head=2, qk_norm=True, tie_weights=False).choices_said()
+    assert modern["qk_norm"].startswith("QK-norm") and modern["grouped_query"].startswith("grouped-query")
+    assert modern["tie_weights"] == configs.SWITCH_WORDS["tie_weights"][1]
 
 
 def test_a_throwaway_step_reaches_the_trace_and_the_pages_declarations(monkeypatch, tiny_model, tmp_path):

@@ -71,6 +71,9 @@ function chips(rows, options = {}) {
   return list;
 }
 
+// Words Python declares for the middle of a sentence, as a sentence's start.
+const capitalised = (text) => text.charAt(0).toUpperCase() + text.slice(1);
+
 function paragraph(text) {
   return element("p", { text });
 }
@@ -463,8 +466,8 @@ export class InsideView {
       const sharing = Array.from({ length: group }, (_, g) => kv * group + g).join(", ");
       panel.append(
         paragraph(
-          `Grouped-query attention: ${shape.n_head} query heads share ${shape.kv_heads} key/value heads; ` +
-            `query heads ${sharing} read key/value head ${kv}.`
+          `${capitalised(this.declared.choices.grouped_query)}. Here ${shape.n_head} query heads share ` +
+            `${shape.kv_heads} key/value heads; query heads ${sharing} read key/value head ${kv}.`
         )
       );
     }
@@ -485,10 +488,7 @@ export class InsideView {
     const steps = this.trace.layers[layer];
     const kv = this.kv_head(head);
     panel.append(
-      paragraph(
-        "QK-norm: each head's query and key are RMS-normalised, with learned scales, so that their " +
-          "products, the attention scores, cannot grow without bound."
-      ),
+      paragraph(`${capitalised(this.declared.choices.qk_norm)}.`),
       strip(at(steps.query, head, token), "query"),
       strip(at(steps.query_normed, head, token), "query, normalised"),
       strip(at(steps.key, kv, token), "key"),
@@ -706,7 +706,7 @@ export class InsideView {
     panel.append(
       paragraph(
         `The head scores every one of the ${logits.length} tokens of the vocabulary as the next: ` +
-          `a dot product of the vector with each token's row${this.trace.shape.tie_weights ? " of the token table (the same table as the embedding)" : " of the output matrix"}.`
+          `${this.declared.choices.tie_weights}.`
       ),
       chips(
         order.map((id) => ({ label: shown(this.options.piece(id)), value: logits[id] })),
