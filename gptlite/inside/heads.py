@@ -112,12 +112,18 @@ def heads(model, text, unknown="error", seed=0, calibrate=True):
     if len(ids) < 2:
         raise InputError(f"scoring heads needs a text of at least 2 tokens; this one is {len(ids)}")
     probe = probe_ids(model, seed)
-    scores = attention_scores(model, ids, probe)
-    losses = _ablated_losses(model, ids)
-    initial = attention_scores(initialised(model), ids, probe) if calibrate else None
-    ablation = (losses[1:] - losses[0]).reshape(model.config.n_layer, model.config.n_head)
-    return HeadReport(ids, model.tokenizer.pieces(ids), probe, **scores, ablation=ablation, loss=float(losses[0]),
-                      initial=initial)
+    config = model.config
+    # The text and the probe, then the text again with each head knocked out in turn: rows of batches of one shape,
+    # so that a backend compiles each operation once.
+    knocked_out = [((layer, head, "decoder"),) for layer in range(config.n_layer) for head in range(config.n_head)]
+    runs = Runs(model, ids, probe, 2 + len(knocked_out))
+    attention, losses = runs.scored(model, [(), ()] + knocked_out)  # losses: the text's, the probe's, then each
+    initial = None
+    if calibrate:  # the same shape of batch: nothing compiles again
+        initial = attention_scores(runs.scored(initialised(model), [(), ()])[0], ids, probe)
+    ablation = (losses[2:] - losses[0]).reshape(config.n_layer, config.n_head)
+    return HeadReport(ids, model.tokenizer.pieces(ids), probe, **attention_scores(attention, ids, probe),
+                      ablation=ablation, loss=float(losses[0]), initial=initial)
 
 
 def probe_ids(model, seed=0):
@@ -139,12 +145,11 @@ def probe_ids(model, seed=0):
     return np.asarray(start + list(drawn) * 2, np.int32)
 
 
-def attention_scores(model, ids, probe):
-    """The four attention scores (see the module's docstring) of every head: {pattern: (L, H)}."""
-    n_layer = model.config.n_layer
-    names = [step_name("attention", layer) for layer in range(n_layer)]
-    on_text = _attention(model, ids, names)  # (L, H, T, T)
-    on_probe = _attention(model, probe, names)
+def attention_scores(attention, ids, probe):
+    """The four attention scores (see the module's docstring) of every head, {pattern: (L, H)}, from the attention
+    (L, 2, H, T, T) of the text's row and the probe's (each its own T by T first)."""
+    on_text = attention[:, 0, :, :len(ids), :len(ids)]  # (L, H, T, T)
+    on_probe = attention[:, 1, :, :len(probe), :len(probe)]
     length = len(ids)
     first = np.zeros((length, length))
     first[:, 0] = 1
@@ -178,27 +183,42 @@ def initialised(model, seed=0):
     return fresh
 
 
-def _attention(model, ids, names):
-    kept = editing.run(model, np.asarray(ids, np.int32)[None], names)
-    return np.stack([kept[name] for name in names]).astype(np.float64)
+class Runs:
+    """Runs of a model over the text `ids` and the `probe` as rows of batches of one shape: the rows padded at their
+    end to the longer of the two (causal attention: no position sees the padding after it), at most `rows` a batch
+    (fewer where a batch of `count` rows would hold more than MOST_NUMBERS_IN_A_BATCH numbers)."""
+
+    def __init__(self, model, ids, probe, count):
+        config = model.config
+        self.ids, self.probe, self.length = ids, probe, max(len(ids), len(probe))
+        per_row = config.n_head * self.length ** 2 + config.vocab_size * self.length
+        self.rows = max(2, min(count, MOST_NUMBERS_IN_A_BATCH // per_row))
+
+    def padded(self, ids):
+        return np.concatenate([ids, np.full(self.length - len(ids), ids[-1], np.int32)])
+
+    def scored(self, model, knocked_out):
+        """`model` run on rows 0 (the text) and 1 (the probe), then the text again, row r with the heads
+        `knocked_out[r]` zeroed (each a collection of (layer, head, part); empty: none): the attention
+        (L, 2, H, T, T) of the first two rows, and each row's next-token loss over the text's length (R,)."""
+        names = [step_name("attention", layer) for layer in range(model.config.n_layer)]
+        rows = [self.padded(self.ids), self.padded(self.probe)] + [self.padded(self.ids)] * (len(knocked_out) - 2)
+        attention, losses = None, []
+        for first in range(0, len(rows), self.rows):
+            real = min(self.rows, len(rows) - first)
+            chosen = list(range(first, first + real)) + [first] * (self.rows - real)  # every batch of one shape
+            hooks = Hooks(keep=names if first == 0 else None,
+                          edits=editing.ablations_by_row(model, [knocked_out[row] for row in chosen]))
+            batch = np.stack([rows[row] for row in chosen])
+            logits = model(ops.convert_to_tensor(batch), hooks=hooks)
+            if first == 0:
+                attention = np.stack([np.asarray(ops.convert_to_numpy(ops.cast(hooks.kept[name][:2], "float32")),
+                                                 np.float64) for name in names])
+            losses.append(_losses(batch, logits, len(self.ids))[:real])
+        return attention, np.concatenate(losses)
 
 
-def _ablated_losses(model, ids):
-    """The text's loss with each head zero-ablated in turn, after the model's own: (1 + L H,)."""
-    config = model.config
-    heads = [()] + [((layer, head, "decoder"),) for layer in range(config.n_layer) for head in range(config.n_head)]
-    rows = max(1, MOST_NUMBERS_IN_A_BATCH // (config.n_head * len(ids) ** 2 + config.vocab_size * len(ids)))
-    losses = []
-    for first in range(0, len(heads), rows):
-        chosen = heads[first:first + rows]
-        edits = editing.ablations_by_row(model, chosen)
-        losses.append(next_token_losses(model, np.repeat(ids[None], len(chosen), axis=0), edits))
-    return np.concatenate(losses)
-
-
-def next_token_losses(model, rows, edits=None):
-    """Each row's mean next-token loss (cross-entropy, nats a token) over ids (B, T), the model run with `edits`."""
-    hooks = Hooks(edits=edits)
-    logits = model(ops.convert_to_tensor(rows), hooks=hooks)
-    losses = keras.losses.sparse_categorical_crossentropy(rows[:, 1:], logits[:, :-1], from_logits=True)
+def _losses(rows, logits, length):
+    """Each row's mean next-token loss (cross-entropy, nats a token) over its first `length` tokens."""
+    losses = keras.losses.sparse_categorical_crossentropy(rows[:, 1:length], logits[:, :length - 1], from_logits=True)
     return np.asarray(ops.convert_to_numpy(ops.mean(losses, axis=-1)), np.float64)

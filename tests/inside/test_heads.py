@@ -85,7 +85,9 @@ def test_ablation_is_the_loss_with_the_head_zeroed_less_the_models_own(fluent_mo
 def test_labels_need_the_stated_score_and_twice_what_the_shape_scores_at_initialisation(fluent_model):
     report = gptlite.heads(fluent_model, "the big red hat")
     assert set(report.initial) == set(scoring.PATTERNS)
-    fresh = scoring.attention_scores(scoring.initialised(fluent_model), report.ids, report.probe)
+    runs = scoring.Runs(fluent_model, report.ids, report.probe, 2)
+    fresh = scoring.attention_scores(runs.scored(scoring.initialised(fluent_model), [(), ()])[0], report.ids,
+                                     report.probe)
     for pattern in scoring.PATTERNS:
         np.testing.assert_allclose(report.initial[pattern], fresh[pattern], atol=1e-6)  # the same fresh weights
     labels = report.labels()
