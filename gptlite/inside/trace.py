@@ -266,7 +266,10 @@ def _neighbours(model, vectors):
     found = {}
     for by, values in (("dot", vectors @ table.T),
                        ("cosine", (vectors / _norms(vectors)) @ (table / _norms(table)).T)):  # (T, V)
-        best = np.argsort(-values, axis=-1, kind="stable")[:, :count]
+        # The `count` largest of each row, then those in order: not a sort of the whole vocabulary a row.
+        best = np.argpartition(-values, count - 1, axis=-1)[:, :count]
+        best = np.take_along_axis(best, np.argsort(-np.take_along_axis(values, best, axis=-1), axis=-1,
+                                                   kind="stable"), axis=-1)
         found[f"neighbours_{by}_ids"] = best.astype(np.int64)
         found[f"neighbours_{by}"] = np.take_along_axis(values, best, axis=-1).astype(np.float32)
     return found
