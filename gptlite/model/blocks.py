@@ -111,7 +111,8 @@ class TransformerBlock(keras.layers.Layer):
             x = seen(hooks, "cross_residual", self._add(x, seen(hooks, "cross_output", attended),
                                                          self.cross_attention_norm))
         normed = self._input(x, self.feed_forward_norm, hooks, "feed_forward_normed")
-        fed_forward = seen(hooks, "feed_forward_output", self.feed_forward(normed, training=training, hooks=hooks))
+        fed_forward = seen(hooks, "feed_forward_output", self.feed_forward(normed, **_given(training=training,
+                                                                                            hooks=hooks)))
         x = seen(hooks, "output", self._add(x, fed_forward, self.feed_forward_norm))
         return x if cache is None else (x, cache)
 
@@ -137,6 +138,12 @@ class TransformerBlock(keras.layers.Layer):
         config.update(config=dataclasses.asdict(self.config), causal=self.causal,
                       cross_attention=self.has_cross_attention)
         return config
+
+
+def _given(**arguments):
+    """The keyword arguments that are not None: a layer called through Keras's `__call__` walks every argument it
+    is given, which, for a decoding step under torch (run as it comes, not compiled), is time on every token."""
+    return {name: value for name, value in arguments.items() if value is not None}
 
 
 @register
