@@ -689,9 +689,9 @@ export class InsideView {
     const last = this.trace.layers[shape.n_layer - 1];
     panel.append(
       paragraph(
-        shape.norm_position === "post"
-          ? "Post-norm blocks end normalised: the last block's output goes " + "to the head as it is."
-          : `The last block's output is normalised once more (${this.norm_said()}).`
+        `This model is ${shape.norm_position}-norm: ${this.declared.choices.norm_position}` +
+          (shape.norm_position === "post" ? ". The last block's output goes to the head as it is." :
+            `. The last block's output is normalised once more: ${this.norm_said()}.`)
       ),
       strip(at(last.output, token), "last block's output"),
       strip(at(steps.final_normed, token), "to the head")
