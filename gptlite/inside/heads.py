@@ -8,7 +8,7 @@ and zeros), over all of its attention: for `previous_token` the diagonal below t
 the main diagonal, for `first_token` the first column, for `induction` (on the probe) each position's key just after
 the earlier one of the same token (TransformerLens's induction pattern: the duplicates, shifted right by one).
 Each row of attention sums to 1, so a score is the mean over the text's positions of the attention there. A
-perfect induction head scores about half the probe's positions (its first half has nothing earlier to repeat): 0.48
+perfect induction head scores about half the probe's positions (its first half has nothing earlier to repeat): 0.49
 on a probe of 2 x 31 tokens and a start token.
 
 A label ("previous-token head") is derived from the raw scores: a head takes a kind's label where its score is at

@@ -157,13 +157,13 @@ class GPTConfig:
     def choices_said(self):
         """What each of this model's architecture choices does, in words: {setting: words} (`CHOICES`, and the
         switches of `SWITCH_WORDS` that say something as they are)."""
-        said = {setting: kinds[getattr(self, setting)].does for setting, kinds in CHOICES.items()}
+        said = {name: kinds[getattr(self, name)].does for name, kinds in CHOICES.items()}
         switches = {"qk_norm": self.qk_norm, "tie_weights": self.tie_weights,
                     "grouped_query": self.kv_heads < self.n_head}
-        for setting, on in switches.items():
-            words = SWITCH_WORDS[setting][0 if on else 1]
+        for name, on in switches.items():
+            words = SWITCH_WORDS[name][0 if on else 1]
             if words is not None:
-                said[setting] = words
+                said[name] = words
         return said
 
 

@@ -210,9 +210,8 @@ def trace_options(body):
     [layer, head] or [layer, head, part], the `ablation` ("zero" or "mean"), and the `layers` whose steps to keep."""
     options = {}
     ablate = body.get("ablate", [])
-    whole = lambda value: isinstance(value, int) and not isinstance(value, bool)  # noqa: E731
     if not isinstance(ablate, list) or not all(
-            isinstance(head, list) and len(head) in (2, 3) and all(whole(i) for i in head[:2])
+            isinstance(head, list) and len(head) in (2, 3) and all(_is_whole(i) for i in head[:2])
             and (len(head) == 2 or isinstance(head[2], str)) for head in ablate):
         raise RequestError(400, "ablate must be a list of heads, each [layer, head] (or [layer, head, part])",
                            "ablate")
@@ -224,7 +223,11 @@ def trace_options(body):
     options["ablation"] = ablation
     layers = body.get("layers")
     if layers is not None:
-        if not isinstance(layers, list) or not all(whole(layer) for layer in layers):
+        if not isinstance(layers, list) or not all(_is_whole(layer) for layer in layers):
             raise RequestError(400, "layers must be a list of layer numbers", "layers")
         options["layers"] = layers
     return options
+
+
+def _is_whole(value):
+    return isinstance(value, int) and not isinstance(value, bool)

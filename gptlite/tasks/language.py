@@ -11,7 +11,7 @@ from gptlite.decode.settings import SamplingConfig
 from gptlite.errors import InputError
 from gptlite.evaluation import scores
 from gptlite.inside import inspection
-from gptlite.model.config import MLP_KINDS
+from gptlite.model.config import MLP_KINDS, NORM_KINDS
 from gptlite.model.gpt import GPT
 from gptlite.tasks.task import Task, Training
 from gptlite.text import tokenizer_class
@@ -152,7 +152,7 @@ def _heads(config):
 
 def _architecture(config):
     """The architecture's switches, in a few words: "learned positions, LayerNorm, GELU" for GPT-2's."""
-    norm = {"layer": "LayerNorm", "rms": "RMSNorm"}[config.norm]
+    norm = NORM_KINDS[config.norm].name
     words = [f"{config.position} positions", norm if config.norm_position == "pre" else f"post-norm {norm}",
              MLP_KINDS[config.mlp].name]
     return ", ".join(words + (["QK-norm"] if config.qk_norm else []))
