@@ -30,9 +30,9 @@ def html(trace, state=None):
 
 
 def _script():
-    """page/gptlite.js and page/inside.js as one module's text: their imports and `export` words left out."""
+    """page/gptlite.js, page/inside_data.js and page/inside.js as one module's text: their imports and `export` words left out."""
     parts = []
-    for name in ("gptlite.js", "inside.js"):
+    for name in ("gptlite.js", "inside_data.js", "inside.js"):
         source = (_PAGE / name).read_text()
         source = re.sub(r"^import .*?;\n", "", source, flags=re.MULTILINE | re.DOTALL)
         parts.append(re.sub(r"^export ", "", source, flags=re.MULTILINE))

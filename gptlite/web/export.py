@@ -27,7 +27,7 @@ from gptlite.web import onnx_graph, tokenizer_form
 
 OUTTYPES = onnx_graph.OUTTYPES
 DEFAULT_OUTTYPE = "f32"
-PAGE_FILES = ("index.html", "page.js", "gptlite.js", "inside.js", "inside.css", "server.js")
+PAGE_FILES = ("index.html", "page.js", "gptlite.js", "inside_data.js", "inside.js", "inside.css", "server.js")
 # ONNX Runtime Web 1.30.0 (npm onnxruntime-web), its WebAssembly build with SIMD: the files the page loads.
 RUNTIME_FILES = ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm", "LICENSE")
 # The weights both graphs read, each array once: a graph's own file holds where they lie in it (ONNX's external

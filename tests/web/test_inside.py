@@ -3,6 +3,7 @@ headless Chromium through its contract (window.gptliteInside, #inside's data-sta
 the state a link opens, a link's mistakes, a phone's width, the keyboard alone, the writer's draw; and the notebook's
 view of a Python trace, saved to a file, in the same browser."""
 
+import json
 import time
 import urllib.parse
 
@@ -334,3 +335,113 @@ def test_a_seq2seqs_page_writes_pythons_target_and_shows_its_cross_attention(seq
             found = page_trace["encoder_layers"][index][name]
             assert_near(np.reshape(found["data"], found["dims"]), value, f"encoder layer {index} {name}")
 
+
+
+# --- a link that reopens what was seen, a long text, a knocked-out head
+
+def _written(browser, url, **query):
+    """The page at `url` opened to write with the query (run=1), once it has written and shown its Inside view."""
+    browser.get(f"{url}/?{urllib.parse.urlencode(dict(run=1, **query))}")
+    assert _wait_for(browser, "output") == "done" and _wait_for(browser, "inside") == "done"
+    return browser.execute_script("return window.gptliteInside()")
+
+
+def _same_view(found, expected):
+    for name in ("ids", "window_start", "token", "position", "layer", "head", "step", "ablated", "settings", "drawn"):
+        assert found[name] == expected[name], name
+    for name in ("scores", "attention", "matrix"):
+        assert_near(found[name], expected[name], name)
+    assert [c["id"] for c in found["probabilities"]] == [c["id"] for c in expected["probabilities"]]
+
+
+@pytest.mark.slow
+@pytest.mark.extras
+@SAME_ON_EVERY_BACKEND
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_a_link_reopens_the_writing_and_the_view_in_a_fresh_page_after_a_second_writing_too(site, browser, kind):
+    from selenium.webdriver.common.by import By
+
+    url, _ = site
+    _written(browser, f"{url}/{kind}", prompt="the", max_new_tokens=12, temperature=0.9, seed=5)
+    browser.find_element(By.CSS_SELECTOR, '[data-step="softmax"]').click()
+    browser.find_element(By.CSS_SELECTOR, '[data-token="4"]').click()
+    assert _wait_for(browser, "inside") == "done"
+    # A second writing: the link now says it, and nothing of the first.
+    box = browser.find_element(By.ID, "prompt")
+    box.clear()
+    box.send_keys("a cat")
+    browser.find_element(By.ID, "generate").click()
+    assert _wait_for(browser, "output", ("writing",), seconds=10) in ("writing", "done")
+    assert _wait_for(browser, "output") == "done" and _wait_for(browser, "inside") == "done"
+    shown = browser.execute_script("return window.gptliteInside()")
+    output = browser.find_element(By.ID, "output").get_attribute("textContent")
+    query = urllib.parse.parse_qs(urllib.parse.urlparse(shown["link"]).query)
+    assert query["prompt"] == ["a cat"] and "a cat" + query["written"][0] == output
+    assert query["seed"] == ["5"] and query["temperature"] == ["0.9"] and query["step"] == ["softmax"]
+    assert (shown["step"], shown["position"]) == ("softmax", len(shown["ids"]) - 1)  # the last token, the same step
+    assert browser.current_url == shown["link"]
+    # The link in a fresh page: the same text (not written again), the same view, the same numbers.
+    browser.get("about:blank")
+    browser.get(shown["link"])
+    assert _wait_for(browser, "inside") == "done"
+    assert browser.find_element(By.ID, "output").get_attribute("textContent") == output
+    _same_view(browser.execute_script("return window.gptliteInside()"), shown)
+
+
+@pytest.mark.slow
+@pytest.mark.extras
+@SAME_ON_EVERY_BACKEND
+def test_every_position_of_a_long_text_is_seen_as_the_writer_read_it(site, browser):
+    url, models = site
+    model = models["char"]
+    block = model.config.block_size
+    shown = _written(browser, f"{url}/char", prompt="the", max_new_tokens=block + 20, temperature=0, seed=1)
+    text_ids = [int(i) for i in model.tokenizer.encode("the")] + json.loads(
+        browser.find_element("id", "output").get_attribute("data-ids"))
+    assert len(text_ids) > block and shown["position"] == len(text_ids) - 1
+    for position in range(2, len(text_ids) - 1):
+        browser.execute_script(f'document.querySelector(\'#inside [data-token="{position}"]\').click()')
+        assert _wait_for(browser, "inside") == "done"
+        shown = browser.execute_script("return window.gptliteInside()")
+        start = max(0, position + 1 - block)
+        assert shown["position"] == position and shown["window_start"] == start, position
+        assert shown["ids"] == text_ids[start:max(position + 1, min(block, len(text_ids)))]
+        # The greedy writer's token, unless the window's two likeliest tie.
+        logits = gptlite.trace(model, shown["ids"]).steps["logits"][shown["token"]]
+        top_two = np.sort(logits)[-2:]
+        assert shown["drawn"]["id"] == text_ids[position + 1] or top_two[1] - top_two[0] < TIE, position
+
+
+@pytest.mark.slow
+@pytest.mark.extras
+@SAME_ON_EVERY_BACKEND
+def test_a_knocked_out_head_shows_the_edited_model_and_its_link_reopens_it(site, browser):
+    url, models = site
+    model = models["modern"]
+    shown = _opened(browser, f"{url}/modern", prompt=_prompt("modern"), step="heads", layer=1, token=6)
+    for head in (2, 0, 3, 0):  # head 0 knocked out, then back in
+        browser.find_element("css selector", f'[data-knock-out="1.{head}"]').click()
+        assert _wait_for(browser, "inside") == "done"
+    edited = browser.execute_script("return window.gptliteInside()")
+    assert edited["ablated"] == [[1, 2], [1, 3]]
+    assert browser.switch_to.active_element.get_attribute("data-knock-out") == "1.0"  # the focus stays
+    trace = gptlite.trace(model, edited["ids"], ablate=[tuple(head) for head in edited["ablated"]])
+    assert_near(edited["attention"], trace.layers[1]["attention"][edited["head"], 6], "attention")
+    expected = trace.probabilities(6, edited["settings"])
+    for candidate in edited["probabilities"]:
+        assert abs(candidate["probability"] - expected[candidate["id"]]) <= 1e-4
+    assert "knocked out" in browser.find_element("id", "inside").text
+    clean = gptlite.trace(model, edited["ids"]).probabilities(6, edited["settings"])
+    assert np.abs(clean - expected).max() > 1e-4  # the edit changed what the model says
+    query = urllib.parse.parse_qs(urllib.parse.urlparse(edited["link"]).query)
+    assert query["ablate"] == [",".join(f"{l}.{h}" for l, h in edited["ablated"])]
+    browser.get("about:blank")
+    browser.get(edited["link"])
+    assert _wait_for(browser, "inside") == "done"
+    _same_view(browser.execute_script("return window.gptliteInside()"), edited)
+    # Heads the model lacks, or no heads at all: the nearest valid state, with a line saying so.
+    wrong = _opened(browser, f"{url}/modern", prompt=_prompt("modern"), ablate="1.2,9.9,x")
+    assert wrong["ablated"] == [[1, 2]]
+    message = browser.find_element("css selector", "#inside .inside-message").text
+    assert "no head 9.9" in message and '"x" is not a head' in message
+    assert len(shown["ids"]) > 6

@@ -5,21 +5,9 @@
 // layers: [{name: {dims, data}}]}. It computes nothing of the model: every number is the trace's, except the
 // probabilities after the sampling settings, which it takes from the sampler the page writes with.
 import { nextTokenProbabilities, rowSeed, sampleNext, settingOf, uniformNoise } from "./gptlite.js";
+import { ablatedText, at, attentionMatrix, attentionRows, writerWindow } from "./inside_data.js";
 
 const HEAD_COLOURS = ["#d6452b", "#2f6fd6", "#1f9e55", "#a23fc4", "#d68a1a", "#178c8c", "#c43f7c", "#6b6b1f"];
-
-// --- reading a trace
-
-function at(array, ...index) {
-  // The sub-array of `array` ({dims, data}) at the leading `index`: a vector (or a matrix's row, ...).
-  let offset = 0;
-  let size = array.data.length;
-  index.forEach((i, axis) => {
-    size /= array.dims[axis];
-    offset += i * size;
-  });
-  return array.data.subarray ? array.data.subarray(offset, offset + size) : array.data.slice(offset, offset + size);
-}
 
 const shown = (text) => text.replace(/ /g, "␣").replace(/\n/g, "↵").replace(/\t/g, "⇥") || "∅";
 const number = (v) => (Math.abs(v) >= 1e4 || (v !== 0 && Math.abs(v) < 1e-3) ? v.toExponential(3) : v.toFixed(4));
@@ -78,28 +66,17 @@ function paragraph(text) {
   return element("p", { text });
 }
 
-// A trace whose arrays came packed (`Trace.to_json(packed=True)`: float32 bytes in base64), with Float32Arrays.
-export function unpacked(trace) {
-  const unpack = (array) => {
-    if (!array.float32) return array;
-    const bytes = Uint8Array.from(atob(array.float32), (c) => c.charCodeAt(0));
-    return { dims: array.dims, data: new Float32Array(bytes.buffer) };
-  };
-  const each = (layers) =>
-    layers.map((layer) => Object.fromEntries(Object.entries(layer).map(([k, v]) => [k, unpack(v)])));
-  const steps = Object.fromEntries(Object.entries(trace.steps).map(([k, v]) => [k, unpack(v)]));
-  const encoder = trace.encoder_layers ? { encoder_layers: each(trace.encoder_layers) } : {};
-  return { ...trace, steps, layers: each(trace.layers), ...encoder };
-}
-
 // --- the view
 
 export class InsideView {
   // root: the element the view fills (its data-state says "done" once a step is shown); options: piece(id) (a
   // token's text), sampling (config.json's sampling settings), inside (what Python declares of the view: its steps
   // `views`, the `live` settings, the model's `choices` in words; gptlite/inside/views.py), settings (what the
-  // writing used, seed included), promptLength (the ids before the written ones), written (the ids written),
-  // onChange(state) (each new state).
+  // writing used, seed included), promptLength (the ids before the written ones), onChange(state) (each new state).
+  // A page that can trace again gives too: textIds (the whole text's ids, of which a trace is one window),
+  // retrace(position, ablated) (a promise of the trace that shows the text's `position` as the writer read it, the
+  // heads `ablated` knocked out), ablated (the heads the trace shown has knocked out) and link() (the address of
+  // what is shown).
   constructor(root, options) {
     this.root = root;
     this.options = options;
@@ -107,19 +84,31 @@ export class InsideView {
     this.live = {};
     for (const name of this.declared.live)
       this.live[name] = options.settings?.[name] ?? options.sampling.find((s) => s.name === name)?.default ?? null;
+    this.ablated = options.ablated ?? [];
     this.state = null;
+  }
+
+  // The whole text's ids: the page's, else the trace's window.
+  textIds() {
+    return this.options.textIds ?? Array.from(this.trace.ids, Number);
+  }
+
+  // The position in the whole text of the trace's token `token`.
+  position(token) {
+    return this.options.textIds ? this.trace.window_start + token : token;
   }
 
   steps() {
     return this.declared.views.filter((step) => !step.needs || step.needs in this.trace.layers[0]);
   }
 
-  // Show `trace` at `asked` ({token, layer, head, step}, each optional): what cannot be shown is said in a line,
-  // and the nearest state that can is shown instead.
-  show(trace, asked = {}) {
+  // Show `trace` at `asked` ({token, layer, head, step}, each optional; token, an index of the trace's ids): what
+  // cannot be shown is said in a line (after `notes`, the page's own), and the nearest state that can is shown.
+  show(trace, asked = {}, notes = []) {
     this.trace = trace;
-    const { notes, state } = this.nearest(asked);
-    this.notes = notes;
+    const nearest = this.nearest(asked);
+    this.notes = [...notes, ...nearest.notes];
+    const state = nearest.state;
     this.render(state);
   }
 
@@ -171,7 +160,7 @@ export class InsideView {
           tabindex: chosen ? "0" : "-1",
           "data-step": step.id,
           text: step.title,
-          onclick: () => this.go({ step: step.id }),
+          onclick: () => this.go({ step: step.id }, '[role=tab][tabindex="0"]'),
           onkeydown: (event) =>
             this.arrows(event, steps.length, index, (next) =>
               this.go({ step: steps[next].id }, '[role=tab][tabindex="0"]')
@@ -180,22 +169,24 @@ export class InsideView {
       );
     });
     const tokens = element("div", { class: "tokens", role: "listbox", "aria-label": "tokens" });
-    trace.ids.forEach((id, index) => {
-      const chosen = index === state.token;
+    const textIds = this.textIds();
+    const chosenPosition = this.position(state.token);
+    const first = this.position(0);
+    const focused = '[role=option][tabindex="0"]';
+    textIds.forEach((id, position) => {
+      const chosen = position === chosenPosition;
+      const inWindow = position >= first && position < first + trace.ids.length;
       tokens.append(
         element("span", {
           role: "option",
-          class: `token${chosen ? " chosen" : ""}`,
+          class: `token${chosen ? " chosen" : ""}${inWindow ? "" : " outside"}`,
           tabindex: chosen ? "0" : "-1",
           "aria-selected": String(chosen),
-          "data-token": String(index),
-          title: `token ${index}: id ${id}`,
+          "data-token": String(position),
+          title: `token ${position}: id ${id}${inWindow ? "" : " (outside the window traced: choose it to trace its own)"}`,
           text: shown(options.piece(id)),
-          onclick: () => this.go({ token: index }),
-          onkeydown: (event) =>
-            this.arrows(event, trace.ids.length, index, (next) =>
-              this.go({ token: next }, '[role=option][tabindex="0"]')
-            ),
+          onclick: () => this.goTo(position, focused),
+          onkeydown: (event) => this.arrows(event, textIds.length, position, (next) => this.goTo(next, focused)),
         })
       );
     });
@@ -214,17 +205,31 @@ export class InsideView {
       "section",
       { class: "step", "aria-live": "polite" },
       element("h3", {
-        text: `${step.title}${step.layer ? ` · layer ${state.layer}, head ${state.head}` : ""} · token ${state.token} ${JSON.stringify(options.piece(trace.ids[state.token]))}`,
+        text: `${step.title}${step.layer ? ` · layer ${state.layer}, head ${state.head}` : ""} · token ` +
+          `${this.position(state.token)} ${JSON.stringify(options.piece(trace.ids[state.token]))}`,
       })
     );
     this[`draw_${step.id}`](panel, state);
-    this.root.replaceChildren(
+    const edited = this.ablated.length
+      ? element("p", { class: "edited", role: "note", text: `Edited model: heads ${ablatedText(this.ablated)} ` +
+          "(layer.head) knocked out; every number below is the edited model's." })
+      : null;
+    const windowLine = textIds.length > trace.ids.length
+      ? paragraph(`The text is ${textIds.length} tokens; the model reads at most ${trace.shape.block_size} at once. ` +
+          `Shown: tokens ${first} to ${first + trace.ids.length - 1}, the window the writer read for token ` +
+          `${this.position(state.token)}${first > 0 && state.token < trace.ids.length - 1 ? " (the others here see " +
+          "fewer tokens than the writer did: choose one to trace its own window)" : ""}.`)
+      : null;
+    const parts = [
       element("p", { class: "inside-message", role: "status", text: this.notes.join("; ") }),
+      edited,
       nav,
+      windowLine,
       tokens,
       element("div", { class: "choices" }, layer, " ", head),
-      panel
-    );
+      panel,
+    ];
+    this.root.replaceChildren(...parts.filter((part) => part !== null));
     this.notes = [];
     this.root.dataset.state = "done";
     this.root.dataset.milliseconds = (performance.now() - started).toFixed(1);
@@ -235,6 +240,44 @@ export class InsideView {
   go(change, refocus) {
     this.render({ ...this.state, ...change });
     if (refocus) this.root.querySelector(refocus)?.focus();
+  }
+
+  // The token at `position` of the whole text: in the trace shown where that trace is the window the writer read
+  // for it, else in that window, traced anew.
+  async goTo(position, refocus) {
+    const start = this.trace.window_start;
+    const { end } = writerWindow(position, this.textIds().length, this.trace.shape.block_size);
+    if (!this.options.retrace || !this.options.textIds || end === start + this.trace.ids.length) {
+      this.go({ token: position - (this.options.textIds ? start : 0) }, refocus);
+      return;
+    }
+    await this.traced(this.options.retrace(position, this.ablated), position, refocus);
+  }
+
+  // Knock head `head` of `layer` out, or back in, and show the edited model's trace.
+  async toggleHead(layer, head, refocus) {
+    const others = this.ablated.filter(([l, h]) => l !== layer || h !== head);
+    const ablated = others.length < this.ablated.length ? others : [...others, [layer, head]];
+    ablated.sort((a, b) => a[0] - b[0] || a[1] - b[1]);
+    const position = this.position(this.state.token);
+    const before = this.ablated;
+    this.ablated = ablated;
+    await this.traced(this.options.retrace(position, ablated), position, refocus, before);
+  }
+
+  // Show the trace `promise` gives at the text's `position`; if it fails, the trace shown stays, with a line saying
+  // why (a knocked-out head then stays as it was).
+  async traced(promise, position, refocus, ablatedBefore = this.ablated) {
+    this.root.dataset.state = "tracing";
+    try {
+      this.trace = await promise;
+    } catch (failure) {
+      this.notes.push(`the model could not be traced: ${failure.message}`);
+      this.ablated = ablatedBefore;
+      this.go({}, refocus);
+      return;
+    }
+    this.go({ token: position - (this.options.textIds ? this.trace.window_start : 0) }, refocus);
   }
 
   // Arrow keys move among `count` items from `index` (Home and End to the ends).
@@ -281,6 +324,7 @@ export class InsideView {
       layer,
       head,
       step,
+      position: this.position(token),
       ids: Array.from(this.trace.ids, Number),
       window_start: this.trace.window_start,
       scores,
@@ -290,6 +334,11 @@ export class InsideView {
       probabilities: order.map((id) => ({ id, token: this.options.piece(id), probability: probabilities[id] })),
       neighbours,
       drawn: drawn === null ? null : { id: drawn, token: this.options.piece(drawn) },
+      // every visible position through the head (inside_data.js: contribution is |weight x value|)
+      rows: attentionRows(this.trace, layer, head, token).map((row) => ({ ...row, token: this.options.piece(row.id) })),
+      matrix: attentionMatrix(this.trace, layer, head),
+      ablated: this.ablated.map(([l, h]) => [l, h]),
+      link: this.options.link?.() ?? null,
     };
   }
 
@@ -320,7 +369,8 @@ export class InsideView {
         `The text as the model reads it: ${trace.ids.length} tokens, each a number (its id) in a ` +
           `vocabulary of ${trace.shape.vocab_size}. The model reads at most ${trace.shape.block_size} tokens at once` +
           (trace.window_start
-            ? `, so this text is read as its last ${trace.ids.length} (the first ${trace.window_start} are left out).`
+            ? `, so this text is read as tokens ${trace.window_start} to ${trace.window_start + trace.ids.length - 1} ` +
+              `(the ${trace.window_start} before them are left out).`
             : ".") +
           " Choose a token: the steps below follow it through the model."
       ),
@@ -329,7 +379,7 @@ export class InsideView {
           label: shown(options.piece(id)),
           text: `#${id}`,
           chosen: index === token,
-          title: `token ${index}`,
+          title: `token ${this.position(index)}`,
         }))
       )
     );
@@ -478,10 +528,10 @@ export class InsideView {
       element("h4", { text: `Every visible token's key (rows 0 to ${token})` })
     );
     for (let s = 0; s <= token; s++)
-      panel.append(strip(at(steps.key, kv, s), `${s} ${shown(this.options.piece(this.trace.ids[s]))}`));
+      panel.append(strip(at(steps.key, kv, s), `${this.position(s)} ${shown(this.options.piece(this.trace.ids[s]))}`));
     panel.append(element("h4", { text: `Every visible token's value (rows 0 to ${token})` }));
     for (let s = 0; s <= token; s++)
-      panel.append(strip(at(steps.value, kv, s), `${s} ${shown(this.options.piece(this.trace.ids[s]))}`));
+      panel.append(strip(at(steps.value, kv, s), `${this.position(s)} ${shown(this.options.piece(this.trace.ids[s]))}`));
   }
 
   draw_qk_norm(panel, { token, layer, head }) {
@@ -515,7 +565,7 @@ export class InsideView {
   visible_chips(values, token, options = {}) {
     return chips(
       Array.from(values, (value, s) => ({
-        label: `${s} ${shown(this.options.piece(this.trace.ids[s]))}`,
+        label: `${this.position(s)} ${shown(this.options.piece(this.trace.ids[s]))}`,
         value,
         masked: s > token,
         text: s > token ? (options.maskedText ?? number(value)) : undefined,
@@ -538,15 +588,35 @@ export class InsideView {
       element("h4", { text: "q·k, over the tokens up to this one" }),
       this.visible_chips(products, token, { bars: true }),
       element("h4", { text: `q·k / √${size}` }),
-      this.visible_chips(scaled, token, { bars: true })
+      this.visible_chips(scaled, token, { bars: true }),
+      element("h4", { text: "Follow each token from its key to what it gives this token" }),
+      this.rowsTable(layer, head, token)
     );
+  }
+
+  // One row per visible token through this head: q·k = |q| |k| cos θ, ÷ √d, the softmax's e^(x − max) and weight,
+  // and the length of weight × value, what the token gives the output.
+  rowsTable(layer, head, token) {
+    const size = this.trace.shape.head_size;
+    const heads = ["token", "q·k", "|q|", "|k|", "cos θ", `÷ √${size}`, "e^(x − max)", "weight", "|weight × v|"];
+    const table = element("table", { class: "rows" },
+      element("thead", {}, element("tr", {}, ...heads.map((text) => element("th", { scope: "col", text })))));
+    const body = element("tbody");
+    for (const row of attentionRows(this.trace, layer, head, token)) {
+      const cells = [row.product, row.query_length, row.key_length, row.cosine, row.scaled, row.exponent, row.weight,
+        row.contribution].map((value) => element("td", { text: number(value) }));
+      body.append(element("tr", {}, element("th", { scope: "row",
+        text: `${this.position(row.position)} ${shown(this.options.piece(row.id))}` }), ...cells));
+    }
+    table.append(body);
+    return element("div", { class: "table-scroll" }, table);
   }
 
   draw_mask(panel, { token, layer, head }) {
     const scores = at(this.trace.layers[layer].scores, head, token);
     panel.append(
       paragraph(
-        `The causal mask: a token may not look ahead. The scores of tokens after ${token} are set ` +
+        `The causal mask: a token may not look ahead. The scores of tokens after ${this.position(token)} are set ` +
           "to minus infinity (shown masked), so the softmax gives them nothing."
       ),
       this.visible_chips(scores, token, { maskedText: "masked" })
@@ -582,7 +652,7 @@ export class InsideView {
           `tokens it takes most from: ${order
             .map(
               (s) =>
-                `${s} ${JSON.stringify(this.options.piece(this.trace.ids[s]))} ` + `(${(weights[s] * 100).toFixed(1)}%)`
+                `${this.position(s)} ${JSON.stringify(this.options.piece(this.trace.ids[s]))} ` + `(${(weights[s] * 100).toFixed(1)}%)`
             )
             .join(", ")}.`
       ),
@@ -601,6 +671,21 @@ export class InsideView {
     );
     for (let h = 0; h < heads; h++) panel.append(strip(at(steps.heads, h, token), `head ${h}`));
     panel.append(strip(at(steps.joined, token), "joined"), strip(at(steps.attention_output, token), "projected"));
+    if (this.options.retrace) panel.append(this.knockOuts(layer));
+  }
+
+  // A switch per head of `layer` that knocks it out (its output scaled by 0 in the inside graph) or back in.
+  knockOuts(layer) {
+    const switches = element("fieldset", { class: "knock-out" }, element("legend", {
+      text: "Knock a head out: the model runs again without it, and every step shows the edited model" }));
+    for (let head = 0; head < this.trace.shape.n_head; head++) {
+      const out = this.ablated.some(([l, h]) => l === layer && h === head);
+      const box = element("input", { type: "checkbox", "data-knock-out": `${layer}.${head}`,
+        onchange: () => this.toggleHead(layer, head, `[data-knock-out="${layer}.${head}"]`) });
+      box.checked = out;
+      switches.append(element("label", {}, box, ` head ${head}`));
+    }
+    return switches;
   }
 
   draw_residual(panel, { token, layer }) {
@@ -765,7 +850,7 @@ export class InsideView {
       )
     );
     if (drawn !== null) {
-      const written = this.trace.ids[token + 1];
+      const written = this.textIds()[this.position(token) + 1];
       panel.append(
         paragraph(
           `With seed ${this.options.settings.seed}, the draw for new token ${produced} picks ` +
@@ -809,7 +894,7 @@ export class InsideView {
       text.setAttribute("x", 166);
       text.setAttribute("y", y(i) + 4);
       text.setAttribute("font-weight", i === token ? "bold" : "normal");
-      text.textContent = `${i} ${shown(this.options.piece(id))}`;
+      text.textContent = `${this.position(i)} ${shown(this.options.piece(id))}`;
       svg.append(text);
     });
     const legend = Array.from({ length: heads }, (_, h) =>

@@ -5,6 +5,7 @@
 // shown; window.gptliteInside() returns what it shows as plain JSON (docs/inspection.md).
 import { chatText, Explainer, makeTokenizer, promptIds, settingOf, TargetWriter, Writer } from "./gptlite.js";
 import { InsideView } from "./inside.js";
+import { ablatedHeads, headScale, linkedIds, linkQuery, VIEW_FIELDS, writerWindow } from "./inside_data.js";
 import { keyBox, requestSettings, tracedOnServer, writtenOnServer } from "./server.js";
 
 const $ = (id) => document.getElementById(id);
@@ -15,8 +16,6 @@ const WARM_SECONDS = 1.5;
 // costs time), their weights read from the one file both name.
 const SESSION = { executionProviders: ["wasm"], logSeverityLevel: 3,
   externalData: [{ path: "weights.bin", data: "weights.bin" }] };
-// What a link may say of the Inside view's state.
-const INSIDE = ["token", "layer", "head", "step"];
 let writer, tokenizer, config, explainer, view;
 let explaining = null;  // the Inside view's trace in flight, which a new writing waits for
 let headers = null;  // a served page's request headers (its API key)
@@ -26,6 +25,7 @@ let warming = null;  // the model's warm-up while the page waits (Writer.warm), 
 let writingAsked = false;
 let tokens = [];  // what the last call wrote: {id}
 let usedSettings = null;  // the settings of the last writing, its seed chosen
+let lastWriting = null;  // what the link carries of the last writing: {prompt, written, writtenIds, readAgain}
 const conversation = [];
 
 // Let the browser draw the text and take clicks (Stop): a decoding loop that only awaits the model never gives it
@@ -80,8 +80,9 @@ async function load() {
   const query = new URLSearchParams(location.search);
   if (query.get("run") === "1") generate();
   else {
-    // A link to a state inside the model opens there, on the prompt as it is.
-    if (INSIDE.some((name) => query.has(name))) {
+    // A link opens what it says: the text written (not written again) or the prompt alone, at its view's state.
+    if (query.has("written") && !config.chat) explaining = openWritten(query.get("written"), query.get("ids"));
+    else if (VIEW_FIELDS.some((name) => query.has(name))) {
       if (config.server) explaining = explainOnServer({ text: $("prompt").value });
       else {
         const asked = idsOfPrompt($("prompt").value);
@@ -93,6 +94,31 @@ async function load() {
   }
 }
 
+
+// A link's writing, shown and explained as it was written: the prompt (in its box), the text the model wrote, and
+// where reading that text again would give other ids (a BPE tokenizer's), the ids it wrote.
+async function openWritten(written, idsText) {
+  const prompt = $("prompt").value;
+  const { settings, error } = settingsOrError();
+  usedSettings = settings;
+  $("output").textContent = config.source ? written : prompt + written;
+  if (error) { say(error); return; }
+  if (config.server) {
+    lastWriting = { prompt, written };
+    return explainOnServer(config.source ? { text: prompt, target: written } : { text: prompt + written });
+  }
+  const asked = idsOfPrompt(prompt);
+  if (asked.error) { say(asked.error); return; }
+  let { ids, error: wrongIds } = linkedIds(idsText, config.vocab_size);
+  if (wrongIds) say(wrongIds);
+  if (!ids) {
+    const unknown = tokenizer.unknownCharacters(written);
+    if (unknown.length) { say(`the link's text has characters the model never saw: ${JSON.stringify(unknown.join(""))}`); return; }
+    ids = tokenizer.encode(written);
+  }
+  lastWriting = { prompt, written, writtenIds: ids, readAgain: tokenizer.encode(written) };
+  return explain(asked.ids, ids);
+}
 
 // The static page's model: its tokenizer and graphs, run by ONNX Runtime Web here.
 async function loadModel() {
@@ -219,35 +245,65 @@ async function generate() {
   $("generate").disabled = false;
   $("stop").disabled = true;
   say(stopping ? "stopped" : "done", "done");
-  explaining = explain(asked.ids, tokens.map((token) => token.id));
+  const writtenIds = tokens.map((token) => token.id);
+  lastWriting = config.chat ? null : { prompt, written: answer, writtenIds, readAgain: tokenizer.encode(answer) };
+  explaining = explain(asked.ids, writtenIds);
 }
 
 // The Inside view over the text: the prompt's ids and those written, traced by the inside graph (loaded the first
-// time), opened where the link says (else at the last token) and keeping the link up to date as the reader moves.
+// time) in the window the writer read for the token the link names (else the last), the heads it names knocked out;
+// the link kept up to date as the reader moves.
 async function explain(promptIdList, writtenIds) {
   const inside = $("inside");
   inside.dataset.state = "tracing";
-  try {
+  // A Seq2Seq's decoder reads its start token and the target; its encoder, the source.
+  const textIds = config.source ? [config.start_id, ...writtenIds] : [...promptIdList, ...writtenIds];
+  const sourceIds = config.source ? promptIdList : null;
+  const retrace = async (position, ablated) => {
     if (!explainer) {
       explainer = new Explainer(ort, await ort.InferenceSession.create("inside.onnx", SESSION), config);
     }
-    // A Seq2Seq's decoder reads its start token and the target; its encoder, the source.
-    const trace = config.source ? await explainer.trace([config.start_id, ...writtenIds], promptIdList)
-      : await explainer.trace([...promptIdList, ...writtenIds]);
-    show(trace, (id) => tokenizer.piece(id), config.source ? 1 : promptIdList.length);
+    const { end } = writerWindow(position, textIds.length, config.block_size);
+    return explainer.trace(textIds.slice(0, end), sourceIds, { head_scale: headScale(ablated, config.shape) });
+  };
+  const { asked, notes } = askedOfView();
+  const linked = Number(asked.token);
+  const position = Number.isInteger(linked) && linked >= 0 && linked < textIds.length ? linked : textIds.length - 1;
+  try {
+    const trace = await retrace(position, asked.ablated);
+    if (asked.token !== undefined) asked.token = Number.isInteger(linked) ? linked - trace.window_start : asked.token;
+    show(trace, asked, notes, { piece: (id) => tokenizer.piece(id), promptLength: config.source ? 1 : promptIdList.length,
+      textIds, retrace });
   } catch (failure) {
     inside.dataset.state = "error";
     inside.textContent = `the model could not be traced: ${failure.message}`;
   }
 }
 
-// The Inside view of `trace`, opened where the link says; promptLength: the ids before the written ones.
-function show(trace, piece, promptLength) {
+// What the view opens at: where the page's address says the first time ({asked: {token, layer, head, step,
+// ablated}, notes: a line for each head to knock out that it names wrongly}); after a new writing, its last token
+// with the step, layer and head the reader was on, no head knocked out.
+let linkRead = false;
+function askedOfView() {
+  if (linkRead) {
+    const { step, layer, head } = view?.state ?? {};
+    return { asked: { step, layer, head, ablated: [] }, notes: [] };
+  }
+  linkRead = true;
   const query = new URLSearchParams(location.search);
-  const asked = Object.fromEntries(INSIDE.filter((name) => query.has(name)).map((name) => [name, query.get(name)]));
-  view = new InsideView($("inside"), { piece, sampling: config.sampling, inside: config.inside,
-    settings: usedSettings ?? settingsOrError().settings, promptLength, onChange: remember });
-  view.show(trace, asked);
+  const asked = {};
+  for (const name of ["token", "layer", "head", "step"]) if (query.has(name)) asked[name] = query.get(name);
+  const { heads, notes } = ablatedHeads(query.get("ablate"), config.shape);
+  asked.ablated = heads;
+  return { asked, notes };
+}
+
+// The Inside view of `trace`, opened at `asked`; `given`: piece, promptLength (the ids before the written ones) and
+// what a page that traces again gives (textIds, retrace).
+function show(trace, asked, notes, given) {
+  view = new InsideView($("inside"), { sampling: config.sampling, inside: config.inside,
+    settings: usedSettings ?? settingsOrError().settings, ablated: asked.ablated, onChange: remember, link, ...given });
+  view.show(trace, asked, notes);
 }
 
 // --- a page served by `gptlite serve`: the server writes and traces
@@ -293,6 +349,7 @@ async function generateOnServer() {
     $("prompt").value = "";
   }
   say(stopping ? "stopped" : "done", "done");
+  lastWriting = config.chat ? null : { prompt, written: answer };
   explaining = explainOnServer(config.chat ? { messages: [...opening, ...conversation] }
     : config.source ? { text: prompt, target: written.data } : { text: written.data });
 }
@@ -300,22 +357,38 @@ async function generateOnServer() {
 async function explainOnServer(body) {
   const inside = $("inside");
   inside.dataset.state = "tracing";
+  // The server traces the text's last window; a knocked-out head is asked of it as [layer, head].
+  const retrace = async (position, ablated) => (await tracedOnServer({ ...body, ablate: ablated }, headers,
+    $("key_label"))).trace;
+  const { asked, notes } = askedOfView();
   try {
-    const { trace } = await tracedOnServer(body, headers, $("key_label"));
+    const trace = await retrace(null, asked.ablated);
     // The server's numbers; its text has no ids of the writer's here to line a draw up with.
-    show(trace, (id) => trace.vocabulary[id], trace.window_start + trace.ids.length);
+    show(trace, asked, notes, { piece: (id) => trace.vocabulary[id], promptLength: trace.window_start + trace.ids.length,
+      retrace });
   } catch (failure) {
     inside.dataset.state = "error";
     inside.textContent = `the model could not be traced: ${failure.message}`;
   }
 }
 
+// The address of what the page shows: the last writing (its prompt, its text, its settings and seed), the view's
+// state, the heads knocked out. A chat's conversation is not carried: its link opens the view of the prompt alone.
+function link() {
+  const state = view.state;
+  const query = linkQuery({
+    prompt: config.chat ? null : lastWriting?.prompt ?? $("prompt").value,
+    ...(lastWriting ?? {}),
+    settings: lastWriting ? usedSettings : {},
+    view: { token: view.position(state.token), layer: state.layer, head: state.head, step: state.step,
+      ablated: view.ablated },
+  });
+  return new URL(`?${query}`, location.href).href;
+}
+
 // The view's state in the page's address, so that a link opens it again.
-function remember(state) {
-  const query = new URLSearchParams(location.search);
-  for (const name of INSIDE) query.set(name, state[name]);
-  if (!query.has("prompt") && !config.chat) query.set("prompt", $("prompt").value);
-  history.replaceState(null, "", `?${query}`);
+function remember() {
+  history.replaceState(null, "", link());
 }
 
 window.gptliteInside = () => (view && $("inside").dataset.state === "done" ? view.contract() : null);

@@ -1,7 +1,7 @@
 // The page served by `gptlite serve`: it writes through the server's API (OpenAI's completions and chat
 // completions, streamed) and explains with the traces the server computes (/v1/trace), where the static page runs
 // the model itself. Nothing here runs a model.
-import { unpacked } from "./inside.js";
+import { unpacked } from "./inside_data.js";
 
 // The API key lasts as long as the browser tab: kept in its session storage, sent to this server only.
 export function keyBox(input, label) {
