@@ -30,7 +30,8 @@ def html(trace, state=None):
 
 
 def _script():
-    """page/gptlite.js, page/inside_data.js and page/inside.js as one module's text: their imports and `export` words left out."""
+    """page/gptlite.js, page/inside_data.js and page/inside.js as one module's text, without their imports and
+    `export` words."""
     parts = []
     for name in ("gptlite.js", "inside_data.js", "inside.js"):
         source = (_PAGE / name).read_text()

@@ -7,7 +7,7 @@ trace, the inside graph's or Python's (`gptlite.trace`).
     gptlite export --model runs/mine/model.keras --format web --out site/
     python -m http.server -d site     # or any static host: no code runs on the server
 
-The folder holds index.html, page.js, gptlite.js, inside.js and inside.css, model.onnx, inside.onnx and the
+The folder holds index.html, page.js, gptlite.js, inside.js, inside_data.js and inside.css, model.onnx, inside.onnx and the
 weights both read (weights.bin), tokenizer.json, config.json, ONNX Runtime Web's files (ort/, its licence beside
 them) and a README. Nothing is fetched from elsewhere at run time.
 """
@@ -200,7 +200,7 @@ and one can open the Inside view at a token, a layer, a head and a step:
 
     http://localhost:8000/?prompt=ROMEO%3A&token=3&layer=1&head=0&step=softmax
 
-Files: index.html, page.js, gptlite.js, inside.js and inside.css (the page, the tokenizer, the sampler, the
+Files: index.html, page.js, gptlite.js, inside.js, inside_data.js and inside.css (the page, the tokenizer, the sampler, the
 decoding loop and the Inside view), model.onnx (the model's decoding step), inside.onnx (its every step over a
 text, for the Inside view), weights.bin (the weights both graphs read), tokenizer.json, config.json, and ort/
 (ONNX Runtime Web 1.30.0's WebAssembly build, MIT licence in ort/LICENSE). Written by gptlite's

@@ -23,32 +23,56 @@ function element(tag, attributes = {}, ...children) {
   return made;
 }
 
-// A vector as a strip of cells coloured by value (red above 0, blue below), each value on hover.
-function strip(values, label) {
-  let largest = 0;
-  for (const v of values) largest = Math.max(largest, Math.abs(v));
-  const cells = element("div", { class: "strip", role: "img", "aria-label": `${label}: ${values.length} numbers` });
-  values.forEach((v, i) => {
-    const share = largest > 0 ? Math.abs(v) / largest : 0;
-    const colour = v >= 0 ? `rgba(214,69,43,${share.toFixed(3)})` : `rgba(47,111,214,${share.toFixed(3)})`;
-    cells.append(element("span", { style: `background:${colour}`, title: `${label}[${i}] = ${number(v)}` }));
-  });
-  return element("div", { class: "vector" }, element("span", { class: "label", text: label }), cells);
+// One diverging colour scale for the whole view: blue below zero, white at zero, red above, full at ±largest.
+function colour(value, largest) {
+  const share = largest > 0 ? Math.min(Math.abs(value) / largest, 1) : 0;
+  return value >= 0 ? `rgba(214,69,43,${share.toFixed(3)})` : `rgba(47,111,214,${share.toFixed(3)})`;
 }
 
-// Tokens with a value each, as chips a bar's length wide: scores, weights, probabilities.
+// A vector as a strip of cells, coloured once the step is drawn (`paint`, one scale for every strip of the step),
+// each value on hover and all of them under "numbers" (a tap on a phone). `name(i)` names entry i.
+function strip(values, label, name = (i) => `${label}[${i}]`) {
+  const cells = element("div", { class: "strip", role: "img", "aria-label": `${label}: ${values.length} numbers` });
+  values.forEach((v, i) => cells.append(element("span", { title: `${name(i)} = ${number(v)}` })));
+  cells.values = values;
+  const numbers = element("details", { class: "numbers" }, element("summary", { text: "numbers" }));
+  numbers.ontoggle = () => {
+    if (numbers.open && numbers.childElementCount === 1)
+      numbers.append(element("code", { text: Array.from(values, (v, i) => `${name(i)} ${number(v)}`).join("  ") }));
+  };
+  return element("div", { class: "vector" }, element("span", { class: "label", text: label }), cells, numbers);
+}
+
+// Colour every strip of `panel` on one scale, the largest magnitude among them, and say so in a legend.
+function paint(panel) {
+  const strips = Array.from(panel.querySelectorAll(".strip"));
+  if (!strips.length) return;
+  let largest = 0;
+  for (const { values } of strips) for (const v of values) largest = Math.max(largest, Math.abs(v));
+  for (const { values, children } of strips) {
+    Array.from(children).forEach((cell, i) => (cell.style.background = colour(values[i], largest)));
+  }
+  const legend = element("p", { class: "legend" },
+    element("span", { class: "scale", "aria-hidden": "true" }),
+    ` blue below 0, white at 0, red above; one scale for every vector here, full colour at ±${number(largest)}`);
+  panel.querySelector("h3").after(legend);
+}
+
+// Tokens with a value each, as chips with a bar as long as the value's size (red above 0, blue below): scores,
+// weights, probabilities.
 function chips(rows, options = {}) {
   const list = element("div", { class: "chips" });
   let largest = 0;
   for (const row of rows) if (Number.isFinite(row.value)) largest = Math.max(largest, Math.abs(row.value));
   for (const row of rows) {
     const share = options.bars && largest > 0 && Number.isFinite(row.value) ? Math.abs(row.value) / largest : 0;
+    const bar = row.value < 0 ? "rgba(47,111,214,.35)" : "rgba(214,69,43,.35)";
     list.append(
       element(
         "span",
         {
           class: `chip${row.masked ? " masked" : ""}${row.chosen ? " chosen" : ""}`,
-          style: `background:linear-gradient(90deg, rgba(214,69,43,.35) ${(share * 100).toFixed(1)}%, transparent 0)`,
+          style: `background:linear-gradient(90deg, ${bar} ${(share * 100).toFixed(1)}%, transparent 0)`,
           title: row.title ?? "",
         },
         element("b", { text: row.label }),
@@ -210,6 +234,7 @@ export class InsideView {
       })
     );
     this[`draw_${step.id}`](panel, state);
+    paint(panel);
     const edited = this.ablated.length
       ? element("p", { class: "edited", role: "note", text: `Edited model: heads ${ablatedText(this.ablated)} ` +
           "(layer.head) knocked out; every number below is the edited model's." })
@@ -585,6 +610,8 @@ export class InsideView {
           `Each is divided by √${size} = ${Math.sqrt(size).toFixed(4)} (the square root of the head's width), so that ` +
           `wider heads do not give larger scores.`
       ),
+      paragraph(`For this token itself: q·k = ${number(products[token])}, and ${number(products[token])} / ` +
+        `√${size} = ${number(products[token])} / ${number(Math.sqrt(size))} = ${number(scaled[token])}.`),
       element("h4", { text: "q·k, over the tokens up to this one" }),
       this.visible_chips(products, token, { bars: true }),
       element("h4", { text: `q·k / √${size}` }),
@@ -637,6 +664,33 @@ export class InsideView {
     );
     const every = this.trace.layers[layer].attention;
     for (let h = 0; h < every.dims[0]; h++) panel.append(strip(at(every, h, token), `head ${h}`));
+    panel.append(
+      element("h4", { text: "Each head's whole attention: a row per token, a column per token it reads" }),
+      paragraph("White is 0 and red is 1; the hatched triangle is masked (a token never reads a later one); this " +
+        "token's row is outlined. Choose a head to open it."),
+      element("div", { class: "matrices" }, ...Array.from({ length: every.dims[0] }, (_, h) =>
+        this.matrixPicture(layer, h, token, h === head)))
+    );
+  }
+
+  // Head `head`'s T x T attention as a picture, the masked triangle hatched and row `token` outlined; a button that
+  // opens that head.
+  matrixPicture(layer, head, token, chosen) {
+    const rows = attentionMatrix(this.trace, layer, head);
+    const count = rows.length;
+    const cell = Math.max(2, Math.floor(160 / count));
+    const canvas = element("canvas", { width: count * cell, height: count * cell, "aria-hidden": "true" });
+    const context = canvas.getContext("2d");
+    rows.forEach((row, t) => row.forEach((weight, s) => {
+      context.fillStyle = s > t ? ((s + t) % 2 ? "#e4e4e4" : "#f4f4f4") : colour(weight, 1);
+      context.fillRect(s * cell, t * cell, cell, cell);
+    }));
+    context.strokeStyle = "#000";
+    context.lineWidth = Math.max(1, cell / 3);
+    context.strokeRect(0, token * cell, (token + 1) * cell, cell);
+    return element("button", { class: `matrix${chosen ? " chosen" : ""}`, "aria-pressed": String(chosen),
+      "aria-label": `head ${head}'s attention matrix, ${count} by ${count}`, "data-matrix": String(head),
+      onclick: () => this.go({ head }, `[data-matrix="${head}"]`) }, canvas, element("span", { text: `head ${head}` }));
   }
 
   draw_values(panel, { token, layer, head }) {
@@ -798,7 +852,9 @@ export class InsideView {
         { bars: true }
       )
     );
-    if (logits.length <= 4096) panel.append(strip(logits, "logits"));
+    if (logits.length <= 4096) {
+      panel.append(strip(logits, "logits", (id) => `logit of ${JSON.stringify(this.options.piece(id))} (id ${id})`));
+    }
   }
 
   draw_probabilities(panel, { token }) {

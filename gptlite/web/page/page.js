@@ -284,6 +284,7 @@ async function explain(promptIdList, writtenIds) {
 // ablated}, notes: a line for each head to knock out that it names wrongly}); after a new writing, its last token
 // with the step, layer and head the reader was on, no head knocked out.
 let linkRead = false;
+let landing = false;  // a link named a view: the page scrolls to it once it is shown
 function askedOfView() {
   if (linkRead) {
     const { step, layer, head } = view?.state ?? {};
@@ -291,6 +292,7 @@ function askedOfView() {
   }
   linkRead = true;
   const query = new URLSearchParams(location.search);
+  landing = VIEW_FIELDS.some((name) => query.has(name));
   const asked = {};
   for (const name of ["token", "layer", "head", "step"]) if (query.has(name)) asked[name] = query.get(name);
   const { heads, notes } = ablatedHeads(query.get("ablate"), config.shape);
@@ -304,6 +306,8 @@ function show(trace, asked, notes, given) {
   view = new InsideView($("inside"), { sampling: config.sampling, inside: config.inside,
     settings: usedSettings ?? settingsOrError().settings, ablated: asked.ablated, onChange: remember, link, ...given });
   view.show(trace, asked, notes);
+  if (landing) $("inside").scrollIntoView();
+  landing = false;
 }
 
 // --- a page served by `gptlite serve`: the server writes and traces
