@@ -3,6 +3,7 @@
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -172,6 +173,37 @@ def test_no_module_is_too_long_to_read_whole_nor_a_function_a_screen():
                 if length > MOST_LINES_IN_A_FUNCTION:
                     long_functions.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}: {length} lines")
     assert not long_modules and not long_functions, long_modules + long_functions
+
+
+def _javascript_functions(source):
+    """(name, first line, length in lines) of each function, method and arrow function with a body, of a page script
+    laid out as the page's are: a head ending in "{" on its own line, its body closed by "}" at the head's indent."""
+    head = re.compile(r"^(\s*)(?:export\s+)?(?:async\s+)?(?:function\*?\s+(\w+)\s*\(.*\)|(?:static\s+)?(\w+)\s*\(.*\)"
+                      r"|(?:const|let)\s+(\w+)\s*=\s*(?:async\s*)?\(.*\)\s*=>)\s*\{$")
+    lines = source.splitlines()
+    for number, line in enumerate(lines):
+        found = head.match(line)
+        name = found and (found[2] or found[3] or found[4])
+        if not name or name in ("if", "for", "while", "switch", "catch", "function"):
+            continue
+        end = next((index for index in range(number + 1, len(lines))
+                    if re.match(rf"^{found[1]}\}}[;,)]*$", lines[index])), len(lines) - 1)
+        yield name, number + 1, end - number + 1
+
+
+def test_no_page_script_is_too_long_to_read_whole_nor_a_function_a_screen():
+    """The page's JavaScript keeps Python's caps (ONNX Runtime Web's files, which the page carries, aside)."""
+    scripts = sorted((PACKAGE / "web" / "page").glob("*.js"))
+    assert len(scripts) >= 8
+    long_modules = [f"{path.name}: {len(path.read_text().splitlines())} lines" for path in scripts
+                    if len(path.read_text().splitlines()) > MOST_LINES_IN_A_MODULE]
+    long_functions = [f"{path.name}:{line} {name}: {length} lines" for path in scripts
+                      for name, line, length in _javascript_functions(path.read_text())
+                      if length > MOST_LINES_IN_A_FUNCTION]
+    assert not long_modules and not long_functions, long_modules + long_functions
+    # the reading of a function's length itself: a short and a long one, found
+    made = "function short() {\n  return 1;\n}\n\nconst long = (a) => {\n" + "  a += 1;\n" * 90 + "};\n"
+    assert [(name, length) for name, _, length in _javascript_functions(made)] == [("short", 3), ("long", 92)]
 
 
 def test_a_reader_meets_few_rooms_of_few_modules_each():

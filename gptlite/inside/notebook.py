@@ -1,5 +1,5 @@
 """A trace shown in Jupyter as the page's own Inside view: one piece of HTML that holds the view's script and look
-(the web page's inside.js, the sampler of its gptlite.js, its inside.css, read as files from the page's folder,
+(the web page's view scripts, the sampler of its gptlite.js, its inside.css, read as files from the page's folder,
 `gptlite/web/page/`) and the trace's numbers, so that it needs no server, no network and no CDN.
 `Trace._repr_html_` returns it; saved to a file, it opens in any browser.
 """
@@ -29,11 +29,16 @@ def html(trace, state=None):
             f'<script type="module">\n{_script()}\n{_OPEN.replace("ROOT", root)}\n</script>\n')
 
 
+# The view's scripts (page/), each importing only those before it: the sampler, the view's data, its drawing, its
+# steps, the view. The exported page holds them as files; a notebook's view, as one module's text.
+VIEW_SCRIPTS = ("gptlite.js", "inside_data.js", "inside_draw.js", "steps_input.js", "steps_attention.js",
+                "steps_output.js", "inside.js")
+
+
 def _script():
-    """page/gptlite.js, page/inside_data.js and page/inside.js as one module's text, without their imports and
-    `export` words."""
+    """The view's scripts as one module's text, without their imports and `export` words."""
     parts = []
-    for name in ("gptlite.js", "inside_data.js", "inside.js"):
+    for name in VIEW_SCRIPTS:
         source = (_PAGE / name).read_text()
         source = re.sub(r"^import .*?;\n", "", source, flags=re.MULTILINE | re.DOTALL)
         parts.append(re.sub(r"^export ", "", source, flags=re.MULTILINE))

@@ -2,7 +2,7 @@
 each of the model's architecture choices does, in words (`GPTConfig.choices_said`, from `model.config.CHOICES`).
 The exported page carries these in its config.json, the server's page in its /config.json, and a notebook's view
 beside its trace (`page_declarations`): the page's script names no step and words no choice of its own; it draws
-each step it is given (`draw_<id>` in page/inside.js).
+each step it is given (its drawing, by its id, in page/steps_*.js).
 
 A new step is one line here and its drawing there; `tests/inside/test_views.py` adds a throwaway one.
 """

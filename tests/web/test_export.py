@@ -25,7 +25,7 @@ from gptlite.web import export as web_export, onnx_graph
 from gptlite.web.tokenizer_form import web_form
 
 SAME_ON_EVERY_BACKEND = pytest.mark.once("the graph is written from the weights, alike on every backend")
-LIBRARY = REPO / "gptlite" / "web" / "page" / "gptlite.js"
+PAGE_SCRIPTS = REPO / "gptlite" / "web" / "page"
 # Each kind of model the page runs: the GGUF tests' kinds, and post-norm blocks, which llama.cpp has not.
 WEB_KINDS = {**{kind: KINDS[kind][:2] for kind in ("char", "bpe", "modern", "llama", "qwen2", "smollm2", "tinyllama",
                                                     "lora", "chat", "chat_bpe")},
@@ -135,7 +135,7 @@ def test_both_graphs_read_one_weights_file_each_array_once(tmp_path, outtype):
 def _node(request):
     if shutil.which("node") is None:
         pytest.skip("needs Node.js")
-    done = subprocess.run(["node", str(REPO / "tests" / "web" / "web_node.mjs"), str(LIBRARY)],
+    done = subprocess.run(["node", str(REPO / "tests" / "web" / "web_node.mjs"), str(PAGE_SCRIPTS)],
                           input=json.dumps(request), capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)

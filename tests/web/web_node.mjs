@@ -1,4 +1,5 @@
-// The web page's JavaScript (gptlite/web/page/gptlite.js) under Node, for tests/web/test_export.py:
+// The web page's JavaScript (gptlite/web/page/gptlite.js and tokenizers.js, from the folder given) under Node, for
+// tests/web/test_export.py:
 // reads one JSON request on standard input, writes one JSON answer.
 //   {"tokenizer": form, "texts": [...]}                       -> {"ids": [[...], ...], "texts": [...]}: the ids
 //                                                                and those ids decoded back, as the page writes
@@ -11,8 +12,11 @@
 import { readFileSync } from "node:fs";
 import { pathToFileURL } from "node:url";
 
-const [, , library] = process.argv;
-const web = await import(pathToFileURL(library).href);
+const [, , folder] = process.argv;
+const web = {
+  ...(await import(pathToFileURL(`${folder}/gptlite.js`).href)),
+  ...(await import(pathToFileURL(`${folder}/tokenizers.js`).href)),
+};
 const request = JSON.parse(readFileSync(0, "utf8"));
 let answer;
 if (request.texts) {

@@ -3,7 +3,8 @@
 // server's API and shows the traces the server computes instead (server.js). The written text stands in #output;
 // #output's data-state is "loading", "ready", "writing", "done" or "error". #inside's is "done" once a step is
 // shown; window.gptliteInside() returns what it shows as plain JSON (docs/inspection.md).
-import { chatText, Explainer, makeTokenizer, promptIds, settingOf, TargetWriter, Writer } from "./gptlite.js";
+import { chatText, Explainer, promptIds, settingOf, TargetWriter, Writer } from "./gptlite.js";
+import { makeTokenizer } from "./tokenizers.js";
 import { InsideView } from "./inside.js";
 import { ablatedHeads, headScale, linkedIds, linkQuery, VIEW_FIELDS, writerWindow } from "./inside_data.js";
 import { keyBox, requestSettings, tracedOnServer, writtenOnServer } from "./server.js";

@@ -1,0 +1,89 @@
+// The Inside view's pieces of drawing: a token's text, a number, an element, a vector as a strip of coloured
+// cells, chips with bars, and the colour scale that every step shares with its legend. Each step's drawing
+// (steps_input.js, steps_attention.js, steps_output.js) is made of them.
+
+export const HEAD_COLOURS = ["#d6452b", "#2f6fd6", "#1f9e55", "#a23fc4", "#d68a1a", "#178c8c", "#c43f7c", "#6b6b1f"];
+
+export const shown = (text) => text.replace(/ /g, "␣").replace(/\n/g, "↵").replace(/\t/g, "⇥") || "∅";
+export const number = (v) => (Math.abs(v) >= 1e4 || (v !== 0 && Math.abs(v) < 1e-3) ? v.toExponential(3) : v.toFixed(4));
+
+export function element(tag, attributes = {}, ...children) {
+  const made = document.createElement(tag);
+  for (const [name, value] of Object.entries(attributes)) {
+    if (name === "text") made.textContent = value;
+    else if (name.startsWith("on")) made[name] = value;
+    else made.setAttribute(name, value);
+  }
+  made.append(...children.filter((child) => child != null));
+  return made;
+}
+
+// One diverging colour scale for the whole view: blue below zero, white at zero, red above, full at ±largest.
+export function colour(value, largest) {
+  const share = largest > 0 ? Math.min(Math.abs(value) / largest, 1) : 0;
+  return value >= 0 ? `rgba(214,69,43,${share.toFixed(3)})` : `rgba(47,111,214,${share.toFixed(3)})`;
+}
+
+// A vector as a strip of cells, coloured once the step is drawn (`paint`, one scale for every strip of the step),
+// each value on hover and all of them under "numbers" (a tap on a phone). `name(i)` names entry i.
+export function strip(values, label, name = (i) => `${label}[${i}]`) {
+  const cells = element("div", { class: "strip", role: "img", "aria-label": `${label}: ${values.length} numbers` });
+  values.forEach((v, i) => cells.append(element("span", { title: `${name(i)} = ${number(v)}` })));
+  cells.values = values;
+  const numbers = element("details", { class: "numbers" }, element("summary", { text: "numbers" }));
+  numbers.ontoggle = () => {
+    if (numbers.open && numbers.childElementCount === 1)
+      numbers.append(element("code", { text: Array.from(values, (v, i) => `${name(i)} ${number(v)}`).join("  ") }));
+  };
+  return element("div", { class: "vector" }, element("span", { class: "label", text: label }), cells, numbers);
+}
+
+// Colour every strip of `panel` on one scale, the largest magnitude among them, and say so in a legend.
+export function paint(panel) {
+  const strips = Array.from(panel.querySelectorAll(".strip"));
+  if (!strips.length) return;
+  let largest = 0;
+  for (const { values } of strips) for (const v of values) largest = Math.max(largest, Math.abs(v));
+  for (const { values, children } of strips) {
+    Array.from(children).forEach((cell, i) => (cell.style.background = colour(values[i], largest)));
+  }
+  const legend = element("p", { class: "legend" },
+    element("span", { class: "scale", "aria-hidden": "true" }),
+    ` blue below 0, white at 0, red above; one scale for every vector here, full colour at ±${number(largest)}`);
+  panel.querySelector("h3").after(legend);
+}
+
+// Tokens with a value each, as chips with a bar as long as the value's size (red above 0, blue below): scores,
+// weights, probabilities.
+export function chips(rows, options = {}) {
+  const list = element("div", { class: "chips" });
+  let largest = 0;
+  for (const row of rows) if (Number.isFinite(row.value)) largest = Math.max(largest, Math.abs(row.value));
+  for (const row of rows) {
+    const share = options.bars && largest > 0 && Number.isFinite(row.value) ? Math.abs(row.value) / largest : 0;
+    const bar = row.value < 0 ? "rgba(47,111,214,.35)" : "rgba(214,69,43,.35)";
+    list.append(
+      element(
+        "span",
+        {
+          class: `chip${row.masked ? " masked" : ""}${row.chosen ? " chosen" : ""}`,
+          style: `background:linear-gradient(90deg, ${bar} ${(share * 100).toFixed(1)}%, transparent 0)`,
+          title: row.title ?? "",
+        },
+        element("b", { text: row.label }),
+        ` ${row.text ?? number(row.value)}`
+      )
+    );
+  }
+  return list;
+}
+
+// Words Python declares for the middle of a sentence, as a sentence's start.
+export const capitalised = (text) => text.charAt(0).toUpperCase() + text.slice(1);
+
+export function paragraph(text) {
+  return element("p", { text });
+}
+
+// What the model's norm does, in Python's words.
+export const normSaid = (view) => view.declared.choices.norm;

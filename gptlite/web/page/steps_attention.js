@@ -1,0 +1,315 @@
+// The Inside view's attention steps: the query, key and value, QK-norm and the rotary turn, the scores and what
+// they come from, the mask, the softmax and every head's matrix, the weighted values, the heads joined (and knocked
+// out), cross-attention and the graph of a layer's attention.
+
+import { capitalised, chips, colour, element, HEAD_COLOURS, number, paragraph, shown, strip } from "./inside_draw.js";
+import { at, attentionMatrix, attentionRows } from "./inside_data.js";
+
+function kvHead(view, head) {
+  const shape = view.trace.shape;
+  return Math.floor(head / (shape.n_head / shape.kv_heads));
+}
+
+function drawQkv(view, panel, { token, layer, head }) {
+  const { shape } = view.trace;
+  const steps = view.trace.layers[layer];
+  const kv = kvHead(view, head);
+  const group = shape.n_head / shape.kv_heads;
+  panel.append(
+    paragraph(
+      `Three matrices turn the normalised vector into a query (what this token looks for), a key ` +
+        `(what it offers to be found by) and a value (what it passes on), ${shape.head_size} numbers each per head.`
+    )
+  );
+  if (group > 1) {
+    const sharing = Array.from({ length: group }, (_, g) => kv * group + g).join(", ");
+    panel.append(
+      paragraph(
+        `${capitalised(view.declared.choices.grouped_query)}. Here ${shape.n_head} query heads share ` +
+          `${shape.kv_heads} key/value heads; query heads ${sharing} read key/value head ${kv}.`
+      )
+    );
+  }
+  panel.append(
+    strip(at(steps.query, head, token), `query (head ${head})`),
+    strip(at(steps.key, kv, token), `key (head ${kv})`),
+    strip(at(steps.value, kv, token), `value (head ${kv})`),
+    element("h4", { text: `Every visible token's key (rows 0 to ${token})` })
+  );
+  for (let s = 0; s <= token; s++)
+    panel.append(strip(at(steps.key, kv, s), `${view.position(s)} ${shown(view.options.piece(view.trace.ids[s]))}`));
+  panel.append(element("h4", { text: `Every visible token's value (rows 0 to ${token})` }));
+  for (let s = 0; s <= token; s++)
+    panel.append(strip(at(steps.value, kv, s), `${view.position(s)} ${shown(view.options.piece(view.trace.ids[s]))}`));
+}
+
+function drawQkNorm(view, panel, { token, layer, head }) {
+  const steps = view.trace.layers[layer];
+  const kv = kvHead(view, head);
+  panel.append(
+    paragraph(`${capitalised(view.declared.choices.qk_norm)}.`),
+    strip(at(steps.query, head, token), "query"),
+    strip(at(steps.query_normed, head, token), "query, normalised"),
+    strip(at(steps.key, kv, token), "key"),
+    strip(at(steps.key_normed, kv, token), "key, normalised")
+  );
+}
+
+function drawRotary(view, panel, { token, layer, head }) {
+  const steps = view.trace.layers[layer];
+  const kv = kvHead(view, head);
+  const before = steps.query_normed ? "_normed" : "";
+  panel.append(
+    paragraph(
+      `The query and key are turned by the angles of position ${token} (see Position): pair i ` +
+        `(dimensions i and i + ${view.trace.shape.head_size / 2}) by its own angle.`
+    ),
+    strip(at(steps[`query${before}`], head, token), "query before"),
+    strip(at(steps.query_rotated, head, token), "query turned"),
+    strip(at(steps[`key${before}`], kv, token), "key before"),
+    strip(at(steps.key_rotated, kv, token), "key turned")
+  );
+}
+
+function visibleChips(view, values, token, options = {}) {
+  return chips(
+    Array.from(values, (value, s) => ({
+      label: `${view.position(s)} ${shown(view.options.piece(view.trace.ids[s]))}`,
+      value,
+      masked: s > token,
+      text: s > token ? (options.maskedText ?? number(value)) : undefined,
+    })),
+    { bars: options.bars }
+  );
+}
+
+function drawScores(view, panel, { token, layer, head }) {
+  const size = view.trace.shape.head_size;
+  const steps = view.trace.layers[layer];
+  const products = at(steps.products, head, token).slice(0, token + 1);
+  const scaled = at(steps.scores, head, token).slice(0, token + 1);
+  panel.append(
+    paragraph(
+      `The query meets every visible token's key: their dot product q·k says how well they match. ` +
+        `Each is divided by √${size} = ${Math.sqrt(size).toFixed(4)} (the square root of the head's width), so that ` +
+        `wider heads do not give larger scores.`
+    ),
+    paragraph(`For this token itself: q·k = ${number(products[token])}, and ${number(products[token])} / ` +
+      `√${size} = ${number(products[token])} / ${number(Math.sqrt(size))} = ${number(scaled[token])}.`),
+    element("h4", { text: "q·k, over the tokens up to this one" }),
+    visibleChips(view, products, token, { bars: true }),
+    element("h4", { text: `q·k / √${size}` }),
+    visibleChips(view, scaled, token, { bars: true }),
+    element("h4", { text: "Follow each token from its key to what it gives this token" }),
+    rowsTable(view, layer, head, token)
+  );
+}
+
+// One row per visible token through this head: q·k = |q| |k| cos θ, ÷ √d, the softmax's e^(x − max) and weight,
+// and the length of weight × value, what the token gives the output.
+function rowsTable(view, layer, head, token) {
+  const size = view.trace.shape.head_size;
+  const heads = ["token", "q·k", "|q|", "|k|", "cos θ", `÷ √${size}`, "e^(x − max)", "weight", "|weight × v|"];
+  const table = element("table", { class: "rows" },
+    element("thead", {}, element("tr", {}, ...heads.map((text) => element("th", { scope: "col", text })))));
+  const body = element("tbody");
+  for (const row of attentionRows(view.trace, layer, head, token)) {
+    const cells = [row.product, row.query_length, row.key_length, row.cosine, row.scaled, row.exponent, row.weight,
+      row.contribution].map((value) => element("td", { text: number(value) }));
+    body.append(element("tr", {}, element("th", { scope: "row",
+      text: `${view.position(row.position)} ${shown(view.options.piece(row.id))}` }), ...cells));
+  }
+  table.append(body);
+  return element("div", { class: "table-scroll" }, table);
+}
+
+function drawMask(view, panel, { token, layer, head }) {
+  const scores = at(view.trace.layers[layer].scores, head, token);
+  panel.append(
+    paragraph(
+      `The causal mask: a token may not look ahead. The scores of tokens after ${view.position(token)} are set ` +
+        "to minus infinity (shown masked), so the softmax gives them nothing."
+    ),
+    visibleChips(view, scores, token, { maskedText: "masked" })
+  );
+}
+
+function drawSoftmax(view, panel, { token, layer, head }) {
+  const weights = at(view.trace.layers[layer].attention, head, token);
+  let total = 0;
+  for (const w of weights) total += w;
+  panel.append(
+    paragraph(
+      `Softmax turns the scores into weights: each is e^score over the sum of them all. The row ` +
+        `sums to ${total.toFixed(6)}; the masked tokens get exactly 0.`
+    ),
+    visibleChips(view, weights, token, { bars: true }),
+    element("h4", { text: "Every head of this layer, side by side (one strip a head, a cell a token)" })
+  );
+  const every = view.trace.layers[layer].attention;
+  for (let h = 0; h < every.dims[0]; h++) panel.append(strip(at(every, h, token), `head ${h}`));
+  panel.append(
+    element("h4", { text: "Each head's whole attention: a row per token, a column per token it reads" }),
+    paragraph("White is 0 and red is 1; the hatched triangle is masked (a token never reads a later one); this " +
+      "token's row is outlined. Choose a head to open it."),
+    element("div", { class: "matrices" }, ...Array.from({ length: every.dims[0] }, (_, h) =>
+      matrixPicture(view, layer, h, token, h === head)))
+  );
+}
+
+// Head `head`'s T x T attention as a picture, the masked triangle hatched and row `token` outlined; a button that
+// opens that head.
+function matrixPicture(view, layer, head, token, chosen) {
+  const rows = attentionMatrix(view.trace, layer, head);
+  const count = rows.length;
+  const cell = Math.max(2, Math.floor(160 / count));
+  const canvas = element("canvas", { width: count * cell, height: count * cell, "aria-hidden": "true" });
+  const context = canvas.getContext("2d");
+  rows.forEach((row, t) => row.forEach((weight, s) => {
+    context.fillStyle = s > t ? ((s + t) % 2 ? "#e4e4e4" : "#f4f4f4") : colour(weight, 1);
+    context.fillRect(s * cell, t * cell, cell, cell);
+  }));
+  context.strokeStyle = "#000";
+  context.lineWidth = Math.max(1, cell / 3);
+  context.strokeRect(0, token * cell, (token + 1) * cell, cell);
+  return element("button", { class: `matrix${chosen ? " chosen" : ""}`, "aria-pressed": String(chosen),
+    "aria-label": `head ${head}'s attention matrix, ${count} by ${count}`, "data-matrix": String(head),
+    onclick: () => view.go({ head }, `[data-matrix="${head}"]`) }, canvas, element("span", { text: `head ${head}` }));
+}
+
+function drawValues(view, panel, { token, layer, head }) {
+  const steps = view.trace.layers[layer];
+  const weights = at(steps.attention, head, token);
+  const order = Array.from(weights.keys())
+    .filter((s) => s <= token)
+    .sort((a, b) => weights[b] - weights[a])
+    .slice(0, 5);
+  panel.append(
+    paragraph(
+      "The head's output is the weighted sum of the visible tokens' values: Σ weight × value. The " +
+        `tokens it takes most from: ${order
+          .map(
+            (s) =>
+              `${view.position(s)} ${JSON.stringify(view.options.piece(view.trace.ids[s]))} ` + `(${(weights[s] * 100).toFixed(1)}%)`
+          )
+          .join(", ")}.`
+    ),
+    strip(at(steps.heads, head, token), `head ${head}'s output`)
+  );
+}
+
+function drawHeads(view, panel, { token, layer }) {
+  const steps = view.trace.layers[layer];
+  const { n_head: heads } = view.trace.shape;
+  panel.append(
+    paragraph(
+      `The ${heads} heads' outputs are joined side by side, and one more matrix (the output ` +
+        "projection) mixes them back into the model's width."
+    )
+  );
+  for (let h = 0; h < heads; h++) panel.append(strip(at(steps.heads, h, token), `head ${h}`));
+  panel.append(strip(at(steps.joined, token), "joined"), strip(at(steps.attention_output, token), "projected"));
+  if (view.options.retrace) panel.append(knockOuts(view, layer));
+}
+
+// A switch per head of `layer` that knocks it out (its output scaled by 0 in the inside graph) or back in.
+function knockOuts(view, layer) {
+  const switches = element("fieldset", { class: "knock-out" }, element("legend", {
+    text: "Knock a head out: the model runs again without it, and every step shows the edited model" }));
+  for (let head = 0; head < view.trace.shape.n_head; head++) {
+    const out = view.ablated.some(([l, h]) => l === layer && h === head);
+    const box = element("input", { type: "checkbox", "data-knock-out": `${layer}.${head}`,
+      onchange: () => view.toggleHead(layer, head, `[data-knock-out="${layer}.${head}"]`) });
+    box.checked = out;
+    switches.append(element("label", {}, box, ` head ${head}`));
+  }
+  return switches;
+}
+
+function drawCross(view, panel, { token, layer, head }) {
+  const steps = view.trace.layers[layer];
+  const source = Array.from(view.trace.source_ids, Number);
+  const weights = at(steps.cross_attention, head, token);
+  panel.append(
+    paragraph(
+      "Cross-attention: the decoder's query meets the keys and values the encoder made of every " +
+        `token of the source (${source.length} of them; no mask: the whole source is there to read). Its weights, then ` +
+        "this token's self-attention over the target beside them:"
+    ),
+    element("h4", { text: "over the source" }),
+    chips(
+      Array.from(weights, (value, s) => ({
+        label: `${s} ${shown(view.options.piece(source[s]))}`,
+        value,
+      })),
+      { bars: true }
+    ),
+    element("h4", { text: "over the target so far (self-attention)" }),
+    visibleChips(view, at(steps.attention, head, token), token, { bars: true }),
+    strip(at(steps.cross_heads, head, token), `head ${head}'s output`),
+    strip(at(steps.cross_output, token), "projected"),
+    strip(at(steps.cross_residual, token), "added to the residual stream")
+  );
+}
+
+function drawGraph(view, panel, { token, layer }) {
+  const { trace } = view;
+  const weights = trace.layers[layer].attention;
+  const [heads, length] = weights.dims;
+  const line = 18;
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("viewBox", `0 0 300 ${length * line + 8}`);
+  svg.setAttribute("width", "300");
+  svg.setAttribute("class", "graph");
+  svg.setAttribute("role", "img");
+  svg.setAttribute("aria-label", `layer ${layer}'s attention as arcs between tokens, one colour per head`);
+  const y = (i) => i * line + 12;
+  for (let h = 0; h < heads; h++) {
+    for (let t = 0; t < length; t++) {
+      const row = at(weights, h, t);
+      for (let s = 0; s < t; s++) {
+        if (row[s] < 0.1) continue;
+        const path = document.createElementNS("http://www.w3.org/2000/svg", "path");
+        const bend = 150 - Math.min(140, (t - s) * 8);
+        path.setAttribute("d", `M160 ${y(t)} C${bend} ${y(t)} ${bend} ${y(s)} 160 ${y(s)}`);
+        path.setAttribute("stroke", HEAD_COLOURS[h % HEAD_COLOURS.length]);
+        path.setAttribute("stroke-opacity", (t === token ? 1 : 0.35 * row[s]).toFixed(3));
+        path.setAttribute("stroke-width", (t === token ? 2.5 : 1) * row[s] + 0.5);
+        path.setAttribute("fill", "none");
+        svg.append(path);
+      }
+    }
+  }
+  trace.ids.forEach((id, i) => {
+    const text = document.createElementNS("http://www.w3.org/2000/svg", "text");
+    text.setAttribute("x", 166);
+    text.setAttribute("y", y(i) + 4);
+    text.setAttribute("font-weight", i === token ? "bold" : "normal");
+    text.textContent = `${view.position(i)} ${shown(view.options.piece(id))}`;
+    svg.append(text);
+  });
+  const legend = Array.from({ length: heads }, (_, h) =>
+    element("span", { style: `color:${HEAD_COLOURS[h % HEAD_COLOURS.length]}`, text: `■ head ${h} ` })
+  );
+  panel.append(
+    paragraph(
+      `Each token (right) with arcs to the earlier tokens it gives at least 10% of its attention in ` +
+        `layer ${layer}, one colour per head; the chosen token's arcs are drawn dark.`
+    ),
+    element("p", {}, ...legend),
+    svg
+  );
+}
+
+export const ATTENTION_DRAWINGS = {
+  qkv: drawQkv,
+  qk_norm: drawQkNorm,
+  rotary: drawRotary,
+  scores: drawScores,
+  mask: drawMask,
+  softmax: drawSoftmax,
+  values: drawValues,
+  heads: drawHeads,
+  cross: drawCross,
+  graph: drawGraph,
+};
