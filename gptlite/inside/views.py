@@ -10,7 +10,8 @@ A new step is one line here and its drawing there; `tests/inside/test_views.py` 
 from gptlite.model import hooks as hook_points
 
 # The view's steps: `id` (what its drawing is called), `title`, `layer` (the step is a block's: a layer and a head
-# are chosen), `needs` (the trace step a model must have for it: QK-norm, rotary positions, cross-attention).
+# are chosen), `needs` (the trace step a model must have for it: QK-norm, rotary positions, cross-attention), `runs`
+# (the step runs the model again, the page's graph: a view that only reads a trace, a notebook's, leaves it out).
 VIEW_STEPS = (
     dict(id="tokens", title="Tokens"),
     dict(id="embedding", title="Embedding"),
@@ -32,14 +33,16 @@ VIEW_STEPS = (
     dict(id="logits", title="Logits"),
     dict(id="probabilities", title="Probabilities"),
     dict(id="graph", title="Attention graph", layer=True),
+    dict(id="head_roles", title="What each head does", runs=True),
 )
 # The sampling settings the probabilities step applies live: those that shape a distribution.
 LIVE_SETTINGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
 
 
-def page_declarations(config):
+def page_declarations(config, probe=None):
     """What the page's Inside view reads of a model of `config` besides its trace: the view's steps, the settings
-    it applies live, the trace's step names (`gptlite.model.hooks`) and the model's choices in words."""
+    it applies live, the trace's step names (`gptlite.model.hooks`), the model's choices in words, and `probe`, the
+    ids `gptlite.heads` scores induction on (a GPT's: `heads.probe_ids`; None where the view scores no heads)."""
     return {"views": [dict(step) for step in VIEW_STEPS], "live": list(LIVE_SETTINGS),
             "steps": list(hook_points.MODEL_STEPS), "block_steps": list(hook_points.BLOCK_STEPS),
-            "choices": config.choices_said()}
+            "choices": config.choices_said(), "probe": None if probe is None else [int(i) for i in probe]}

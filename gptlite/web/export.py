@@ -19,7 +19,7 @@ import pathlib
 import shutil
 
 from gptlite.decode.settings import sampling_settings
-from gptlite.errors import ConfigError, RunExistsError
+from gptlite.errors import ConfigError, InputError, RunExistsError
 from gptlite.files import atomic_directory
 from gptlite.inside.views import page_declarations
 from gptlite.inside.notebook import VIEW_SCRIPTS
@@ -138,7 +138,17 @@ def page_config(model, outtype, name):
         source=source, start_id=tokenizer.start_token_id, end_id=tokenizer.end_token_id,
         # A target is written greedily unless asked otherwise, as `generate_target` writes it.
         sampling=sampling_settings(temperature=0.0) if source else sampling_settings(),
-        inside=page_declarations(config))
+        inside=page_declarations(config, None if source else _probe(model)))
+
+
+def _probe(model):
+    """The ids the page scores induction on, as `gptlite.heads` does; None for a context too short to hold one."""
+    from gptlite.inside.heads import probe_ids
+
+    try:
+        return probe_ids(model)
+    except InputError:
+        return None
 
 
 def server_config(model, name, chats):

@@ -18,10 +18,10 @@ from gptlite.inside import notebook
 from gptlite.web import onnx_graph
 
 FIXTURES = REPO / "tests" / "fixtures"
-# Every step the view shows, as its buttons name them, for a model with every switch (QK-norm, rotary).
+# Every step the view shows, as its buttons name them, for a GPT with every switch (QK-norm, rotary).
 ALL_STEPS = ["tokens", "embedding", "position", "norm", "qkv", "qk_norm", "rotary", "scores", "mask", "softmax",
              "values", "heads", "residual", "feed_forward", "feed_forward_residual", "final_norm", "logits",
-             "probabilities", "graph"]
+             "probabilities", "graph", "head_roles"]
 
 
 def _inside_session(model):
@@ -445,3 +445,22 @@ def test_a_knocked_out_head_shows_the_edited_model_and_its_link_reopens_it(site,
     message = browser.find_element("css selector", "#inside .inside-message").text
     assert "no head 9.9" in message and '"x" is not a head' in message
     assert len(shown["ids"]) > 6
+
+
+@pytest.mark.slow
+@pytest.mark.extras
+@SAME_ON_EVERY_BACKEND
+def test_the_head_grid_is_gptlite_heads_and_a_head_chosen_there_opens_its_attention(site, browser):
+    url, models = site
+    model = models["modern"]
+    shown = _opened(browser, f"{url}/modern", prompt=_prompt("modern"), step="head_roles")
+    report = gptlite.heads(model, shown["ids"], calibrate=False)
+    for name in ("previous_token", "first_token", "current_token", "induction"):
+        assert_near(shown["heads"][name], getattr(report, name), name)
+    # the loss's change without each head, to 1e-4 of the loss
+    assert np.abs(np.array(shown["heads"]["ablation"]) - report.ablation).max() <= 1e-4 * report.loss
+    assert abs(shown["heads"]["loss"] - report.loss) <= 1e-4 * report.loss
+    browser.find_element("css selector", '[data-role="induction.1.2"]').click()
+    assert _wait_for(browser, "inside") == "done"
+    opened = browser.execute_script("return window.gptliteInside()")
+    assert (opened["step"], opened["layer"], opened["head"]) == ("softmax", 1, 2)

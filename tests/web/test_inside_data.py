@@ -23,7 +23,7 @@ def node(body, **given):
     """What `body` (a module's text, `data` the module, each of `given` a constant) prints as JSON."""
     script = "".join(f"const {name} = {json.dumps(value)};\n" for name, value in given.items())
     script = f'import * as data from "{MODULE}";\n{script}{body}'
-    done = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(["node", "--input-type=module"], input=script, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -113,3 +113,16 @@ def test_a_link_carries_the_writing_its_settings_and_the_view_and_reads_its_ids_
     assert "ids" not in urllib.parse.parse_qs(char)  # the text reads back as the ids written: it is enough
     assert ids == {"ids": [4, 7, 1]} and none == {"ids": None}
     assert "not token ids" in wrong["error"]
+
+
+def test_head_scores_are_gptlite_heads_on_the_same_traces(grouped_model):
+    ids = [int(i) for i in grouped_model.tokenizer.encode("the cat sat on the mat")][:14]
+    report = gptlite.heads(grouped_model, ids, calibrate=False)
+    text, probe = gptlite.trace(grouped_model, ids), gptlite.trace(grouped_model, report.probe)
+    found = node("const [text, probe] = [data.unpacked(packedText), data.unpacked(packedProbe)];\n"
+                 "console.log(JSON.stringify({...data.patternScores(text), induction: data.inductionScores(probe), "
+                 "loss: data.textLoss(text)}));",
+                 packedText=text.to_json(packed=True), packedProbe=probe.to_json(packed=True))
+    for name in ("previous_token", "first_token", "current_token", "induction"):
+        np.testing.assert_allclose(found[name], getattr(report, name), rtol=0, atol=1e-5, err_msg=name)
+    assert abs(found["loss"] - report.loss) <= 1e-4 * report.loss

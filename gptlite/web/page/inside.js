@@ -24,8 +24,8 @@ export class InsideView {
   // writing used, seed included), promptLength (the ids before the written ones), onChange(state) (each new state).
   // A page that can trace again gives too: textIds (the whole text's ids, of which a trace is one window),
   // retrace(position, ablated) (a promise of the trace that shows the text's `position` as the writer read it, the
-  // heads `ablated` knocked out), ablated (the heads the trace shown has knocked out) and link() (the address of
-  // what is shown).
+  // heads `ablated` knocked out), ablated (the heads the trace shown has knocked out), scoreHeads(ids) (a promise
+  // of every head's scores on `ids`: inside_data.js's headScores) and link() (the address of what is shown).
   constructor(root, options) {
     this.root = root;
     this.options = options;
@@ -48,7 +48,8 @@ export class InsideView {
   }
 
   steps() {
-    return this.declared.views.filter((step) => !step.needs || step.needs in this.trace.layers[0]);
+    return this.declared.views.filter((step) => (!step.needs || step.needs in this.trace.layers[0]) &&
+      (!step.runs || this.options.scoreHeads));
   }
 
   // Show `trace` at `asked` ({token, layer, head, step}, each optional; token, an index of the trace's ids): what
@@ -106,7 +107,7 @@ export class InsideView {
           `${this.position(state.token)} ${JSON.stringify(this.options.piece(this.trace.ids[state.token]))}`,
       })
     );
-    STEP_DRAWINGS[step.id](this, panel, state);
+    const drawn = STEP_DRAWINGS[step.id](this, panel, state);  // a promise where the step runs the model again
     paint(panel);
     const parts = [
       element("p", { class: "inside-message", role: "status", text: this.notes.join("; ") }),
@@ -119,9 +120,31 @@ export class InsideView {
     ];
     this.root.replaceChildren(...parts.filter((part) => part !== null));
     this.notes = [];
-    this.root.dataset.state = "done";
     this.root.dataset.milliseconds = (performance.now() - started).toFixed(1);
     this.options.onChange?.(this.state);
+    if (!(drawn instanceof Promise)) {
+      this.root.dataset.state = "done";
+      return;
+    }
+    this.root.dataset.state = "running";
+    drawn.then(() => {
+      if (this.state !== state) return;  // the reader has moved on: that view is drawn already
+      paint(panel);
+      this.root.dataset.state = "done";
+    });
+  }
+
+  // What each head does, on the window shown (gptlite.heads' scores; inside_data.js's headScores), the clean model's:
+  // a promise, made once a window.
+  headReport() {
+    const ids = Array.from(this.trace.ids, Number);
+    const key = `${this.trace.window_start}:${ids.join(".")}`;
+    if (this.report?.key !== key) {
+      const report = { key, result: null };
+      report.promise = this.options.scoreHeads(ids).then((result) => (report.result = result));
+      this.report = report;
+    }
+    return this.report;
   }
 
   // The steps as tabs, the arrow keys moving among them.
@@ -309,6 +332,7 @@ export class InsideView {
       rows: attentionRows(this.trace, layer, head, token).map((row) => ({ ...row, token: this.options.piece(row.id) })),
       matrix: attentionMatrix(this.trace, layer, head),
       ablated: this.ablated.map(([l, h]) => [l, h]),
+      heads: this.report?.result ?? null,
       link: this.options.link?.() ?? null,
     };
   }

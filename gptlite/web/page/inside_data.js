@@ -160,3 +160,85 @@ export function linkedIds(text, vocabSize) {
   }
   return { ids };
 }
+
+// --- what each head does (gptlite.heads, inside/heads.py)
+
+// Where each head looks, as TransformerLens's head detector scores it: of all of a head's attention over the text,
+// the share on the token before (`previous_token`), on the first token, on the token itself, each [layer][head].
+export function patternScores(trace) {
+  const score = (weights, on) => {
+    const [heads, count] = weights.dims;
+    return Array.from({ length: heads }, (_, head) => {
+      let total = 0;
+      let chosen = 0;
+      for (let t = 0; t < count; t++) {
+        const row = at(weights, head, t);
+        for (let s = 0; s <= t; s++) {
+          total += row[s];
+          if (on(t, s)) chosen += row[s];
+        }
+      }
+      return chosen / total;
+    });
+  };
+  const each = (on) => trace.layers.map((layer) => score(layer.attention, on));
+  return {
+    previous_token: each((t, s) => s === t - 1),
+    first_token: each((t, s) => s === 0),
+    current_token: each((t, s) => s === t),
+  };
+}
+
+// How much of each head's attention over the probe (random tokens repeated) falls on the token just after an
+// earlier one of the same token as the query's: the induction score, [layer][head].
+export function inductionScores(trace) {
+  const ids = Array.from(trace.ids, Number);
+  const after = (t, s) => s >= 1 && s - 1 < t && ids[s - 1] === ids[t];
+  return trace.layers.map((layer) => {
+    const [heads, count] = layer.attention.dims;
+    return Array.from({ length: heads }, (_, head) => {
+      let total = 0;
+      let chosen = 0;
+      for (let t = 0; t < count; t++) {
+        const row = at(layer.attention, head, t);
+        for (let s = 0; s <= t; s++) {
+          total += row[s];
+          if (after(t, s)) chosen += row[s];
+        }
+      }
+      return chosen / total;
+    });
+  });
+}
+
+// The text's next-token loss in nats a token (the mean over its positions but the last), from a trace's logits.
+export function textLoss(trace) {
+  const ids = Array.from(trace.ids, Number);
+  let total = 0;
+  for (let t = 0; t < ids.length - 1; t++) {
+    const logits = at(trace.steps.logits, t);
+    let largest = -Infinity;
+    for (const v of logits) largest = Math.max(largest, v);
+    let sum = 0;
+    for (const v of logits) sum += Math.exp(v - largest);
+    total += largest + Math.log(sum) - logits[ids[t + 1]];
+  }
+  return total / (ids.length - 1);
+}
+
+// Every head scored as gptlite.heads scores it, on the text `ids` and the probe's ids `probe`; `run(ids, heads)`, a
+// promise of the trace of `ids` with `heads` ([layer, head] pairs) knocked out. {previous_token, first_token,
+// current_token, induction, ablation (the loss with the head knocked out, less `loss`), loss}, each [layer][head].
+export async function headScores(ids, probe, run) {
+  const trace = await run(ids, []);
+  const { n_layer: layers, n_head: heads } = trace.shape;
+  const loss = textLoss(trace);
+  const induction = inductionScores(await run(probe, []));
+  const ablation = [];
+  for (let layer = 0; layer < layers; layer++) {
+    const row = [];
+    for (let head = 0; head < heads; head++) row.push(textLoss(await run(ids, [[layer, head]])) - loss);
+    ablation.push(row);
+  }
+  return { ...patternScores(trace), induction, ablation, loss };
+}

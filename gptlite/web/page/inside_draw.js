@@ -53,21 +53,27 @@ export function paint(panel) {
   panel.querySelector("h3").after(legend);
 }
 
-// Tokens with a value each, as chips with a bar as long as the value's size (red above 0, blue below): scores,
-// weights, probabilities.
+// Tokens with a value each, as chips with a bar as long as the value's size (red above 0, blue below) and, where a
+// row has a `ghost` value, a grey bar of it behind: scores, weights, probabilities. `options.scale`: the value of a
+// full bar (else the largest).
 export function chips(rows, options = {}) {
   const list = element("div", { class: "chips" });
-  let largest = 0;
-  for (const row of rows) if (Number.isFinite(row.value)) largest = Math.max(largest, Math.abs(row.value));
+  let largest = options.scale ?? 0;
+  if (!options.scale) {
+    for (const row of rows) if (Number.isFinite(row.value)) largest = Math.max(largest, Math.abs(row.value));
+  }
+  const percent = (value) => `${((largest > 0 ? Math.min(Math.abs(value) / largest, 1) : 0) * 100).toFixed(1)}%`;
   for (const row of rows) {
-    const share = options.bars && largest > 0 && Number.isFinite(row.value) ? Math.abs(row.value) / largest : 0;
+    const share = options.bars && Number.isFinite(row.value) ? percent(row.value) : "0%";
     const bar = row.value < 0 ? "rgba(47,111,214,.35)" : "rgba(214,69,43,.35)";
+    const ghost = row.ghost === undefined ? "" : `, linear-gradient(90deg, rgba(0,0,0,.3) ${percent(row.ghost)}, ` +
+      "transparent 0) bottom / 100% 35% no-repeat";
     list.append(
       element(
         "span",
         {
           class: `chip${row.masked ? " masked" : ""}${row.chosen ? " chosen" : ""}`,
-          style: `background:linear-gradient(90deg, ${bar} ${(share * 100).toFixed(1)}%, transparent 0)`,
+          style: `background:linear-gradient(90deg, ${bar} ${share}, transparent 0)${ghost}`,
           title: row.title ?? "",
         },
         element("b", { text: row.label }),

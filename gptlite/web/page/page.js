@@ -6,7 +6,7 @@
 import { chatText, Explainer, promptIds, settingOf, TargetWriter, Writer } from "./gptlite.js";
 import { makeTokenizer } from "./tokenizers.js";
 import { InsideView } from "./inside.js";
-import { ablatedHeads, headScale, linkedIds, linkQuery, VIEW_FIELDS, writerWindow } from "./inside_data.js";
+import { ablatedHeads, headScale, headScores, linkedIds, linkQuery, VIEW_FIELDS, writerWindow } from "./inside_data.js";
 import { keyBox, requestSettings, tracedOnServer, writtenOnServer } from "./server.js";
 
 const $ = (id) => document.getElementById(id);
@@ -273,8 +273,11 @@ async function explain(promptIdList, writtenIds) {
   try {
     const trace = await retrace(position, asked.ablated);
     if (asked.token !== undefined) asked.token = Number.isInteger(linked) ? linked - trace.window_start : asked.token;
+    // A GPT's heads are scored on the window shown, each knocked out in turn (gptlite.heads' scores).
+    const run = (ids, heads) => explainer.trace(ids, null, { head_scale: headScale(heads, config.shape) });
+    const scoreHeads = config.inside.probe ? (ids) => headScores(ids, config.inside.probe, run) : null;
     show(trace, asked, notes, { piece: (id) => tokenizer.piece(id), promptLength: config.source ? 1 : promptIdList.length,
-      textIds, retrace });
+      textIds, retrace, scoreHeads });
   } catch (failure) {
     inside.dataset.state = "error";
     inside.textContent = `the model could not be traced: ${failure.message}`;

@@ -301,7 +301,52 @@ function drawGraph(view, panel, { token, layer }) {
   );
 }
 
+// The scores of gptlite.heads, a grid a score: where each head looks, its induction, and what knocking it out costs.
+const ROLES = [
+  ["previous_token", "the token before", "share of its attention on the token just before"],
+  ["first_token", "the first token", "share on the text's first token"],
+  ["current_token", "the token itself", "share on the token itself"],
+  ["induction", "induction", "on random tokens repeated, share on the token after the earlier copy of this one"],
+  ["ablation", "knocked out", "the text's loss with the head knocked out, less the model's own (nats a token)"],
+];
+
+function drawHeadRoles(view, panel, { layer, head }) {
+  const { n_layer: layers, n_head: heads } = view.trace.shape;
+  const waiting = paragraph(`Running the model ${2 + layers * heads} times (the text, a probe, and the text with ` +
+    "each head knocked out in turn)...");
+  panel.append(
+    paragraph("What each head does, in numbers, on this text (the clean model's, as gptlite.heads gives them): " +
+      "where it looks, how much it acts as an induction head (it finds an earlier copy of the token and looks at " +
+      "the token after it), and how much the text's loss grows without it. Choose a head to see its attention."),
+    waiting
+  );
+  return view.headReport().promise.then((report) => {
+    const grids = ROLES.map(([name, title, what]) => {
+      const values = report[name];
+      let largest = 0;
+      for (const row of values) for (const v of row) largest = Math.max(largest, Math.abs(v));
+      const scale = name === "ablation" ? largest : 1;
+      const rows = values.map((row, l) => element("tr", {}, element("th", { scope: "row", text: `layer ${l}` }),
+        ...row.map((v, h) => element("td", {}, element("button", {
+          class: `role${l === layer && h === head ? " chosen" : ""}`, style: `background:${colour(v, scale)}`,
+          "data-role": `${name}.${l}.${h}`, title: `layer ${l}, head ${h}: ${what}`,
+          text: name === "ablation" ? `${v >= 0 ? "+" : ""}${v.toFixed(3)}` : v.toFixed(2),
+          onclick: () => view.go({ layer: l, head: h, step: "softmax" }, '[role=tab][tabindex="0"]'),
+        })))));
+      const top = element("tr", {}, element("th", {}), ...values[0].map((_, h) => element("th", { scope: "col",
+        text: `head ${h}` })));
+      return element("div", { class: "role-grid" }, element("h4", { text: `${capitalised(title)}: ${what}` }),
+        element("div", { class: "table-scroll" }, element("table", {}, element("thead", {}, top),
+          element("tbody", {}, ...rows))));
+    });
+    waiting.replaceWith(paragraph(`The text's loss: ${report.loss.toFixed(4)} nats a token. White is 0, red above ` +
+      "it, blue below; a share of attention is coloured from 0 to 1, the loss's change against the largest change."),
+    ...grids);
+  });
+}
+
 export const ATTENTION_DRAWINGS = {
+  head_roles: drawHeadRoles,
   qkv: drawQkv,
   qk_norm: drawQkNorm,
   rotary: drawRotary,

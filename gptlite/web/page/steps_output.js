@@ -1,7 +1,7 @@
 // The Inside view's last steps: the residual stream, the feed-forward, the final norm, the logits and the
 // probabilities after the sampling settings.
 
-import { settingOf } from "./gptlite.js";
+import { nextTokenProbabilities, settingOf } from "./gptlite.js";
 import { chips, element, normSaid, paragraph, shown, strip } from "./inside_draw.js";
 import { at } from "./inside_data.js";
 
@@ -94,8 +94,28 @@ function drawLogits(view, panel, { token }) {
   }
 }
 
+// The temperature as a slider beside its box: the bars follow as it moves.
+function temperatureSlider(view) {
+  const slider = element("input", { type: "range", min: "0", max: "2", step: "0.05", "aria-label": "temperature slider",
+    value: String(view.live.temperature ?? 1) });
+  slider.oninput = () => {
+    view.live.temperature = Number(slider.value);
+    view.go({}, '[aria-label="temperature slider"]');
+  };
+  return element("label", {}, "temperature ", slider, ` ${view.live.temperature ?? 1}`);
+}
+
+// What the writer used, in a line: its settings and seed.
+function writerSettings(view) {
+  const settings = view.options.settings;
+  if (!settings) return null;
+  const said = view.options.sampling.filter(({ name }) => name in settings)
+    .map(({ name, empty }) => `${name.replace(/_/g, " ")} ${settings[name] ?? empty ?? "none"}`);
+  return paragraph(`The writer used ${said.join(", ")}.`);
+}
+
 function drawProbabilities(view, panel, { token }) {
-  const controls = element("div", { class: "live" });
+  const controls = element("div", { class: "live" }, temperatureSlider(view));
   for (const name of view.declared.live) {
     const declared = view.options.sampling.find((s) => s.name === name);
     const input = element("input", {
@@ -118,6 +138,7 @@ function drawProbabilities(view, panel, { token }) {
     controls.append(element("label", {}, `${name.replace(/_/g, " ")} `, input));
   }
   const { probabilities, drawn, produced } = view.probabilities(token);
+  const plain = nextTokenProbabilities(at(view.trace.steps.logits, token), { temperature: 1 }, null);
   const order = Array.from(probabilities.keys())
     .filter((id) => probabilities[id] > 0)
     .sort((a, b) => probabilities[b] - probabilities[a]);
@@ -128,9 +149,11 @@ function drawProbabilities(view, panel, { token }) {
       "Softmax over the whole vocabulary turns the logits into probabilities; the settings " +
         "reshape them as the writer does (the temperature divides the logits; top-k, top-p and min-p keep the likeliest; " +
         `the repetition penalty lowers tokens already seen). ${order.length} of ${probabilities.length} tokens are kept ` +
-        `(their probabilities sum to ${total.toFixed(6)}).`
+        `(their probabilities sum to ${total.toFixed(6)}). The grey bar behind each is its probability at ` +
+        "temperature 1 with no other setting: the model's own."
     ),
     controls,
+    writerSettings(view),
     chips(
       order
         .slice(0, 20)
@@ -138,8 +161,10 @@ function drawProbabilities(view, panel, { token }) {
           label: shown(view.options.piece(id)),
           text: `${(probabilities[id] * 100).toFixed(2)}%`,
           value: probabilities[id],
+          ghost: plain[id],
+          title: `${(plain[id] * 100).toFixed(2)}% at temperature 1`,
         })),
-      { bars: true }
+      { bars: true, scale: 1 }
     )
   );
   if (drawn !== null) {
