@@ -6,7 +6,8 @@ opens the view at a token of a full window, then a click on each step, each toke
 For each shape: the export's seconds and its files' sizes (model.onnx, inside.onnx, weights.bin); the page's
 seconds from its navigation to ready (as web_page.py reads it) and to the view shown (the inside graph loaded and
 run on the text, the view drawn); then milliseconds from a click to the next frame painted, for each step, for a
-token and for a layer: medians and the largest. Shapes: `laptop`, the default preset's model with its 64-token
+token and for a layer: medians and the largest; and, where the view runs the model again, milliseconds from a click to
+the view drawn again: a head knocked out, put back, every head scored. Shapes: `laptop`, the default preset's model with its 64-token
 window full; `gpt2`, GPT-2 small's (random weights, 64 tokens; speed only).
 """
 
@@ -29,6 +30,19 @@ const target = document.querySelector(selector);
 const started = performance.now();
 target.click();
 requestAnimationFrame(() => setTimeout(() => done(performance.now() - started), 0));
+"""
+
+
+# From a click to the view drawn again after the model has run again (a head knocked out, every head scored): the
+# view says "done" once it is, then it is painted.
+CLICK_TO_DONE = """
+const [selector, done] = [arguments[0], arguments[arguments.length - 1]];
+const inside = document.getElementById("inside");
+const started = performance.now();
+document.querySelector(selector).click();
+const poll = () => inside.dataset.state === "done"
+  ? requestAnimationFrame(() => setTimeout(() => done(performance.now() - started), 0)) : setTimeout(poll, 1);
+setTimeout(poll, 0);
 """
 
 
@@ -56,7 +70,14 @@ def one_round(url, prompt):
         clicks["layer 1"] = driver.execute_async_script(CLICK_TO_PAINT.replace(
             "target.click();", "target.value = '1'; target.dispatchEvent(new Event('change'));"),
             '[aria-label="layer"]')
-        return dict(ready=ready, shown=shown, clicks=clicks, tokens=tokens)
+        runs = {}
+        if "head_roles" in steps:  # the model run again: a head knocked out, then back in; every head scored
+            driver.execute_async_script(CLICK_TO_PAINT, '[data-step="heads"]')
+            runs["knock a head out"] = driver.execute_async_script(CLICK_TO_DONE, '[data-knock-out="1.0"]')
+            runs["put it back"] = driver.execute_async_script(CLICK_TO_DONE, '[data-knock-out="1.0"]')
+            runs["score every head"] = driver.execute_async_script(CLICK_TO_DONE, '[data-step="head_roles"]')
+            del clicks["step head_roles"]  # its first paint says only that the model runs
+        return dict(ready=ready, shown=shown, clicks=clicks, tokens=tokens, runs=runs)
     finally:
         driver.quit()
 
@@ -91,6 +112,9 @@ def main():
                   f"click to its paint: median {statistics.median(clicks):.1f} ms, slowest {slowest[0]:.1f} ms "
                   f"({slowest[1]}), over {len(clicks)} clicks in {args.rounds} rounds; {rounds[0]['tokens']} tokens "
                   f"read")
+            for name in rounds[0]["runs"]:
+                print(f"  {name}: median {statistics.median(r['runs'][name] for r in rounds):.1f} ms, slowest "
+                      f"{max(r['runs'][name] for r in rounds):.1f} ms")
         server.shutdown()
 
 

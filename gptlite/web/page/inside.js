@@ -112,6 +112,7 @@ export class InsideView {
     const parts = [
       element("p", { class: "inside-message", role: "status", text: this.notes.join("; ") }),
       this.editedLine(),
+      this.overview(steps, state),
       this.stepTabs(steps, state),
       this.windowLine(state),
       this.tokenStrip(state),
@@ -145,6 +146,27 @@ export class InsideView {
       this.report = report;
     }
     return this.report;
+  }
+
+  // The model at a glance, where the step shown sits marked: the input, each block's attention and feed-forward,
+  // the output; a part chosen opens its first step (a block's, at that layer).
+  overview(steps, state) {
+    const firstLayerStep = steps.findIndex((step) => step.layer);
+    const partOf = (step, index) => step.layer ? (step.id.startsWith("feed_forward") ? "feed-forward" : "attention")
+      : index < firstLayerStep ? "input" : "output";
+    const chosen = steps.findIndex((step) => step.id === state.step);
+    const here = partOf(steps[chosen], chosen);
+    const part = (name, layer = null) => {
+      const first = steps.find((step, index) => partOf(step, index) === name);
+      const marked = here === name && (layer === null || layer === state.layer);
+      return element("button", { class: `part${marked ? " here" : ""}`, "aria-current": marked ? "step" : "false",
+        "data-part": layer === null ? name : `${layer}.${name}`, text: name,
+        onclick: () => this.go({ step: first.id, ...(layer === null ? {} : { layer }) }, '[aria-current="step"]') });
+    };
+    const blocks = Array.from({ length: this.trace.shape.n_layer }, (_, layer) => element("span", { class: "block" },
+      `block ${layer}: `, part("attention", layer), part("feed-forward", layer)));
+    return element("nav", { class: "overview", "aria-label": "the model" }, part("input"), " → ",
+      ...blocks.flatMap((block) => [block, " → "]), part("output"));
   }
 
   // The steps as tabs, the arrow keys moving among them.

@@ -38,19 +38,28 @@ export function strip(values, label, name = (i) => `${label}[${i}]`) {
   return element("div", { class: "vector" }, element("span", { class: "label", text: label }), cells, numbers);
 }
 
-// Colour every strip of `panel` on one scale, the largest magnitude among them, and say so in a legend.
+// Colour every strip of `panel`: on one scale, the largest magnitude among them, where the step adds or compares its
+// vectors (`shareScale`), else each on its own largest; a legend says which.
 export function paint(panel) {
   const strips = Array.from(panel.querySelectorAll(".strip"));
   if (!strips.length) return;
-  let largest = 0;
-  for (const { values } of strips) for (const v of values) largest = Math.max(largest, Math.abs(v));
-  for (const { values, children } of strips) {
-    Array.from(children).forEach((cell, i) => (cell.style.background = colour(values[i], largest)));
+  const largestOf = (values) => values.reduce((largest, v) => Math.max(largest, Math.abs(v)), 0);
+  const shared = panel.dataset.scale === "shared" ? Math.max(...strips.map(({ values }) => largestOf(values))) : null;
+  for (const cells of strips) {
+    const largest = shared ?? largestOf(cells.values);
+    Array.from(cells.children).forEach((cell, i) => (cell.style.background = colour(cells.values[i], largest)));
+    if (shared === null) cells.previousSibling.append(` (full colour at ±${number(largest)})`);
   }
   const legend = element("p", { class: "legend" },
     element("span", { class: "scale", "aria-hidden": "true" }),
-    ` blue below 0, white at 0, red above; one scale for every vector here, full colour at ±${number(largest)}`);
+    " blue below 0, white at 0, red above; " + (shared === null ? "each vector on its own scale"
+      : `one scale for every vector here, to compare them: full colour at ±${number(shared)}`));
   panel.querySelector("h3").after(legend);
+}
+
+// A step that adds or compares its vectors draws them on one scale.
+export function shareScale(panel) {
+  panel.dataset.scale = "shared";
 }
 
 // Tokens with a value each, as chips with a bar as long as the value's size (red above 0, blue below) and, where a

@@ -2,7 +2,9 @@
 // they come from, the mask, the softmax and every head's matrix, the weighted values, the heads joined (and knocked
 // out), cross-attention and the graph of a layer's attention.
 
-import { capitalised, chips, colour, element, HEAD_COLOURS, number, paragraph, shown, strip } from "./inside_draw.js";
+import {
+  capitalised, chips, colour, element, HEAD_COLOURS, number, paragraph, shareScale, shown, strip,
+} from "./inside_draw.js";
 import { at, attentionMatrix, attentionRows } from "./inside_data.js";
 
 function kvHead(view, head) {
@@ -11,6 +13,7 @@ function kvHead(view, head) {
 }
 
 function drawQkv(view, panel, { token, layer, head }) {
+  shareScale(panel);
   const { shape } = view.trace;
   const steps = view.trace.layers[layer];
   const kv = kvHead(view, head);
@@ -44,6 +47,7 @@ function drawQkv(view, panel, { token, layer, head }) {
 }
 
 function drawQkNorm(view, panel, { token, layer, head }) {
+  shareScale(panel);
   const steps = view.trace.layers[layer];
   const kv = kvHead(view, head);
   panel.append(
@@ -56,6 +60,7 @@ function drawQkNorm(view, panel, { token, layer, head }) {
 }
 
 function drawRotary(view, panel, { token, layer, head }) {
+  shareScale(panel);
   const steps = view.trace.layers[layer];
   const kv = kvHead(view, head);
   const before = steps.query_normed ? "_normed" : "";
@@ -134,7 +139,23 @@ function drawMask(view, panel, { token, layer, head }) {
   );
 }
 
+// Behind a switch: the softmax of q·k without the ÷ √d, which the model does not compute, to show why it divides.
+function unscaled(view, layer, head, token) {
+  const products = Array.from(at(view.trace.layers[layer].products, head, token)).slice(0, token + 1);
+  const largest = Math.max(...products);
+  const exponents = products.map((p) => Math.exp(p - largest));
+  const total = exponents.reduce((sum, e) => sum + e, 0);
+  const part = element("div", { class: "unscaled", hidden: "" },
+    paragraph("Not the model's numbers: the softmax of q·k itself, as if it were not divided by √d. Larger scores " +
+      "make a sharper softmax: the weights crowd onto the largest, and training's gradients through the others fade."),
+    visibleChips(view, exponents.map((e) => e / total), token, { bars: true }));
+  const box = element("input", { type: "checkbox", "aria-label": "without dividing by the square root of d",
+    onchange: () => (part.hidden = !box.checked) });
+  return element("div", {}, element("label", {}, box, " what the weights would be without ÷ √d"), part);
+}
+
 function drawSoftmax(view, panel, { token, layer, head }) {
+  shareScale(panel);
   const weights = at(view.trace.layers[layer].attention, head, token);
   let total = 0;
   for (const w of weights) total += w;
@@ -144,6 +165,7 @@ function drawSoftmax(view, panel, { token, layer, head }) {
         `sums to ${total.toFixed(6)}; the masked tokens get exactly 0.`
     ),
     visibleChips(view, weights, token, { bars: true }),
+    unscaled(view, layer, head, token),
     element("h4", { text: "Every head of this layer, side by side (one strip a head, a cell a token)" })
   );
   const every = view.trace.layers[layer].attention;
@@ -199,6 +221,7 @@ function drawValues(view, panel, { token, layer, head }) {
 }
 
 function drawHeads(view, panel, { token, layer }) {
+  shareScale(panel);
   const steps = view.trace.layers[layer];
   const { n_head: heads } = view.trace.shape;
   panel.append(
@@ -227,6 +250,7 @@ function knockOuts(view, layer) {
 }
 
 function drawCross(view, panel, { token, layer, head }) {
+  shareScale(panel);
   const steps = view.trace.layers[layer];
   const source = Array.from(view.trace.source_ids, Number);
   const weights = at(steps.cross_attention, head, token);

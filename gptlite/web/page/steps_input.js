@@ -1,7 +1,7 @@
 // The Inside view's first steps: the tokens, their vectors, the positions and a block's norm. Each is drawn by a
 // function of the view, the panel it fills and the state shown, named in STEP_DRAWINGS by its id (inside/views.py).
 
-import { chips, element, normSaid, number, paragraph, shown, strip } from "./inside_draw.js";
+import { chips, element, normSaid, number, paragraph, shareScale, shown, strip } from "./inside_draw.js";
 import { at } from "./inside_data.js";
 
 function drawTokens(view, panel, { token }) {
@@ -56,6 +56,7 @@ function drawEmbedding(view, panel, { token }) {
 }
 
 function drawPosition(view, panel, { token }) {
+  shareScale(panel);
   const { steps, shape } = view.trace;
   if (shape.position === "rotary") {
     const angles = at(steps.rotary_angles, token);

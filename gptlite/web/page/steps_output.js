@@ -2,10 +2,11 @@
 // probabilities after the sampling settings.
 
 import { nextTokenProbabilities, settingOf } from "./gptlite.js";
-import { chips, element, normSaid, paragraph, shown, strip } from "./inside_draw.js";
+import { chips, element, normSaid, paragraph, shareScale, shown, strip } from "./inside_draw.js";
 import { at } from "./inside_data.js";
 
 function drawResidual(view, panel, { token, layer }) {
+  shareScale(panel);
   const steps = view.trace.layers[layer];
   const post = view.trace.shape.norm_position === "post";
   panel.append(
@@ -47,6 +48,7 @@ function drawFeedForward(view, panel, { token, layer }) {
 }
 
 function drawFeedForwardResidual(view, panel, { token, layer }) {
+  shareScale(panel);
   const steps = view.trace.layers[layer];
   const post = view.trace.shape.norm_position === "post";
   panel.append(
