@@ -4,7 +4,8 @@ opened in headless Chromium (Debian's, under Selenium) at a link's state, and th
     python docs/inside_pictures.py [--model runs/shakespeare/model.keras] [--text data/tinyshakespeare.txt]
 
 Without --model it trains one first, as `python train.py TEXT --out RUN` does (the default preset), in a
-temporary folder. Writes docs/inside_<step>.png, one for each step of the view.
+temporary folder. Writes docs/inside_<step>.png, one for each step of the view, docs/inside_overview.png (the model
+at a glance) and docs/inside_knocked_out.png (the probabilities with the head photographed knocked out).
 """
 
 import argparse
@@ -21,6 +22,20 @@ DOCS = pathlib.Path(__file__).resolve().parent
 PROMPT = "ROMEO:\nBut soft, what light through yonder window breaks?"
 # The state photographed: the "o" of "soft" (token 12), layer 2, head 1.
 STATE = dict(token=12, layer=2, head=1)
+
+
+def _photographed(driver, inside, name, selector="#inside section.step"):
+    """docs/inside_<name>.png: the element `selector` once the view is drawn (a step that runs the model again, once
+    it has run)."""
+    _drawn(inside)
+    driver.find_element("css selector", selector).screenshot(str(DOCS / f"inside_{name}.png"))
+    print(f"wrote docs/inside_{name}.png")
+
+
+def _drawn(inside):
+    deadline = time.monotonic() + 300
+    while inside.get_attribute("data-state") != "done" and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -69,11 +84,17 @@ def photograph(url):
         while inside.get_attribute("data-state") != "done" and time.monotonic() < deadline:
             time.sleep(0.05)
         steps = [button.get_attribute("data-step") for button in driver.find_elements("css selector", "[role=tab]")]
+        shot = functools.partial(_photographed, driver, inside)
+        shot("overview", "#inside nav.overview")
         for step in steps:
             driver.find_element("css selector", f'[data-step="{step}"]').click()
-            panel = driver.find_element("css selector", "#inside section.step")
-            panel.screenshot(str(DOCS / f"inside_{step}.png"))
-            print(f"wrote docs/inside_{step}.png")
+            shot(step)
+        # A head knocked out: its switch in the heads' step, then the probabilities of the edited model.
+        driver.find_element("css selector", '[data-step="heads"]').click()
+        driver.find_element("css selector", f'[data-knock-out="{STATE["layer"]}.{STATE["head"]}"]').click()
+        _drawn(inside)
+        driver.find_element("css selector", '[data-step="probabilities"]').click()
+        shot("knocked_out")
     finally:
         driver.quit()
 

@@ -109,9 +109,10 @@ export class InsideView {
     );
     const drawn = STEP_DRAWINGS[step.id](this, panel, state);  // a promise where the step runs the model again
     paint(panel);
+    const edited = this.editedLine();
+    if (edited) panel.querySelector("h3").after(edited);
     const parts = [
       element("p", { class: "inside-message", role: "status", text: this.notes.join("; ") }),
-      this.editedLine(),
       this.overview(steps, state),
       this.stepTabs(steps, state),
       this.windowLine(state),
@@ -236,7 +237,8 @@ export class InsideView {
   // A line saying which heads are knocked out, or null.
   editedLine() {
     if (!this.ablated.length) return null;
-    return element("p", { class: "edited", role: "note", text: `Edited model: heads ${ablatedText(this.ablated)} ` +
+    return element("p", { class: "edited", role: "note", text: `Edited model: ` +
+      `head${this.ablated.length > 1 ? "s" : ""} ${ablatedText(this.ablated)} ` +
       "(layer.head) knocked out; every number below is the edited model's." });
   }
 

@@ -334,6 +334,9 @@ const ROLES = [
   ["ablation", "knocked out", "the text's loss with the head knocked out, less the model's own (nats a token)"],
 ];
 
+// A change with its sign, "-0.000" never (a change too small to show is 0.000).
+const signed = (value) => (Math.abs(value) < 5e-4 ? "0.000" : `${value > 0 ? "+" : ""}${value.toFixed(3)}`);
+
 function drawHeadRoles(view, panel, { layer, head }) {
   const { n_layer: layers, n_head: heads } = view.trace.shape;
   const waiting = paragraph(`Running the model ${2 + layers * heads} times (the text, a probe, and the text with ` +
@@ -354,7 +357,7 @@ function drawHeadRoles(view, panel, { layer, head }) {
         ...row.map((v, h) => element("td", {}, element("button", {
           class: `role${l === layer && h === head ? " chosen" : ""}`, style: `background:${colour(v, scale)}`,
           "data-role": `${name}.${l}.${h}`, title: `layer ${l}, head ${h}: ${what}`,
-          text: name === "ablation" ? `${v >= 0 ? "+" : ""}${v.toFixed(3)}` : v.toFixed(2),
+          text: name === "ablation" ? signed(v) : v.toFixed(2),
           onclick: () => view.go({ layer: l, head: h, step: "softmax" }, '[role=tab][tabindex="0"]'),
         })))));
       const top = element("tr", {}, element("th", {}), ...values[0].map((_, h) => element("th", { scope: "col",

@@ -107,10 +107,11 @@ function temperatureSlider(view) {
   return element("label", {}, "temperature ", slider, ` ${view.live.temperature ?? 1}`);
 }
 
-// What the writer used, in a line: its settings and seed.
+// What the writer used, in a line: its settings and seed (where the text has tokens it wrote).
 function writerSettings(view) {
   const settings = view.options.settings;
-  if (!settings) return null;
+  const written = view.textIds().length > (view.options.promptLength ?? Infinity);
+  if (!settings || !written) return null;
   const said = view.options.sampling.filter(({ name }) => name in settings)
     .map(({ name, empty }) => `${name.replace(/_/g, " ")} ${settings[name] ?? empty ?? "none"}`);
   return paragraph(`The writer used ${said.join(", ")}.`);
