@@ -107,11 +107,11 @@ function temperatureSlider(view) {
   return element("label", {}, "temperature ", slider, ` ${view.live.temperature ?? 1}`);
 }
 
-// What the writer used, in a line: its settings and seed (where the text has tokens it wrote).
+// What the writer used, in a line: its settings and seed (where the text has tokens it wrote; else nothing).
 function writerSettings(view) {
   const settings = view.options.settings;
   const written = view.textIds().length > (view.options.promptLength ?? Infinity);
-  if (!settings || !written) return null;
+  if (!settings || !written) return "";
   const said = view.options.sampling.filter(({ name }) => name in settings)
     .map(({ name, empty }) => `${name.replace(/_/g, " ")} ${settings[name] ?? empty ?? "none"}`);
   return paragraph(`The writer used ${said.join(", ")}.`);
