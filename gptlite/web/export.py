@@ -7,9 +7,9 @@ trace, the inside graph's or Python's (`gptlite.trace`).
     gptlite export --model runs/mine/model.keras --format web --out site/
     python -m http.server -d site     # or any static host: no code runs on the server
 
-The folder holds index.html, page.js, tokenizers.js, gptlite.js, the Inside view's scripts and inside.css, model.onnx,
-inside.onnx and the weights both read (weights.bin), tokenizer.json, config.json, ONNX Runtime Web's files (ort/, its licence beside
-them) and a README. Nothing is fetched from elsewhere at run time.
+The folder holds index.html, page.js, page_models.js, tokenizers.js, gptlite.js, the Inside view's scripts and
+inside.css, model.onnx, inside.onnx and the weights both read (weights.bin), tokenizer.json, config.json, ONNX
+Runtime Web's files (ort/, its licence beside them) and a README. Nothing is fetched from elsewhere at run time.
 """
 
 import dataclasses
@@ -28,7 +28,7 @@ from gptlite.web import onnx_graph, tokenizer_form
 
 OUTTYPES = onnx_graph.OUTTYPES
 DEFAULT_OUTTYPE = "f32"
-PAGE_FILES = ("index.html", "page.js", "tokenizers.js", *VIEW_SCRIPTS, "inside.css", "server.js")
+PAGE_FILES = ("index.html", "page.js", "page_models.js", "tokenizers.js", *VIEW_SCRIPTS, "inside.css", "server.js")
 # ONNX Runtime Web 1.30.0 (npm onnxruntime-web), its WebAssembly build with SIMD: the files the page loads.
 RUNTIME_FILES = ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm", "LICENSE")
 # The weights both graphs read, each array once: a graph's own file holds where they lie in it (ONNX's external
@@ -211,9 +211,9 @@ and one can open the Inside view at a token, a layer, a head and a step:
 
     http://localhost:8000/?prompt=ROMEO%3A&token=3&layer=1&head=0&step=softmax
 
-Files: index.html, page.js, tokenizers.js, gptlite.js, inside*.js, steps_*.js and inside.css (the page, the
-tokenizer, the sampler, the decoding loop and the Inside view), model.onnx (the model's decoding step), inside.onnx
-(its every step over a text, for the Inside view), weights.bin (the weights both graphs read), tokenizer.json, config.json, and ort/
-(ONNX Runtime Web 1.30.0's WebAssembly build, MIT licence in ort/LICENSE). Written by gptlite's
-`gptlite export --format web`.
+Files: index.html, page.js, page_models.js, tokenizers.js, gptlite.js, inside*.js, steps_*.js and inside.css (the
+page, the tokenizer, the sampler, the decoding loop and the Inside view), model.onnx (the model's decoding step),
+inside.onnx (its every step over a text, for the Inside view), weights.bin (the weights both graphs read),
+tokenizer.json, config.json, and ort/ (ONNX Runtime Web 1.30.0's WebAssembly build, MIT licence in ort/LICENSE).
+Written by gptlite's `gptlite export --format web`.
 """

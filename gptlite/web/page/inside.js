@@ -129,7 +129,7 @@ export class InsideView {
       return;
     }
     this.root.dataset.state = "running";
-    drawn.then(() => {
+    drawn.catch((failure) => panel.append(paragraph(`the model could not run: ${failure.message}`))).then(() => {
       if (this.state !== state) return;  // the reader has moved on: that view is drawn already
       paint(panel);
       this.root.dataset.state = "done";

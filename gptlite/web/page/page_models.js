@@ -1,0 +1,181 @@
+// The two models a page writes with, behind one interface: the model in this page (ModelHere, run by ONNX Runtime
+// Web) and the model `gptlite serve` runs (ModelOnServer, through its API). page.js asks either the same things:
+//   load()                                   the model made ready to write
+//   asked(prompt, conversation, system)     what one writing reads, checked: {…} or {error}
+//   write(asked, settings, stopping)         its text as it comes: {text, id?, cut?} (`cut`: the last characters
+//                                            written are not the answer's: the end of a chat's turn, as text)
+//   readAgain(text)                          the ids the tokenizer reads a text as (null on the server)
+//   linked(prompt, written, idsText)         a link's writing: {asked, writtenIds} or {error}
+//   inside(asked, writing)                   what the Inside view traces of a writing ({answer, ids?, conversation};
+//                                            null: the prompt alone): {retrace(position, ablated), textIds?,
+//                                            given(trace): the view's options for that trace}
+import { chatText, Explainer, promptIds, TargetWriter, Writer } from "./gptlite.js";
+import { headScale, headScores, linkedIds, writerWindow } from "./inside_data.js";
+import { keyBox, requestSettings, tracedOnServer, writtenOnServer } from "./server.js";
+import { makeTokenizer } from "./tokenizers.js";
+
+// How the graphs are opened: errors only (onnxruntime-web writes its warnings to the console, and a warning a step
+// costs time), their weights read from the one file both name.
+const SESSION = { executionProviders: ["wasm"], logSeverityLevel: 3,
+  externalData: [{ path: "weights.bin", data: "weights.bin" }] };
+
+export class ModelHere {
+  constructor(config) {
+    this.config = config;
+    this.runsHere = true;
+  }
+
+  // Its tokenizer and graphs. A Seq2Seq's page (config.source) writes its targets with the inside graph itself,
+  // which then explains them too; a GPT's opens the inside graph the first time it is asked to explain.
+  async load() {
+    this.tokenizer = makeTokenizer(await (await fetch("tokenizer.json")).json());
+    ort.env.wasm.wasmPaths = new URL("ort/", document.baseURI).href;
+    // Threads need a cross-origin isolated page, which a plain static host does not give: one thread then.
+    ort.env.wasm.numThreads = self.crossOriginIsolated ? Math.min(4, navigator.hardwareConcurrency || 1) : 1;
+    const config = this.config;
+    const session = await ort.InferenceSession.create(config.source ? "inside.onnx" : "model.onnx", SESSION);
+    this.writer = config.source ? new TargetWriter(ort, session, config) : new Writer(ort, session, config);
+    if (config.source) this.explainer = new Explainer(ort, session, config);
+  }
+
+  // The model warmed while the page waits (Writer.warm), until `asked()` says a writing wants it.
+  warm(seconds, breathe, asked) {
+    return this.writer.warm(seconds, breathe, asked);
+  }
+
+  // The ids the model reads of what the reader wrote: a prompt, a conversation, or a Seq2Seq's source (1 to
+  // block_size tokens, read whole).
+  asked(prompt, conversation) {
+    const { config, tokenizer } = this;
+    const unknown = tokenizer.unknownCharacters(prompt);
+    const what = config.source ? "source" : "prompt";
+    if (unknown.length) {
+      return { error: `the ${what} has characters the model never saw in training: ${JSON.stringify(unknown.join(""))}` };
+    }
+    if (config.source) {
+      const ids = tokenizer.encode(prompt);
+      if (ids.length < 1 || ids.length > config.block_size) {
+        return { error: `the source must be 1 to ${config.block_size} tokens long; it is ${ids.length}` };
+      }
+      return { ids, prompt };
+    }
+    if (!config.chat) return { ids: promptIds(tokenizer, config, prompt), prompt };
+    const messages = [...conversation, { role: "user", content: prompt }];
+    return { ids: [...config.chat.start_ids, ...tokenizer.encode(chatText(config.chat, messages))], prompt };
+  }
+
+  async* write(asked, settings, stopping) {
+    const decoder = this.tokenizer.decoder();
+    const stopText = this.config.chat?.stop_text;
+    let answer = "";
+    for await (const step of this.writer.write(asked.ids, settings, stopping)) {
+      const text = decoder.add(step.token);
+      answer += text;
+      const stop = stopText ? answer.indexOf(stopText) : -1;
+      if (stop >= 0) {  // the end of the turn, written as text: the answer ends before it, that token not its own
+        yield { text, cut: answer.length - stop };
+        return;
+      }
+      yield { text, id: step.token };
+    }
+    yield { text: decoder.finish() };
+  }
+
+  readAgain(text) {
+    return this.tokenizer.encode(text);
+  }
+
+  // A link's writing: its prompt read as a writing reads it, and the ids written, the link's own (`ids`) where it
+  // gives them, else its text read again.
+  linked(prompt, written, idsText) {
+    const asked = this.asked(prompt, []);
+    if (asked.error) return asked;
+    const { ids, error } = linkedIds(idsText, this.config.vocab_size);
+    if (ids) return { asked, writtenIds: ids, note: error };
+    const unknown = this.tokenizer.unknownCharacters(written);
+    if (unknown.length) return { error: `the link's text has characters the model never saw: ${JSON.stringify(unknown.join(""))}` };
+    return { asked, writtenIds: this.tokenizer.encode(written), note: error };
+  }
+
+  // The text's trace in the window the writer read for `position`, the heads `ablated` knocked out, by the inside
+  // graph (loaded the first time); a GPT's heads scored as gptlite.heads scores them.
+  inside(asked, writing) {
+    const config = this.config;
+    const writtenIds = writing?.ids ?? [];
+    // A Seq2Seq's decoder reads its start token and the target; its encoder, the source.
+    const textIds = config.source ? [config.start_id, ...writtenIds] : [...asked.ids, ...writtenIds];
+    const sourceIds = config.source ? asked.ids : null;
+    const run = async (ids, heads, source = null) => {
+      this.explainer ??= new Explainer(ort, await ort.InferenceSession.create("inside.onnx", SESSION), config);
+      return this.explainer.trace(ids, source, { head_scale: headScale(heads, config.shape) });
+    };
+    const retrace = (position, ablated) =>
+      run(textIds.slice(0, writerWindow(position, textIds.length, config.block_size).end), ablated, sourceIds);
+    return {
+      textIds,
+      retrace,
+      given: () => ({ piece: (id) => this.tokenizer.piece(id), promptLength: config.source ? 1 : asked.ids.length,
+        textIds, retrace, scoreHeads: config.inside.probe ? (ids) => headScores(ids, config.inside.probe, run) : null }),
+    };
+  }
+}
+
+export class ModelOnServer {
+  constructor(config) {
+    this.config = config;
+    this.runsHere = false;
+    this.headers = keyBox(document.getElementById("api_key"), this.label());
+  }
+
+  label() {
+    return document.getElementById("key_label");
+  }
+
+  async load() {}
+
+  warm() {
+    return null;
+  }
+
+  // The request one writing makes: a prompt (a Seq2Seq's source) or the conversation, a system message first
+  // where there is one (the server renders it before the turns).
+  asked(prompt, conversation, system) {
+    const opening = system ? [{ role: "system", content: system }] : [];
+    return { prompt, opening, body: this.config.chat ? { messages: [...opening, ...conversation,
+      { role: "user", content: prompt }] } : { prompt } };
+  }
+
+  async* write(asked, settings) {
+    this.controller = new AbortController();
+    const body = { ...asked.body, ...requestSettings(this.config, settings) };
+    for await (const text of writtenOnServer(body, this.headers, this.label(), this.controller.signal)) {
+      yield { text };
+    }
+  }
+
+  stop() {
+    this.controller?.abort();
+  }
+
+  readAgain() {
+    return null;
+  }
+
+  linked(prompt) {
+    return { asked: { prompt, opening: [] }, writtenIds: null };
+  }
+
+  // The server's trace of the text (its last window; the prompt alone where nothing was written), the heads
+  // `ablated` knocked out ([layer, head] each).
+  inside(asked, writing) {
+    const { config } = this;
+    const body = !writing ? { text: asked.prompt }
+      : config.chat ? { messages: [...asked.opening, ...writing.conversation] }
+        : config.source ? { text: asked.prompt, target: writing.answer } : { text: asked.prompt + writing.answer };
+    const retrace = async (position, ablated) =>
+      (await tracedOnServer({ ...body, ablate: ablated }, this.headers, this.label())).trace;
+    // The server's numbers; its text has no ids of the writer's here to line a draw up with.
+    return { retrace, given: (trace) => ({ piece: (id) => trace.vocabulary[id],
+      promptLength: trace.window_start + trace.ids.length, retrace }) };
+  }
+}
