@@ -464,3 +464,10 @@ def test_the_head_grid_is_gptlite_heads_and_a_head_chosen_there_opens_its_attent
     assert _wait_for(browser, "inside") == "done"
     opened = browser.execute_script("return window.gptliteInside()")
     assert (opened["step"], opened["layer"], opened["head"]) == ("softmax", 1, 2)
+    # A row of the scores' table lights its token wherever the view shows it.
+    browser.find_element("css selector", '[data-step="scores"]').click()
+    assert _wait_for(browser, "inside") == "done"
+    browser.find_element("css selector", 'table.rows tr[data-position="2"]').click()
+    lit = browser.execute_script("return Array.from(document.querySelectorAll('#inside .lit'), "
+                                 "e => e.dataset.token ?? e.dataset.position)")
+    assert set(lit) == {"2"} and len(lit) >= 4  # the token, its two chips, its row

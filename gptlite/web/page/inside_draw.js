@@ -82,6 +82,7 @@ export function chips(rows, options = {}) {
         "span",
         {
           class: `chip${row.masked ? " masked" : ""}${row.chosen ? " chosen" : ""}`,
+          ...(row.position === undefined ? {} : { "data-position": String(row.position) }),
           style: `background:linear-gradient(90deg, ${bar} ${share}, transparent 0)${ghost}`,
           title: row.title ?? "",
         },

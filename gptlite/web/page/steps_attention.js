@@ -83,6 +83,7 @@ function visibleChips(view, values, token, options = {}) {
       value,
       masked: s > token,
       text: s > token ? (options.maskedText ?? number(value)) : undefined,
+      position: view.position(s),
     })),
     { bars: options.bars }
   );
@@ -110,6 +111,14 @@ function drawScores(view, panel, { token, layer, head }) {
   );
 }
 
+// Light the token at `position` wherever the view shows it (the tokens, the chips, the table's row); the others out.
+function light(root, position) {
+  for (const lit of root.querySelectorAll(".lit")) lit.classList.remove("lit");
+  for (const found of root.querySelectorAll(`[data-token="${position}"], [data-position="${position}"]`)) {
+    found.classList.add("lit");
+  }
+}
+
 // One row per visible token through this head: q·k = |q| |k| cos θ, ÷ √d, the softmax's e^(x − max) and weight,
 // and the length of weight × value, what the token gives the output.
 function rowsTable(view, layer, head, token) {
@@ -121,8 +130,11 @@ function rowsTable(view, layer, head, token) {
   for (const row of attentionRows(view.trace, layer, head, token)) {
     const cells = [row.product, row.query_length, row.key_length, row.cosine, row.scaled, row.exponent, row.weight,
       row.contribution].map((value) => element("td", { text: number(value) }));
-    body.append(element("tr", {}, element("th", { scope: "row",
-      text: `${view.position(row.position)} ${shown(view.options.piece(row.id))}` }), ...cells));
+    const position = view.position(row.position);
+    const lit = () => light(view.root, position);
+    body.append(element("tr", { "data-position": String(position), tabindex: "0", onmouseenter: lit, onfocus: lit,
+      onclick: lit }, element("th", { scope: "row", text: `${position} ${shown(view.options.piece(row.id))}` }),
+    ...cells));
   }
   table.append(body);
   return element("div", { class: "table-scroll" }, table);
