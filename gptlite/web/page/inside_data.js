@@ -163,16 +163,16 @@ export function linkedIds(text, vocabSize) {
 
 // --- what each head does (gptlite.heads, inside/heads.py)
 
-// Where each head looks, as TransformerLens's head detector scores it: of all of a head's attention over the text,
-// the share on the token before (`previous_token`), on the first token, on the token itself, each [layer][head].
-export function patternScores(trace) {
-  const score = (weights, on) => {
-    const [heads, count] = weights.dims;
+// Of all of each head's attention in a trace, the share where a pattern `on(t, s)` says (query t, key s), as
+// TransformerLens's head detector scores it: [layer][head].
+function shares(trace, on) {
+  return trace.layers.map(({ attention }) => {
+    const [heads, count] = attention.dims;
     return Array.from({ length: heads }, (_, head) => {
       let total = 0;
       let chosen = 0;
       for (let t = 0; t < count; t++) {
-        const row = at(weights, head, t);
+        const row = at(attention, head, t);
         for (let s = 0; s <= t; s++) {
           total += row[s];
           if (on(t, s)) chosen += row[s];
@@ -180,35 +180,23 @@ export function patternScores(trace) {
       }
       return chosen / total;
     });
-  };
-  const each = (on) => trace.layers.map((layer) => score(layer.attention, on));
+  });
+}
+
+// Where each head looks over the text: its share on the token before, on the first token, on the token itself.
+export function patternScores(trace) {
   return {
-    previous_token: each((t, s) => s === t - 1),
-    first_token: each((t, s) => s === 0),
-    current_token: each((t, s) => s === t),
+    previous_token: shares(trace, (t, s) => s === t - 1),
+    first_token: shares(trace, (t, s) => s === 0),
+    current_token: shares(trace, (t, s) => s === t),
   };
 }
 
-// How much of each head's attention over the probe (random tokens repeated) falls on the token just after an
-// earlier one of the same token as the query's: the induction score, [layer][head].
+// Each head's share, over the probe (random tokens repeated), on the token just after an earlier one of the same
+// token as the query's: the induction score.
 export function inductionScores(trace) {
   const ids = Array.from(trace.ids, Number);
-  const after = (t, s) => s >= 1 && s - 1 < t && ids[s - 1] === ids[t];
-  return trace.layers.map((layer) => {
-    const [heads, count] = layer.attention.dims;
-    return Array.from({ length: heads }, (_, head) => {
-      let total = 0;
-      let chosen = 0;
-      for (let t = 0; t < count; t++) {
-        const row = at(layer.attention, head, t);
-        for (let s = 0; s <= t; s++) {
-          total += row[s];
-          if (after(t, s)) chosen += row[s];
-        }
-      }
-      return chosen / total;
-    });
-  });
+  return shares(trace, (t, s) => s >= 1 && s - 1 < t && ids[s - 1] === ids[t]);
 }
 
 // The text's next-token loss in nats a token (the mean over its positions but the last), from a trace's logits.
