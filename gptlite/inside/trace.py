@@ -35,7 +35,10 @@ TABLE_STEPS = ("position_table", "rotary_angles")
 NEIGHBOUR_STEPS = ("neighbours_cosine", "neighbours_cosine_ids", "neighbours_dot", "neighbours_dot_ids")
 # The steps outside the blocks and each block's, as a trace names them (the page's graph names them so too).
 STEPS = (*MODEL_STEPS[:4], *TABLE_STEPS, *MODEL_STEPS[4:], *NEIGHBOUR_STEPS)
-LAYER_STEPS = BLOCK_STEPS
+# Each block's attention weights, as `Attention.head_weights` slices them by head (cross-attention's as `cross_...`):
+# what the Inside view shows its queries, keys and values made with.
+WEIGHT_STEPS = ("query_weight", "key_weight", "value_weight", "query_bias", "key_bias", "value_bias")
+LAYER_STEPS = (*BLOCK_STEPS, *WEIGHT_STEPS, *(f"cross_{step}" for step in WEIGHT_STEPS))
 # Steps computed only where asked for, not kept in a trace: each head's share of the output projection, which
 # `Trace.attribution` reads by running the pass again.
 _ASKED_ONLY = ("head_outputs", "cross_head_outputs")
@@ -53,8 +56,9 @@ class Trace:
     longer than the context is read as its last block_size tokens, as `attention_maps` reads it); `shape`: the
     model's settings the steps depend on (GPTConfig's fields, with kv_heads and head_size). `steps`: the
     steps before and after the blocks, by name (`STEPS`); `layers`: one dict a block, its steps by name
-    (`LAYER_STEPS`); a block a trace was not asked to keep (`layers`) is an empty dict. A step a model has not
-    (QK-norm, a rotation, a position table) is absent. `ablated`: the heads knocked out, as (layer, head, part)
+    (`LAYER_STEPS`: its steps, and its attention's weights by head, `WEIGHT_STEPS`); a block a trace was not asked
+    to keep (`layers`) is an empty dict. A step a model has not (QK-norm, a rotation, a position table, biases) is
+    absent. `ablated`: the heads knocked out, as (layer, head, part)
     with `ablation` "zero" or "mean" (see `gptlite.inside.edits`); every step is the edited model's. A Seq2Seq's
     (`trace_target`) reads a source too: `source_ids`, `source_tokens`, the encoder's blocks in `encoder_layers`
     (their attention sees the whole source), the source's vectors in steps `source_embedding` and `encoded`; the
@@ -188,6 +192,7 @@ def _traced(model, inputs, ids, window_start, ablate, ablation, layers, source_i
     _check_size(config, len(ids), 0 if source_ids is None else len(source_ids), kept_layers)
     kept = editing.run(model, inputs, _keeping(kept_layers), edits)
     steps, found = _by_block(kept, config.n_layer)
+    _add_weights(model, found, kept_layers)
     steps.update(_tables(model, len(ids)))
     steps.update(_neighbours(model, steps["token_embedding"]))
     source = {} if source_ids is None else dict(source_ids=source_ids, source_tokens=tokenizer.pieces(source_ids),
@@ -224,6 +229,17 @@ def _by_block(kept, n_layer):
     return steps, found
 
 
+def _add_weights(model, found, layers):
+    """Put each kept block's attention weights by head (`WEIGHT_STEPS`) among its steps."""
+    stacks = {"layer": model.blocks, "encoder_layer": getattr(model, "encoder_blocks", [])}
+    for stack, index in layers:
+        block = stacks[stack][index]
+        found[stack][index].update(block.attention.head_weights())
+        if getattr(block, "has_cross_attention", False):
+            found[stack][index].update({f"cross_{name}": value
+                                        for name, value in block.cross_attention.head_weights().items()})
+
+
 def _check_size(config, length, source_length, layers):
     """Refuse a trace that would keep more than MOST_TRACE_NUMBERS numbers (a rough count, from the shape)."""
     heads, width = config.n_head, config.n_embd
@@ -233,7 +249,7 @@ def _check_size(config, length, source_length, layers):
     for stack, _ in layers:
         keys = source_length if stack == "encoder_layer" else length
         queries = keys
-        numbers += queries * (per_token + 3 * heads * keys)
+        numbers += queries * (per_token + 3 * heads * keys) + 3 * width * heads * config.head_size  # and weights
         if stack == "layer" and source_length:  # cross-attention
             numbers += length * (4 * width + 3 * heads * source_length)
     numbers += length * (config.vocab_size + 6 * width)

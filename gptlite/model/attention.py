@@ -13,13 +13,14 @@ import math
 
 import keras
 import ml_dtypes
+import numpy as np
 from keras import ops
 
 from gptlite.backend.runtime import running
 from gptlite.model import positions as position_kinds
 from gptlite.model.config import GPTConfig
 from gptlite.model.hooks import seen
-from gptlite.model.layers import Linear, register
+from gptlite.model.layers import Linear, register, weight_array
 from gptlite.model.norms import RMSNorm
 from gptlite.model.positions import token_positions
 
@@ -194,6 +195,28 @@ class Attention(keras.layers.Layer):
         and "attention_output"."""
         qkv = [self.qkv_projection] if self.causal else [self.query_projection, self.key_value_projection]
         return {"qkv": qkv, "attention_output": [self.output_projection]}
+
+    def head_weights(self):
+        """Each head's slice of the projections that make its query, key and value from the width-C vector, as
+        float32 numpy arrays (LoRA merged): `query_weight` (H, C, D), `key_weight` and `value_weight` (K, C, D),
+        and where the projections have biases `query_bias` (H, D), `key_bias` and `value_bias` (K, D); head h's
+        query of x (C,) is x @ query_weight[h] + query_bias[h]."""
+        heads, kv_heads, size = self.n_head, self.kv_heads, self.head_size
+        if self.causal:
+            parts = [(self.qkv_projection, ("query", "key", "value"), [heads, kv_heads, kv_heads])]
+        else:
+            parts = [(self.query_projection, ("query",), [heads]),
+                     (self.key_value_projection, ("key", "value"), [kv_heads, kv_heads])]
+        found = {}
+        for projection, names, counts in parts:
+            kernel = weight_array(projection, "kernel")  # (C, (counts) D), the heads side by side
+            splits = np.cumsum(counts)[:-1]
+            by_head = np.split(kernel.reshape(kernel.shape[0], -1, size), splits, axis=1)  # each (C, n, D)
+            found.update({f"{name}_weight": part.transpose(1, 0, 2) for name, part in zip(names, by_head)})
+            if projection.bias is not None:
+                bias = weight_array(projection, "bias").reshape(-1, size)
+                found.update({f"{name}_bias": part for name, part in zip(names, np.split(bias, splits))})
+        return found
 
     def call(self, x, context=None, context_mask=None, packed=None, training=None, cache=None, placement=None,
              hooks=None):

@@ -273,6 +273,8 @@ class Graph:
         heads, kv, size = config.n_head, config.kv_heads, config.head_size
         if layer.causal:
             query, key, value = self.projected(layer, named, x)
+            self.keep_head_weights(layer.qkv_projection, f"{named}.attention.qkv", ("query", "key", "value"),
+                                   [heads, kv, kv], keep, step)
         else:
             query = self.node("Transpose", [self.node("Reshape", [
                 self.linear(layer.query_projection, x, f"{named}.{step}query"), self.constant([1, -1, heads, size])])],
@@ -282,6 +284,9 @@ class Graph:
                                               self.constant([1, -1, 2 * kv, size])])  # (1, S, 2K, D)
             key, value = (self.node("Transpose", [part_], perm=[0, 2, 1, 3])
                           for part_ in self.node("Split", [key_value], axis=2, outputs=2, num_outputs=2))
+            self.keep_head_weights(layer.query_projection, f"{named}.{step}query", ("query",), [heads], keep, step)
+            self.keep_head_weights(layer.key_value_projection, f"{named}.{step}key_value", ("key", "value"),
+                                   [kv, kv], keep, step)
         for tensor, name in ((query, "query"), (key, "key"), (value, "value")):
             keep(tensor, step + name)  # (H|K, T, D)
         if config.qk_norm:  # over each head's D numbers, as the layer norms them
@@ -311,6 +316,23 @@ class Graph:
         joined = keep(self.node("Reshape", [self.node("Transpose", [attended], perm=[0, 2, 1, 3]),
                                             self.constant([1, -1, heads * size])]), step + "joined", unbatched=False)
         return self.linear(layer.output_projection, joined, f"{named}.{step}output")
+
+    def keep_head_weights(self, projection, name, parts, counts, keep, step):
+        """In the inside graph, keep the weights of `projection` (written as `name`), the heads of each of `parts`
+        side by side, by head, as `Attention.head_weights` gives them: <step><part>_weight (n, C, D) and, with a
+        bias, <step><part>_bias (n, D), from the graph's own weights (as stored: f16 or int8 widened)."""
+        if not self.inside:
+            return
+        size = self.config.head_size
+        kernel = self.node("Reshape", [self.prefix + f"{name}.kernel", self.constant([0, -1, size])])  # (C, n, D)
+        kernels = self.node("Split", [kernel, self.constant(counts)], axis=1, outputs=len(parts))
+        for part, tensor in zip(parts, kernels if len(parts) > 1 else [kernels]):
+            keep(self.node("Transpose", [tensor], perm=[1, 0, 2]), f"{step}{part}_weight", batched=False)
+        if projection.bias is not None:
+            bias = self.node("Reshape", [self.prefix + f"{name}.bias", self.constant([-1, size])])  # (n, D)
+            biases = self.node("Split", [bias, self.constant(counts)], axis=0, outputs=len(parts))
+            for part, tensor in zip(parts, biases if len(parts) > 1 else [biases]):
+                keep(tensor, f"{step}{part}_bias", batched=False)
 
     def head_scale(self, part, named):
         """Block `named`'s row of `part`'s head-scale input (L, H), shaped (1, H, 1, 1) to scale its heads; the

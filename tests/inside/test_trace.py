@@ -83,6 +83,23 @@ def test_every_step_is_there_with_its_shape_and_softmax_rows_are_distributions(t
         np.testing.assert_allclose(layer["scores"], query @ key.transpose(0, 2, 1) / np.sqrt(size), atol=1e-4)
 
 
+def test_each_heads_weights_make_its_query_key_and_value_from_the_vector_attention_reads(traced):
+    model, trace = traced
+    config = model.config
+    for layer in trace.layers:
+        x = layer.get("attention_normed", layer["input"])  # (T, C): what attention reads, normed or not (post-norm)
+        assert layer["query_weight"].shape == (config.n_head, config.n_embd, config.head_size)
+        assert layer["key_weight"].shape == layer["value_weight"].shape == (config.kv_heads, config.n_embd,
+                                                                            config.head_size)
+        assert ("query_bias" in layer) == config.qkv_has_bias
+        for part in ("query", "key", "value"):
+            made = x @ layer[f"{part}_weight"]  # (H|K, T, D)
+            if config.qkv_has_bias:
+                made = made + layer[f"{part}_bias"][:, None]
+            scale = np.abs(layer[part]).max()
+            assert np.abs(made - layer[part]).max() <= 1e-5 * scale + 1e-6, part
+
+
 def test_the_nearest_tokens_are_by_cosine_and_by_dot_product(traced):
     model, trace = traced
     table = keras.ops.convert_to_numpy(model.embedding.token_embedding.embeddings)

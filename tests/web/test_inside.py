@@ -471,3 +471,18 @@ def test_the_head_grid_is_gptlite_heads_and_a_head_chosen_there_opens_its_attent
     lit = browser.execute_script("return Array.from(document.querySelectorAll('#inside .lit'), "
                                  "e => e.dataset.token ?? e.dataset.position)")
     assert set(lit) == {"2"} and len(lit) >= 4  # the token, its two chips, its row
+    # It stays lit in the other steps: its row of the keys under the query (and of the values) is marked.
+    browser.find_element("css selector", '[data-step="qkv"]').click()
+    assert _wait_for(browser, "inside") == "done"
+    assert browser.execute_script("return document.querySelector('#inside [data-token=\"2\"]').classList"
+                                  ".contains('lit')")
+    marked = browser.execute_script("""
+        const canvas = document.querySelector('#inside canvas[data-marks="rows"]');
+        const read = () => canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+        const lit = read();
+        canvas.mark(-1);
+        const plain = read();
+        const rows = new Set();
+        for (let i = 0; i < lit.length; i++) if (lit[i] !== plain[i]) rows.add(Math.floor(i / 4 / canvas.width));
+        return Array.from(rows);""")
+    assert marked == [2]

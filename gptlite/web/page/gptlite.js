@@ -250,6 +250,9 @@ function insideFeeds(ort, session, config, ids, sourceIds = null, scales = {}) {
   return feeds;
 }
 
+// The inside graph's outputs that hold the model's weights, not a step of its pass over the text.
+const WEIGHT = /\.(cross_)?(query|key|value)_(weight|bias)$/;
+
 export class Explainer {
   // ort: onnxruntime-web's module; session: an InferenceSession of inside.onnx; config: the export's config.json.
   constructor(ort, session, config) {
@@ -266,7 +269,13 @@ export class Explainer {
   // 0 knocking a head out.
   async trace(allIds, sourceIds = null, scales = {}) {
     const ids = allIds.slice(-this.config.block_size);
-    const out = await this.session.run(insideFeeds(this.ort, this.session, this.config, ids, sourceIds, scales));
+    const feeds = insideFeeds(this.ort, this.session, this.config, ids, sourceIds, scales);
+    // The attention weights (<part>_weight, <part>_bias) are the same every run: fetched the first time, then kept.
+    const out = this.weights
+      ? { ...(await this.session.run(feeds, this.session.outputNames.filter((name) => !WEIGHT.test(name)))),
+          ...this.weights }
+      : await this.session.run(feeds);
+    this.weights ??= Object.fromEntries(Object.entries(out).filter(([name]) => WEIGHT.test(name)));
     const steps = {};
     const layers = Array.from({ length: this.config.n_layer }, () => ({}));
     const encoderLayers = Array.from({ length: sourceIds ? this.config.n_layer : 0 }, () => ({}));

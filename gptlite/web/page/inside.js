@@ -6,7 +6,7 @@
 // probabilities after the sampling settings, which it takes from the sampler the page writes with.
 import { nextTokenProbabilities, rowSeed, sampleNext, uniformNoise } from "./gptlite.js";
 import { ablatedText, at, attentionMatrix, attentionRows, writerWindow } from "./inside_data.js";
-import { element, paint, paragraph, shown } from "./inside_draw.js";
+import { element, light, paint, paragraph, shown } from "./inside_draw.js";
 import { INPUT_DRAWINGS } from "./steps_input.js";
 import { ATTENTION_DRAWINGS } from "./steps_attention.js";
 import { OUTPUT_DRAWINGS } from "./steps_output.js";
@@ -121,6 +121,7 @@ export class InsideView {
       panel,
     ];
     this.root.replaceChildren(...parts.filter((part) => part !== null));
+    if (this.lit !== undefined) light(this, this.lit);
     this.notes = [];
     this.root.dataset.milliseconds = (performance.now() - started).toFixed(1);
     this.options.onChange?.(this.state);

@@ -42,9 +42,10 @@ export function strip(values, label, name = (i) => `${label}[${i}]`) {
 // vectors (`shareScale`), else each on its own largest; a legend says which.
 export function paint(panel) {
   const strips = Array.from(panel.querySelectorAll(".strip"));
-  if (!strips.length) return;
+  if (!strips.length && !panel.querySelector(".heatmap")) return;
   const largestOf = (values) => values.reduce((largest, v) => Math.max(largest, Math.abs(v)), 0);
-  const shared = panel.dataset.scale === "shared" ? Math.max(...strips.map(({ values }) => largestOf(values))) : null;
+  const shared = panel.dataset.scale === "shared" && strips.length ?
+    Math.max(...strips.map(({ values }) => largestOf(values))) : null;
   for (const cells of strips) {
     const largest = shared ?? largestOf(cells.values);
     Array.from(cells.children).forEach((cell, i) => (cell.style.background = colour(cells.values[i], largest)));
@@ -52,8 +53,8 @@ export function paint(panel) {
   }
   const legend = element("p", { class: "legend" },
     element("span", { class: "scale", "aria-hidden": "true" }),
-    " blue below 0, white at 0, red above; " + (shared === null ? "each vector on its own scale"
-      : `one scale for every vector here, to compare them: full colour at ±${number(shared)}`));
+    " blue below 0, white at 0, red above; " + (shared === null ? "each vector or matrix on its own scale, " +
+      "stated beside it" : `one scale for every vector here, to compare them: full colour at ±${number(shared)}`));
   panel.querySelector("h3").after(legend);
 }
 
@@ -103,3 +104,64 @@ export function paragraph(text) {
 
 // What the model's norm does, in Python's words.
 export const normSaid = (view) => view.declared.choices.norm;
+
+// A matrix (rows of numbers) as a picture, on one scale (its largest magnitude, or `options.scale`): each cell's
+// value on hover (`name(r, c)` names it) and all under "numbers"; `options.width`/`rowHeight`, its size in CSS
+// pixels (a vector drawn as a column or a row lines up with a matrix of the same size); `options.rowName(r)` names a
+// row among the numbers. Where `options.positions` gives each row's position in the text, the row of the position
+// lit (`light`) is marked; `options.labelled` writes each row's name beside it.
+export function heatmap(rows, label, name, options = {}) {
+  const rowName = options.rowName ?? ((r) => `row ${r}`);
+  const [count, columns] = [rows.length, rows[0].length];
+  let largest = options.scale ?? 0;
+  if (!options.scale) for (const row of rows) for (const v of row) largest = Math.max(largest, Math.abs(v));
+  const canvas = element("canvas", { width: columns, height: count, class: "heatmap", role: "img",
+    "aria-label": `${label}: ${count} × ${columns} numbers`,
+    style: `width:${options.width ?? columns * 6}px;height:${options.height ?? count * (options.rowHeight ?? 6)}px` });
+  const context = canvas.getContext("2d");
+  const paintRows = (marked) => {
+    context.fillStyle = "#fff";
+    context.fillRect(0, 0, columns, count);
+    rows.forEach((row, r) => row.forEach((v, c) => {
+      context.fillStyle = colour(v, largest);
+      context.fillRect(c, r, 1, 1);
+    }));
+    if (marked < 0) return;
+    context.fillStyle = "rgba(181,137,0,.55)";  // the lit row, its colours still showing through
+    context.fillRect(0, marked, columns, 1);
+  };
+  paintRows(-1);
+  canvas.onmousemove = (event) => {
+    const box = canvas.getBoundingClientRect();
+    const r = Math.min(count - 1, Math.floor(((event.clientY - box.top) / box.height) * count));
+    const c = Math.min(columns - 1, Math.floor(((event.clientX - box.left) / box.width) * columns));
+    canvas.title = `${name(r, c)} = ${number(rows[r][c])}`;
+  };
+  if (options.positions) {
+    canvas.dataset.marks = "rows";
+    canvas.mark = (position) => paintRows(options.positions.indexOf(position));
+  }
+  const numbers = element("details", { class: "numbers" }, element("summary", { text: "numbers" }));
+  numbers.ontoggle = () => {
+    if (numbers.open && numbers.childElementCount === 1)
+      numbers.append(element("code", { text: rows.map((row, r) => `${rowName(r)}: ${Array.from(row, number).join(" ")}`)
+        .join("\n") }));
+  };
+  // Each row's name beside it, where the rows are tall enough to read one (`options.labelled`).
+  const labels = options.labelled ? element("div", { class: "row-labels", "aria-hidden": "true",
+    style: `line-height:${options.rowHeight}px;font-size:${Math.min(options.rowHeight, 10)}px` },
+  ...rows.map((_, r) => element("div", { text: rowName(r) }))) : null;
+  return element("figure", { class: "heatmap-figure" }, labels ? element("div", { class: "labelled" }, labels, canvas)
+    : canvas, element("figcaption", { text: `${label} (full colour at ±${number(largest)})` }), numbers);
+}
+
+// Light the token at `position` wherever the view shows it (the tokens, the chips, the table's rows, the
+// matrices' rows and columns, the arcs' labels), the others out; it stays lit from step to step.
+export function light(view, position) {
+  view.lit = position;
+  for (const lit of view.root.querySelectorAll(".lit")) lit.classList.remove("lit");
+  for (const found of view.root.querySelectorAll(`[data-token="${position}"], [data-position="${position}"]`)) {
+    found.classList.add("lit");
+  }
+  for (const marked of view.root.querySelectorAll("[data-marks]")) marked.mark(position);
+}

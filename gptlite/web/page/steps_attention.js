@@ -3,7 +3,7 @@
 // out), cross-attention and the graph of a layer's attention.
 
 import {
-  capitalised, chips, colour, element, HEAD_COLOURS, number, paragraph, shareScale, shown, strip,
+  capitalised, chips, colour, element, HEAD_COLOURS, heatmap, light, number, paragraph, shareScale, shown, strip,
 } from "./inside_draw.js";
 import { at, attentionMatrix, attentionRows } from "./inside_data.js";
 
@@ -13,15 +13,18 @@ function kvHead(view, head) {
 }
 
 function drawQkv(view, panel, { token, layer, head }) {
-  shareScale(panel);
   const { shape } = view.trace;
   const steps = view.trace.layers[layer];
   const kv = kvHead(view, head);
   const group = shape.n_head / shape.kv_heads;
+  const normed = Boolean(steps.attention_normed);
   panel.append(
     paragraph(
-      `Three matrices turn the normalised vector into a query (what this token looks for), a key ` +
-        `(what it offers to be found by) and a value (what it passes on), ${shape.head_size} numbers each per head.`
+      `Three matrices turn the vector attention reads (x: ${normed ? "the block's input, normalised" :
+        "the block's input"}) into a query (what this token looks for), a key (what it offers to be found by) and ` +
+        `a value (what it passes on), ${shape.head_size} numbers each per head. Each is a product, x times the ` +
+        `head's slice of a matrix${steps.query_bias ? ", plus a bias" : ""}: entry i of q is the dot product of x ` +
+        "with column i of W_q."
     )
   );
   if (group > 1) {
@@ -33,17 +36,66 @@ function drawQkv(view, panel, { token, layer, head }) {
       )
     );
   }
-  panel.append(
-    strip(at(steps.query, head, token), `query (head ${head})`),
-    strip(at(steps.key, kv, token), `key (head ${kv})`),
-    strip(at(steps.value, kv, token), `value (head ${kv})`),
-    element("h4", { text: `Every visible token's key (rows 0 to ${token})` })
-  );
-  for (let s = 0; s <= token; s++)
-    panel.append(strip(at(steps.key, kv, s), `${view.position(s)} ${shown(view.options.piece(view.trace.ids[s]))}`));
-  panel.append(element("h4", { text: `Every visible token's value (rows 0 to ${token})` }));
-  for (let s = 0; s <= token; s++)
-    panel.append(strip(at(steps.value, kv, s), `${view.position(s)} ${shown(view.options.piece(view.trace.ids[s]))}`));
+  panel.append(projections(view, steps, [["query", head], ["key", kv], ["value", kv]], token));
+  panel.append(visibleRows(view, steps, "key", kv, token, at(steps.query, head, token)),
+    visibleRows(view, steps, "value", kv, token));
+}
+
+// x (C) · W (C x D) (+ b) = the head's query, key and value (D each): one column x, each matrix beside it so that
+// its rows meet x's entries, each result under its matrix so that its entries sit under their columns; and the sum
+// for each result's first entry written out with this model's numbers.
+function projections(view, steps, parts, token) {
+  const { n_embd: width, head_size: size } = view.trace.shape;
+  const x = at(steps.attention_normed ?? steps.input, token);
+  const w = Math.min(size * 3, 110);
+  const h = Math.min(width * 2, 256);
+  const grid = element("div", { class: "product", style: `grid-template-columns: repeat(${parts.length + 2}, auto)` },
+    heatmap(Array.from(x, (v) => [v]), "x", (r) => `x[${r}]`, { width: 10, height: h }),
+    element("span", { class: "operator", text: "·" }));
+  const results = [element("span"), element("span", { class: "operator", text: "=" })];
+  const sums = [];
+  for (const [part, index] of parts) {
+    const letter = part[0];
+    const weights = at(steps[`${part}_weight`], index);
+    const bias = steps[`${part}_bias`] ? at(steps[`${part}_bias`], index) : null;
+    const made = at(steps[part], index, token);
+    const rows = Array.from({ length: width }, (_, i) => Array.from(weights.subarray(i * size, (i + 1) * size)));
+    const name = `W_${letter}`;
+    grid.append(heatmap(rows, `${name} (head ${index}), ${width} × ${size}`, (r, c) => `${name}[${r}, ${c}]`,
+      { width: w, height: h }));
+    results.push(heatmap([Array.from(made)], `${letter} = x · ${name}${bias ? ` + b_${letter}` : ""}, ${size}`,
+      (r, c) => `${letter}[${c}]`, { width: w, rowHeight: 10 }));
+    const first = x.reduce((total, v, i) => total + v * rows[i][0], bias ? bias[0] : 0);
+    sums.push(paragraph(`${letter}[0] = x[0] × ${name}[0, 0] + x[1] × ${name}[1, 0] + … + x[${width - 1}] × ` +
+      `${name}[${width - 1}, 0]${bias ? ` + b_${letter}[0]` : ""} = ${number(x[0])} × ${number(rows[0][0])} + ` +
+      `${number(x[1])} × ${number(rows[1][0])} + …${bias ? ` + ${number(bias[0])}` : ""} = ${number(first)} ` +
+      `(the model's: ${number(made[0])}).`));
+  }
+  grid.append(...results);
+  return element("div", { class: "linear-map" },
+    element("h4", { text: `x (${width}) · W (${width} × ${size}) = q, k, v (${size} each), one head's slice of ` +
+      "each matrix" }), element("div", { class: "table-scroll" }, grid), ...sums);
+}
+
+// Every visible token's key (or value) of key/value head `kv`, a row each, under this token's query where it is
+// given: q · each row is that token's score (next step).
+function visibleRows(view, steps, part, kv, token, query = null) {
+  const rows = Array.from({ length: token + 1 }, (_, s) => Array.from(at(steps[part], kv, s)));
+  const size = view.trace.shape.head_size;
+  let largest = 0;
+  for (const row of query ? [...rows, query] : rows) for (const v of row) largest = Math.max(largest, Math.abs(v));
+  const w = Math.min(size * 6, 240);
+  const label = (s) => `${view.position(s)} ${shown(view.options.piece(view.trace.ids[s]))}`;
+  const letter = part[0];
+  const options = { width: w, rowHeight: 8, scale: largest, positions: rows.map((_, s) => view.position(s)),
+    rowName: (s) => label(s), labelled: true };
+  return element("div", { class: "linear-map" },
+    element("h4", { text: query ? `Every visible token's key, a row each (K, ${rows.length} × ${size}), under ` +
+      "this token's query: q · a row is that token's score (next step)" : `Every visible token's value, a row ` +
+      `each (V, ${rows.length} × ${size}): what the weights mix` }),
+    query ? heatmap([Array.from(query)], "q", (r, c) => `q[${c}]`, { width: w, rowHeight: 8, scale: largest,
+      rowName: () => "q", labelled: true }) : null,
+    heatmap(rows, `${letter.toUpperCase()}: rows 0 to ${token}`, (r, c) => `${part} of ${label(r)}[${c}]`, options));
 }
 
 function drawQkNorm(view, panel, { token, layer, head }) {
@@ -111,14 +163,6 @@ function drawScores(view, panel, { token, layer, head }) {
   );
 }
 
-// Light the token at `position` wherever the view shows it (the tokens, the chips, the table's row); the others out.
-function light(root, position) {
-  for (const lit of root.querySelectorAll(".lit")) lit.classList.remove("lit");
-  for (const found of root.querySelectorAll(`[data-token="${position}"], [data-position="${position}"]`)) {
-    found.classList.add("lit");
-  }
-}
-
 // One row per visible token through this head: q·k = |q| |k| cos θ, ÷ √d, the softmax's e^(x − max) and weight,
 // and the length of weight × value, what the token gives the output.
 function rowsTable(view, layer, head, token) {
@@ -131,7 +175,7 @@ function rowsTable(view, layer, head, token) {
     const cells = [row.product, row.query_length, row.key_length, row.cosine, row.scaled, row.exponent, row.weight,
       row.contribution].map((value) => element("td", { text: number(value) }));
     const position = view.position(row.position);
-    const lit = () => light(view.root, position);
+    const lit = () => light(view, position);
     body.append(element("tr", { "data-position": String(position), tabindex: "0", onmouseenter: lit, onfocus: lit,
       onclick: lit }, element("th", { scope: "row", text: `${position} ${shown(view.options.piece(row.id))}` }),
     ...cells));
@@ -185,7 +229,8 @@ function drawSoftmax(view, panel, { token, layer, head }) {
   panel.append(
     element("h4", { text: "Each head's whole attention: a row per token, a column per token it reads" }),
     paragraph("White is 0 and red is 1; the hatched triangle is masked (a token never reads a later one); this " +
-      "token's row is outlined. Choose a head to open it."),
+      "token's row is outlined in black, and a token lit in the scores' table has its column outlined in gold. " +
+      "Choose a head to open it."),
     element("div", { class: "matrices" }, ...Array.from({ length: every.dims[0] }, (_, h) =>
       matrixPicture(view, layer, h, token, h === head)))
   );
@@ -199,13 +244,24 @@ function matrixPicture(view, layer, head, token, chosen) {
   const cell = Math.max(2, Math.floor(160 / count));
   const canvas = element("canvas", { width: count * cell, height: count * cell, "aria-hidden": "true" });
   const context = canvas.getContext("2d");
-  rows.forEach((row, t) => row.forEach((weight, s) => {
-    context.fillStyle = s > t ? ((s + t) % 2 ? "#e4e4e4" : "#f4f4f4") : colour(weight, 1);
-    context.fillRect(s * cell, t * cell, cell, cell);
-  }));
-  context.strokeStyle = "#000";
-  context.lineWidth = Math.max(1, cell / 3);
-  context.strokeRect(0, token * cell, (token + 1) * cell, cell);
+  const paintMatrix = (litColumn) => {
+    context.fillStyle = "#fff";
+    context.fillRect(0, 0, count * cell, count * cell);
+    rows.forEach((row, t) => row.forEach((weight, s) => {
+      context.fillStyle = s > t ? ((s + t) % 2 ? "#e4e4e4" : "#f4f4f4") : colour(weight, 1);
+      context.fillRect(s * cell, t * cell, cell, cell);
+    }));
+    context.lineWidth = Math.max(1, cell / 3);
+    if (litColumn >= 0 && litColumn < count) {  // the lit token: what every row gives it
+      context.strokeStyle = "#b58900";
+      context.strokeRect(litColumn * cell, litColumn * cell, cell, (count - litColumn) * cell);
+    }
+    context.strokeStyle = "#000";
+    context.strokeRect(0, token * cell, (token + 1) * cell, cell);
+  };
+  paintMatrix(-1);
+  canvas.dataset.marks = "columns";
+  canvas.mark = (position) => paintMatrix(position - view.position(0));
   return element("button", { class: `matrix${chosen ? " chosen" : ""}`, "aria-pressed": String(chosen),
     "aria-label": `head ${head}'s attention matrix, ${count} by ${count}`, "data-matrix": String(head),
     onclick: () => view.go({ head }, `[data-matrix="${head}"]`) }, canvas, element("span", { text: `head ${head}` }));
@@ -321,6 +377,7 @@ function drawGraph(view, panel, { token, layer }) {
     text.setAttribute("x", 166);
     text.setAttribute("y", y(i) + 4);
     text.setAttribute("font-weight", i === token ? "bold" : "normal");
+    text.dataset.position = String(view.position(i));
     text.textContent = `${view.position(i)} ${shown(view.options.piece(id))}`;
     svg.append(text);
   });
