@@ -32,7 +32,7 @@ def html(trace, state=None):
 # The view's scripts (page/), each importing only those before it: the sampler, the view's data, its drawing, its
 # steps, the view. The exported page holds them as files; a notebook's view, as one module's text.
 VIEW_SCRIPTS = ("gptlite.js", "inside_data.js", "inside_draw.js", "steps_input.js", "steps_attention.js",
-                "steps_output.js", "inside.js")
+                "steps_heads.js", "steps_output.js", "inside.js")
 
 
 def _script():

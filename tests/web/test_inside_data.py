@@ -69,6 +69,30 @@ def test_rows_follow_each_visible_token_from_its_key_to_what_it_gives(grouped_mo
     assert np.all(matrix[np.triu_indices(len(trace.ids), 1)] == 0)
 
 
+def test_the_worked_sums_are_the_models_softmax_weighted_values_and_norm(grouped_model):
+    trace = gptlite.trace(grouped_model, list(range(3, 15)), ablate=[(1, 2)])
+    softmax, values, knocked_out, norms = node(
+        "const trace = data.unpacked(packed);\n"
+        "const x = Array.from(trace.layers[0].input.data.subarray(0, 32));\n"
+        "console.log(JSON.stringify([data.softmaxTerm(trace, 1, 3, 9, 4), data.weightedFirst(trace, 1, 3, 9), "
+        "data.weightedFirst(trace, 1, 2, 9), [data.normalised(x, 'layer', 1e-5), data.normalised(x, 'rms', 1e-5)]]));",
+        packed=trace.to_json(packed=True))
+    steps = trace.layers[1]
+    scores = steps["scores"][3, 9, :10].astype(np.float64)
+    assert softmax["largest"] == pytest.approx(scores.max(), abs=1e-6)
+    assert softmax["total"] == pytest.approx(np.exp(scores - scores.max()).sum(), rel=1e-6)
+    assert softmax["exponent"] / softmax["total"] == pytest.approx(steps["attention"][3, 9, 4], abs=1e-6)
+    weights, first_values = steps["attention"][3, 9, :10], steps["value"][1, :10, 0]  # query head 3 reads kv head 1
+    np.testing.assert_allclose(values["terms"], np.stack([weights, first_values], axis=1), rtol=0, atol=1e-7)
+    assert values["sum"] == pytest.approx(steps["heads"][3, 9, 0], abs=1e-5)
+    assert values["model"] == pytest.approx(steps["heads"][3, 9, 0], abs=1e-7)
+    assert knocked_out["model"] == 0 and knocked_out["sum"] != 0  # the knocked-out head's scale is 0
+    x = trace.layers[0]["input"][0].astype(np.float64)
+    layer_norm, rms_norm = norms
+    assert layer_norm["first"] == pytest.approx((x[0] - x.mean()) / np.sqrt(x.var() + 1e-5), rel=1e-5)
+    assert rms_norm["first"] == pytest.approx(x[0] / np.sqrt((x ** 2).mean() + 1e-5), rel=1e-5)
+
+
 @pytest.mark.parametrize("position,count,expected", [
     (5, 10, (0, 10)),     # a text within the block: one window
     (15, 16, (0, 16)),

@@ -9,11 +9,12 @@ import { ablatedText, at, attentionMatrix, attentionRows, writerWindow } from ".
 import { element, light, paint, paragraph, shown } from "./inside_draw.js";
 import { INPUT_DRAWINGS } from "./steps_input.js";
 import { ATTENTION_DRAWINGS } from "./steps_attention.js";
+import { HEAD_DRAWINGS } from "./steps_heads.js";
 import { OUTPUT_DRAWINGS } from "./steps_output.js";
 
 // Each step's drawing by its id (the steps themselves, their titles and what each needs, are Python's:
 // gptlite/inside/views.py): a function of the view, the panel it fills and the state shown.
-const STEP_DRAWINGS = { ...INPUT_DRAWINGS, ...ATTENTION_DRAWINGS, ...OUTPUT_DRAWINGS };
+const STEP_DRAWINGS = { ...INPUT_DRAWINGS, ...ATTENTION_DRAWINGS, ...HEAD_DRAWINGS, ...OUTPUT_DRAWINGS };
 
 // --- the view
 

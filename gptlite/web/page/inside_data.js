@@ -73,6 +73,38 @@ export function attentionRows(trace, layer, head, token) {
   });
 }
 
+// How the softmax makes the weight that the query at `token` (head `head`, block `layer`) gives position `j`: e^(its
+// score − the largest visible score) over the sum of every visible position's: {score, largest, exponent, total,
+// weight} (the weight, the model's).
+export function softmaxTerm(trace, layer, head, token, j) {
+  const scores = at(trace.layers[layer].scores, head, token);
+  let largest = -Infinity;
+  for (let i = 0; i <= token; i++) largest = Math.max(largest, scores[i]);
+  let total = 0;
+  for (let i = 0; i <= token; i++) total += Math.exp(scores[i] - largest);
+  return { score: scores[j], largest, exponent: Math.exp(scores[j] - largest), total,
+    weight: at(trace.layers[layer].attention, head, token)[j] };
+}
+
+// The first entry of head `head`'s output at `token`, as Σ weight_j × value_j[0] over the visible positions:
+// {terms: [[weight, value]], sum, model} (the model's own entry, which a knocked-out head's scale makes 0).
+export function weightedFirst(trace, layer, head, token) {
+  const steps = trace.layers[layer];
+  const { group } = queryAndKeys(steps, head);
+  const weights = at(steps.attention, head, token);
+  const terms = Array.from({ length: token + 1 }, (_, j) => [weights[j], at(steps.value, group, j)[0]]);
+  return { terms, sum: terms.reduce((total, [w, v]) => total + w * v, 0), model: at(steps.heads, head, token)[0] };
+}
+
+// What a norm of `kind` ("layer": LayerNorm, "rms": RMSNorm) computes of vector x before its learned scale (and
+// shift): {mean (LayerNorm's), spread (√(variance + ε), or √(mean of x² + ε)), first: x's first entry normalised}.
+export function normalised(x, kind, epsilon) {
+  const count = x.length;
+  const mean = kind === "layer" ? x.reduce((total, v) => total + v, 0) / count : 0;
+  const spread = Math.sqrt(x.reduce((total, v) => total + (v - mean) ** 2, 0) / count + epsilon);
+  return { mean, spread, first: (x[0] - mean) / spread };
+}
+
 // The head's T x T attention (softmax weights; the masked entries, above the diagonal, exactly 0), as rows.
 export function attentionMatrix(trace, layer, head) {
   const weights = trace.layers[layer].attention;

@@ -1,6 +1,8 @@
 // The Inside view's pieces of drawing: a token's text, a number, an element, a vector as a strip of coloured
 // cells, chips with bars, and the colour scale that every step shares with its legend. Each step's drawing
-// (steps_input.js, steps_attention.js, steps_output.js) is made of them.
+// (steps_input.js, steps_attention.js, steps_heads.js, steps_output.js) is made of them.
+
+import { normalised } from "./inside_data.js";
 
 export const HEAD_COLOURS = ["#d6452b", "#2f6fd6", "#1f9e55", "#a23fc4", "#d68a1a", "#178c8c", "#c43f7c", "#6b6b1f"];
 
@@ -104,6 +106,16 @@ export function paragraph(text) {
 
 // What the model's norm does, in Python's words.
 export const normSaid = (view) => view.declared.choices.norm;
+
+// The norm of x worked out for its first entry, before and after its learned scale (and shift): the model's `normed`.
+export function normLine(view, x, normed) {
+  const { norm, norm_epsilon: epsilon } = view.trace.shape;
+  const { mean, spread, first } = normalised(x, norm, epsilon);
+  const how = norm === "layer" ? `(x[0] − mean) / √(variance + ε) = (${number(x[0])} − ${number(mean)}) / ` +
+    `${number(spread)}` : `x[0] / √(mean of x² + ε) = ${number(x[0])} / ${number(spread)}`;
+  return paragraph(`${how} = ${number(first)}; its learned scale${norm === "layer" ? " and shift" : ""} then make it ` +
+    `${number(normed[0])}.`);
+}
 
 // A matrix (rows of numbers) as a picture, on one scale (its largest magnitude, or `options.scale`): each cell's
 // value on hover (`name(r, c)` names it) and all under "numbers"; `options.width`/`rowHeight`, its size in CSS

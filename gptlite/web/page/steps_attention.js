@@ -1,11 +1,10 @@
-// The Inside view's attention steps: the query, key and value, QK-norm and the rotary turn, the scores and what
-// they come from, the mask, the softmax and every head's matrix, the weighted values, the heads joined (and knocked
-// out), cross-attention and the graph of a layer's attention.
+// The Inside view's attention steps, one head at a time: the query, key and value, QK-norm and the rotary turn, the
+// scores and what they come from, the mask, the softmax and every head's matrix, the weighted values.
 
 import {
-  capitalised, chips, colour, element, HEAD_COLOURS, heatmap, light, number, paragraph, shareScale, shown, strip,
+  capitalised, chips, colour, element, heatmap, light, number, paragraph, shareScale, shown, strip,
 } from "./inside_draw.js";
-import { at, attentionMatrix, attentionRows } from "./inside_data.js";
+import { at, attentionMatrix, attentionRows, softmaxTerm, weightedFirst } from "./inside_data.js";
 
 function kvHead(view, head) {
   const shape = view.trace.shape;
@@ -128,7 +127,7 @@ function drawRotary(view, panel, { token, layer, head }) {
   );
 }
 
-function visibleChips(view, values, token, options = {}) {
+export function visibleChips(view, values, token, options = {}) {
   return chips(
     Array.from(values, (value, s) => ({
       label: `${view.position(s)} ${shown(view.options.piece(view.trace.ids[s]))}`,
@@ -195,6 +194,15 @@ function drawMask(view, panel, { token, layer, head }) {
   );
 }
 
+// The weight this token gives itself, worked out with the model's numbers.
+function softmaxLine(view, layer, head, token) {
+  const { score, largest, exponent, total, weight } = softmaxTerm(view.trace, layer, head, token, token);
+  return paragraph(`For this token itself: weight = e^(score − largest) / Σ e^(each score − largest) = ` +
+    `e^(${number(score)} − ${number(largest)}) / ${number(total)} = ${number(exponent)} / ${number(total)} = ` +
+    `${number(exponent / total)} (the model's: ${number(weight)}). Taking the largest score away first changes no ` +
+    "weight and keeps e^x from overflowing.");
+}
+
 // Behind a switch: the softmax of q·k without the ÷ √d, which the model does not compute, to show why it divides.
 function unscaled(view, layer, head, token) {
   const products = Array.from(at(view.trace.layers[layer].products, head, token)).slice(0, token + 1);
@@ -220,6 +228,7 @@ function drawSoftmax(view, panel, { token, layer, head }) {
       `Softmax turns the scores into weights: each is e^score over the sum of them all. The row ` +
         `sums to ${total.toFixed(6)}; the masked tokens get exactly 0.`
     ),
+    softmaxLine(view, layer, head, token),
     visibleChips(view, weights, token, { bars: true }),
     unscaled(view, layer, head, token),
     element("h4", { text: "Every head of this layer, side by side (one strip a head, a cell a token)" })
@@ -284,165 +293,24 @@ function drawValues(view, panel, { token, layer, head }) {
           )
           .join(", ")}.`
     ),
+    valuesLine(view, layer, head, token),
     strip(at(steps.heads, head, token), `head ${head}'s output`)
   );
 }
 
-function drawHeads(view, panel, { token, layer }) {
-  shareScale(panel);
-  const steps = view.trace.layers[layer];
-  const { n_head: heads } = view.trace.shape;
-  panel.append(
-    paragraph(
-      `The ${heads} heads' outputs are joined side by side, and one more matrix (the output ` +
-        "projection) mixes them back into the model's width."
-    )
-  );
-  for (let h = 0; h < heads; h++) panel.append(strip(at(steps.heads, h, token), `head ${h}`));
-  panel.append(strip(at(steps.joined, token), "joined"), strip(at(steps.attention_output, token), "projected"));
-  if (view.options.retrace) panel.append(knockOuts(view, layer));
-}
-
-// A switch per head of `layer` that knocks it out (its output scaled by 0 in the inside graph) or back in.
-function knockOuts(view, layer) {
-  const switches = element("fieldset", { class: "knock-out" }, element("legend", {
-    text: "Knock a head out: the model runs again without it, and every step shows the edited model" }));
-  for (let head = 0; head < view.trace.shape.n_head; head++) {
-    const out = view.ablated.some(([l, h]) => l === layer && h === head);
-    const box = element("input", { type: "checkbox", "data-knock-out": `${layer}.${head}`,
-      onchange: () => view.toggleHead(layer, head, `[data-knock-out="${layer}.${head}"]`) });
-    box.checked = out;
-    switches.append(element("label", {}, box, ` head ${head}`));
-  }
-  return switches;
-}
-
-function drawCross(view, panel, { token, layer, head }) {
-  shareScale(panel);
-  const steps = view.trace.layers[layer];
-  const source = Array.from(view.trace.source_ids, Number);
-  const weights = at(steps.cross_attention, head, token);
-  panel.append(
-    paragraph(
-      "Cross-attention: the decoder's query meets the keys and values the encoder made of every " +
-        `token of the source (${source.length} of them; no mask: the whole source is there to read). Its weights, then ` +
-        "this token's self-attention over the target beside them:"
-    ),
-    element("h4", { text: "over the source" }),
-    chips(
-      Array.from(weights, (value, s) => ({
-        label: `${s} ${shown(view.options.piece(source[s]))}`,
-        value,
-      })),
-      { bars: true }
-    ),
-    element("h4", { text: "over the target so far (self-attention)" }),
-    visibleChips(view, at(steps.attention, head, token), token, { bars: true }),
-    strip(at(steps.cross_heads, head, token), `head ${head}'s output`),
-    strip(at(steps.cross_output, token), "projected"),
-    strip(at(steps.cross_residual, token), "added to the residual stream")
-  );
-}
-
-function drawGraph(view, panel, { token, layer }) {
-  const { trace } = view;
-  const weights = trace.layers[layer].attention;
-  const [heads, length] = weights.dims;
-  const line = 18;
-  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
-  svg.setAttribute("viewBox", `0 0 300 ${length * line + 8}`);
-  svg.setAttribute("width", "300");
-  svg.setAttribute("class", "graph");
-  svg.setAttribute("role", "img");
-  svg.setAttribute("aria-label", `layer ${layer}'s attention as arcs between tokens, one colour per head`);
-  const y = (i) => i * line + 12;
-  for (let h = 0; h < heads; h++) {
-    for (let t = 0; t < length; t++) {
-      const row = at(weights, h, t);
-      for (let s = 0; s < t; s++) {
-        if (row[s] < 0.1) continue;
-        const path = document.createElementNS("http://www.w3.org/2000/svg", "path");
-        const bend = 150 - Math.min(140, (t - s) * 8);
-        path.setAttribute("d", `M160 ${y(t)} C${bend} ${y(t)} ${bend} ${y(s)} 160 ${y(s)}`);
-        path.setAttribute("stroke", HEAD_COLOURS[h % HEAD_COLOURS.length]);
-        path.setAttribute("stroke-opacity", (t === token ? 1 : 0.35 * row[s]).toFixed(3));
-        path.setAttribute("stroke-width", (t === token ? 2.5 : 1) * row[s] + 0.5);
-        path.setAttribute("fill", "none");
-        svg.append(path);
-      }
-    }
-  }
-  trace.ids.forEach((id, i) => {
-    const text = document.createElementNS("http://www.w3.org/2000/svg", "text");
-    text.setAttribute("x", 166);
-    text.setAttribute("y", y(i) + 4);
-    text.setAttribute("font-weight", i === token ? "bold" : "normal");
-    text.dataset.position = String(view.position(i));
-    text.textContent = `${view.position(i)} ${shown(view.options.piece(id))}`;
-    svg.append(text);
-  });
-  const legend = Array.from({ length: heads }, (_, h) =>
-    element("span", { style: `color:${HEAD_COLOURS[h % HEAD_COLOURS.length]}`, text: `■ head ${h} ` })
-  );
-  panel.append(
-    paragraph(
-      `Each token (right) with arcs to the earlier tokens it gives at least 10% of its attention in ` +
-        `layer ${layer}, one colour per head; the chosen token's arcs are drawn dark.`
-    ),
-    element("p", {}, ...legend),
-    svg
-  );
-}
-
-// The scores of gptlite.heads, a grid a score: where each head looks, its induction, and what knocking it out costs.
-const ROLES = [
-  ["previous_token", "the token before", "share of its attention on the token just before"],
-  ["first_token", "the first token", "share on the text's first token"],
-  ["current_token", "the token itself", "share on the token itself"],
-  ["induction", "induction", "on random tokens repeated, share on the token after the earlier copy of this one"],
-  ["ablation", "knocked out", "the text's loss with the head knocked out, less the model's own (nats a token)"],
-];
-
-// A change with its sign, "-0.000" never (a change too small to show is 0.000).
-const signed = (value) => (Math.abs(value) < 5e-4 ? "0.000" : `${value > 0 ? "+" : ""}${value.toFixed(3)}`);
-
-function drawHeadRoles(view, panel, { layer, head }) {
-  const { n_layer: layers, n_head: heads } = view.trace.shape;
-  const waiting = paragraph(`Running the model ${2 + layers * heads} times (the text, a probe, and the text with ` +
-    "each head knocked out in turn)...");
-  panel.append(
-    paragraph("What each head does, in numbers, on this text (the clean model's, as gptlite.heads gives them): " +
-      "where it looks, how much it acts as an induction head (it finds an earlier copy of the token and looks at " +
-      "the token after it), and how much the text's loss grows without it. Choose a head to see its attention."),
-    waiting
-  );
-  return view.headReport().promise.then((report) => {
-    const grids = ROLES.map(([name, title, what]) => {
-      const values = report[name];
-      let largest = 0;
-      for (const row of values) for (const v of row) largest = Math.max(largest, Math.abs(v));
-      const scale = name === "ablation" ? largest : 1;
-      const rows = values.map((row, l) => element("tr", {}, element("th", { scope: "row", text: `layer ${l}` }),
-        ...row.map((v, h) => element("td", {}, element("button", {
-          class: `role${l === layer && h === head ? " chosen" : ""}`, style: `background:${colour(v, scale)}`,
-          "data-role": `${name}.${l}.${h}`, title: `layer ${l}, head ${h}: ${what}`,
-          text: name === "ablation" ? signed(v) : v.toFixed(2),
-          onclick: () => view.go({ layer: l, head: h, step: "softmax" }, '[role=tab][tabindex="0"]'),
-        })))));
-      const top = element("tr", {}, element("th", {}), ...values[0].map((_, h) => element("th", { scope: "col",
-        text: `head ${h}` })));
-      return element("div", { class: "role-grid" }, element("h4", { text: `${capitalised(title)}: ${what}` }),
-        element("div", { class: "table-scroll" }, element("table", {}, element("thead", {}, top),
-          element("tbody", {}, ...rows))));
-    });
-    waiting.replaceWith(paragraph(`The text's loss: ${report.loss.toFixed(4)} nats a token. White is 0, red above ` +
-      "it, blue below; a share of attention is coloured from 0 to 1, the loss's change against the largest change."),
-    ...grids);
-  });
+// The head's output's first entry worked out: Σ weight × value[0] over the visible tokens.
+function valuesLine(view, layer, head, token) {
+  const { terms, sum, model } = weightedFirst(view.trace, layer, head, token);
+  const largest = Array.from(terms.keys()).sort((a, b) => terms[b][0] - terms[a][0]).slice(0, 3);
+  const shownTerms = largest.map((j) => `${number(terms[j][0])} × ${number(terms[j][1])} (${view.position(j)} ` +
+    `${JSON.stringify(view.options.piece(view.trace.ids[j]))})`).join(" + ");
+  const out = view.ablated.some(([l, h]) => l === layer && h === head);
+  return paragraph(`output[0] = Σ weight × value[0] over the ${terms.length} visible tokens, the largest weights ` +
+    `first: ${shownTerms}${terms.length > 3 ? " + …" : ""} = ${number(sum)}` + (out ? `, times 0: the head is ` +
+    `knocked out (the model's: ${number(model)}).` : ` (the model's: ${number(model)}).`));
 }
 
 export const ATTENTION_DRAWINGS = {
-  head_roles: drawHeadRoles,
   qkv: drawQkv,
   qk_norm: drawQkNorm,
   rotary: drawRotary,
@@ -450,7 +318,4 @@ export const ATTENTION_DRAWINGS = {
   mask: drawMask,
   softmax: drawSoftmax,
   values: drawValues,
-  heads: drawHeads,
-  cross: drawCross,
-  graph: drawGraph,
 };

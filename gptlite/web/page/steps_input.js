@@ -1,7 +1,7 @@
 // The Inside view's first steps: the tokens, their vectors, the positions and a block's norm. Each is drawn by a
 // function of the view, the panel it fills and the state shown, named in STEP_DRAWINGS by its id (inside/views.py).
 
-import { chips, element, normSaid, number, paragraph, shareScale, shown, strip } from "./inside_draw.js";
+import { chips, element, normLine, normSaid, number, paragraph, shareScale, shown, strip } from "./inside_draw.js";
 import { at } from "./inside_data.js";
 
 function drawTokens(view, panel, { token }) {
@@ -130,6 +130,7 @@ function drawNorm(view, panel, { token, layer }) {
   panel.append(
     paragraph(`This model is pre-norm: ${view.declared.choices.norm_position}. Before attention, the vector ` +
       `is normalised: ${normSaid(view)}.`),
+    normLine(view, at(steps.input, token), at(steps.attention_normed, token)),
     strip(at(steps.input, token), "block input"),
     strip(at(steps.attention_normed, token), "normalised")
   );

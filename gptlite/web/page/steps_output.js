@@ -2,8 +2,14 @@
 // probabilities after the sampling settings.
 
 import { nextTokenProbabilities, settingOf } from "./gptlite.js";
-import { chips, element, normSaid, paragraph, shareScale, shown, strip } from "./inside_draw.js";
+import { chips, element, normLine, normSaid, number, paragraph, shareScale, shown, strip } from "./inside_draw.js";
 import { at } from "./inside_data.js";
+
+// A sum's first entry worked out: `names[0]`[0] + `names[1]`[0] = the model's sum[0].
+function sumLine(a, b, sum, names) {
+  return paragraph(`${names[2]}[0] = ${names[0]}[0] + ${names[1]}[0] = ${number(a[0])} + ${number(b[0])} = ` +
+    `${number(a[0] + b[0])}` + (names[3] ? `, then normalised: ${number(sum[0])}.` : ` (the model's: ${number(sum[0])}).`));
+}
 
 function drawResidual(view, panel, { token, layer }) {
   shareScale(panel);
@@ -14,6 +20,8 @@ function drawResidual(view, panel, { token, layer }) {
       "Attention's output is added to the vector it read (the residual stream): the block " +
         `changes the vector rather than replacing it${post ? `, and the sum is normalised (${normSaid(view)})` : ""}.`
     ),
+    sumLine(at(steps.input, token), at(steps.attention_output, token), at(steps.attention_residual, token),
+      ["input", "output", "sum", post]),
     strip(at(steps.input, token), "block input"),
     strip(at(steps.attention_output, token), "attention's output"),
     strip(at(steps.attention_residual, token), post ? "sum, normalised" : "sum")
@@ -30,7 +38,10 @@ function drawFeedForward(view, panel, { token, layer }) {
   panel.append(
     paragraph(
       `The feed-forward works on each token alone: it widens the vector to ${hidden.length} ` +
-        `numbers, applies ${kind}, and narrows it back.`
+        `numbers, applies ${kind}, and narrows it back: x (${view.trace.shape.n_embd}) · W_in ` +
+        `(${view.trace.shape.n_embd} × ${(steps.expanded ?? steps.gate).dims[1] * (steps.gate ? 2 : 1)}) → ` +
+        `activations (${hidden.length}) · W_out (${hidden.length} × ${view.trace.shape.n_embd}) = output ` +
+        `(${view.trace.shape.n_embd}).`
     )
   );
   if (steps.feed_forward_normed) panel.append(strip(at(steps.feed_forward_normed, token), "normalised input"));
@@ -56,6 +67,8 @@ function drawFeedForwardResidual(view, panel, { token, layer }) {
       `The feed-forward's output is added to the residual stream${post ? ", and normalised" : ""}: ` +
         `the block's output, which the next block reads.`
     ),
+    sumLine(at(steps.attention_residual, token), at(steps.feed_forward_output, token), at(steps.output, token),
+      ["after attention", "feed-forward's output", "block output", post]),
     strip(at(steps.attention_residual, token), "after attention"),
     strip(at(steps.feed_forward_output, token), "feed-forward's output"),
     strip(at(steps.output, token), "block output")
@@ -71,6 +84,7 @@ function drawFinalNorm(view, panel, { token }) {
         (shape.norm_position === "post" ? ". The last block's output goes to the head as it is." :
           `. The last block's output is normalised once more: ${normSaid(view)}.`)
     ),
+    shape.norm_position === "post" ? "" : normLine(view, at(last.output, token), at(steps.final_normed, token)),
     strip(at(last.output, token), "last block's output"),
     strip(at(steps.final_normed, token), "to the head")
   );
@@ -84,7 +98,8 @@ function drawLogits(view, panel, { token }) {
   panel.append(
     paragraph(
       `The head scores every one of the ${logits.length} tokens of the vocabulary as the next: ` +
-        `${view.declared.choices.tie_weights}.`
+        `${view.declared.choices.tie_weights}: h (${view.trace.shape.n_embd}) · W (${view.trace.shape.n_embd} × ` +
+        `${logits.length}) = logits (${logits.length}).`
     ),
     chips(
       order.map((id) => ({ label: shown(view.options.piece(id)), value: logits[id] })),
