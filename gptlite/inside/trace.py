@@ -117,10 +117,12 @@ class Trace:
         an `Attribution` whose parts sum to the logit."""
         return lens.attribution(self, position, token)
 
-    def to_json(self, packed=False):
+    def to_json(self, packed=False, weights=True):
         """The trace as the page's view reads it: plain JSON-ready data, each array as {"dims", "data"}; `packed`,
         each float array's data as {"dims", "float32"}, its little-endian bytes in base64 (a fifth of the JSON, the
-        numbers as they are), which the view unpacks."""
+        numbers as they are), which the view unpacks. Without `weights`, the blocks' attention weights
+        (`WEIGHT_STEPS`, the same for every text) are left out."""
+        left_out = set() if weights else {*WEIGHT_STEPS, *(f"cross_{step}" for step in WEIGHT_STEPS)}
         def array(values):
             values = np.asarray(values)
             if packed and values.dtype.kind == "f":
@@ -129,7 +131,7 @@ class Trace:
             return {"dims": list(values.shape), "data": values.reshape(-1).tolist()}
 
         def layers(found):
-            return [{name: array(value) for name, value in layer.items()} for layer in found]
+            return [{name: array(value) for name, value in layer.items() if name not in left_out} for layer in found]
 
         made = {"ids": [int(i) for i in self.ids], "tokens": self.tokens, "window_start": self.window_start,
                 "shape": self.shape, "steps": {name: array(value) for name, value in self.steps.items()},
@@ -146,7 +148,7 @@ class Trace:
         return notebook.html(self)
 
 
-def trace(model, text, unknown="error", ablate=(), ablation="zero", layers=None):
+def trace(model, text, unknown="error", ablate=(), ablation="zero", layers=None, position=None):
     """Every step of `model` (a GPT) reading `text`: a `Trace`.
 
     `text` is a prompt (read as `generate` reads one, the tokenizer's start of text first) or a list of token
@@ -154,12 +156,28 @@ def trace(model, text, unknown="error", ablate=(), ablation="zero", layers=None)
     the vocabulary lacks as `generate` does. `ablate`: heads to knock out, each (layer, head): its output is
     zeroed, or with `ablation="mean"` replaced by its mean over the text's positions; every step is then the
     edited model's (`gptlite.inside.edits`). `layers`: the blocks whose steps to keep (all by default); a trace
-    past MOST_TRACE_NUMBERS is refused, naming it.
+    past MOST_TRACE_NUMBERS is refused, naming it. `position`: a position of the text (0 to its length - 1) to be
+    read as the writer read it when it wrote the token after it: the window `writer_window` gives (a text longer
+    than the context is otherwise read as its last block_size tokens).
     """
     check_use(model, "trace a text")
     ids = text_ids(model, text, unknown)
+    if position is not None:
+        if not isinstance(position, (int, np.integer)) or not 0 <= position < len(ids):
+            raise InputError(f"position must be a whole number from 0 to {len(ids) - 1}, the text's tokens")
+        ids = ids[:writer_window(int(position), len(ids), model.config.block_size)[1]]
     window = np.asarray(ids[-model.config.block_size:], np.int32)
     return _traced(model, window[None], window, len(ids) - len(window), ablate, ablation, layers)
+
+
+def writer_window(position, count, block_size):
+    """The window (start, end) of a text of `count` tokens in which a writer of context `block_size` read
+    `position` when it wrote the token after it (as `generate` slides its window one token at a time): the text's
+    first block_size tokens while it fits or the position is among them, else the block_size tokens up to the
+    position (each earlier position there then sees fewer tokens than the writer did)."""
+    if count <= block_size or position < block_size:
+        return 0, min(count, block_size)
+    return position + 1 - block_size, position + 1
 
 
 def trace_target(model, source, target=None, unknown="error", ablate=(), ablation="zero", layers=None):

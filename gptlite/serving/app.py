@@ -34,6 +34,7 @@ def create_app(model, model_name, settings=None, worker=None):
         ("/v1/chat/completions", endpoints.chat_completions, "POST"),
         ("/v1/models", endpoints.models, "GET"), ("/health", endpoints.health, "GET"),
         ("/v1/attention", endpoints.attention, "POST"), ("/v1/trace", endpoints.trace, "POST"),
+        ("/v1/heads", endpoints.heads, "POST"),
         ("/", endpoints.page, "GET"), ("/config.json", endpoints.page_config, "GET"),
         ("/ort/{name}", endpoints.page_file, "GET"), ("/{name}", endpoints.page_file, "GET"))]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
@@ -209,10 +210,14 @@ class _Endpoints:
         """Every step of the model's forward pass over the text (`gptlite.trace`; a Seq2Seq's over the source `text`
         and its `target`, `gptlite.trace_target`), as the Inside view reads it (its arrays packed), with the
         sampling settings the view offers. `ablate` ([[layer, head], ...]; a Seq2Seq's [layer, head, part]) and
-        `ablation` knock heads out, `layers` keeps only those blocks' steps; a trace past what one holds is a 413."""
+        `ablation` knock heads out, `layers` keeps only those blocks' steps; a trace past what one holds is a 413.
+        A text longer than the context is read as its last window, or with `position` in the window the writer read
+        that token in; `text_ids` are the whole text's. The attention weights, the same for every text, come only
+        with `"weights": true`."""
         from starlette.responses import JSONResponse
 
         from gptlite.decode.settings import sampling_settings
+        from gptlite.inside.trace import text_ids
 
         body = await _read_json(request)
         text = await self.text_of(request, "trace", body)
@@ -220,10 +225,16 @@ class _Endpoints:
         if target is not None and not isinstance(target, str):
             raise RequestError(400, "target must be a string", "target")
         options = parsing.trace_options(body)
+        weights = body.get("weights", False)
+        if not isinstance(weights, bool):
+            raise RequestError(400, "weights must be true or false", "weights")
 
         def traced(model):
             try:
-                return tasks.traced(model, text, target, **options).to_json(packed=True)
+                found = tasks.traced(model, text, target, **options).to_json(packed=True, weights=weights)
+                # The whole text's ids, of which the trace is one window (a Seq2Seq's target is read whole).
+                whole = text_ids(model, text) if tasks.reads(model) == "prompt" else found["ids"]
+                return {"trace": found, "text_ids": [int(i) for i in whole]}
             except TooLargeError as error:
                 return RequestError(413, str(error), "layers")
             except (InputError, ConfigError) as error:
@@ -232,7 +243,37 @@ class _Endpoints:
         answer = await asyncio.wrap_future(self.worker.call(traced))
         if isinstance(answer, RequestError):
             raise answer
-        return JSONResponse({"trace": answer, "sampling": sampling_settings()})
+        return JSONResponse({**answer, "sampling": sampling_settings()})
+
+    async def heads(self, request):
+        """Every head of the model scored on a text (`gptlite.heads`, without calibrating unless `"calibrate":
+        true`): the text as `text` or `messages`, or as token `ids` (the Inside view's window); the report as
+        `HeadReport.to_json` gives it."""
+        from starlette.responses import JSONResponse
+
+        from gptlite.inside.heads import heads
+
+        body = await _read_json(request)
+        ids = parsing.token_ids(body)
+        if ids is None:
+            text = await self.text_of(request, "trace", body)
+        else:
+            self.check_key(request)
+            text = ids
+        calibrate = body.get("calibrate", False)
+        if not isinstance(calibrate, bool):
+            raise RequestError(400, "calibrate must be true or false", "calibrate")
+
+        def scored(model):
+            try:
+                return heads(model, text, calibrate=calibrate).to_json()
+            except (InputError, ConfigError) as error:
+                return RequestError(400, str(error), "text" if ids is None else "ids")
+
+        answer = await asyncio.wrap_future(self.worker.call(scored))
+        if isinstance(answer, RequestError):
+            raise answer
+        return JSONResponse(answer)
 
     async def page(self, request):
         """The web page (`gptlite export --format web`'s), which reads `/config.json` and so writes through this

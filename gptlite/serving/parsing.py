@@ -207,7 +207,8 @@ def _shown(value, limit=40):
 
 def trace_options(body):
     """A trace request's options, checked for their form (the model checks their values): heads to `ablate`, each
-    [layer, head] or [layer, head, part], the `ablation` ("zero" or "mean"), and the `layers` whose steps to keep."""
+    [layer, head] or [layer, head, part], the `ablation` ("zero" or "mean"), the `layers` whose steps to keep, and
+    the `position` of a long text to read in the window the writer read it in."""
     options = {}
     ablate = body.get("ablate", [])
     if not isinstance(ablate, list) or not all(
@@ -226,7 +227,23 @@ def trace_options(body):
         if not isinstance(layers, list) or not all(_is_whole(layer) for layer in layers):
             raise RequestError(400, "layers must be a list of layer numbers", "layers")
         options["layers"] = layers
+    position = body.get("position")
+    if position is not None:
+        if not _is_whole(position) or position < 0:
+            raise RequestError(400, "position must be a whole number, a token of the text", "position")
+        options["position"] = position
     return options
+
+
+def token_ids(body):
+    """A request's `ids`, checked for their form (the model checks their range): a non-empty list of whole numbers;
+    None where it gives none."""
+    ids = body.get("ids") if isinstance(body, dict) else None
+    if ids is None:
+        return None
+    if not isinstance(ids, list) or not ids or not all(_is_whole(i) for i in ids):
+        raise RequestError(400, "ids must be a non-empty list of token ids", "ids")
+    return ids
 
 
 def _is_whole(value):

@@ -155,6 +155,9 @@ class Pairs(Task):
     def traced(self, model, text, target=None, **options):
         from gptlite.inside.trace import trace_target
 
+        if "position" in options:
+            raise InputError("a Seq2Seq reads its source and its target whole: there is no window to choose "
+                             "(position)")
         return trace_target(model, text, target, **options)
 
     def cuts_long_texts(self, truncate):

@@ -144,6 +144,21 @@ def test_a_long_text_is_read_as_its_last_block_size_tokens_and_ids_are_taken_too
     assert as_json["layers"][0]["scores"]["dims"] == [model.config.n_head, len(text), len(text)]
 
 
+def test_a_position_of_a_long_text_is_read_in_the_window_the_writer_read_it_in():
+    model = gptlite.load(FIXTURES / "made_char.keras")
+    block, text = model.config.block_size, "the cat sat on the mat " * 4
+    early = gptlite.trace(model, text, position=3)  # within the first window: the text's first block_size tokens
+    assert early.window_start == 0 and early.tokens == list(text[:block])
+    later = gptlite.trace(model, text, position=block + 5)  # past it: the block_size tokens up to the position
+    assert later.window_start == 6 and later.tokens == list(text[6:block + 6])
+    # The writer read that window to write the next token: the position's logits are the plain trace's of that text.
+    np.testing.assert_array_equal(later.steps["logits"][-1], gptlite.trace(model, text[:block + 6]).steps["logits"][-1])
+    for wrong in (-1, len(text), 2.5):
+        with pytest.raises(gptlite.InputError, match="position must be a whole number"):
+            gptlite.trace(model, text, position=wrong)
+    assert not {"query_weight", "key_bias"} & set(later.to_json(weights=False)["layers"][0])
+
+
 def test_a_targets_trace_gives_the_seq2seqs_logits_and_every_attention():
     model = gptlite.load(FIXTURES / "made_seq2seq.keras")
     source = "12+345"

@@ -552,8 +552,14 @@ def test_the_trace_the_server_computes_is_gptlites_and_its_page_files_are_served
     assert traced["ids"] == expected.ids.tolist() and traced["vocabulary"] == expected.vocabulary
     for name, value in expected.steps.items():
         assert np.array_equal(_unpacked(traced["steps"][name]), value), name
-    for found, layer in zip(traced["layers"], expected.layers):
+    # The attention weights (the same for every text) come when asked for.
+    with_weights = httpx.post(server.url + "/v1/trace", json={"text": "the cat sat", "weights": True},
+                              timeout=60).json()["trace"]
+    for found, plain, layer in zip(with_weights["layers"], traced["layers"], expected.layers):
         assert all(np.array_equal(_unpacked(found[name]), value) for name, value in layer.items())
+        assert set(plain) == set(layer) - {"query_weight", "key_weight", "value_weight", "query_bias", "key_bias",
+                                           "value_bias"}
+    assert answer.json()["text_ids"] == expected.ids.tolist()
     assert [setting["name"] for setting in answer.json()["sampling"]][:2] == ["max_new_tokens", "temperature"]
     bad = httpx.post(server.url + "/v1/trace", json={"text": ""}, timeout=60)
     assert bad.status_code == 400 and "text must be a non-empty string" in bad.json()["error"]["message"]
@@ -576,16 +582,42 @@ def test_the_servers_trace_knocks_heads_out_keeps_the_layers_asked_and_answers_o
     np.testing.assert_array_equal(_unpacked(traced["steps"]["logits"]), expected.steps["logits"])
     for body, status, message in (({"ablate": [[7, 0]]}, 400, "no layer 7"), ({"ablate": "1,0"}, 400, "ablate must"),
                                   ({"ablation": "half"}, 400, "ablation must"), ({"layers": [0, 9]}, 400, "no layer 9"),
-                                  ({"layers": "all"}, 400, "layers must")):
+                                  ({"layers": "all"}, 400, "layers must"), ({"position": -1}, 400, "position must"),
+                                  ({"position": 99}, 400, "position must"), ({"weights": "yes"}, 400, "weights must")):
         answer = httpx.post(server.url + "/v1/trace", json={"text": "the cat", **body}, timeout=60)
         assert answer.status_code == status and message in answer.json()["error"]["message"], body
+    # A text longer than the context, read in the window the writer read a position in.
     from gptlite.inside import trace as tracing
+
+    text = "the cat sat " * 4
+    block, whole = fluent_model.config.block_size, tracing.text_ids(fluent_model, text)
+    assert len(whole) > block + 2
+    answer = httpx.post(server.url + "/v1/trace", json={"text": text, "position": block + 1}, timeout=60).json()
+    expected = gptlite.trace(fluent_model, text, position=block + 1)
+    assert answer["trace"]["window_start"] == expected.window_start == 2 and answer["text_ids"] == list(whole)
+    assert answer["trace"]["ids"] == expected.ids.tolist() == list(whole[2:block + 2])
 
     with monkeypatch.context() as patched:
         patched.setattr(tracing, "MOST_TRACE_NUMBERS", 1000)  # the server runs in this process
         answer = httpx.post(server.url + "/v1/trace", json={"text": "the cat"}, timeout=60)
     assert answer.status_code == 413 and "keep fewer blocks" in answer.json()["error"]["message"]
     assert httpx.post(server.url + "/v1/trace", json={"text": "the cat"}, timeout=60).status_code == 200
+
+
+def test_the_servers_head_scores_are_gptlite_heads_on_a_text_or_its_ids(server, fluent_model):
+    expected = gptlite.heads(fluent_model, "the cat sat on", calibrate=False)
+    for body in ({"text": "the cat sat on"}, {"ids": expected.ids.tolist()}):
+        answer = httpx.post(server.url + "/v1/heads", json=body, timeout=120)
+        assert answer.status_code == 200, answer.text
+        found = answer.json()
+        for name in ("previous_token", "first_token", "current_token", "induction", "ablation"):
+            np.testing.assert_allclose(found[name], getattr(expected, name), rtol=0, atol=1e-5, err_msg=name)
+        assert found["loss"] == pytest.approx(expected.loss, rel=1e-5) and "initial" not in found
+    for body, message in (({"ids": []}, "ids must"), ({"ids": [1, "a"]}, "ids must"),
+                          ({"ids": [fluent_model.config.vocab_size]}, "token ids must"), ({"text": "t"}, "at least 2"),
+                          ({"text": "the cat", "calibrate": 1}, "calibrate must")):
+        answer = httpx.post(server.url + "/v1/heads", json=body, timeout=60)
+        assert answer.status_code == 400 and message in answer.json()["error"]["message"], body
 
 
 SERVE = """
@@ -701,6 +733,22 @@ def test_the_page_in_a_browser_streams_text_and_shows_inside_with_the_servers_nu
     assert np.array_equal(np.float32(inside["attention"]), expected.layers[0]["attention"][0, token])
     browser.find_element(By.CSS_SELECTOR, '[data-step="softmax"]').click()
     assert browser.execute_script("return window.gptliteInside().step") == "softmax"
+    # A token before the last window is traced in the window the writer read it in, by the server.
+    position = fluent_model.config.block_size + 3
+    browser.find_element(By.CSS_SELECTOR, f'#inside [data-token="{position}"]').click()
+    assert _page_done(browser, "inside") == "done"
+    inside = browser.execute_script("return window.gptliteInside()")
+    expected = gptlite.trace(fluent_model, shown, position=position)
+    assert inside["position"] == position and inside["window_start"] == expected.window_start == 4
+    assert inside["ids"] == expected.ids.tolist() and inside["token"] == len(expected.ids) - 1
+    np.testing.assert_allclose(inside["attention"], expected.layers[0]["attention"][0, -1], rtol=0, atol=1e-6)
+    # Every head scored by the server, as gptlite.heads scores the window shown.
+    browser.find_element(By.CSS_SELECTOR, '[data-step="head_roles"]').click()
+    assert _page_done(browser, "inside") == "done"
+    report = gptlite.heads(fluent_model, inside["ids"], calibrate=False)
+    grid = browser.execute_script("return window.gptliteInside().heads")
+    for name in ("previous_token", "first_token", "current_token", "induction", "ablation"):
+        np.testing.assert_allclose(grid[name], getattr(report, name), rtol=0, atol=1e-5, err_msg=name)
     # A link opens the view on its prompt, as the static page's does.
     browser.get(server.url + "/?prompt=the%20cat&token=2&layer=1&step=scores")
     assert _page_done(browser, "inside") == "done"

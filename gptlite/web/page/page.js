@@ -5,7 +5,7 @@
 // is shown; window.gptliteInside() returns what it shows as plain JSON (docs/inspection.md).
 import { settingOf } from "./gptlite.js";
 import { InsideView } from "./inside.js";
-import { ablatedHeads, linkQuery, VIEW_FIELDS } from "./inside_data.js";
+import { ablatedHeads, linkQuery, VIEW_FIELDS, writerWindow } from "./inside_data.js";
 import { ModelHere, ModelOnServer } from "./page_models.js";
 
 const $ = (id) => document.getElementById(id);
@@ -212,9 +212,16 @@ async function explain(asked, writing) {
   const linked = Number(state.token);
   const position = count && Number.isInteger(linked) && linked >= 0 && linked < count ? linked : count - 1;
   try {
-    const trace = await traced.retrace(count ? position : null, state.ablated);
+    let trace = await traced.retrace(count ? position : null, state.ablated);
+    // The server's page learns the whole text's ids with its first trace (its last window): a link's token in
+    // another window is traced in the window the writer read it in.
+    const whole = traced.textIds?.length;
+    if (!count && whole && Number.isInteger(linked) && linked >= 0 && linked < whole &&
+        writerWindow(linked, whole, page.config.block_size).end !== trace.window_start + trace.ids.length) {
+      trace = await traced.retrace(linked, state.ablated);
+    }
     // A link names a position in the whole text; the view, one in the window traced.
-    if (count && state.token !== undefined && Number.isInteger(linked)) state.token = linked - trace.window_start;
+    if (whole && state.token !== undefined && Number.isInteger(linked)) state.token = linked - trace.window_start;
     show(trace, state, notes, traced.given(trace));
   } catch (failure) {
     inside.dataset.state = "error";

@@ -11,7 +11,7 @@
 //                                            given(trace): the view's options for that trace}
 import { chatText, Explainer, promptIds, TargetWriter, Writer } from "./gptlite.js";
 import { headScale, headScores, linkedIds, writerWindow } from "./inside_data.js";
-import { keyBox, requestSettings, tracedOnServer, writtenOnServer } from "./server.js";
+import { headsOnServer, keyBox, requestSettings, tracedOnServer, writtenOnServer } from "./server.js";
 import { makeTokenizer } from "./tokenizers.js";
 
 // How the graphs are opened: errors only (onnxruntime-web writes its warnings to the console, and a warning a step
@@ -165,17 +165,31 @@ export class ModelOnServer {
     return { asked: { prompt, opening: [] }, writtenIds: null };
   }
 
-  // The server's trace of the text (its last window; the prompt alone where nothing was written), the heads
-  // `ablated` knocked out ([layer, head] each).
+  // The server's trace of the text (the prompt alone where nothing was written) in the window the writer read
+  // `position` in (null: the last), the heads `ablated` knocked out ([layer, head] each). The attention weights,
+  // the same for every text, are asked for once and kept.
   inside(asked, writing) {
     const { config } = this;
     const body = !writing ? { text: asked.prompt }
       : config.chat ? { messages: [...asked.opening, ...writing.conversation] }
         : config.source ? { text: asked.prompt, target: writing.answer } : { text: asked.prompt + writing.answer };
-    const retrace = async (position, ablated) =>
-      (await tracedOnServer({ ...body, ablate: ablated }, this.headers, this.label())).trace;
-    // The server's numbers; its text has no ids of the writer's here to line a draw up with.
-    return { retrace, given: (trace) => ({ piece: (id) => trace.vocabulary[id],
-      promptLength: trace.window_start + trace.ids.length, retrace }) };
+    const traced = { textIds: null };
+    traced.retrace = async (position, ablated) => {
+      const where = position === null || config.source ? {} : { position };
+      const answer = await tracedOnServer({ ...body, ...where, ablate: ablated, weights: !this.weights },
+        this.headers, this.label());
+      this.weights ??= answer.trace.layers.map((layer) => Object.fromEntries(Object.entries(layer)
+        .filter(([name]) => /(query|key|value)_(weight|bias)$/.test(name))));
+      answer.trace.layers.forEach((layer, index) => Object.assign(layer, this.weights[index]));
+      traced.textIds = config.source ? null : answer.textIds;
+      return answer.trace;
+    };
+    // The server's numbers; its text has no ids of the writer's here to line a draw up with (the whole text counts
+    // as prompt).
+    traced.given = (trace) => ({ piece: (id) => trace.vocabulary[id], retrace: traced.retrace,
+      scoreHeads: config.source ? null : (ids) => headsOnServer(ids, this.headers, this.label()),
+      ...(traced.textIds ? { textIds: traced.textIds, promptLength: traced.textIds.length }
+        : { promptLength: trace.window_start + trace.ids.length }) });
+    return traced;
   }
 }

@@ -51,8 +51,16 @@ export async function* writtenOnServer(body, headers, label, signal) {
 export async function tracedOnServer(body, headers, label) {
   const response = await fetch("/v1/trace", { method: "POST", headers: headers(), body: JSON.stringify(body) });
   if (!response.ok) throw new Error(await refusal(response, label));
-  const { trace, sampling } = await response.json();
-  return { trace: unpacked(trace), sampling };
+  const { trace, text_ids: textIds, sampling } = await response.json();
+  return { trace: unpacked(trace), textIds, sampling };
+}
+
+// Every head scored on the token `ids` by the server (gptlite.heads): {previous_token, first_token, current_token,
+// induction, ablation, loss, ...}, as the view's grid reads them.
+export async function headsOnServer(ids, headers, label) {
+  const response = await fetch("/v1/heads", { method: "POST", headers: headers(), body: JSON.stringify({ ids }) });
+  if (!response.ok) throw new Error(await refusal(response, label));
+  return response.json();
 }
 
 // The settings as a request names them (max_tokens for max_new_tokens), those left empty left out.
