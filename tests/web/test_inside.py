@@ -329,6 +329,12 @@ def test_a_seq2seqs_page_writes_pythons_target_and_shows_its_cross_attention(seq
         assert shown["step"] == "cross" and shown["head"] == 1
         assert_near(shown["cross_attention"], trace.layers[0]["cross_attention"][1, 1], "cross-attention")
         assert abs(sum(shown["cross_attention"]) - 1) <= 1e-5
+        # Every source token followed through the head, as the self-attention's rows follow the text.
+        rows, steps = shown["cross_rows"], trace.layers[0]
+        assert [row["id"] for row in rows] == trace.source_ids.tolist()
+        assert_near([row["product"] for row in rows], steps["cross_products"][1, 1], "cross q.k")
+        assert_near([row["scaled"] for row in rows], steps["cross_scores"][1, 1], "cross scores")
+        assert_near([row["weight"] for row in rows], steps["cross_attention"][1, 1], "cross weights")
     page_trace = browser.execute_script("return window.gptliteTrace()")
     for index, layer in enumerate(trace.encoder_layers):
         for name, value in layer.items():

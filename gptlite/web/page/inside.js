@@ -337,6 +337,9 @@ export class InsideView {
       ? {
           source_ids: Array.from(this.trace.source_ids, Number),
           cross_attention: Array.from(at(layerSteps.cross_attention, head, token)),
+          // every source position through the head's cross-attention, as `rows` follows the text's
+          cross_rows: attentionRows(this.trace, layer, head, token, "cross_").map((row) => ({ ...row,
+            token: this.options.piece(row.id) })),
         }
       : {};
     return {

@@ -31,44 +31,48 @@ export function unpacked(trace) {
 
 const vectorLength = (vector) => Math.sqrt(vector.reduce((sum, v) => sum + v * v, 0));
 
-// The query and key vectors a head's scores are products of: after QK-norm and the rotary turn where the model has
-// them. Keys and values are the query head's group's under grouped-query attention.
-function queryAndKeys(steps, head) {
-  const query = steps.query_rotated ?? steps.query_normed ?? steps.query;
-  const key = steps.key_rotated ?? steps.key_normed ?? steps.key;
+// The query and key vectors a head's scores are products of (`part` "" for self-attention, "cross_" for
+// cross-attention): after QK-norm and the rotary turn where the model has them. Keys and values are the query
+// head's group's under grouped-query attention.
+function queryAndKeys(steps, head, part = "") {
+  const query = steps[`${part}query_rotated`] ?? steps[`${part}query_normed`] ?? steps[`${part}query`];
+  const key = steps[`${part}key_rotated`] ?? steps[`${part}key_normed`] ?? steps[`${part}key`];
   const group = head / (query.dims[0] / key.dims[0]) | 0;
   return { query, key, group };
 }
 
-// One row per position the query at `token` may see (0 to token), following it through the head `head` of block
-// `layer`: its id; q·k (`product`); |q|, |k| and cos θ, whose product q·k is; q·k / √d (`scaled`); the score after
-// the causal mask (`masked`: equal to `scaled`, the visible positions being the ones shown); the softmax weight;
-// e^(scaled − max) (`exponent`); and `contribution`, the length of weight × value (a vector of the head's width).
-export function attentionRows(trace, layer, head, token) {
+// One row per position the query at `token` may see, following it through the head `head` of block `layer`: in
+// self-attention the text's positions 0 to token, in cross-attention (`part` "cross_") every position of the
+// source. Each row: its position and id; q·k (`product`); |q|, |k| and cos θ, whose product q·k is; q·k / √d
+// (`scaled`); the score after the causal mask (`masked`: equal to `scaled`, the visible positions being the ones
+// shown); the softmax weight; e^(scaled − max) (`exponent`); and `contribution`, the length of weight × value (a
+// vector of the head's width).
+export function attentionRows(trace, layer, head, token, part = "") {
   const steps = trace.layers[layer];
-  const { query, key, group } = queryAndKeys(steps, head);
+  const { query, key, group } = queryAndKeys(steps, head, part);
+  const ids = part ? trace.source_ids : trace.ids;
+  const count = part ? ids.length : token + 1;
   const q = at(query, head, token);
   const qLength = vectorLength(q);
-  const scaled = at(steps.scores, head, token);
+  const scaled = at(steps[`${part}scores`], head, token);
+  const products = at(steps[`${part}products`], head, token);
+  const weights = at(steps[`${part}attention`], head, token);
   let largest = -Infinity;
-  for (let j = 0; j <= token; j++) largest = Math.max(largest, scaled[j]);
-  return Array.from({ length: token + 1 }, (_, j) => {
-    const k = at(key, group, j);
-    const kLength = vectorLength(k);
-    const product = at(steps.products, head, token)[j];
-    const weight = at(steps.attention, head, token)[j];
+  for (let j = 0; j < count; j++) largest = Math.max(largest, scaled[j]);
+  return Array.from({ length: count }, (_, j) => {
+    const kLength = vectorLength(at(key, group, j));
     return {
       position: j,
-      id: Number(trace.ids[j]),
-      product,
+      id: Number(ids[j]),
+      product: products[j],
       query_length: qLength,
       key_length: kLength,
-      cosine: qLength && kLength ? product / (qLength * kLength) : 0,
+      cosine: qLength && kLength ? products[j] / (qLength * kLength) : 0,
       scaled: scaled[j],
       masked: scaled[j],
       exponent: Math.exp(scaled[j] - largest),
-      weight,
-      contribution: weight * vectorLength(at(steps.value, group, j)),
+      weight: weights[j],
+      contribution: weights[j] * vectorLength(at(steps[`${part}value`], group, j)),
     };
   });
 }

@@ -163,21 +163,22 @@ function drawScores(view, panel, { token, layer, head }) {
 }
 
 // One row per visible token through this head: q·k = |q| |k| cos θ, ÷ √d, the softmax's e^(x − max) and weight,
-// and the length of weight × value, what the token gives the output.
-function rowsTable(view, layer, head, token) {
+// and the length of weight × value, what the token gives the output. Cross-attention's (`part` "cross_") has a row
+// per source token, which lights nothing of the target's.
+export function rowsTable(view, layer, head, token, part = "") {
   const size = view.trace.shape.head_size;
   const heads = ["token", "q·k", "|q|", "|k|", "cos θ", `÷ √${size}`, "e^(x − max)", "weight", "|weight × v|"];
   const table = element("table", { class: "rows" },
     element("thead", {}, element("tr", {}, ...heads.map((text) => element("th", { scope: "col", text })))));
   const body = element("tbody");
-  for (const row of attentionRows(view.trace, layer, head, token)) {
+  for (const row of attentionRows(view.trace, layer, head, token, part)) {
     const cells = [row.product, row.query_length, row.key_length, row.cosine, row.scaled, row.exponent, row.weight,
       row.contribution].map((value) => element("td", { text: number(value) }));
-    const position = view.position(row.position);
-    const lit = () => light(view, position);
-    body.append(element("tr", { "data-position": String(position), tabindex: "0", onmouseenter: lit, onfocus: lit,
-      onclick: lit }, element("th", { scope: "row", text: `${position} ${shown(view.options.piece(row.id))}` }),
-    ...cells));
+    const position = part ? row.position : view.position(row.position);
+    const lit = part ? {} : { "data-position": String(position), tabindex: "0", onmouseenter: () => light(view,
+      position), onfocus: () => light(view, position), onclick: () => light(view, position) };
+    body.append(element("tr", lit, element("th", { scope: "row",
+      text: `${position} ${shown(view.options.piece(row.id))}` }), ...cells));
   }
   table.append(body);
   return element("div", { class: "table-scroll" }, table);

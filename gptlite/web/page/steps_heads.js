@@ -3,7 +3,7 @@
 
 import { capitalised, chips, colour, element, HEAD_COLOURS, paragraph, shareScale, shown, strip } from "./inside_draw.js";
 import { at } from "./inside_data.js";
-import { visibleChips } from "./steps_attention.js";
+import { rowsTable, visibleChips } from "./steps_attention.js";
 
 function drawHeads(view, panel, { token, layer }) {
   shareScale(panel);
@@ -57,6 +57,8 @@ function drawCross(view, panel, { token, layer, head }) {
     ),
     element("h4", { text: "over the target so far (self-attention)" }),
     visibleChips(view, at(steps.attention, head, token), token, { bars: true }),
+    element("h4", { text: "Follow each source token from its key to what it gives this token" }),
+    rowsTable(view, layer, head, token, "cross_"),
     strip(at(steps.cross_heads, head, token), `head ${head}'s output`),
     strip(at(steps.cross_output, token), "projected"),
     strip(at(steps.cross_residual, token), "added to the residual stream")
