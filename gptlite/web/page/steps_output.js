@@ -132,6 +132,20 @@ function writerSettings(view) {
   return paragraph(`The writer used ${said.join(", ")}.`);
 }
 
+// The likeliest token's probability worked out from the logits: e^(its logit / T) over the sum of the kept tokens'
+// (with no repetition penalty, which changes the logits first; at temperature 0 the likeliest takes it all).
+function probabilityLine(view, token, kept, probabilities) {
+  const temperature = view.live.temperature ?? 1;
+  if (temperature === 0 || (view.live.repetition_penalty ?? 1) !== 1 || !kept.length) return "";
+  const logits = at(view.trace.steps.logits, token);
+  const top = kept[0];
+  let total = 0;
+  for (const id of kept) total += Math.exp((logits[id] - logits[top]) / temperature);
+  return paragraph(`p(${JSON.stringify(view.options.piece(top))}) = e^(logit / T) / Σ e^(each kept token's logit / ` +
+    `T) = 1 / Σ e^((logit − ${number(logits[top])}) / ${temperature}) over the ${kept.length} kept = 1 / ` +
+    `${number(total)} = ${(100 / total).toFixed(2)}% (shown: ${(probabilities[top] * 100).toFixed(2)}%).`);
+}
+
 function drawProbabilities(view, panel, { token }) {
   const controls = element("div", { class: "live" }, temperatureSlider(view));
   for (const name of view.declared.live) {
@@ -170,6 +184,7 @@ function drawProbabilities(view, panel, { token }) {
         `(their probabilities sum to ${total.toFixed(6)}). The grey bar behind each is its probability at ` +
         "temperature 1 with no other setting: the model's own."
     ),
+    probabilityLine(view, token, order, probabilities),
     controls,
     writerSettings(view),
     chips(
