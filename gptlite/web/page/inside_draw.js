@@ -26,6 +26,13 @@ export function colour(value, largest) {
   return value >= 0 ? `rgba(214,69,43,${share.toFixed(3)})` : `rgba(47,111,214,${share.toFixed(3)})`;
 }
 
+// `colour` laid on white, as the bytes of an opaque pixel [r, g, b, 255].
+export function onWhite(value, largest) {
+  const share = largest > 0 ? Math.min(Math.abs(value) / largest, 1) : 0;
+  const [r, g, b] = value >= 0 ? [214, 69, 43] : [47, 111, 214];
+  return [255 - share * (255 - r), 255 - share * (255 - g), 255 - share * (255 - b), 255];
+}
+
 // A vector as a strip of cells, coloured once the step is drawn (`paint`, one scale for every strip of the step),
 // each value on hover and all of them under "numbers" (a tap on a phone). `name(i)` names entry i.
 export function strip(values, label, name = (i) => `${label}[${i}]`) {
@@ -131,13 +138,10 @@ export function heatmap(rows, label, name, options = {}) {
     "aria-label": `${label}: ${count} × ${columns} numbers`,
     style: `width:${options.width ?? columns * 6}px;height:${options.height ?? count * (options.rowHeight ?? 6)}px` });
   const context = canvas.getContext("2d");
+  const image = context.createImageData(columns, count);
+  rows.forEach((row, r) => row.forEach((v, c) => image.data.set(onWhite(v, largest), (r * columns + c) * 4)));
   const paintRows = (marked) => {
-    context.fillStyle = "#fff";
-    context.fillRect(0, 0, columns, count);
-    rows.forEach((row, r) => row.forEach((v, c) => {
-      context.fillStyle = colour(v, largest);
-      context.fillRect(c, r, 1, 1);
-    }));
+    context.putImageData(image, 0, 0);
     if (marked < 0) return;
     context.fillStyle = "rgba(181,137,0,.55)";  // the lit row, its colours still showing through
     context.fillRect(0, marked, columns, 1);

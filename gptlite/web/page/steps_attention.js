@@ -2,7 +2,7 @@
 // scores and what they come from, the mask, the softmax and every head's matrix, the weighted values.
 
 import {
-  capitalised, chips, colour, element, heatmap, light, number, paragraph, shareScale, shown, strip,
+  capitalised, chips, element, heatmap, light, number, onWhite, paragraph, shareScale, shown, strip,
 } from "./inside_draw.js";
 import { at, attentionMatrix, attentionRows, softmaxTerm, weightedFirst } from "./inside_data.js";
 
@@ -254,13 +254,18 @@ function matrixPicture(view, layer, head, token, chosen) {
   const cell = Math.max(2, Math.floor(160 / count));
   const canvas = element("canvas", { width: count * cell, height: count * cell, "aria-hidden": "true" });
   const context = canvas.getContext("2d");
+  // The weights a pixel each, then scaled up to `cell` pixels a weight (one image: no call a cell).
+  const pixels = new ImageData(count, count);
+  rows.forEach((row, t) => row.forEach((weight, s) => {
+    const hatched = (s + t) % 2 ? [228, 228, 228, 255] : [244, 244, 244, 255];
+    pixels.data.set(s > t ? hatched : onWhite(weight, 1), (t * count + s) * 4);
+  }));
+  const small = document.createElement("canvas");
+  small.width = small.height = count;
+  small.getContext("2d").putImageData(pixels, 0, 0);
+  context.imageSmoothingEnabled = false;
   const paintMatrix = (litColumn) => {
-    context.fillStyle = "#fff";
-    context.fillRect(0, 0, count * cell, count * cell);
-    rows.forEach((row, t) => row.forEach((weight, s) => {
-      context.fillStyle = s > t ? ((s + t) % 2 ? "#e4e4e4" : "#f4f4f4") : colour(weight, 1);
-      context.fillRect(s * cell, t * cell, cell, cell);
-    }));
+    context.drawImage(small, 0, 0, count * cell, count * cell);
     context.lineWidth = Math.max(1, cell / 3);
     if (litColumn >= 0 && litColumn < count) {  // the lit token: what every row gives it
       context.strokeStyle = "#b58900";

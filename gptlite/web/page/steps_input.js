@@ -1,7 +1,9 @@
 // The Inside view's first steps: the tokens, their vectors, the positions and a block's norm. Each is drawn by a
 // function of the view, the panel it fills and the state shown, named in STEP_DRAWINGS by its id (inside/views.py).
 
-import { chips, element, normLine, normSaid, number, paragraph, shareScale, shown, strip } from "./inside_draw.js";
+import {
+  chips, element, normLine, normSaid, number, onWhite, paragraph, shareScale, shown, strip,
+} from "./inside_draw.js";
 import { at } from "./inside_data.js";
 
 function drawTokens(view, panel, { token }) {
@@ -102,15 +104,8 @@ function table(view, array, marked) {
   const image = context.createImageData(columns, rows);
   let largest = 0;
   for (const v of array.data) largest = Math.max(largest, Math.abs(v));
-  array.data.forEach((v, i) => {
-    const share = largest ? Math.abs(v) / largest : 0;
-    const [r, g, b] = v >= 0 ? [214, 69, 43] : [47, 111, 214];
-    const mark = Math.floor(i / columns) === marked;
-    image.data.set(
-      mark ? [0, 0, 0, 255] : [255 - share * (255 - r), 255 - share * (255 - g), 255 - share * (255 - b), 255],
-      i * 4
-    );
-  });
+  array.data.forEach((v, i) => image.data.set(Math.floor(i / columns) === marked ? [0, 0, 0, 255] : onWhite(v, largest),
+    i * 4));
   context.putImageData(image, 0, 0);
   return canvas;
 }
