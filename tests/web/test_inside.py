@@ -4,6 +4,7 @@ the state a link opens, a link's mistakes, a phone's width, the keyboard alone, 
 view of a Python trace, saved to a file, in the same browser."""
 
 import json
+import re
 import time
 import urllib.parse
 
@@ -262,6 +263,17 @@ def test_after_writing_greedily_the_draw_shown_is_the_token_written(site, browse
     logits = gptlite.trace(model, shown["ids"]).steps["logits"][10]
     top_two = np.sort(logits)[-2:]
     assert shown["drawn"]["id"] == shown["ids"][11] or top_two[1] - top_two[0] < TIE
+    # Learned positions: the position step works the sum's first entry out with the model's numbers.
+    browser.find_element("css selector", '[data-step="position"]').click()
+    assert _wait_for(browser, "inside") == "done"
+    steps = gptlite.trace(model, shown["ids"]).steps
+    said = browser.find_element("css selector", "#inside section.step").text
+    worked = re.search(r"sum\[0\] = token\[0\] \+ position\[0\] = (\S+) \+ (\S+) = (\S+) \(the model's: (\S+)\)",
+                       said)
+    token_entry, position_entry, total, models_total = (float(number) for number in worked.groups())
+    expected = (steps["token_embedding"][10, 0], steps["position"][10, 0], steps["embedding"][10, 0])
+    assert np.allclose([token_entry, position_entry, models_total], expected, rtol=1e-3, atol=1e-4)
+    assert abs(total - models_total) <= 1e-3 * abs(models_total) + 2e-4  # the sum, as the page adds it
 
 
 @pytest.mark.slow

@@ -114,14 +114,22 @@ export function paragraph(text) {
 // What the model's norm does, in Python's words.
 export const normSaid = (view) => view.declared.choices.norm;
 
+// A sum's first entry worked out: `names[0]`[0] + `names[1]`[0] = the model's sum[0] (`names[3]`: the sum is then
+// normalised, post-norm).
+export function sumLine(a, b, sum, names) {
+  return paragraph(`${names[2]}[0] = ${names[0]}[0] + ${names[1]}[0] = ${number(a[0])} + ${number(b[0])} = ` +
+    `${number(a[0] + b[0])}` + (names[3] ? `, then normalised: ${number(sum[0])}.` : ` (the model's: ${number(sum[0])}).`));
+}
+
 // The norm of x worked out for its first entry, before and after its learned scale (and shift): the model's `normed`.
-export function normLine(view, x, normed) {
-  const { norm, norm_epsilon: epsilon } = view.trace.shape;
+// `norm`: "layer" or "rms" (the model's norm by default; QK-norm's is RMS); `name`: what x is called.
+export function normLine(view, x, normed, norm = view.trace.shape.norm, name = "x") {
+  const { norm_epsilon: epsilon } = view.trace.shape;
   const { mean, spread, first } = normalised(x, norm, epsilon);
-  const how = norm === "layer" ? `(x[0] − mean) / √(variance + ε) = (${number(x[0])} − ${number(mean)}) / ` +
-    `${number(spread)}` : `x[0] / √(mean of x² + ε) = ${number(x[0])} / ${number(spread)}`;
-  return paragraph(`${how} = ${number(first)}; its learned scale${norm === "layer" ? " and shift" : ""} then make it ` +
-    `${number(normed[0])}.`);
+  const how = norm === "layer" ? `(${name}[0] − mean) / √(variance + ε) = (${number(x[0])} − ${number(mean)}) / ` +
+    `${number(spread)}` : `${name}[0] / √(mean of ${name}² + ε) = ${number(x[0])} / ${number(spread)}`;
+  return paragraph(`${how} = ${number(first)}; its learned scale${norm === "layer" ? " and shift then make" :
+    " then makes"} it ${number(normed[0])}.`);
 }
 
 // A matrix (rows of numbers) as a picture, on one scale (its largest magnitude, or `options.scale`): each cell's

@@ -2,7 +2,7 @@
 // scores and what they come from, the mask, the softmax and every head's matrix, the weighted values.
 
 import {
-  capitalised, chips, element, heatmap, light, number, onWhite, paragraph, shareScale, shown, strip,
+  capitalised, chips, element, heatmap, light, normLine, number, onWhite, paragraph, shareScale, shown, strip,
 } from "./inside_draw.js";
 import { at, attentionMatrix, attentionRows, softmaxTerm, weightedFirst } from "./inside_data.js";
 
@@ -103,6 +103,7 @@ function drawQkNorm(view, panel, { token, layer, head }) {
   const kv = kvHead(view, head);
   panel.append(
     paragraph(`${capitalised(view.declared.choices.qk_norm)}.`),
+    normLine(view, at(steps.query, head, token), at(steps.query_normed, head, token), "rms", "q"),
     strip(at(steps.query, head, token), "query"),
     strip(at(steps.query_normed, head, token), "query, normalised"),
     strip(at(steps.key, kv, token), "key"),
@@ -120,11 +121,21 @@ function drawRotary(view, panel, { token, layer, head }) {
       `The query and key are turned by the angles of position ${token} (see Position): pair i ` +
         `(dimensions i and i + ${view.trace.shape.head_size / 2}) by its own angle.`
     ),
+    turnLine(view, at(steps[`query${before}`], head, token), at(steps.query_rotated, head, token), token),
     strip(at(steps[`query${before}`], head, token), "query before"),
     strip(at(steps.query_rotated, head, token), "query turned"),
     strip(at(steps[`key${before}`], kv, token), "key before"),
     strip(at(steps.key_rotated, kv, token), "key turned")
   );
+}
+
+// Pair 0 of the query turned, worked out: (q[0], q[D/2]) by θ, the angle of the token's position.
+function turnLine(view, q, turned, token) {
+  const half = view.trace.shape.head_size / 2;
+  const angle = at(view.trace.steps.rotary_angles, token)[0];
+  return paragraph(`turned[0] = q[0] cos θ − q[${half}] sin θ, θ = ${number(angle)} rad: ${number(q[0])} × ` +
+    `${number(Math.cos(angle))} − ${number(q[half])} × ${number(Math.sin(angle))} = ` +
+    `${number(q[0] * Math.cos(angle) - q[half] * Math.sin(angle))} (the model's: ${number(turned[0])}).`);
 }
 
 export function visibleChips(view, values, token, options = {}) {

@@ -2,7 +2,7 @@
 // function of the view, the panel it fills and the state shown, named in STEP_DRAWINGS by its id (inside/views.py).
 
 import {
-  chips, element, normLine, normSaid, number, onWhite, paragraph, shareScale, shown, strip,
+  chips, element, normLine, normSaid, number, onWhite, paragraph, shareScale, shown, strip, sumLine,
 } from "./inside_draw.js";
 import { at } from "./inside_data.js";
 
@@ -84,6 +84,8 @@ function drawPosition(view, panel, { token }) {
       `Positions: ${view.declared.choices.position}. Position ${token} adds row ${token} to the token vector; ` +
         "the sum is what the first block reads."
     ),
+    sumLine(at(steps.token_embedding, token), at(steps.position, token), at(steps.embedding, token),
+      ["token", "position", "sum"]),
     strip(at(steps.token_embedding, token), "token vector"),
     strip(at(steps.position, token), `position ${token}`),
     strip(at(steps.embedding, token), "sum"),

@@ -2,14 +2,11 @@
 // probabilities after the sampling settings.
 
 import { nextTokenProbabilities, settingOf } from "./gptlite.js";
-import { chips, element, normLine, normSaid, number, paragraph, shareScale, shown, strip } from "./inside_draw.js";
+import {
+  chips, element, normLine, normSaid, number, paragraph, shareScale, shown, strip, sumLine,
+} from "./inside_draw.js";
 import { at } from "./inside_data.js";
 
-// A sum's first entry worked out: `names[0]`[0] + `names[1]`[0] = the model's sum[0].
-function sumLine(a, b, sum, names) {
-  return paragraph(`${names[2]}[0] = ${names[0]}[0] + ${names[1]}[0] = ${number(a[0])} + ${number(b[0])} = ` +
-    `${number(a[0] + b[0])}` + (names[3] ? `, then normalised: ${number(sum[0])}.` : ` (the model's: ${number(sum[0])}).`));
-}
 
 function drawResidual(view, panel, { token, layer }) {
   shareScale(panel);
