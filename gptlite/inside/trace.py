@@ -23,6 +23,7 @@ from gptlite.decode.sampling import next_token_probabilities
 from gptlite.decode.settings import SamplingConfig
 from gptlite.errors import ConfigError, InputError, TooLargeError
 from gptlite.inside import edits as editing, lens
+from gptlite.model.attention import BLOCK_HEAD_WEIGHTS
 from gptlite.model.gpt import check_use
 from gptlite.model.hooks import BLOCK_PREFIXES, BLOCK_STEPS, MODEL_STEPS
 from gptlite.model.positions import rotary_angles
@@ -35,10 +36,9 @@ TABLE_STEPS = ("position_table", "rotary_angles")
 NEIGHBOUR_STEPS = ("neighbours_cosine", "neighbours_cosine_ids", "neighbours_dot", "neighbours_dot_ids")
 # The steps outside the blocks and each block's, as a trace names them (the page's graph names them so too).
 STEPS = (*MODEL_STEPS[:4], *TABLE_STEPS, *MODEL_STEPS[4:], *NEIGHBOUR_STEPS)
-# Each block's attention weights, as `Attention.head_weights` slices them by head (cross-attention's as `cross_...`):
-# what the Inside view shows its queries, keys and values made with.
-WEIGHT_STEPS = ("query_weight", "key_weight", "value_weight", "query_bias", "key_bias", "value_bias")
-LAYER_STEPS = (*BLOCK_STEPS, *WEIGHT_STEPS, *(f"cross_{step}" for step in WEIGHT_STEPS))
+# A block's steps, and its attention's weights by head (`BLOCK_HEAD_WEIGHTS`): what the Inside view shows its
+# queries, keys and values made with.
+LAYER_STEPS = (*BLOCK_STEPS, *BLOCK_HEAD_WEIGHTS)
 # Steps computed only where asked for, not kept in a trace: each head's share of the output projection, which
 # `Trace.attribution` reads by running the pass again.
 _ASKED_ONLY = ("head_outputs", "cross_head_outputs")
@@ -56,7 +56,7 @@ class Trace:
     longer than the context is read as its last block_size tokens, as `attention_maps` reads it); `shape`: the
     model's settings the steps depend on (GPTConfig's fields, with kv_heads and head_size). `steps`: the
     steps before and after the blocks, by name (`STEPS`); `layers`: one dict a block, its steps by name
-    (`LAYER_STEPS`: its steps, and its attention's weights by head, `WEIGHT_STEPS`); a block a trace was not asked
+    (`LAYER_STEPS`: its steps, and its attention's weights by head, `BLOCK_HEAD_WEIGHTS`); a block a trace was not asked
     to keep (`layers`) is an empty dict. A step a model has not (QK-norm, a rotation, a position table, biases) is
     absent. `ablated`: the heads knocked out, as (layer, head, part)
     with `ablation` "zero" or "mean" (see `gptlite.inside.edits`); every step is the edited model's. A Seq2Seq's
@@ -121,8 +121,8 @@ class Trace:
         """The trace as the page's view reads it: plain JSON-ready data, each array as {"dims", "data"}; `packed`,
         each float array's data as {"dims", "float32"}, its little-endian bytes in base64 (a fifth of the JSON, the
         numbers as they are), which the view unpacks. Without `weights`, the blocks' attention weights
-        (`WEIGHT_STEPS`, the same for every text) are left out."""
-        left_out = set() if weights else {*WEIGHT_STEPS, *(f"cross_{step}" for step in WEIGHT_STEPS)}
+        (`BLOCK_HEAD_WEIGHTS`, the same for every text) are left out."""
+        left_out = set() if weights else set(BLOCK_HEAD_WEIGHTS)
         def array(values):
             values = np.asarray(values)
             if packed and values.dtype.kind == "f":
@@ -248,7 +248,7 @@ def _by_block(kept, n_layer):
 
 
 def _add_weights(model, found, layers):
-    """Put each kept block's attention weights by head (`WEIGHT_STEPS`) among its steps."""
+    """Put each kept block's attention weights by head (`BLOCK_HEAD_WEIGHTS`) among its steps."""
     stacks = {"layer": model.blocks, "encoder_layer": getattr(model, "encoder_blocks", [])}
     for stack, index in layers:
         block = stacks[stack][index]

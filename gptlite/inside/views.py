@@ -8,6 +8,7 @@ A new step is one line here and its drawing there; `tests/inside/test_views.py` 
 """
 
 from gptlite.model import hooks as hook_points
+from gptlite.model.attention import BLOCK_HEAD_WEIGHTS
 
 # The view's steps: `id` (what its drawing is called), `title`, `layer` (the step is a block's: a layer and a head
 # are chosen), `needs` (the trace step a model must have for it: QK-norm, rotary positions, cross-attention), `runs`
@@ -41,8 +42,10 @@ LIVE_SETTINGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
 
 def page_declarations(config, probe=None):
     """What the page's Inside view reads of a model of `config` besides its trace: the view's steps, the settings
-    it applies live, the trace's step names (`gptlite.model.hooks`), the model's choices in words, and `probe`, the
+    it applies live, the trace's step names (`gptlite.model.hooks`) and its blocks' weights' (`weight_steps`: the
+    same for every text, fetched once), the model's choices in words, and `probe`, the
     ids `gptlite.heads` scores induction on (a GPT's: `heads.probe_ids`; None where the view scores no heads)."""
     return {"views": [dict(step) for step in VIEW_STEPS], "live": list(LIVE_SETTINGS),
             "steps": list(hook_points.MODEL_STEPS), "block_steps": list(hook_points.BLOCK_STEPS),
+            "weight_steps": list(BLOCK_HEAD_WEIGHTS),
             "choices": config.choices_said(), "probe": None if probe is None else [int(i) for i in probe]}

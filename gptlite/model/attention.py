@@ -24,6 +24,11 @@ from gptlite.model.layers import Linear, register, weight_array
 from gptlite.model.norms import RMSNorm
 from gptlite.model.positions import token_positions
 
+# The names `Attention.head_weights` gives each head's weights, and a block's (its cross-attention's as `cross_...`,
+# as `hooks.BLOCK_STEPS` names its steps).
+HEAD_WEIGHTS = ("query_weight", "key_weight", "value_weight", "query_bias", "key_bias", "value_bias")
+BLOCK_HEAD_WEIGHTS = (*HEAD_WEIGHTS, *(f"cross_{name}" for name in HEAD_WEIGHTS))
+
 
 def causal_mask(query_length, key_length, query_offset=0):
     """Boolean mask, True where query t may attend key s.
@@ -198,7 +203,7 @@ class Attention(keras.layers.Layer):
 
     def head_weights(self):
         """Each head's slice of the projections that make its query, key and value from the width-C vector, as
-        float32 numpy arrays (LoRA merged): `query_weight` (H, C, D), `key_weight` and `value_weight` (K, C, D),
+        float32 numpy arrays (LoRA merged), by the names of HEAD_WEIGHTS: `query_weight` (H, C, D), `key_weight` and `value_weight` (K, C, D),
         and where the projections have biases `query_bias` (H, D), `key_bias` and `value_bias` (K, D); head h's
         query of x (C,) is x @ query_weight[h] + query_bias[h]."""
         heads, kv_heads, size = self.n_head, self.kv_heads, self.head_size

@@ -12,6 +12,7 @@ from keras import ops
 import gptlite
 from gptlite.inside import views
 from gptlite.model import config as configs, hooks as hook_points, layers
+from gptlite.model.attention import BLOCK_HEAD_WEIGHTS
 from gptlite.model.hooks import seen
 from gptlite.web import onnx_graph
 
@@ -23,6 +24,7 @@ def test_every_view_needs_a_step_the_forward_pass_declares_and_the_page_is_given
     for step in declared["views"]:
         assert step.get("needs") is None or step["needs"] in hook_points.BLOCK_STEPS, step
     assert declared["block_steps"] == list(hook_points.BLOCK_STEPS) and declared["live"][0] == "temperature"
+    assert declared["weight_steps"] == list(BLOCK_HEAD_WEIGHTS)  # what the page fetches once and keeps
     assert declared["choices"] == {"position": configs.POSITION_KINDS["learned"].does,
                                    "norm": configs.NORM_KINDS["layer"].does,
                                    "norm_position": configs.NORM_POSITION_KINDS["pre"].does,

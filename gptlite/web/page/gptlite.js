@@ -250,9 +250,6 @@ function insideFeeds(ort, session, config, ids, sourceIds = null, scales = {}) {
   return feeds;
 }
 
-// The inside graph's outputs that hold the model's weights, not a step of its pass over the text.
-const WEIGHT = /\.(cross_)?(query|key|value)_(weight|bias)$/;
-
 export class Explainer {
   // ort: onnxruntime-web's module; session: an InferenceSession of inside.onnx; config: the export's config.json.
   constructor(ort, session, config) {
@@ -270,12 +267,15 @@ export class Explainer {
   async trace(allIds, sourceIds = null, scales = {}) {
     const ids = allIds.slice(-this.config.block_size);
     const feeds = insideFeeds(this.ort, this.session, this.config, ids, sourceIds, scales);
-    // The attention weights (<part>_weight, <part>_bias) are the same every run: fetched the first time, then kept.
+    // The blocks' attention weights (config.inside.weight_steps, Python's) are the same every run: fetched the first
+    // time, then kept.
+    const weight = new Set(this.config.inside.weight_steps);
+    const isWeight = (name) => weight.has(name.slice(name.indexOf(".") + 1));
     const out = this.weights
-      ? { ...(await this.session.run(feeds, this.session.outputNames.filter((name) => !WEIGHT.test(name)))),
+      ? { ...(await this.session.run(feeds, this.session.outputNames.filter((name) => !isWeight(name)))),
           ...this.weights }
       : await this.session.run(feeds);
-    this.weights ??= Object.fromEntries(Object.entries(out).filter(([name]) => WEIGHT.test(name)));
+    this.weights ??= Object.fromEntries(Object.entries(out).filter(([name]) => isWeight(name)));
     const steps = {};
     const layers = Array.from({ length: this.config.n_layer }, () => ({}));
     const encoderLayers = Array.from({ length: sourceIds ? this.config.n_layer : 0 }, () => ({}));

@@ -21,16 +21,22 @@ export function element(tag, attributes = {}, ...children) {
 }
 
 // One diverging colour scale for the whole view: blue below zero, white at zero, red above, full at ±largest.
-export function colour(value, largest) {
-  const share = largest > 0 ? Math.min(Math.abs(value) / largest, 1) : 0;
-  return value >= 0 ? `rgba(214,69,43,${share.toFixed(3)})` : `rgba(47,111,214,${share.toFixed(3)})`;
+// {rgb: the full colour of value's side, share: how much of it, 0 to 1}.
+function shade(value, largest) {
+  return { rgb: value >= 0 ? [214, 69, 43] : [47, 111, 214],
+    share: largest > 0 ? Math.min(Math.abs(value) / largest, 1) : 0 };
 }
 
-// `colour` laid on white, as the bytes of an opaque pixel [r, g, b, 255].
+// The scale's colour of `value`, as CSS.
+export function colour(value, largest) {
+  const { rgb, share } = shade(value, largest);
+  return `rgba(${rgb.join(",")},${share.toFixed(3)})`;
+}
+
+// The scale's colour laid on white, as the bytes of an opaque pixel [r, g, b, 255].
 export function onWhite(value, largest) {
-  const share = largest > 0 ? Math.min(Math.abs(value) / largest, 1) : 0;
-  const [r, g, b] = value >= 0 ? [214, 69, 43] : [47, 111, 214];
-  return [255 - share * (255 - r), 255 - share * (255 - g), 255 - share * (255 - b), 255];
+  const { rgb, share } = shade(value, largest);
+  return [...rgb.map((channel) => 255 - share * (255 - channel)), 255];
 }
 
 // A vector as a strip of cells, coloured once the step is drawn (`paint`, one scale for every strip of the step),

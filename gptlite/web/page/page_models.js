@@ -178,8 +178,9 @@ export class ModelOnServer {
       const where = position === null || config.source ? {} : { position };
       const answer = await tracedOnServer({ ...body, ...where, ablate: ablated, weights: !this.weights },
         this.headers, this.label());
+      const weight = new Set(config.inside.weight_steps);
       this.weights ??= answer.trace.layers.map((layer) => Object.fromEntries(Object.entries(layer)
-        .filter(([name]) => /(query|key|value)_(weight|bias)$/.test(name))));
+        .filter(([name]) => weight.has(name))));
       answer.trace.layers.forEach((layer, index) => Object.assign(layer, this.weights[index]));
       traced.textIds = config.source ? null : answer.textIds;
       return answer.trace;
