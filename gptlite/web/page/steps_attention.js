@@ -46,7 +46,7 @@ function drawQkv(view, panel, { token, layer, head }) {
 function projections(view, steps, parts, token) {
   const { n_embd: width, head_size: size } = view.trace.shape;
   const x = at(steps.attention_normed ?? steps.input, token);
-  const w = Math.min(size * 3, 110);
+  const w = Math.min(size * 3, 90);  // three of them beside x fit a phone's 390 pixels
   const h = Math.min(width * 2, 256);
   const grid = element("div", { class: "product", style: `grid-template-columns: repeat(${parts.length + 2}, auto)` },
     heatmap(Array.from(x, (v) => [v]), "x", (r) => `x[${r}]`, { width: 10, height: h }),
