@@ -71,7 +71,7 @@ _LAZY = {
     "AttentionMaps": "inside.inspection", "attention_maps": "inside.inspection", "plot_attention": "inside.inspection",
     "plot_positions": "inside.inspection", "token_report": "inside.inspection",
     "trace": "inside.trace", "trace_target": "inside.trace", "Trace": "inside.trace",
-    "heads": "inside.heads", "HeadReport": "inside.heads", "patching": "inside.patching", "Patching": "inside.patching",
+    "heads": "inside.heads", "HeadReport": "inside.heads", "film": "inside.film", "Film": "inside.film", "patching": "inside.patching", "Patching": "inside.patching",
 }
 __all__ = sorted(["ConfigError", "GPTLiteError", "InputError", "MissingFileError", "RunExistsError",
                   "TrainingDiverged", "TrainingInterrupted", "PRESETS", "GPTConfig", "TrainingConfig", "quiet",

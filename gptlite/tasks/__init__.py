@@ -13,19 +13,26 @@ import typing
 class Declared(typing.NamedTuple):
     """A kind of run as TASKS declares it: the module of tasks/ and its `Task` class; what it trains, for the
     commands' help; the settings of a preset of its own, named as the task (`training.settings.PRESETS` holds it),
-    where its models train with other settings than a language model's; the steps that preset trains each of the
-    task's synthetic tasks for, where one takes other than the preset's."""
+    where its models train with other settings than a language model's; the settings each of the task's synthetic
+    tasks trains with over its default preset, where one takes other than the preset's."""
 
     module: str
     class_name: str
     trains: str
     preset: dict = None
-    synthetic_steps: dict = None
+    synthetic_settings: dict = None
 
 
 # What a run trains, by the value of its `task` setting. A new kind of run is one class in tasks/ and one line here.
 TASKS = {
-    "lm": Declared("language", "LanguageModel", "a GPT that continues text (the default)"),
+    "lm": Declared("language", "LanguageModel", "a GPT that continues text (the default)",
+                   # TransformerLens's induction-head demo's shape (2 layers of 2 heads, width 64, no dropout) on
+                   # rows that end with 8 to 16 symbols and them again; its induction heads form at about a third of
+                   # these steps (docs/inspection.md, "A film of a run").
+                   synthetic_settings={"induction": dict(
+                       n_layer=2, n_head=2, n_kv_head=None, n_embd=64, block_size=32, dropout=0.0, batch_size=32,
+                       max_iters=1000, lr=3e-3, min_lr=1e-4, warmup_iters=50, eval_interval=250, eval_iters=8,
+                       checkpoint_interval=250)}),
     "seq2seq": Declared(
         "pairs", "Pairs", "an encoder-decoder that learns to write each line's target from its source",
         # An encoder and a decoder of 2 blocks each; its block size, unless given, is the longest pair's.
@@ -33,7 +40,8 @@ TASKS = {
                     batch_size=128, max_iters=6000, lr=3e-3, min_lr=3e-4, warmup_iters=200,
                     beta2=0.99, weight_decay=0.1, eval_interval=500, eval_iters=10, checkpoint_interval=500),
         # About what each synthetic task takes to decode 99% of its held-out pairs exactly (benchmarks/journal.md).
-        synthetic_steps={"addition": 8000, "reverse": 1500, "sort": 6000}),
+        synthetic_settings={"addition": dict(max_iters=8000), "reverse": dict(max_iters=1500),
+                            "sort": dict(max_iters=6000)}),
     "chat": Declared("chat", "Chat", "a GPT that answers, trained on a JSON Lines file of conversations (see "
                                      "docs/chat.md)"),
 }

@@ -5,10 +5,10 @@ import sys
 
 import numpy as np
 
-from gptlite.data import lm
+from gptlite.data import induction, lm, LM_SYNTHETIC_TASKS
 from gptlite.decode import generation
 from gptlite.decode.settings import SamplingConfig
-from gptlite.errors import InputError
+from gptlite.errors import ConfigError, InputError
 from gptlite.evaluation import scores
 from gptlite.inside import inspection
 from gptlite.model.config import MLP_KINDS, NORM_KINDS
@@ -31,9 +31,21 @@ class LanguageModel(Task):
     name = "lm"
     model_class = GPT
     measures_mfu = True  # a GPT's FLOPs per token are known (`GPT.training_flops_per_token`)
+    synthetic = LM_SYNTHETIC_TASKS
+    films = True
 
     def owns(self, model):
         return not model.writes_targets and not model.chats
+
+    def check(self, asked):
+        super().check(asked)
+        if asked.synthetic and asked.sources:
+            raise ConfigError(f"the synthetic {asked.synthetic} task makes its own rows; give no file")
+        if asked.synthetic and asked.init_from:
+            raise ConfigError(f"the synthetic {asked.synthetic} task trains a new model; leave out `init_from`")
+        if asked.synthetic and asked.tokenizer not in (None, "char"):
+            raise ConfigError(f"the synthetic {asked.synthetic} task's symbols are characters; leave out "
+                              f"`tokenizer={asked.tokenizer}`")
 
     def __init__(self):
         self._corpus = None
@@ -42,8 +54,12 @@ class LanguageModel(Task):
         """The run's text, read once: its files, or about 2 MB of the Python standard library's sources."""
         if self._corpus is None:
             asked = plan.asked
-            self._corpus = (lm.Corpus.from_files(asked.sources, asked.encoding, asked.errors) if asked.sources else
-                            lm.Corpus.from_text(lm.default_corpus(), "the Python standard library's sources"))
+            if asked.synthetic:  # its symbols: what its tokenizer is fitted to
+                self._corpus = lm.Corpus.from_text(induction.SYMBOLS, f"the synthetic {asked.synthetic} task")
+            elif asked.sources:
+                self._corpus = lm.Corpus.from_files(asked.sources, asked.encoding, asked.errors)
+            else:
+                self._corpus = lm.Corpus.from_text(lm.default_corpus(), "the Python standard library's sources")
         return self._corpus
 
     def model(self, plan, data, say):
@@ -65,6 +81,8 @@ class LanguageModel(Task):
         """The text encoded once into a token file in the run's folder, split into train and validation."""
         corpus = self.corpus(plan)
         make_folder()
+        if plan.asked.synthetic:
+            return self._synthetic_training(plan, model, corpus)
         try:
             token_ids = lm.encode_corpus(corpus, model.tokenizer, plan.out_dir, sys.stdout.isatty(),
                                          plan.asked.unknown)
@@ -81,6 +99,25 @@ class LanguageModel(Task):
                 f"({model.tokenizer.tokens_are}, {model.tokenizer.vocabulary_size:,} in the vocabulary); "
                 f"{len(train_ids):,} train / {len(validation_ids):,} validation")
         return Training(train_ids, validation_ids, line, {}, self.sampler(plan))
+
+    def _synthetic_training(self, plan, model, corpus):
+        """The synthetic task's rows (`data.induction`), drawn from the run's seed."""
+        symbols = model.tokenizer.encode(induction.SYMBOLS)
+        train_rows, validation_rows = induction.task_rows(symbols, model.config.block_size, plan.seed)
+        line = (f"training on {corpus.name}: rows that end with {(model.config.block_size + 1) // 4} to "
+                f"{(model.config.block_size + 1) // 2} of {len(induction.SYMBOLS)} symbols and them again; "
+                f"{len(train_rows):,} train / {len(validation_rows):,} validation rows")
+        return Training(train_rows, validation_rows, line, {}, self.sampler(plan))
+
+    def film_probe(self, model, training, text=None):
+        block_size = model.config.block_size
+        if text is not None:
+            ids = generation.prompt_ids(model.tokenizer, text, "error")[-block_size:]
+            if len(ids) < 2:
+                raise InputError(f"`film_probe` is {len(ids)} token; the film looks at a text of at least 2")
+            return ids
+        validation = training.validation
+        return [int(i) for i in (validation[0] if validation.ndim == 2 else validation)[:block_size]]
 
     def describe(self, model):
         config = model.config
@@ -126,10 +163,12 @@ class LanguageModel(Task):
         return f"{maps.title} for {drawn}"
 
     def batches(self, data, block_size, batch_size, count, **kwargs):
+        if data.ndim == 2:  # a synthetic task's rows
+            return induction.RowBatches(data, block_size, batch_size, count, **kwargs)
         return lm.RandomWindows(data, block_size, batch_size, count, **kwargs)
 
     def characters_per_token(self, tokenizer, validation):
-        if tokenizer is None:
+        if tokenizer is None or validation.ndim == 2:  # a synthetic task's symbols are no text's characters
             return None
         characters = sum(tokenizer.character_count(validation[start:start + COUNTING_CHUNK])
                          for start in range(0, len(validation), COUNTING_CHUNK))

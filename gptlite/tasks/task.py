@@ -68,6 +68,7 @@ class Task:
     reads = "prompt"  # what it is given to write from: a "prompt" it continues, or a "source" it writes a target for
     measures_mfu = False  # whether its FLOPs per token are known, for model FLOPs utilisation
     synthetic = {}  # the built-in tasks (the `synthetic` setting) it trains on instead of files, by name
+    films = False  # whether a run keeps a film (`training.film`): `film_probe` gives the text it looks at
 
     @property
     def default_preset(self):
@@ -101,6 +102,11 @@ class Task:
     def training(self, plan, model, data, say, make_folder):
         """A `Training`: the data encoded for the model; `make_folder()` is called before the run's folder is
         written to, once whatever could refuse the data has passed."""
+        raise NotImplementedError
+
+    def film_probe(self, model, training, text=None):
+        """The token ids a run's film looks inside the model at: `text`'s (its last context), or a slice of the
+        validation data of `training` (a `Training`)."""
         raise NotImplementedError
 
     def describe(self, model):

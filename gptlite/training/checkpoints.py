@@ -30,6 +30,9 @@ class RunState:
     best_val_loss: float = math.inf
     loss_sum: float = 0.0  # train loss summed over the steps since the last evaluation
     loss_steps: int = 0
+    # The same since the last frame of the run's film (`training.film`).
+    frame_loss_sum: float = 0.0
+    frame_loss_steps: int = 0
 
 
 def _seed_states(model):

@@ -21,6 +21,7 @@ from gptlite.tasks.task import named
 from gptlite.training import history
 from gptlite.training.background import FileWriter, Jobs
 from gptlite.training.checkpoints import restore_checkpoint, RunState, save_checkpoint, snapshot
+from gptlite.training.film import Recorder
 from gptlite.training.optimizer import make_optimizer
 from gptlite.training.settings import dtype_policy
 from gptlite.weights import saving
@@ -91,8 +92,13 @@ class _StepWatcher(keras.callbacks.Callback):
     `fit_batches`, the fit call's batches in all).
     """
 
-    def __init__(self, stop_request, progress, seed, first_step, micro_batches, fit_batches):
+    def __init__(self, stop_request, progress, seed, first_step, micro_batches, fit_batches, on_steps=None):
         super().__init__()
+        # on_steps(step, loss_sum, steps, model): called as steps end, with the step reached, the sum of the losses
+        # of the steps since the last call and their number, and a function that gives the model (which, under
+        # JAX, first copies the weights back to it).
+        self.on_steps = on_steps
+        self.loss_sum_counted = 0.0
         self.stop_request = stop_request
         self.fit_batches = fit_batches
         self.progress = progress
@@ -119,6 +125,11 @@ class _StepWatcher(keras.callbacks.Callback):
             return  # within an optimizer step
         steps = self.batches // self.micro_batches
         self.progress.steps_done(steps - self.steps, self.mean_loss)
+        if self.on_steps is not None:
+            loss_sum = self.mean_loss * steps  # a step's loss is the mean of its batches'
+            self.on_steps(self.first_step + steps, loss_sum - self.loss_sum_counted, steps - self.steps,
+                          lambda: self.model)
+            self.loss_sum_counted = loss_sum
         self.steps = steps
         if self.stop_request.requested:
             self.model.stop_training = True
@@ -157,7 +168,7 @@ SLOW_DISK = ("the disk is slower than the checkpoints: each waits for the one be
 
 
 def train(model, train_ids, validation_ids, config, out_dir, task, verbose=1, resume=False, stop_request=None,
-          callbacks=(), metrics=None, peak_flops=None, tensorboard=None, sample=None):
+          callbacks=(), metrics=None, peak_flops=None, tensorboard=None, sample=None, film=None):
     """Train `model` with `model.fit`; return the evaluation records.
 
     A GPT trains on token ids (1-D arrays) or packed conversations
@@ -190,6 +201,8 @@ def train(model, train_ids, validation_ids, config, out_dir, task, verbose=1, re
         evaluation, with `sample` (a function of the model returning text)
         as a text sample if given.
     callbacks: more Keras callbacks, given to every `fit` call.
+    film: a `training.film.FilmPlan`: keep a film of the run in `out_dir`/film (`training.film`); a resumed run
+        continues it (or starts it at the step it resumes from).
     """
     called = time.perf_counter()
     compile_cache.start()  # see gptlite.compile_cache
@@ -216,6 +229,13 @@ def train(model, train_ids, validation_ids, config, out_dir, task, verbose=1, re
             peak_flops and model.training_flops_per_token() / peak_flops,
             tensorboard and history.TensorBoardLog(tensorboard), sample, writer, loop.progress.say))
         loop.disk_waits = lambda: writer.waited_s + evaluations.disk_waited_s
+        if film is not None:
+            evaluations.film = Recorder(out_dir, film, model.get_config(), writer,
+                                        resumed_at=state.step if resume else None)
+            loop.film, loop.evaluations = evaluations.film, evaluations
+            if evaluations.film.due(state.step):  # the weights it starts from
+                evaluations.film.take(state.step, None)
+                evaluations.frame(state.step, saving.weights_by_layer(model))
         for boundary in _boundaries(config, state.step):
             loop.fit_to(boundary, train_ids, stop_request, callbacks)
             loop.evaluate_or_checkpoint(evaluations, stop_request)
@@ -242,6 +262,8 @@ class _Loop:
         self.throughput = history.Throughput(config.batch_size * self.block_size)
         self.progress = _Progress(state.step, config.max_iters, verbose)
         self.disk_waits = lambda: 0.0
+        self.film = None  # the run's film's `training.film.Recorder`, where it keeps one
+        self.evaluations = None
 
     def tokens(self):
         """Tokens trained by this process so far."""
@@ -254,7 +276,8 @@ class _Loop:
         batches = self.task.batches(train_ids, self.block_size, config.batch_size, boundary - state.step,
                                     seed=config.seed, first_index=state.step, micro_batches=config.grad_accum,
                                     part=self.part)
-        watcher = _StepWatcher(stop_request, self.progress, config.seed, state.step, config.grad_accum, len(batches))
+        watcher = _StepWatcher(stop_request, self.progress, config.seed, state.step, config.grad_accum, len(batches),
+                               on_steps=self.steps_done if self.film else None)
         fit_started = time.perf_counter()
         self.model.fit(fed_to_keras(batches), epochs=1, shuffle=False, callbacks=[watcher, *callbacks], verbose=0)
         fit_ended = time.perf_counter()
@@ -276,11 +299,23 @@ class _Loop:
         state.loss_sum += watcher.mean_loss * watcher.steps
         state.loss_steps += watcher.steps
 
+    def steps_done(self, step, loss_sum, steps, model):
+        """Count the steps' losses since the film's last frame; at a frame's step, take it (the training thread):
+        at an evaluation's step the evaluation measures it, at others it is measured on its own."""
+        state = self.state
+        state.frame_loss_sum += loss_sum
+        state.frame_loss_steps += steps
+        if self.film.due(step):
+            self.film.take(step, state.frame_loss_sum / state.frame_loss_steps)
+            state.frame_loss_sum, state.frame_loss_steps = 0.0, 0
+            if not evaluates_at(self.config, step):
+                self.evaluations.frame(step, saving.weights_by_layer(model()))
+
     def evaluate_or_checkpoint(self, evaluations, stop_request):
         """At an evaluation's step, evaluate; at a checkpoint's (or on a stop request), write one; on a stop
         request, stop the run."""
         config, state = self.config, self.state
-        if state.step % config.eval_interval == 0 or state.step == config.max_iters:
+        if evaluates_at(config, state.step):
             elapsed = time.perf_counter() - self.started
             with self.run_time.counting("evaluation", self.disk_waits):
                 evaluations.evaluate(state, self.elapsed_before + elapsed, self.throughput.take(),
@@ -313,6 +348,11 @@ def _check(model, config, task, peak_flops):
     running().check_precision(config.precision)
     if peak_flops is not None and not (task.measures_mfu and peak_flops > 0):
         raise ConfigError("`peak_flops` must be positive, and MFU is estimated for a GPT only")
+
+
+def evaluates_at(config, step):
+    """Whether a run evaluates at `step`."""
+    return step % config.eval_interval == 0 or step == config.max_iters
 
 
 def _boundaries(config, step):
@@ -353,6 +393,7 @@ class _Evaluations:
         self.shadow.compile(loss=model.loss, jit_compile=model.jit_compile)
         self._checkpoint_on_disk = None
         self._told = False
+        self.film = None  # the run's film's `training.film.Recorder`, where it keeps one
         self._jobs = Jobs("gptlite-evaluation", background=running().evaluates_beside_steps())
 
     def __enter__(self):
@@ -396,6 +437,8 @@ class _Evaluations:
         row.update({name: value for name, value in figures.items() if name not in row})
         row.update({name: measure(shadow) for name, measure in self.metrics.items()})
         state.rows.append(row)
+        if self.film is not None and row["step"] in self.film.train_losses:
+            self.film.add(row["step"], val_loss, saving.weights_by_layer(shadow))
         improved = val_loss < state.best_val_loss
         if improved:
             state.best_val_loss = val_loss
@@ -419,6 +462,15 @@ class _Evaluations:
                + (f", MFU {row['mfu']:.1%}" if "mfu" in row and math.isfinite(row["mfu"]) else "") + "]")
         )
 
+    def frame(self, step, arrays):
+        """A frame of the film at `step` that no evaluation measures, its weights copied off the model
+        (`saving.weights_by_layer`): its validation loss measured on the evaluations' thread, on their batches."""
+        def measure():
+            saving.load_weights_by_layer(self.shadow, arrays)
+            self.film.add(step, float(self.shadow.evaluate(self.validation_batches, verbose=0)), arrays)
+
+        self._jobs.submit(measure)
+
     def checkpoint(self, state, config, out_dir, task):
         """At a checkpoint step of a run of `task` (its name), on the training thread: wait for the checkpoint
         before to be on disk, copy the variables now, and leave the document and the writing to the thread."""
@@ -435,7 +487,8 @@ class _Evaluations:
             self.disk_waited_s += time.perf_counter() - started
         arrays = snapshot(self.model)
         on_disk = self._checkpoint_on_disk = threading.Event()
-        as_of = dict(step=state.step, loss_sum=state.loss_sum, loss_steps=state.loss_steps)
+        as_of = dict(step=state.step, loss_sum=state.loss_sum, loss_steps=state.loss_steps,
+                     frame_loss_sum=state.frame_loss_sum, frame_loss_steps=state.frame_loss_steps)
 
         def write():
             # The rows and the best loss of every evaluation before it, the rest as of its step.

@@ -14,7 +14,7 @@ the settings a task sized from its data) is given to it.
 import dataclasses
 import pathlib
 
-from gptlite.data import CHAT_SYNTHETIC_TASKS, LONG_CONVERSATIONS, SYNTHETIC_TASKS
+from gptlite.data import CHAT_SYNTHETIC_TASKS, LM_SYNTHETIC_TASKS, LONG_CONVERSATIONS, SYNTHETIC_TASKS
 from gptlite.errors import ConfigError, InputError
 from gptlite.model.config import GPTConfig
 from gptlite.setting import check_choices, setting
@@ -42,12 +42,14 @@ class RunArguments:
     # The registries themselves are the choices (not a copy): a line added to one is offered at once.
     task: str = setting(None, "what the run trains: " + "; ".join(
         f"{name}: {declared.trains}" for name, declared in TASKS.items()), choices=TASKS)
-    synthetic: str = setting(None, "train on a built-in task instead of files: a seq2seq model's (" +
+    synthetic: str = setting(None, "train on a built-in task instead of files: a language model's (" +
+                             "; ".join(f"{name}: {what}" for name, what in LM_SYNTHETIC_TASKS.items()) +
+                             "), a seq2seq model's (" +
                              "; ".join(f"{name}: {what}, {SYNTHETIC_MAX_ITERS[name]} steps unless `max_iters` says"
                                        for name, what in SYNTHETIC_TASKS.items()) +
                              "), or a chat model's, with held-out questions to answer (" +
                              "; ".join(f"{name}: {what}" for name, what in CHAT_SYNTHETIC_TASKS.items()) + ")",
-                             choices=(*SYNTHETIC_TASKS, *CHAT_SYNTHETIC_TASKS))
+                             choices=(*LM_SYNTHETIC_TASKS, *SYNTHETIC_TASKS, *CHAT_SYNTHETIC_TASKS))
     tokenizer: str = setting(None, "a new model's tokenizer: " + "; ".join(
         f"{name}: {description}" for name, (_, _, description) in TOKENIZERS.items()) +
                              ". A new chat model without a preset chooses by its answers' words (docs/chat.md); a "
@@ -78,6 +80,12 @@ class RunArguments:
     peak_flops: float = setting(None, f"the hardware's peak FLOPs per second for `mfu` (none: {DEFAULT_PEAK_FLOPS / 1e12:g}e12, "
                                       f"an A100's bfloat16 peak, as nanoGPT uses); giving it asks for `mfu`",
                                 metavar="X")
+    film: bool = setting(False, "keep a film of the run in `out_dir`/film: the weights at step 0 and at about 24 "
+                                "steps, dense early and sparse later, every evaluation's among them, each with the "
+                                "losses there, for `gptlite.film` to show the model learning (docs/inspection.md); a "
+                                "resumed run continues it")
+    film_probe: str = setting(None, "with `film`: the text the film looks inside the model at (none: the first "
+                                    "context of the validation text)", metavar="TEXT")
     long_conversations: str = setting("cut", "with the chat task: a conversation longer than the context is cut to "
                                              "fit, or refused", choices=LONG_CONVERSATIONS)
     val_file: object = setting(None, "with the chat task: a JSON Lines file of conversations to validate on and "
@@ -96,6 +104,10 @@ class RunArguments:
                 raise ConfigError("`vocab_size` sets the size of a new vocabulary: it goes with a new run, not with "
                                   "`resume=True`")
             tokenizer_class(self.tokenizer or DEFAULT_TOKENIZER).check_vocabulary_size(self.vocab_size)
+        if self.film_probe is not None and not (self.film or self.resume):
+            raise ConfigError("`film_probe` is the text a film looks at: give `film=True` with it")
+        if self.film_probe is not None and not self.film_probe:
+            raise ConfigError("`film_probe` is empty; give a text of at least 2 tokens, or leave it out")
         if self.peak_flops is not None and not self.peak_flops > 0:
             raise ConfigError(f"peak_flops must be positive, got {self.peak_flops!r}")
 

@@ -27,11 +27,11 @@ from gptlite.backend.runtime import running
 from gptlite.errors import ConfigError, InputError, MissingFileError, RunExistsError
 from gptlite.setting import described
 from gptlite.tasks.task import named
-from gptlite.training import fit, run_config
+from gptlite.training import film, fit, run_config
 from gptlite.training.checkpoints import read_checkpoint
 from gptlite.training.history import check_tensorboard
 from gptlite.training.plan import plan_run, RUN_ARGUMENTS, RunArguments
-from gptlite.training.run_folder import check_folder, CHECKPOINT_FILES, holds_a_run
+from gptlite.training.run_folder import check_folder, CHECKPOINT_FILES, FILM_FOLDER, FILM_INDEX, holds_a_run
 from gptlite.training.settings import OPTIMIZER_NAMES, PRESETS, TrainingConfig
 from gptlite.weights import pretrained
 
@@ -119,6 +119,9 @@ def run(asked, verbose=1):
     asked.check()
     task = named(asked.task, asked.synthetic)
     task.check(asked)
+    if asked.film and not task.films:
+        raise ConfigError(f"a film follows a language model as it learns; {task.called} keeps none (leave out "
+                          f"`film`)")
     checkpoint = read_checkpoint(asked.out_dir) if asked.resume else None
     if not asked.resume:  # refused before a model is read, and before a chat run reads its conversations (seconds)
         check_folder(asked.out_dir, asked.overwrite)
@@ -158,8 +161,23 @@ def _train(plan, data, start, say, verbose):
             + _schedule(config, plan.checkpoint, replicas), flush=True)
         history = fit.train(model, training.train, training.validation, config, out_dir, verbose=verbose,
                             resume=bool(plan.checkpoint), peak_flops=plan.peak_flops, tensorboard=plan.tensorboard,
-                            metrics=training.metrics, sample=training.sample, task=task)
+                            metrics=training.metrics, sample=training.sample, task=task,
+                            film=_film_plan(plan, model, training, say))
     return TrainedRun(model, history, out_dir, config, training.held_out, task)
+
+
+def _film_plan(plan, model, training, say):
+    """The run's film (`training.film.FilmPlan`), or None: asked for, or a resumed run's that kept one."""
+    out_dir, asked = plan.out_dir, plan.asked
+    continued = plan.checkpoint is not None and (out_dir / FILM_INDEX).exists()
+    if not (asked.film or continued):
+        return None
+    if plan.checkpoint is not None and not continued:
+        say(f"the film starts at step {plan.checkpoint['step']}, where this run resumes: it kept none before")
+    config = plan.training_config
+    probe = plan.task.film_probe(model, training, asked.film_probe)
+    steps = film.frame_steps(config.max_iters, config.eval_interval, every=config.steps_per_call)
+    return film.FilmPlan(tuple(steps), model.tokenizer.decode(probe), tuple(probe))
 
 
 def _starting_model(plan, start, say):
@@ -184,6 +202,7 @@ def _make_folder(out_dir, overwrite):
         # The replaced run's checkpoint must not be resumed into the new one.
         for name in CHECKPOINT_FILES:
             (out_dir / name).unlink(missing_ok=True)
+        shutil.rmtree(out_dir / FILM_FOLDER, ignore_errors=True)  # nor its film's frames
 
 
 @contextlib.contextmanager

@@ -28,7 +28,8 @@ except ModuleNotFoundError:  # Python 3.10
 FILE_NAME = "config.toml"
 # `train_on_text`'s arguments a run file holds, with the type of each.
 ARGUMENTS = {"sources": list, "task": str, "synthetic": str, "preset": str, "tokenizer": str, "vocab_size": int,
-             "encoding": str, "errors": str, "init_from": str, "unknown": str, "distribute": bool}
+             "encoding": str, "errors": str, "init_from": str, "unknown": str, "distribute": bool, "film": bool,
+             "film_probe": str}
 # What the file says of where the run trained: read, shown, not passed on.
 RECORDED = {"gptlite_version": str, "backend": str}
 # Every setting, with its type; a setting that is None (lora_alpha's default) is left out.

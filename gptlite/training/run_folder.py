@@ -4,6 +4,7 @@ Keras), so that a command refuses a folder at once, before the backend starts.""
 import os
 
 from gptlite.errors import InputError, RunExistsError
+from gptlite.inside import FILM_FOLDER, FILM_INDEX  # noqa: F401 (the names of its files, with the rest)
 
 MODEL_FILE = "model.keras"
 # One file: every variable of the model and of its optimizer as it is (adapters and frozen kernels apart,
@@ -15,8 +16,8 @@ FORMAT_1_STATE = "checkpoint.json"
 FORMAT_1_WEIGHTS = "checkpoint.weights.h5"
 FORMAT_1_ADAPTERS = "checkpoint.adapters.npz"
 CHECKPOINT_FILES = (CHECKPOINT, FORMAT_1_STATE, FORMAT_1_WEIGHTS, FORMAT_1_ADAPTERS)
-# What shows that a folder holds a run: its model, or a checkpoint of either format.
-A_RUN = (MODEL_FILE, CHECKPOINT, FORMAT_1_STATE)
+# What shows that a folder holds a run: its model, a checkpoint of either format, or a film.
+A_RUN = (MODEL_FILE, CHECKPOINT, FORMAT_1_STATE, FILM_INDEX)
 
 
 def holds_a_run(out_dir):

@@ -142,9 +142,12 @@ PRESETS = {
 DEFAULT_PRESET = "laptop"
 # The presets of the tasks that have their own (tasks.TASKS declares them), each named as its task.
 PRESETS.update({name: declared.preset for name, declared in TASKS.items() if declared.preset})
-# The steps a synthetic task trains for with its task's preset, where it takes other than the preset's.
-SYNTHETIC_MAX_ITERS = {name: steps for declared in TASKS.values() for name, steps in (declared.synthetic_steps or
-                                                                                       {}).items()}
+# The settings a synthetic task trains with over its task's preset, where it takes other than the preset's (TASKS
+# declares them), and the steps among them.
+SYNTHETIC_SETTINGS = {name: settings for declared in TASKS.values()
+                      for name, settings in (declared.synthetic_settings or {}).items()}
+SYNTHETIC_MAX_ITERS = {name: settings["max_iters"] for name, settings in SYNTHETIC_SETTINGS.items()
+                       if "max_iters" in settings}
 
 # What a run that starts from a pretrained model may set of its shape: a shorter context, and dropout.
 FINE_TUNING_SHAPE_SETTINGS = ("block_size", "dropout", "attention_dropout")
@@ -170,9 +173,8 @@ def dtype_policy(precision):
 
 def default_settings(preset=DEFAULT_PRESET, synthetic=None):
     """A run's settings before any preset or override: its task's default preset's (the laptop preset for a GPT, the
-    seq2seq preset for a Seq2Seq), with a synthetic seq2seq task's own number of steps."""
-    steps = SYNTHETIC_MAX_ITERS.get(synthetic)
-    return {**PRESETS[preset], **({"max_iters": steps} if steps else {})}
+    seq2seq preset for a Seq2Seq), with a synthetic task's own settings (`SYNTHETIC_SETTINGS`) over them."""
+    return {**PRESETS[preset], **SYNTHETIC_SETTINGS.get(synthetic, {})}
 
 
 def split_settings(settings):

@@ -44,12 +44,28 @@ def copy_weights(source, target):
     adapters merged in, so `target` needs none. The values are copied: a
     JAX training step may reuse the buffers of `source`'s weights.
     """
-    # Both models are built from one config: their layers come in the same order.
-    for source_layer, target_layer in zip(layers_within(source), layers_within(target), strict=True):
+    load_weights_by_layer(target, weights_by_layer(source))
+
+
+def weights_by_layer(model):
+    """`model`'s weights as a saved file holds them (LoRA adapters merged), copied now: {"LAYER/NAME": array}, LAYER
+    the layer's place in `layers_within(model)`, NAME its own name for the weight."""
+    arrays = {}
+    for index, layer in enumerate(layers_within(model)):
         store = {}
-        source_layer.save_own_variables(store)
-        target_layer.load_own_variables({key: np.array(keras.ops.convert_to_numpy(value), copy=True)
-                                         for key, value in store.items()})
+        layer.save_own_variables(store)
+        arrays.update({f"{index}/{key}": np.array(keras.ops.convert_to_numpy(value), copy=True)
+                       for key, value in store.items()})
+    return arrays
+
+
+def load_weights_by_layer(model, arrays):
+    """Give `model` the weights `weights_by_layer` took of a model of the same config."""
+    # Both models are built from one config: their layers come in the same order.
+    for index, layer in enumerate(layers_within(model)):
+        prefix = f"{index}/"
+        layer.load_own_variables({key[len(prefix):]: value for key, value in arrays.items()
+                                  if key.startswith(prefix)})
 
 
 def load(path):

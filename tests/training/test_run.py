@@ -88,11 +88,14 @@ def test_a_seq2seq_run_from_a_pairs_file_measures_exact_match(tmp_path):
     (dict(vocab_size=300), "`vocab_size` sets the size of a learned vocabulary"),
     (dict(settings={"lora_rank": 4}), "`lora_rank` trains adapters beside a pretrained model's frozen weights"),
     (dict(tokenizer="bpe", vocab_size=10), "vocab_size must be from 257"),
+    (dict(sources=(), synthetic="reverse", film=True), "a seq2seq model keeps none"),
+    (dict(film_probe="ROMEO:"), "give `film=True` with it"),
+    (dict(sources=(), synthetic="induction", tokenizer="bpe"), "symbols are characters"),
 ])
 def test_mistakes_are_refused_before_anything_is_written(tmp_path, text_files, options, message):
     out = tmp_path / "run"
     with pytest.raises(gptlite.GPTLiteError, match=message) as raised:
-        gptlite.train_on_text(text_files, out, **{"verbose": 0, **options})
+        gptlite.train_on_text(**{"sources": text_files, "out_dir": out, "verbose": 0, **options})
     assert "--" not in str(raised.value)  # settings, never flags
     assert not out.exists()
 

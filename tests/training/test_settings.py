@@ -3,7 +3,8 @@ import pytest
 import gptlite
 from gptlite.tasks.task import Sizing
 from gptlite.tasks import task as tasks
-from gptlite.training.settings import (DEFAULT_PRESET, PRESETS, SYNTHETIC_MAX_ITERS, SYNTHETIC_TASKS,
+from gptlite.data import LM_SYNTHETIC_TASKS
+from gptlite.training.settings import (DEFAULT_PRESET, PRESETS, SYNTHETIC_MAX_ITERS, SYNTHETIC_SETTINGS, SYNTHETIC_TASKS,
                                        default_settings, resolve_settings, split_settings)
 
 pytestmark = pytest.mark.once("settings are plain Python")
@@ -16,14 +17,20 @@ def test_every_preset_is_a_valid_model_and_schedule():
         gptlite.TrainingConfig(**training_settings)
 
 
-def test_each_synthetic_task_trains_the_seq2seq_preset_for_its_own_steps():
-    assert set(SYNTHETIC_MAX_ITERS) == set(SYNTHETIC_TASKS)
+def test_each_synthetic_task_trains_its_task_s_preset_with_its_own_settings():
+    assert set(SYNTHETIC_MAX_ITERS) == set(SYNTHETIC_TASKS) | set(LM_SYNTHETIC_TASKS)
     assert default_settings() == PRESETS[DEFAULT_PRESET]
     assert default_settings("seq2seq") == PRESETS["seq2seq"]
     for task, steps in SYNTHETIC_MAX_ITERS.items():
-        settings = default_settings("seq2seq", synthetic=task)
-        assert settings == {**PRESETS["seq2seq"], "max_iters": steps}
-        gptlite.TrainingConfig(**split_settings(settings)[1])
+        preset = "seq2seq" if task in SYNTHETIC_TASKS else DEFAULT_PRESET
+        settings = default_settings(preset, synthetic=task)
+        assert settings == {**PRESETS[preset], **SYNTHETIC_SETTINGS[task]} and settings["max_iters"] == steps
+        model_settings, training_settings = split_settings(settings)
+        gptlite.GPTConfig(**model_settings)
+        gptlite.TrainingConfig(**training_settings)
+    # The induction task's model is TransformerLens's demo's shape.
+    induction = default_settings(DEFAULT_PRESET, synthetic="induction")
+    assert (induction["n_layer"], induction["n_head"], induction["n_embd"]) == (2, 2, 64)
 
 
 def test_settings_come_from_the_defaults_then_the_preset_then_overrides():
