@@ -81,8 +81,9 @@ def check_export(format, outtype=None):
         getattr(importlib.import_module(f"gptlite.{chosen.module}"), chosen.check)()
 
 
-def export(model, format, out, outtype=None, overwrite=False):
-    """Write `model` in `format` (one of EXPORT_FORMATS) to `out`; what to say of it.
+def export(model, format, out, outtype=None, overwrite=False, film=None):
+    """Write `model` in `format` (one of EXPORT_FORMATS) to `out`; what to say of it. `film`: with the web format,
+    a run's folder whose film the page shows (`web.export.export_web`).
 
     An existing `out` is a RunExistsError, unless `overwrite`: then the new export is written whole beside it and
     takes its place only once it is complete, so a failure leaves the earlier one as it was. Even so, a folder
@@ -94,12 +95,12 @@ def export(model, format, out, outtype=None, overwrite=False):
         if not overwrite:
             raise RunExistsError(f"{out} already exists; choose another `out`, or set `overwrite`")
         _check_replaceable(out)
+    if film is not None and format != "web":
+        raise ConfigError(f"a film is shown by the web page alone; leave out `film` with format {format}")
     write = getattr(importlib.import_module(f"gptlite.{chosen.module}"), chosen.function)
     with _beside(out) as target:
-        if outtype is not None:
-            write(model, target, outtype)
-        else:
-            write(model, target)
+        options = {**({"outtype": outtype} if outtype is not None else {}), **({"film": film} if film else {})}
+        write(model, target, **options)
         said = chosen.said.format(out=out, name=out.name, mib=_size(target) / 2**20,
                                   architecture=_architecture(target))
         _replace(target, out)

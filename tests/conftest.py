@@ -246,6 +246,15 @@ def run_python(*args, cwd=REPO, timeout=300, env=None):
     )
 
 
+def filmed_run():
+    """The folder of a tiny run on generated text that kept a film (`train.py --film`), trained once a session."""
+    def train(out):
+        (out / "text.txt").write_text(make_text(3000, seed=4))
+        gptlite.train_on_text([out / "text.txt"], out / "run", {"n_embd": 16}, preset="tiny", film=True, verbose=0)
+
+    return built_once("filmed_tiny_run", train)[0] / "run"
+
+
 @pytest.fixture(scope="session")
 def seq2seq_tokenizer():
     return gptlite.CharTokenizer("abcde", special_tokens=("pad", "start", "end"))

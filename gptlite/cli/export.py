@@ -26,6 +26,9 @@ def make_parser(prog):
     outtypes = sorted({outtype for kind in storing.values() for outtype in kind.outtypes})
     parser.add_argument("--outtype", choices=outtypes, default=None,
                         help="; ".join(f"{name} only: {kind.outtype_help}" for name, kind in storing.items()))
+    parser.add_argument("--film", action="store_true",
+                        help="web only: show the film of the run the model was trained in (train.py --film), kept "
+                             "in the model's folder")
     add_backend_flags(parser)
     return parser
 
@@ -36,7 +39,12 @@ def run(args):
     check_export(args.format, args.outtype)  # before the model loads, so that the mistake shows at once
     if args.out.exists() and not args.overwrite:
         raise RunExistsError(f"{args.out} already exists; choose another `out`, or set `overwrite`")
-    print(export(saving.load(args.model), args.format, args.out, args.outtype, args.overwrite))
+    film = None
+    if args.film:
+        from gptlite.inside.film import Film
+
+        film = Film(args.model.parent)  # before the model loads: a run without a film is said at once
+    print(export(saving.load(args.model), args.format, args.out, args.outtype, args.overwrite, film))
 
 
 main = command("gptlite-export", make_parser, run, check=check_model)

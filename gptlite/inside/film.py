@@ -219,6 +219,28 @@ class Film:
             lines.append(f"{head_scores.LABELS[pattern]} heads: " + ("; ".join(marked) if marked else "none"))
         return "\n".join(lines)
 
+    def to_json(self):
+        """The film as plain JSON, as the page's film view reads it (docs/inspection.md): the probe, and for each
+        frame its step, losses, head scores (`heads`), the probe's two halves' losses and what it writes; the steps
+        of each head's onset; the embedding's points by frame with each token's text and group."""
+        scores = self.scores()
+        onsets = self.onsets()
+        shown = self.embedding()
+        model = self.loaded(len(self) - 1)
+        return {
+            "probe": self.probe, "probe_ids": [int(i) for i in self.probe_ids],
+            "probe_tokens": model.tokenizer.pieces(self.probe_ids),
+            "patterns": list(head_scores.PATTERNS), "label_scores": head_scores.LABEL_SCORES,
+            "labels": head_scores.LABELS,
+            "frames": [{"step": frame.step, "train_loss": frame.train_loss, "val_loss": frame.val_loss,
+                        "heads": {name: scores[name][index].tolist() for name in scores},
+                        "probe_loss": dataclasses.asdict(self.probe_loss(index)),
+                        "writes": self.continuation(index)} for index, frame in enumerate(self.frames)],
+            "onsets": {pattern: steps.tolist() for pattern, steps in onsets.items()},
+            "embedding": {"points": np.round(shown["points"], 5).tolist(), "tokens": shown["tokens"],
+                          "groups": shown["groups"], "group_names": list(CHARACTER_GROUPS)},
+        }
+
     def induction_onset(self):
         """The step at which the film's first induction head formed (`onsets`), or None."""
         steps = [step for step in self.onsets()["induction"].ravel() if step is not None]

@@ -28,12 +28,15 @@ from gptlite.web import onnx_graph, tokenizer_form
 
 OUTTYPES = onnx_graph.OUTTYPES
 DEFAULT_OUTTYPE = "f32"
-PAGE_FILES = ("index.html", "page.js", "page_models.js", "tokenizers.js", *VIEW_SCRIPTS, "inside.css", "server.js")
+PAGE_FILES = ("index.html", "page.js", "page_models.js", "tokenizers.js", *VIEW_SCRIPTS, "film.js", "inside.css",
+              "server.js")
 # ONNX Runtime Web 1.30.0 (npm onnxruntime-web), its WebAssembly build with SIMD: the files the page loads.
 RUNTIME_FILES = ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm", "LICENSE")
 # The weights both graphs read, each array once: a graph's own file holds where they lie in it (ONNX's external
 # data), which the page hands ONNX Runtime Web as the file it names.
 WEIGHTS_FILE = "weights.bin"
+# What a page with a film shows of each frame (`Film.to_json`, each frame naming its inside graph beside it).
+FILM_DATA = "film/film.json"
 # Arrays smaller than this stay inside their graph (constants, norms' scales): one fetch, not one lookup each.
 LEAST_SHARED_BYTES = 4096
 # One ONNX file holds at most 2 GiB (protobuf's limit); a page's WebAssembly memory is 4 GiB.
@@ -41,15 +44,19 @@ MOST_WEIGHT_BYTES = 2**31 - 2**26
 _HERE = pathlib.Path(__file__).parent / "page"
 
 
-def export_web(model, out, outtype=DEFAULT_OUTTYPE):
+def export_web(model, out, outtype=DEFAULT_OUTTYPE, film=None):
     """Write the page's folder for a GPT or a Seq2Seq at `out`, which must not exist; the folder appears whole or
     not at all. A Seq2Seq's page writes a target for a source.
 
     outtype: "f32" (the default), "f16" (half the download) or "int8" (about a quarter): the page widens the
     weights to float32 as it loads them. A model the page cannot run (a tokenizer it cannot follow,
     weights past ONNX's 2 GiB) is a ConfigError saying why, before anything is written.
+
+    film: a run's folder (or its `gptlite.film`) whose film the page shows beside the model (its film view): each
+    frame's inside graph in `film/` (at `outtype`) and what the film shows of each frame (`film/film.json`).
     """
     import onnx
+    from gptlite.inside.film import Film
 
     if outtype not in OUTTYPES:
         raise ConfigError(f"outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
@@ -63,7 +70,11 @@ def export_web(model, out, outtype=DEFAULT_OUTTYPE):
                                                                            else ""))
     onnx_graph.check_forms(model.config)
     page_tokenizer = tokenizer_form.web_form(model.tokenizer)
+    movie = film if film is None or isinstance(film, Film) else Film(film)
+    if movie is not None and reads_a_source(model):
+        raise ConfigError("a film follows a GPT; a seq2seq model's page has none")
     config = page_config(model, outtype, out.name)
+    config["film"] = FILM_DATA if movie is not None else None
     # A Seq2Seq's page writes a target with its inside graph, run whole at each token; a GPT's with its decoding step.
     graphs = [("inside.onnx", onnx_graph.inside_graph)] + ([] if config["source"] else [
         ("model.onnx", onnx_graph.decoder_graph)])
@@ -74,6 +85,8 @@ def export_web(model, out, outtype=DEFAULT_OUTTYPE):
                 graph = make(model, outtype)  # one graph's bytes held at a time
                 _weights_apart(graph, weights, stored)
                 onnx.save_model(graph, str(folder / name))
+        if movie is not None:
+            _write_film(movie, folder, outtype)
         (folder / "tokenizer.json").write_text(json.dumps(page_tokenizer, ensure_ascii=False))
         (folder / "config.json").write_text(json.dumps(config, indent=1, ensure_ascii=False))
         for name in PAGE_FILES:
@@ -82,6 +95,20 @@ def export_web(model, out, outtype=DEFAULT_OUTTYPE):
         for name in RUNTIME_FILES:
             shutil.copyfile(_HERE / "ort" / name, folder / "ort" / name)
         (folder / "README.md").write_text(_README.format(name=config["name"]))
+
+
+def _write_film(movie, folder, outtype):
+    """The film's folder of the page: each frame's inside graph, whole (its weights in it), and what the film shows
+    (`Film.to_json`), each frame naming its graph."""
+    import onnx
+
+    (folder / "film").mkdir()
+    shown = movie.to_json()
+    for index, frame in enumerate(movie.frames):
+        name = f"film/step-{frame.step:06d}.onnx"
+        onnx.save_model(onnx_graph.inside_graph(movie.loaded(index), outtype), str(folder / name))
+        shown["frames"][index]["graph"] = name
+    (folder / FILM_DATA).write_text(json.dumps(shown, ensure_ascii=False))
 
 
 def _weights_apart(graph, weights, stored):

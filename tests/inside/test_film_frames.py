@@ -8,17 +8,12 @@ import pytest
 
 import gptlite
 from gptlite.inside import film as films
-from conftest import built_once, make_text
+from conftest import filmed_run
 
 
 @pytest.fixture(scope="module")
 def filmed():
-    """A tiny run on generated text with a film, once a session: its folder."""
-    def train(out):
-        (out / "text.txt").write_text(make_text(3000, seed=4))
-        gptlite.train_on_text([out / "text.txt"], out / "run", {"n_embd": 16}, preset="tiny", film=True,
-                              verbose=0)
-    return built_once("filmed_tiny_run", train)[0] / "run"
+    return filmed_run()
 
 
 @pytest.fixture(scope="module")

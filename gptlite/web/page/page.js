@@ -3,6 +3,7 @@
 // (config.server), on the server (ModelOnServer): the page asks either the same things. The written text stands in
 // #output; #output's data-state is "loading", "ready", "writing", "done" or "error". #inside's is "done" once a step
 // is shown; window.gptliteInside() returns what it shows as plain JSON (docs/inspection.md).
+import { filmContract, FilmView, frameOfStep } from "./film.js";
 import { settingOf } from "./gptlite.js";
 import { InsideView } from "./inside.js";
 import { ablatedHeads, linkQuery, VIEW_FIELDS, writerWindow } from "./inside_data.js";
@@ -25,6 +26,7 @@ const page = {
   settings: null,  // the settings of the last writing, its seed chosen
   writing: null,  // what the link carries of the last writing: {prompt, written, writtenIds, readAgain}
   conversation: [],
+  film: null,  // the film's view (film.js), where the export has a film
   linkRead: false,  // the view opened where the page's address said, once
   landing: false,  // a link named a view: the page scrolls to it once it is shown
 };
@@ -74,22 +76,54 @@ async function load() {
   }
   if (config.source) $("prompt").placeholder = "a source to write a target for";
   fillFromQuery();
+  const query = new URLSearchParams(location.search);
+  if (config.film && page.model.runsHere) await openFilm(query);
   $("generate").disabled = false;
   say(`ready in ${((performance.now() - started) / 1000).toFixed(2)} s`, "ready");
   // Seconds from the page's navigation to a model ready to write.
   $("output").dataset.readySeconds = (performance.now() / 1000).toFixed(3);
-  const query = new URLSearchParams(location.search);
   if (query.get("run") === "1") generate();
   else {
     // A link opens what it says: the text written (not written again) or the prompt alone, at its view's state.
     if (query.has("written") && !config.chat) page.explaining = openWritten(query.get("written"), query.get("ids"));
-    else if (VIEW_FIELDS.some((name) => query.has(name))) {
+    else if (VIEW_FIELDS.some((name) => query.has(name)) || query.has("frame")) {
       const asked = page.model.asked($("prompt").value, []);
       if (asked.error) say(asked.error); else page.explaining = explain(asked, null);
     }
     // Yielding every 10 ms keeps typing smooth while the model warms.
     page.warming = page.model.warm(WARM_SECONDS, () => letThePageBreathe(10), () => page.writingAsked);
   }
+}
+
+// The film (film/film.json): its view, at the frame the address names (a step) or its last; a frame named makes
+// the Inside view show the probe as the model computed it then.
+async function openFilm(query) {
+  const film = page.model.film = await (await fetch(page.config.film)).json();
+  $("film_part").hidden = false;
+  page.film = new FilmView($("film"), film, chooseFrame);
+  const named = query.has("frame") ? frameOfStep(film.frames, Number(query.get("frame"))) : null;
+  page.film.show(named ?? film.frames.length - 1);
+  if (named !== null) {
+    page.model.frame = named;
+    if (!query.has("prompt")) $("prompt").value = film.probe;
+    sayFrame();
+  }
+}
+
+// A frame picked in the film: the Inside view shows the probe at that frame.
+function chooseFrame(index) {
+  page.model.frame = index;
+  $("prompt").value = page.model.film.probe;
+  page.writing = null;
+  sayFrame();
+  const asked = page.model.asked(page.model.film.probe, []);
+  page.explaining = Promise.resolve(page.explaining).then(() => explain(asked, null));
+}
+
+function sayFrame() {
+  const { frame, film } = page.model;
+  $("inside_frame").textContent = frame === null ? ""
+    : `The model as it was at step ${film.frames[frame].step} of its training (the film's frame ${frame + 1}).`;
 }
 
 function fillFromQuery() {
@@ -120,6 +154,10 @@ async function generate() {
   if (asked.error) { say(asked.error, "error"); return; }
   page.writingAsked = true;
   $("generate").disabled = true;
+  if (page.film) {  // the Inside view of a writing is the writing model's
+    page.model.frame = null;
+    sayFrame();
+  }
   await page.warming;  // the call in flight: milliseconds for a small model, some hundreds at GPT-2 small's size
   await page.explaining;
   page.stopping = false;
@@ -262,13 +300,16 @@ function show(trace, asked, notes, given) {
 // state, the heads knocked out. A chat's conversation is not carried: its link opens the view of the prompt alone.
 function link() {
   const { view, writing } = page;
-  const query = linkQuery({
+  const query = new URLSearchParams(linkQuery({
     prompt: page.config.chat ? null : writing?.prompt ?? $("prompt").value,
     ...(writing ?? {}),
     settings: writing ? page.settings : {},
     view: { token: view.position(view.state.token), layer: view.state.layer, head: view.state.head,
       step: view.state.step, ablated: view.ablated },
-  });
+  }));
+  if (page.model.frame !== null && page.model.frame !== undefined) {
+    query.set("frame", String(page.model.film.frames[page.model.frame].step));
+  }
   return new URL(`?${query}`, location.href).href;
 }
 
@@ -277,6 +318,7 @@ function remember() {
   history.replaceState(null, "", link());
 }
 
+window.gptliteFilm = () => (page.film ? filmContract(page.model.film, page.film.index) : null);
 window.gptliteInside = () => (page.view && $("inside").dataset.state === "done" ? page.view.contract() : null);
 // The whole trace the view shows, every array as {dims, data} with plain numbers, as gptlite.trace's to_json gives.
 window.gptliteTrace = () => (page.view ? JSON.parse(JSON.stringify(page.view.trace, (key, value) => (

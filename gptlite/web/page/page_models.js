@@ -23,6 +23,19 @@ export class ModelHere {
   constructor(config) {
     this.config = config;
     this.runsHere = true;
+    this.film = null;  // a film's frames (film.json), where the page has one
+    this.frame = null;  // the film's frame the Inside view traces with (null: the model that writes)
+    this.explainers = new Map();  // frame -> its Explainer, each opened the first time it is asked to explain
+  }
+
+  // The Explainer of the inside graph of the film's `frame`, or of the model's own (null).
+  async explainerOf(frame) {
+    if (!this.explainers.has(frame)) {
+      const graph = frame === null ? "inside.onnx" : this.film.frames[frame].graph;
+      const options = frame === null ? SESSION : { executionProviders: ["wasm"], logSeverityLevel: 3 };
+      this.explainers.set(frame, new Explainer(ort, await ort.InferenceSession.create(graph, options), this.config));
+    }
+    return this.explainers.get(frame);
   }
 
   // Its tokenizer and graphs. A Seq2Seq's page (config.source) writes its targets with the inside graph itself,
@@ -35,7 +48,7 @@ export class ModelHere {
     const config = this.config;
     const session = await ort.InferenceSession.create(config.source ? "inside.onnx" : "model.onnx", SESSION);
     this.writer = config.source ? new TargetWriter(ort, session, config) : new Writer(ort, session, config);
-    if (config.source) this.explainer = new Explainer(ort, session, config);
+    if (config.source) this.explainers.set(null, new Explainer(ort, session, config));
   }
 
   // The model warmed while the page waits (Writer.warm), until `asked()` says a writing wants it.
@@ -98,17 +111,16 @@ export class ModelHere {
   }
 
   // The text's trace in the window the writer read for `position`, the heads `ablated` knocked out, by the inside
-  // graph (loaded the first time); a GPT's heads scored as gptlite.heads scores them.
+  // graph (loaded the first time; a film's frame's where one is chosen); a GPT's heads scored as gptlite.heads
+  // scores them.
   inside(asked, writing) {
-    const config = this.config;
+    const { config, frame } = this;
     const writtenIds = writing?.ids ?? [];
     // A Seq2Seq's decoder reads its start token and the target; its encoder, the source.
     const textIds = config.source ? [config.start_id, ...writtenIds] : [...asked.ids, ...writtenIds];
     const sourceIds = config.source ? asked.ids : null;
-    const run = async (ids, heads, source = null) => {
-      this.explainer ??= new Explainer(ort, await ort.InferenceSession.create("inside.onnx", SESSION), config);
-      return this.explainer.trace(ids, source, { head_scale: headScale(heads, config.shape) });
-    };
+    const run = async (ids, heads, source = null) => (await this.explainerOf(frame))
+      .trace(ids, source, { head_scale: headScale(heads, config.shape) });
     const retrace = (position, ablated) =>
       run(textIds.slice(0, writerWindow(position, textIds.length, config.block_size).end), ablated, sourceIds);
     return {
