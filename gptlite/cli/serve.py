@@ -41,6 +41,8 @@ def make_parser(prog):
     parser.add_argument("--truncate", choices=["left", "none"], default=defaults.truncate,
                         help="a prompt longer than the model's context: cut from the left as generate does (the "
                              "default), or refused (none)")
+    parser.add_argument("--film", action="store_true",
+                        help="show the film of the model's run too (train.py --film; kept in the model's folder)")
     add_compile_cache_flags(parser)
     add_backend_flags(parser)
     return parser
@@ -56,7 +58,7 @@ def run(args):
     settings = ServeSettings(batch_window_ms=args.batch_window_ms, max_batch=args.max_batch,
                              max_queue=args.max_queue, max_tokens_limit=args.max_tokens_limit,
                              max_n=args.max_n, api_key=args.api_key, truncate=args.truncate)
-    serving.serve(args.model, args.host, args.port, settings, name=args.name)
+    serving.serve(args.model, args.host, args.port, settings, name=args.name, film=args.film)
 
 
 main = command("gptlite-serve", make_parser, run, writing_backend, check_model)

@@ -241,6 +241,12 @@ class Film:
                           "groups": shown["groups"], "group_names": list(CHARACTER_GROUPS)},
         }
 
+    def _repr_html_(self):
+        """In Jupyter: the film's view, as the exported page shows it (`notebook.film_html`)."""
+        from gptlite.inside import notebook
+
+        return notebook.film_html(self.to_json())
+
     def induction_onset(self):
         """The step at which the film's first induction head formed (`onsets`), or None."""
         steps = [step for step in self.onsets()["induction"].ravel() if step is not None]

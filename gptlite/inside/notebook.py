@@ -35,10 +35,10 @@ VIEW_SCRIPTS = ("gptlite.js", "inside_data.js", "inside_draw.js", "steps_input.j
                 "steps_heads.js", "steps_output.js", "inside.js")
 
 
-def _script():
-    """The view's scripts as one module's text, without their imports and `export` words."""
+def _script(names=VIEW_SCRIPTS):
+    """The page's scripts `names` as one module's text, without their imports and `export` words."""
     parts = []
-    for name in VIEW_SCRIPTS:
+    for name in names:
         source = (_PAGE / name).read_text()
         source = re.sub(r"^import .*?;\n", "", source, flags=re.MULTILINE | re.DOTALL)
         parts.append(re.sub(r"^export ", "", source, flags=re.MULTILINE))
@@ -48,6 +48,31 @@ def _script():
 def _safe_in_script(text):
     """JSON that cannot close its <script> element early."""
     return text.replace("</", "<\\/")
+
+
+def film_html(film_json):
+    """The HTML of a film's view (the page's film.js) for `Film.to_json`'s numbers: its slider, losses, heads, probe,
+    embedding and writing, as the exported page shows them (not the Inside view of each frame: that runs the frame's
+    model, which a notebook's view has not)."""
+    root = f"gptlite-film-{uuid.uuid4().hex[:12]}"
+    data = json.dumps(film_json, ensure_ascii=True)
+    return (f'<style>{(_PAGE / "inside.css").read_text()}</style>\n'
+            f'<section id="{root}" class="gptlite-film" data-state="loading">the film needs JavaScript</section>\n'
+            f'<script type="application/json" id="{root}-data">{_safe_in_script(data)}</script>\n'
+            f'<script type="module">\n{_script(("film.js",))}\n{_OPEN_FILM.replace("ROOT", root)}\n</script>\n')
+
+
+# Reads the film beside the script and shows it at its last frame; the first of a document answers
+# window.gptliteFilm().
+_OPEN_FILM = """
+{
+  const root = document.getElementById("ROOT");
+  const film = JSON.parse(document.getElementById("ROOT-data").textContent);
+  const view = new FilmView(root, film, () => {});
+  view.show();
+  window.gptliteFilm ??= () => filmContract(film, view.index);
+}
+"""
 
 
 # Reads the trace beside the script and shows it; the first view of a document answers window.gptliteInside().

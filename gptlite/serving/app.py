@@ -22,19 +22,20 @@ from gptlite.text import templates
 # The web page's files (gptlite/web/page): the page the server serves.
 _PAGE = importlib.resources.files("gptlite.web") / "page"
 
-def create_app(model, model_name, settings=None, worker=None):
-    """The Starlette application that serves `model` under `model_name`, its worker thread started."""
+def create_app(model, model_name, settings=None, worker=None, film=None):
+    """The Starlette application that serves `model` under `model_name`, its worker thread started; `film`: the
+    `gptlite.film` of its run, which the page shows and /v1/film, /v1/trace and /v1/heads answer for."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.routing import Route
 
-    endpoints = _Endpoints(model, model_name, settings or ServeSettings(), worker)
+    endpoints = _Endpoints(model, model_name, settings or ServeSettings(), worker, film)
     routes = [Route(path, _answered(handler), methods=[method]) for path, handler, method in (
         ("/v1/completions", endpoints.completions, "POST"),
         ("/v1/chat/completions", endpoints.chat_completions, "POST"),
         ("/v1/models", endpoints.models, "GET"), ("/health", endpoints.health, "GET"),
         ("/v1/attention", endpoints.attention, "POST"), ("/v1/trace", endpoints.trace, "POST"),
-        ("/v1/heads", endpoints.heads, "POST"),
+        ("/v1/heads", endpoints.heads, "POST"), ("/v1/film", endpoints.film_frames, "GET"),
         ("/", endpoints.page, "GET"), ("/config.json", endpoints.page_config, "GET"),
         ("/ort/{name}", endpoints.page_file, "GET"), ("/{name}", endpoints.page_file, "GET"))]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
@@ -101,9 +102,11 @@ async def _read_json(request):
 class _Endpoints:
     """The server's endpoints over one model and its worker: each method answers one route."""
 
-    def __init__(self, model, model_name, settings, worker=None):
+    def __init__(self, model, model_name, settings, worker=None, film=None):
         self.model, self.model_name, self.settings = model, model_name, settings
         self.worker = worker or Worker(model, settings)
+        self.film = film
+        self.film_json = None  # the film as the page reads it, computed on the first request
         self.started = int(time.time())
 
     def check_key(self, request):
@@ -228,8 +231,10 @@ class _Endpoints:
         weights = body.get("weights", False)
         if not isinstance(weights, bool):
             raise RequestError(400, "weights must be true or false", "weights")
+        frame = parsing.film_frame(body, self.film)
 
         def traced(model):
+            model = model if frame is None else self.film.loaded(frame)
             try:
                 found = tasks.traced(model, text, target, **options).to_json(packed=True, weights=weights)
                 # The whole text's ids, of which the trace is one window (a Seq2Seq's target is read whole).
@@ -263,8 +268,10 @@ class _Endpoints:
         calibrate = body.get("calibrate", False)
         if not isinstance(calibrate, bool):
             raise RequestError(400, "calibrate must be true or false", "calibrate")
+        frame = parsing.film_frame(body, self.film)
 
         def scored(model):
+            model = model if frame is None else self.film.loaded(frame)
             try:
                 return heads(model, text, calibrate=calibrate).to_json()
             except (InputError, ConfigError) as error:
@@ -274,6 +281,19 @@ class _Endpoints:
         if isinstance(answer, RequestError):
             raise answer
         return JSONResponse(answer)
+
+    async def film_frames(self, request):
+        """The served run's film as the page's film view reads it (`Film.to_json`), computed on the worker's thread
+        the first time (its frames' models run there, one at a time, as the served model does)."""
+        from starlette.responses import JSONResponse
+
+        self.check_key(request)
+        if self.film is None:
+            raise RequestError(404, "this server shows no film: start it with gptlite serve --film",
+                               kind="not_found_error")
+        if self.film_json is None:
+            self.film_json = await asyncio.wrap_future(self.worker.call(lambda model: self.film.to_json()))
+        return JSONResponse(self.film_json)
 
     async def page(self, request):
         """The web page (`gptlite export --format web`'s), which reads `/config.json` and so writes through this
@@ -288,7 +308,8 @@ class _Endpoints:
         from gptlite.web.export import server_config
 
         return JSONResponse(server_config(self.model, self.model_name,
-                                          tasks.request_refusal(self.model, "messages") is None))
+                                          tasks.request_refusal(self.model, "messages") is None,
+                                          film=self.film is not None))
 
     async def page_file(self, request):
         """The page's scripts and look (and ONNX Runtime Web's script, which it loads though it runs nothing here)."""
@@ -405,14 +426,20 @@ def http_server(app, host, port, grace_seconds=30):
                                          timeout_graceful_shutdown=grace_seconds))
 
 
-def serve(model_path, host="127.0.0.1", port=8000, settings=None, grace_seconds=30, name=None, say=print):
+def serve(model_path, host="127.0.0.1", port=8000, settings=None, grace_seconds=30, name=None, say=print,
+          film=False):
     """Load the model, then serve it until SIGTERM or Ctrl-C (finishing requests in flight), compiling its programs
-    while idle meanwhile."""
+    while idle meanwhile; with `film`, the film of its run (in the model's folder) too."""
     import uvicorn  # noqa: F401 (first: without the serve extra this fails before the model loads)
 
     from gptlite.weights import saving
 
     _check_address(host, port)
+    movie = None
+    if film:  # said at once where the run kept none
+        from gptlite.inside.film import Film
+
+        movie = Film(pathlib.Path(model_path).parent)
     say(f"loading {model_path} ...", flush=True)
     model = saving.load(model_path)
     settings = settings or ServeSettings()
@@ -427,7 +454,7 @@ def serve(model_path, host="127.0.0.1", port=8000, settings=None, grace_seconds=
     if not worker.ready:
         say(f"warming up: building {worker.planned} decoding programs; /health says ready once they are built "
             f"(requests are served meanwhile)", flush=True)
-    app = create_app(model, name, settings, worker)
+    app = create_app(model, name, settings, worker, movie)
     server = http_server(app, host, port, grace_seconds)
     # uvicorn stops on SIGTERM or SIGINT once the requests in flight are answered, then raises the
     # signal again for the handler it found: a stop asked for and done is then no failure.

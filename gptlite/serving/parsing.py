@@ -235,6 +235,19 @@ def trace_options(body):
     return options
 
 
+def film_frame(body, film):
+    """A request's `frame`: the index of a frame of the served run's `film` (a `gptlite.film`), checked; None where
+    it gives none."""
+    frame = body.get("frame") if isinstance(body, dict) else None
+    if frame is None:
+        return None
+    if film is None:
+        raise RequestError(400, "this server shows no film (gptlite serve --film): leave out frame", "frame")
+    if not _is_whole(frame) or not 0 <= frame < len(film):
+        raise RequestError(400, f"frame must be a frame's index, from 0 to {len(film) - 1}", "frame")
+    return frame
+
+
 def token_ids(body):
     """A request's `ids`, checked for their form (the model checks their range): a non-empty list of whole numbers;
     None where it gives none."""

@@ -178,7 +178,7 @@ def _probe(model):
         return None
 
 
-def server_config(model, name, chats):
+def server_config(model, name, chats, film=False):
     """What the page reads of a model that `gptlite serve` runs (`server`: it writes through the server's API and
     explains with the traces the server computes): its shape, whether it reads a source or holds a conversation
     (`chats`, the server's answer), and the settings' limits. No template is read off: the server renders it."""
@@ -191,7 +191,7 @@ def server_config(model, name, chats):
         n_layer=config.n_layer, n_head=config.n_head, block_size=config.block_size, vocab_size=config.vocab_size,
         shape={**dataclasses.asdict(config), "kv_heads": config.kv_heads, "head_size": config.head_size},
         sampling=sampling_settings(temperature=0.0) if source else sampling_settings(),
-        inside=page_declarations(config))
+        inside=page_declarations(config), film="/v1/film" if film else None)
 
 
 def chat_pieces(tokenizer):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import gptlite
-from conftest import REPO, assert_greedy
+from conftest import REPO, assert_greedy, filmed_run
 
 pytest.importorskip("starlette", reason="serving needs gptlite[serve]")
 httpx = pytest.importorskip("httpx")
@@ -620,6 +620,39 @@ def test_the_servers_head_scores_are_gptlite_heads_on_a_text_or_its_ids(server, 
         assert answer.status_code == 400 and message in answer.json()["error"]["message"], body
 
 
+@pytest.fixture(scope="module")
+def film_server():
+    """A server of the tiny filmed run's model with its film: (the server, the film)."""
+    run = filmed_run()
+    movie = gptlite.film(run)
+    running = Server(serving.create_app(gptlite.load(run / "model.keras"), "filmed", serving.ServeSettings(),
+                                        film=movie))
+    yield running, movie
+    running.stop()
+
+
+def test_the_server_answers_a_film_and_traces_and_scores_with_a_frame_s_model(film_server, server):
+    running, movie = film_server
+    shown = httpx.get(running.url + "/v1/film", timeout=120).json()
+    assert [frame["step"] for frame in shown["frames"]] == [frame.step for frame in movie.frames]
+    assert httpx.get(running.url + "/config.json").json()["film"] == "/v1/film"
+    ids = [int(i) for i in movie.probe_ids]
+    traced = httpx.post(running.url + "/v1/trace", json={"text": movie.probe, "frame": 2}, timeout=120).json()
+    expected = gptlite.trace(movie.frames[2].model(), ids)
+    logits = traced["trace"]["steps"]["logits"]
+    found = np.frombuffer(base64.b64decode(logits["float32"]), "<f4")  # packed, as the page reads it
+    np.testing.assert_allclose(found.reshape(logits["dims"]), expected.steps["logits"], atol=1e-5)
+    scored = httpx.post(running.url + "/v1/heads", json={"ids": ids, "frame": 2}, timeout=120).json()
+    np.testing.assert_allclose(scored["induction"], movie.heads(2).induction, atol=1e-5)
+    for body, message in (({"ids": ids, "frame": len(movie)}, "frame must"), ({"ids": ids, "frame": "1"}, "frame must")):
+        answer = httpx.post(running.url + "/v1/heads", json=body, timeout=60)
+        assert answer.status_code == 400 and message in answer.json()["error"]["message"], body
+    # A server without a film says so.
+    assert httpx.get(server.url + "/v1/film").status_code == 404
+    answer = httpx.post(server.url + "/v1/trace", json={"text": "the cat", "frame": 0}, timeout=60)
+    assert answer.status_code == 400 and "shows no film" in answer.json()["error"]["message"]
+
+
 SERVE = """
 import sys
 from gptlite.cli import main
@@ -797,3 +830,23 @@ def test_the_chat_page_in_a_browser_streams_answers_and_shows_the_conversation_i
     print(f"screenshot of the chat page: {screenshot}")
     browser.find_element(By.ID, "new_chat").click()
     assert browser.find_element(By.ID, "conversation").text == ""
+
+
+@pytest.mark.slow
+@pytest.mark.extras
+@ONCE
+def test_the_served_page_shows_the_film_and_the_inside_of_a_frame_with_the_servers_numbers(film_server, browser):
+    running, movie = film_server
+    step = movie.frames[3].step
+    browser.get(f"{running.url}/?frame={step}")
+    assert _page_done(browser, "film", ("done",)) == "done"
+    shown = browser.execute_script("return window.gptliteFilm()")
+    assert shown["frame"] == 3 and [frame["step"] for frame in shown["frames"]] == [f.step for f in movie.frames]
+    np.testing.assert_allclose(shown["heads"]["previous_token"], movie.heads(3).previous_token, atol=1e-5)
+    assert _page_done(browser, "inside") == "done", browser.find_element("id", "inside").text
+    trace = browser.execute_script("return window.gptliteTrace()")
+    expected = gptlite.trace(movie.frames[3].model(), movie.probe_ids)
+    logits = trace["steps"]["logits"]
+    np.testing.assert_allclose(np.asarray(logits["data"]).reshape(logits["dims"]), expected.steps["logits"],
+                               atol=1e-5)
+    assert f"frame={step}" in browser.current_url

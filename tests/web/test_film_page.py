@@ -127,3 +127,23 @@ console.log(JSON.stringify({{
     assert answer["of"] == [0, 0, 1, 2, 3, 3]
     assert answer["extent"] == [[1, 3], [1, 3]]
     assert answer["place"] == [0, 1]
+
+
+@pytest.mark.slow
+@pytest.mark.extras
+@ONCE
+def test_the_notebook_s_film_view_opens_from_a_file_with_python_s_numbers(film_site, browser, tmp_path):
+    _, run = film_site
+    movie = gptlite.film(run)
+    path = tmp_path / "film.html"
+    path.write_text(movie._repr_html_())
+    browser.get(path.as_uri())
+    deadline = time.monotonic() + 60
+    shown = None
+    while shown is None and time.monotonic() < deadline:
+        shown = browser.execute_script("return window.gptliteFilm ? window.gptliteFilm() : null")
+        time.sleep(0.05)
+    assert shown["frame"] == len(movie) - 1
+    assert [frame["step"] for frame in shown["frames"]] == [frame.step for frame in movie.frames]
+    np.testing.assert_allclose(shown["heads"]["induction"], movie.heads(len(movie) - 1).induction, atol=1e-4)
+    assert browser.execute_script("return performance.getEntriesByType('resource').length") == 0

@@ -131,10 +131,12 @@ export class FilmView {
       <polyline points="${line("val_loss")}" fill="none" stroke="#d55e00" stroke-width="1.5"/>
       <line x1="${x(here.step)}" x2="${x(here.step)}" y1="4" y2="${height - 16}" stroke="#222" stroke-dasharray="3 2"/>
       ${marks}
-      <text x="2" y="${y(largest) + 4}">${largest.toFixed(2)}</text><text x="2" y="${y(least)}">${least.toFixed(2)}</text>
+      <text x="2" y="${y(largest) + 4}">${largest.toFixed(2)}</text>
+      <text x="2" y="${y(least)}">${least.toFixed(2)}</text>
       <text x="30" y="${height - 3}">step 0</text><text x="${width - 4}" y="${height - 3}" text-anchor="end">step
       ${last}</text>
-    </svg><p class="legend"><span style="color:#0072b2">━ train</span> <span style="color:#d55e00">━ validation</span>
+    </svg><p class="legend"><span style="color:#0072b2">━ train</span>
+      <span style="color:#d55e00">━ validation</span>
       loss against the step, on a log scale; a tick a frame, the dashed line the one shown; click the curve to pick the
       nearest frame</p>`;
     part.querySelector("svg").onclick = (event) => {
@@ -220,7 +222,8 @@ export class FilmView {
       <polyline points="${line("second_half")}" fill="none" stroke="#009e73" stroke-width="1.5"/>
       <line x1="${x(frames[this.index].step)}" x2="${x(frames[this.index].step)}" y1="2" y2="${height - 6}"
         stroke="#222" stroke-dasharray="3 2"/>
-      <text x="2" y="${y(largest) + 4}">${largest.toFixed(1)}</text><text x="2" y="${y(least)}">${least.toFixed(1)}</text>
+      <text x="2" y="${y(largest) + 4}">${largest.toFixed(1)}</text>
+      <text x="2" y="${y(least)}">${least.toFixed(1)}</text>
       </svg><p class="legend"><span style="color:#999">━ first half</span>
       <span style="color:#009e73">━ second half</span></p>`;
   }

@@ -77,7 +77,7 @@ async function load() {
   if (config.source) $("prompt").placeholder = "a source to write a target for";
   fillFromQuery();
   const query = new URLSearchParams(location.search);
-  if (config.film && page.model.runsHere) await openFilm(query);
+  if (config.film) await openFilm(query);
   $("generate").disabled = false;
   say(`ready in ${((performance.now() - started) / 1000).toFixed(2)} s`, "ready");
   // Seconds from the page's navigation to a model ready to write.
@@ -98,7 +98,9 @@ async function load() {
 // The film (film/film.json): its view, at the frame the address names (a step) or its last; a frame named makes
 // the Inside view show the probe as the model computed it then.
 async function openFilm(query) {
-  const film = page.model.film = await (await fetch(page.config.film)).json();
+  const answer = await fetch(page.config.film, { headers: page.model.runsHere ? {} : page.model.headers() });
+  if (!answer.ok) { say(`the film could not be read: ${answer.status} ${answer.statusText}`); return; }
+  const film = page.model.film = await answer.json();
   $("film_part").hidden = false;
   page.film = new FilmView($("film"), film, chooseFrame);
   const named = query.has("frame") ? frameOfStep(film.frames, Number(query.get("frame"))) : null;

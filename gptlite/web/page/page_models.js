@@ -136,6 +136,9 @@ export class ModelOnServer {
   constructor(config) {
     this.config = config;
     this.runsHere = false;
+    this.film = null;  // the served run's film (/v1/film), where the server shows one
+    this.frame = null;  // the film's frame the Inside view traces with (null: the served model)
+    this.weights = new Map();  // frame -> the attention weights of its trace, asked for once
     this.headers = keyBox(document.getElementById("api_key"), this.label());
   }
 
@@ -181,26 +184,29 @@ export class ModelOnServer {
   // `position` in (null: the last), the heads `ablated` knocked out ([layer, head] each). The attention weights,
   // the same for every text, are asked for once and kept.
   inside(asked, writing) {
-    const { config } = this;
+    const { config, frame } = this;
+    const onFrame = frame === null ? {} : { frame };
     const body = !writing ? { text: asked.prompt }
       : config.chat ? { messages: [...asked.opening, ...writing.conversation] }
         : config.source ? { text: asked.prompt, target: writing.answer } : { text: asked.prompt + writing.answer };
     const traced = { textIds: null };
     traced.retrace = async (position, ablated) => {
       const where = position === null || config.source ? {} : { position };
-      const answer = await tracedOnServer({ ...body, ...where, ablate: ablated, weights: !this.weights },
-        this.headers, this.label());
+      const answer = await tracedOnServer({ ...body, ...where, ...onFrame, ablate: ablated,
+        weights: !this.weights.has(frame) }, this.headers, this.label());
       const weight = new Set(config.inside.weight_steps);
-      this.weights ??= answer.trace.layers.map((layer) => Object.fromEntries(Object.entries(layer)
-        .filter(([name]) => weight.has(name))));
-      answer.trace.layers.forEach((layer, index) => Object.assign(layer, this.weights[index]));
+      if (!this.weights.has(frame)) {
+        this.weights.set(frame, answer.trace.layers.map((layer) => Object.fromEntries(Object.entries(layer)
+          .filter(([name]) => weight.has(name)))));
+      }
+      answer.trace.layers.forEach((layer, index) => Object.assign(layer, this.weights.get(frame)[index]));
       traced.textIds = config.source ? null : answer.textIds;
       return answer.trace;
     };
     // The server's numbers; its text has no ids of the writer's here to line a draw up with (the whole text counts
     // as prompt).
     traced.given = (trace) => ({ piece: (id) => trace.vocabulary[id], retrace: traced.retrace,
-      scoreHeads: config.source ? null : (ids) => headsOnServer(ids, this.headers, this.label()),
+      scoreHeads: config.source ? null : (ids) => headsOnServer(ids, this.headers, this.label(), frame),
       ...(traced.textIds ? { textIds: traced.textIds, promptLength: traced.textIds.length }
         : { promptLength: trace.window_start + trace.ids.length }) });
     return traced;

@@ -55,10 +55,11 @@ export async function tracedOnServer(body, headers, label) {
   return { trace: unpacked(trace), textIds, sampling };
 }
 
-// Every head scored on the token `ids` by the server (gptlite.heads): {previous_token, first_token, current_token,
-// induction, ablation, loss, ...}, as the view's grid reads them.
-export async function headsOnServer(ids, headers, label) {
-  const response = await fetch("/v1/heads", { method: "POST", headers: headers(), body: JSON.stringify({ ids }) });
+// Every head scored on the token `ids` by the server (gptlite.heads; a film's `frame`'s model where one is given):
+// {previous_token, first_token, current_token, induction, ablation, loss, ...}, as the view's grid reads them.
+export async function headsOnServer(ids, headers, label, frame = null) {
+  const body = frame === null ? { ids } : { ids, frame };
+  const response = await fetch("/v1/heads", { method: "POST", headers: headers(), body: JSON.stringify(body) });
   if (!response.ok) throw new Error(await refusal(response, label));
   return response.json();
 }
