@@ -7,6 +7,13 @@
 new empty folder), with the film and without, alternated `--pairs` times: each run's wall time, its folder's size and
 its film's; the medians and their ratio.
 
+`page`: a run's page with its film (`gptlite export --format web --film`, at each `--outtype`) in headless Chromium:
+the folder's size and the film's; then, from the last frame, the slider moved back a frame at a time by the arrow key,
+each timed from the key to the film view painted and to the Inside view of that frame drawn (the first time a frame is
+shown, its inside graph is loaded), and again over the same frames (loaded): medians and the slowest.
+
+    python benchmarks/film.py page --run RUN [--outtypes f32 int8] [--frames 8]
+
 `induction`: `train.py --synthetic induction --film` with each seed, then its film read back (`gptlite.film`): the
 largest induction score at step 0 and at the end (beside the perfect score on the probe), the two halves' losses on
 the repeated probes at the end, the step marked as the first induction head's onset and the frames of the largest
@@ -78,13 +85,71 @@ def induction(options):
             second = np.array([half.second_half for half in halves])
             fall = int(np.argmax(-np.diff(second))) + 1
             onset = movie.induction_onset()
+            previous = [step for step in movie.onsets()["previous_token"].ravel() if step is not None]
             print(f"seed {seed}: {took:.0f} s; largest induction score {largest[0]:.3f} at step 0, "
                   f"{largest[-1]:.3f} at step {steps[-1]} (perfect on the probe: {perfect:.3f}, "
                   f"so {largest[-1] / perfect:.0%} of it); probe loss at the end: first half "
                   f"{halves[-1].first_half:.3f}, second half {halves[-1].second_half:.3f}; onset at step {onset}"
                   f" (frame {steps.index(onset) if onset is not None else None}); largest fall of the second half's "
                   f"loss from frame {fall - 1} (step {steps[fall - 1]}) to {fall} (step {steps[fall]}), "
-                  f"{second[fall - 1]:.3f} to {second[fall]:.3f}", flush=True)
+                  f"{second[fall - 1]:.3f} to {second[fall]:.3f}; previous-token heads' onsets: "
+                  f"{sorted(previous) or 'none'}", flush=True)
+
+
+# From a key on the slider to the film view painted, then to the Inside view of the frame drawn (the address names
+# the frame once it is): [milliseconds to paint, milliseconds to the Inside view].
+KEY_TO_FRAME = """
+const [step, done] = [arguments[0], arguments[arguments.length - 1]];
+const slider = document.querySelector(".film-slider");
+const started = performance.now();
+slider.value = String(Number(slider.value) - 1);
+slider.dispatchEvent(new Event("input"));
+requestAnimationFrame(() => setTimeout(() => {
+  const painted = performance.now() - started;
+  const poll = () => (new URLSearchParams(location.search).get("frame") === String(step)
+      && document.getElementById("inside").dataset.state === "done"
+    ? done([painted, performance.now() - started]) : setTimeout(poll, 2));
+  poll();
+}, 0));
+"""
+
+
+def page(options):
+    import gptlite
+    from helpers.browser import browser, serve
+
+    movie = gptlite.film(options.run)
+    model = gptlite.load(options.run / "model.keras")
+    with tempfile.TemporaryDirectory() as scratch:
+        for outtype in options.outtypes:
+            site = pathlib.Path(scratch) / outtype
+            started = time.perf_counter()
+            gptlite.export_web(model, site, outtype=outtype, film=movie)
+            print(f"{outtype}: export {time.perf_counter() - started:.1f} s; folder {folder_bytes(site) / 2**20:.1f} "
+                  f"MiB, of which the film {folder_bytes(site / 'film') / 2**20:.1f} MiB "
+                  f"({len(movie)} frames)", flush=True)
+            server, url = serve(site)
+            driver = browser()
+            try:
+                driver.get(f"{url}/?frame={movie.frames[-1].step}")
+                deadline = time.monotonic() + 300
+                while driver.execute_script("return document.getElementById('inside').dataset.state") != "done" \
+                        and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                last = len(movie) - 1
+                for visit in ("first", "again"):
+                    if visit == "again":  # back to the last frame, then over the same frames
+                        driver.get(f"{url}/?frame={movie.frames[-1].step}")
+                        time.sleep(2)
+                    timings = [driver.execute_async_script(KEY_TO_FRAME, movie.frames[last - back].step)
+                               for back in range(1, options.frames + 1)]
+                    painted, inside = zip(*timings)
+                    print(f"  {visit} showing: to the film painted median {statistics.median(painted):.1f} ms "
+                          f"(slowest {max(painted):.1f}); to the Inside view of the frame median "
+                          f"{statistics.median(inside):.1f} ms (slowest {max(inside):.1f})", flush=True)
+            finally:
+                driver.quit()
+                server.shutdown()
 
 
 def main():
@@ -94,10 +159,14 @@ def main():
     measured.add_argument("--text", default=str(REPO.parent / "shared" / "data" / "tinyshakespeare.txt"))
     measured.add_argument("--preset", default="cpu")
     measured.add_argument("--pairs", type=int, default=2)
-    shown = commands.add_parser("induction")
-    shown.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    filmed = commands.add_parser("induction")
+    filmed.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    shown = commands.add_parser("page")
+    shown.add_argument("--run", type=pathlib.Path, required=True)
+    shown.add_argument("--outtypes", nargs="+", default=["f32", "int8"])
+    shown.add_argument("--frames", type=int, default=8)
     options = parser.parse_args()
-    {"cost": cost, "induction": induction}[options.command](options)
+    {"cost": cost, "induction": induction, "page": page}[options.command](options)
 
 
 if __name__ == "__main__":

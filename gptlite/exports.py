@@ -66,11 +66,13 @@ EXPORT_FORMATS = {
 }
 
 
-def check_export(format, outtype=None):
+def check_export(format, outtype=None, film=False):
     """Refuse, before a model is loaded, an export that cannot be written: an unknown `format`, an `outtype` the
-    format does not take, a backend it cannot be written from."""
+    format does not take, a film where the format shows none, a backend it cannot be written from."""
     if format not in EXPORT_FORMATS:
         raise ConfigError(f"format must be one of {', '.join(EXPORT_FORMATS)}, got {format!r}")
+    if film and format != "web":
+        raise ConfigError(f"a film is shown by the web page alone; leave out `film` with format {format}")
     chosen = EXPORT_FORMATS[format]
     if outtype is not None and outtype not in chosen.outtypes:
         if chosen.outtypes:
@@ -89,14 +91,12 @@ def export(model, format, out, outtype=None, overwrite=False, film=None):
     takes its place only once it is complete, so a failure leaves the earlier one as it was. Even so, a folder
     that holds a model file (.keras), or the working folder or one above it, is never replaced.
     """
-    check_export(format, outtype)
+    check_export(format, outtype, film is not None)
     chosen, out = EXPORT_FORMATS[format], pathlib.Path(out)
     if out.exists():
         if not overwrite:
             raise RunExistsError(f"{out} already exists; choose another `out`, or set `overwrite`")
         _check_replaceable(out)
-    if film is not None and format != "web":
-        raise ConfigError(f"a film is shown by the web page alone; leave out `film` with format {format}")
     write = getattr(importlib.import_module(f"gptlite.{chosen.module}"), chosen.function)
     with _beside(out) as target:
         options = {**({"outtype": outtype} if outtype is not None else {}), **({"film": film} if film else {})}

@@ -36,7 +36,7 @@ def make_parser(prog):
 def run(args):
     from gptlite.weights import saving
 
-    check_export(args.format, args.outtype)  # before the model loads, so that the mistake shows at once
+    check_export(args.format, args.outtype, args.film)  # before the model loads, so that the mistake shows at once
     if args.out.exists() and not args.overwrite:
         raise RunExistsError(f"{args.out} already exists; choose another `out`, or set `overwrite`")
     film = None

@@ -51,9 +51,7 @@ class Frame:
 
     def model(self):
         """A new GPT with this frame's weights."""
-        model = self.film.new_model()
-        saving.load_weights_by_layer(model, self.film.weights(self))
-        return model
+        return self.film.given(self.film.new_model(), self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +82,7 @@ class Film:
         if not self.frames:
             raise InputError(f"the film in {self.out_dir} has no frame yet")
         self._model = None  # one model that the figures load each frame's weights into in turn
+        self._holds = None  # the frame whose weights it holds
 
     def __len__(self):
         return len(self.frames)
@@ -107,16 +106,24 @@ class Film:
         """The frame at `index`, or the one `index` is already."""
         return index if isinstance(index, Frame) else self.frames[index]
 
+    def given(self, model, frame):
+        """`model` (the film's shape) given `frame`'s weights, checked as `weights` checks them."""
+        try:
+            saving.load_weights_by_layer(model, self.weights(frame))
+        except (ValueError, KeyError) as error:
+            raise InputError(f"the film's frame at step {frame.step} does not fit its model ({frame.path}): "
+                             f"{error}") from None
+        return model
+
     def loaded(self, index):
         """The film's one model, given frame `index`'s weights (until another frame is loaded)."""
         frame = self.frame(index)
         if self._model is None:
             self._model = self.new_model()
-        try:
-            saving.load_weights_by_layer(self._model, self.weights(frame))
-        except (ValueError, KeyError) as error:
-            raise InputError(f"the film's frame at step {frame.step} does not fit its model ({frame.path}): "
-                             f"{error}") from None
+        if self._holds is not frame:
+            self._holds = None  # a frame that fails to load leaves the model holding none
+            self.given(self._model, frame)
+            self._holds = frame
         return self._model
 
     def trace(self, index, **options):

@@ -289,7 +289,7 @@ class _Endpoints:
 
         self.check_key(request)
         if self.film is None:
-            raise RequestError(404, "this server shows no film: start it with gptlite serve --film",
+            raise RequestError(404, "this server shows no film: serve the model with `film` on",
                                kind="not_found_error")
         if self.film_json is None:
             self.film_json = await asyncio.wrap_future(self.worker.call(lambda model: self.film.to_json()))

@@ -242,7 +242,7 @@ def film_frame(body, film):
     if frame is None:
         return None
     if film is None:
-        raise RequestError(400, "this server shows no film (gptlite serve --film): leave out frame", "frame")
+        raise RequestError(400, "this server shows no film: leave out frame", "frame")
     if not _is_whole(frame) or not 0 <= frame < len(film):
         raise RequestError(400, f"frame must be a frame's index, from 0 to {len(film) - 1}", "frame")
     return frame

@@ -8,7 +8,7 @@ as it goes; `gptlite.film` (`inside.film`) reads them back.
 A frame is copied off the model on the training thread at its step; its validation loss is measured on the
 evaluations' thread, on the evaluations' own batches (at an evaluation's step, it is that evaluation's), and its
 files are written on the writer's thread, as checkpoints are: the steps go on meanwhile. A frame's train loss is
-the mean training loss of the steps since the frame before (None at step 0).
+the mean training loss of the steps since the frame before (None at the film's first frame).
 """
 
 import dataclasses
@@ -20,7 +20,7 @@ import numpy as np
 from gptlite.inside import FILM_FOLDER, FILM_INDEX
 from gptlite.inside.film import FORMAT, read_index
 
-# About how many frames a film keeps where `film_frames` does not say.
+# About how many frames a film keeps.
 DEFAULT_FRAMES = 24
 
 
@@ -64,7 +64,7 @@ class Recorder:
 
     def __init__(self, out_dir, plan, model_config, writer, resumed_at=None):
         self.folder, self.index = pathlib.Path(out_dir) / FILM_FOLDER, pathlib.Path(out_dir) / FILM_INDEX
-        self.plan, self.writer = plan, writer
+        self.writer = writer
         self.rows = []
         if resumed_at is not None and self.index.exists():
             self.rows = [row for row in read_index(out_dir)["frames"] if row["step"] <= resumed_at]

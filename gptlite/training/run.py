@@ -177,6 +177,8 @@ def _film_plan(plan, model, training, say):
     config = plan.training_config
     probe = plan.task.film_probe(model, training, asked.film_probe)
     steps = film.frame_steps(config.max_iters, config.eval_interval, every=config.steps_per_call)
+    say(f"keeping a film of {len(steps)} frames in {out_dir / FILM_FOLDER} (steps {', '.join(map(str, steps[:6]))}, "
+        f"..., {steps[-1]}); gptlite.film({str(out_dir)!r}) replays it")
     return film.FilmPlan(tuple(steps), model.tokenizer.decode(probe), tuple(probe))
 
 

@@ -73,6 +73,8 @@ def export_web(model, out, outtype=DEFAULT_OUTTYPE, film=None):
     movie = film if film is None or isinstance(film, Film) else Film(film)
     if movie is not None and reads_a_source(model):
         raise ConfigError("a film follows a GPT; a seq2seq model's page has none")
+    if movie is not None:
+        _check_film_fits(movie, model)
     config = page_config(model, outtype, out.name)
     config["film"] = FILM_DATA if movie is not None else None
     # A Seq2Seq's page writes a target with its inside graph, run whole at each token; a GPT's with its decoding step.
@@ -95,6 +97,18 @@ def export_web(model, out, outtype=DEFAULT_OUTTYPE, film=None):
         for name in RUNTIME_FILES:
             shutil.copyfile(_HERE / "ort" / name, folder / "ort" / name)
         (folder / "README.md").write_text(_README.format(name=config["name"]))
+
+
+def _check_film_fits(movie, model):
+    """Refuse a film of another model's run: its frames must have the exported model's shape and vocabulary."""
+    from gptlite.model.config import MODEL_SHAPE_SETTINGS
+
+    filmed = movie.loaded(len(movie) - 1).config
+    differ = [name for name in (*MODEL_SHAPE_SETTINGS, "vocab_size")
+              if getattr(filmed, name, None) != getattr(model.config, name, None)]
+    if differ:
+        raise ConfigError(f"the film in {movie.out_dir} is of a model of another shape ({', '.join(differ)} differ): "
+                          f"export the model of that run")
 
 
 def _write_film(movie, folder, outtype):

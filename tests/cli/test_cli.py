@@ -301,6 +301,18 @@ def test_export_command_writes_a_saved_model_once(capsys, tmp_path, trained_run)
     assert main(["nonsense"]) == 2
 
 
+def test_export_of_a_film_from_a_run_that_kept_none_is_one_line(capsys, tmp_path, tiny_model):
+    from gptlite.cli import main
+
+    gptlite.save(tiny_model, tmp_path / "model.keras")
+    for format, said in (("web", "no film in"), ("gguf", "web page alone")):
+        assert main(["export", "--model", str(tmp_path / "model.keras"), "--format", format, "--film", "--out",
+                     str(tmp_path / "exported")]) == 2
+        error = capsys.readouterr().err
+        assert said in error and "Traceback" not in error and len(error.strip().splitlines()) == 1
+    assert not (tmp_path / "exported").exists()
+
+
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="only torch lacks a SavedModel export")
 def test_export_under_torch_says_which_backend_to_use(capsys, tmp_path, tiny_model):
     from gptlite.cli import main

@@ -52,6 +52,14 @@ def test_a_frame_s_trace_is_gptlite_trace_of_its_model(movie):
     np.testing.assert_allclose(shown.layers[-1]["attention"], traced.layers[-1]["attention"], atol=1e-5)
 
 
+def test_what_a_frame_writes_is_what_its_model_writes_whichever_frame_was_loaded_before(movie):
+    half = len(movie.probe_ids) // 2
+    prompt = movie.loaded(0).tokenizer.decode(movie.probe_ids[:half])
+    for index in (len(movie) - 1, 0, len(movie) // 2):
+        written = gptlite.generate(movie.frames[index].model(), prompt, len(movie.probe_ids) - half, temperature=0)
+        assert movie.continuation(index) == written[len(prompt):]
+
+
 def test_the_probe_loss_starts_near_chance_on_both_halves(movie):
     first = movie.probe_loss(0)
     chance = math.log(movie.loaded(0).config.vocab_size)

@@ -154,3 +154,24 @@ def test_the_doors_arguments_are_the_runs_each_by_keyword_and_nothing_else(tmp_p
     with pytest.raises(gptlite.ConfigError, match="train_on_text has no argument 'max_iters'"):
         gptlite.train_on_text([], tmp_path / "run", max_iters=10)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+@ONCE
+def test_a_film_started_on_resuming_says_where_it_starts_and_is_kept_beside_the_run(tmp_path, text_files, capsys):
+    gptlite.train_on_text(text_files, tmp_path, TINY, preset="tiny", verbose=0)
+    probe = text_files[0].read_text()[:12]  # within the context (16)
+    gptlite.train_on_text(text_files, tmp_path, {"max_iters": 18}, resume=True, film=True, film_probe=probe)
+    said = capsys.readouterr().out
+    assert "the film starts at step 12, where this run resumes" in said and "keeping a film of" in said
+    movie = gptlite.film(tmp_path)
+    assert movie.frames[0].step == 12 and movie.frames[-1].step == 18 and movie.probe == probe
+    assert gptlite.read_run_config(tmp_path / "config.toml").arguments["film"] is True
+    # A folder that holds a film holds a run: a new run there is refused, and `overwrite` takes the film away.
+    (tmp_path / "model.keras").unlink()
+    (tmp_path / "checkpoint.npz").unlink()
+    with pytest.raises(gptlite.RunExistsError, match="film"):
+        gptlite.train_on_text(text_files, tmp_path, TINY, preset="tiny", verbose=0)
+    gptlite.train_on_text(text_files, tmp_path, TINY, preset="tiny", verbose=0, overwrite=True)
+    assert not (tmp_path / "film").exists()
+

@@ -97,6 +97,12 @@ def test_the_slider_moves_by_keyboard_fits_a_phone_and_fetches_nothing_off_the_h
     browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {"width": 390, "height": 844, "deviceScaleFactor": 1,
                                                                     "mobile": True})
     last = len(movie) - 1
+    # A link to a step that has no frame opens the nearest before it, and says so.
+    steps = [frame.step for frame in movie.frames]
+    missing = next(step for step in range(steps[-1]) if step not in steps)
+    shown = _film(browser, url, f"frame={missing}")
+    assert shown["step"] == max(step for step in steps if step < missing)
+    assert f"no frame at step {missing}" in browser.find_element("id", "message").text
     shown = _film(browser, url)
     assert shown["frame"] == last
     slider = browser.find_element("css selector", ".film-slider")

@@ -139,6 +139,7 @@ export class FilmView {
       <span style="color:#d55e00">━ validation</span>
       loss against the step, on a log scale; a tick a frame, the dashed line the one shown; click the curve to pick the
       nearest frame</p>`;
+    part.append(this.framesAsText());
     part.querySelector("svg").onclick = (event) => {
       const box = event.currentTarget.getBoundingClientRect();
       const place = ((event.clientX - box.left) / box.width * width - 30) / (width - 40);
@@ -147,6 +148,24 @@ export class FilmView {
         < Math.abs(frames[best].step - step) ? index : best), 0);
       this.pick(nearest);
     };
+  }
+
+  // Every frame's numbers as a table under a tap: its step, losses, the largest score of each pattern and the
+  // probe's two halves.
+  framesAsText() {
+    const { film } = this;
+    const details = document.createElement("details");
+    details.className = "numbers";
+    const largest = (frame, pattern) => Math.max(...frame.heads[pattern].flat()).toFixed(3);
+    const rows = film.frames.map((frame, index) => `<tr${index === this.index ? ' class="lit"' : ""}>
+      <th>${frame.step}</th><td>${number(frame.train_loss)}</td><td>${number(frame.val_loss)}</td>
+      ${film.patterns.map((pattern) => `<td>${largest(frame, pattern)}</td>`).join("")}
+      <td>${frame.probe_loss.first_half.toFixed(3)}</td><td>${frame.probe_loss.second_half.toFixed(3)}</td></tr>`);
+    details.innerHTML = `<summary>every frame as numbers</summary><div class="table-scroll"><table class="rows">
+      <thead><tr><th>step</th><th>train</th><th>validation</th>${film.patterns.map((pattern) =>
+        `<th>${PATTERN_WORDS[pattern]} (largest)</th>`).join("")}<th>1st half</th><th>2nd half</th></tr></thead>
+      <tbody>${rows.join("")}</tbody></table></div>`;
+    return details;
   }
 
   // Each head's score of one pattern at the frame shown, with a line of that score over every frame (the label

@@ -77,9 +77,9 @@ async function load() {
   if (config.source) $("prompt").placeholder = "a source to write a target for";
   fillFromQuery();
   const query = new URLSearchParams(location.search);
-  if (config.film) await openFilm(query);
+  const filmNote = config.film ? await openFilm(query) : null;
   $("generate").disabled = false;
-  say(`ready in ${((performance.now() - started) / 1000).toFixed(2)} s`, "ready");
+  say(`ready in ${((performance.now() - started) / 1000).toFixed(2)} s${filmNote ? `; ${filmNote}` : ""}`, "ready");
   // Seconds from the page's navigation to a model ready to write.
   $("output").dataset.readySeconds = (performance.now() / 1000).toFixed(3);
   if (query.get("run") === "1") generate();
@@ -96,20 +96,22 @@ async function load() {
 }
 
 // The film (film/film.json): its view, at the frame the address names (a step) or its last; a frame named makes
-// the Inside view show the probe as the model computed it then.
+// the Inside view show the probe as the model computed it then. A line to say, where there is one.
 async function openFilm(query) {
   const answer = await fetch(page.config.film, { headers: page.model.runsHere ? {} : page.model.headers() });
-  if (!answer.ok) { say(`the film could not be read: ${answer.status} ${answer.statusText}`); return; }
+  if (!answer.ok) return `the film could not be read: ${answer.status} ${answer.statusText}`;
   const film = page.model.film = await answer.json();
   $("film_part").hidden = false;
   page.film = new FilmView($("film"), film, chooseFrame);
   const named = query.has("frame") ? frameOfStep(film.frames, Number(query.get("frame"))) : null;
   page.film.show(named ?? film.frames.length - 1);
-  if (named !== null) {
-    page.model.frame = named;
-    if (!query.has("prompt")) $("prompt").value = film.probe;
-    sayFrame();
-  }
+  if (named === null) return null;
+  page.model.frame = named;
+  if (!query.has("prompt")) $("prompt").value = film.probe;
+  sayFrame();
+  const shown = film.frames[named].step;
+  return String(shown) === query.get("frame") ? null
+    : `the film has no frame at step ${query.get("frame")}: it shows step ${shown}, the nearest before it`;
 }
 
 // A frame picked in the film: the Inside view shows the probe at that frame.
