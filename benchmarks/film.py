@@ -10,7 +10,8 @@ its film's; the medians and their ratio.
 `page`: a run's page with its film (`gptlite export --format web --film`, at each `--outtype`) in headless Chromium:
 the folder's size and the film's; then, from the last frame, the slider moved back a frame at a time by the arrow key,
 each timed from the key to the film view painted and to the Inside view of that frame drawn (the first time a frame is
-shown, its inside graph is loaded), and again over the same frames (loaded): medians and the slowest.
+shown, its inside graph is loaded); then forward and back again over the same frames, loaded: medians and the
+slowest.
 
     python benchmarks/film.py page --run RUN [--outtypes f32 int8] [--frames 8]
 
@@ -99,10 +100,10 @@ def induction(options):
 # From a key on the slider to the film view painted, then to the Inside view of the frame drawn (the address names
 # the frame once it is): [milliseconds to paint, milliseconds to the Inside view].
 KEY_TO_FRAME = """
-const [step, done] = [arguments[0], arguments[arguments.length - 1]];
+const [step, move, done] = [arguments[0], arguments[1], arguments[arguments.length - 1]];
 const slider = document.querySelector(".film-slider");
 const started = performance.now();
-slider.value = String(Number(slider.value) - 1);
+slider.value = String(Number(slider.value) + move);
 slider.dispatchEvent(new Event("input"));
 requestAnimationFrame(() => setTimeout(() => {
   const painted = performance.now() - started;
@@ -137,12 +138,14 @@ def page(options):
                         and time.monotonic() < deadline:
                     time.sleep(0.05)
                 last = len(movie) - 1
-                for visit in ("first", "again"):
-                    if visit == "again":  # back to the last frame, then over the same frames
-                        driver.get(f"{url}/?frame={movie.frames[-1].step}")
-                        time.sleep(2)
-                    timings = [driver.execute_async_script(KEY_TO_FRAME, movie.frames[last - back].step)
-                               for back in range(1, options.frames + 1)]
+                # Back a frame at a time (each frame's graph loaded the first time), forward again over the same
+                # frames (each loaded already), and back once more.
+                walks = {"first": [(last - back, -1) for back in range(1, options.frames + 1)],
+                         "loaded": [(last - options.frames + ahead, 1) for ahead in range(1, options.frames + 1)]
+                         + [(last - back, -1) for back in range(1, options.frames + 1)]}
+                for visit, walk in walks.items():
+                    timings = [driver.execute_async_script(KEY_TO_FRAME, movie.frames[index].step, move)
+                               for index, move in walk]
                     painted, inside = zip(*timings)
                     print(f"  {visit} showing: to the film painted median {statistics.median(painted):.1f} ms "
                           f"(slowest {max(painted):.1f}); to the Inside view of the frame median "
