@@ -16,15 +16,11 @@ import http.server
 import pathlib
 import tempfile
 import threading
-import time
+
+from inside_pictures import _drawn, _Quiet, chromium  # the Inside view's pictures' browser, wait and server
 
 DOCS = pathlib.Path(__file__).resolve().parent
 PARTS = ("losses", "heads", "probe", "embedding", "writing")
-
-
-class _Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
 
 
 def _trained(name, text, folder):
@@ -38,22 +34,10 @@ def _trained(name, text, folder):
 
 
 def photograph(url, name, step, pattern):
-    import shutil
-
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=900,2400"):
-        options.add_argument(argument)
-    options.binary_location = shutil.which("chromium")
-    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    driver = chromium(900, 2400)
     try:
         driver.get(f"{url}/?frame={step}")
-        film = driver.find_element("id", "film")
-        deadline = time.monotonic() + 300
-        while film.get_attribute("data-state") != "done" and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _drawn(driver.find_element("id", "film"))
         if pattern:
             driver.find_element("css selector", f'button[data-pattern="{pattern}"]').click()
         for part in PARTS:

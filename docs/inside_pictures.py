@@ -67,16 +67,21 @@ def main():
             server.shutdown()
 
 
-def photograph(url):
+def chromium(width, height):
+    """Headless Chromium (Debian's, under Selenium) with a window of `width` by `height` pixels."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=760,4000",
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", f"--window-size={width},{height}",
                      "--hide-scrollbars"):
         options.add_argument(argument)
     options.binary_location = shutil.which("chromium")
-    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+
+
+def photograph(url):
+    driver = chromium(760, 4000)
     try:
         driver.get(f"{url}/?{urllib.parse.urlencode(dict(prompt=PROMPT, step='tokens', **STATE))}")
         inside = driver.find_element("id", "inside")

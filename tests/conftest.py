@@ -5,6 +5,7 @@ import importlib.util
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -244,6 +245,23 @@ def run_python(*args, cwd=REPO, timeout=300, env=None):
     return subprocess.run(
         [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+class StopAtStep:
+    """A stop request that comes, as from Ctrl-C, once the optimizer reaches `step`."""
+
+    signal_number = signal.SIGINT
+
+    def __init__(self, model, step):
+        self.model, self.step = model, step
+
+    @property
+    def requested(self):
+        import keras
+
+        if keras.backend.backend() == "jax":
+            self.model.jax_state_sync()  # JAX's fit holds the optimizer's state apart until asked
+        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)) >= self.step
 
 
 def filmed_run():

@@ -16,7 +16,6 @@ Every number is computed from the frame's weights by the functions the rest of g
 """
 
 import dataclasses
-import functools
 import json
 import pathlib
 
@@ -83,6 +82,7 @@ class Film:
             raise InputError(f"the film in {self.out_dir} has no frame yet")
         self._model = None  # one model that the figures load each frame's weights into in turn
         self._holds = None  # the frame whose weights it holds
+        self._figures = {}  # (what, frame index) -> a figure computed once: the frames' figures do not change
 
     def __len__(self):
         return len(self.frames)
@@ -130,10 +130,16 @@ class Film:
         """`gptlite.trace` of frame `index`'s model on the film's probe (`options` as `trace` takes them)."""
         return tracing.trace(self.loaded(index), self.probe_ids, **options)
 
-    @functools.lru_cache(maxsize=None)
+    def once(self, what, index, compute):
+        """The figure `what` of frame `index`, computed by `compute()` the first time it is asked for."""
+        if (what, index) not in self._figures:
+            self._figures[what, index] = compute()
+        return self._figures[what, index]
+
     def heads(self, index):
         """`gptlite.heads` of frame `index` on the film's probe (no calibration: frame 0 is the initialisation)."""
-        return head_scores.heads(self.loaded(index), self.probe_ids, calibrate=False)
+        return self.once("heads", index,
+                         lambda: head_scores.heads(self.loaded(index), self.probe_ids, calibrate=False))
 
     def scores(self):
         """Every head's scores over every frame: {name: (F, L, H)} for each of `heads.PATTERNS` and `ablation`."""
@@ -158,9 +164,11 @@ class Film:
             found[pattern] = onset
         return found
 
-    @functools.lru_cache(maxsize=None)
     def probe_loss(self, index):
         """Frame `index`'s loss on PROBE_ROWS probes of random tokens repeated twice, each half's (`ProbeLoss`)."""
+        return self.once("probe_loss", index, lambda: self._probe_loss(index))
+
+    def _probe_loss(self, index):
         model = self.loaded(index)
         probes = np.stack([head_scores.probe_ids(model, seed) for seed in range(PROBE_ROWS)])  # (R, S + 2n)
         count = (probes.shape[1] - len(model.tokenizer.text_start_ids)) // 2
@@ -173,11 +181,13 @@ class Film:
         second = losses[:, start + count:start + 2 * count - 1].mean()
         return ProbeLoss(float(first), float(second))
 
-    @functools.lru_cache(maxsize=None)
     def embedding(self):
         """The token table of every frame in 2-D: each frame's two principal components, turned (and mirrored where
         that fits better) to lie closest to the frame before's, so that points move rather than jump. A dict:
         `points` (F, V, 2), `tokens` (each token's text) and `groups` (each token's group, `CHARACTER_GROUPS`)."""
+        return self.once("embedding", None, self._embedding)
+
+    def _embedding(self):
         points = []
         for index in range(len(self)):
             table = np.asarray(ops.convert_to_numpy(ops.cast(
@@ -193,10 +203,12 @@ class Film:
         tokens = model.tokenizer.pieces(np.arange(model.config.vocab_size))
         return {"points": np.stack(points), "tokens": tokens, "groups": [token_group(token) for token in tokens]}
 
-    @functools.lru_cache(maxsize=None)
     def continuation(self, index):
         """What frame `index` writes, greedy, after the probe's first half: as many tokens as the rest of the
         probe, for a reader to set beside it."""
+        return self.once("continuation", index, lambda: self._continuation(index))
+
+    def _continuation(self, index):
         from gptlite.decode import generation
 
         half = len(self.probe_ids) // 2

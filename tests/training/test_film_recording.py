@@ -1,5 +1,4 @@
 import json
-import signal
 
 import keras
 import numpy as np
@@ -10,6 +9,7 @@ from gptlite.data import lm
 from gptlite.training import checkpoints, film, fit
 from gptlite.training.run_folder import FILM_INDEX
 from gptlite.weights import saving
+from conftest import StopAtStep
 
 STEPS = 60
 # A schedule of a few frames, every evaluation's (20, 40, 60) among them.
@@ -27,21 +27,6 @@ def test_a_schedule_is_dense_early_holds_every_evaluation_and_about_the_frames_a
     assert all(step % 7 == 0 for step in film.frame_steps(700, 70, every=7))
     # No frame a step or two from an evaluation's.
     assert all(abs(step - 250 * round(step / 250)) > step / 10 for step in steps if step % 250)
-
-
-class StopAtStep:
-    """A stop request that comes, as from Ctrl-C, once the optimizer reaches `step`."""
-
-    signal_number = signal.SIGINT
-
-    def __init__(self, model, step):
-        self.model, self.step = model, step
-
-    @property
-    def requested(self):
-        if keras.backend.backend() == "jax":
-            self.model.jax_state_sync()  # JAX's fit holds the optimizer's state apart until asked
-        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)) >= self.step
 
 
 def filmed_run(tokenizer, text, out, stop_at=None, resume=False):

@@ -22,7 +22,7 @@ from gptlite.evaluation import scores
 from gptlite.training import checkpoints, fit, history, run
 from gptlite.training.settings import dtype_policy
 
-from conftest import REPO, built_once
+from conftest import REPO, built_once, StopAtStep
 
 
 @pytest.fixture(scope="module")
@@ -136,21 +136,6 @@ def test_run_writes_history_plot_and_best_model(tiny_run, text, tokenizer):
 def test_training_config_rejects_impossible_values(settings, field):
     with pytest.raises(gptlite.ConfigError, match=field):
         gptlite.TrainingConfig(**settings)
-
-
-class StopAtStep:
-    """A stop request that comes, as from Ctrl-C, once the optimizer reaches `step`."""
-
-    signal_number = signal.SIGINT
-
-    def __init__(self, model, step):
-        self.model, self.step = model, step
-
-    @property
-    def requested(self):
-        if keras.backend.backend() == "jax":
-            self.model.jax_state_sync()  # JAX's fit holds the optimizer's state apart until asked
-        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)) >= self.step
 
 
 # The history's columns of time, which differ from run to run.
