@@ -112,7 +112,8 @@ class LanguageModel(Task):
     def film_probe(self, model, training, text=None):
         block_size = model.config.block_size
         if text is not None:
-            ids = generation.prompt_ids(model.tokenizer, text, "error")[-block_size:]
+            ids = generation.prompt_ids(model.tokenizer, known_text(model.tokenizer, text, "error", "`film_probe` text"),
+                                        "error")[-block_size:]
             if len(ids) < 2:
                 raise InputError(f"`film_probe` is {len(ids)} token; the film looks at a text of at least 2")
             return ids

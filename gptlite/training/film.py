@@ -59,19 +59,22 @@ class Recorder:
     """A film as a run writes it: the frames taken so far (its index's rows), and what each new one needs.
 
     On a resumed run, the frames after the step it resumes from are dropped from the index (they are taken again,
-    so that no frame is missing or repeated); its schedule is the new plan's, its earlier frames kept.
+    so that no frame is missing or repeated); its schedule is the new plan's, its earlier frames and its probe kept.
     """
 
     def __init__(self, out_dir, plan, model_config, writer, resumed_at=None):
         self.folder, self.index = pathlib.Path(out_dir) / FILM_FOLDER, pathlib.Path(out_dir) / FILM_INDEX
         self.writer = writer
         self.rows = []
+        probe, probe_ids = plan.probe, [int(i) for i in plan.probe_ids]
         if resumed_at is not None and self.index.exists():
-            self.rows = [row for row in read_index(out_dir)["frames"] if row["step"] <= resumed_at]
+            earlier = read_index(out_dir)
+            self.rows = [row for row in earlier["frames"] if row["step"] <= resumed_at]
+            probe, probe_ids = earlier["probe"], earlier["probe_ids"]  # one probe for the whole film
         self.steps = sorted(set(plan.steps) | ({resumed_at} if resumed_at is not None and not self.rows else set()))
         self.taken = {row["step"] for row in self.rows}
-        self.document = dict(format=FORMAT, model_config=model_config, probe=plan.probe,
-                             probe_ids=[int(i) for i in plan.probe_ids], steps=self.steps)
+        self.document = dict(format=FORMAT, model_config=model_config, probe=probe, probe_ids=probe_ids,
+                             steps=self.steps)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.train_losses = {}  # step -> the train loss of a frame whose validation loss is not measured yet
 

@@ -171,6 +171,8 @@ def _film_plan(plan, model, training, say):
     out_dir, asked = plan.out_dir, plan.asked
     continued = plan.checkpoint is not None and (out_dir / FILM_INDEX).exists()
     if not (asked.film or continued):
+        if asked.film_probe is not None:
+            raise ConfigError(f"the run in {out_dir} kept no film: give `film=True` with `film_probe` to start one")
         return None
     if plan.checkpoint is not None and not continued:
         say(f"the film starts at step {plan.checkpoint['step']}, where this run resumes: it kept none before")

@@ -161,6 +161,8 @@ def test_the_doors_arguments_are_the_runs_each_by_keyword_and_nothing_else(tmp_p
 def test_a_film_started_on_resuming_says_where_it_starts_and_is_kept_beside_the_run(tmp_path, text_files, capsys):
     gptlite.train_on_text(text_files, tmp_path, TINY, preset="tiny", verbose=0)
     probe = text_files[0].read_text()[:12]  # within the context (16)
+    with pytest.raises(gptlite.ConfigError, match="kept no film: give `film=True` with `film_probe`"):
+        gptlite.train_on_text(text_files, tmp_path, {"max_iters": 18}, resume=True, film_probe=probe, verbose=0)
     gptlite.train_on_text(text_files, tmp_path, {"max_iters": 18}, resume=True, film=True, film_probe=probe)
     said = capsys.readouterr().out
     assert "the film starts at step 12, where this run resumes" in said and "keeping a film of" in said

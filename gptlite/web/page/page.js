@@ -2,7 +2,8 @@
 // runs in this page (page_models.js's ModelHere, ONNX Runtime Web) or, on the page `gptlite serve` serves
 // (config.server), on the server (ModelOnServer): the page asks either the same things. The written text stands in
 // #output; #output's data-state is "loading", "ready", "writing", "done" or "error". #inside's is "done" once a step
-// is shown; window.gptliteInside() returns what it shows as plain JSON (docs/inspection.md).
+// is shown; window.gptliteInside() returns what it shows as plain JSON (docs/inspection.md). A page with a run's film
+// (config.film) shows it in #film (film.js), whose frame the Inside view then traces; window.gptliteFilm() returns it.
 import { filmContract, FilmView, frameOfStep } from "./film.js";
 import { settingOf } from "./gptlite.js";
 import { InsideView } from "./inside.js";
@@ -121,7 +122,9 @@ function chooseFrame(index) {
   page.writing = null;
   sayFrame();
   const asked = page.model.asked(page.model.film.probe, []);
-  page.explaining = Promise.resolve(page.explaining).then(() => explain(asked, null));
+  // A frame passed over while the one before was traced is not traced: the last chosen is.
+  page.explaining = Promise.resolve(page.explaining)
+    .then(() => (page.model.frame === index ? explain(asked, null) : null));
 }
 
 function sayFrame() {

@@ -28,12 +28,15 @@ export class ModelHere {
     this.explainers = new Map();  // frame -> its Explainer, each opened the first time it is asked to explain
   }
 
-  // The Explainer of the inside graph of the film's `frame`, or of the model's own (null).
-  async explainerOf(frame) {
+  // The Explainer of the inside graph of the film's `frame`, or of the model's own (null); opened once, however
+  // many runs ask for it while it opens.
+  explainerOf(frame) {
     if (!this.explainers.has(frame)) {
       const graph = frame === null ? "inside.onnx" : this.film.frames[frame].graph;
       const options = frame === null ? SESSION : { executionProviders: ["wasm"], logSeverityLevel: 3 };
-      this.explainers.set(frame, new Explainer(ort, await ort.InferenceSession.create(graph, options), this.config));
+      this.explainers.set(frame, ort.InferenceSession.create(graph, options)
+        .then((session) => new Explainer(ort, session, this.config))
+        .catch((failure) => { this.explainers.delete(frame); throw failure; }));  // asked again, tried again
     }
     return this.explainers.get(frame);
   }
@@ -48,7 +51,7 @@ export class ModelHere {
     const config = this.config;
     const session = await ort.InferenceSession.create(config.source ? "inside.onnx" : "model.onnx", SESSION);
     this.writer = config.source ? new TargetWriter(ort, session, config) : new Writer(ort, session, config);
-    if (config.source) this.explainers.set(null, new Explainer(ort, session, config));
+    if (config.source) this.explainers.set(null, Promise.resolve(new Explainer(ort, session, config)));
   }
 
   // The model warmed while the page waits (Writer.warm), until `asked()` says a writing wants it.
