@@ -99,7 +99,8 @@ def export(model, format, out, outtype=None, overwrite=False, film=None):
         _check_replaceable(out)
     write = getattr(importlib.import_module(f"gptlite.{chosen.module}"), chosen.function)
     with _beside(out) as target:
-        options = {**({"outtype": outtype} if outtype is not None else {}), **({"film": film} if film else {})}
+        options = {**({"outtype": outtype} if outtype is not None else {}),
+                   **({"film": film} if film is not None else {})}
         write(model, target, **options)
         said = chosen.said.format(out=out, name=out.name, mib=_size(target) / 2**20,
                                   architecture=_architecture(target))

@@ -29,6 +29,12 @@ from gptlite.weights import saving
 
 # The film index's format (`training.film` writes it).
 FORMAT = 1
+
+
+def frame_file(step, suffix=".npz"):
+    """The name of the file of the frame at `step` in a film's folder: its weights (.npz), or in a page's film
+    folder its inside graph (.onnx)."""
+    return f"step-{step:06d}{suffix}"
 # Probes of random tokens repeated twice that a frame's in-context loss is the mean over (`probe_loss`), drawn as
 # `heads.probe_ids` draws its one (seeds 0 to PROBE_ROWS - 1).
 PROBE_ROWS = 16

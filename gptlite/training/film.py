@@ -18,7 +18,7 @@ import pathlib
 import numpy as np
 
 from gptlite.inside import FILM_FOLDER, FILM_INDEX
-from gptlite.inside.film import FORMAT, read_index
+from gptlite.inside.film import FORMAT, frame_file, read_index
 
 # About how many frames a film keeps.
 DEFAULT_FRAMES = 24
@@ -39,10 +39,6 @@ def frame_steps(max_iters, eval_interval, count=DEFAULT_FRAMES, every=1):
         kept = evaluations | {point for point in points
                               if all(abs(point - step) > point / 10 for step in evaluations)}
     return sorted(kept)
-
-
-def frame_file(step):
-    return f"step-{step:06d}.npz"
 
 
 @dataclasses.dataclass(frozen=True)

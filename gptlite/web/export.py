@@ -21,6 +21,7 @@ import shutil
 from gptlite.decode.settings import sampling_settings
 from gptlite.errors import ConfigError, InputError, RunExistsError
 from gptlite.files import atomic_directory
+from gptlite.inside import FILM_FOLDER
 from gptlite.inside.views import page_declarations
 from gptlite.inside.notebook import VIEW_SCRIPTS
 from gptlite.text import templates
@@ -36,7 +37,7 @@ RUNTIME_FILES = ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd
 # data), which the page hands ONNX Runtime Web as the file it names.
 WEIGHTS_FILE = "weights.bin"
 # What a page with a film shows of each frame (`Film.to_json`, each frame naming its inside graph beside it).
-FILM_DATA = "film/film.json"
+FILM_DATA = f"{FILM_FOLDER}/film.json"
 # Arrays smaller than this stay inside their graph (constants, norms' scales): one fetch, not one lookup each.
 LEAST_SHARED_BYTES = 4096
 # One ONNX file holds at most 2 GiB (protobuf's limit); a page's WebAssembly memory is 4 GiB.
@@ -56,7 +57,6 @@ def export_web(model, out, outtype=DEFAULT_OUTTYPE, film=None):
     frame's inside graph in `film/` (at `outtype`) and what the film shows of each frame (`film/film.json`).
     """
     import onnx
-    from gptlite.inside.film import Film
 
     if outtype not in OUTTYPES:
         raise ConfigError(f"outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
@@ -70,6 +70,8 @@ def export_web(model, out, outtype=DEFAULT_OUTTYPE, film=None):
                                                                            else ""))
     onnx_graph.check_forms(model.config)
     page_tokenizer = tokenizer_form.web_form(model.tokenizer)
+    from gptlite.inside.film import Film  # Keras: imported once a page is written
+
     movie = film if film is None or isinstance(film, Film) else Film(film)
     if movie is not None and reads_a_source(model):
         raise ConfigError("a film follows a GPT; a seq2seq model's page has none")
@@ -116,10 +118,12 @@ def _write_film(movie, folder, outtype):
     (`Film.to_json`), each frame naming its graph."""
     import onnx
 
-    (folder / "film").mkdir()
+    from gptlite.inside.film import frame_file
+
+    (folder / FILM_FOLDER).mkdir()
     shown = movie.to_json()
     for index, frame in enumerate(movie.frames):
-        name = f"film/step-{frame.step:06d}.onnx"
+        name = f"{FILM_FOLDER}/{frame_file(frame.step, '.onnx')}"
         onnx.save_model(onnx_graph.inside_graph(movie.loaded(index), outtype), str(folder / name))
         shown["frames"][index]["graph"] = name
     (folder / FILM_DATA).write_text(json.dumps(shown, ensure_ascii=False))

@@ -60,12 +60,18 @@ def weights_by_layer(model):
 
 
 def load_weights_by_layer(model, arrays):
-    """Give `model` the weights `weights_by_layer` took of a model of the same config."""
-    # Both models are built from one config: their layers come in the same order.
-    for index, layer in enumerate(layers_within(model)):
-        prefix = f"{index}/"
-        layer.load_own_variables({key[len(prefix):]: value for key, value in arrays.items()
-                                  if key.startswith(prefix)})
+    """Give `model` the weights `weights_by_layer` took of a model of the same config; a ValueError where they are
+    another model's (a layer's weights that do not fit it, or layers it has not)."""
+    by_layer = {}
+    for key, value in arrays.items():
+        index, name = key.split("/", 1)
+        by_layer.setdefault(int(index), {})[name] = value
+    layers = layers_within(model)  # both models are built from one config: their layers come in the same order
+    if by_layer and max(by_layer) >= len(layers):
+        raise ValueError(f"the weights are of a model of {max(by_layer) + 1} layers or more; this one has "
+                         f"{len(layers)}")
+    for index, layer in enumerate(layers):
+        layer.load_own_variables(by_layer.get(index, {}))
 
 
 def load(path):

@@ -7,7 +7,6 @@ import {
 } from "./inside_draw.js";
 import { at } from "./inside_data.js";
 
-
 function drawResidual(view, panel, { token, layer }) {
   shareScale(panel);
   const steps = view.trace.layers[layer];
